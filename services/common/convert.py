@@ -1,0 +1,103 @@
+"""Protobuf <-> domain conversion of the shared types (runifold.common.v1)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from runifold.common.v1 import common_pb2
+from services.common.domain import Budget, Entry, Message, Role, ToolCall, ToolDefinition, Usage
+from services.common.errors import invalid_argument
+
+_ROLES = {int(role): role for role in Role}
+
+
+def role_from_proto(value: int, field: str) -> Role:
+    """A role; unspecified or unknown values are INVALID_ARGUMENT."""
+    role = _ROLES.get(value)
+    if role is None:
+        raise invalid_argument("INVALID_ROLE", f"{field} must be a known role other than "
+                               "ROLE_UNSPECIFIED", field=field)
+    return role
+
+
+def message_from_proto(pb: common_pb2.Message, field: str) -> Message:
+    """A domain message (its rules are checked by the domain, not here)."""
+    return Message(
+        role=role_from_proto(pb.role, f"{field}.role"),
+        text=pb.text,
+        tool_calls=tuple(ToolCall(c.id, c.name, c.arguments_json) for c in pb.tool_calls),
+        tool_call_id=pb.tool_call_id,
+        metadata=dict(pb.metadata),
+    )
+
+
+def messages_from_proto(pbs: Iterable[common_pb2.Message], field: str) -> list[Message]:
+    """Domain messages, each named by its index for error reports."""
+    return [message_from_proto(pb, f"{field}[{i}]") for i, pb in enumerate(pbs)]
+
+
+def message_to_proto(message: Message) -> common_pb2.Message:
+    """The wire form of a message."""
+    return common_pb2.Message(
+        role=int(message.role),  # type: ignore[arg-type]
+        text=message.text,
+        tool_calls=[common_pb2.ToolCall(id=c.id, name=c.name, arguments_json=c.arguments_json)
+                    for c in message.tool_calls],
+        tool_call_id=message.tool_call_id,
+        metadata=dict(message.metadata),
+    )
+
+
+def timestamp(value: datetime | None) -> Timestamp | None:
+    """A protobuf timestamp (None stays None)."""
+    if value is None:
+        return None
+    stamp = Timestamp()
+    stamp.FromDatetime(value.astimezone(UTC))
+    return stamp
+
+
+def datetime_from(stamp: Timestamp) -> datetime:
+    """An aware UTC datetime from a protobuf timestamp."""
+    return stamp.ToDatetime(tzinfo=UTC)
+
+
+def entry_to_proto(entry: Entry) -> common_pb2.Entry:
+    """The wire form of an entry."""
+    return common_pb2.Entry(sequence=entry.sequence, message=message_to_proto(entry.message),
+                            created_at=timestamp(entry.created_at))
+
+
+def entries_to_proto(entries: Sequence[Entry]) -> list[common_pb2.Entry]:
+    """The wire form of entries."""
+    return [entry_to_proto(e) for e in entries]
+
+
+def usage_from_proto(pb: common_pb2.Usage) -> Usage:
+    """Domain usage; negative counts are INVALID_ARGUMENT."""
+    if pb.input_tokens < 0 or pb.output_tokens < 0 or pb.model_calls < 0:
+        raise invalid_argument("INVALID_USAGE", "usage counts must not be negative",
+                               field="usage")
+    return Usage(pb.input_tokens, pb.output_tokens, pb.model_calls)
+
+
+def usage_to_proto(usage: Usage) -> common_pb2.Usage:
+    """The wire form of usage."""
+    return common_pb2.Usage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                            model_calls=usage.model_calls)
+
+
+def budget_from_proto(pb: common_pb2.Budget) -> Budget:
+    """Domain budget; negative limits are INVALID_ARGUMENT."""
+    if pb.max_output_tokens < 0 or pb.max_model_calls < 0 or pb.max_input_tokens < 0:
+        raise invalid_argument("INVALID_BUDGET", "budget limits must not be negative",
+                               field="budget")
+    return Budget(pb.max_output_tokens, pb.max_model_calls, pb.max_input_tokens)
+
+
+def tools_from_proto(pbs: Iterable[common_pb2.ToolDefinition]) -> list[ToolDefinition]:
+    """Domain tool definitions."""
+    return [ToolDefinition(t.name, t.description, t.parameters_json_schema) for t in pbs]

@@ -1,0 +1,122 @@
+"""Domain types shared by the services: messages, entries, usage, budgets.
+
+These mirror `runifold.common.v1` without depending on protobuf, so the domain
+layer of each service can be tested and reasoned about on its own.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import MappingProxyType
+
+
+class Role(enum.IntEnum):
+    """Who said a message. Values equal the protobuf enum's."""
+
+    USER = 1
+    ASSISTANT = 2
+    TOOL = 3
+    SYSTEM = 4
+
+
+def _frozen_map(values: Mapping[str, str] | None) -> Mapping[str, str]:
+    return MappingProxyType(dict(values or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool invocation requested by the assistant."""
+
+    id: str
+    name: str
+    arguments_json: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDefinition:
+    """A tool the model may call; it runs on the client."""
+
+    name: str
+    description: str = ""
+    parameters_json_schema: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message of a conversation."""
+
+    role: Role
+    text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    metadata: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.metadata, MappingProxyType):
+            object.__setattr__(self, "metadata", _frozen_map(self.metadata))
+
+    def canonical(self) -> dict[str, object]:
+        """A JSON-ready form with a stable key order, for hashing and storage."""
+        return {
+            "role": int(self.role),
+            "text": self.text,
+            "tool_calls": [[c.id, c.name, c.arguments_json] for c in self.tool_calls],
+            "tool_call_id": self.tool_call_id,
+            "metadata": dict(sorted(self.metadata.items())),
+        }
+
+    def size_bytes(self) -> int:
+        """UTF-8 size of everything the message carries."""
+        size = len(self.text.encode()) + len(self.tool_call_id.encode())
+        for call in self.tool_calls:
+            size += len(call.id.encode()) + len(call.name.encode())
+            size += len(call.arguments_json.encode())
+        for key, value in self.metadata.items():
+            size += len(key.encode()) + len(value.encode())
+        return size
+
+
+def payload_hash(messages: Iterable[Message]) -> bytes:
+    """A digest of messages, used to tell a replay from a reused request id."""
+    canonical = json.dumps([m.canonical() for m in messages], separators=(",", ":"),
+                           ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A message as stored at a sequence of a transcript."""
+
+    sequence: int
+    message: Message
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Resources consumed by model calls."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    model_calls: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.model_calls + other.model_calls,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """Limits on what a request may consume; zero fields take server defaults."""
+
+    max_output_tokens: int = 0
+    max_model_calls: int = 0
+    max_input_tokens: int = 0

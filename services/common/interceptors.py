@@ -1,0 +1,151 @@
+"""Server interceptor: request ids, error mapping, RPC metrics and the access log.
+
+Every handler runs inside `_guard`: a `DomainError` becomes its canonical
+status with ErrorInfo; any other exception becomes INTERNAL with a generic
+message (the stack trace goes to the log, never to the client).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from services.common import metrics
+from services.common.errors import Code, DomainError, StoreUnavailable
+from services.common.logs import method_var, request_id_var
+from services.common.status import to_status
+
+log = logging.getLogger("runifold.rpc")
+
+REQUEST_ID_HEADER = "x-request-id"
+_MAX_REQUEST_ID = 128
+
+
+def _request_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == REQUEST_ID_HEADER and isinstance(value, str) and 0 < len(value) <= _MAX_REQUEST_ID:
+            return value
+    return uuid.uuid4().hex
+
+
+def _internal(exc: BaseException) -> DomainError:
+    return DomainError(Code.INTERNAL, "INTERNAL", "internal error")
+
+
+class _Call:
+    """Bookkeeping of one RPC: labels, timing, the final code."""
+
+    def __init__(self, method: str, grpc_type: str) -> None:
+        _, service, name = method.split("/", 2) if method.count("/") == 2 else ("", "", method)
+        self.labels = (grpc_type, service, name)
+        self.method = method
+        self.code = "OK"
+        self.start = time.perf_counter()
+        metrics.RPC_STARTED.labels(*self.labels).inc()
+
+    async def fail(self, context: grpc.aio.ServicerContext[Any, Any], exc: BaseException,
+                   request_id: str) -> None:
+        if isinstance(exc, DomainError):
+            error = exc
+            if isinstance(exc, StoreUnavailable):
+                metrics.STORE_ERRORS.labels(exc.store).inc()
+        else:
+            log.error("unhandled error", exc_info=exc,
+                      extra={"error_type": type(exc).__name__})
+            error = _internal(exc)
+        self.code = error.code.value
+        status = to_status(error)
+        await context.abort(status.code, status.details,
+                            tuple(status.trailing_metadata) + ((REQUEST_ID_HEADER, request_id),))
+
+    def finish(self) -> None:
+        elapsed = time.perf_counter() - self.start
+        metrics.RPC_HANDLED.labels(*self.labels, self.code).inc()
+        metrics.RPC_SECONDS.labels(*self.labels).observe(elapsed)
+        level = logging.INFO if self.code in {"OK", "NOT_FOUND", "ABORTED", "ALREADY_EXISTS",
+                                               "FAILED_PRECONDITION", "CANCELLED",
+                                               "INVALID_ARGUMENT"} else logging.WARNING
+        if log.isEnabledFor(level):
+            log.log(level, "rpc", extra={"grpc_method": self.method, "grpc_code": self.code,
+                                         "duration_ms": round(elapsed * 1000, 3)})
+
+
+def _wrap_unary(behavior: Callable[[Any, Any], Awaitable[Any]], method: str
+                ) -> Callable[[Any, Any], Awaitable[Any]]:
+    async def handler(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        request_id = _request_id(context)
+        request_id_var.set(request_id)
+        method_var.set(method)
+        call = _Call(method, "unary")
+        try:
+            response = await behavior(request, context)
+            context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
+            return response
+        except grpc.aio.AbortError:
+            call.code = (context.code() or grpc.StatusCode.UNKNOWN).name
+            raise
+        except Exception as exc:
+            await call.fail(context, exc, request_id)
+        except BaseException:
+            call.code = "CANCELLED"
+            raise
+        finally:
+            call.finish()
+    return handler
+
+
+def _wrap_stream(behavior: Callable[[Any, Any], AsyncIterator[Any]], method: str
+                 ) -> Callable[[Any, Any], AsyncIterator[Any]]:
+    async def handler(request: Any, context: grpc.aio.ServicerContext[Any, Any]
+                      ) -> AsyncIterator[Any]:
+        request_id = _request_id(context)
+        request_id_var.set(request_id)
+        method_var.set(method)
+        call = _Call(method, "server_stream")
+        try:
+            async for item in behavior(request, context):
+                yield item
+            context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
+        except grpc.aio.AbortError:
+            call.code = (context.code() or grpc.StatusCode.UNKNOWN).name
+            raise
+        except Exception as exc:
+            await call.fail(context, exc, request_id)
+        except BaseException:
+            call.code = "CANCELLED"
+            raise
+        finally:
+            call.finish()
+    return handler
+
+
+class ServiceInterceptor(grpc.aio.ServerInterceptor):
+    """Applies the guard to every unary and server-streaming RPC."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method
+        if isinstance(method, bytes):
+            method = method.decode()
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                _wrap_unary(handler.unary_unary, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                _wrap_stream(handler.unary_stream, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+        return handler

@@ -1,0 +1,179 @@
+"""The gRPC server bootstrap shared by every service and the all-in-one mode.
+
+A process hosts one or more `Component`s (a service each). The bootstrap
+binds the port, starts the components (pools, migrations, clients), serves
+health (grpcio-health-checking) and reflection (grpcio-reflection), keeps the
+health status in step with each component, and shuts down gracefully: health
+goes NOT_SERVING, in-flight RPCs finish within the grace period, then the
+components close their pools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.common.interceptors import ServiceInterceptor
+from services.common.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@dataclass
+class StartContext:
+    """What components learn when the process starts."""
+
+    settings: Settings
+    self_address: str
+    database_url: str | None
+    extras: dict[str, object] = field(default_factory=dict)
+
+
+class Component(Protocol):
+    """One service hosted by a server process."""
+
+    name: str
+    service_names: Sequence[str]
+
+    def register(self, server: grpc.aio.Server) -> None:
+        """Add the servicer(s) to the server (after start, before serving)."""
+
+    async def start(self, ctx: StartContext) -> None:
+        """Open pools, apply or check migrations, create clients."""
+
+    async def stop(self) -> None:
+        """Release everything start acquired (idempotent)."""
+
+    async def healthy(self) -> bool:
+        """True when the component can serve (store reachable, schema current)."""
+
+
+@dataclass
+class RunningServer:
+    """A started server and the handles tests and operators need."""
+
+    server: grpc.aio.Server
+    address: str
+    port: int
+    health: health.aio.HealthServicer
+    components: Sequence[Component]
+    settings: Settings
+    _health_task: asyncio.Task[None] | None = None
+    _stopped: bool = False
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Graceful shutdown: NOT_SERVING, drain in-flight RPCs, close components."""
+        if self._stopped:
+            return
+        self._stopped = True
+        await self.health.enter_graceful_shutdown()
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+        await self.server.stop(self.settings.shutdown_grace_s if grace is None else grace)
+        for component in reversed(self.components):
+            try:
+                await component.stop()
+            except Exception:
+                log.exception("component stop failed", extra={"component": component.name})
+        log.info("server stopped", extra={"address": self.address})
+
+
+async def _refresh_health(running: RunningServer) -> None:
+    statuses = []
+    for component in running.components:
+        try:
+            ok = await asyncio.wait_for(component.healthy(),
+                                        timeout=max(running.settings.health_interval_s, 1.0))
+        except Exception:
+            ok = False
+        statuses.append(ok)
+        for name in component.service_names:
+            await running.health.set(name, SERVING if ok else NOT_SERVING)
+    await running.health.set("", SERVING if all(statuses) else NOT_SERVING)
+
+
+async def _health_loop(running: RunningServer) -> None:
+    while True:
+        await asyncio.sleep(running.settings.health_interval_s)
+        if running._stopped:
+            return
+        await _refresh_health(running)
+
+
+async def start_server(components: Sequence[Component], settings: Settings,
+                       *, database_url: str | None = None,
+                       extras: dict[str, object] | None = None) -> RunningServer:
+    """Bind, start the components and the server; return once serving."""
+    options = [
+        ("grpc.max_receive_message_length", settings.max_receive_message_bytes),
+        ("grpc.max_send_message_length", settings.max_receive_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+    server = grpc.aio.server(interceptors=[ServiceInterceptor()], options=options)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(settings.listen_address)
+    if port == 0:
+        raise OSError(f"cannot listen on {settings.listen_address}")
+    host = settings.listen_address.rpartition(":")[0]
+    address = f"{host}:{port}"
+    ctx = StartContext(settings=settings, self_address=address, database_url=database_url,
+                       extras=dict(extras or {}))
+    started: list[Component] = []
+    try:
+        for component in components:
+            await component.start(ctx)
+            started.append(component)
+    except BaseException:
+        for component in reversed(started):
+            await component.stop()
+        raise
+    names = [reflection.SERVICE_NAME, health.SERVICE_NAME]
+    for component in components:
+        component.register(server)
+        names.extend(component.service_names)
+    reflection.enable_server_reflection(names, server)
+    running = RunningServer(server, address, port, health_servicer, components, settings)
+    await _refresh_health(running)
+    await server.start()
+    running._health_task = asyncio.create_task(_health_loop(running))
+    log.info("server started", extra={"address": address,
+                                       "services": [c.name for c in components]})
+    return running
+
+
+@contextlib.asynccontextmanager
+async def serving(components: Sequence[Component], settings: Settings, *,
+                  database_url: str | None = None,
+                  extras: dict[str, object] | None = None) -> AsyncIterator[RunningServer]:
+    """Start a server for the duration of a block (tests and tools)."""
+    running = await start_server(components, settings, database_url=database_url, extras=extras)
+    try:
+        yield running
+    finally:
+        await running.stop(grace=1.0)
+
+
+async def serve_until_signal(running: RunningServer) -> None:
+    """Block until SIGTERM or SIGINT, then shut down gracefully."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutdown requested")
+    await running.stop()

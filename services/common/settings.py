@@ -1,0 +1,147 @@
+"""Settings read once from environment variables into frozen objects.
+
+A bad value fails at start with a message that names the variable. Each
+service adds its own section (`services/<name>/config.py`) built with the same
+helpers.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class SettingsError(ValueError):
+    """A configuration value is missing or malformed."""
+
+
+Env = Mapping[str, str]
+
+
+def env_str(env: Env, name: str, default: str) -> str:
+    """A string variable (empty counts as unset)."""
+    value = env.get(name, "")
+    return value if value != "" else default
+
+
+def env_int(env: Env, name: str, default: int, *, minimum: int | None = None,
+            maximum: int | None = None) -> int:
+    """An integer variable within optional bounds."""
+    raw = env.get(name, "")
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be an integer, got {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise SettingsError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise SettingsError(f"{name} must be at most {maximum}, got {value}")
+    return value
+
+
+def env_float(env: Env, name: str, default: float, *, minimum: float = 0.0) -> float:
+    """A float variable, at least `minimum`."""
+    raw = env.get(name, "")
+    if raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number, got {raw!r}") from None
+    if value < minimum:
+        raise SettingsError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def env_bool(env: Env, name: str, default: bool) -> bool:
+    """A boolean variable: 1/true/yes/on or 0/false/no/off."""
+    raw = env.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in {"1", "true", "yes", "on"}:
+        return True
+    if raw in {"0", "false", "no", "off"}:
+        return False
+    raise SettingsError(f"{name} must be a boolean (1/0, true/false), got {raw!r}")
+
+
+def env_choice(env: Env, name: str, default: str, choices: tuple[str, ...]) -> str:
+    """One of a fixed set of strings."""
+    value = env_str(env, name, default)
+    if value not in choices:
+        raise SettingsError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def env_address(env: Env, name: str, default: str) -> str:
+    """A host:port address."""
+    value = env_str(env, name, default)
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise SettingsError(f"{name} must be host:port, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every server process needs, whichever services it hosts."""
+
+    listen_address: str
+    metrics_address: str | None
+    database_url: str | None
+    data_dir: Path
+    db_pool_min: int
+    db_pool_max: int
+    db_timeout_s: float
+    db_statement_timeout_ms: int
+    migrate: str
+    page_token_secret: bytes
+    health_interval_s: float
+    shutdown_grace_s: float
+    max_receive_message_bytes: int
+    log_level: str
+    log_format: str
+    transcript_service_addr: str | None
+    summary_service_addr: str | None
+    memory_service_addr: str | None
+
+    @classmethod
+    def from_env(cls, env: Env | None = None) -> Settings:
+        """Read every variable once; raise SettingsError naming a bad one."""
+        env = os.environ if env is None else env
+        port = env.get("PORT", "")
+        default_listen = f"127.0.0.1:{port}" if port.isdigit() else "127.0.0.1:50051"
+        metrics = env_str(env, "RUNIFOLD_METRICS_LISTEN", "127.0.0.1:9464")
+        secret = env.get("RUNIFOLD_PAGE_TOKEN_SECRET", "")
+        if secret and len(secret) < 16:
+            raise SettingsError("RUNIFOLD_PAGE_TOKEN_SECRET must be at least 16 characters")
+        return cls(
+            listen_address=env_address(env, "RUNIFOLD_LISTEN", default_listen),
+            metrics_address=None if metrics == "off" else env_address(
+                env, "RUNIFOLD_METRICS_LISTEN", "127.0.0.1:9464"),
+            database_url=env.get("DATABASE_URL") or None,
+            data_dir=Path(env_str(env, "RUNIFOLD_DATA_DIR", ".runifold")),
+            db_pool_min=env_int(env, "RUNIFOLD_DB_POOL_MIN", 2, minimum=0, maximum=1000),
+            db_pool_max=env_int(env, "RUNIFOLD_DB_POOL_MAX", 16, minimum=1, maximum=1000),
+            db_timeout_s=env_float(env, "RUNIFOLD_DB_TIMEOUT_S", 5.0, minimum=0.1),
+            db_statement_timeout_ms=env_int(env, "RUNIFOLD_DB_STATEMENT_TIMEOUT_MS", 10_000,
+                                            minimum=0),
+            migrate=env_choice(env, "RUNIFOLD_MIGRATE", "auto", ("auto", "check")),
+            page_token_secret=secret.encode() if secret else secrets.token_bytes(32),
+            health_interval_s=env_float(env, "RUNIFOLD_HEALTH_INTERVAL_S", 1.0, minimum=0.05),
+            shutdown_grace_s=env_float(env, "RUNIFOLD_SHUTDOWN_GRACE_S", 10.0),
+            max_receive_message_bytes=env_int(
+                env, "RUNIFOLD_MAX_RECEIVE_MESSAGE_BYTES", 16 * 1024 * 1024,
+                minimum=1024 * 1024, maximum=256 * 1024 * 1024),
+            log_level=env_choice(env, "RUNIFOLD_LOG_LEVEL", "INFO",
+                                 ("DEBUG", "INFO", "WARNING", "ERROR")),
+            log_format=env_choice(env, "RUNIFOLD_LOG_FORMAT", "json", ("json", "text")),
+            transcript_service_addr=env.get("TRANSCRIPT_SERVICE_ADDR") or None,
+            summary_service_addr=env.get("SUMMARY_SERVICE_ADDR") or None,
+            memory_service_addr=env.get("MEMORY_SERVICE_ADDR") or None,
+        )

@@ -1,0 +1,98 @@
+"""Input rules shared by the services. Each breach is INVALID_ARGUMENT with a reason.
+
+Strings that reach PostgreSQL must not hold NUL characters (PostgreSQL text
+cannot store them), so every stored string is checked here.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+
+from services.common.errors import invalid_argument
+
+NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+REQUEST_ID_PATTERN = re.compile(r"[\x21-\x7e]{1,128}")
+
+MAX_METADATA_ENTRIES = 32
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_BYTES = 1024
+
+WINDOW_RANGE = (1, 4096)
+SUMMARY_BATCH_RANGE = (1, 4096)
+MEMORY_LIMIT_RANGE = (1, 256)
+
+
+def namespace(value: str, field: str = "namespace") -> str:
+    """A namespace: 1..128 characters of [A-Za-z0-9_.-]."""
+    if not NAMESPACE_PATTERN.fullmatch(value):
+        raise invalid_argument(
+            "INVALID_NAMESPACE",
+            "namespace must be 1..128 characters of [A-Za-z0-9_.-]",
+            field=field,
+        )
+    return value
+
+
+def uuid_id(value: str, field: str, reason: str) -> uuid.UUID:
+    """A UUID in canonical text form (any version)."""
+    try:
+        parsed = uuid.UUID(value)
+    except (ValueError, AttributeError, TypeError):
+        raise invalid_argument(reason, f"{field} must be a UUID", field=field) from None
+    if str(parsed) != value.lower():
+        raise invalid_argument(reason, f"{field} must be a UUID in canonical form", field=field)
+    return parsed
+
+
+def request_id(value: str, field: str = "request_id") -> str | None:
+    """An optional idempotency key: empty, or 1..128 printable ASCII characters."""
+    if value == "":
+        return None
+    if not REQUEST_ID_PATTERN.fullmatch(value):
+        raise invalid_argument(
+            "INVALID_REQUEST_ID", f"{field} must be 1..128 printable ASCII characters",
+            field=field,
+        )
+    return value
+
+
+def in_range(value: int, bounds: tuple[int, int], field: str, reason: str) -> int:
+    """An integer within inclusive bounds."""
+    low, high = bounds
+    if not low <= value <= high:
+        raise invalid_argument(reason, f"{field} must be in {low}..{high}", field=field,
+                               minimum=low, maximum=high)
+    return value
+
+
+def text(value: str, field: str, *, max_bytes: int, reason: str = "INVALID_TEXT",
+         required: bool = False) -> str:
+    """A stored string: no NUL character, within a byte limit, non-empty if required."""
+    if required and not value.strip():
+        raise invalid_argument(reason, f"{field} must not be empty", field=field)
+    if "\x00" in value:
+        raise invalid_argument(reason, f"{field} must not contain NUL characters", field=field)
+    if len(value.encode("utf-8", "surrogatepass")) > max_bytes:
+        raise invalid_argument(reason, f"{field} exceeds {max_bytes} bytes", field=field,
+                               limit_bytes=max_bytes)
+    return value
+
+
+def metadata(values: Mapping[str, str], field: str = "metadata") -> dict[str, str]:
+    """Key/value annotations within the documented limits."""
+    if len(values) > MAX_METADATA_ENTRIES:
+        raise invalid_argument("INVALID_METADATA",
+                               f"{field} holds more than {MAX_METADATA_ENTRIES} entries",
+                               field=field)
+    for key, value in values.items():
+        if not 1 <= len(key) <= MAX_METADATA_KEY_CHARS or "\x00" in key:
+            raise invalid_argument(
+                "INVALID_METADATA",
+                f"{field} keys must be 1..{MAX_METADATA_KEY_CHARS} characters without NUL",
+                field=field,
+            )
+        text(value, f"{field} values", max_bytes=MAX_METADATA_VALUE_BYTES,
+             reason="INVALID_METADATA")
+    return dict(values)

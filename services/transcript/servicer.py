@@ -1,0 +1,111 @@
+"""TranscriptService on the wire: protobuf <-> domain conversion only.
+
+Errors are DomainErrors raised by the domain; the shared interceptor maps
+them to status codes with ErrorInfo.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runifold.transcript.v1 import transcript_service_pb2 as pb
+from runifold.transcript.v1 import transcript_service_pb2_grpc as pb_grpc
+from services.common import convert
+from services.transcript.model import AppendRecord, Conversation
+from services.transcript.service import TranscriptService
+
+Context = Any  # grpc.aio.ServicerContext; unused by these handlers
+
+
+def conversation_to_proto(conversation: Conversation) -> pb.Conversation:
+    """The wire form of a conversation."""
+    return pb.Conversation(
+        conversation_id=str(conversation.conversation_id),
+        namespace=conversation.namespace,
+        version=conversation.version,
+        last_sequence=conversation.last_sequence,
+        create_time=convert.timestamp(conversation.create_time),
+        update_time=convert.timestamp(conversation.update_time),
+        labels=dict(conversation.labels),
+    )
+
+
+def append_record_to_proto(record: AppendRecord) -> pb.AppendRecord:
+    """The wire form of a committed append."""
+    return pb.AppendRecord(version=record.version, first_sequence=record.first_sequence,
+                           last_sequence=record.last_sequence,
+                           usage=convert.usage_to_proto(record.usage),
+                           commit_time=convert.timestamp(record.commit_time))
+
+
+class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
+    """gRPC adapter of the transcript domain service."""
+
+    def __init__(self, service: TranscriptService) -> None:
+        self.service = service
+
+    async def CreateConversation(self, request: pb.CreateConversationRequest,
+                                 context: Context) -> pb.CreateConversationResponse:
+        conversation, created = await self.service.create_conversation(
+            request.namespace, request.conversation_id, dict(request.labels))
+        return pb.CreateConversationResponse(conversation=conversation_to_proto(conversation),
+                                             created=created)
+
+    async def GetConversation(self, request: pb.GetConversationRequest,
+                              context: Context) -> pb.GetConversationResponse:
+        conversation = await self.service.get_conversation(request.namespace,
+                                                           request.conversation_id)
+        return pb.GetConversationResponse(conversation=conversation_to_proto(conversation))
+
+    async def AppendEntries(self, request: pb.AppendEntriesRequest,
+                            context: Context) -> pb.AppendEntriesResponse:
+        result = await self.service.append(
+            request.namespace,
+            request.conversation_id,
+            request.expected_version if request.HasField("expected_version") else None,
+            convert.messages_from_proto(request.messages, "messages"),
+            request.request_id,
+            convert.usage_from_proto(request.usage),
+        )
+        record = result.record
+        return pb.AppendEntriesResponse(
+            version=record.version, first_sequence=record.first_sequence,
+            last_sequence=record.last_sequence, replayed=result.replayed,
+            usage=convert.usage_to_proto(record.usage))
+
+    async def ListEntries(self, request: pb.ListEntriesRequest,
+                          context: Context) -> pb.ListEntriesResponse:
+        page = await self.service.list_entries(
+            request.namespace, request.conversation_id, request.after_sequence,
+            request.through_sequence, request.page_size, request.page_token)
+        return pb.ListEntriesResponse(entries=convert.entries_to_proto(page.entries),
+                                      next_page_token=page.next_page_token)
+
+    async def LoadView(self, request: pb.LoadViewRequest,
+                       context: Context) -> pb.LoadViewResponse:
+        view = await self.service.load_view(
+            request.namespace, request.conversation_id, request.window, request.summary_batch,
+            request.summarized_through, request.request_id)
+        return pb.LoadViewResponse(
+            version=view.version,
+            last_sequence=view.last_sequence,
+            window=convert.entries_to_proto(view.window),
+            summary_buffer=convert.entries_to_proto(view.summary_buffer),
+            summary_backlog=view.summary_backlog,
+            prior_append=append_record_to_proto(view.prior_append) if view.prior_append else None,
+        )
+
+    async def ListConversations(self, request: pb.ListConversationsRequest,
+                                context: Context) -> pb.ListConversationsResponse:
+        page = await self.service.list_conversations(request.namespace, request.page_size,
+                                                     request.page_token)
+        return pb.ListConversationsResponse(
+            conversations=[conversation_to_proto(c) for c in page.conversations],
+            next_page_token=page.next_page_token)
+
+    async def DeleteConversation(self, request: pb.DeleteConversationRequest,
+                                 context: Context) -> pb.DeleteConversationResponse:
+        deleted = await self.service.delete_conversation(request.namespace,
+                                                         request.conversation_id)
+        return pb.DeleteConversationResponse(deleted=deleted is not None,
+                                             entries_deleted=deleted or 0)

@@ -1,0 +1,329 @@
+"""Transcript persistence: the store protocol and its PostgreSQL adapter.
+
+An append is ONE SQL statement run in autocommit: the compare-and-swap bump
+of the conversation row, the append record (whose unique index on request
+id makes idempotency exact) and the entries. If any part fails, e.g. the
+request id was already recorded, PostgreSQL aborts the whole statement and
+nothing is written. Only when the statement wrote nothing do we look at why
+(missing conversation, version conflict, replay).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from services.common.db import Database
+from services.common.domain import Entry, Message, Role, ToolCall, Usage
+from services.common.errors import VersionConflict, invalid_argument, not_found
+from services.transcript.model import AppendRecord, AppendResult, Conversation, NewAppend
+
+
+def conversation_not_found() -> Exception:
+    """The one NOT_FOUND of this service; the same whether it never existed or is elsewhere."""
+    return not_found("CONVERSATION_NOT_FOUND", "conversation not found")
+
+
+def request_id_reused() -> Exception:
+    """The request id was used before with another payload."""
+    return invalid_argument("REQUEST_ID_REUSED",
+                            "request_id was already used with a different payload",
+                            field="request_id")
+
+
+class TranscriptStore(Protocol):
+    """What the transcript service needs from a store. Every method is atomic."""
+
+    async def create_conversation(self, namespace: str, conversation_id: uuid.UUID,
+                                  labels: Mapping[str, str]) -> tuple[Conversation, bool]:
+        """Insert unless it exists; return it and whether it was created."""
+
+    async def get_conversation(self, namespace: str,
+                               conversation_id: uuid.UUID) -> Conversation | None:
+        """The conversation, or None (also for another namespace's)."""
+
+    async def append(self, append: NewAppend) -> AppendResult:
+        """Commit entries at the expected version, or replay the recorded request.
+
+        Raises VersionConflict, CONVERSATION_NOT_FOUND or REQUEST_ID_REUSED and
+        then writes nothing.
+        """
+
+    async def find_append(self, namespace: str, conversation_id: uuid.UUID,
+                          request_id: str) -> AppendRecord | None:
+        """The committed append with this request id, if any."""
+
+    async def read_entries(self, namespace: str, conversation_id: uuid.UUID,
+                           ranges: Sequence[tuple[int, int]]) -> list[Entry]:
+        """Entries whose sequence lies in the inclusive, disjoint ranges, in order."""
+
+    async def list_entries(self, namespace: str, conversation_id: uuid.UUID,
+                           after_sequence: int, through_sequence: int | None,
+                           limit: int) -> list[Entry] | None:
+        """Up to `limit` entries after a sequence; None when the conversation is missing."""
+
+    async def list_conversations(self, namespace: str, after: uuid.UUID | None,
+                                 limit: int) -> list[Conversation]:
+        """Conversations of a namespace in id order, after a cursor."""
+
+    async def delete_conversation(self, namespace: str,
+                                  conversation_id: uuid.UUID) -> int | None:
+        """Erase it; return the number of entries erased, or None if it did not exist."""
+
+
+# --- PostgreSQL -------------------------------------------------------------
+
+_APPEND = """
+WITH bumped AS (
+    UPDATE transcript.conversations
+       SET version = version + 1,
+           last_sequence = last_sequence + %(count)s,
+           update_time = now()
+     WHERE namespace = %(namespace)s
+       AND conversation_id = %(conversation_id)s
+       AND (%(expected_version)s::bigint IS NULL OR version = %(expected_version)s::bigint)
+ RETURNING conversation_key, version, last_sequence, update_time
+), recorded AS (
+    INSERT INTO transcript.appends
+           (conversation_key, version, first_sequence, last_sequence, request_id,
+            payload_hash, input_tokens, output_tokens, model_calls, commit_time)
+    SELECT conversation_key, version, last_sequence - %(count)s + 1, last_sequence,
+           %(request_id)s, %(payload_hash)s, %(input_tokens)s, %(output_tokens)s,
+           %(model_calls)s, update_time
+      FROM bumped
+), written AS (
+    INSERT INTO transcript.entries
+           (conversation_key, sequence, role, text, tool_calls, tool_call_id, metadata,
+            created_at)
+    SELECT b.conversation_key, b.last_sequence - %(count)s + m.ord, m.role, m.text,
+           m.tool_calls, m.tool_call_id, m.metadata, b.update_time
+      FROM bumped AS b,
+           unnest(%(roles)s::smallint[], %(texts)s::text[], %(tool_calls)s::jsonb[],
+                  %(tool_call_ids)s::text[], %(metadata)s::jsonb[])
+               WITH ORDINALITY AS m(role, text, tool_calls, tool_call_id, metadata, ord)
+)
+SELECT version, last_sequence, update_time FROM bumped
+"""
+
+_WHY_NOT_APPENDED = """
+SELECT c.version, a.version, a.first_sequence, a.last_sequence, a.input_tokens,
+       a.output_tokens, a.model_calls, a.commit_time, a.payload_hash
+  FROM transcript.conversations AS c
+  LEFT JOIN transcript.appends AS a
+         ON a.conversation_key = c.conversation_key AND a.request_id = %(request_id)s
+ WHERE c.namespace = %(namespace)s AND c.conversation_id = %(conversation_id)s
+"""
+
+_CONVERSATION_COLUMNS = ("conversation_id, namespace, version, last_sequence, create_time, "
+                         "update_time, labels")
+_ENTRY_COLUMNS = "e.sequence, e.role, e.text, e.tool_calls, e.tool_call_id, e.metadata, e.created_at"
+
+
+def _conversation(row: Sequence[Any]) -> Conversation:
+    return Conversation(row[0], row[1], row[2], row[3], row[4], row[5], row[6] or {})
+
+
+def _entry(row: Sequence[Any]) -> Entry:
+    sequence, role, text, tool_calls, tool_call_id, metadata, created_at = row
+    return Entry(
+        sequence=sequence,
+        message=Message(
+            role=Role(role), text=text,
+            tool_calls=tuple(ToolCall(*call) for call in tool_calls or ()),
+            tool_call_id=tool_call_id or "", metadata=metadata or {},
+        ),
+        created_at=created_at,
+    )
+
+
+def _record(row: Sequence[Any]) -> AppendRecord:
+    version, first, last, input_tokens, output_tokens, model_calls, commit_time, digest = row
+    return AppendRecord(version, first, last, Usage(input_tokens, output_tokens, model_calls),
+                        commit_time, bytes(digest) if digest is not None else None)
+
+
+def append_parameters(append: NewAppend) -> dict[str, Any]:
+    """The parameters of the append statement (shared with the benchmarks)."""
+    messages = append.messages
+    return {
+        "namespace": append.namespace,
+        "conversation_id": append.conversation_id,
+        "expected_version": append.expected_version,
+        "count": len(messages),
+        "request_id": append.request_id,
+        "payload_hash": append.payload_hash,
+        "input_tokens": append.usage.input_tokens,
+        "output_tokens": append.usage.output_tokens,
+        "model_calls": append.usage.model_calls,
+        "roles": [int(m.role) for m in messages],
+        "texts": [m.text for m in messages],
+        "tool_calls": [Jsonb([[c.id, c.name, c.arguments_json] for c in m.tool_calls])
+                       if m.tool_calls else None for m in messages],
+        "tool_call_ids": [m.tool_call_id or None for m in messages],
+        "metadata": [Jsonb(dict(m.metadata)) if m.metadata else None for m in messages],
+    }
+
+
+class PostgresTranscriptStore:
+    """TranscriptStore on PostgreSQL (schema `transcript`)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def create_conversation(self, namespace: str, conversation_id: uuid.UUID,
+                                  labels: Mapping[str, str]) -> tuple[Conversation, bool]:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                f"""INSERT INTO transcript.conversations (namespace, conversation_id, labels)
+                    VALUES (%s, %s, %s)
+                    ON CONFLICT (namespace, conversation_id) DO NOTHING
+                    RETURNING {_CONVERSATION_COLUMNS}""",
+                (namespace, conversation_id, Jsonb(dict(labels))),
+            )
+            row = await cursor.fetchone()
+            if row is not None:
+                return _conversation(row), True
+            existing = await self._get(conn, namespace, conversation_id)
+        if existing is None:  # deleted between the two statements
+            raise conversation_not_found()
+        return existing, False
+
+    async def _get(self, conn: Any, namespace: str,
+                   conversation_id: uuid.UUID) -> Conversation | None:
+        cursor = await conn.execute(
+            f"""SELECT {_CONVERSATION_COLUMNS} FROM transcript.conversations
+                 WHERE namespace = %s AND conversation_id = %s""",
+            (namespace, conversation_id),
+        )
+        row = await cursor.fetchone()
+        return _conversation(row) if row else None
+
+    async def get_conversation(self, namespace: str,
+                               conversation_id: uuid.UUID) -> Conversation | None:
+        async with self.db.connection() as conn:
+            return await self._get(conn, namespace, conversation_id)
+
+    async def append(self, append: NewAppend) -> AppendResult:
+        params = append_parameters(append)
+        async with self.db.connection() as conn:
+            try:
+                cursor = await conn.execute(_APPEND, params)
+                row = await cursor.fetchone()
+            except psycopg.errors.UniqueViolation:
+                row = None  # the request id is recorded: nothing was written; replay below
+            if row is not None:
+                version, last, commit_time = row
+                return AppendResult(
+                    AppendRecord(version, last - len(append.messages) + 1, last, append.usage,
+                                 commit_time, append.payload_hash),
+                    replayed=False)
+            cursor = await conn.execute(_WHY_NOT_APPENDED, params)
+            why = await cursor.fetchone()
+        if why is None:
+            raise conversation_not_found()
+        if why[1] is not None:
+            record = _record(why[1:])
+            if record.payload_hash != append.payload_hash:
+                raise request_id_reused()
+            return AppendResult(record, replayed=True)
+        if append.expected_version is None:
+            # Only a racing duplicate of a request id can get here; it has committed by now.
+            raise VersionConflict(why[0], why[0])
+        raise VersionConflict(why[0], append.expected_version)
+
+    async def find_append(self, namespace: str, conversation_id: uuid.UUID,
+                          request_id: str) -> AppendRecord | None:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                """SELECT a.version, a.first_sequence, a.last_sequence, a.input_tokens,
+                          a.output_tokens, a.model_calls, a.commit_time, a.payload_hash
+                     FROM transcript.appends AS a
+                     JOIN transcript.conversations AS c USING (conversation_key)
+                    WHERE c.namespace = %s AND c.conversation_id = %s AND a.request_id = %s""",
+                (namespace, conversation_id, request_id),
+            )
+            row = await cursor.fetchone()
+        return _record(row) if row else None
+
+    async def read_entries(self, namespace: str, conversation_id: uuid.UUID,
+                           ranges: Sequence[tuple[int, int]]) -> list[Entry]:
+        if not ranges:
+            return []
+        lows = [low for low, _ in ranges]
+        highs = [high for _, high in ranges]
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(VIEW_ENTRIES_SQL, {
+                "namespace": namespace, "conversation_id": conversation_id,
+                "lows": lows, "highs": highs})
+            return [_entry(row) for row in await cursor.fetchall()]
+
+    async def list_entries(self, namespace: str, conversation_id: uuid.UUID,
+                           after_sequence: int, through_sequence: int | None,
+                           limit: int) -> list[Entry] | None:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                f"""SELECT {_ENTRY_COLUMNS}
+                      FROM transcript.conversations AS c
+                      JOIN transcript.entries AS e USING (conversation_key)
+                     WHERE c.namespace = %s AND c.conversation_id = %s
+                       AND e.sequence > %s AND e.sequence <= %s
+                     ORDER BY e.sequence
+                     LIMIT %s""",
+                (namespace, conversation_id, after_sequence,
+                 through_sequence if through_sequence is not None else 2**62, limit),
+            )
+            rows = await cursor.fetchall()
+            if not rows and await self._get(conn, namespace, conversation_id) is None:
+                return None
+        return [_entry(row) for row in rows]
+
+    async def list_conversations(self, namespace: str, after: uuid.UUID | None,
+                                 limit: int) -> list[Conversation]:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                f"""SELECT {_CONVERSATION_COLUMNS} FROM transcript.conversations
+                     WHERE namespace = %s AND (%s::uuid IS NULL OR conversation_id > %s::uuid)
+                     ORDER BY conversation_id
+                     LIMIT %s""",
+                (namespace, after, after, limit),
+            )
+            return [_conversation(row) for row in await cursor.fetchall()]
+
+    async def delete_conversation(self, namespace: str,
+                                  conversation_id: uuid.UUID) -> int | None:
+        async with self.db.connection() as conn, conn.transaction():
+            cursor = await conn.execute(
+                """DELETE FROM transcript.conversations
+                    WHERE namespace = %s AND conversation_id = %s
+                RETURNING conversation_key, last_sequence""",
+                (namespace, conversation_id),
+            )
+            row = await cursor.fetchone()
+            if row is None:
+                return None
+            key, last_sequence = row
+            await conn.execute("DELETE FROM transcript.appends WHERE conversation_key = %s",
+                               (key,))
+            cursor = await conn.execute(
+                "DELETE FROM transcript.entries WHERE conversation_key = %s", (key,))
+            deleted: int = cursor.rowcount
+        return deleted
+
+
+# Entries of a conversation in a few disjoint sequence ranges. Each range is an
+# index range scan on the (conversation_key, sequence) primary key, so the cost
+# is the number of entries returned, whatever the transcript's length.
+VIEW_ENTRIES_SQL = f"""
+SELECT {_ENTRY_COLUMNS}
+  FROM transcript.conversations AS c
+  CROSS JOIN LATERAL unnest(%(lows)s::bigint[], %(highs)s::bigint[]) AS r(low, high)
+  JOIN transcript.entries AS e
+    ON e.conversation_key = c.conversation_key AND e.sequence BETWEEN r.low AND r.high
+ WHERE c.namespace = %(namespace)s AND c.conversation_id = %(conversation_id)s
+ ORDER BY e.sequence
+"""
+
