@@ -113,8 +113,10 @@ _WHY_NOT_APPENDED = """
 SELECT c.version, a.version, a.first_sequence, a.last_sequence, a.input_tokens,
        a.output_tokens, a.model_calls, a.commit_time, a.payload_hash
   FROM transcript.conversations AS c
-  LEFT JOIN transcript.appends AS a
-         ON a.conversation_key = c.conversation_key AND a.request_id = %(request_id)s
+  LEFT JOIN LATERAL (
+        SELECT * FROM transcript.appends AS a
+         WHERE a.conversation_key = c.conversation_key AND a.request_id = %(request_id)s
+  ) AS a ON true
  WHERE c.namespace = %(namespace)s AND c.conversation_id = %(conversation_id)s
 """
 
@@ -239,12 +241,12 @@ class PostgresTranscriptStore:
                           request_id: str) -> AppendRecord | None:
         async with self.db.connection() as conn:
             cursor = await conn.execute(
-                """SELECT a.version, a.first_sequence, a.last_sequence, a.input_tokens,
-                          a.output_tokens, a.model_calls, a.commit_time, a.payload_hash
-                     FROM transcript.appends AS a
-                     JOIN transcript.conversations AS c USING (conversation_key)
-                    WHERE c.namespace = %s AND c.conversation_id = %s AND a.request_id = %s""",
-                (namespace, conversation_id, request_id),
+                f"""SELECT version, first_sequence, last_sequence, input_tokens,
+                           output_tokens, model_calls, commit_time, payload_hash
+                      FROM transcript.appends
+                     WHERE conversation_key = {_KEY} AND request_id = %(request_id)s""",
+                {"namespace": namespace, "conversation_id": conversation_id,
+                 "request_id": request_id},
             )
             row = await cursor.fetchone()
         return _record(row) if row else None
@@ -253,12 +255,13 @@ class PostgresTranscriptStore:
                            ranges: Sequence[tuple[int, int]]) -> list[Entry]:
         if not ranges:
             return []
-        lows = [low for low, _ in ranges]
-        highs = [high for _, high in ranges]
+        if len(ranges) > 2:
+            raise ValueError("at most two ranges")
+        (low1, high1), (low2, high2) = ranges[0], ranges[1] if len(ranges) == 2 else (1, 0)
         async with self.db.connection() as conn:
             cursor = await conn.execute(VIEW_ENTRIES_SQL, {
                 "namespace": namespace, "conversation_id": conversation_id,
-                "lows": lows, "highs": highs})
+                "low1": low1, "high1": high1, "low2": low2, "high2": high2})
             return [_entry(row) for row in await cursor.fetchall()]
 
     async def list_entries(self, namespace: str, conversation_id: uuid.UUID,
@@ -267,14 +270,14 @@ class PostgresTranscriptStore:
         async with self.db.connection() as conn:
             cursor = await conn.execute(
                 f"""SELECT {_ENTRY_COLUMNS}
-                      FROM transcript.conversations AS c
-                      JOIN transcript.entries AS e USING (conversation_key)
-                     WHERE c.namespace = %s AND c.conversation_id = %s
-                       AND e.sequence > %s AND e.sequence <= %s
+                      FROM transcript.entries AS e
+                     WHERE e.conversation_key = {_KEY}
+                       AND e.sequence > %(after)s AND e.sequence <= %(through)s
                      ORDER BY e.sequence
-                     LIMIT %s""",
-                (namespace, conversation_id, after_sequence,
-                 through_sequence if through_sequence is not None else 2**62, limit),
+                     LIMIT %(limit)s""",
+                {"namespace": namespace, "conversation_id": conversation_id,
+                 "after": after_sequence, "limit": limit,
+                 "through": through_sequence if through_sequence is not None else 2**62},
             )
             rows = await cursor.fetchall()
             if not rows and await self._get(conn, namespace, conversation_id) is None:
@@ -314,16 +317,29 @@ class PostgresTranscriptStore:
         return deleted
 
 
-# Entries of a conversation in a few disjoint sequence ranges. Each range is an
-# index range scan on the (conversation_key, sequence) primary key, so the cost
-# is the number of entries returned, whatever the transcript's length.
+# Entries of a conversation in two sequence ranges (the window and the summary
+# buffer; an empty range when they merged). The conversation key is an InitPlan
+# parameter, so each range is an index range scan on the (conversation_key,
+# sequence) primary key: the cost is the number of entries returned, whatever
+# the transcript's length (tests/integration checks the plan).
 VIEW_ENTRIES_SQL = f"""
+WITH c AS MATERIALIZED (
+    SELECT conversation_key FROM transcript.conversations
+     WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+)
 SELECT {_ENTRY_COLUMNS}
-  FROM transcript.conversations AS c
-  CROSS JOIN LATERAL unnest(%(lows)s::bigint[], %(highs)s::bigint[]) AS r(low, high)
-  JOIN transcript.entries AS e
-    ON e.conversation_key = c.conversation_key AND e.sequence BETWEEN r.low AND r.high
- WHERE c.namespace = %(namespace)s AND c.conversation_id = %(conversation_id)s
- ORDER BY e.sequence
+  FROM transcript.entries AS e
+ WHERE e.conversation_key = (SELECT conversation_key FROM c)
+   AND e.sequence BETWEEN %(low1)s AND %(high1)s
+UNION ALL
+SELECT {_ENTRY_COLUMNS}
+  FROM transcript.entries AS e
+ WHERE e.conversation_key = (SELECT conversation_key FROM c)
+   AND e.sequence BETWEEN %(low2)s AND %(high2)s
+ ORDER BY 1
 """
 
+# The conversation key as a scalar subquery: keeps every entry and append
+# lookup an index scan on the child table's primary key.
+_KEY = """(SELECT conversation_key FROM transcript.conversations
+           WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s)"""

@@ -1,0 +1,61 @@
+# Runifold conversation services. `make run` and `make test` are all a fresh
+# machine needs: they create the virtual environment and install everything.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROTOS := $(shell find proto -name '*.proto' | sort)
+export XDG_RUNTIME_DIR ?= /tmp
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: install run test lint gen gen-check bench fmt clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+## Start the all-in-one server (all services, embedded PostgreSQL) on 127.0.0.1:50051.
+run: $(STAMP)
+	$(BIN)/python -m services
+
+## The whole test suite: unit, integration (real PostgreSQL), end-to-end (real gRPC).
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+## ruff, mypy, buf lint and the generated-code freshness check.
+lint: $(STAMP) gen-check
+	$(BIN)/ruff check services tests bench
+	$(BIN)/ruff format --check services tests bench
+	$(BIN)/mypy services tests bench
+	$(BIN)/buf lint
+
+fmt: $(STAMP)
+	$(BIN)/ruff check --fix services tests bench
+	$(BIN)/ruff format services tests bench
+
+## Regenerate gen/ from proto/ (committed).
+gen: $(STAMP)
+	rm -rf gen && mkdir -p gen
+	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=gen --grpc_python_out=gen \
+	  --mypy_out=gen --mypy_grpc_out=gen $(PROTOS) >/dev/null
+
+## Fail when gen/ differs from a fresh generation.
+gen-check: $(STAMP)
+	@tmp=$$(mktemp -d) && \
+	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=$$tmp --grpc_python_out=$$tmp \
+	  --mypy_out=$$tmp --mypy_grpc_out=$$tmp $(PROTOS) >/dev/null && \
+	if diff -r $$tmp gen >/dev/null; then echo "gen/ is up to date"; rm -rf $$tmp; \
+	else diff -r $$tmp gen | head -20; rm -rf $$tmp; echo "gen/ is stale: run make gen"; exit 1; fi
+
+## Benchmarks (figures printed; no thresholds).
+bench: $(STAMP)
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .runifold .pytest_cache .mypy_cache .ruff_cache

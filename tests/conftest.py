@@ -1,0 +1,161 @@
+"""Shared fixtures: a real PostgreSQL, migrated template databases, servers on loopback.
+
+PostgreSQL comes from DATABASE_URL when set, otherwise from the pgserver
+package (a real PostgreSQL 16 started in a temporary folder). Migrations run
+once into a template database; a test that needs an empty database gets a
+copy of it, others share one database and isolate themselves by namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from services.common import migrations
+from services.common.db import Database
+from services.common.settings import Settings
+
+MIGRATION_DIRS: dict[str, Path] = {
+    "transcript": Path("services/transcript/migrations"),
+}
+TEMPLATE = "runifold_template"
+
+
+def with_database(url: str, dbname: str) -> str:
+    """The same server, another database."""
+    params = conninfo_to_dict(url)
+    params["dbname"] = dbname
+    return make_conninfo("", **params)
+
+
+def test_settings(**overrides: str) -> Settings:
+    """Settings for an in-process server on an ephemeral loopback port."""
+    env = {
+        "RUNIFOLD_LISTEN": "127.0.0.1:0",
+        "RUNIFOLD_METRICS_LISTEN": "off",
+        "RUNIFOLD_HEALTH_INTERVAL_S": "0.2",
+        "RUNIFOLD_SHUTDOWN_GRACE_S": "2",
+        "RUNIFOLD_PAGE_TOKEN_SECRET": "test-secret-0123456789",
+        "RUNIFOLD_DB_POOL_MIN": "1",
+        "RUNIFOLD_DB_POOL_MAX": "8",
+        "RUNIFOLD_LOG_LEVEL": "WARNING",
+    }
+    env.update(overrides)
+    return Settings.from_env(env)
+
+
+async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0,
+                   interval: float = 0.05) -> None:
+    """Poll an async predicate until true, failing after a deadline (never a bare sleep)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if await predicate():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached within the deadline")
+        await asyncio.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A real PostgreSQL server for the whole session."""
+    external = os.environ.get("DATABASE_URL")
+    if external:
+        yield external
+        return
+    import pgserver
+
+    with tempfile.TemporaryDirectory(prefix="runifold-pg-") as folder:
+        server = pgserver.get_server(folder, cleanup_mode="stop")
+        try:
+            yield server.get_uri()
+        finally:
+            server.cleanup()
+
+
+async def _create_database(admin_url: str, name: str, template: str | None = None) -> None:
+    async with await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as conn:
+        suffix = f" TEMPLATE {template}" if template else ""
+        await conn.execute(f'CREATE DATABASE "{name}"{suffix}'.encode())
+
+
+async def _drop_database(admin_url: str, name: str) -> None:
+    async with await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as conn:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+
+
+@pytest.fixture(scope="session")
+async def template_url(postgres_url: str) -> AsyncIterator[str]:
+    """A database with every service's migrations applied, used as a template."""
+    name = f"{TEMPLATE}_{uuid.uuid4().hex[:8]}"
+    await _create_database(postgres_url, name)
+    url = with_database(postgres_url, name)
+    db = Database(url, test_settings())
+    await db.open()
+    try:
+        for service, folder in MIGRATION_DIRS.items():
+            await migrations.migrate(db, service, folder)
+    finally:
+        await db.close()
+    yield url
+    await _drop_database(postgres_url, name)
+
+
+@pytest.fixture
+async def fresh_database_url(postgres_url: str, template_url: str) -> AsyncIterator[str]:
+    """An empty, migrated database of its own for one test."""
+    template = conninfo_to_dict(template_url)["dbname"]
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    await _create_database(postgres_url, name, template=str(template))
+    yield with_database(postgres_url, name)
+    await _drop_database(postgres_url, name)
+
+
+@pytest.fixture
+async def bare_database_url(postgres_url: str) -> AsyncIterator[str]:
+    """An empty database without any migration."""
+    name = f"b_{uuid.uuid4().hex[:12]}"
+    await _create_database(postgres_url, name)
+    yield with_database(postgres_url, name)
+    await _drop_database(postgres_url, name)
+
+
+@pytest.fixture(scope="session")
+async def shared_database_url(postgres_url: str, template_url: str) -> AsyncIterator[str]:
+    """One migrated database shared by tests that isolate themselves by namespace."""
+    template = conninfo_to_dict(template_url)["dbname"]
+    name = f"shared_{uuid.uuid4().hex[:8]}"
+    await _create_database(postgres_url, name, template=str(template))
+    yield with_database(postgres_url, name)
+    await _drop_database(postgres_url, name)
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A namespace no other test uses."""
+    return f"ns-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def database(shared_database_url: str) -> AsyncIterator[Database]:
+    """An open pool on the shared database."""
+    db = Database(shared_database_url, test_settings())
+    await db.open()
+    yield db
+    await db.close()
+
+
+def pytest_collection_modifyitems(items: list[Any]) -> None:
+    """Keep a stable order: unit, then integration, then end-to-end."""
+    order = {"unit": 0, "integration": 1, "e2e": 2}
+    items.sort(key=lambda item: order.get(Path(str(item.fspath)).parent.name, 3))
