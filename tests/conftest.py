@@ -38,7 +38,7 @@ def with_database(url: str, dbname: str) -> str:
     return make_conninfo("", **params)
 
 
-def test_settings(**overrides: str) -> Settings:
+def server_settings(**overrides: str) -> Settings:
     """Settings for an in-process server on an ephemeral loopback port."""
     env = {
         "RUNIFOLD_LISTEN": "127.0.0.1:0",
@@ -100,7 +100,7 @@ async def template_url(postgres_url: str) -> AsyncIterator[str]:
     name = f"{TEMPLATE}_{uuid.uuid4().hex[:8]}"
     await _create_database(postgres_url, name)
     url = with_database(postgres_url, name)
-    db = Database(url, test_settings())
+    db = Database(url, server_settings())
     await db.open()
     try:
         for service, folder in MIGRATION_DIRS.items():
@@ -149,7 +149,7 @@ def namespace() -> str:
 @pytest.fixture
 async def database(shared_database_url: str) -> AsyncIterator[Database]:
     """An open pool on the shared database."""
-    db = Database(shared_database_url, test_settings())
+    db = Database(shared_database_url, server_settings())
     await db.open()
     yield db
     await db.close()

@@ -7,6 +7,7 @@ message (the stack trace goes to the log, never to the client).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 import uuid
@@ -75,13 +76,14 @@ class _Call:
                                          "duration_ms": round(elapsed * 1000, 3)})
 
 
-def _wrap_unary(behavior: Callable[[Any, Any], Awaitable[Any]], method: str
-                ) -> Callable[[Any, Any], Awaitable[Any]]:
+def _wrap_unary(behavior: Callable[[Any, Any], Awaitable[Any]], method: str,
+                grpc_type: str = "unary") -> Callable[[Any, Any], Awaitable[Any]]:
+    """Guard a coroutine handler (unary, or streaming through context.write)."""
     async def handler(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         request_id = _request_id(context)
         request_id_var.set(request_id)
         method_var.set(method)
-        call = _Call(method, "unary")
+        call = _Call(method, grpc_type)
         try:
             response = await behavior(request, context)
             context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
@@ -144,8 +146,11 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer)
         if handler.unary_stream is not None:
+            behavior = handler.unary_stream
+            wrapped = (_wrap_stream(behavior, method) if inspect.isasyncgenfunction(behavior)
+                       else _wrap_unary(behavior, method, "server_stream"))
             return grpc.unary_stream_rpc_method_handler(
-                _wrap_stream(handler.unary_stream, method),
+                wrapped,  # type: ignore[arg-type]
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer)
         return handler

@@ -92,12 +92,12 @@ async def test_store_outage_is_store_unavailable(shared_database_url: str,
                                                  namespace: str) -> None:
     """A database that cannot be reached surfaces as UNAVAILABLE, not INTERNAL."""
     from services.common.errors import Code, DomainError
-    from tests.conftest import test_settings
+    from tests.conftest import server_settings
 
     params = psycopg.conninfo.conninfo_to_dict(shared_database_url)
     params["dbname"] = "no_such_database_" + uuid.uuid4().hex[:6]
     db = Database(psycopg.conninfo.make_conninfo("", **params),
-                  test_settings(RUNIFOLD_DB_TIMEOUT_S="0.5", RUNIFOLD_DB_POOL_MIN="0"))
+                  server_settings(RUNIFOLD_DB_TIMEOUT_S="0.5", RUNIFOLD_DB_POOL_MIN="0"))
     await db.open()
     try:
         with pytest.raises(DomainError) as caught:
