@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 PROTOS := $(shell find proto -name '*.proto' | sort)
 export XDG_RUNTIME_DIR ?= /tmp
 export HF_HUB_OFFLINE := 1
+export PATH := $(abspath $(BIN)):$(PATH)
 export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: install run test lint gen gen-check bench fmt clean

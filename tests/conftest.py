@@ -54,8 +54,9 @@ def server_settings(**overrides: str) -> Settings:
     return Settings.from_env(env)
 
 
-async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0,
-                   interval: float = 0.05) -> None:
+async def wait_for(
+    predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0, interval: float = 0.05
+) -> None:
     """Poll an async predicate until true, failing after a deadline (never a bare sleep)."""
     deadline = time.monotonic() + timeout
     while True:

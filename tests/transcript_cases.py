@@ -24,8 +24,9 @@ def user(text: str = "hello") -> Message:
 
 
 def assistant(text: str = "hi", *calls: str) -> Message:
-    return Message(Role.ASSISTANT, text,
-                   tool_calls=tuple(ToolCall(c, "lookup", '{"q": 1}') for c in calls))
+    return Message(
+        Role.ASSISTANT, text, tool_calls=tuple(ToolCall(c, "lookup", '{"q": 1}') for c in calls)
+    )
 
 
 def tool(call_id: str, text: str = "result") -> Message:
@@ -33,8 +34,9 @@ def tool(call_id: str, text: str = "result") -> Message:
 
 
 def make_service(store: TranscriptStore, **limits: int) -> TranscriptService:
-    return TranscriptService(store, TranscriptLimits(**limits),
-                             PageTokens(b"secret-for-tests-0123"))
+    return TranscriptService(
+        store, TranscriptLimits(**limits), PageTokens(b"secret-for-tests-0123")
+    )
 
 
 async def new_conversation(service: TranscriptService, namespace: str) -> str:
@@ -54,8 +56,9 @@ class TranscriptCases:
     def service(self, store: TranscriptStore) -> TranscriptService:
         return make_service(store)
 
-    async def test_create_is_idempotent_per_namespace(self, service: TranscriptService,
-                                                      namespace: str) -> None:
+    async def test_create_is_idempotent_per_namespace(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = str(uuid.uuid4())
         first, created = await service.create_conversation(namespace, cid, {"a": "b"})
         again, created_again = await service.create_conversation(namespace, cid, {})
@@ -65,20 +68,28 @@ class TranscriptCases:
         other, created_other = await service.create_conversation(namespace + "-b", cid, {})
         assert created_other and other.namespace == namespace + "-b"
 
-    async def test_server_made_ids_are_uuid7(self, service: TranscriptService,
-                                             namespace: str) -> None:
+    async def test_server_made_ids_are_uuid7(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         conversation, _ = await service.create_conversation(namespace, "", {})
         assert conversation.conversation_id.version == 7
 
     async def test_append_bumps_version_once_and_sequences_by_count(
-            self, service: TranscriptService, namespace: str) -> None:
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
         first = await service.append(namespace, cid, 0, [user("a"), assistant("b")], "")
         second = await service.append(namespace, cid, 1, [user("c")], "")
-        assert (first.record.version, first.record.first_sequence,
-                first.record.last_sequence) == (1, 1, 2)
-        assert (second.record.version, second.record.first_sequence,
-                second.record.last_sequence) == (2, 3, 3)
+        assert (first.record.version, first.record.first_sequence, first.record.last_sequence) == (
+            1,
+            1,
+            2,
+        )
+        assert (
+            second.record.version,
+            second.record.first_sequence,
+            second.record.last_sequence,
+        ) == (2, 3, 3)
         conversation = await service.get_conversation(namespace, cid)
         assert (conversation.version, conversation.last_sequence) == (2, 3)
         page = await service.list_entries(namespace, cid, 0, 0, 0, "")
@@ -86,7 +97,8 @@ class TranscriptCases:
         assert [e.message.text for e in page.entries] == ["a", "b", "c"]
 
     async def test_stale_expected_version_is_version_conflict_and_writes_nothing(
-            self, service: TranscriptService, namespace: str) -> None:
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
         await service.append(namespace, cid, 0, [user()], "")
         with pytest.raises(VersionConflict) as caught:
@@ -97,24 +109,28 @@ class TranscriptCases:
         assert (conversation.version, conversation.last_sequence) == (1, 1)
 
     async def test_unconditional_append_commits_at_current_version(
-            self, service: TranscriptService, namespace: str) -> None:
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
         await service.append(namespace, cid, None, [user()], "")
         result = await service.append(namespace, cid, None, [user()], "")
         assert result.record.version == 2
 
     async def test_racing_appends_at_one_version_commit_exactly_once(
-            self, service: TranscriptService, namespace: str) -> None:
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
         results = await asyncio.gather(
             *(service.append(namespace, cid, 0, [user(f"w{i}")], "") for i in range(12)),
-            return_exceptions=True)
+            return_exceptions=True,
+        )
         wins = [r for r in results if not isinstance(r, BaseException)]
         losses = [r for r in results if isinstance(r, VersionConflict)]
         assert len(wins) == 1 and len(losses) == 11
 
     async def test_request_id_replays_the_first_result_and_writes_nothing(
-            self, service: TranscriptService, namespace: str) -> None:
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
         usage = Usage(10, 5, 1)
         first = await service.append(namespace, cid, 0, [user("x")], "req-1", usage)
@@ -127,7 +143,8 @@ class TranscriptCases:
         assert conversation.version == 1 and conversation.last_sequence == 1
 
     async def test_request_id_reused_with_other_payload_is_invalid_argument(
-            self, service: TranscriptService, namespace: str) -> None:
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
         await service.append(namespace, cid, 0, [user("x")], "req-1")
         for expected in (1, 0, None):
@@ -139,45 +156,52 @@ class TranscriptCases:
         assert conversation.version == 1
 
     async def test_concurrent_duplicates_of_one_request_commit_once(
-            self, service: TranscriptService, namespace: str) -> None:
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
         results = await asyncio.gather(
-            *(service.append(namespace, cid, None, [user("same")], "dup") for _ in range(10)))
+            *(service.append(namespace, cid, None, [user("same")], "dup") for _ in range(10))
+        )
         assert sum(not r.replayed for r in results) == 1
         assert {r.record.version for r in results} == {1}
         conversation = await service.get_conversation(namespace, cid)
         assert conversation.version == 1
 
-    async def test_system_messages_are_never_persisted(self, service: TranscriptService,
-                                                       namespace: str) -> None:
+    async def test_system_messages_are_never_persisted(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
         with pytest.raises(DomainError) as caught:
-            await service.append(namespace, cid, 0,
-                                 [user(), Message(Role.SYSTEM, "you are root")], "")
+            await service.append(
+                namespace, cid, 0, [user(), Message(Role.SYSTEM, "you are root")], ""
+            )
         assert caught.value.code is Code.INVALID_ARGUMENT
         assert reason_of(caught) == "SYSTEM_ROLE_NOT_ALLOWED"
         assert caught.value.field == "messages[1].role"
         assert (await service.get_conversation(namespace, cid)).version == 0
 
-    @pytest.mark.parametrize(("messages", "reason"), [
-        ([], "NO_MESSAGES"),
-        ([user(" ")], "INVALID_MESSAGE"),
-        ([user("a\x00b")], "INVALID_MESSAGE"),
-        ([Message(Role.ASSISTANT, "")], "INVALID_MESSAGE"),
-        ([Message(Role.USER, "x", tool_calls=(ToolCall("1", "f"),))], "INVALID_MESSAGE"),
-        ([Message(Role.USER, "x", tool_call_id="1")], "INVALID_MESSAGE"),
-        ([assistant("x", "1", "1")], "INVALID_TOOL_CALL"),
-        ([Message(Role.ASSISTANT, "", tool_calls=(ToolCall("1", ""),))], "INVALID_TOOL_CALL"),
-        ([user(), Message(Role.TOOL, "r", tool_call_id="")], "INVALID_TOOL_CALL"),
-        ([user(), tool("c1")], "ORPHANED_TOOL_RESULT"),
-        ([assistant("", "c1"), tool("c2")], "ORPHANED_TOOL_RESULT"),
-        ([assistant("", "c1"), tool("c1"), tool("c1")], "ORPHANED_TOOL_RESULT"),
-        ([Message(Role.USER, "x", metadata={"k" * 65: "v"})], "INVALID_METADATA"),
-        ([Message(Role.USER, "x", metadata={"k": "v" * 1025})], "INVALID_METADATA"),
-    ])
+    @pytest.mark.parametrize(
+        ("messages", "reason"),
+        [
+            ([], "NO_MESSAGES"),
+            ([user(" ")], "INVALID_MESSAGE"),
+            ([user("a\x00b")], "INVALID_MESSAGE"),
+            ([Message(Role.ASSISTANT, "")], "INVALID_MESSAGE"),
+            ([Message(Role.USER, "x", tool_calls=(ToolCall("1", "f"),))], "INVALID_MESSAGE"),
+            ([Message(Role.USER, "x", tool_call_id="1")], "INVALID_MESSAGE"),
+            ([assistant("x", "1", "1")], "INVALID_TOOL_CALL"),
+            ([Message(Role.ASSISTANT, "", tool_calls=(ToolCall("1", ""),))], "INVALID_TOOL_CALL"),
+            ([user(), Message(Role.TOOL, "r", tool_call_id="")], "INVALID_TOOL_CALL"),
+            ([user(), tool("c1")], "ORPHANED_TOOL_RESULT"),
+            ([assistant("", "c1"), tool("c2")], "ORPHANED_TOOL_RESULT"),
+            ([assistant("", "c1"), tool("c1"), tool("c1")], "ORPHANED_TOOL_RESULT"),
+            ([Message(Role.USER, "x", metadata={"k" * 65: "v"})], "INVALID_METADATA"),
+            ([Message(Role.USER, "x", metadata={"k": "v" * 1025})], "INVALID_METADATA"),
+        ],
+    )
     async def test_invalid_messages_are_rejected_and_nothing_is_written(
-            self, service: TranscriptService, namespace: str, messages: list[Message],
-            reason: str) -> None:
+        self, service: TranscriptService, namespace: str, messages: list[Message], reason: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
         with pytest.raises(DomainError) as caught:
             await service.append(namespace, cid, 0, messages, "")
@@ -185,8 +209,13 @@ class TranscriptCases:
         assert (await service.get_conversation(namespace, cid)).version == 0
 
     async def test_limits_are_enforced(self, store: TranscriptStore, namespace: str) -> None:
-        service = make_service(store, max_messages_per_append=3, max_message_bytes=1024,
-                               max_append_bytes=2048, max_tool_calls_per_message=2)
+        service = make_service(
+            store,
+            max_messages_per_append=3,
+            max_message_bytes=1024,
+            max_append_bytes=2048,
+            max_tool_calls_per_message=2,
+        )
         cid = await new_conversation(service, namespace)
         cases = [
             ([user()] * 4, "TOO_MANY_MESSAGES"),
@@ -203,7 +232,8 @@ class TranscriptCases:
         assert ok.record.last_sequence == 2
 
     async def test_tool_results_pair_with_calls_across_appends(
-            self, service: TranscriptService, namespace: str) -> None:
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
         await service.append(namespace, cid, 0, [user(), assistant("", "c1", "c2")], "")
         with pytest.raises(DomainError) as caught:
@@ -222,14 +252,16 @@ class TranscriptCases:
         assert reason_of(caught) == "ORPHANED_TOOL_RESULT"
 
     async def test_tool_result_append_at_stale_version_conflicts(
-            self, service: TranscriptService, namespace: str) -> None:
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
         await service.append(namespace, cid, 0, [user(), assistant("", "c1")], "")
         with pytest.raises(VersionConflict):
             await service.append(namespace, cid, 0, [tool("c1")], "")
 
-    async def test_other_namespace_sees_not_found(self, service: TranscriptService,
-                                                  namespace: str) -> None:
+    async def test_other_namespace_sees_not_found(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
         other = namespace + "-other"
         calls = [
@@ -247,28 +279,33 @@ class TranscriptCases:
         assert (await service.get_conversation(namespace, cid)).version == 0
 
     @pytest.mark.parametrize("bad", ["", "a" * 129, "tenant/1", "tenant 1", "ténant", "a\x00"])
-    async def test_invalid_namespaces_are_rejected(self, service: TranscriptService,
-                                                   bad: str) -> None:
+    async def test_invalid_namespaces_are_rejected(
+        self, service: TranscriptService, bad: str
+    ) -> None:
         with pytest.raises(DomainError) as caught:
             await service.create_conversation(bad, "", {})
         assert reason_of(caught) == "INVALID_NAMESPACE"
 
-    @pytest.mark.parametrize("bad", ["x", "123", "{" + str(uuid.uuid4()) + "}",
-                                     str(uuid.uuid4()).replace("-", "")])
+    @pytest.mark.parametrize(
+        "bad", ["x", "123", "{" + str(uuid.uuid4()) + "}", str(uuid.uuid4()).replace("-", "")]
+    )
     async def test_invalid_conversation_ids_are_rejected(
-            self, service: TranscriptService, namespace: str, bad: str) -> None:
+        self, service: TranscriptService, namespace: str, bad: str
+    ) -> None:
         with pytest.raises(DomainError) as caught:
             await service.get_conversation(namespace, bad)
         assert reason_of(caught) == "INVALID_CONVERSATION_ID"
 
-    async def test_conversation_ids_are_case_insensitive(self, service: TranscriptService,
-                                                         namespace: str) -> None:
+    async def test_conversation_ids_are_case_insensitive(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
         found = await service.get_conversation(namespace, cid.upper())
         assert str(found.conversation_id) == cid
 
     async def test_list_entries_pages_with_tokens_bound_to_the_request(
-            self, service: TranscriptService, namespace: str) -> None:
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
         await service.append(namespace, cid, 0, [user(str(i)) for i in range(25)], "")
         seen, token = [], ""
@@ -280,13 +317,19 @@ class TranscriptCases:
                 break
         assert seen == list(range(4, 26))
         first = await service.list_entries(namespace, cid, 0, 0, 5, "")
-        for args in [(namespace + "x", cid, 0, 0, 5), (namespace, cid, 1, 0, 5),
-                     (namespace, cid, 0, 7, 5)]:
+        for args in [
+            (namespace + "x", cid, 0, 0, 5),
+            (namespace, cid, 1, 0, 5),
+            (namespace, cid, 0, 7, 5),
+        ]:
             with pytest.raises(DomainError) as caught:
                 await service.list_entries(*args, first.next_page_token)
             assert reason_of(caught) in {"INVALID_PAGE_TOKEN", "CONVERSATION_NOT_FOUND"}
-        tampered = first.next_page_token[:-2] + ("A" if first.next_page_token[-2] != "A"
-                                                 else "B") + first.next_page_token[-1]
+        tampered = (
+            first.next_page_token[:-2]
+            + ("A" if first.next_page_token[-2] != "A" else "B")
+            + first.next_page_token[-1]
+        )
         with pytest.raises(DomainError) as caught:
             await service.list_entries(namespace, cid, 0, 0, 5, tampered)
         assert reason_of(caught) == "INVALID_PAGE_TOKEN"
@@ -294,7 +337,8 @@ class TranscriptCases:
         assert [e.sequence for e in bounded.entries] == list(range(1, 8))
 
     async def test_list_conversations_pages_inside_the_namespace(
-            self, service: TranscriptService, namespace: str) -> None:
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         made = {await new_conversation(service, namespace) for _ in range(7)}
         await new_conversation(service, namespace + "-other")
         seen, token = [], ""
@@ -306,13 +350,16 @@ class TranscriptCases:
                 break
         assert set(seen) == made and seen == sorted(seen, key=uuid.UUID)
         with pytest.raises(DomainError) as caught:
-            await service.list_conversations(namespace + "-other", 3,
-                                             (await service.list_conversations(
-                                                 namespace, 3, "")).next_page_token)
+            await service.list_conversations(
+                namespace + "-other",
+                3,
+                (await service.list_conversations(namespace, 3, "")).next_page_token,
+            )
         assert reason_of(caught) == "INVALID_PAGE_TOKEN"
 
     async def test_delete_erases_entries_and_is_idempotent(
-            self, service: TranscriptService, namespace: str) -> None:
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
         await service.append(namespace, cid, 0, [user(), assistant()], "r")
         assert await service.delete_conversation(namespace, cid) == 2
@@ -327,8 +374,9 @@ class TranscriptCases:
 
     # -- views ------------------------------------------------------------------
 
-    async def test_view_splits_window_buffer_and_backlog(self, service: TranscriptService,
-                                                         namespace: str) -> None:
+    async def test_view_splits_window_buffer_and_backlog(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
         await service.append(namespace, cid, 0, [user(str(i)) for i in range(1, 101)], "")
         view = await service.load_view(namespace, cid, 16, 30, 10)
@@ -341,19 +389,36 @@ class TranscriptCases:
         short = await service.load_view(namespace, cid, 200, 10, 0)
         assert len(short.window) == 100 and short.summary_buffer == []
 
-    async def test_empty_conversation_view(self, service: TranscriptService,
-                                           namespace: str) -> None:
+    async def test_empty_conversation_view(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
         view = await service.load_view(namespace, cid, 16, 16, 0)
-        assert (view.version, view.last_sequence, list(view.window), list(view.summary_buffer),
-                view.summary_backlog) == (0, 0, [], [], 0)
+        assert (
+            view.version,
+            view.last_sequence,
+            list(view.window),
+            list(view.summary_buffer),
+            view.summary_backlog,
+        ) == (0, 0, [], [], 0)
 
     async def test_window_never_starts_with_an_orphaned_tool_result(
-            self, service: TranscriptService, namespace: str) -> None:
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
-        await service.append(namespace, cid, 0, [
-            user("q"), assistant("", "a", "b"), tool("a"), tool("b"), assistant("answer"),
-        ], "")
+        await service.append(
+            namespace,
+            cid,
+            0,
+            [
+                user("q"),
+                assistant("", "a", "b"),
+                tool("a"),
+                tool("b"),
+                assistant("answer"),
+            ],
+            "",
+        )
         # Window 3 would start at the first result (3): it starts after the results.
         view = await service.load_view(namespace, cid, 3, 10, 0)
         assert [e.sequence for e in view.window] == [5]
@@ -370,12 +435,25 @@ class TranscriptCases:
         assert view.window[0].message.tool_calls
 
     async def test_buffer_never_separates_a_tool_call_from_its_results(
-            self, service: TranscriptService, namespace: str) -> None:
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
-        await service.append(namespace, cid, 0, [
-            user("1"), user("2"), assistant("", "a", "b"), tool("a"), tool("b"),
-            user("6"), user("7"), user("8"),
-        ], "")
+        await service.append(
+            namespace,
+            cid,
+            0,
+            [
+                user("1"),
+                user("2"),
+                assistant("", "a", "b"),
+                tool("a"),
+                tool("b"),
+                user("6"),
+                user("7"),
+                user("8"),
+            ],
+            "",
+        )
         # A batch of 4 would end after result "a": it ends before the call.
         view = await service.load_view(namespace, cid, 1, 4, 0)
         assert [e.sequence for e in view.summary_buffer] == [1, 2]
@@ -385,23 +463,40 @@ class TranscriptCases:
         assert [e.sequence for e in view.summary_buffer] == [3, 4, 5]
         assert view.summary_backlog == 2
 
-    async def test_view_reports_a_committed_request(self, service: TranscriptService,
-                                                    namespace: str) -> None:
+    async def test_view_reports_a_committed_request(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
         cid = await new_conversation(service, namespace)
         await service.append(namespace, cid, 0, [user(), assistant()], "turn-1", Usage(3, 4, 1))
         view = await service.load_view(namespace, cid, 4, 4, 0, "turn-1")
         assert view.prior_append is not None
-        assert (view.prior_append.first_sequence, view.prior_append.last_sequence,
-                view.prior_append.usage) == (1, 2, Usage(3, 4, 1))
+        assert (
+            view.prior_append.first_sequence,
+            view.prior_append.last_sequence,
+            view.prior_append.usage,
+        ) == (1, 2, Usage(3, 4, 1))
         assert (await service.load_view(namespace, cid, 4, 4, 0, "turn-2")).prior_append is None
 
-    @pytest.mark.parametrize(("window", "batch", "through", "reason"), [
-        (0, 1, 0, "INVALID_WINDOW"), (4097, 1, 0, "INVALID_WINDOW"),
-        (1, 0, 0, "INVALID_SUMMARY_BATCH"), (1, 4097, 0, "INVALID_SUMMARY_BATCH"),
-        (1, 1, -1, "INVALID_SEQUENCE"), (1, 1, 99, "SEQUENCE_OUT_OF_RANGE"),
-    ])
-    async def test_view_bounds(self, service: TranscriptService, namespace: str, window: int,
-                               batch: int, through: int, reason: str) -> None:
+    @pytest.mark.parametrize(
+        ("window", "batch", "through", "reason"),
+        [
+            (0, 1, 0, "INVALID_WINDOW"),
+            (4097, 1, 0, "INVALID_WINDOW"),
+            (1, 0, 0, "INVALID_SUMMARY_BATCH"),
+            (1, 4097, 0, "INVALID_SUMMARY_BATCH"),
+            (1, 1, -1, "INVALID_SEQUENCE"),
+            (1, 1, 99, "SEQUENCE_OUT_OF_RANGE"),
+        ],
+    )
+    async def test_view_bounds(
+        self,
+        service: TranscriptService,
+        namespace: str,
+        window: int,
+        batch: int,
+        through: int,
+        reason: str,
+    ) -> None:
         cid = await new_conversation(service, namespace)
         with pytest.raises(DomainError) as caught:
             await service.load_view(namespace, cid, window, batch, through)

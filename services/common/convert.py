@@ -18,8 +18,9 @@ def role_from_proto(value: int, field: str) -> Role:
     """A role; unspecified or unknown values are INVALID_ARGUMENT."""
     role = _ROLES.get(value)
     if role is None:
-        raise invalid_argument("INVALID_ROLE", f"{field} must be a known role other than "
-                               "ROLE_UNSPECIFIED", field=field)
+        raise invalid_argument(
+            "INVALID_ROLE", f"{field} must be a known role other than ROLE_UNSPECIFIED", field=field
+        )
     return role
 
 
@@ -44,8 +45,10 @@ def message_to_proto(message: Message) -> common_pb2.Message:
     return common_pb2.Message(
         role=int(message.role),  # type: ignore[arg-type]
         text=message.text,
-        tool_calls=[common_pb2.ToolCall(id=c.id, name=c.name, arguments_json=c.arguments_json)
-                    for c in message.tool_calls],
+        tool_calls=[
+            common_pb2.ToolCall(id=c.id, name=c.name, arguments_json=c.arguments_json)
+            for c in message.tool_calls
+        ],
         tool_call_id=message.tool_call_id,
         metadata=dict(message.metadata),
     )
@@ -67,8 +70,11 @@ def datetime_from(stamp: Timestamp) -> datetime:
 
 def entry_to_proto(entry: Entry) -> common_pb2.Entry:
     """The wire form of an entry."""
-    return common_pb2.Entry(sequence=entry.sequence, message=message_to_proto(entry.message),
-                            created_at=timestamp(entry.created_at))
+    return common_pb2.Entry(
+        sequence=entry.sequence,
+        message=message_to_proto(entry.message),
+        created_at=timestamp(entry.created_at),
+    )
 
 
 def entries_to_proto(entries: Sequence[Entry]) -> list[common_pb2.Entry]:
@@ -79,22 +85,25 @@ def entries_to_proto(entries: Sequence[Entry]) -> list[common_pb2.Entry]:
 def usage_from_proto(pb: common_pb2.Usage) -> Usage:
     """Domain usage; negative counts are INVALID_ARGUMENT."""
     if pb.input_tokens < 0 or pb.output_tokens < 0 or pb.model_calls < 0:
-        raise invalid_argument("INVALID_USAGE", "usage counts must not be negative",
-                               field="usage")
+        raise invalid_argument("INVALID_USAGE", "usage counts must not be negative", field="usage")
     return Usage(pb.input_tokens, pb.output_tokens, pb.model_calls)
 
 
 def usage_to_proto(usage: Usage) -> common_pb2.Usage:
     """The wire form of usage."""
-    return common_pb2.Usage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
-                            model_calls=usage.model_calls)
+    return common_pb2.Usage(
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        model_calls=usage.model_calls,
+    )
 
 
 def budget_from_proto(pb: common_pb2.Budget) -> Budget:
     """Domain budget; negative limits are INVALID_ARGUMENT."""
     if pb.max_output_tokens < 0 or pb.max_model_calls < 0 or pb.max_input_tokens < 0:
-        raise invalid_argument("INVALID_BUDGET", "budget limits must not be negative",
-                               field="budget")
+        raise invalid_argument(
+            "INVALID_BUDGET", "budget limits must not be negative", field="budget"
+        )
     return Budget(pb.max_output_tokens, pb.max_model_calls, pb.max_input_tokens)
 
 

@@ -70,8 +70,11 @@ class Database:
             min_size=settings.db_pool_min,
             max_size=max(settings.db_pool_max, settings.db_pool_min, 1),
             open=False,
-            kwargs={"autocommit": True, "options": options,
-                    "connect_timeout": max(1, int(settings.db_timeout_s))},
+            kwargs={
+                "autocommit": True,
+                "options": options,
+                "connect_timeout": max(1, int(settings.db_timeout_s)),
+            },
             check=AsyncConnectionPool.check_connection,
             timeout=settings.db_timeout_s,
             reconnect_timeout=0,  # keep trying forever: the database may come back

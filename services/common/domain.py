@@ -83,8 +83,9 @@ class Message:
 
 def payload_hash(messages: Iterable[Message]) -> bytes:
     """A digest of messages, used to tell a replay from a reused request id."""
-    canonical = json.dumps([m.canonical() for m in messages], separators=(",", ":"),
-                           ensure_ascii=False)
+    canonical = json.dumps(
+        [m.canonical() for m in messages], separators=(",", ":"), ensure_ascii=False
+    )
     return hashlib.sha256(canonical.encode()).digest()
 
 

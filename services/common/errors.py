@@ -62,8 +62,9 @@ class DomainError(Exception):
         return f"{type(self).__name__}({self.code.value}, {self.reason!r}, {self.message!r})"
 
 
-def invalid_argument(reason: str, message: str, *, field: str | None = None,
-                     **metadata: object) -> DomainError:
+def invalid_argument(
+    reason: str, message: str, *, field: str | None = None, **metadata: object
+) -> DomainError:
     """INVALID_ARGUMENT for a request that can never succeed as sent."""
     return DomainError(Code.INVALID_ARGUMENT, reason, message, field=field, metadata=metadata)
 

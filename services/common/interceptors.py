@@ -29,7 +29,11 @@ _MAX_REQUEST_ID = 128
 
 def _request_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     for key, value in context.invocation_metadata() or ():
-        if key == REQUEST_ID_HEADER and isinstance(value, str) and 0 < len(value) <= _MAX_REQUEST_ID:
+        if (
+            key == REQUEST_ID_HEADER
+            and isinstance(value, str)
+            and 0 < len(value) <= _MAX_REQUEST_ID
+        ):
             return value
     return uuid.uuid4().hex
 
@@ -49,36 +53,59 @@ class _Call:
         self.start = time.perf_counter()
         metrics.RPC_STARTED.labels(*self.labels).inc()
 
-    async def fail(self, context: grpc.aio.ServicerContext[Any, Any], exc: BaseException,
-                   request_id: str) -> None:
+    async def fail(
+        self, context: grpc.aio.ServicerContext[Any, Any], exc: BaseException, request_id: str
+    ) -> None:
         if isinstance(exc, DomainError):
             error = exc
             if isinstance(exc, StoreUnavailable):
                 metrics.STORE_ERRORS.labels(exc.store).inc()
         else:
-            log.error("unhandled error", exc_info=exc,
-                      extra={"error_type": type(exc).__name__})
+            log.error("unhandled error", exc_info=exc, extra={"error_type": type(exc).__name__})
             error = _internal(exc)
         self.code = error.code.value
         status = to_status(error)
-        await context.abort(status.code, status.details,
-                            tuple(status.trailing_metadata) + ((REQUEST_ID_HEADER, request_id),))
+        await context.abort(
+            status.code,
+            status.details,
+            (*status.trailing_metadata, (REQUEST_ID_HEADER, request_id)),
+        )
 
     def finish(self) -> None:
         elapsed = time.perf_counter() - self.start
         metrics.RPC_HANDLED.labels(*self.labels, self.code).inc()
         metrics.RPC_SECONDS.labels(*self.labels).observe(elapsed)
-        level = logging.INFO if self.code in {"OK", "NOT_FOUND", "ABORTED", "ALREADY_EXISTS",
-                                               "FAILED_PRECONDITION", "CANCELLED",
-                                               "INVALID_ARGUMENT"} else logging.WARNING
+        level = (
+            logging.INFO
+            if self.code
+            in {
+                "OK",
+                "NOT_FOUND",
+                "ABORTED",
+                "ALREADY_EXISTS",
+                "FAILED_PRECONDITION",
+                "CANCELLED",
+                "INVALID_ARGUMENT",
+            }
+            else logging.WARNING
+        )
         if log.isEnabledFor(level):
-            log.log(level, "rpc", extra={"grpc_method": self.method, "grpc_code": self.code,
-                                         "duration_ms": round(elapsed * 1000, 3)})
+            log.log(
+                level,
+                "rpc",
+                extra={
+                    "grpc_method": self.method,
+                    "grpc_code": self.code,
+                    "duration_ms": round(elapsed * 1000, 3),
+                },
+            )
 
 
-def _wrap_unary(behavior: Callable[[Any, Any], Awaitable[Any]], method: str,
-                grpc_type: str = "unary") -> Callable[[Any, Any], Awaitable[Any]]:
+def _wrap_unary(
+    behavior: Callable[[Any, Any], Awaitable[Any]], method: str, grpc_type: str = "unary"
+) -> Callable[[Any, Any], Awaitable[Any]]:
     """Guard a coroutine handler (unary, or streaming through context.write)."""
+
     async def handler(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         request_id = _request_id(context)
         request_id_var.set(request_id)
@@ -98,13 +125,16 @@ def _wrap_unary(behavior: Callable[[Any, Any], Awaitable[Any]], method: str,
             raise
         finally:
             call.finish()
+
     return handler
 
 
-def _wrap_stream(behavior: Callable[[Any, Any], AsyncIterator[Any]], method: str
-                 ) -> Callable[[Any, Any], AsyncIterator[Any]]:
-    async def handler(request: Any, context: grpc.aio.ServicerContext[Any, Any]
-                      ) -> AsyncIterator[Any]:
+def _wrap_stream(
+    behavior: Callable[[Any, Any], AsyncIterator[Any]], method: str
+) -> Callable[[Any, Any], AsyncIterator[Any]]:
+    async def handler(
+        request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
         request_id = _request_id(context)
         request_id_var.set(request_id)
         method_var.set(method)
@@ -123,6 +153,7 @@ def _wrap_stream(behavior: Callable[[Any, Any], AsyncIterator[Any]], method: str
             raise
         finally:
             call.finish()
+
     return handler
 
 
@@ -131,9 +162,11 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
@@ -144,13 +177,20 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             return grpc.unary_unary_rpc_method_handler(
                 _wrap_unary(handler.unary_unary, method),
                 request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+                response_serializer=handler.response_serializer,
+            )
         if handler.unary_stream is not None:
-            behavior = handler.unary_stream
-            wrapped = (_wrap_stream(behavior, method) if inspect.isasyncgenfunction(behavior)
-                       else _wrap_unary(behavior, method, "server_stream"))
+            # The published types describe sync handlers; aio ones are coroutines
+            # or async generators.
+            behavior: Any = handler.unary_stream
+            wrapped: Any = (
+                _wrap_stream(behavior, method)
+                if inspect.isasyncgenfunction(behavior)
+                else _wrap_unary(behavior, method, "server_stream")
+            )
             return grpc.unary_stream_rpc_method_handler(
-                wrapped,  # type: ignore[arg-type]
+                wrapped,
                 request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+                response_serializer=handler.response_serializer,
+            )
         return handler

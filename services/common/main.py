@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -22,21 +23,32 @@ def _is_loopback(address: str) -> bool:
     return host in {"127.0.0.1", "localhost", "::1"}
 
 
-async def _run(label: str, make_components: Callable[[], Sequence[Component]],
-               settings: Settings) -> None:
+async def _run(
+    label: str, make_components: Callable[[], Sequence[Component]], settings: Settings
+) -> None:
     database_url = settings.database_url
     if database_url is None:
         database_url = start_embedded_postgres(settings.data_dir / "postgres")
-        print(f"runifold: embedded PostgreSQL (pgserver) with data in "
-              f"{settings.data_dir / 'postgres'}", file=sys.stderr)
+        print(
+            f"runifold: embedded PostgreSQL (pgserver) with data in "
+            f"{settings.data_dir / 'postgres'}",
+            file=sys.stderr,
+        )
     if settings.metrics_address is not None:
         host, _, port = settings.metrics_address.rpartition(":")
         start_http_server(int(port), addr=host)
     running = await start_server(make_components(), settings, database_url=database_url)
     services = ", ".join(name for c in running.components for name in c.service_names)
-    print(f"runifold {label}: serving {services} on {running.address}"
-          + (f"; metrics on http://{settings.metrics_address}/metrics"
-             if settings.metrics_address else ""), file=sys.stderr, flush=True)
+    print(
+        f"runifold {label}: serving {services} on {running.address}"
+        + (
+            f"; metrics on http://{settings.metrics_address}/metrics"
+            if settings.metrics_address
+            else ""
+        ),
+        file=sys.stderr,
+        flush=True,
+    )
     await serve_until_signal(running)
 
 
@@ -48,7 +60,5 @@ def main(label: str, make_components: Callable[[], Sequence[Component]]) -> None
         print(f"runifold: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     logs.configure(label, settings.log_level, settings.log_format)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_run(label, make_components, settings))
-    except KeyboardInterrupt:
-        pass

@@ -51,8 +51,9 @@ class SchemaMismatch(DomainError):
     """The database schema is not the one this code expects."""
 
     def __init__(self, service: str, detail: str) -> None:
-        super().__init__(Code.FAILED_PRECONDITION, "SCHEMA_MISMATCH",
-                         f"{service} schema mismatch: {detail}")
+        super().__init__(
+            Code.FAILED_PRECONDITION, "SCHEMA_MISMATCH", f"{service} schema mismatch: {detail}"
+        )
 
 
 def load(directory: Path) -> list[Migration]:
@@ -109,8 +110,9 @@ async def migrate(db: Database, service: str, directory: Path) -> int:
                         "(service, version, name, checksum) VALUES (%s, %s, %s, %s)",
                         (service, migration.version, migration.name, migration.checksum),
                     )
-                log.info("migration applied",
-                         extra={"service": service, "version": migration.version})
+                log.info(
+                    "migration applied", extra={"service": service, "version": migration.version}
+                )
         finally:
             await conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (f"runifold.{service}",))
     return len(migrations)
@@ -121,7 +123,8 @@ async def check(db: Database, service: str, directory: Path) -> None:
     migrations = load(directory)
     async with db.connection() as conn:
         cursor = await conn.execute(
-            "SELECT to_regclass('public.runifold_schema_migrations') IS NOT NULL")
+            "SELECT to_regclass('public.runifold_schema_migrations') IS NOT NULL"
+        )
         row = await cursor.fetchone()
         applied = await _applied(conn, service) if row and row[0] else {}
     problems = _compare(service, migrations, applied)

@@ -28,8 +28,9 @@ _MAC_BYTES = 16
 def page_size(value: int) -> int:
     """AIP-158: 0 means the default; negative is invalid; large values are capped."""
     if value < 0:
-        raise invalid_argument("INVALID_PAGE_SIZE", "page_size must not be negative",
-                               field="page_size")
+        raise invalid_argument(
+            "INVALID_PAGE_SIZE", "page_size must not be negative", field="page_size"
+        )
     if value == 0:
         return DEFAULT_PAGE_SIZE
     return min(value, MAX_PAGE_SIZE)
@@ -44,19 +45,26 @@ class PageTokens:
     def _mac(self, body: bytes) -> bytes:
         return hmac.new(self._secret, body, hashlib.sha256).digest()[:_MAC_BYTES]
 
-    def encode(self, kind: str, namespace: str, request: Mapping[str, Any],
-               cursor: Mapping[str, Any]) -> str:
+    def encode(
+        self, kind: str, namespace: str, request: Mapping[str, Any], cursor: Mapping[str, Any]
+    ) -> str:
         """A token for the page after `cursor` of the listing `kind` in `namespace`."""
-        body = json.dumps({"k": kind, "n": namespace, "r": dict(request), "c": dict(cursor)},
-                          separators=(",", ":"), sort_keys=True).encode()
+        body = json.dumps(
+            {"k": kind, "n": namespace, "r": dict(request), "c": dict(cursor)},
+            separators=(",", ":"),
+            sort_keys=True,
+        ).encode()
         return base64.urlsafe_b64encode(self._mac(body) + body).decode().rstrip("=")
 
-    def decode(self, token: str, kind: str, namespace: str,
-               request: Mapping[str, Any]) -> dict[str, Any]:
+    def decode(
+        self, token: str, kind: str, namespace: str, request: Mapping[str, Any]
+    ) -> dict[str, Any]:
         """The cursor of a token, after checking it belongs to this exact listing."""
-        invalid = invalid_argument("INVALID_PAGE_TOKEN",
-                                   "page_token is invalid or belongs to another request",
-                                   field="page_token")
+        invalid = invalid_argument(
+            "INVALID_PAGE_TOKEN",
+            "page_token is invalid or belongs to another request",
+            field="page_token",
+        )
         try:
             raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         except (ValueError, TypeError):
@@ -68,8 +76,11 @@ class PageTokens:
             document = json.loads(body)
         except ValueError:
             raise invalid from None
-        if (document.get("k") != kind or document.get("n") != namespace
-                or document.get("r") != dict(request)):
+        if (
+            document.get("k") != kind
+            or document.get("n") != namespace
+            or document.get("r") != dict(request)
+        ):
             raise invalid
         cursor: dict[str, Any] = document["c"]
         return cursor

@@ -44,8 +44,13 @@ class StartContext:
 class Component(Protocol):
     """One service hosted by a server process."""
 
-    name: str
-    service_names: Sequence[str]
+    @property
+    def name(self) -> str:
+        """Short name used in logs ("transcript")."""
+
+    @property
+    def service_names(self) -> Sequence[str]:
+        """Fully qualified gRPC service names it serves."""
 
     def register(self, server: grpc.aio.Server) -> None:
         """Add the servicer(s) to the server (after start, before serving)."""
@@ -96,8 +101,9 @@ async def _refresh_health(running: RunningServer) -> None:
     statuses = []
     for component in running.components:
         try:
-            ok = await asyncio.wait_for(component.healthy(),
-                                        timeout=max(running.settings.health_interval_s, 1.0))
+            ok = await asyncio.wait_for(
+                component.healthy(), timeout=max(running.settings.health_interval_s, 1.0)
+            )
         except Exception:
             ok = False
         statuses.append(ok)
@@ -114,9 +120,13 @@ async def _health_loop(running: RunningServer) -> None:
         await _refresh_health(running)
 
 
-async def start_server(components: Sequence[Component], settings: Settings,
-                       *, database_url: str | None = None,
-                       extras: dict[str, object] | None = None) -> RunningServer:
+async def start_server(
+    components: Sequence[Component],
+    settings: Settings,
+    *,
+    database_url: str | None = None,
+    extras: dict[str, object] | None = None,
+) -> RunningServer:
     """Bind, start the components and the server; return once serving."""
     options = [
         ("grpc.max_receive_message_length", settings.max_receive_message_bytes),
@@ -131,8 +141,12 @@ async def start_server(components: Sequence[Component], settings: Settings,
         raise OSError(f"cannot listen on {settings.listen_address}")
     host = settings.listen_address.rpartition(":")[0]
     address = f"{host}:{port}"
-    ctx = StartContext(settings=settings, self_address=address, database_url=database_url,
-                       extras=dict(extras or {}))
+    ctx = StartContext(
+        settings=settings,
+        self_address=address,
+        database_url=database_url,
+        extras=dict(extras or {}),
+    )
     started: list[Component] = []
     try:
         for component in components:
@@ -151,15 +165,18 @@ async def start_server(components: Sequence[Component], settings: Settings,
     await _refresh_health(running)
     await server.start()
     running._health_task = asyncio.create_task(_health_loop(running))
-    log.info("server started", extra={"address": address,
-                                       "services": [c.name for c in components]})
+    log.info("server started", extra={"address": address, "services": [c.name for c in components]})
     return running
 
 
 @contextlib.asynccontextmanager
-async def serving(components: Sequence[Component], settings: Settings, *,
-                  database_url: str | None = None,
-                  extras: dict[str, object] | None = None) -> AsyncIterator[RunningServer]:
+async def serving(
+    components: Sequence[Component],
+    settings: Settings,
+    *,
+    database_url: str | None = None,
+    extras: dict[str, object] | None = None,
+) -> AsyncIterator[RunningServer]:
     """Start a server for the duration of a block (tests and tools)."""
     running = await start_server(components, settings, database_url=database_url, extras=extras)
     try:

@@ -27,8 +27,9 @@ def env_str(env: Env, name: str, default: str) -> str:
     return value if value != "" else default
 
 
-def env_int(env: Env, name: str, default: int, *, minimum: int | None = None,
-            maximum: int | None = None) -> int:
+def env_int(
+    env: Env, name: str, default: int, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
     """An integer variable within optional bounds."""
     raw = env.get(name, "")
     if raw == "":
@@ -122,24 +123,31 @@ class Settings:
             raise SettingsError("RUNIFOLD_PAGE_TOKEN_SECRET must be at least 16 characters")
         return cls(
             listen_address=env_address(env, "RUNIFOLD_LISTEN", default_listen),
-            metrics_address=None if metrics == "off" else env_address(
-                env, "RUNIFOLD_METRICS_LISTEN", "127.0.0.1:9464"),
+            metrics_address=None
+            if metrics == "off"
+            else env_address(env, "RUNIFOLD_METRICS_LISTEN", "127.0.0.1:9464"),
             database_url=env.get("DATABASE_URL") or None,
             data_dir=Path(env_str(env, "RUNIFOLD_DATA_DIR", ".runifold")),
             db_pool_min=env_int(env, "RUNIFOLD_DB_POOL_MIN", 2, minimum=0, maximum=1000),
             db_pool_max=env_int(env, "RUNIFOLD_DB_POOL_MAX", 16, minimum=1, maximum=1000),
             db_timeout_s=env_float(env, "RUNIFOLD_DB_TIMEOUT_S", 5.0, minimum=0.1),
-            db_statement_timeout_ms=env_int(env, "RUNIFOLD_DB_STATEMENT_TIMEOUT_MS", 10_000,
-                                            minimum=0),
+            db_statement_timeout_ms=env_int(
+                env, "RUNIFOLD_DB_STATEMENT_TIMEOUT_MS", 10_000, minimum=0
+            ),
             migrate=env_choice(env, "RUNIFOLD_MIGRATE", "auto", ("auto", "check")),
             page_token_secret=secret.encode() if secret else secrets.token_bytes(32),
             health_interval_s=env_float(env, "RUNIFOLD_HEALTH_INTERVAL_S", 1.0, minimum=0.05),
             shutdown_grace_s=env_float(env, "RUNIFOLD_SHUTDOWN_GRACE_S", 10.0),
             max_receive_message_bytes=env_int(
-                env, "RUNIFOLD_MAX_RECEIVE_MESSAGE_BYTES", 16 * 1024 * 1024,
-                minimum=1024 * 1024, maximum=256 * 1024 * 1024),
-            log_level=env_choice(env, "RUNIFOLD_LOG_LEVEL", "INFO",
-                                 ("DEBUG", "INFO", "WARNING", "ERROR")),
+                env,
+                "RUNIFOLD_MAX_RECEIVE_MESSAGE_BYTES",
+                16 * 1024 * 1024,
+                minimum=1024 * 1024,
+                maximum=256 * 1024 * 1024,
+            ),
+            log_level=env_choice(
+                env, "RUNIFOLD_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR")
+            ),
             log_format=env_choice(env, "RUNIFOLD_LOG_FORMAT", "json", ("json", "text")),
             transcript_service_addr=env.get("TRANSCRIPT_SERVICE_ADDR") or None,
             summary_service_addr=env.get("SUMMARY_SERVICE_ADDR") or None,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import grpc
 from google.protobuf import any_pb2
 from google.protobuf.message import Message as ProtoMessage
@@ -23,19 +25,33 @@ def _pack(message: ProtoMessage) -> any_pb2.Any:
 
 def to_status(error: DomainError) -> grpc.Status:
     """The gRPC status of a domain error: code, message and packed details."""
-    details = [_pack(error_details_pb2.ErrorInfo(
-        reason=error.reason, domain=ERROR_DOMAIN, metadata=error.metadata))]
+    details = [
+        _pack(
+            error_details_pb2.ErrorInfo(
+                reason=error.reason, domain=ERROR_DOMAIN, metadata=error.metadata
+            )
+        )
+    ]
     if error.field:
-        details.append(_pack(error_details_pb2.BadRequest(field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(
-                field=error.field, description=error.message, reason=error.reason)])))
+        details.append(
+            _pack(
+                error_details_pb2.BadRequest(
+                    field_violations=[
+                        error_details_pb2.BadRequest.FieldViolation(
+                            field=error.field, description=error.message, reason=error.reason
+                        )
+                    ]
+                )
+            )
+        )
     for detail in error.details:
         if isinstance(detail, any_pb2.Any):
             details.append(detail)
         elif isinstance(detail, ProtoMessage):
             details.append(_pack(detail))
-    status: grpc.Status = rpc_status.to_status(status_pb2.Status(
-        code=_RPC_CODES[error.code], message=error.message, details=details))
+    status: grpc.Status = rpc_status.to_status(
+        status_pb2.Status(code=_RPC_CODES[error.code], message=error.message, details=details)
+    )
     return status
 
 
@@ -45,7 +61,7 @@ def from_rpc_error(error: grpc.aio.AioRpcError) -> DomainError:
     reason = "UPSTREAM_" + error.code().name
     metadata: dict[str, str] = {}
     details: list[any_pb2.Any] = []
-    status = rpc_status.from_call(error) if error.trailing_metadata() else None
+    status = rpc_status.from_call(cast(grpc.Call, error)) if error.trailing_metadata() else None
     if status is not None:
         for detail in status.details:
             if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
@@ -61,7 +77,7 @@ def from_rpc_error(error: grpc.aio.AioRpcError) -> DomainError:
 
 def error_info(error: grpc.aio.AioRpcError | grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
     """The ErrorInfo detail of a failed call, if any (for tests and clients)."""
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    status = rpc_status.from_call(cast(grpc.Call, error))
     if status is None:
         return None
     for detail in status.details:

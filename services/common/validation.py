@@ -52,7 +52,8 @@ def request_id(value: str, field: str = "request_id") -> str | None:
         return None
     if not REQUEST_ID_PATTERN.fullmatch(value):
         raise invalid_argument(
-            "INVALID_REQUEST_ID", f"{field} must be 1..128 printable ASCII characters",
+            "INVALID_REQUEST_ID",
+            f"{field} must be 1..128 printable ASCII characters",
             field=field,
         )
     return value
@@ -62,30 +63,35 @@ def in_range(value: int, bounds: tuple[int, int], field: str, reason: str) -> in
     """An integer within inclusive bounds."""
     low, high = bounds
     if not low <= value <= high:
-        raise invalid_argument(reason, f"{field} must be in {low}..{high}", field=field,
-                               minimum=low, maximum=high)
+        raise invalid_argument(
+            reason, f"{field} must be in {low}..{high}", field=field, minimum=low, maximum=high
+        )
     return value
 
 
-def text(value: str, field: str, *, max_bytes: int, reason: str = "INVALID_TEXT",
-         required: bool = False) -> str:
+def text(
+    value: str, field: str, *, max_bytes: int, reason: str = "INVALID_TEXT", required: bool = False
+) -> str:
     """A stored string: no NUL character, within a byte limit, non-empty if required."""
     if required and not value.strip():
         raise invalid_argument(reason, f"{field} must not be empty", field=field)
     if "\x00" in value:
         raise invalid_argument(reason, f"{field} must not contain NUL characters", field=field)
     if len(value.encode("utf-8", "surrogatepass")) > max_bytes:
-        raise invalid_argument(reason, f"{field} exceeds {max_bytes} bytes", field=field,
-                               limit_bytes=max_bytes)
+        raise invalid_argument(
+            reason, f"{field} exceeds {max_bytes} bytes", field=field, limit_bytes=max_bytes
+        )
     return value
 
 
 def metadata(values: Mapping[str, str], field: str = "metadata") -> dict[str, str]:
     """Key/value annotations within the documented limits."""
     if len(values) > MAX_METADATA_ENTRIES:
-        raise invalid_argument("INVALID_METADATA",
-                               f"{field} holds more than {MAX_METADATA_ENTRIES} entries",
-                               field=field)
+        raise invalid_argument(
+            "INVALID_METADATA",
+            f"{field} holds more than {MAX_METADATA_ENTRIES} entries",
+            field=field,
+        )
     for key, value in values.items():
         if not 1 <= len(key) <= MAX_METADATA_KEY_CHARS or "\x00" in key:
             raise invalid_argument(
@@ -93,6 +99,7 @@ def metadata(values: Mapping[str, str], field: str = "metadata") -> dict[str, st
                 f"{field} keys must be 1..{MAX_METADATA_KEY_CHARS} characters without NUL",
                 field=field,
             )
-        text(value, f"{field} values", max_bytes=MAX_METADATA_VALUE_BYTES,
-             reason="INVALID_METADATA")
+        text(
+            value, f"{field} values", max_bytes=MAX_METADATA_VALUE_BYTES, reason="INVALID_METADATA"
+        )
     return dict(values)

@@ -34,7 +34,8 @@ class TranscriptComponent:
     def register(self, server: grpc.aio.Server) -> None:
         assert self.service is not None, "register after start"
         transcript_service_pb2_grpc.add_TranscriptServiceServicer_to_server(
-            TranscriptServicer(self.service), server)
+            TranscriptServicer(self.service), server
+        )
 
     async def start(self, ctx: StartContext) -> None:
         if ctx.database_url is None:
@@ -44,8 +45,11 @@ class TranscriptComponent:
         if ctx.settings.migrate == "auto":
             await migrations.migrate(self.db, self.name, MIGRATIONS)
         await migrations.check(self.db, self.name, MIGRATIONS)
-        self.service = TranscriptService(PostgresTranscriptStore(self.db), self.limits,
-                                         PageTokens(ctx.settings.page_token_secret))
+        self.service = TranscriptService(
+            PostgresTranscriptStore(self.db),
+            self.limits,
+            PageTokens(ctx.settings.page_token_secret),
+        )
 
     async def stop(self) -> None:
         if self.db is not None:
@@ -59,4 +63,3 @@ class TranscriptComponent:
         except Exception:
             return False
         return True
-

@@ -26,12 +26,20 @@ class TranscriptLimits:
     def from_env(cls, env: Env | None = None) -> TranscriptLimits:
         env = os.environ if env is None else env
         return cls(
-            max_messages_per_append=env_int(env, "RUNIFOLD_MAX_MESSAGES_PER_APPEND", 256,
-                                            minimum=1, maximum=4096),
-            max_message_bytes=env_int(env, "RUNIFOLD_MAX_MESSAGE_BYTES", 256 * 1024,
-                                      minimum=1024, maximum=8 * 1024 * 1024),
-            max_append_bytes=env_int(env, "RUNIFOLD_MAX_APPEND_BYTES", 4 * 1024 * 1024,
-                                     minimum=1024, maximum=12 * 1024 * 1024),
-            max_tool_calls_per_message=env_int(env, "RUNIFOLD_MAX_TOOL_CALLS_PER_MESSAGE", 64,
-                                               minimum=1, maximum=512),
+            max_messages_per_append=env_int(
+                env, "RUNIFOLD_MAX_MESSAGES_PER_APPEND", 256, minimum=1, maximum=4096
+            ),
+            max_message_bytes=env_int(
+                env, "RUNIFOLD_MAX_MESSAGE_BYTES", 256 * 1024, minimum=1024, maximum=8 * 1024 * 1024
+            ),
+            max_append_bytes=env_int(
+                env,
+                "RUNIFOLD_MAX_APPEND_BYTES",
+                4 * 1024 * 1024,
+                minimum=1024,
+                maximum=12 * 1024 * 1024,
+            ),
+            max_tool_calls_per_message=env_int(
+                env, "RUNIFOLD_MAX_TOOL_CALLS_PER_MESSAGE", 64, minimum=1, maximum=512
+            ),
         )

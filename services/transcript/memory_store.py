@@ -32,8 +32,9 @@ class InMemoryTranscriptStore:
         self._data: dict[tuple[str, uuid.UUID], _Stored] = {}
         self._lock = asyncio.Lock()
 
-    async def create_conversation(self, namespace: str, conversation_id: uuid.UUID,
-                                  labels: Mapping[str, str]) -> tuple[Conversation, bool]:
+    async def create_conversation(
+        self, namespace: str, conversation_id: uuid.UUID, labels: Mapping[str, str]
+    ) -> tuple[Conversation, bool]:
         async with self._lock:
             key = (namespace, conversation_id)
             if key in self._data:
@@ -43,8 +44,9 @@ class InMemoryTranscriptStore:
             self._data[key] = _Stored(conversation)
             return conversation, True
 
-    async def get_conversation(self, namespace: str,
-                               conversation_id: uuid.UUID) -> Conversation | None:
+    async def get_conversation(
+        self, namespace: str, conversation_id: uuid.UUID
+    ) -> Conversation | None:
         stored = self._data.get((namespace, conversation_id))
         return stored.conversation if stored else None
 
@@ -66,44 +68,57 @@ class InMemoryTranscriptStore:
             for offset, message in enumerate(append.messages):
                 stored.entries.append(Entry(first + offset, message, now))
             last = current.last_sequence + len(append.messages)
-            stored.conversation = replace(current, version=current.version + 1,
-                                          last_sequence=last, update_time=now)
-            record = AppendRecord(current.version + 1, first, last, append.usage, now,
-                                  append.payload_hash)
+            stored.conversation = replace(
+                current, version=current.version + 1, last_sequence=last, update_time=now
+            )
+            record = AppendRecord(
+                current.version + 1, first, last, append.usage, now, append.payload_hash
+            )
             if append.request_id is not None:
                 stored.appends[append.request_id] = record
             return AppendResult(record, replayed=False)
 
-    async def find_append(self, namespace: str, conversation_id: uuid.UUID,
-                          request_id: str) -> AppendRecord | None:
+    async def find_append(
+        self, namespace: str, conversation_id: uuid.UUID, request_id: str
+    ) -> AppendRecord | None:
         stored = self._data.get((namespace, conversation_id))
         return stored.appends.get(request_id) if stored else None
 
-    async def read_entries(self, namespace: str, conversation_id: uuid.UUID,
-                           ranges: Sequence[tuple[int, int]]) -> list[Entry]:
+    async def read_entries(
+        self, namespace: str, conversation_id: uuid.UUID, ranges: Sequence[tuple[int, int]]
+    ) -> list[Entry]:
         stored = self._data.get((namespace, conversation_id))
         if stored is None:
             return []
-        return [stored.entries[s - 1] for low, high in ranges
-                for s in range(low, min(high, len(stored.entries)) + 1)]
+        return [
+            stored.entries[s - 1]
+            for low, high in ranges
+            for s in range(low, min(high, len(stored.entries)) + 1)
+        ]
 
-    async def list_entries(self, namespace: str, conversation_id: uuid.UUID,
-                           after_sequence: int, through_sequence: int | None,
-                           limit: int) -> list[Entry] | None:
+    async def list_entries(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        after_sequence: int,
+        through_sequence: int | None,
+        limit: int,
+    ) -> list[Entry] | None:
         stored = self._data.get((namespace, conversation_id))
         if stored is None:
             return None
         high = len(stored.entries) if through_sequence is None else through_sequence
         return stored.entries[after_sequence:high][:limit]
 
-    async def list_conversations(self, namespace: str, after: uuid.UUID | None,
-                                 limit: int) -> list[Conversation]:
-        ids = sorted(cid for ns, cid in self._data if ns == namespace
-                     and (after is None or cid > after))
+    async def list_conversations(
+        self, namespace: str, after: uuid.UUID | None, limit: int
+    ) -> list[Conversation]:
+        ids = sorted(
+            cid for ns, cid in self._data if ns == namespace and (after is None or cid > after)
+        )
         return [self._data[(namespace, cid)].conversation for cid in ids[:limit]]
 
-    async def delete_conversation(self, namespace: str,
-                                  conversation_id: uuid.UUID) -> int | None:
+    async def delete_conversation(self, namespace: str, conversation_id: uuid.UUID) -> int | None:
         async with self._lock:
             stored = self._data.pop((namespace, conversation_id), None)
             return None if stored is None else len(stored.entries)

@@ -24,6 +24,7 @@ from services.transcript.store import TranscriptStore, conversation_not_found
 # An unconditional append that depends on the transcript's tail (it starts with
 # tool results) is retried this often when another writer moves the tail.
 _TAIL_RETRIES = 5
+NO_USAGE = Usage()
 
 
 def conversation_id(value: str, field: str = "conversation_id") -> uuid.UUID:
@@ -62,24 +63,27 @@ def _tool_group_start(roles: Mapping[int, Role], position: int, lowest: int) -> 
 class TranscriptService:
     """Conversations and their append-only entries."""
 
-    def __init__(self, store: TranscriptStore, limits: TranscriptLimits,
-                 page_tokens: PageTokens) -> None:
+    def __init__(
+        self, store: TranscriptStore, limits: TranscriptLimits, page_tokens: PageTokens
+    ) -> None:
         self.store = store
         self.limits = limits
         self.page_tokens = page_tokens
 
     # -- conversations ------------------------------------------------------
 
-    async def create_conversation(self, namespace: str, conversation_id_text: str,
-                                  labels: Mapping[str, str]) -> tuple[Conversation, bool]:
+    async def create_conversation(
+        self, namespace: str, conversation_id_text: str, labels: Mapping[str, str]
+    ) -> tuple[Conversation, bool]:
         """Create a conversation; a repeat in the same namespace returns it with False."""
         validation.namespace(namespace)
         if conversation_id_text:
             cid = conversation_id(conversation_id_text)
         else:
             cid = uuid.UUID(str(uuid_utils.uuid7()))
-        return await self.store.create_conversation(namespace, cid,
-                                                    validation.metadata(labels, "labels"))
+        return await self.store.create_conversation(
+            namespace, cid, validation.metadata(labels, "labels")
+        )
 
     async def get_conversation(self, namespace: str, conversation_id_text: str) -> Conversation:
         """The conversation; NOT_FOUND if it is not in this namespace."""
@@ -89,8 +93,7 @@ class TranscriptService:
             raise conversation_not_found()
         return found
 
-    async def list_conversations(self, namespace: str, size: int,
-                                 token: str) -> ConversationPage:
+    async def list_conversations(self, namespace: str, size: int, token: str) -> ConversationPage:
         """A page of the namespace's conversations in id order."""
         validation.namespace(namespace)
         limit = page_size(size)
@@ -100,16 +103,21 @@ class TranscriptService:
             after = uuid.UUID(cursor["after"])
         rows = await self.store.list_conversations(namespace, after, limit + 1)
         page, more = rows[:limit], len(rows) > limit
-        next_token = self.page_tokens.encode(
-            "conversations", namespace, {},
-            {"after": str(page[-1].conversation_id)}) if more else ""
+        next_token = (
+            self.page_tokens.encode(
+                "conversations", namespace, {}, {"after": str(page[-1].conversation_id)}
+            )
+            if more
+            else ""
+        )
         return ConversationPage(page, next_token)
 
     async def delete_conversation(self, namespace: str, conversation_id_text: str) -> int | None:
         """Erase a conversation; None when there was nothing to erase."""
         validation.namespace(namespace)
-        return await self.store.delete_conversation(namespace,
-                                                    conversation_id(conversation_id_text))
+        return await self.store.delete_conversation(
+            namespace, conversation_id(conversation_id_text)
+        )
 
     # -- appends ------------------------------------------------------------
 
@@ -119,55 +127,76 @@ class TranscriptService:
             raise invalid_argument(
                 "SYSTEM_ROLE_NOT_ALLOWED",
                 "system messages are never persisted; send system instructions per request",
-                field=f"{field}.role")
+                field=f"{field}.role",
+            )
         if "\x00" in message.text:
-            raise invalid_argument("INVALID_MESSAGE", "text must not contain NUL characters",
-                                   field=f"{field}.text")
+            raise invalid_argument(
+                "INVALID_MESSAGE", "text must not contain NUL characters", field=f"{field}.text"
+            )
         validation.metadata(message.metadata, f"{field}.metadata")
         if message.size_bytes() > limits.max_message_bytes:
-            raise invalid_argument("MESSAGE_TOO_LARGE",
-                                   f"{field} exceeds {limits.max_message_bytes} bytes",
-                                   field=field, limit_bytes=limits.max_message_bytes)
-        if message.role == Role.USER:
-            if not message.text.strip():
-                raise invalid_argument("INVALID_MESSAGE", f"{field}.text must not be empty",
-                                       field=f"{field}.text")
+            raise invalid_argument(
+                "MESSAGE_TOO_LARGE",
+                f"{field} exceeds {limits.max_message_bytes} bytes",
+                field=field,
+                limit_bytes=limits.max_message_bytes,
+            )
+        if message.role == Role.USER and not message.text.strip():
+            raise invalid_argument(
+                "INVALID_MESSAGE", f"{field}.text must not be empty", field=f"{field}.text"
+            )
         if message.role != Role.ASSISTANT and message.tool_calls:
-            raise invalid_argument("INVALID_MESSAGE", "only assistant messages carry tool calls",
-                                   field=f"{field}.tool_calls")
+            raise invalid_argument(
+                "INVALID_MESSAGE",
+                "only assistant messages carry tool calls",
+                field=f"{field}.tool_calls",
+            )
         if message.role != Role.TOOL and message.tool_call_id:
-            raise invalid_argument("INVALID_MESSAGE", "only tool messages carry tool_call_id",
-                                   field=f"{field}.tool_call_id")
+            raise invalid_argument(
+                "INVALID_MESSAGE",
+                "only tool messages carry tool_call_id",
+                field=f"{field}.tool_call_id",
+            )
         if message.role == Role.ASSISTANT and not message.text and not message.tool_calls:
-            raise invalid_argument("INVALID_MESSAGE",
-                                   "an assistant message needs text or tool calls", field=field)
+            raise invalid_argument(
+                "INVALID_MESSAGE", "an assistant message needs text or tool calls", field=field
+            )
         if message.role == Role.TOOL:
             self._validate_tool_id(message.tool_call_id, f"{field}.tool_call_id")
         if len(message.tool_calls) > limits.max_tool_calls_per_message:
             raise invalid_argument(
                 "TOO_MANY_TOOL_CALLS",
                 f"a message carries at most {limits.max_tool_calls_per_message} tool calls",
-                field=f"{field}.tool_calls")
+                field=f"{field}.tool_calls",
+            )
         seen: set[str] = set()
         for index, call in enumerate(message.tool_calls):
             call_field = f"{field}.tool_calls[{index}]"
             self._validate_tool_id(call.id, f"{call_field}.id")
             if call.id in seen:
-                raise invalid_argument("INVALID_TOOL_CALL", "tool call ids must be unique",
-                                       field=f"{call_field}.id")
+                raise invalid_argument(
+                    "INVALID_TOOL_CALL", "tool call ids must be unique", field=f"{call_field}.id"
+                )
             seen.add(call.id)
             if not 1 <= len(call.name) <= 128 or "\x00" in call.name:
-                raise invalid_argument("INVALID_TOOL_CALL",
-                                       "tool names must be 1..128 characters",
-                                       field=f"{call_field}.name")
-            validation.text(call.arguments_json, f"{call_field}.arguments_json",
-                            max_bytes=limits.max_message_bytes, reason="INVALID_TOOL_CALL")
+                raise invalid_argument(
+                    "INVALID_TOOL_CALL",
+                    "tool names must be 1..128 characters",
+                    field=f"{call_field}.name",
+                )
+            validation.text(
+                call.arguments_json,
+                f"{call_field}.arguments_json",
+                max_bytes=limits.max_message_bytes,
+                reason="INVALID_TOOL_CALL",
+            )
 
     @staticmethod
     def _validate_tool_id(value: str, field: str) -> None:
         if not 1 <= len(value) <= 128 or "\x00" in value:
-            raise invalid_argument("INVALID_TOOL_CALL", f"{field} must be 1..128 characters",
-                                   field=field)
+            raise invalid_argument(
+                "INVALID_TOOL_CALL", f"{field} must be 1..128 characters", field=field
+            )
 
     def validate_messages(self, messages: Sequence[Message], field: str = "messages") -> None:
         """Check every message rule and the append's size limits."""
@@ -178,19 +207,25 @@ class TranscriptService:
             raise invalid_argument(
                 "TOO_MANY_MESSAGES",
                 f"an append carries at most {limits.max_messages_per_append} messages",
-                field=field, limit=limits.max_messages_per_append)
+                field=field,
+                limit=limits.max_messages_per_append,
+            )
         total = 0
         for index, message in enumerate(messages):
             self._validate_message(message, f"{field}[{index}]")
             total += message.size_bytes()
         if total > limits.max_append_bytes:
-            raise invalid_argument("APPEND_TOO_LARGE",
-                                   f"an append carries at most {limits.max_append_bytes} bytes",
-                                   field=field, limit_bytes=limits.max_append_bytes)
+            raise invalid_argument(
+                "APPEND_TOO_LARGE",
+                f"an append carries at most {limits.max_append_bytes} bytes",
+                field=field,
+                limit_bytes=limits.max_append_bytes,
+            )
 
     @staticmethod
-    def check_tool_pairing(messages: Sequence[Message], open_calls: set[str] | None,
-                           field: str = "messages") -> None:
+    def check_tool_pairing(
+        messages: Sequence[Message], open_calls: set[str] | None, field: str = "messages"
+    ) -> None:
         """Every tool result answers an unanswered call of the assistant message before it.
 
         `open_calls` are the unanswered calls at the transcript's tail (None when
@@ -203,15 +238,16 @@ class TranscriptService:
                     raise invalid_argument(
                         "ORPHANED_TOOL_RESULT",
                         "a tool result must answer an unanswered tool call of the assistant "
-                        "message right before it", field=f"{field}[{index}].tool_call_id")
+                        "message right before it",
+                        field=f"{field}[{index}].tool_call_id",
+                    )
                 pending.discard(message.tool_call_id)
             elif message.role == Role.ASSISTANT and message.tool_calls:
                 pending = {call.id for call in message.tool_calls}
             else:
                 pending = None
 
-    async def _open_tool_calls(self, namespace: str, cid: uuid.UUID
-                               ) -> tuple[int, set[str] | None]:
+    async def _open_tool_calls(self, namespace: str, cid: uuid.UUID) -> tuple[int, set[str] | None]:
         """The version and the unanswered tool calls at the transcript's tail."""
         conversation = await self.store.get_conversation(namespace, cid)
         if conversation is None:
@@ -232,24 +268,33 @@ class TranscriptService:
             break
         return conversation.version, None
 
-    async def append(self, namespace: str, conversation_id_text: str,
-                     expected_version: int | None, messages: Sequence[Message],
-                     request_id_text: str, usage: Usage = Usage()) -> AppendResult:
+    async def append(
+        self,
+        namespace: str,
+        conversation_id_text: str,
+        expected_version: int | None,
+        messages: Sequence[Message],
+        request_id_text: str,
+        usage: Usage = NO_USAGE,
+    ) -> AppendResult:
         """Append messages atomically; see the proto for the full contract."""
         validation.namespace(namespace)
         cid = conversation_id(conversation_id_text)
         request_id = validation.request_id(request_id_text)
         if expected_version is not None and expected_version < 0:
-            raise invalid_argument("INVALID_EXPECTED_VERSION",
-                                   "expected_version must not be negative",
-                                   field="expected_version")
+            raise invalid_argument(
+                "INVALID_EXPECTED_VERSION",
+                "expected_version must not be negative",
+                field="expected_version",
+            )
         self.validate_messages(messages)
         digest = payload_hash(messages)
 
         if messages[0].role != Role.TOOL:
             self.check_tool_pairing(messages, None)
-            return await self.store.append(NewAppend(namespace, cid, expected_version,
-                                                     messages, request_id, digest, usage))
+            return await self.store.append(
+                NewAppend(namespace, cid, expected_version, messages, request_id, digest, usage)
+            )
 
         # The append continues a tool call group: its first results answer calls
         # at the tail, so it must commit at the version whose tail was checked.
@@ -259,15 +304,19 @@ class TranscriptService:
                 if prior is not None:
                     # A retry of a committed append; the store replays it (or
                     # rejects a reused id) without writing.
-                    return await self.store.append(NewAppend(
-                        namespace, cid, expected_version, messages, request_id, digest, usage))
+                    return await self.store.append(
+                        NewAppend(
+                            namespace, cid, expected_version, messages, request_id, digest, usage
+                        )
+                    )
             version, open_calls = await self._open_tool_calls(namespace, cid)
             if expected_version is not None and version != expected_version:
                 raise VersionConflict(version, expected_version)
             self.check_tool_pairing(messages, open_calls)
             try:
-                return await self.store.append(NewAppend(namespace, cid, version, messages,
-                                                         request_id, digest, usage))
+                return await self.store.append(
+                    NewAppend(namespace, cid, version, messages, request_id, digest, usage)
+                )
             except VersionConflict:
                 if expected_version is not None:
                     raise
@@ -275,33 +324,55 @@ class TranscriptService:
 
     # -- reads --------------------------------------------------------------
 
-    async def list_entries(self, namespace: str, conversation_id_text: str, after_sequence: int,
-                           through_sequence: int, size: int, token: str) -> EntryPage:
+    async def list_entries(
+        self,
+        namespace: str,
+        conversation_id_text: str,
+        after_sequence: int,
+        through_sequence: int,
+        size: int,
+        token: str,
+    ) -> EntryPage:
         """A page of entries in sequence order (AIP-158)."""
         validation.namespace(namespace)
         cid = conversation_id(conversation_id_text)
         if after_sequence < 0 or through_sequence < 0:
-            raise invalid_argument("INVALID_SEQUENCE", "sequences must not be negative",
-                                   field="after_sequence" if after_sequence < 0
-                                   else "through_sequence")
+            raise invalid_argument(
+                "INVALID_SEQUENCE",
+                "sequences must not be negative",
+                field="after_sequence" if after_sequence < 0 else "through_sequence",
+            )
         limit = page_size(size)
-        request = {"conversation_id": str(cid), "after": after_sequence,
-                   "through": through_sequence}
+        request = {
+            "conversation_id": str(cid),
+            "after": after_sequence,
+            "through": through_sequence,
+        }
         after = after_sequence
         if token:
             after = int(self.page_tokens.decode(token, "entries", namespace, request)["after"])
-        entries = await self.store.list_entries(namespace, cid, after, through_sequence or None,
-                                                limit + 1)
+        entries = await self.store.list_entries(
+            namespace, cid, after, through_sequence or None, limit + 1
+        )
         if entries is None:
             raise conversation_not_found()
         page, more = entries[:limit], len(entries) > limit
-        next_token = self.page_tokens.encode(
-            "entries", namespace, request, {"after": page[-1].sequence}) if more else ""
+        next_token = (
+            self.page_tokens.encode("entries", namespace, request, {"after": page[-1].sequence})
+            if more
+            else ""
+        )
         return EntryPage(page, next_token)
 
-    async def load_view(self, namespace: str, conversation_id_text: str, window: int,
-                        summary_batch: int, summarized_through: int,
-                        request_id_text: str = "") -> View:
+    async def load_view(
+        self,
+        namespace: str,
+        conversation_id_text: str,
+        window: int,
+        summary_batch: int,
+        summarized_through: int,
+        request_id_text: str = "",
+    ) -> View:
         """The bounded context of a turn.
 
         window: the last `window` entries, never starting with a tool result
@@ -314,30 +385,42 @@ class TranscriptService:
         validation.namespace(namespace)
         cid = conversation_id(conversation_id_text)
         validation.in_range(window, validation.WINDOW_RANGE, "window", "INVALID_WINDOW")
-        validation.in_range(summary_batch, validation.SUMMARY_BATCH_RANGE, "summary_batch",
-                            "INVALID_SUMMARY_BATCH")
+        validation.in_range(
+            summary_batch, validation.SUMMARY_BATCH_RANGE, "summary_batch", "INVALID_SUMMARY_BATCH"
+        )
         request_id = validation.request_id(request_id_text)
         if summarized_through < 0:
-            raise invalid_argument("INVALID_SEQUENCE", "summarized_through must not be negative",
-                                   field="summarized_through")
+            raise invalid_argument(
+                "INVALID_SEQUENCE",
+                "summarized_through must not be negative",
+                field="summarized_through",
+            )
 
         conversation = await self.store.get_conversation(namespace, cid)
         if conversation is None:
             raise conversation_not_found()
-        prior = (await self.store.find_append(namespace, cid, request_id)
-                 if request_id is not None else None)
+        prior = (
+            await self.store.find_append(namespace, cid, request_id)
+            if request_id is not None
+            else None
+        )
         last = conversation.last_sequence
         if summarized_through > last:
-            raise invalid_argument("SEQUENCE_OUT_OF_RANGE",
-                                   "summarized_through is beyond the transcript",
-                                   field="summarized_through", last_sequence=last)
+            raise invalid_argument(
+                "SEQUENCE_OUT_OF_RANGE",
+                "summarized_through is beyond the transcript",
+                field="summarized_through",
+                last_sequence=last,
+            )
 
         bound = self.limits.tool_group_bound
         window_low = max(1, last - window + 1)
-        ranges = _merge([
-            (max(1, window_low - bound), last),
-            (summarized_through + 1, min(last, summarized_through + summary_batch + bound + 1)),
-        ])
+        ranges = _merge(
+            [
+                (max(1, window_low - bound), last),
+                (summarized_through + 1, min(last, summarized_through + summary_batch + bound + 1)),
+            ]
+        )
         entries = await self.store.read_entries(namespace, cid, ranges)
         if len(entries) != sum(high - low + 1 for low, high in ranges):
             raise conversation_not_found()  # erased while we read
@@ -349,8 +432,11 @@ class TranscriptService:
             after_results = start
             while after_results <= last and roles[after_results] == Role.TOOL:
                 after_results += 1
-            start = (after_results if after_results <= last
-                     else _tool_group_start(roles, start, max(1, window_low - bound)))
+            start = (
+                after_results
+                if after_results <= last
+                else _tool_group_start(roles, start, max(1, window_low - bound))
+            )
         window_entries = [by_sequence[s] for s in range(start, last + 1)] if last else []
 
         region_end = start - 1 if last else 0

@@ -32,10 +32,13 @@ def conversation_to_proto(conversation: Conversation) -> pb.Conversation:
 
 def append_record_to_proto(record: AppendRecord) -> pb.AppendRecord:
     """The wire form of a committed append."""
-    return pb.AppendRecord(version=record.version, first_sequence=record.first_sequence,
-                           last_sequence=record.last_sequence,
-                           usage=convert.usage_to_proto(record.usage),
-                           commit_time=convert.timestamp(record.commit_time))
+    return pb.AppendRecord(
+        version=record.version,
+        first_sequence=record.first_sequence,
+        last_sequence=record.last_sequence,
+        usage=convert.usage_to_proto(record.usage),
+        commit_time=convert.timestamp(record.commit_time),
+    )
 
 
 class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
@@ -44,21 +47,27 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
     def __init__(self, service: TranscriptService) -> None:
         self.service = service
 
-    async def CreateConversation(self, request: pb.CreateConversationRequest,
-                                 context: Context) -> pb.CreateConversationResponse:
+    async def CreateConversation(
+        self, request: pb.CreateConversationRequest, context: Context
+    ) -> pb.CreateConversationResponse:
         conversation, created = await self.service.create_conversation(
-            request.namespace, request.conversation_id, dict(request.labels))
-        return pb.CreateConversationResponse(conversation=conversation_to_proto(conversation),
-                                             created=created)
+            request.namespace, request.conversation_id, dict(request.labels)
+        )
+        return pb.CreateConversationResponse(
+            conversation=conversation_to_proto(conversation), created=created
+        )
 
-    async def GetConversation(self, request: pb.GetConversationRequest,
-                              context: Context) -> pb.GetConversationResponse:
-        conversation = await self.service.get_conversation(request.namespace,
-                                                           request.conversation_id)
+    async def GetConversation(
+        self, request: pb.GetConversationRequest, context: Context
+    ) -> pb.GetConversationResponse:
+        conversation = await self.service.get_conversation(
+            request.namespace, request.conversation_id
+        )
         return pb.GetConversationResponse(conversation=conversation_to_proto(conversation))
 
-    async def AppendEntries(self, request: pb.AppendEntriesRequest,
-                            context: Context) -> pb.AppendEntriesResponse:
+    async def AppendEntries(
+        self, request: pb.AppendEntriesRequest, context: Context
+    ) -> pb.AppendEntriesResponse:
         result = await self.service.append(
             request.namespace,
             request.conversation_id,
@@ -69,23 +78,37 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
         )
         record = result.record
         return pb.AppendEntriesResponse(
-            version=record.version, first_sequence=record.first_sequence,
-            last_sequence=record.last_sequence, replayed=result.replayed,
-            usage=convert.usage_to_proto(record.usage))
+            version=record.version,
+            first_sequence=record.first_sequence,
+            last_sequence=record.last_sequence,
+            replayed=result.replayed,
+            usage=convert.usage_to_proto(record.usage),
+        )
 
-    async def ListEntries(self, request: pb.ListEntriesRequest,
-                          context: Context) -> pb.ListEntriesResponse:
+    async def ListEntries(
+        self, request: pb.ListEntriesRequest, context: Context
+    ) -> pb.ListEntriesResponse:
         page = await self.service.list_entries(
-            request.namespace, request.conversation_id, request.after_sequence,
-            request.through_sequence, request.page_size, request.page_token)
-        return pb.ListEntriesResponse(entries=convert.entries_to_proto(page.entries),
-                                      next_page_token=page.next_page_token)
+            request.namespace,
+            request.conversation_id,
+            request.after_sequence,
+            request.through_sequence,
+            request.page_size,
+            request.page_token,
+        )
+        return pb.ListEntriesResponse(
+            entries=convert.entries_to_proto(page.entries), next_page_token=page.next_page_token
+        )
 
-    async def LoadView(self, request: pb.LoadViewRequest,
-                       context: Context) -> pb.LoadViewResponse:
+    async def LoadView(self, request: pb.LoadViewRequest, context: Context) -> pb.LoadViewResponse:
         view = await self.service.load_view(
-            request.namespace, request.conversation_id, request.window, request.summary_batch,
-            request.summarized_through, request.request_id)
+            request.namespace,
+            request.conversation_id,
+            request.window,
+            request.summary_batch,
+            request.summarized_through,
+            request.request_id,
+        )
         return pb.LoadViewResponse(
             version=view.version,
             last_sequence=view.last_sequence,
@@ -95,17 +118,21 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             prior_append=append_record_to_proto(view.prior_append) if view.prior_append else None,
         )
 
-    async def ListConversations(self, request: pb.ListConversationsRequest,
-                                context: Context) -> pb.ListConversationsResponse:
-        page = await self.service.list_conversations(request.namespace, request.page_size,
-                                                     request.page_token)
+    async def ListConversations(
+        self, request: pb.ListConversationsRequest, context: Context
+    ) -> pb.ListConversationsResponse:
+        page = await self.service.list_conversations(
+            request.namespace, request.page_size, request.page_token
+        )
         return pb.ListConversationsResponse(
             conversations=[conversation_to_proto(c) for c in page.conversations],
-            next_page_token=page.next_page_token)
+            next_page_token=page.next_page_token,
+        )
 
-    async def DeleteConversation(self, request: pb.DeleteConversationRequest,
-                                 context: Context) -> pb.DeleteConversationResponse:
-        deleted = await self.service.delete_conversation(request.namespace,
-                                                         request.conversation_id)
-        return pb.DeleteConversationResponse(deleted=deleted is not None,
-                                             entries_deleted=deleted or 0)
+    async def DeleteConversation(
+        self, request: pb.DeleteConversationRequest, context: Context
+    ) -> pb.DeleteConversationResponse:
+        deleted = await self.service.delete_conversation(request.namespace, request.conversation_id)
+        return pb.DeleteConversationResponse(
+            deleted=deleted is not None, entries_deleted=deleted or 0
+        )

@@ -30,20 +30,24 @@ def conversation_not_found() -> Exception:
 
 def request_id_reused() -> Exception:
     """The request id was used before with another payload."""
-    return invalid_argument("REQUEST_ID_REUSED",
-                            "request_id was already used with a different payload",
-                            field="request_id")
+    return invalid_argument(
+        "REQUEST_ID_REUSED",
+        "request_id was already used with a different payload",
+        field="request_id",
+    )
 
 
 class TranscriptStore(Protocol):
     """What the transcript service needs from a store. Every method is atomic."""
 
-    async def create_conversation(self, namespace: str, conversation_id: uuid.UUID,
-                                  labels: Mapping[str, str]) -> tuple[Conversation, bool]:
+    async def create_conversation(
+        self, namespace: str, conversation_id: uuid.UUID, labels: Mapping[str, str]
+    ) -> tuple[Conversation, bool]:
         """Insert unless it exists; return it and whether it was created."""
 
-    async def get_conversation(self, namespace: str,
-                               conversation_id: uuid.UUID) -> Conversation | None:
+    async def get_conversation(
+        self, namespace: str, conversation_id: uuid.UUID
+    ) -> Conversation | None:
         """The conversation, or None (also for another namespace's)."""
 
     async def append(self, append: NewAppend) -> AppendResult:
@@ -53,25 +57,32 @@ class TranscriptStore(Protocol):
         then writes nothing.
         """
 
-    async def find_append(self, namespace: str, conversation_id: uuid.UUID,
-                          request_id: str) -> AppendRecord | None:
+    async def find_append(
+        self, namespace: str, conversation_id: uuid.UUID, request_id: str
+    ) -> AppendRecord | None:
         """The committed append with this request id, if any."""
 
-    async def read_entries(self, namespace: str, conversation_id: uuid.UUID,
-                           ranges: Sequence[tuple[int, int]]) -> list[Entry]:
+    async def read_entries(
+        self, namespace: str, conversation_id: uuid.UUID, ranges: Sequence[tuple[int, int]]
+    ) -> list[Entry]:
         """Entries whose sequence lies in the inclusive, disjoint ranges, in order."""
 
-    async def list_entries(self, namespace: str, conversation_id: uuid.UUID,
-                           after_sequence: int, through_sequence: int | None,
-                           limit: int) -> list[Entry] | None:
+    async def list_entries(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        after_sequence: int,
+        through_sequence: int | None,
+        limit: int,
+    ) -> list[Entry] | None:
         """Up to `limit` entries after a sequence; None when the conversation is missing."""
 
-    async def list_conversations(self, namespace: str, after: uuid.UUID | None,
-                                 limit: int) -> list[Conversation]:
+    async def list_conversations(
+        self, namespace: str, after: uuid.UUID | None, limit: int
+    ) -> list[Conversation]:
         """Conversations of a namespace in id order, after a cursor."""
 
-    async def delete_conversation(self, namespace: str,
-                                  conversation_id: uuid.UUID) -> int | None:
+    async def delete_conversation(self, namespace: str, conversation_id: uuid.UUID) -> int | None:
         """Erase it; return the number of entries erased, or None if it did not exist."""
 
 
@@ -120,9 +131,12 @@ SELECT c.version, a.version, a.first_sequence, a.last_sequence, a.input_tokens,
  WHERE c.namespace = %(namespace)s AND c.conversation_id = %(conversation_id)s
 """
 
-_CONVERSATION_COLUMNS = ("conversation_id, namespace, version, last_sequence, create_time, "
-                         "update_time, labels")
-_ENTRY_COLUMNS = "e.sequence, e.role, e.text, e.tool_calls, e.tool_call_id, e.metadata, e.created_at"
+_CONVERSATION_COLUMNS = (
+    "conversation_id, namespace, version, last_sequence, create_time, update_time, labels"
+)
+_ENTRY_COLUMNS = (
+    "e.sequence, e.role, e.text, e.tool_calls, e.tool_call_id, e.metadata, e.created_at"
+)
 
 
 def _conversation(row: Sequence[Any]) -> Conversation:
@@ -134,9 +148,11 @@ def _entry(row: Sequence[Any]) -> Entry:
     return Entry(
         sequence=sequence,
         message=Message(
-            role=Role(role), text=text,
+            role=Role(role),
+            text=text,
             tool_calls=tuple(ToolCall(*call) for call in tool_calls or ()),
-            tool_call_id=tool_call_id or "", metadata=metadata or {},
+            tool_call_id=tool_call_id or "",
+            metadata=metadata or {},
         ),
         created_at=created_at,
     )
@@ -144,8 +160,14 @@ def _entry(row: Sequence[Any]) -> Entry:
 
 def _record(row: Sequence[Any]) -> AppendRecord:
     version, first, last, input_tokens, output_tokens, model_calls, commit_time, digest = row
-    return AppendRecord(version, first, last, Usage(input_tokens, output_tokens, model_calls),
-                        commit_time, bytes(digest) if digest is not None else None)
+    return AppendRecord(
+        version,
+        first,
+        last,
+        Usage(input_tokens, output_tokens, model_calls),
+        commit_time,
+        bytes(digest) if digest is not None else None,
+    )
 
 
 def append_parameters(append: NewAppend) -> dict[str, Any]:
@@ -163,8 +185,12 @@ def append_parameters(append: NewAppend) -> dict[str, Any]:
         "model_calls": append.usage.model_calls,
         "roles": [int(m.role) for m in messages],
         "texts": [m.text for m in messages],
-        "tool_calls": [Jsonb([[c.id, c.name, c.arguments_json] for c in m.tool_calls])
-                       if m.tool_calls else None for m in messages],
+        "tool_calls": [
+            Jsonb([[c.id, c.name, c.arguments_json] for c in m.tool_calls])
+            if m.tool_calls
+            else None
+            for m in messages
+        ],
         "tool_call_ids": [m.tool_call_id or None for m in messages],
         "metadata": [Jsonb(dict(m.metadata)) if m.metadata else None for m in messages],
     }
@@ -176,8 +202,9 @@ class PostgresTranscriptStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    async def create_conversation(self, namespace: str, conversation_id: uuid.UUID,
-                                  labels: Mapping[str, str]) -> tuple[Conversation, bool]:
+    async def create_conversation(
+        self, namespace: str, conversation_id: uuid.UUID, labels: Mapping[str, str]
+    ) -> tuple[Conversation, bool]:
         async with self.db.connection() as conn:
             cursor = await conn.execute(
                 f"""INSERT INTO transcript.conversations (namespace, conversation_id, labels)
@@ -194,8 +221,9 @@ class PostgresTranscriptStore:
             raise conversation_not_found()
         return existing, False
 
-    async def _get(self, conn: Any, namespace: str,
-                   conversation_id: uuid.UUID) -> Conversation | None:
+    async def _get(
+        self, conn: Any, namespace: str, conversation_id: uuid.UUID
+    ) -> Conversation | None:
         cursor = await conn.execute(
             f"""SELECT {_CONVERSATION_COLUMNS} FROM transcript.conversations
                  WHERE namespace = %s AND conversation_id = %s""",
@@ -204,8 +232,9 @@ class PostgresTranscriptStore:
         row = await cursor.fetchone()
         return _conversation(row) if row else None
 
-    async def get_conversation(self, namespace: str,
-                               conversation_id: uuid.UUID) -> Conversation | None:
+    async def get_conversation(
+        self, namespace: str, conversation_id: uuid.UUID
+    ) -> Conversation | None:
         async with self.db.connection() as conn:
             return await self._get(conn, namespace, conversation_id)
 
@@ -220,9 +249,16 @@ class PostgresTranscriptStore:
             if row is not None:
                 version, last, commit_time = row
                 return AppendResult(
-                    AppendRecord(version, last - len(append.messages) + 1, last, append.usage,
-                                 commit_time, append.payload_hash),
-                    replayed=False)
+                    AppendRecord(
+                        version,
+                        last - len(append.messages) + 1,
+                        last,
+                        append.usage,
+                        commit_time,
+                        append.payload_hash,
+                    ),
+                    replayed=False,
+                )
             cursor = await conn.execute(_WHY_NOT_APPENDED, params)
             why = await cursor.fetchone()
         if why is None:
@@ -237,36 +273,54 @@ class PostgresTranscriptStore:
             raise VersionConflict(why[0], why[0])
         raise VersionConflict(why[0], append.expected_version)
 
-    async def find_append(self, namespace: str, conversation_id: uuid.UUID,
-                          request_id: str) -> AppendRecord | None:
+    async def find_append(
+        self, namespace: str, conversation_id: uuid.UUID, request_id: str
+    ) -> AppendRecord | None:
         async with self.db.connection() as conn:
             cursor = await conn.execute(
                 f"""SELECT version, first_sequence, last_sequence, input_tokens,
                            output_tokens, model_calls, commit_time, payload_hash
                       FROM transcript.appends
                      WHERE conversation_key = {_KEY} AND request_id = %(request_id)s""",
-                {"namespace": namespace, "conversation_id": conversation_id,
-                 "request_id": request_id},
+                {
+                    "namespace": namespace,
+                    "conversation_id": conversation_id,
+                    "request_id": request_id,
+                },
             )
             row = await cursor.fetchone()
         return _record(row) if row else None
 
-    async def read_entries(self, namespace: str, conversation_id: uuid.UUID,
-                           ranges: Sequence[tuple[int, int]]) -> list[Entry]:
+    async def read_entries(
+        self, namespace: str, conversation_id: uuid.UUID, ranges: Sequence[tuple[int, int]]
+    ) -> list[Entry]:
         if not ranges:
             return []
         if len(ranges) > 2:
             raise ValueError("at most two ranges")
         (low1, high1), (low2, high2) = ranges[0], ranges[1] if len(ranges) == 2 else (1, 0)
         async with self.db.connection() as conn:
-            cursor = await conn.execute(VIEW_ENTRIES_SQL, {
-                "namespace": namespace, "conversation_id": conversation_id,
-                "low1": low1, "high1": high1, "low2": low2, "high2": high2})
+            cursor = await conn.execute(
+                VIEW_ENTRIES_SQL,
+                {
+                    "namespace": namespace,
+                    "conversation_id": conversation_id,
+                    "low1": low1,
+                    "high1": high1,
+                    "low2": low2,
+                    "high2": high2,
+                },
+            )
             return [_entry(row) for row in await cursor.fetchall()]
 
-    async def list_entries(self, namespace: str, conversation_id: uuid.UUID,
-                           after_sequence: int, through_sequence: int | None,
-                           limit: int) -> list[Entry] | None:
+    async def list_entries(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        after_sequence: int,
+        through_sequence: int | None,
+        limit: int,
+    ) -> list[Entry] | None:
         async with self.db.connection() as conn:
             cursor = await conn.execute(
                 f"""SELECT {_ENTRY_COLUMNS}
@@ -275,17 +329,22 @@ class PostgresTranscriptStore:
                        AND e.sequence > %(after)s AND e.sequence <= %(through)s
                      ORDER BY e.sequence
                      LIMIT %(limit)s""",
-                {"namespace": namespace, "conversation_id": conversation_id,
-                 "after": after_sequence, "limit": limit,
-                 "through": through_sequence if through_sequence is not None else 2**62},
+                {
+                    "namespace": namespace,
+                    "conversation_id": conversation_id,
+                    "after": after_sequence,
+                    "limit": limit,
+                    "through": through_sequence if through_sequence is not None else 2**62,
+                },
             )
             rows = await cursor.fetchall()
             if not rows and await self._get(conn, namespace, conversation_id) is None:
                 return None
         return [_entry(row) for row in rows]
 
-    async def list_conversations(self, namespace: str, after: uuid.UUID | None,
-                                 limit: int) -> list[Conversation]:
+    async def list_conversations(
+        self, namespace: str, after: uuid.UUID | None, limit: int
+    ) -> list[Conversation]:
         async with self.db.connection() as conn:
             cursor = await conn.execute(
                 f"""SELECT {_CONVERSATION_COLUMNS} FROM transcript.conversations
@@ -296,23 +355,22 @@ class PostgresTranscriptStore:
             )
             return [_conversation(row) for row in await cursor.fetchall()]
 
-    async def delete_conversation(self, namespace: str,
-                                  conversation_id: uuid.UUID) -> int | None:
+    async def delete_conversation(self, namespace: str, conversation_id: uuid.UUID) -> int | None:
         async with self.db.connection() as conn, conn.transaction():
             cursor = await conn.execute(
                 """DELETE FROM transcript.conversations
                     WHERE namespace = %s AND conversation_id = %s
-                RETURNING conversation_key, last_sequence""",
+                RETURNING conversation_key""",
                 (namespace, conversation_id),
             )
             row = await cursor.fetchone()
             if row is None:
                 return None
-            key, last_sequence = row
-            await conn.execute("DELETE FROM transcript.appends WHERE conversation_key = %s",
-                               (key,))
+            (key,) = row
+            await conn.execute("DELETE FROM transcript.appends WHERE conversation_key = %s", (key,))
             cursor = await conn.execute(
-                "DELETE FROM transcript.entries WHERE conversation_key = %s", (key,))
+                "DELETE FROM transcript.entries WHERE conversation_key = %s", (key,)
+            )
             deleted: int = cursor.rowcount
         return deleted
 

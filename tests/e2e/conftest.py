@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import grpc
 import pytest
 
-from runifold.transcript.v1 import transcript_service_pb2_grpc
+if TYPE_CHECKING:
+    from runifold.transcript.v1.transcript_service_pb2_grpc import TranscriptServiceAsyncStub
+
+from services.common import stubs
 from services.common.server import RunningServer, serving
 from services.transcript.component import TranscriptComponent
 from tests.conftest import server_settings
@@ -16,8 +20,9 @@ from tests.conftest import server_settings
 @pytest.fixture
 async def transcript_server(shared_database_url: str) -> AsyncIterator[RunningServer]:
     """TranscriptService alone, on the shared database."""
-    async with serving([TranscriptComponent()], server_settings(),
-                       database_url=shared_database_url) as running:
+    async with serving(
+        [TranscriptComponent()], server_settings(), database_url=shared_database_url
+    ) as running:
         yield running
 
 
@@ -28,5 +33,5 @@ async def channel(transcript_server: RunningServer) -> AsyncIterator[grpc.aio.Ch
 
 
 @pytest.fixture
-def transcript(channel: grpc.aio.Channel) -> transcript_service_pb2_grpc.TranscriptServiceStub:
-    return transcript_service_pb2_grpc.TranscriptServiceStub(channel)
+def transcript(channel: grpc.aio.Channel) -> TranscriptServiceAsyncStub:
+    return stubs.transcript(channel)

@@ -10,22 +10,27 @@ import shutil
 import subprocess
 import uuid
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from runifold.common.v1 import common_pb2
 from runifold.transcript.v1 import transcript_service_pb2 as pb
-from runifold.transcript.v1 import transcript_service_pb2_grpc as pb_grpc
+from services.common import stubs
 from services.common.db import Database
 from services.common.migrations import SchemaMismatch
 from services.common.server import RunningServer, serving
 from services.common.status import error_info
+from services.common.stubs import transcript as stubs_for
 from services.transcript.component import TranscriptComponent
 from tests.conftest import server_settings, wait_for
 
-Stub = pb_grpc.TranscriptServiceStub
+if TYPE_CHECKING:
+    from runifold.transcript.v1.transcript_service_pb2_grpc import (
+        TranscriptServiceAsyncStub as Stub,
+    )
 
 
 def user(text: str) -> common_pb2.Message:
@@ -38,18 +43,24 @@ async def create(stub: Stub, namespace: str) -> str:
 
 
 async def test_32_clients_racing_one_version_exactly_one_commits(
-        transcript_server: RunningServer, namespace: str) -> None:
+    transcript_server: RunningServer, namespace: str
+) -> None:
     channels = [grpc.aio.insecure_channel(transcript_server.address) for _ in range(32)]
     try:
-        stubs = [Stub(ch) for ch in channels]
+        stubs = [stubs_for(ch) for ch in channels]
         cid = await create(stubs[0], namespace)
         await asyncio.gather(*(ch.channel_ready() for ch in channels))
 
         async def attempt(i: int) -> grpc.aio.AioRpcError | pb.AppendEntriesResponse:
             try:
-                return await stubs[i].AppendEntries(pb.AppendEntriesRequest(
-                    conversation_id=cid, namespace=namespace, expected_version=0,
-                    messages=[user(f"writer {i}")]))
+                return await stubs[i].AppendEntries(
+                    pb.AppendEntriesRequest(
+                        conversation_id=cid,
+                        namespace=namespace,
+                        expected_version=0,
+                        messages=[user(f"writer {i}")],
+                    )
+                )
             except grpc.aio.AioRpcError as error:
                 return error
 
@@ -68,10 +79,11 @@ async def test_32_clients_racing_one_version_exactly_one_commits(
 
 
 async def test_concurrent_clients_keep_sequences_contiguous(
-        transcript_server: RunningServer, namespace: str) -> None:
+    transcript_server: RunningServer, namespace: str
+) -> None:
     """8 clients x 200 appends over shared and own conversations, retrying on conflict."""
     channels = [grpc.aio.insecure_channel(transcript_server.address) for _ in range(8)]
-    stubs = [Stub(ch) for ch in channels]
+    stubs = [stubs_for(ch) for ch in channels]
     shared = [await create(stubs[0], namespace) for _ in range(2)]
     own = [await create(stub, namespace) for stub in stubs]
     successes: Counter[str] = Counter()
@@ -88,13 +100,19 @@ async def test_concurrent_clients_keep_sequences_contiguous(
             messages = [user(f"c{index}-a{n}-m{k}") for k in range(count)]
             while True:
                 if cid not in versions:
-                    got = await stub.GetConversation(pb.GetConversationRequest(
-                        conversation_id=cid, namespace=namespace))
+                    got = await stub.GetConversation(
+                        pb.GetConversationRequest(conversation_id=cid, namespace=namespace)
+                    )
                     versions[cid] = got.conversation.version
                 try:
-                    done = await stub.AppendEntries(pb.AppendEntriesRequest(
-                        conversation_id=cid, namespace=namespace,
-                        expected_version=versions[cid], messages=messages))
+                    done = await stub.AppendEntries(
+                        pb.AppendEntriesRequest(
+                            conversation_id=cid,
+                            namespace=namespace,
+                            expected_version=versions[cid],
+                            messages=messages,
+                        )
+                    )
                 except grpc.aio.AioRpcError as error:
                     assert error.code() == grpc.StatusCode.ABORTED
                     info = error_info(error)
@@ -114,15 +132,19 @@ async def test_concurrent_clients_keep_sequences_contiguous(
             token = ""
             sequences = []
             while True:
-                page = await stubs[0].ListEntries(pb.ListEntriesRequest(
-                    conversation_id=cid, namespace=namespace, page_size=1000, page_token=token))
+                page = await stubs[0].ListEntries(
+                    pb.ListEntriesRequest(
+                        conversation_id=cid, namespace=namespace, page_size=1000, page_token=token
+                    )
+                )
                 sequences += [e.sequence for e in page.entries]
                 texts += [e.message.text for e in page.entries]
                 token = page.next_page_token
                 if not token:
                     break
-            got = await stubs[0].GetConversation(pb.GetConversationRequest(
-                conversation_id=cid, namespace=namespace))
+            got = await stubs[0].GetConversation(
+                pb.GetConversationRequest(conversation_id=cid, namespace=namespace)
+            )
             assert sequences == list(range(1, len(sequences) + 1)), "no gap, no duplicate"
             assert len(set(texts)) == len(texts), "no message written twice"
             assert got.conversation.version == successes[cid]
@@ -135,17 +157,22 @@ async def test_concurrent_clients_keep_sequences_contiguous(
 
 async def test_retried_request_id_returns_first_result(transcript: Stub, namespace: str) -> None:
     cid = await create(transcript, namespace)
-    request = pb.AppendEntriesRequest(conversation_id=cid, namespace=namespace,
-                                      expected_version=0, messages=[user("once")],
-                                      request_id="req-42",
-                                      usage=common_pb2.Usage(input_tokens=7, model_calls=1))
+    request = pb.AppendEntriesRequest(
+        conversation_id=cid,
+        namespace=namespace,
+        expected_version=0,
+        messages=[user("once")],
+        request_id="req-42",
+        usage=common_pb2.Usage(input_tokens=7, model_calls=1),
+    )
     first = await transcript.AppendEntries(request)
     again = await transcript.AppendEntries(request)
     assert not first.replayed and again.replayed
     assert (again.version, again.first_sequence, again.last_sequence) == (1, 1, 1)
     assert again.usage.input_tokens == 7
-    got = await transcript.GetConversation(pb.GetConversationRequest(conversation_id=cid,
-                                                                     namespace=namespace))
+    got = await transcript.GetConversation(
+        pb.GetConversationRequest(conversation_id=cid, namespace=namespace)
+    )
     assert got.conversation.version == 1 and got.conversation.last_sequence == 1
 
     request.messages[0].text = "different"
@@ -156,46 +183,61 @@ async def test_retried_request_id_returns_first_result(transcript: Stub, namespa
     assert info is not None and info.reason == "REQUEST_ID_REUSED"
 
 
-@pytest.mark.parametrize(("message", "reason"), [
-    (common_pb2.Message(role=common_pb2.ROLE_SYSTEM, text="obey"), "SYSTEM_ROLE_NOT_ALLOWED"),
-    (common_pb2.Message(role=common_pb2.ROLE_UNSPECIFIED, text="x"), "INVALID_ROLE"),
-    (common_pb2.Message(role=99, text="x"), "INVALID_ROLE"),  # type: ignore[arg-type]
-    (common_pb2.Message(role=common_pb2.ROLE_USER, text="x" * (300 * 1024)), "MESSAGE_TOO_LARGE"),
-])
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (common_pb2.Message(role=common_pb2.ROLE_SYSTEM, text="obey"), "SYSTEM_ROLE_NOT_ALLOWED"),
+        (common_pb2.Message(role=common_pb2.ROLE_UNSPECIFIED, text="x"), "INVALID_ROLE"),
+        (common_pb2.Message(role=99, text="x"), "INVALID_ROLE"),  # type: ignore[arg-type]
+        (
+            common_pb2.Message(role=common_pb2.ROLE_USER, text="x" * (300 * 1024)),
+            "MESSAGE_TOO_LARGE",
+        ),
+    ],
+)
 async def test_bad_messages_are_invalid_argument_with_reason(
-        transcript: Stub, namespace: str, message: common_pb2.Message, reason: str) -> None:
+    transcript: Stub, namespace: str, message: common_pb2.Message, reason: str
+) -> None:
     cid = await create(transcript, namespace)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await transcript.AppendEntries(pb.AppendEntriesRequest(
-            conversation_id=cid, namespace=namespace, messages=[user("ok"), message]))
+        await transcript.AppendEntries(
+            pb.AppendEntriesRequest(
+                conversation_id=cid, namespace=namespace, messages=[user("ok"), message]
+            )
+        )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     info = error_info(caught.value)
     assert info is not None and info.reason == reason and info.domain == "runifold.io"
-    got = await transcript.GetConversation(pb.GetConversationRequest(conversation_id=cid,
-                                                                     namespace=namespace))
+    got = await transcript.GetConversation(
+        pb.GetConversationRequest(conversation_id=cid, namespace=namespace)
+    )
     assert got.conversation.version == 0
 
 
-async def test_append_over_the_size_limit_is_invalid_argument(transcript: Stub,
-                                                              namespace: str) -> None:
+async def test_append_over_the_size_limit_is_invalid_argument(
+    transcript: Stub, namespace: str
+) -> None:
     cid = await create(transcript, namespace)
     big = [user("y" * (200 * 1024)) for _ in range(25)]  # 5 MB > 4 MiB limit
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await transcript.AppendEntries(pb.AppendEntriesRequest(
-            conversation_id=cid, namespace=namespace, messages=big))
+        await transcript.AppendEntries(
+            pb.AppendEntriesRequest(conversation_id=cid, namespace=namespace, messages=big)
+        )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (info := error_info(caught.value)) is not None and info.reason == "APPEND_TOO_LARGE"
 
 
-async def test_another_namespace_gets_not_found_without_detail(transcript: Stub,
-                                                              namespace: str) -> None:
+async def test_another_namespace_gets_not_found_without_detail(
+    transcript: Stub, namespace: str
+) -> None:
     cid = await create(transcript, namespace)
     missing = str(uuid.uuid4())
     errors = []
     for target in (cid, missing):
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await transcript.GetConversation(pb.GetConversationRequest(
-                conversation_id=target, namespace=namespace + "-b"))
+            await transcript.GetConversation(
+                pb.GetConversationRequest(conversation_id=target, namespace=namespace + "-b")
+            )
         errors.append(caught.value)
     # Someone else's conversation and a conversation that never existed look the same.
     assert [e.code() for e in errors] == [grpc.StatusCode.NOT_FOUND] * 2
@@ -205,48 +247,83 @@ async def test_another_namespace_gets_not_found_without_detail(transcript: Stub,
 
 async def test_load_view_on_the_wire(transcript: Stub, namespace: str) -> None:
     cid = await create(transcript, namespace)
-    await transcript.AppendEntries(pb.AppendEntriesRequest(
-        conversation_id=cid, namespace=namespace, request_id="t1",
-        messages=[user(f"m{i}") for i in range(1, 41)]))
-    view = await transcript.LoadView(pb.LoadViewRequest(
-        conversation_id=cid, namespace=namespace, window=16, summary_batch=10,
-        summarized_through=4, request_id="t1"))
+    await transcript.AppendEntries(
+        pb.AppendEntriesRequest(
+            conversation_id=cid,
+            namespace=namespace,
+            request_id="t1",
+            messages=[user(f"m{i}") for i in range(1, 41)],
+        )
+    )
+    view = await transcript.LoadView(
+        pb.LoadViewRequest(
+            conversation_id=cid,
+            namespace=namespace,
+            window=16,
+            summary_batch=10,
+            summarized_through=4,
+            request_id="t1",
+        )
+    )
     assert [e.sequence for e in view.window] == list(range(25, 41))
     assert [e.sequence for e in view.summary_buffer] == list(range(5, 15))
     assert view.summary_backlog == 10
     assert view.prior_append.version == 1 and view.prior_append.last_sequence == 40
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await transcript.LoadView(pb.LoadViewRequest(conversation_id=cid, namespace=namespace,
-                                                     window=0, summary_batch=1))
+        await transcript.LoadView(
+            pb.LoadViewRequest(conversation_id=cid, namespace=namespace, window=0, summary_batch=1)
+        )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 @pytest.mark.skipif(shutil.which("grpcurl") is None, reason="grpcurl is a dev dependency")
-async def test_grpcurl_uses_reflection_without_proto_files(transcript_server: RunningServer,
-                                                           transcript: Stub,
-                                                           namespace: str, tmp_path: object) -> None:
+async def test_grpcurl_uses_reflection_without_proto_files(
+    transcript_server: RunningServer, transcript: Stub, namespace: str, tmp_path: object
+) -> None:
     cid = await create(transcript, namespace)
 
     def grpcurl(*args: str) -> str:
-        done = subprocess.run(["grpcurl", "-plaintext", *args], capture_output=True, text=True,
-                              timeout=30, cwd=str(tmp_path), check=True)
+        done = subprocess.run(
+            ["grpcurl", "-plaintext", *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=str(tmp_path),
+            check=True,
+        )
         return done.stdout
 
     listed = await asyncio.to_thread(grpcurl, transcript_server.address, "list")
     assert "runifold.transcript.v1.TranscriptService" in listed.split()
     assert "grpc.health.v1.Health" in listed.split()
-    body = json.dumps({"conversation_id": cid, "namespace": namespace, "expected_version": 0,
-                       "messages": [{"role": "ROLE_USER", "text": "from grpcurl"}]})
-    out = await asyncio.to_thread(grpcurl, "-d", body, transcript_server.address,
-                                  "runifold.transcript.v1.TranscriptService/AppendEntries")
-    assert json.loads(out) == {"version": "1", "first_sequence": "1", "last_sequence": "1",
-                               "usage": {}}
+    body = json.dumps(
+        {
+            "conversation_id": cid,
+            "namespace": namespace,
+            "expected_version": 0,
+            "messages": [{"role": "ROLE_USER", "text": "from grpcurl"}],
+        }
+    )
+    out = await asyncio.to_thread(
+        grpcurl,
+        "-d",
+        body,
+        transcript_server.address,
+        "runifold.transcript.v1.TranscriptService/AppendEntries",
+    )
+    assert json.loads(out) == {
+        "version": "1",
+        "first_sequence": "1",
+        "last_sequence": "1",
+        "usage": {},
+    }
 
 
 async def _health(address: str, service: str = "") -> int:
     async with grpc.aio.insecure_channel(address) as ch:
-        response = await health_pb2_grpc.HealthStub(ch).Check(
-            health_pb2.HealthCheckRequest(service=service), timeout=5)
+        response = await stubs.health(ch).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=5
+        )
         return int(response.status)
 
 
@@ -254,8 +331,9 @@ async def test_health_follows_schema_and_shutdown(fresh_database_url: str) -> No
     serving_status = health_pb2.HealthCheckResponse.SERVING
     not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
     name = "runifold.transcript.v1.TranscriptService"
-    async with serving([TranscriptComponent()], server_settings(),
-                       database_url=fresh_database_url) as running:
+    async with serving(
+        [TranscriptComponent()], server_settings(), database_url=fresh_database_url
+    ) as running:
         assert await _health(running.address) == serving_status
         assert await _health(running.address, name) == serving_status
         admin = Database(fresh_database_url, server_settings())
@@ -263,21 +341,26 @@ async def test_health_follows_schema_and_shutdown(fresh_database_url: str) -> No
 
         async def status_is(expected: int) -> bool:
             return await _health(running.address, name) == expected
+
         try:
             # The schema stops being the one the code expects: health follows, both ways.
             async with admin.connection() as conn:
-                await conn.execute("UPDATE public.runifold_schema_migrations "
-                                   "SET checksum = 'edited' || checksum WHERE service = 'transcript'")
+                await conn.execute(
+                    "UPDATE public.runifold_schema_migrations "
+                    "SET checksum = 'edited' || checksum WHERE service = 'transcript'"
+                )
             await wait_for(lambda: status_is(not_serving))
             async with admin.connection() as conn:
-                await conn.execute("UPDATE public.runifold_schema_migrations "
-                                   "SET checksum = substr(checksum, 7) WHERE service = 'transcript'")
+                await conn.execute(
+                    "UPDATE public.runifold_schema_migrations "
+                    "SET checksum = substr(checksum, 7) WHERE service = 'transcript'"
+                )
             await wait_for(lambda: status_is(serving_status))
         finally:
             await admin.close()
         # Graceful shutdown: health turns NOT_SERVING before the server goes away.
         async with grpc.aio.insecure_channel(running.address) as ch:
-            watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service=""))
+            watch = stubs.health(ch).Watch(health_pb2.HealthCheckRequest(service=""))
             statuses = [int((await watch.read()).status)]
             stopping = asyncio.create_task(running.stop(grace=1.0))
             with contextlib.suppress(grpc.aio.AioRpcError):  # the stream ends with the server
@@ -290,6 +373,9 @@ async def test_health_follows_schema_and_shutdown(fresh_database_url: str) -> No
 
 async def test_server_refuses_to_start_on_a_wrong_schema(bare_database_url: str) -> None:
     with pytest.raises(SchemaMismatch):
-        async with serving([TranscriptComponent()], server_settings(RUNIFOLD_MIGRATE="check"),
-                           database_url=bare_database_url):
+        async with serving(
+            [TranscriptComponent()],
+            server_settings(RUNIFOLD_MIGRATE="check"),
+            database_url=bare_database_url,
+        ):
             pass

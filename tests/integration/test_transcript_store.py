@@ -27,8 +27,9 @@ def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-async def test_view_reads_do_not_grow_with_the_transcript(database: Database,
-                                                          namespace: str) -> None:
+async def test_view_reads_do_not_grow_with_the_transcript(
+    database: Database, namespace: str
+) -> None:
     """The view's entry query reads the same rows and pages at 1,000 and 100,000 entries."""
     service = make_service(PostgresTranscriptStore(database))
     conversations = {}
@@ -37,13 +38,18 @@ async def test_view_reads_do_not_grow_with_the_transcript(database: Database,
         conversations[length] = cid
         async with database.connection() as conn:
             await conn.execute(
-                """INSERT INTO transcript.entries (conversation_key, sequence, role, text, created_at)
+                """INSERT INTO transcript.entries
+                          (conversation_key, sequence, role, text, created_at)
                    SELECT c.conversation_key, s, 1, 'm' || s, now()
                      FROM transcript.conversations c, generate_series(1, %s) AS s
-                    WHERE c.conversation_id = %s""", (length, uuid.UUID(cid)))
+                    WHERE c.conversation_id = %s""",
+                (length, uuid.UUID(cid)),
+            )
             await conn.execute(
                 "UPDATE transcript.conversations SET version = 1, last_sequence = %s "
-                "WHERE conversation_id = %s", (length, uuid.UUID(cid)))
+                "WHERE conversation_id = %s",
+                (length, uuid.UUID(cid)),
+            )
     async with database.connection() as conn:
         await conn.execute("ANALYZE transcript.entries")
     measured = {}
@@ -52,26 +58,37 @@ async def test_view_reads_do_not_grow_with_the_transcript(database: Database,
         assert len(view.window) == 16 and len(view.summary_buffer) == 32
         # The same ranges load_view asks for: window (with tool lookback) and buffer.
         last, through, bound = length, length // 2, service.limits.tool_group_bound
-        ranges = {"low1": through + 1, "high1": through + 32 + bound + 1,
-                  "low2": last - 16 + 1 - bound, "high2": last}
+        ranges = {
+            "low1": through + 1,
+            "high1": through + 32 + bound + 1,
+            "low2": last - 16 + 1 - bound,
+            "high2": last,
+        }
         async with database.connection() as conn:
             cursor = await conn.execute(
                 b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + VIEW_ENTRIES_SQL.encode(),
-                {"namespace": namespace, "conversation_id": uuid.UUID(cid), **ranges})
+                {"namespace": namespace, "conversation_id": uuid.UUID(cid), **ranges},
+            )
             row = await cursor.fetchone()
         assert row is not None
         plan = (row[0] if isinstance(row[0], list) else json.loads(row[0]))[0]["Plan"]
         scans = [n for n in _nodes(plan) if n.get("Relation Name") == "entries"]
-        assert scans and all(n["Node Type"] == "Index Scan" for n in scans), json.dumps(plan, indent=1)
+        assert scans and all(n["Node Type"] == "Index Scan" for n in scans), json.dumps(
+            plan, indent=1
+        )
         rows_read = sum(n["Actual Rows"] * n.get("Actual Loops", 1) for n in scans)
-        measured[length] = (rows_read, plan["Shared Hit Blocks"] + plan.get("Shared Read Blocks", 0))
+        measured[length] = (
+            rows_read,
+            plan["Shared Hit Blocks"] + plan.get("Shared Read Blocks", 0),
+        )
     assert measured[1_000][0] == measured[100_000][0] == (16 + 65) + (32 + 65 + 1)
     # Pages touched differ only by the index depth, not by the transcript's length.
     assert measured[100_000][1] <= measured[1_000][1] + 8, measured
 
 
 async def test_append_is_one_statement_that_leaves_nothing_on_failure(
-        database: Database, namespace: str) -> None:
+    database: Database, namespace: str
+) -> None:
     """A reused request id aborts the whole statement: no version bump, no entries."""
     store = PostgresTranscriptStore(database)
     service = make_service(store)
@@ -84,25 +101,29 @@ async def test_append_is_one_statement_that_leaves_nothing_on_failure(
             """SELECT c.version, c.last_sequence, count(e.*)
                  FROM transcript.conversations c
                  LEFT JOIN transcript.entries e USING (conversation_key)
-                WHERE c.conversation_id = %s GROUP BY 1, 2""", (uuid.UUID(cid),))
+                WHERE c.conversation_id = %s GROUP BY 1, 2""",
+            (uuid.UUID(cid),),
+        )
         assert await cursor.fetchone() == (1, 1, 1)
 
 
-async def test_store_outage_is_store_unavailable(shared_database_url: str,
-                                                 namespace: str) -> None:
+async def test_store_outage_is_store_unavailable(shared_database_url: str, namespace: str) -> None:
     """A database that cannot be reached surfaces as UNAVAILABLE, not INTERNAL."""
     from services.common.errors import Code, DomainError
     from tests.conftest import server_settings
 
     params = psycopg.conninfo.conninfo_to_dict(shared_database_url)
     params["dbname"] = "no_such_database_" + uuid.uuid4().hex[:6]
-    db = Database(psycopg.conninfo.make_conninfo("", **params),
-                  server_settings(RUNIFOLD_DB_TIMEOUT_S="0.5", RUNIFOLD_DB_POOL_MIN="0"))
+    db = Database(
+        psycopg.conninfo.make_conninfo("", **params),
+        server_settings(RUNIFOLD_DB_TIMEOUT_S="0.5", RUNIFOLD_DB_POOL_MIN="0"),
+    )
     await db.open()
     try:
         with pytest.raises(DomainError) as caught:
             await make_service(PostgresTranscriptStore(db)).get_conversation(
-                namespace, str(uuid.uuid4()))
+                namespace, str(uuid.uuid4())
+            )
         assert caught.value.code is Code.UNAVAILABLE
         assert caught.value.reason == "STORE_UNAVAILABLE"
     finally:

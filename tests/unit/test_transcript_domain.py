@@ -44,10 +44,10 @@ def _run(coro: object) -> object:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(messages=transcripts(), window=st.integers(1, 12), batch=st.integers(1, 12),
-       data=st.data())
-def test_view_invariants(messages: list[Message], window: int, batch: int,
-                         data: st.DataObject) -> None:
+@given(messages=transcripts(), window=st.integers(1, 12), batch=st.integers(1, 12), data=st.data())
+def test_view_invariants(
+    messages: list[Message], window: int, batch: int, data: st.DataObject
+) -> None:
     """For any transcript and bounds: the parts tile the transcript and keep tool groups whole."""
     store = InMemoryTranscriptStore()
     service = make_service(store, max_tool_calls_per_message=4)
