@@ -78,8 +78,19 @@ def entry_to_proto(entry: Entry) -> common_pb2.Entry:
 
 
 def entries_to_proto(entries: Sequence[Entry]) -> list[common_pb2.Entry]:
-    """The wire form of entries."""
-    return [entry_to_proto(e) for e in entries]
+    """The wire form of entries (the entries of one append share their timestamp)."""
+    stamps: dict[datetime, Timestamp | None] = {}
+    out = []
+    for entry in entries:
+        stamp = stamps.get(entry.created_at)
+        if stamp is None:
+            stamp = stamps[entry.created_at] = timestamp(entry.created_at)
+        out.append(
+            common_pb2.Entry(
+                sequence=entry.sequence, message=message_to_proto(entry.message), created_at=stamp
+            )
+        )
+    return out
 
 
 def usage_from_proto(pb: common_pb2.Usage) -> Usage:

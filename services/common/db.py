@@ -75,7 +75,9 @@ class Database:
                 "options": options,
                 "connect_timeout": max(1, int(settings.db_timeout_s)),
             },
-            check=AsyncConnectionPool.check_connection,
+            # No per-checkout health query (it would double the round trips of
+            # every call); a broken connection fails its statement, surfaces as
+            # STORE_UNAVAILABLE, and the pool replaces it.
             timeout=settings.db_timeout_s,
             reconnect_timeout=0,  # keep trying forever: the database may come back
             name=name,

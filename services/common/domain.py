@@ -24,8 +24,11 @@ class Role(enum.IntEnum):
     SYSTEM = 4
 
 
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
 def _frozen_map(values: Mapping[str, str] | None) -> Mapping[str, str]:
-    return MappingProxyType(dict(values or {}))
+    return MappingProxyType(dict(values)) if values else _EMPTY
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +57,7 @@ class Message:
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str = ""
-    metadata: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    metadata: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
 
     def __post_init__(self) -> None:
         if not isinstance(self.metadata, MappingProxyType):
@@ -81,11 +84,16 @@ class Message:
         return size
 
 
-def payload_hash(messages: Iterable[Message]) -> bytes:
-    """A digest of messages, used to tell a replay from a reused request id."""
-    canonical = json.dumps(
+def canonical_json(messages: Iterable[Message]) -> str:
+    """Messages as one canonical JSON array (stable key order, compact)."""
+    return json.dumps(
         [m.canonical() for m in messages], separators=(",", ":"), ensure_ascii=False
     )
+
+
+def payload_hash(messages: Iterable[Message] | str) -> bytes:
+    """A digest of messages (or of their canonical JSON), to tell a replay from a reused id."""
+    canonical = messages if isinstance(messages, str) else canonical_json(messages)
     return hashlib.sha256(canonical.encode()).digest()
 
 

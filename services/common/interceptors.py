@@ -7,10 +7,11 @@ message (the stack trace goes to the log, never to the client).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
+import secrets
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ import grpc
 from services.common import metrics
 from services.common.errors import Code, DomainError, StoreUnavailable
 from services.common.logs import method_var, request_id_var
+from services.common.peers import deadline_var
 from services.common.status import to_status
 
 log = logging.getLogger("runifold.rpc")
@@ -35,23 +37,47 @@ def _request_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
             and 0 < len(value) <= _MAX_REQUEST_ID
         ):
             return value
-    return uuid.uuid4().hex
+    return secrets.token_hex(8)
+
+
+def _bind_context(context: grpc.aio.ServicerContext[Any, Any], method: str) -> str:
+    """Record the request id, method and deadline for logs and outbound calls."""
+    request_id = _request_id(context)
+    request_id_var.set(request_id)
+    method_var.set(method)
+    left = context.time_remaining()
+    deadline_var.set(time.monotonic() + left if left is not None else None)
+    return request_id
 
 
 def _internal(exc: BaseException) -> DomainError:
     return DomainError(Code.INTERNAL, "INTERNAL", "internal error")
 
 
+@functools.cache
+def _children(method: str, grpc_type: str) -> tuple[Any, Any, Any]:
+    """The labelled metric children of one method (looked up once)."""
+    _, service, name = method.split("/", 2) if method.count("/") == 2 else ("", "", method)
+    labels = (grpc_type, service, name)
+    return (metrics.RPC_STARTED.labels(*labels), labels, metrics.RPC_SECONDS.labels(*labels))
+
+
+@functools.cache
+def _handled(labels: tuple[str, str, str], code: str) -> Any:
+    return metrics.RPC_HANDLED.labels(*labels, code)
+
+
 class _Call:
     """Bookkeeping of one RPC: labels, timing, the final code."""
 
+    __slots__ = ("code", "labels", "method", "seconds", "start")
+
     def __init__(self, method: str, grpc_type: str) -> None:
-        _, service, name = method.split("/", 2) if method.count("/") == 2 else ("", "", method)
-        self.labels = (grpc_type, service, name)
+        started, self.labels, self.seconds = _children(method, grpc_type)
         self.method = method
         self.code = "OK"
         self.start = time.perf_counter()
-        metrics.RPC_STARTED.labels(*self.labels).inc()
+        started.inc()
 
     async def fail(
         self, context: grpc.aio.ServicerContext[Any, Any], exc: BaseException, request_id: str
@@ -73,8 +99,8 @@ class _Call:
 
     def finish(self) -> None:
         elapsed = time.perf_counter() - self.start
-        metrics.RPC_HANDLED.labels(*self.labels, self.code).inc()
-        metrics.RPC_SECONDS.labels(*self.labels).observe(elapsed)
+        _handled(self.labels, self.code).inc()
+        self.seconds.observe(elapsed)
         level = (
             logging.INFO
             if self.code
@@ -107,9 +133,7 @@ def _wrap_unary(
     """Guard a coroutine handler (unary, or streaming through context.write)."""
 
     async def handler(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        request_id = _request_id(context)
-        request_id_var.set(request_id)
-        method_var.set(method)
+        request_id = _bind_context(context, method)
         call = _Call(method, grpc_type)
         try:
             response = await behavior(request, context)
@@ -135,9 +159,7 @@ def _wrap_stream(
     async def handler(
         request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
-        request_id = _request_id(context)
-        request_id_var.set(request_id)
-        method_var.set(method)
+        request_id = _bind_context(context, method)
         call = _Call(method, "server_stream")
         try:
             async for item in behavior(request, context):
@@ -160,6 +182,10 @@ def _wrap_stream(
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
     """Applies the guard to every unary and server-streaming RPC."""
 
+    def __init__(self) -> None:
+        # Wrapped handlers per method: built once, not on every call.
+        self._handlers: dict[str, grpc.RpcMethodHandler[Any, Any] | None] = {}
+
     async def intercept_service(
         self,
         continuation: Callable[
@@ -167,30 +193,41 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         ],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = handler_call_details.method
+        method: Any = handler_call_details.method
         if isinstance(method, bytes):
             method = method.decode()
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(handler.unary_unary, method),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            # The published types describe sync handlers; aio ones are coroutines
-            # or async generators.
-            behavior: Any = handler.unary_stream
-            wrapped: Any = (
-                _wrap_stream(behavior, method)
-                if inspect.isasyncgenfunction(behavior)
-                else _wrap_unary(behavior, method, "server_stream")
-            )
-            return grpc.unary_stream_rpc_method_handler(
-                wrapped,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+        if method in self._handlers:
+            return self._handlers[method]
+        handler = await continuation(handler_call_details)
+        wrapped = _wrap(handler, method)
+        if handler is not None:
+            self._handlers[method] = wrapped
+        return wrapped
+
+
+def _wrap(
+    handler: grpc.RpcMethodHandler[Any, Any] | None, method: str
+) -> grpc.RpcMethodHandler[Any, Any] | None:
+    if handler is None:
+        return None
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(
+            _wrap_unary(handler.unary_unary, method),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    if handler.unary_stream is not None:
+        # The published types describe sync handlers; aio ones are coroutines
+        # or async generators.
+        behavior: Any = handler.unary_stream
+        wrapped: Any = (
+            _wrap_stream(behavior, method)
+            if inspect.isasyncgenfunction(behavior)
+            else _wrap_unary(behavior, method, "server_stream")
+        )
+        return grpc.unary_stream_rpc_method_handler(
+            wrapped,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    return handler

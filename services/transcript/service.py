@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import uuid_utils
 
 from services.common import validation
-from services.common.domain import Entry, Message, Role, Usage, payload_hash
+from services.common.domain import Entry, Message, Role, Usage, canonical_json, payload_hash
 from services.common.errors import VersionConflict, invalid_argument
 from services.common.pagination import PageTokens, page_size
 from services.transcript.config import TranscriptLimits
@@ -288,13 +288,15 @@ class TranscriptService:
                 field="expected_version",
             )
         self.validate_messages(messages)
-        digest = payload_hash(messages)
+        encoded = canonical_json(messages)
+        digest = payload_hash(encoded)
+
+        def command(version: int | None) -> NewAppend:
+            return NewAppend(namespace, cid, version, messages, request_id, digest, usage, encoded)
 
         if messages[0].role != Role.TOOL:
             self.check_tool_pairing(messages, None)
-            return await self.store.append(
-                NewAppend(namespace, cid, expected_version, messages, request_id, digest, usage)
-            )
+            return await self.store.append(command(expected_version))
 
         # The append continues a tool call group: its first results answer calls
         # at the tail, so it must commit at the version whose tail was checked.
@@ -304,19 +306,13 @@ class TranscriptService:
                 if prior is not None:
                     # A retry of a committed append; the store replays it (or
                     # rejects a reused id) without writing.
-                    return await self.store.append(
-                        NewAppend(
-                            namespace, cid, expected_version, messages, request_id, digest, usage
-                        )
-                    )
+                    return await self.store.append(command(expected_version))
             version, open_calls = await self._open_tool_calls(namespace, cid)
             if expected_version is not None and version != expected_version:
                 raise VersionConflict(version, expected_version)
             self.check_tool_pairing(messages, open_calls)
             try:
-                return await self.store.append(
-                    NewAppend(namespace, cid, version, messages, request_id, digest, usage)
-                )
+                return await self.store.append(command(version))
             except VersionConflict:
                 if expected_version is not None:
                     raise

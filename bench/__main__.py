@@ -1,0 +1,34 @@
+"""`make bench`: every benchmark suite against one real PostgreSQL; prints figures.
+
+No thresholds are asserted: goals are printed next to the measured ratios.
+`python -m bench transcript` runs one suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+import sys
+from collections.abc import Awaitable, Callable
+
+from bench import transcript
+from bench.common import postgres
+
+SUITES: dict[str, Callable[[str], Awaitable[list[str]]]] = {
+    "transcript": transcript.run,
+}
+
+
+def main() -> None:
+    chosen = sys.argv[1:] or list(SUITES)
+    print(f"# Runifold benchmarks on {platform.node()} ({platform.machine()}, "
+          f"{__import__('os').cpu_count()} CPUs, Python {platform.python_version()})\n")
+    with postgres() as url:
+        for name in chosen:
+            for line in asyncio.run(SUITES[name](url)):
+                print(line, flush=True)
+            print()
+
+
+if __name__ == "__main__":
+    main()

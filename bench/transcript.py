@@ -1,0 +1,132 @@
+"""TranscriptService benchmarks (issue 2).
+
+1. AppendEntries through gRPC (server in its own process) with 1 and 16 calls
+   in flight, against raw psycopg compare-and-swap appends (UPDATE ... WHERE
+   version = v, then INSERT, in one transaction) on the same database in the
+   same run. Goal: at 16 in flight, at least 0.6 of the raw rate.
+2. LoadView p50 with window 16 at 100, 10,000 and 100,000 entries. Goal: the
+   100,000 case within 1.3x of the 100 case.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import grpc
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from bench.common import Stats, measure, new_database, server_process
+from runifold.common.v1 import common_pb2
+from runifold.transcript.v1 import transcript_service_pb2 as pb
+from services.common import stubs
+
+RAW_SCHEMA = """
+CREATE TABLE raw_conversations (id uuid PRIMARY KEY, version bigint NOT NULL DEFAULT 0,
+                                last_sequence bigint NOT NULL DEFAULT 0);
+CREATE TABLE raw_entries (conversation_id uuid NOT NULL, sequence bigint NOT NULL,
+                          role smallint NOT NULL, text text NOT NULL,
+                          created_at timestamptz NOT NULL DEFAULT now(),
+                          PRIMARY KEY (conversation_id, sequence));
+"""
+
+
+async def raw_appends(url: str, concurrency: int, total: int) -> Stats:
+    """The floor: the same compare-and-swap append written directly with psycopg."""
+    async with AsyncConnectionPool(url, min_size=concurrency, max_size=concurrency,
+                                   kwargs={"autocommit": True}) as pool:
+        ids = [uuid.uuid4() for _ in range(concurrency)]
+        versions = dict.fromkeys(ids, 0)
+        async with pool.connection() as conn:
+            for cid in ids:
+                await conn.execute("INSERT INTO raw_conversations (id) VALUES (%s)", (cid,))
+
+        async def op(worker: int, _: int) -> None:
+            cid = ids[worker]
+            async with pool.connection() as conn, conn.transaction():
+                cursor = await conn.execute(
+                    "UPDATE raw_conversations SET version = version + 1, "
+                    "last_sequence = last_sequence + 1 WHERE id = %s AND version = %s "
+                    "RETURNING last_sequence", (cid, versions[cid]))
+                row = await cursor.fetchone()
+                if row is None:
+                    raise RuntimeError("unexpected conflict")
+                await conn.execute(
+                    "INSERT INTO raw_entries (conversation_id, sequence, role, text) "
+                    "VALUES (%s, %s, 1, %s)", (cid, row[0], "benchmark message"))
+            versions[cid] += 1
+
+        return await measure(f"raw psycopg CAS append, {concurrency} in flight",
+                             concurrency, total, op)
+
+
+async def grpc_appends(address: str, namespace: str, concurrency: int, total: int) -> Stats:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = stubs.transcript(channel)
+        ids = [(await stub.CreateConversation(pb.CreateConversationRequest(
+            namespace=namespace))).conversation.conversation_id for _ in range(concurrency)]
+        versions = dict.fromkeys(ids, 0)
+        message = common_pb2.Message(role=common_pb2.ROLE_USER, text="benchmark message")
+
+        async def op(worker: int, _: int) -> None:
+            cid = ids[worker]
+            reply = await stub.AppendEntries(pb.AppendEntriesRequest(
+                conversation_id=cid, namespace=namespace, expected_version=versions[cid],
+                messages=[message]))
+            versions[cid] = reply.version
+
+        return await measure(f"gRPC AppendEntries, {concurrency} in flight",
+                             concurrency, total, op)
+
+
+async def load_views(address: str, url: str, namespace: str) -> list[Stats]:
+    results = []
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = stubs.transcript(channel)
+        for length in (100, 10_000, 100_000):
+            cid = (await stub.CreateConversation(pb.CreateConversationRequest(
+                namespace=namespace))).conversation.conversation_id
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(
+                    """INSERT INTO transcript.entries
+                              (conversation_key, sequence, role, text, created_at)
+                       SELECT c.conversation_key, s, 1 + (s %% 2), 'message ' || s, now()
+                         FROM transcript.conversations c, generate_series(1, %s) AS s
+                        WHERE c.conversation_id = %s""", (length, uuid.UUID(cid)))
+                conn.execute("UPDATE transcript.conversations SET version = 1, "
+                             "last_sequence = %s WHERE conversation_id = %s",
+                             (length, uuid.UUID(cid)))
+                conn.execute("ANALYZE transcript.entries")
+            request = pb.LoadViewRequest(conversation_id=cid, namespace=namespace, window=16,
+                                         summary_batch=64, summarized_through=length // 2)
+
+            async def op(_: int, __: int, request: pb.LoadViewRequest = request) -> None:
+                await stub.LoadView(request)
+
+            results.append(await measure(f"gRPC LoadView window 16, {length:,} entries",
+                                         1, 1000, op, warmup=100))
+    return results
+
+
+async def run(postgres_url: str) -> list[str]:
+    url = new_database(postgres_url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(RAW_SCHEMA.encode())
+    lines = ["## TranscriptService", ""]
+    async with server_process("services.transcript", url,
+                              {"RUNIFOLD_DB_POOL_MIN": "16", "RUNIFOLD_DB_POOL_MAX": "16"}
+                              ) as address:
+        namespace = "bench"
+        raw1 = await raw_appends(url, 1, 2000)
+        ours1 = await grpc_appends(address, namespace, 1, 2000)
+        raw16 = await raw_appends(url, 16, 8000)
+        ours16 = await grpc_appends(address, namespace, 16, 8000)
+        views = await load_views(address, url, namespace)
+    lines += [s.row() for s in (raw1, ours1, raw16, ours16)]
+    lines.append(f"ratio gRPC/raw at 1 in flight:  {ours1.rate / raw1.rate:.2f}")
+    lines.append(f"ratio gRPC/raw at 16 in flight: {ours16.rate / raw16.rate:.2f}  (goal >= 0.6)")
+    lines.append("")
+    lines += [s.row() for s in views]
+    lines.append(f"LoadView p50 100,000 / 100 entries: {views[2].p50 / views[0].p50:.2f}  "
+                 "(goal <= 1.3)")
+    return lines

@@ -1,0 +1,111 @@
+"""Calls from one service to another, with deadlines and error mapping.
+
+Every outbound call has a deadline: the smaller of the peer timeout and what
+is left of the inbound RPC's deadline (the interceptor records it). A peer's
+failure becomes a DomainError that keeps the peer's code and ErrorInfo
+reason, except that an unreachable peer is UNAVAILABLE / STORE_UNAVAILABLE
+naming the peer, and a spent deadline is DEADLINE_EXCEEDED.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from services.common.errors import Code, DomainError, StoreUnavailable
+from services.common.status import from_rpc_error
+
+# Absolute time.monotonic() deadline of the inbound RPC being served, if any.
+deadline_var: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "deadline", default=None
+)
+
+Response = TypeVar("Response")
+
+DEFAULT_PEER_TIMEOUT_S = 10.0
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.enable_retries", 0),
+]
+
+
+def remaining(timeout: float = DEFAULT_PEER_TIMEOUT_S) -> float:
+    """Seconds an outbound call may take: `timeout`, capped by the inbound deadline."""
+    deadline = deadline_var.get()
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise DomainError(
+            Code.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED", "the request deadline passed"
+        )
+    return min(timeout, left)
+
+
+def open_channel(address: str) -> grpc.aio.Channel:
+    """A channel to a peer service (credentials added by the auth layer when configured)."""
+    return grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+
+
+class Peer:
+    """One peer service: its name (for errors and metrics) and its channel."""
+
+    def __init__(
+        self, name: str, channel: grpc.aio.Channel, timeout: float = DEFAULT_PEER_TIMEOUT_S
+    ) -> None:
+        self.name = name
+        self.channel = channel
+        self.timeout = timeout
+
+    async def call(
+        self,
+        method: Callable[..., Awaitable[Response]],
+        request: Any,
+        *,
+        seconds: float | None = None,
+    ) -> Response:
+        """Invoke a stub method under the propagated deadline, mapping failures."""
+        budget = remaining(self.timeout if seconds is None else seconds)
+        try:
+            return await method(request, timeout=budget, metadata=outbound_metadata())
+        except grpc.aio.AioRpcError as error:
+            raise peer_error(self.name, error) from None
+
+    async def close(self) -> None:
+        """Close the channel."""
+        await self.channel.close()
+
+
+def outbound_metadata() -> tuple[tuple[str, str], ...]:
+    """Metadata carried to peers: the request id (and, with auth, the caller's identity)."""
+    from services.common.logs import request_id_var
+
+    request_id = request_id_var.get()
+    return (("x-request-id", request_id),) if request_id else ()
+
+
+def peer_error(name: str, error: grpc.aio.AioRpcError) -> DomainError:
+    """The domain error of a failed peer call."""
+    code = error.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return StoreUnavailable(name, f"the {name} service is unavailable; retry later")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return DomainError(
+            Code.DEADLINE_EXCEEDED,
+            "DEADLINE_EXCEEDED",
+            f"the {name} service did not answer before the deadline",
+        )
+    if code == grpc.StatusCode.CANCELLED:
+        return DomainError(Code.CANCELLED, "CANCELLED", "the request was cancelled")
+    mapped = from_rpc_error(error)
+    if mapped.code is Code.INTERNAL:
+        return DomainError(Code.INTERNAL, "INTERNAL", f"the {name} service failed")
+    if mapped.reason.startswith("UPSTREAM_"):  # the peer sent no ErrorInfo
+        return DomainError(mapped.code, mapped.reason, f"the {name} service failed")
+    return mapped
