@@ -21,8 +21,10 @@ SUITES: dict[str, Callable[[str], Awaitable[list[str]]]] = {
 
 def main() -> None:
     chosen = sys.argv[1:] or list(SUITES)
-    print(f"# Runifold benchmarks on {platform.node()} ({platform.machine()}, "
-          f"{__import__('os').cpu_count()} CPUs, Python {platform.python_version()})\n")
+    print(
+        f"# Runifold benchmarks on {platform.node()} ({platform.machine()}, "
+        f"{__import__('os').cpu_count()} CPUs, Python {platform.python_version()})\n"
+    )
     with postgres() as url:
         for name in chosen:
             for line in asyncio.run(SUITES[name](url)):

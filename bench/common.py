@@ -43,12 +43,24 @@ class Stats:
         return statistics.median(self.latencies) * 1000
 
     def row(self) -> str:
-        return (f"{self.name:<46} {self.rate:>10.0f}/s  p50 {self.p50:>7.2f} ms"
-                f"  p99 {self.pct(0.99):>7.2f} ms  n={len(self.latencies)}")
+        return (
+            f"{self.name:<46} {self.rate:>10.0f}/s  p50 {self.p50:>7.2f} ms"
+            f"  p99 {self.pct(0.99):>7.2f} ms  n={len(self.latencies)}"
+        )
 
 
-async def measure(name: str, concurrency: int, total: int,
-                  op: Callable[[int, int], Awaitable[None]], warmup: int = 50) -> Stats:
+def median_round(runs: list[Stats]) -> Stats:
+    """The run with the median rate."""
+    return sorted(runs, key=lambda run: run.rate)[len(runs) // 2]
+
+
+async def measure(
+    name: str,
+    concurrency: int,
+    total: int,
+    op: Callable[[int, int], Awaitable[None]],
+    warmup: int = 50,
+) -> Stats:
     """Run `total` operations with `concurrency` in flight; op(worker, i)."""
     for i in range(min(warmup, total)):
         await op(0, -1 - i)
@@ -100,15 +112,22 @@ def free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def server_process(module: str, database_url: str,
-                         env: dict[str, str] | None = None) -> AsyncIterator[str]:
+async def server_process(
+    module: str, database_url: str, env: dict[str, str] | None = None
+) -> AsyncIterator[str]:
     """Run `python -m <module>` as its own process; yield its address once SERVING."""
     port = free_port()
-    environment = {**os.environ, "DATABASE_URL": database_url,
-                   "RUNIFOLD_LISTEN": f"127.0.0.1:{port}", "RUNIFOLD_METRICS_LISTEN": "off",
-                   "RUNIFOLD_LOG_LEVEL": "WARNING", **(env or {})}
-    process = subprocess.Popen([sys.executable, "-m", module], env=environment,
-                               stdout=subprocess.DEVNULL)
+    environment = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "RUNIFOLD_LISTEN": f"127.0.0.1:{port}",
+        "RUNIFOLD_METRICS_LISTEN": "off",
+        "RUNIFOLD_LOG_LEVEL": "WARNING",
+        **(env or {}),
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, env=environment, stdout=subprocess.DEVNULL
+    )
     address = f"127.0.0.1:{port}"
     try:
         async with grpc.aio.insecure_channel(address) as channel:
@@ -123,10 +142,10 @@ async def server_process(module: str, database_url: str,
                         break
                 except grpc.aio.AioRpcError:
                     pass
-                if process.poll() is not None or time.monotonic() > deadline:
+                if process.returncode is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"{module} did not start")
                 await asyncio.sleep(0.2)
         yield address
     finally:
         process.terminate()
-        process.wait(timeout=30)
+        await asyncio.wait_for(process.wait(), timeout=30)

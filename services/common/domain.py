@@ -86,9 +86,7 @@ class Message:
 
 def canonical_json(messages: Iterable[Message]) -> str:
     """Messages as one canonical JSON array (stable key order, compact)."""
-    return json.dumps(
-        [m.canonical() for m in messages], separators=(",", ":"), ensure_ascii=False
-    )
+    return json.dumps([m.canonical() for m in messages], separators=(",", ":"), ensure_ascii=False)
 
 
 def payload_hash(messages: Iterable[Message] | str) -> bytes:

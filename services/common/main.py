@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -60,5 +61,9 @@ def main(label: str, make_components: Callable[[], Sequence[Component]]) -> None
         print(f"runifold: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     logs.configure(label, settings.log_level, settings.log_format)
+    if os.environ.get("RUNIFOLD_UVLOOP") == "1":
+        import uvloop
+
+        uvloop.install()
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_run(label, make_components, settings))

@@ -14,7 +14,13 @@ from datetime import UTC, datetime
 
 from services.common.domain import Entry
 from services.common.errors import VersionConflict
-from services.transcript.model import AppendRecord, AppendResult, Conversation, NewAppend
+from services.transcript.model import (
+    AppendRecord,
+    AppendResult,
+    Conversation,
+    NewAppend,
+    ViewRead,
+)
 from services.transcript.store import conversation_not_found, request_id_reused
 
 
@@ -95,6 +101,28 @@ class InMemoryTranscriptStore:
             for low, high in ranges
             for s in range(low, min(high, len(stored.entries)) + 1)
         ]
+
+    async def read_view(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        window: int,
+        summary_batch: int,
+        summarized_through: int,
+        request_id: str | None,
+    ) -> ViewRead | None:
+        stored = self._data.get((namespace, conversation_id))
+        if stored is None:
+            return None
+        last = stored.conversation.last_sequence
+        low = max(1, last - window + 1)
+        ranges = [
+            (summarized_through + 1, min(summarized_through + summary_batch + 1, low - 1)),
+            (low, last),
+        ]
+        entries = await self.read_entries(namespace, conversation_id, ranges)
+        prior = stored.appends.get(request_id) if request_id is not None else None
+        return ViewRead(stored.conversation.version, last, entries, prior)
 
     async def list_entries(
         self,

@@ -58,6 +58,16 @@ class AppendResult:
 
 
 @dataclass(frozen=True, slots=True)
+class ViewRead:
+    """What the store reads for a view in one round trip (see TranscriptStore.read_view)."""
+
+    version: int
+    last_sequence: int
+    entries: Sequence[Entry]
+    prior_append: AppendRecord | None
+
+
+@dataclass(frozen=True, slots=True)
 class View:
     """The bounded context of a turn, consistent with `version`."""
 

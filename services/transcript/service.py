@@ -18,7 +18,7 @@ from services.common.domain import Entry, Message, Role, Usage, canonical_json, 
 from services.common.errors import VersionConflict, invalid_argument
 from services.common.pagination import PageTokens, page_size
 from services.transcript.config import TranscriptLimits
-from services.transcript.model import AppendResult, Conversation, NewAppend, View
+from services.transcript.model import AppendRecord, AppendResult, Conversation, NewAppend, View
 from services.transcript.store import TranscriptStore, conversation_not_found
 
 # An unconditional append that depends on the transcript's tail (it starts with
@@ -392,15 +392,12 @@ class TranscriptService:
                 field="summarized_through",
             )
 
-        conversation = await self.store.get_conversation(namespace, cid)
-        if conversation is None:
-            raise conversation_not_found()
-        prior = (
-            await self.store.find_append(namespace, cid, request_id)
-            if request_id is not None
-            else None
+        head = await self.store.read_view(
+            namespace, cid, window, summary_batch, summarized_through, request_id
         )
-        last = conversation.last_sequence
+        if head is None:
+            raise conversation_not_found()
+        last = head.last_sequence
         if summarized_through > last:
             raise invalid_argument(
                 "SEQUENCE_OUT_OF_RANGE",
@@ -408,48 +405,82 @@ class TranscriptService:
                 field="summarized_through",
                 last_sequence=last,
             )
-
-        bound = self.limits.tool_group_bound
         window_low = max(1, last - window + 1)
-        ranges = _merge(
-            [
-                (max(1, window_low - bound), last),
-                (summarized_through + 1, min(last, summarized_through + summary_batch + bound + 1)),
-            ]
-        )
-        entries = await self.store.read_entries(namespace, cid, ranges)
-        if len(entries) != sum(high - low + 1 for low, high in ranges):
-            raise conversation_not_found()  # erased while we read
-        by_sequence = {entry.sequence: entry for entry in entries}
+        entries = head.entries
         roles = {entry.sequence: entry.message.role for entry in entries}
-
-        start = window_low
-        if last and roles[start] == Role.TOOL:
-            after_results = start
-            while after_results <= last and roles[after_results] == Role.TOOL:
-                after_results += 1
-            start = (
-                after_results
-                if after_results <= last
-                else _tool_group_start(roles, start, max(1, window_low - bound))
+        naive_end = min(summarized_through + summary_batch, window_low - 1)
+        if (last and roles[window_low] == Role.TOOL) or (
+            summarized_through < naive_end < last and roles[naive_end + 1] == Role.TOOL
+        ):
+            # A boundary falls inside a tool call group: read the group's
+            # surroundings (a group spans at most `bound` entries).
+            bound = self.limits.tool_group_bound
+            ranges = _merge(
+                [
+                    (max(1, window_low - bound), last),
+                    (
+                        summarized_through + 1,
+                        min(last, summarized_through + summary_batch + bound + 1),
+                    ),
+                ]
             )
-        window_entries = [by_sequence[s] for s in range(start, last + 1)] if last else []
+            entries = await self.store.read_entries(namespace, cid, ranges)
+            if len(entries) != sum(high - low + 1 for low, high in ranges):
+                raise conversation_not_found()  # erased while we read
+            roles = {entry.sequence: entry.message.role for entry in entries}
+        return _split_view(
+            head.version,
+            last,
+            entries,
+            roles,
+            window_low,
+            summary_batch,
+            summarized_through,
+            self.limits.tool_group_bound,
+            head.prior_append,
+        )
 
-        region_end = start - 1 if last else 0
-        buffer: list[Entry] = []
-        backlog = 0
-        if summarized_through < region_end:
-            end = min(summarized_through + summary_batch, region_end)
-            if end < region_end and roles[end + 1] == Role.TOOL:
-                group_start = _tool_group_start(roles, end + 1, summarized_through + 1)
-                if group_start - 1 > summarized_through:
-                    end = group_start - 1
-                else:
-                    while end + 1 <= region_end and roles[end + 1] == Role.TOOL:
-                        end += 1
-            buffer = [by_sequence[s] for s in range(summarized_through + 1, end + 1)]
-            backlog = region_end - end
-        return View(conversation.version, last, window_entries, buffer, backlog, prior)
+
+def _split_view(
+    version: int,
+    last: int,
+    entries: Sequence[Entry],
+    roles: Mapping[int, Role],
+    window_low: int,
+    summary_batch: int,
+    summarized_through: int,
+    bound: int,
+    prior: AppendRecord | None,
+) -> View:
+    """Cut the entries read into window, buffer and backlog, keeping tool groups whole."""
+    by_sequence = {entry.sequence: entry for entry in entries}
+    start = window_low
+    if last and roles[start] == Role.TOOL:
+        after_results = start
+        while after_results <= last and roles[after_results] == Role.TOOL:
+            after_results += 1
+        start = (
+            after_results
+            if after_results <= last
+            else _tool_group_start(roles, start, max(1, window_low - bound))
+        )
+    window_entries = [by_sequence[s] for s in range(start, last + 1)] if last else []
+
+    region_end = start - 1 if last else 0
+    buffer: list[Entry] = []
+    backlog = 0
+    if summarized_through < region_end:
+        end = min(summarized_through + summary_batch, region_end)
+        if end < region_end and roles[end + 1] == Role.TOOL:
+            group_start = _tool_group_start(roles, end + 1, summarized_through + 1)
+            if group_start - 1 > summarized_through:
+                end = group_start - 1
+            else:
+                while end + 1 <= region_end and roles[end + 1] == Role.TOOL:
+                    end += 1
+        buffer = [by_sequence[s] for s in range(summarized_through + 1, end + 1)]
+        backlog = region_end - end
+    return View(version, last, window_entries, buffer, backlog, prior)
 
 
 def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -20,7 +20,13 @@ from psycopg.types.json import Jsonb
 from services.common.db import Database
 from services.common.domain import Entry, Message, Role, ToolCall, Usage, canonical_json
 from services.common.errors import VersionConflict, invalid_argument, not_found
-from services.transcript.model import AppendRecord, AppendResult, Conversation, NewAppend
+from services.transcript.model import (
+    AppendRecord,
+    AppendResult,
+    Conversation,
+    NewAppend,
+    ViewRead,
+)
 
 
 def conversation_not_found() -> Exception:
@@ -65,7 +71,21 @@ class TranscriptStore(Protocol):
     async def read_entries(
         self, namespace: str, conversation_id: uuid.UUID, ranges: Sequence[tuple[int, int]]
     ) -> list[Entry]:
-        """Entries whose sequence lies in the inclusive, disjoint ranges, in order."""
+        """Entries whose sequence lies in the inclusive, disjoint ranges (at most two), in order."""
+
+    async def read_view(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        window: int,
+        summary_batch: int,
+        summarized_through: int,
+        request_id: str | None,
+    ) -> ViewRead | None:
+        """In one consistent read: the counters, the prior append of `request_id`, and the
+        entries in [low, last] and [summarized_through + 1, min(summarized_through +
+        summary_batch + 1, low - 1)] where low = max(1, last - window + 1).
+        None when the conversation does not exist."""
 
     async def list_entries(
         self,
@@ -311,6 +331,35 @@ class PostgresTranscriptStore:
             )
             return [_entry(row) for row in await cursor.fetchall()]
 
+    async def read_view(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        window: int,
+        summary_batch: int,
+        summarized_through: int,
+        request_id: str | None,
+    ) -> ViewRead | None:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                VIEW_SQL,
+                {
+                    "namespace": namespace,
+                    "conversation_id": conversation_id,
+                    "window": window,
+                    "batch": summary_batch,
+                    "through": summarized_through,
+                    "request_id": request_id,
+                },
+            )
+            rows = await cursor.fetchall()
+        if not rows:
+            return None
+        first = rows[0]
+        prior = _record(first[2:10]) if first[2] is not None else None
+        entries = [_entry(row[10:]) for row in rows if row[10] is not None]
+        return ViewRead(first[0], first[1], entries, prior)
+
     async def list_entries(
         self,
         namespace: str,
@@ -393,6 +442,41 @@ SELECT {_ENTRY_COLUMNS}
  WHERE e.conversation_key = (SELECT conversation_key FROM c)
    AND e.sequence BETWEEN %(low2)s AND %(high2)s
  ORDER BY 1
+"""
+
+# Everything a view needs in ONE statement and one snapshot: the counters, the
+# prior append of a request id, the window [low, last] and the naive summary
+# buffer [through + 1, min(through + batch + 1, low - 1)]. The conversation row
+# is an InitPlan, so each entry range is an index range scan on the
+# (conversation_key, sequence) primary key: the cost is the number of entries
+# returned, whatever the transcript's length (tests/integration checks the plan).
+VIEW_SQL = f"""
+WITH c AS MATERIALIZED (
+    SELECT conversation_key, version, last_sequence,
+           greatest(1, last_sequence - %(window)s + 1) AS low
+      FROM transcript.conversations
+     WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+), a AS MATERIALIZED (
+    SELECT version, first_sequence, last_sequence, input_tokens, output_tokens, model_calls,
+           commit_time, payload_hash
+      FROM transcript.appends
+     WHERE conversation_key = (SELECT conversation_key FROM c)
+       AND request_id = %(request_id)s
+), e AS (
+    SELECT {_ENTRY_COLUMNS}
+      FROM transcript.entries AS e
+     WHERE e.conversation_key = (SELECT conversation_key FROM c)
+       AND e.sequence BETWEEN (SELECT low FROM c) AND (SELECT last_sequence FROM c)
+    UNION ALL
+    SELECT {_ENTRY_COLUMNS}
+      FROM transcript.entries AS e
+     WHERE e.conversation_key = (SELECT conversation_key FROM c)
+       AND e.sequence BETWEEN %(through)s + 1
+                          AND least(%(through)s + %(batch)s + 1, (SELECT low FROM c) - 1)
+)
+SELECT c.version, c.last_sequence, a.*, e.*
+  FROM c LEFT JOIN a ON true LEFT JOIN e ON true
+ ORDER BY e.sequence
 """
 
 # The conversation key as a scalar subquery: keeps every entry and append
