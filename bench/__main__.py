@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import platform
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from bench import transcript
 from bench.common import postgres
 
-SUITES: dict[str, Callable[[str], Awaitable[list[str]]]] = {
+SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "transcript": transcript.run,
 }
 

@@ -4,4 +4,4 @@ from services.allinone import components
 from services.common.main import main
 
 if __name__ == "__main__":
-    main("all-in-one", components)
+    main("all-in-one", components, all_in_one=True)

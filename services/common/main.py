@@ -25,7 +25,10 @@ def _is_loopback(address: str) -> bool:
 
 
 async def _run(
-    label: str, make_components: Callable[[], Sequence[Component]], settings: Settings
+    label: str,
+    make_components: Callable[[], Sequence[Component]],
+    settings: Settings,
+    all_in_one: bool,
 ) -> None:
     database_url = settings.database_url
     if database_url is None:
@@ -38,7 +41,9 @@ async def _run(
     if settings.metrics_address is not None:
         host, _, port = settings.metrics_address.rpartition(":")
         start_http_server(int(port), addr=host)
-    running = await start_server(make_components(), settings, database_url=database_url)
+    running = await start_server(
+        make_components(), settings, database_url=database_url, extras={"all_in_one": all_in_one}
+    )
     services = ", ".join(name for c in running.components for name in c.service_names)
     print(
         f"runifold {label}: serving {services} on {running.address}"
@@ -53,7 +58,9 @@ async def _run(
     await serve_until_signal(running)
 
 
-def main(label: str, make_components: Callable[[], Sequence[Component]]) -> None:
+def main(
+    label: str, make_components: Callable[[], Sequence[Component]], *, all_in_one: bool = False
+) -> None:
     """Run a server process hosting the given components until SIGTERM/SIGINT."""
     try:
         settings = Settings.from_env()
@@ -66,4 +73,4 @@ def main(label: str, make_components: Callable[[], Sequence[Component]]) -> None
 
         uvloop.install()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_run(label, make_components, settings))
+        asyncio.run(_run(label, make_components, settings, all_in_one))

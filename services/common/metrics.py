@@ -1,13 +1,16 @@
-"""Prometheus metrics: the standard gRPC server metrics and shared domain metrics.
+"""Prometheus metrics: the standard gRPC server metrics and every domain metric.
 
-Label values are bounded: service and method names, status codes, store names.
-Never a namespace, a conversation id or any content.
+All metrics are defined here, in one place, so that dashboards and alert rules
+(deploy/prometheus/) have one source of names. Label values are bounded:
+service and method names, status codes, store names, fixed enums. Never a
+namespace, a conversation id or any content.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
+# -- standard gRPC server metrics (go-grpc-prometheus names) -------------------
 RPC_STARTED = Counter(
     "grpc_server_started_total",
     "RPCs started on the server.",
@@ -24,8 +27,91 @@ RPC_SECONDS = Histogram(
     ["grpc_type", "grpc_service", "grpc_method"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+
+# -- stores ------------------------------------------------------------------------
 STORE_ERRORS = Counter(
     "runifold_store_errors_total",
-    "Store operations that failed because a store was unavailable.",
+    "Operations that failed because a store or peer was unavailable.",
     ["store"],
+)
+
+# -- transcript --------------------------------------------------------------------
+APPEND_CONFLICTS = Counter(
+    "runifold_append_conflicts_total",
+    "Appends rejected because their expected version was not current.",
+)
+
+# -- agent -------------------------------------------------------------------------
+TURN_CONFLICTS = Counter(
+    "runifold_turn_conflicts_total",
+    "Turns whose append lost the race after the model call (TURN_CONFLICT).",
+)
+SUMMARY_REQUIRED = Counter(
+    "runifold_summary_required_total",
+    "Turns refused with SUMMARY_REQUIRED or SUMMARY_BACKLOG.",
+    ["reason"],
+)
+TURNS = Counter(
+    "runifold_turns_total",
+    "Turns run, by outcome.",
+    ["outcome"],
+)
+
+# -- summary -----------------------------------------------------------------------
+SUMMARY_JOBS_DEPTH = Gauge(
+    "runifold_summary_jobs_depth",
+    "Summary jobs waiting or running.",
+)
+SUMMARY_JOBS_OLDEST_AGE = Gauge(
+    "runifold_summary_jobs_oldest_age_seconds",
+    "Age of the oldest waiting or running summary job.",
+)
+SUMMARY_JOBS_PARKED = Gauge(
+    "runifold_summary_jobs_failed",
+    "Summary jobs parked after too many failed attempts.",
+)
+SUMMARY_JOB_FAILURES = Counter(
+    "runifold_summary_job_failures_total",
+    "Failed summary job attempts (retried, or parked after the last attempt).",
+    ["outcome"],
+)
+SUMMARY_JOBS_COMPLETED = Counter(
+    "runifold_summary_jobs_completed_total",
+    "Summary jobs completed by the background workers.",
+)
+SUMMARY_PASSES = Counter(
+    "runifold_summary_passes_total",
+    "Summarizer passes that committed a summary.",
+)
+
+# -- memory ------------------------------------------------------------------------
+MEMORY_INDEX_LAG = Gauge(
+    "runifold_memory_index_lag",
+    "Memory index writes waiting in the outbox.",
+)
+MEMORY_INDEX_OLDEST_AGE = Gauge(
+    "runifold_memory_index_oldest_age_seconds",
+    "Age of the oldest memory index write waiting in the outbox.",
+)
+MEMORY_DEGRADED_SEARCHES = Counter(
+    "runifold_memory_degraded_searches_total",
+    "Searches answered from PostgreSQL full-text search because the vector index was down.",
+)
+
+# -- models (summarizer, agent model, embeddings) ----------------------------------
+MODEL_SECONDS = Histogram(
+    "runifold_model_request_seconds",
+    "Latency of calls to models.",
+    ["purpose", "provider"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+MODEL_TOKENS = Counter(
+    "runifold_model_tokens_total",
+    "Tokens sent to and received from models.",
+    ["purpose", "provider", "direction"],
+)
+MODEL_ERRORS = Counter(
+    "runifold_model_errors_total",
+    "Failed model calls.",
+    ["purpose", "provider"],
 )

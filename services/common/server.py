@@ -40,6 +40,18 @@ class StartContext:
     database_url: str | None
     extras: dict[str, object] = field(default_factory=dict)
 
+    def peer_address(self, service: str) -> str:
+        """Where a peer service is: `<SERVICE>_SERVICE_ADDR`, or this very server
+        when it hosts every service (all-in-one)."""
+        configured = getattr(self.settings, f"{service}_service_addr", None)
+        if configured:
+            return str(configured)
+        if self.extras.get("all_in_one"):
+            return self.self_address
+        raise ValueError(
+            f"{service.upper()}_SERVICE_ADDR must be set to reach the {service} service"
+        )
+
 
 class Component(Protocol):
     """One service hosted by a server process."""

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg.types.json import Jsonb
 
+from services.common import metrics
 from services.common.db import Database
 from services.common.domain import Entry, Message, Role, ToolCall, Usage, canonical_json
 from services.common.errors import VersionConflict, invalid_argument, not_found
@@ -286,6 +287,7 @@ class PostgresTranscriptStore:
             if record.payload_hash != append.payload_hash:
                 raise request_id_reused()
             return AppendResult(record, replayed=True)
+        metrics.APPEND_CONFLICTS.inc()
         if append.expected_version is None:
             # Only a racing duplicate of a request id can get here; it has committed by now.
             raise VersionConflict(why[0], why[0])
