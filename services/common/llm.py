@@ -1,0 +1,114 @@
+"""The chat-model interface shared by the summarizer and the agent.
+
+Domain code talks to `ChatModel`; providers implement it: an
+OpenAI-compatible chat-completions client (`OpenAIChatModel`, in
+services/common/openai_chat.py) and deterministic offline models (the
+summarizer's and the agent's) for the embedded default and tests.
+
+Roles here are the model API's roles ("system", "user", "assistant",
+"tool"): the system role exists on this side only and never reaches a
+transcript.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from services.common.domain import ToolCall, ToolDefinition, Usage
+from services.common.errors import Code, DomainError
+
+ChatRole = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One message of a model request."""
+
+    role: ChatRole
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """A model request. `max_output_tokens` None means the provider's default."""
+
+    messages: Sequence[ChatMessage]
+    max_output_tokens: int | None = None
+    tools: Sequence[ToolDefinition] = ()
+    temperature: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatResponse:
+    """The model's answer: text and/or tool calls, and what it cost."""
+
+    text: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage = field(default_factory=Usage)
+    finish_reason: str = "stop"
+
+
+@dataclass(frozen=True, slots=True)
+class ChatDelta:
+    """A piece of streamed text (the stream ends with one ChatResponse)."""
+
+    text: str
+
+
+class ChatModel(Protocol):
+    """A chat model. Implementations must honour `timeout` (seconds) and cancellation."""
+
+    @property
+    def provider(self) -> str:
+        """Short provider label for metrics ("openai", "offline")."""
+
+    @property
+    def model(self) -> str:
+        """Model name as the provider knows it."""
+
+    async def complete(self, request: ChatRequest, *, timeout: float) -> ChatResponse:
+        """One completion."""
+
+    def stream(
+        self, request: ChatRequest, *, timeout: float
+    ) -> AsyncIterator[ChatDelta | ChatResponse]:
+        """Text deltas as they arrive, then exactly one final ChatResponse."""
+
+
+class ModelUnavailable(DomainError):
+    """The model endpoint could not be reached or answered 5xx/429 after retries."""
+
+    def __init__(self, message: str = "the model is unavailable; retry later") -> None:
+        super().__init__(Code.UNAVAILABLE, "MODEL_UNAVAILABLE", message)
+
+
+class ModelFailed(DomainError):
+    """The model endpoint refused the request or answered something unusable."""
+
+    def __init__(self, message: str = "the model could not answer this request") -> None:
+        super().__init__(Code.FAILED_PRECONDITION, "MODEL_FAILED", message)
+
+
+class ModelTimeout(DomainError):
+    """The model did not answer before the deadline."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            Code.DEADLINE_EXCEEDED,
+            "DEADLINE_EXCEEDED",
+            "the model did not answer before the deadline",
+        )
+
+
+def budget_exhausted(what: str, limit: int) -> DomainError:
+    """RESOURCE_EXHAUSTED / BUDGET_EXHAUSTED: the caller's budget does not cover a call."""
+    return DomainError(
+        Code.RESOURCE_EXHAUSTED,
+        "BUDGET_EXHAUSTED",
+        f"the budget's {what} ({limit}) is exhausted",
+        metadata={"limit": limit, "dimension": what},
+    )
