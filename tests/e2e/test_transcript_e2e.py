@@ -8,8 +8,10 @@ import json
 import random
 import shutil
 import subprocess
+import sys
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
@@ -276,15 +278,16 @@ async def test_load_view_on_the_wire(transcript: Stub, namespace: str) -> None:
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-@pytest.mark.skipif(shutil.which("grpcurl") is None, reason="grpcurl is a dev dependency")
 async def test_grpcurl_uses_reflection_without_proto_files(
     transcript_server: RunningServer, transcript: Stub, namespace: str, tmp_path: object
 ) -> None:
     cid = await create(transcript, namespace)
 
+    binary = shutil.which("grpcurl") or str(Path(sys.executable).parent / "grpcurl")
+
     def grpcurl(*args: str) -> str:
         done = subprocess.run(
-            ["grpcurl", "-plaintext", *args],
+            [binary, "-plaintext", *args],
             capture_output=True,
             text=True,
             timeout=30,
