@@ -16,6 +16,9 @@ export TRANSFORMERS_OFFLINE := 1
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	# torch first: on these machines this is the CPU wheel from local disk; left to
+	# sentence-transformers, a bare torch requirement would pull a multi-GB CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
