@@ -9,10 +9,12 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
+
+from services.common.errors import invalid_argument
 
 
 class Role(enum.IntEnum):
@@ -93,6 +95,48 @@ def payload_hash(messages: Iterable[Message] | str) -> bytes:
     """A digest of messages (or of their canonical JSON), to tell a replay from a reused id."""
     canonical = messages if isinstance(messages, str) else canonical_json(messages)
     return hashlib.sha256(canonical.encode()).digest()
+
+
+def open_tool_calls(tail: Sequence[Message]) -> set[str] | None:
+    """The unanswered tool calls at the end of a transcript (its last messages, in order).
+
+    None when the transcript does not end inside a tool call group.
+    """
+    answered: set[str] = set()
+    for message in reversed(tail):
+        if message.role == Role.TOOL:
+            answered.add(message.tool_call_id)
+            continue
+        if message.role == Role.ASSISTANT and message.tool_calls:
+            return {call.id for call in message.tool_calls} - answered
+        break
+    return None
+
+
+def check_tool_pairing(
+    messages: Sequence[Message], open_calls: set[str] | None, field: str = "messages"
+) -> None:
+    """Every tool result answers an unanswered call of the assistant message before it.
+
+    `open_calls` are the unanswered calls at the transcript's tail (None when
+    the tail is not inside a tool call group). Raises INVALID_ARGUMENT /
+    ORPHANED_TOOL_RESULT naming the first offending message.
+    """
+    pending = None if open_calls is None else set(open_calls)
+    for index, message in enumerate(messages):
+        if message.role == Role.TOOL:
+            if pending is None or message.tool_call_id not in pending:
+                raise invalid_argument(
+                    "ORPHANED_TOOL_RESULT",
+                    "a tool result must answer an unanswered tool call of the assistant "
+                    "message right before it",
+                    field=f"{field}[{index}].tool_call_id",
+                )
+            pending.discard(message.tool_call_id)
+        elif message.role == Role.ASSISTANT and message.tool_calls:
+            pending = {call.id for call in message.tool_calls}
+        else:
+            pending = None
 
 
 @dataclass(frozen=True, slots=True)

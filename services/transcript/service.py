@@ -14,7 +14,16 @@ from dataclasses import dataclass
 import uuid_utils
 
 from services.common import validation
-from services.common.domain import Entry, Message, Role, Usage, canonical_json, payload_hash
+from services.common.domain import (
+    Entry,
+    Message,
+    Role,
+    Usage,
+    canonical_json,
+    check_tool_pairing,
+    open_tool_calls,
+    payload_hash,
+)
 from services.common.errors import VersionConflict, invalid_argument
 from services.common.pagination import PageTokens, page_size
 from services.transcript.config import TranscriptLimits
@@ -222,31 +231,6 @@ class TranscriptService:
                 limit_bytes=limits.max_append_bytes,
             )
 
-    @staticmethod
-    def check_tool_pairing(
-        messages: Sequence[Message], open_calls: set[str] | None, field: str = "messages"
-    ) -> None:
-        """Every tool result answers an unanswered call of the assistant message before it.
-
-        `open_calls` are the unanswered calls at the transcript's tail (None when
-        the tail is not inside a tool call group).
-        """
-        pending = None if open_calls is None else set(open_calls)
-        for index, message in enumerate(messages):
-            if message.role == Role.TOOL:
-                if pending is None or message.tool_call_id not in pending:
-                    raise invalid_argument(
-                        "ORPHANED_TOOL_RESULT",
-                        "a tool result must answer an unanswered tool call of the assistant "
-                        "message right before it",
-                        field=f"{field}[{index}].tool_call_id",
-                    )
-                pending.discard(message.tool_call_id)
-            elif message.role == Role.ASSISTANT and message.tool_calls:
-                pending = {call.id for call in message.tool_calls}
-            else:
-                pending = None
-
     async def _open_tool_calls(self, namespace: str, cid: uuid.UUID) -> tuple[int, set[str] | None]:
         """The version and the unanswered tool calls at the transcript's tail."""
         conversation = await self.store.get_conversation(namespace, cid)
@@ -257,16 +241,7 @@ class TranscriptService:
             return conversation.version, None
         low = max(1, last - self.limits.tool_group_bound + 1)
         tail = await self.store.read_entries(namespace, cid, [(low, last)])
-        answered: set[str] = set()
-        for entry in reversed(tail):
-            message = entry.message
-            if message.role == Role.TOOL:
-                answered.add(message.tool_call_id)
-                continue
-            if message.role == Role.ASSISTANT and message.tool_calls:
-                return conversation.version, {c.id for c in message.tool_calls} - answered
-            break
-        return conversation.version, None
+        return conversation.version, open_tool_calls([entry.message for entry in tail])
 
     async def append(
         self,
@@ -295,7 +270,7 @@ class TranscriptService:
             return NewAppend(namespace, cid, version, messages, request_id, digest, usage, encoded)
 
         if messages[0].role != Role.TOOL:
-            self.check_tool_pairing(messages, None)
+            check_tool_pairing(messages, None)
             return await self.store.append(command(expected_version))
 
         # The append continues a tool call group: its first results answer calls
@@ -310,7 +285,7 @@ class TranscriptService:
             version, open_calls = await self._open_tool_calls(namespace, cid)
             if expected_version is not None and version != expected_version:
                 raise VersionConflict(version, expected_version)
-            self.check_tool_pairing(messages, open_calls)
+            check_tool_pairing(messages, open_calls)
             try:
                 return await self.store.append(command(version))
             except VersionConflict:
