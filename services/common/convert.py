@@ -93,6 +93,15 @@ def entries_to_proto(entries: Sequence[Entry]) -> list[common_pb2.Entry]:
     return out
 
 
+def entry_from_proto(pb: common_pb2.Entry) -> Entry:
+    """A domain entry from its wire form (as read from TranscriptService)."""
+    return Entry(
+        sequence=pb.sequence,
+        message=message_from_proto(pb.message, "entry.message"),
+        created_at=datetime_from(pb.created_at),
+    )
+
+
 def usage_from_proto(pb: common_pb2.Usage) -> Usage:
     """Domain usage; negative counts are INVALID_ARGUMENT."""
     if pb.input_tokens < 0 or pb.output_tokens < 0 or pb.model_calls < 0:

@@ -1,0 +1,215 @@
+"""The orchestrator's ports, implemented over gRPC (proto <-> domain only)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from runifold.common.v1 import common_pb2
+from runifold.memory.v1 import memory_service_pb2 as memory_pb
+from runifold.summary.v1 import summary_service_pb2 as summary_pb
+from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
+from services.agent.model import (
+    AppendState,
+    PriorAppend,
+    Recall,
+    Recalled,
+    Summarized,
+    SummaryState,
+    ViewState,
+)
+from services.common import convert, stubs
+from services.common.domain import Budget, Entry, Message, Usage
+from services.common.errors import DomainError, VersionConflict
+from services.common.peers import Peer
+
+
+def _summary(pb: summary_pb.Summary | None) -> SummaryState:
+    if pb is None:
+        return SummaryState()
+    return SummaryState(pb.text, pb.through_sequence)
+
+
+class GrpcTranscripts:
+    """Transcripts port over TranscriptService."""
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.stub = stubs.transcript(peer.channel)
+
+    async def create_conversation(self, namespace: str, conversation_id: str) -> tuple[str, bool]:
+        reply = await self.peer.call(
+            self.stub.CreateConversation,
+            transcript_pb.CreateConversationRequest(
+                namespace=namespace, conversation_id=conversation_id
+            ),
+        )
+        return reply.conversation.conversation_id, reply.created
+
+    async def load_view(
+        self,
+        namespace: str,
+        conversation_id: str,
+        window: int,
+        summary_batch: int,
+        summarized_through: int,
+        request_id: str,
+    ) -> ViewState:
+        reply = await self.peer.call(
+            self.stub.LoadView,
+            transcript_pb.LoadViewRequest(
+                namespace=namespace,
+                conversation_id=conversation_id,
+                window=window,
+                summary_batch=summary_batch,
+                summarized_through=summarized_through,
+                request_id=request_id,
+            ),
+        )
+        prior = None
+        if reply.HasField("prior_append"):
+            record = reply.prior_append
+            prior = PriorAppend(
+                record.version,
+                record.first_sequence,
+                record.last_sequence,
+                convert.usage_from_proto(record.usage),
+            )
+        return ViewState(
+            version=reply.version,
+            last_sequence=reply.last_sequence,
+            window=[convert.entry_from_proto(e) for e in reply.window],
+            summary_buffer=[convert.entry_from_proto(e) for e in reply.summary_buffer],
+            summary_backlog=reply.summary_backlog,
+            prior_append=prior,
+        )
+
+    async def append(
+        self,
+        namespace: str,
+        conversation_id: str,
+        expected_version: int,
+        messages: Sequence[Message],
+        request_id: str,
+        usage: Usage,
+    ) -> AppendState:
+        try:
+            reply = await self.peer.call(
+                self.stub.AppendEntries,
+                transcript_pb.AppendEntriesRequest(
+                    namespace=namespace,
+                    conversation_id=conversation_id,
+                    expected_version=expected_version,
+                    messages=[convert.message_to_proto(m) for m in messages],
+                    request_id=request_id,
+                    usage=convert.usage_to_proto(usage),
+                ),
+            )
+        except DomainError as error:
+            if error.reason == "VERSION_CONFLICT":
+                current = int(error.metadata.get("current_version", "0"))
+                raise VersionConflict(current, expected_version) from None
+            raise
+        return AppendState(reply.version, reply.first_sequence, reply.last_sequence, reply.replayed)
+
+    async def entries(
+        self, namespace: str, conversation_id: str, first: int, last: int
+    ) -> list[Entry]:
+        found: list[Entry] = []
+        token = ""
+        while True:
+            reply = await self.peer.call(
+                self.stub.ListEntries,
+                transcript_pb.ListEntriesRequest(
+                    namespace=namespace,
+                    conversation_id=conversation_id,
+                    after_sequence=first - 1,
+                    through_sequence=last,
+                    page_size=1000,
+                    page_token=token,
+                ),
+            )
+            found.extend(convert.entry_from_proto(e) for e in reply.entries)
+            token = reply.next_page_token
+            if not token:
+                return found
+
+
+class GrpcSummaries:
+    """Summaries port over SummaryService."""
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.stub = stubs.summary(peer.channel)
+
+    async def get(self, namespace: str, conversation_id: str) -> SummaryState:
+        reply = await self.peer.call(
+            self.stub.GetSummary,
+            summary_pb.GetSummaryRequest(namespace=namespace, conversation_id=conversation_id),
+        )
+        return _summary(reply.summary if reply.HasField("summary") else None)
+
+    async def summarize(
+        self,
+        namespace: str,
+        conversation_id: str,
+        window: int,
+        summary_batch: int,
+        max_passes: int,
+        budget: Budget,
+    ) -> Summarized:
+        reply = await self.peer.call(
+            self.stub.Summarize,
+            summary_pb.SummarizeRequest(
+                namespace=namespace,
+                conversation_id=conversation_id,
+                window=window,
+                summary_batch=summary_batch,
+                max_summary_passes=max_passes,
+                budget=common_pb2.Budget(
+                    max_output_tokens=budget.max_output_tokens,
+                    max_model_calls=budget.max_model_calls,
+                    max_input_tokens=budget.max_input_tokens,
+                ),
+            ),
+        )
+        return Summarized(
+            summary=_summary(reply.summary if reply.HasField("summary") else None),
+            passes=reply.passes,
+            backlog=reply.backlog,
+            usage=convert.usage_from_proto(reply.usage),
+        )
+
+    async def request(
+        self, namespace: str, conversation_id: str, window: int, summary_batch: int
+    ) -> str:
+        reply = await self.peer.call(
+            self.stub.RequestSummary,
+            summary_pb.RequestSummaryRequest(
+                namespace=namespace,
+                conversation_id=conversation_id,
+                window=window,
+                summary_batch=summary_batch,
+            ),
+        )
+        return reply.job.job_id
+
+
+class GrpcMemories:
+    """Memories port over MemoryService."""
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.stub = stubs.memory(peer.channel)
+
+    async def search(self, namespace: str, query: str, limit: int) -> Recall:
+        reply = await self.peer.call(
+            self.stub.SearchMemories,
+            memory_pb.SearchMemoriesRequest(namespace=namespace, query=query, limit=limit),
+        )
+        return Recall(
+            memories=[
+                Recalled(hit.memory.memory_id, hit.memory.content, hit.score)
+                for hit in reply.results
+            ],
+            degraded=reply.degraded,
+        )

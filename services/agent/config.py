@@ -1,0 +1,69 @@
+"""AgentService configuration, from environment variables (see docs/agent.md)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from services.common.settings import Env, env_choice, env_float, env_int, env_str
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Defaults and limits of a turn, and the model provider."""
+
+    default_window: int = 16
+    default_summary_batch: int = 64
+    default_max_output_tokens: int = 1024
+    default_max_model_calls: int = 8
+    default_max_input_tokens: int = 200_000
+    max_input_messages: int = 64
+    max_input_bytes: int = 1024 * 1024
+    max_system_instructions_bytes: int = 64 * 1024
+    max_tools: int = 64
+    model_provider: str = "offline"
+    model_name: str = "offline-echo"
+    openai_base_url: str = "https://api.openai.com/v1"
+    openai_api_key: str = ""
+    model_timeout_s: float = 120.0
+    model_max_retries: int = 2
+
+    @classmethod
+    def from_env(cls, env: Env | None = None) -> AgentConfig:
+        env = os.environ if env is None else env
+        provider = env_choice(
+            env, "RUNIFOLD_AGENT_MODEL_PROVIDER", "offline", ("offline", "openai")
+        )
+        return cls(
+            default_window=env_int(
+                env, "RUNIFOLD_AGENT_DEFAULT_WINDOW", 16, minimum=1, maximum=4096
+            ),
+            default_summary_batch=env_int(
+                env, "RUNIFOLD_AGENT_DEFAULT_SUMMARY_BATCH", 64, minimum=1, maximum=4096
+            ),
+            default_max_output_tokens=env_int(
+                env, "RUNIFOLD_AGENT_DEFAULT_MAX_OUTPUT_TOKENS", 1024, minimum=1
+            ),
+            default_max_model_calls=env_int(
+                env, "RUNIFOLD_AGENT_DEFAULT_MAX_MODEL_CALLS", 8, minimum=1, maximum=1000
+            ),
+            default_max_input_tokens=env_int(
+                env, "RUNIFOLD_AGENT_DEFAULT_MAX_INPUT_TOKENS", 200_000, minimum=1
+            ),
+            max_input_messages=env_int(env, "RUNIFOLD_AGENT_MAX_INPUT_MESSAGES", 64, minimum=1),
+            max_input_bytes=env_int(
+                env, "RUNIFOLD_AGENT_MAX_INPUT_BYTES", 1024 * 1024, minimum=1024
+            ),
+            model_provider=provider,
+            model_name=env_str(
+                env,
+                "RUNIFOLD_AGENT_MODEL",
+                "offline-echo" if provider == "offline" else "gpt-4o-mini",
+            ),
+            openai_base_url=env_str(env, "RUNIFOLD_OPENAI_BASE_URL", "https://api.openai.com/v1"),
+            openai_api_key=env.get("RUNIFOLD_OPENAI_API_KEY", "") or env.get("OPENAI_API_KEY", ""),
+            model_timeout_s=env_float(env, "RUNIFOLD_AGENT_MODEL_TIMEOUT_S", 120.0, minimum=0.1),
+            model_max_retries=env_int(
+                env, "RUNIFOLD_AGENT_MODEL_MAX_RETRIES", 2, minimum=0, maximum=10
+            ),
+        )

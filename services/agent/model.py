@@ -1,0 +1,196 @@
+"""Domain records of the orchestrator."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from services.common.domain import Budget, Entry, Message, ToolCall, ToolDefinition, Usage
+from services.common.errors import Code, DomainError
+
+
+class SummaryMode(enum.IntEnum):
+    """What a turn does with unsummarized entries outside the window."""
+
+    REQUIRE = 1
+    AUTO = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Context bounds of a turn (already defaulted and validated)."""
+
+    window: int
+    summary_batch: int
+    memory_limit: int
+    summary_mode: SummaryMode
+    max_summary_passes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One turn as requested."""
+
+    namespace: str
+    conversation_id: str
+    input: Sequence[Message]
+    turn_id: str
+    policy: Policy
+    budget: Budget
+    system_instructions: str = ""
+    create_if_missing: bool = False
+    tools: Sequence[ToolDefinition] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the model produced and what it cost (summarization included)."""
+
+    output: Sequence[Message]
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
+class ContextReport:
+    """What the model was given (identifiers and counts only)."""
+
+    summary_through_sequence: int = 0
+    memory_ids: Sequence[str] = ()
+    window_first_sequence: int = 0
+    window_last_sequence: int = 0
+    summary_passes: int = 0
+    memory_degraded: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """A committed turn."""
+
+    conversation_id: str
+    conversation_version: int
+    first_sequence: int
+    last_sequence: int
+    outcome: Outcome
+    tool_calls: Sequence[ToolCall]
+    context: ContextReport
+    replayed: bool = False
+    created: bool = False
+
+
+class Stage(enum.IntEnum):
+    """Progress of a turn; values equal TurnStage's."""
+
+    LOADING_CONTEXT = 1
+    SUMMARIZING = 2
+    RETRIEVING_MEMORY = 3
+    CALLING_MODEL = 4
+    COMMITTING = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """A stage was reached."""
+
+    stage: Stage
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """Model text as it streams (not yet committed)."""
+
+    text: str
+
+
+TurnEvent = Progress | TextDelta | TurnResult
+
+
+class TurnConflict(DomainError):
+    """ABORTED / TURN_CONFLICT: another writer committed first; the outcome is returned."""
+
+    def __init__(self, outcome: Outcome, current_version: int, expected_version: int) -> None:
+        super().__init__(
+            Code.ABORTED,
+            "TURN_CONFLICT",
+            f"the conversation moved to version {current_version} while the turn ran at "
+            f"{expected_version}; the completed outcome is attached and was not committed",
+            metadata={"current_version": current_version, "expected_version": expected_version},
+        )
+        self.outcome = outcome
+        self.current_version = current_version
+        self.expected_version = expected_version
+
+
+# -- what the orchestrator reads from its peers ------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryState:
+    """The current summary of a conversation (through 0 and no text when none)."""
+
+    text: str = ""
+    through_sequence: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PriorAppend:
+    """An append that already committed with the turn's id."""
+
+    version: int
+    first_sequence: int
+    last_sequence: int
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
+class ViewState:
+    """The bounded view of the transcript a turn runs on."""
+
+    version: int
+    last_sequence: int
+    window: Sequence[Entry]
+    summary_buffer: Sequence[Entry]
+    summary_backlog: int
+    prior_append: PriorAppend | None = None
+
+    @property
+    def pending(self) -> int:
+        """Unsummarized entries outside the window."""
+        return len(self.summary_buffer) + self.summary_backlog
+
+
+@dataclass(frozen=True, slots=True)
+class AppendState:
+    """The result of the turn's append."""
+
+    version: int
+    first_sequence: int
+    last_sequence: int
+    replayed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Recalled:
+    """A memory handed to the model as untrusted data."""
+
+    memory_id: str
+    content: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class Recall:
+    """The answer of a memory search."""
+
+    memories: Sequence[Recalled] = ()
+    degraded: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Summarized:
+    """The answer of a Summarize call."""
+
+    summary: SummaryState
+    passes: int
+    backlog: int
+    usage: Usage = field(default_factory=Usage)

@@ -1,0 +1,73 @@
+"""What the orchestrator needs from the other services (gRPC adapters in clients.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from services.agent.model import AppendState, Recall, Summarized, SummaryState, ViewState
+from services.common.domain import Budget, Entry, Message, Usage
+
+
+class Transcripts(Protocol):
+    """TranscriptService, as the orchestrator uses it."""
+
+    async def create_conversation(self, namespace: str, conversation_id: str) -> tuple[str, bool]:
+        """Create if missing; return the id and whether it was created."""
+
+    async def load_view(
+        self,
+        namespace: str,
+        conversation_id: str,
+        window: int,
+        summary_batch: int,
+        summarized_through: int,
+        request_id: str,
+    ) -> ViewState:
+        """The bounded view (and the prior append of `request_id`)."""
+
+    async def append(
+        self,
+        namespace: str,
+        conversation_id: str,
+        expected_version: int,
+        messages: Sequence[Message],
+        request_id: str,
+        usage: Usage,
+    ) -> AppendState:
+        """Append at the expected version (VersionConflict when it moved)."""
+
+    async def entries(
+        self, namespace: str, conversation_id: str, first: int, last: int
+    ) -> list[Entry]:
+        """Entries first..last."""
+
+
+class Summaries(Protocol):
+    """SummaryService, as the orchestrator uses it."""
+
+    async def get(self, namespace: str, conversation_id: str) -> SummaryState:
+        """The current summary (through 0 when none)."""
+
+    async def summarize(
+        self,
+        namespace: str,
+        conversation_id: str,
+        window: int,
+        summary_batch: int,
+        max_passes: int,
+        budget: Budget,
+    ) -> Summarized:
+        """Run the trusted summarizer in passes within the budget."""
+
+    async def request(
+        self, namespace: str, conversation_id: str, window: int, summary_batch: int
+    ) -> str:
+        """Enqueue a background job; return its id."""
+
+
+class Memories(Protocol):
+    """MemoryService, as the orchestrator uses it."""
+
+    async def search(self, namespace: str, query: str, limit: int) -> Recall:
+        """Memories relevant to the query, inside the namespace."""

@@ -1,0 +1,490 @@
+"""AgentService domain logic: one agent turn, atomically.
+
+load summary and view -> (summarize | refuse) -> recall memories -> call the
+model -> ONE compare-and-swap append of the input and the model's messages at
+the version the view was read at, with request_id = turn_id. A lost race is
+TURN_CONFLICT carrying the completed outcome; the model is never re-run.
+
+Takes ports to the other services and a ChatModel; knows nothing of gRPC.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import uuid_utils
+
+from services.agent.config import AgentConfig
+from services.agent.model import (
+    ContextReport,
+    Outcome,
+    Policy,
+    Progress,
+    Recall,
+    Stage,
+    SummaryMode,
+    TextDelta,
+    Turn,
+    TurnConflict,
+    TurnEvent,
+    TurnResult,
+    ViewState,
+)
+from services.agent.ports import Memories, Summaries, Transcripts
+from services.agent.prompt import build_request, estimate_tokens
+from services.common import metrics, peers, validation
+from services.common.domain import (
+    Budget,
+    Message,
+    Role,
+    ToolCall,
+    ToolDefinition,
+    Usage,
+    canonical_json,
+    check_tool_pairing,
+    open_tool_calls,
+)
+from services.common.errors import (
+    DomainError,
+    VersionConflict,
+    failed_precondition,
+    invalid_argument,
+)
+from services.common.llm import (
+    ChatDelta,
+    ChatModel,
+    ChatRequest,
+    ChatResponse,
+    ModelFailed,
+    budget_exhausted,
+)
+
+MAX_SUMMARY_PASSES = 64
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_\-]{1,64}")
+_MAX_MEMORY_QUERY_BYTES = 4096
+
+
+@dataclass
+class _Spend:
+    """What is left of a turn's budget."""
+
+    budget: Budget
+    used: Usage = field(default_factory=Usage)
+
+    def remaining(self) -> Budget:
+        return Budget(
+            max_output_tokens=self.budget.max_output_tokens - self.used.output_tokens,
+            max_model_calls=self.budget.max_model_calls - self.used.model_calls,
+            max_input_tokens=self.budget.max_input_tokens - self.used.input_tokens,
+        )
+
+    def require_call(self, input_tokens: int = 0) -> Budget:
+        """The budget left for one more model call, or RESOURCE_EXHAUSTED."""
+        left = self.remaining()
+        if left.max_model_calls < 1:
+            raise budget_exhausted("max_model_calls", self.budget.max_model_calls)
+        if left.max_output_tokens < 1:
+            raise budget_exhausted("max_output_tokens", self.budget.max_output_tokens)
+        if left.max_input_tokens < max(1, input_tokens):
+            raise budget_exhausted("max_input_tokens", self.budget.max_input_tokens)
+        return left
+
+
+def _first_user_text(messages: Sequence[Message]) -> str:
+    texts = [m.text for m in messages if m.role == Role.USER and m.text.strip()]
+    if not texts:
+        texts = [m.text for m in messages if m.text.strip()]
+    query = "\n".join(texts)
+    return query.encode()[:_MAX_MEMORY_QUERY_BYTES].decode(errors="ignore")
+
+
+class AgentService:
+    """Runs agent turns against the transcript, summary and memory services."""
+
+    def __init__(
+        self,
+        transcripts: Transcripts,
+        summaries: Summaries,
+        memories: Memories,
+        model: ChatModel,
+        config: AgentConfig,
+    ) -> None:
+        self.transcripts = transcripts
+        self.summaries = summaries
+        self.memories = memories
+        self.model = model
+        self.config = config
+
+    # -- request shaping -----------------------------------------------------
+
+    def policy(
+        self,
+        window: int,
+        summary_batch: int,
+        memory_limit: int,
+        summary_mode: int,
+        max_summary_passes: int,
+    ) -> Policy:
+        """A validated policy; zero fields take the documented defaults."""
+        window = window or self.config.default_window
+        summary_batch = summary_batch or self.config.default_summary_batch
+        validation.in_range(window, validation.WINDOW_RANGE, "policy.window", "INVALID_WINDOW")
+        validation.in_range(
+            summary_batch,
+            validation.SUMMARY_BATCH_RANGE,
+            "policy.summary_batch",
+            "INVALID_SUMMARY_BATCH",
+        )
+        validation.in_range(
+            memory_limit,
+            (0, validation.MEMORY_LIMIT_RANGE[1]),
+            "policy.memory_limit",
+            "INVALID_MEMORY_LIMIT",
+        )
+        if summary_mode not in (0, SummaryMode.REQUIRE, SummaryMode.AUTO):
+            raise invalid_argument(
+                "INVALID_SUMMARY_MODE",
+                "policy.summary_mode is unknown",
+                field="policy.summary_mode",
+            )
+        passes = max_summary_passes or 1
+        validation.in_range(
+            passes, (1, MAX_SUMMARY_PASSES), "policy.max_summary_passes", "INVALID_SUMMARY_PASSES"
+        )
+        return Policy(
+            window,
+            summary_batch,
+            memory_limit,
+            SummaryMode(summary_mode or SummaryMode.REQUIRE),
+            passes,
+        )
+
+    def budget(self, budget: Budget) -> Budget:
+        """The caller's budget with server defaults for zero fields."""
+        return Budget(
+            max_output_tokens=budget.max_output_tokens or self.config.default_max_output_tokens,
+            max_model_calls=budget.max_model_calls or self.config.default_max_model_calls,
+            max_input_tokens=budget.max_input_tokens or self.config.default_max_input_tokens,
+        )
+
+    def _validate(self, turn: Turn) -> None:
+        validation.namespace(turn.namespace)
+        if turn.conversation_id or not turn.create_if_missing:
+            validation.uuid_id(turn.conversation_id, "conversation_id", "INVALID_CONVERSATION_ID")
+        validation.request_id(turn.turn_id, "turn_id")
+        if not turn.input:
+            raise invalid_argument("NO_INPUT", "input must not be empty", field="input")
+        if len(turn.input) > self.config.max_input_messages:
+            raise invalid_argument(
+                "TOO_MANY_MESSAGES",
+                f"input carries at most {self.config.max_input_messages} messages",
+                field="input",
+            )
+        size = 0
+        for index, message in enumerate(turn.input):
+            field = f"input[{index}]"
+            if message.role == Role.SYSTEM:
+                raise invalid_argument(
+                    "SYSTEM_ROLE_NOT_ALLOWED",
+                    "system messages are never persisted; use system_instructions",
+                    field=f"{field}.role",
+                )
+            if message.role not in (Role.USER, Role.TOOL):
+                raise invalid_argument(
+                    "INVALID_INPUT_ROLE",
+                    "input holds user messages or tool results",
+                    field=f"{field}.role",
+                )
+            if "\x00" in message.text:
+                raise invalid_argument(
+                    "INVALID_MESSAGE", "text must not contain NUL characters", field=f"{field}.text"
+                )
+            if message.role == Role.USER and not message.text.strip():
+                raise invalid_argument(
+                    "INVALID_MESSAGE", "user text must not be empty", field=f"{field}.text"
+                )
+            if message.tool_calls:
+                raise invalid_argument(
+                    "INVALID_MESSAGE", "input messages carry no tool calls", field=field
+                )
+            validation.metadata(message.metadata, f"{field}.metadata")
+            size += message.size_bytes()
+        if size > self.config.max_input_bytes:
+            raise invalid_argument(
+                "APPEND_TOO_LARGE",
+                f"input carries at most {self.config.max_input_bytes} bytes",
+                field="input",
+            )
+        validation.text(
+            turn.system_instructions,
+            "system_instructions",
+            max_bytes=self.config.max_system_instructions_bytes,
+            reason="INVALID_SYSTEM_INSTRUCTIONS",
+        )
+        self._validate_tools(turn.tools)
+
+    def _validate_tools(self, tools: Sequence[ToolDefinition]) -> None:
+        if len(tools) > self.config.max_tools:
+            raise invalid_argument(
+                "INVALID_TOOLS", f"at most {self.config.max_tools} tools", field="tools"
+            )
+        names: set[str] = set()
+        for index, tool in enumerate(tools):
+            field = f"tools[{index}]"
+            if not _TOOL_NAME.fullmatch(tool.name) or tool.name in names:
+                raise invalid_argument(
+                    "INVALID_TOOLS",
+                    "tool names are unique, 1..64 characters of [A-Za-z0-9_-]",
+                    field=f"{field}.name",
+                )
+            names.add(tool.name)
+            if tool.parameters_json_schema:
+                try:
+                    schema = json.loads(tool.parameters_json_schema)
+                except ValueError:
+                    schema = None
+                if not isinstance(schema, dict):
+                    raise invalid_argument(
+                        "INVALID_TOOLS",
+                        "parameters_json_schema must be a JSON object",
+                        field=f"{field}.parameters_json_schema",
+                    )
+            validation.text(
+                tool.description,
+                f"{field}.description",
+                max_bytes=16 * 1024,
+                reason="INVALID_TOOLS",
+            )
+
+    # -- the turn --------------------------------------------------------------
+
+    async def run(self, turn: Turn) -> TurnResult:
+        """Run a turn and return its committed result."""
+        result: TurnResult | None = None
+        async for event in self.events(turn, stream=False):
+            if isinstance(event, TurnResult):
+                result = event
+        if result is None:  # pragma: no cover - events always ends in a result or raises
+            raise RuntimeError("turn ended without a result")
+        return result
+
+    async def events(self, turn: Turn, *, stream: bool) -> AsyncIterator[TurnEvent]:
+        """The turn as events: progress, text deltas (when streaming), then the result."""
+        self._validate(turn)
+        try:
+            async for event in self._events(turn, stream):
+                yield event
+        except TurnConflict:
+            metrics.TURN_CONFLICTS.inc()
+            metrics.TURNS.labels("conflict").inc()
+            raise
+        except DomainError as error:
+            if error.reason in {"SUMMARY_REQUIRED", "SUMMARY_BACKLOG"}:
+                metrics.SUMMARY_REQUIRED.labels(error.reason).inc()
+            metrics.TURNS.labels("error").inc()
+            raise
+
+    async def _events(self, turn: Turn, stream: bool) -> AsyncIterator[TurnEvent]:
+        namespace, policy = turn.namespace, turn.policy
+        turn_id = turn.turn_id or str(uuid_utils.uuid7())
+        conversation_id, created = turn.conversation_id, False
+        if turn.create_if_missing:
+            conversation_id, created = await self.transcripts.create_conversation(
+                namespace, turn.conversation_id or str(uuid.UUID(str(uuid_utils.uuid7())))
+            )
+
+        yield Progress(Stage.LOADING_CONTEXT)
+        summary = await self.summaries.get(namespace, conversation_id)
+        view = await self.transcripts.load_view(
+            namespace,
+            conversation_id,
+            policy.window,
+            policy.summary_batch,
+            summary.through_sequence,
+            turn_id,
+        )
+        if view.prior_append is not None:
+            yield await self._replay(turn, conversation_id, view)
+            return
+
+        spend = _Spend(turn.budget)
+        passes = 0
+        if view.summary_buffer:
+            if policy.summary_mode == SummaryMode.REQUIRE:
+                job_id = await self.summaries.request(
+                    namespace, conversation_id, policy.window, policy.summary_batch
+                )
+                raise failed_precondition(
+                    "SUMMARY_REQUIRED",
+                    "the conversation has unsummarized entries outside the window; a summary "
+                    "job was enqueued (or run the turn with SUMMARY_MODE_AUTO)",
+                    backlog=view.pending,
+                    job_id=job_id,
+                )
+            yield Progress(Stage.SUMMARIZING)
+            left = spend.require_call()
+            done = await self.summaries.summarize(
+                namespace,
+                conversation_id,
+                policy.window,
+                policy.summary_batch,
+                policy.max_summary_passes,
+                left,
+            )
+            spend.used += done.usage
+            passes = done.passes
+            summary = done.summary
+            view = await self.transcripts.load_view(
+                namespace,
+                conversation_id,
+                policy.window,
+                policy.summary_batch,
+                summary.through_sequence,
+                turn_id,
+            )
+            if view.prior_append is not None:
+                yield await self._replay(turn, conversation_id, view)
+                return
+            if view.summary_buffer:
+                job_id = await self.summaries.request(
+                    namespace, conversation_id, policy.window, policy.summary_batch
+                )
+                raise failed_precondition(
+                    "SUMMARY_BACKLOG",
+                    f"unsummarized entries remain after {passes} summary pass(es); a summary "
+                    "job was enqueued",
+                    backlog=view.pending,
+                    passes=passes,
+                    job_id=job_id,
+                )
+
+        check_tool_pairing(
+            turn.input, open_tool_calls([entry.message for entry in view.window]), "input"
+        )
+
+        recall = Recall()
+        if policy.memory_limit > 0:
+            yield Progress(Stage.RETRIEVING_MEMORY)
+            recall = await self.memories.search(
+                namespace, _first_user_text(turn.input), policy.memory_limit
+            )
+
+        left = spend.remaining()
+        request = build_request(
+            turn.system_instructions,
+            summary,
+            recall.memories,
+            view.window,
+            turn.input,
+            turn.tools,
+            max(1, left.max_output_tokens),
+        )
+        spend.require_call(estimate_tokens(request))
+
+        yield Progress(Stage.CALLING_MODEL)
+        response: ChatResponse | None = None
+        async for piece in self._call_model(request, stream):
+            if isinstance(piece, ChatDelta):
+                yield TextDelta(piece.text)
+            else:
+                response = piece
+        if response is None:
+            raise ModelFailed("the model stream ended without an answer")
+        spend.used += response.usage
+        reply = self._assistant_message(response)
+        outcome = Outcome([reply], spend.used)
+
+        yield Progress(Stage.COMMITTING)
+        messages = [*turn.input, reply]
+        try:
+            appended = await self.transcripts.append(
+                namespace, conversation_id, view.version, messages, turn_id, spend.used
+            )
+        except VersionConflict as conflict:
+            raise TurnConflict(outcome, conflict.current_version, view.version) from None
+        except DomainError as error:
+            if error.reason != "REQUEST_ID_REUSED":
+                raise
+            # A duplicate of this turn committed while we ran: return its outcome.
+            latest = await self.transcripts.load_view(namespace, conversation_id, 1, 1, 0, turn_id)
+            if latest.prior_append is None:
+                raise
+            yield await self._replay(turn, conversation_id, latest)
+            return
+        metrics.TURNS.labels("replayed" if appended.replayed else "committed").inc()
+        yield TurnResult(
+            conversation_id=conversation_id,
+            conversation_version=appended.version,
+            first_sequence=appended.first_sequence,
+            last_sequence=appended.last_sequence,
+            outcome=outcome,
+            tool_calls=reply.tool_calls,
+            context=ContextReport(
+                summary_through_sequence=summary.through_sequence,
+                memory_ids=[m.memory_id for m in recall.memories],
+                window_first_sequence=view.window[0].sequence if view.window else 0,
+                window_last_sequence=view.window[-1].sequence if view.window else 0,
+                summary_passes=passes,
+                memory_degraded=recall.degraded,
+            ),
+            replayed=appended.replayed,
+            created=created,
+        )
+
+    async def _call_model(
+        self, request: ChatRequest, stream: bool
+    ) -> AsyncIterator[ChatDelta | ChatResponse]:
+        timeout = peers.remaining(self.config.model_timeout_s)
+        if stream:
+            async for piece in self.model.stream(request, timeout=timeout):
+                yield piece
+        else:
+            yield await self.model.complete(request, timeout=timeout)
+
+    def _assistant_message(self, response: ChatResponse) -> Message:
+        calls: list[ToolCall] = []
+        seen: set[str] = set()
+        for index, call in enumerate(response.tool_calls):
+            call_id = (
+                call.id
+                if call.id and call.id not in seen
+                else f"call_{uuid.uuid4().hex[:12]}_{index}"
+            )
+            seen.add(call_id)
+            calls.append(ToolCall(call_id, call.name, call.arguments_json))
+        if not response.text.strip() and not calls:
+            raise ModelFailed("the model returned neither text nor tool calls")
+        return Message(Role.ASSISTANT, response.text, tuple(calls))
+
+    async def _replay(self, turn: Turn, conversation_id: str, view: ViewState) -> TurnResult:
+        """The stored outcome of a turn that already committed (no model call)."""
+        prior = view.prior_append
+        assert prior is not None
+        entries = await self.transcripts.entries(
+            turn.namespace, conversation_id, prior.first_sequence, prior.last_sequence
+        )
+        stored = [entry.message for entry in entries]
+        count = len(turn.input)
+        if canonical_json(stored[:count]) != canonical_json(turn.input):
+            raise invalid_argument(
+                "TURN_ID_REUSED",
+                "turn_id was already used for a turn with different input",
+                field="turn_id",
+            )
+        output = stored[count:]
+        calls = next((m.tool_calls for m in reversed(output) if m.role == Role.ASSISTANT), ())
+        metrics.TURNS.labels("replayed").inc()
+        return TurnResult(
+            conversation_id=conversation_id,
+            conversation_version=prior.version,
+            first_sequence=prior.first_sequence,
+            last_sequence=prior.last_sequence,
+            outcome=Outcome(output, prior.usage),
+            tool_calls=calls,
+            context=ContextReport(),
+            replayed=True,
+        )
