@@ -59,8 +59,14 @@ async def test_view_reads_do_not_grow_with_the_transcript(
         async with database.connection() as conn:
             cursor = await conn.execute(
                 b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + VIEW_SQL.encode(),
-                {"namespace": namespace, "conversation_id": uuid.UUID(cid), "window": 16,
-                 "batch": 32, "through": length // 2, "request_id": None},
+                {
+                    "namespace": namespace,
+                    "conversation_id": uuid.UUID(cid),
+                    "window": 16,
+                    "batch": 32,
+                    "through": length // 2,
+                    "request_id": None,
+                },
             )
             row = await cursor.fetchone()
         assert row is not None
