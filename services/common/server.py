@@ -22,6 +22,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.common.auth import (
+    AuthInterceptor,
+    AuthSettings,
+    make_authenticator,
+    server_credentials,
+)
 from services.common.interceptors import ServiceInterceptor
 from services.common.settings import Settings
 
@@ -39,6 +45,7 @@ class StartContext:
     self_address: str
     database_url: str | None
     extras: dict[str, object] = field(default_factory=dict)
+    auth: AuthSettings = field(default_factory=AuthSettings)
 
     def peer_address(self, service: str) -> str:
         """Where a peer service is: `<SERVICE>_SERVICE_ADDR`, or this very server
@@ -138,17 +145,31 @@ async def start_server(
     *,
     database_url: str | None = None,
     extras: dict[str, object] | None = None,
+    auth: AuthSettings | None = None,
 ) -> RunningServer:
-    """Bind, start the components and the server; return once serving."""
+    """Bind, start the components and the server; return once serving.
+
+    `auth` chooses authentication and TLS (default: none, plaintext: tests and
+    loopback development only).
+    """
+    auth = auth or AuthSettings()
+    authenticator = make_authenticator(auth)
+    interceptors: list[grpc.aio.ServerInterceptor] = [ServiceInterceptor()]
+    if authenticator is not None:
+        interceptors.append(AuthInterceptor(authenticator))
     options = [
         ("grpc.max_receive_message_length", settings.max_receive_message_bytes),
         ("grpc.max_send_message_length", settings.max_receive_message_bytes),
         ("grpc.so_reuseport", 0),
     ]
-    server = grpc.aio.server(interceptors=[ServiceInterceptor()], options=options)
+    server = grpc.aio.server(interceptors=interceptors, options=options)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(settings.listen_address)
+    credentials = server_credentials(auth)
+    if credentials is None:
+        port = server.add_insecure_port(settings.listen_address)
+    else:
+        port = server.add_secure_port(settings.listen_address, credentials)
     if port == 0:
         raise OSError(f"cannot listen on {settings.listen_address}")
     host = settings.listen_address.rpartition(":")[0]
@@ -158,6 +179,7 @@ async def start_server(
         self_address=address,
         database_url=database_url,
         extras=dict(extras or {}),
+        auth=auth,
     )
     started: list[Component] = []
     try:
@@ -188,9 +210,12 @@ async def serving(
     *,
     database_url: str | None = None,
     extras: dict[str, object] | None = None,
+    auth: AuthSettings | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Start a server for the duration of a block (tests and tools)."""
-    running = await start_server(components, settings, database_url=database_url, extras=extras)
+    running = await start_server(
+        components, settings, database_url=database_url, extras=extras, auth=auth
+    )
     try:
         yield running
     finally:
