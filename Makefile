@@ -34,14 +34,14 @@ test: $(STAMP)
 
 ## ruff, mypy, buf lint and the generated-code freshness check.
 lint: $(STAMP) gen-check
-	$(BIN)/ruff check services tests bench
-	$(BIN)/ruff format --check services tests bench
-	$(BIN)/mypy services tests bench
+	$(BIN)/ruff check services clients/python tests bench
+	$(BIN)/ruff format --check services clients/python tests bench
+	$(BIN)/mypy services clients/python tests bench
 	$(BIN)/buf lint
 
 fmt: $(STAMP)
-	$(BIN)/ruff check --fix services tests bench
-	$(BIN)/ruff format services tests bench
+	$(BIN)/ruff check --fix services clients/python tests bench
+	$(BIN)/ruff format services clients/python tests bench
 
 ## Regenerate gen/ from proto/ (committed).
 gen: $(STAMP)

@@ -1,0 +1,191 @@
+"""Typed exceptions that carry what the server said (status, ErrorInfo reason, details)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from runifold.agent.v1 import agent_service_pb2
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Model usage of a turn."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    model_calls: int = 0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a turn produced: the model's messages and what they cost."""
+
+    messages: list[Any] = field(default_factory=list)  # runifold.common.v1.Message
+    usage: Usage = field(default_factory=Usage)
+
+    @property
+    def text(self) -> str:
+        """The text of the model's messages, joined."""
+        return "\n".join(m.text for m in self.messages if m.text)
+
+
+class RunifoldError(Exception):
+    """A failed call. `code` is the gRPC status, `reason` the stable ErrorInfo reason."""
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        reason: str,
+        message: str,
+        metadata: Mapping[str, str] | None = None,
+        details: tuple[Any, ...] = (),
+    ) -> None:
+        super().__init__(f"{code.name} {reason}: {message}")
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.metadata = dict(metadata or {})
+        self.details = details
+
+
+class InvalidArgument(RunifoldError):
+    """The request can never succeed as sent (see `reason` and `field`)."""
+
+
+class NotFound(RunifoldError):
+    """No such resource in this namespace."""
+
+
+class AlreadyExists(RunifoldError):
+    """The resource exists."""
+
+
+class PermissionDenied(RunifoldError):
+    """The caller's identity does not grant the namespace."""
+
+
+class Unauthenticated(RunifoldError):
+    """Missing or invalid credentials."""
+
+
+class Unavailable(RunifoldError):
+    """A store or service is unavailable; retry later (the client already retried)."""
+
+
+class DeadlineExceeded(RunifoldError):
+    """The call's deadline passed."""
+
+
+class BudgetExhausted(RunifoldError):
+    """The request's budget ran out (RESOURCE_EXHAUSTED)."""
+
+
+class FailedPrecondition(RunifoldError):
+    """The system is not in the state the call needs."""
+
+
+class Aborted(RunifoldError):
+    """A compare-and-swap lost."""
+
+
+class VersionConflict(Aborted):
+    """An append's expected version was not current. `current_version` says what is."""
+
+    @property
+    def current_version(self) -> int:
+        return int(self.metadata.get("current_version", "0"))
+
+
+class TurnConflict(Aborted):
+    """Another writer committed first. `outcome` holds the completed, uncommitted outcome.
+
+    The model is never re-run automatically: decide whether to show, retry or drop it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        detail = next(
+            (d for d in self.details if isinstance(d, agent_service_pb2.TurnConflict)), None
+        )
+        self.current_version = (
+            detail.current_version if detail else int(self.metadata.get("current_version", "0"))
+        )
+        self.expected_version = detail.expected_version if detail else 0
+        usage = detail.outcome.usage if detail else None
+        self.outcome = Outcome(
+            list(detail.outcome.output) if detail else [],
+            Usage(usage.input_tokens, usage.output_tokens, usage.model_calls) if usage else Usage(),
+        )
+
+
+class SummaryRequired(FailedPrecondition):
+    """The conversation needs a summary first; a background job was enqueued.
+
+    `backlog` is the number of unsummarized entries outside the window.
+    """
+
+    @property
+    def backlog(self) -> int:
+        return int(self.metadata.get("backlog", "0"))
+
+    @property
+    def job_id(self) -> str:
+        return self.metadata.get("job_id", "")
+
+
+class SummaryBacklog(SummaryRequired):
+    """Backlog remained after the turn's own summarizer passes (SUMMARY_MODE_AUTO)."""
+
+
+_BY_REASON: dict[str, type[RunifoldError]] = {
+    "VERSION_CONFLICT": VersionConflict,
+    "TURN_CONFLICT": TurnConflict,
+    "SUMMARY_REQUIRED": SummaryRequired,
+    "SUMMARY_BACKLOG": SummaryBacklog,
+    "BUDGET_EXHAUSTED": BudgetExhausted,
+}
+_BY_CODE: dict[grpc.StatusCode, type[RunifoldError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: BudgetExhausted,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+    grpc.StatusCode.ABORTED: Aborted,
+}
+_DETAIL_TYPES = (agent_service_pb2.TurnConflict, error_details_pb2.BadRequest)
+
+
+def from_rpc_error(error: grpc.RpcError) -> RunifoldError:
+    """The typed exception of a failed call."""
+    call: Any = error
+    code: grpc.StatusCode = call.code()
+    message: str = call.details() or ""
+    reason, metadata, details = code.name, {}, []
+    try:
+        status = rpc_status.from_call(call)
+    except ValueError:  # details that do not match the status: keep the bare status
+        status = None
+    if status is not None:
+        for packed in status.details:
+            if packed.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                packed.Unpack(info)
+                reason, metadata = info.reason, dict(info.metadata)
+                continue
+            for kind in _DETAIL_TYPES:
+                if packed.Is(kind.DESCRIPTOR):
+                    value = kind()
+                    packed.Unpack(value)
+                    details.append(value)
+    cls = _BY_REASON.get(reason) or _BY_CODE.get(code, RunifoldError)
+    return cls(code, reason, message, metadata, tuple(details))

@@ -1,0 +1,113 @@
+"""Context policy and message helpers, the client-side vocabulary of a turn."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from runifold.agent.v1 import agent_service_pb2 as agent_pb
+from runifold.common.v1 import common_pb2
+
+SummaryModeName = Literal["require", "auto"]
+
+
+@dataclass(frozen=True)
+class ConversationContextPolicy:
+    """Bounds of what a turn gives the model.
+
+    window: recent entries given verbatim (1..4096).
+    summary_batch: entries summarized per pass (1..4096).
+    memory_limit: memories retrieved (0 turns semantic memory off; at most 256).
+    summary_mode: "require" fails with SummaryRequired (and enqueues a job);
+        "auto" runs the trusted summarizer first, in at most max_summary_passes.
+    """
+
+    window: int = 16
+    summary_batch: int = 64
+    memory_limit: int = 0
+    summary_mode: SummaryModeName = "require"
+    max_summary_passes: int = 1
+
+    def with_semantic_memory(self, limit: int) -> ConversationContextPolicy:
+        """The same policy with bounded memory lookup (1..256)."""
+        if not 1 <= limit <= 256:
+            raise ValueError("semantic memory limit must be 1..256")
+        return replace(self, memory_limit=limit)
+
+    def with_auto_summary(self, max_passes: int = 1) -> ConversationContextPolicy:
+        """The same policy, summarizing automatically (charged to the turn's budget)."""
+        if not 1 <= max_passes <= 64:
+            raise ValueError("max_passes must be 1..64")
+        return replace(self, summary_mode="auto", max_summary_passes=max_passes)
+
+    def to_proto(self) -> agent_pb.ContextPolicy:
+        return agent_pb.ContextPolicy(
+            window=self.window,
+            summary_batch=self.summary_batch,
+            memory_limit=self.memory_limit,
+            summary_mode=(
+                agent_pb.SUMMARY_MODE_AUTO
+                if self.summary_mode == "auto"
+                else agent_pb.SUMMARY_MODE_REQUIRE
+            ),
+            max_summary_passes=self.max_summary_passes,
+        )
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Limits of one turn; 0 means the server's default."""
+
+    max_output_tokens: int = 0
+    max_model_calls: int = 0
+    max_input_tokens: int = 0
+
+    def to_proto(self) -> common_pb2.Budget:
+        return common_pb2.Budget(
+            max_output_tokens=self.max_output_tokens,
+            max_model_calls=self.max_model_calls,
+            max_input_tokens=self.max_input_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool the model may call; it runs in your process."""
+
+    name: str
+    description: str = ""
+    parameters_json_schema: str = '{"type": "object"}'
+
+    def to_proto(self) -> common_pb2.ToolDefinition:
+        return common_pb2.ToolDefinition(
+            name=self.name,
+            description=self.description,
+            parameters_json_schema=self.parameters_json_schema,
+        )
+
+
+def user(text: str, metadata: Mapping[str, str] | None = None) -> common_pb2.Message:
+    """A user message."""
+    return common_pb2.Message(role=common_pb2.ROLE_USER, text=text, metadata=metadata or {})
+
+
+def assistant(text: str) -> common_pb2.Message:
+    """An assistant message (for direct transcript appends)."""
+    return common_pb2.Message(role=common_pb2.ROLE_ASSISTANT, text=text)
+
+
+def tool_result(tool_call_id: str, text: str) -> common_pb2.Message:
+    """The result of a tool call the model asked for, to send as the next turn's input."""
+    return common_pb2.Message(role=common_pb2.ROLE_TOOL, text=text, tool_call_id=tool_call_id)
+
+
+InputLike = str | common_pb2.Message | Sequence[str | common_pb2.Message]
+
+
+def messages(value: InputLike) -> list[common_pb2.Message]:
+    """Input as messages: a string is a user message."""
+    items: Iterable[str | common_pb2.Message] = (
+        [value] if isinstance(value, str | common_pb2.Message) else value
+    )
+    return [user(item) if isinstance(item, str) else item for item in items]
