@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.common.server import Component
+from services.memory.component import MemoryComponent
 from services.transcript.component import TranscriptComponent
 
 
 def components() -> Sequence[Component]:
     """The components of the all-in-one server, in start order."""
-    return [TranscriptComponent()]
+    return [TranscriptComponent(), MemoryComponent()]

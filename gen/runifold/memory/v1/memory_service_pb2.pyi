@@ -86,6 +86,7 @@ class Memory(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     EMBEDDING_MODEL_FIELD_NUMBER: _builtins.int
+    EMBEDDING_DIMENSION_FIELD_NUMBER: _builtins.int
     memory_id: _builtins.str
     """UUID of the memory."""
     namespace: _builtins.str
@@ -96,6 +97,8 @@ class Memory(_message.Message):
     """Counts writes of this memory, starting at 1."""
     embedding_model: _builtins.str
     """Embedding model that indexed it."""
+    embedding_dimension: _builtins.int
+    """Dimension of that model's vectors."""
     @_builtins.property
     def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemorySource]:
         """Where it came from (1..32 ranges)."""
@@ -129,10 +132,11 @@ class Memory(_message.Message):
         update_time: _timestamp_pb2.Timestamp | None = ...,
         expire_time: _timestamp_pb2.Timestamp | None = ...,
         embedding_model: _builtins.str = ...,
+        embedding_dimension: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "expire_time", b"expire_time", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "create_time", b"create_time", "embedding_model", b"embedding_model", "expire_time", b"expire_time", "memory_id", b"memory_id", "metadata", b"metadata", "namespace", b"namespace", "revision", b"revision", "sources", b"sources", "update_time", b"update_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "create_time", b"create_time", "embedding_dimension", b"embedding_dimension", "embedding_model", b"embedding_model", "expire_time", b"expire_time", "memory_id", b"memory_id", "metadata", b"metadata", "namespace", b"namespace", "revision", b"revision", "sources", b"sources", "update_time", b"update_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,151 @@
+"""MemoryService as a server component: pool, migrations, index, embedder, background work."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+
+import grpc
+
+from runifold.memory.v1 import memory_service_pb2, memory_service_pb2_grpc
+from services.common import migrations
+from services.common.db import Database
+from services.common.pagination import PageTokens
+from services.common.peers import Peer, open_channel
+from services.common.server import StartContext
+from services.common.settings import Settings
+from services.memory.config import MemoryConfig
+from services.memory.embeddings import Embedder, make_embedder
+from services.memory.index import IndexUnavailable, VectorIndex, make_index
+from services.memory.indexer import Indexer, Sweeper
+from services.memory.service import MemoryService
+from services.memory.servicer import MemoryServicer
+from services.memory.sources import SourceChecker, TranscriptSources
+from services.memory.store import PostgresMemoryStore
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+SERVICE_NAME = memory_service_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
+
+
+def index_for(
+    config: MemoryConfig, settings: Settings, database_url: str, embedder: Embedder
+) -> VectorIndex:
+    """The configured index adapter for the embedder's model and dimension."""
+    return make_index(
+        config.index,
+        model=embedder.model,
+        dimension=embedder.dimension,
+        edge_dir=config.index_dir or settings.data_dir / "memory-index",
+        qdrant_url=config.qdrant_url,
+        qdrant_api_key=config.qdrant_api_key,
+        qdrant_timeout_s=config.qdrant_timeout_s,
+        pgvector_url=config.pgvector_url or database_url,
+        pgvector_ef_search=config.pgvector_ef_search,
+    )
+
+
+class MemoryComponent:
+    """Hosts MemoryService in a server process.
+
+    `index`, `embedder` and `sources` may be given (tests, tools); otherwise
+    they come from the configuration.
+    """
+
+    name = "memory"
+    service_names = (SERVICE_NAME,)
+
+    def __init__(
+        self,
+        config: MemoryConfig | None = None,
+        *,
+        index: VectorIndex | None = None,
+        embedder: Embedder | None = None,
+        sources: SourceChecker | None = None,
+        background: bool = True,
+    ) -> None:
+        self.config = config or MemoryConfig.from_env()
+        self.index = index
+        self.embedder = embedder
+        self.sources = sources
+        self.background = background
+        self.db: Database | None = None
+        self.peer: Peer | None = None
+        self.store: PostgresMemoryStore | None = None
+        self.service: MemoryService | None = None
+        self.indexer: Indexer | None = None
+        self.sweeper: Sweeper | None = None
+
+    def register(self, server: grpc.aio.Server) -> None:
+        assert self.service is not None, "register after start"
+        memory_service_pb2_grpc.add_MemoryServiceServicer_to_server(
+            MemoryServicer(self.service), server
+        )
+
+    async def start(self, ctx: StartContext) -> None:
+        if ctx.database_url is None:
+            raise ValueError("MemoryService needs a database (DATABASE_URL)")
+        self.db = Database(ctx.database_url, ctx.settings, name="memory")
+        await self.db.open()
+        if ctx.settings.migrate == "auto":
+            await migrations.migrate(self.db, self.name, MIGRATIONS)
+        await migrations.check(self.db, self.name, MIGRATIONS)
+        self.store = PostgresMemoryStore(self.db)
+        if self.embedder is None:
+            self.embedder = make_embedder(self.config)
+        await self.embedder.start()
+        if self.index is None:
+            self.index = index_for(self.config, ctx.settings, ctx.database_url, self.embedder)
+        try:
+            # A collection made for another size or distance (IndexMismatch) stops the start.
+            await self.index.start()
+        except IndexUnavailable as exc:
+            # Writes still succeed and search degrades; the indexer keeps retrying.
+            log.warning(
+                "memory index unavailable at start; search degrades until it returns",
+                extra={"index": self.index.name, "detail": exc.detail},
+            )
+        if self.sources is None:
+            self.peer = Peer("transcript", open_channel(ctx.peer_address("transcript")))
+            self.sources = TranscriptSources(self.peer)
+        self.indexer = Indexer(self.store, self.index, self.embedder, self.config)
+        self.sweeper = Sweeper(self.store, self.config, self.indexer.wake)
+        self.service = MemoryService(
+            self.store,
+            self.index,
+            self.embedder,
+            self.sources,
+            self.config,
+            PageTokens(ctx.settings.page_token_secret),
+            on_write=self.indexer.wake,
+        )
+        if self.background:
+            self.indexer.start()
+            self.sweeper.start()
+
+    async def stop(self) -> None:
+        if self.indexer is not None:
+            await self.indexer.stop()
+        if self.sweeper is not None:
+            await self.sweeper.stop()
+        if self.index is not None:
+            with contextlib.suppress(Exception):
+                await self.index.close()
+        if self.embedder is not None:
+            await self.embedder.close()
+        if self.peer is not None:
+            await self.peer.close()
+        if self.db is not None:
+            await self.db.close()
+
+    async def healthy(self) -> bool:
+        # The index is not part of health: without it the service degrades but serves.
+        if self.db is None or self.db.closed:
+            return False
+        try:
+            await migrations.check(self.db, self.name, MIGRATIONS)
+        except Exception:
+            return False
+        return True

@@ -1,0 +1,168 @@
+"""MemoryService configuration, read once from environment variables.
+
+Documented in docs/memory.md. A bad value fails at start with a message that
+names the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from services.common.settings import (
+    Env,
+    SettingsError,
+    env_choice,
+    env_float,
+    env_int,
+    env_str,
+)
+from services.common.validation import NAMESPACE_PATTERN
+
+LOCAL_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+LOCAL_MODEL_DIMENSION = 384
+
+_DURATION = re.compile(r"(\d+)\s*([smhd]?)")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(name: str, raw: str) -> timedelta | None:
+    """`0` (none), or an integer with an optional unit s, m, h or d: `90d`, `3600`."""
+    match = _DURATION.fullmatch(raw.strip())
+    if not match:
+        raise SettingsError(f"{name} must be a duration like 3600, 45m, 12h or 30d, got {raw!r}")
+    seconds = int(match[1]) * _UNIT_SECONDS[match[2]]
+    return timedelta(seconds=seconds) if seconds else None
+
+
+def parse_namespace_ttls(name: str, raw: str) -> dict[str, timedelta | None]:
+    """`ns-a=30d,ns-b=0`: per-namespace default TTLs (0 means none)."""
+    ttls: dict[str, timedelta | None] = {}
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not NAMESPACE_PATTERN.fullmatch(key):
+            raise SettingsError(f"{name} must be namespace=duration pairs, got {item!r}")
+        ttls[key] = parse_duration(name, value)
+    return ttls
+
+
+@dataclass(frozen=True)
+class MemoryLimits:
+    """Explicit limits; each breach is INVALID_ARGUMENT."""
+
+    max_content_bytes: int = 16 * 1024
+    max_query_bytes: int = 4 * 1024
+    max_sources: int = 32
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """Everything MemoryService reads from the environment."""
+
+    index: str = "edge"
+    # Where the Edge shard lives; None: <RUNIFOLD_DATA_DIR>/memory-index.
+    index_dir: Path | None = None
+    qdrant_url: str = ""
+    qdrant_api_key: str = ""
+    qdrant_timeout_s: float = 5.0
+    # pgvector: the HNSW search breadth and the database (default: DATABASE_URL).
+    pgvector_ef_search: int = 200
+    pgvector_url: str = ""
+    embeddings: str = "local"
+    embeddings_url: str = ""
+    embeddings_model: str = LOCAL_MODEL_NAME
+    embeddings_dimension: int = LOCAL_MODEL_DIMENSION
+    embeddings_api_key: str = ""
+    embeddings_timeout_s: float = 30.0
+    embeddings_batch: int = 64
+    default_ttl: timedelta | None = None
+    namespace_ttls: Mapping[str, timedelta | None] = field(default_factory=dict)
+    # Search asks the index for limit * overfetch + 8 candidates: room for the
+    # hits that the PostgreSQL re-read drops (deleted, expired, filtered).
+    overfetch: int = 2
+    indexer_batch: int = 64
+    indexer_poll_s: float = 1.0
+    indexer_backoff_max_s: float = 30.0
+    sweep_interval_s: float = 30.0
+    sweep_batch: int = 500
+    limits: MemoryLimits = field(default_factory=MemoryLimits)
+
+    def ttl_for(self, namespace: str) -> timedelta | None:
+        """The default TTL of a namespace: its own entry, else the global default."""
+        if namespace in self.namespace_ttls:
+            return self.namespace_ttls[namespace]
+        return self.default_ttl
+
+    @classmethod
+    def from_env(cls, env: Env | None = None) -> MemoryConfig:
+        """Read every RUNIFOLD_MEMORY_* / QDRANT_* variable once."""
+        env = os.environ if env is None else env
+        index = env_choice(env, "RUNIFOLD_MEMORY_INDEX", "edge", ("edge", "qdrant", "pgvector"))
+        qdrant_url = env_str(env, "QDRANT_URL", "")
+        if index == "qdrant" and not qdrant_url:
+            raise SettingsError("QDRANT_URL must be set when RUNIFOLD_MEMORY_INDEX=qdrant")
+        embeddings = env_choice(env, "RUNIFOLD_EMBEDDINGS", "local", ("local", "openai"))
+        embeddings_url = env_str(env, "RUNIFOLD_EMBEDDINGS_URL", "")
+        if embeddings == "openai":
+            if not embeddings_url:
+                raise SettingsError(
+                    "RUNIFOLD_EMBEDDINGS_URL must be set when RUNIFOLD_EMBEDDINGS=openai"
+                )
+            if not env_str(env, "RUNIFOLD_EMBEDDINGS_MODEL", ""):
+                raise SettingsError(
+                    "RUNIFOLD_EMBEDDINGS_MODEL must be set when RUNIFOLD_EMBEDDINGS=openai"
+                )
+            if not env_str(env, "RUNIFOLD_EMBEDDINGS_DIMENSION", ""):
+                raise SettingsError(
+                    "RUNIFOLD_EMBEDDINGS_DIMENSION must be set when RUNIFOLD_EMBEDDINGS=openai"
+                )
+        index_dir = env_str(env, "RUNIFOLD_MEMORY_INDEX_DIR", "")
+        return cls(
+            index=index,
+            index_dir=Path(index_dir) if index_dir else None,
+            qdrant_url=qdrant_url,
+            qdrant_api_key=env_str(env, "QDRANT_API_KEY", ""),
+            qdrant_timeout_s=env_float(env, "RUNIFOLD_QDRANT_TIMEOUT_S", 5.0, minimum=0.1),
+            pgvector_ef_search=env_int(
+                env, "RUNIFOLD_MEMORY_PGVECTOR_EF_SEARCH", 200, minimum=10, maximum=1000
+            ),
+            pgvector_url=env_str(env, "RUNIFOLD_MEMORY_PGVECTOR_URL", ""),
+            embeddings=embeddings,
+            embeddings_url=embeddings_url.rstrip("/"),
+            embeddings_model=env_str(env, "RUNIFOLD_EMBEDDINGS_MODEL", LOCAL_MODEL_NAME)
+            if embeddings == "openai"
+            else LOCAL_MODEL_NAME,
+            embeddings_dimension=env_int(
+                env, "RUNIFOLD_EMBEDDINGS_DIMENSION", LOCAL_MODEL_DIMENSION, minimum=1, maximum=8192
+            )
+            if embeddings == "openai"
+            else LOCAL_MODEL_DIMENSION,
+            embeddings_api_key=env_str(env, "RUNIFOLD_EMBEDDINGS_API_KEY", ""),
+            embeddings_timeout_s=env_float(env, "RUNIFOLD_EMBEDDINGS_TIMEOUT_S", 30.0, minimum=0.1),
+            embeddings_batch=env_int(env, "RUNIFOLD_EMBEDDINGS_BATCH", 64, minimum=1, maximum=2048),
+            default_ttl=parse_duration(
+                "RUNIFOLD_MEMORY_DEFAULT_TTL", env_str(env, "RUNIFOLD_MEMORY_DEFAULT_TTL", "0")
+            ),
+            namespace_ttls=parse_namespace_ttls(
+                "RUNIFOLD_MEMORY_NAMESPACE_TTLS", env_str(env, "RUNIFOLD_MEMORY_NAMESPACE_TTLS", "")
+            ),
+            overfetch=env_int(env, "RUNIFOLD_MEMORY_OVERFETCH", 2, minimum=1, maximum=16),
+            indexer_batch=env_int(
+                env, "RUNIFOLD_MEMORY_INDEXER_BATCH", 64, minimum=1, maximum=4096
+            ),
+            indexer_poll_s=env_float(env, "RUNIFOLD_MEMORY_INDEXER_POLL_S", 1.0, minimum=0.01),
+            indexer_backoff_max_s=env_float(
+                env, "RUNIFOLD_MEMORY_INDEXER_BACKOFF_MAX_S", 30.0, minimum=0.01
+            ),
+            sweep_interval_s=env_float(env, "RUNIFOLD_MEMORY_SWEEP_INTERVAL_S", 30.0, minimum=0.01),
+            sweep_batch=env_int(
+                env, "RUNIFOLD_MEMORY_SWEEP_BATCH", 500, minimum=1, maximum=100_000
+            ),
+        )

@@ -1,0 +1,203 @@
+"""The vector index: one interface, three adapters (Qdrant Edge, Qdrant server, pgvector).
+
+The index holds a rebuildable copy of the live memories (a vector and a
+small payload: namespace, memory id, revision, metadata tags; never the
+content). PostgreSQL stays the source of truth: search re-reads every hit
+from it.
+
+Tenancy is enforced here, in one place. The only way to search is
+`VectorIndex.search(NamespacedQuery)`, and the only way to make a
+`NamespacedQuery` is `NamespacedQuery.inside(namespace, ...)`, which
+validates the namespace and puts it first in `terms`. Adapters turn every
+term into an exact-match condition of their engine and never add or drop
+one: a search without the namespace condition cannot be expressed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from services.common import validation
+from services.common.errors import StoreUnavailable
+
+# Point ids are derived from (namespace, memory id): the same memory id may
+# live in two namespaces as two unrelated memories.
+_POINT_NAMESPACE = uuid.UUID("6f6c0b2e-7a59-4d0b-9a49-3a1f0c4a2d61")
+
+NAMESPACE_FIELD = "namespace"
+TAGS_FIELD = "tags"
+
+
+def point_id(namespace: str, memory_id: uuid.UUID) -> uuid.UUID:
+    """The index id of a memory: stable, and distinct across namespaces."""
+    return uuid.uuid5(_POINT_NAMESPACE, f"{namespace}\x00{memory_id}")
+
+
+def metadata_tag(key: str, value: str) -> str:
+    """One metadata pair as one exact-match keyword (JSON: unambiguous for any key)."""
+    return json.dumps([key, value], ensure_ascii=False, separators=(",", ":"))
+
+
+def collection_name(model: str, dimension: int) -> str:
+    """One collection per embedding model and dimension: `runifold_memory_<model>_<dim>`."""
+    slug = re.sub(r"[^a-z0-9]+", "_", model.lower()).strip("_")
+    return f"runifold_memory_{slug}_{dimension}"
+
+
+class IndexUnavailable(StoreUnavailable):
+    """The index cannot be reached or failed; search degrades, the indexer retries."""
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__("memory_index")
+        # Logged by the caller; never sent to clients (the message stays generic).
+        self.detail = detail
+
+
+class IndexMismatch(RuntimeError):
+    """An existing collection was made for another vector size or distance: refused."""
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """An exact-match condition on one payload field."""
+
+    field: str
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class NamespacedQuery:
+    """A nearest-neighbour query confined to one namespace. Build it with `inside`."""
+
+    namespace: str
+    vector: Sequence[float]
+    limit: int
+    terms: tuple[Term, ...]
+    _token: object
+
+    def __post_init__(self) -> None:
+        if self._token is not _BUILDER:
+            raise TypeError("use NamespacedQuery.inside(namespace, ...)")
+
+    @classmethod
+    def inside(
+        cls,
+        namespace: str,
+        vector: Sequence[float],
+        limit: int,
+        metadata: Mapping[str, str] | None = None,
+    ) -> NamespacedQuery:
+        """The query; its first term is always the namespace."""
+        validation.namespace(namespace)
+        if limit < 1:
+            raise ValueError("limit must be positive")
+        terms = [Term(NAMESPACE_FIELD, namespace)]
+        terms += [Term(TAGS_FIELD, metadata_tag(k, v)) for k, v in sorted((metadata or {}).items())]
+        return cls(namespace, vector, limit, tuple(terms), _BUILDER)
+
+
+_BUILDER = object()
+
+
+@dataclass(frozen=True, slots=True)
+class IndexPoint:
+    """What the index stores for one memory."""
+
+    namespace: str
+    memory_id: uuid.UUID
+    revision: int
+    vector: Sequence[float]
+    metadata: Mapping[str, str]
+
+    def payload(self) -> dict[str, object]:
+        """The payload stored next to the vector (no content)."""
+        return {
+            NAMESPACE_FIELD: self.namespace,
+            "memory_id": str(self.memory_id),
+            "revision": self.revision,
+            TAGS_FIELD: [metadata_tag(k, v) for k, v in sorted(self.metadata.items())],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class IndexHit:
+    """A nearest neighbour: which memory, which revision was indexed, cosine similarity."""
+
+    memory_id: uuid.UUID
+    revision: int
+    score: float
+
+
+Key = tuple[str, uuid.UUID]
+
+
+class VectorIndex(Protocol):
+    """The searchable copy. Failures to reach the engine raise IndexUnavailable."""
+
+    @property
+    def name(self) -> str:
+        """Adapter name for logs ("edge", "qdrant", "pgvector")."""
+
+    async def start(self) -> None:
+        """Create the collection or open it; IndexMismatch if its vector size or distance
+        differ. May be called again after close() to reopen."""
+
+    async def upsert(self, points: Sequence[IndexPoint]) -> None:
+        """Insert or replace points."""
+
+    async def delete(self, keys: Sequence[Key]) -> None:
+        """Remove the points of these memories (absent ones are ignored)."""
+
+    async def search(self, query: NamespacedQuery) -> list[IndexHit]:
+        """Nearest neighbours inside the query's namespace, best first."""
+
+    async def keys(self) -> set[Key]:
+        """Every (namespace, memory id) held: reindex and consistency checks only."""
+
+    async def optimize(self) -> None:
+        """Build search structures after bulk loads (a no-op where the engine does it)."""
+
+    async def close(self) -> None:
+        """Release the engine (idempotent)."""
+
+
+def check_vector(vector: Sequence[float], dimension: int) -> None:
+    """Guard against mixing dimensions in one collection."""
+    if len(vector) != dimension:
+        raise ValueError(f"vector has {len(vector)} dimensions, the collection {dimension}")
+
+
+def make_index(
+    kind: str,
+    *,
+    model: str,
+    dimension: int,
+    edge_dir: Path,
+    qdrant_url: str = "",
+    qdrant_api_key: str = "",
+    qdrant_timeout_s: float = 5.0,
+    pgvector_url: str = "",
+    pgvector_ef_search: int = 200,
+) -> VectorIndex:
+    """The adapter named by RUNIFOLD_MEMORY_INDEX (edge, qdrant or pgvector)."""
+    if kind == "edge":
+        from services.memory.index.edge import EdgeIndex
+
+        return EdgeIndex(edge_dir, model, dimension)
+    if kind == "qdrant":
+        from services.memory.index.qdrant import QdrantIndex
+
+        return QdrantIndex(
+            model, dimension, url=qdrant_url, api_key=qdrant_api_key, timeout_s=qdrant_timeout_s
+        )
+    if kind == "pgvector":
+        from services.memory.index.pgvector import PgvectorIndex
+
+        return PgvectorIndex(pgvector_url, model, dimension, ef_search=pgvector_ef_search)
+    raise ValueError(f"unknown index kind {kind!r}")

@@ -1,0 +1,194 @@
+"""Qdrant server adapter, through qdrant-client's AsyncQdrantClient (production).
+
+Layout: one collection per embedding model and dimension holds every
+namespace; `namespace` is a keyword payload index marked `is_tenant`, so
+Qdrant co-locates each tenant's points and plans filtered searches per
+tenant. The same client API runs in qdrant-client's local mode
+(`location=":memory:"` or `path=`), which the tests use.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from qdrant_client import AsyncQdrantClient, models
+
+from services.memory.index import (
+    NAMESPACE_FIELD,
+    TAGS_FIELD,
+    IndexHit,
+    IndexMismatch,
+    IndexPoint,
+    IndexUnavailable,
+    Key,
+    NamespacedQuery,
+    check_vector,
+    collection_name,
+    point_id,
+)
+
+log = logging.getLogger(__name__)
+_SCROLL_PAGE = 1000
+
+
+class QdrantIndex:
+    """VectorIndex on a Qdrant server (or qdrant-client local mode)."""
+
+    name = "qdrant"
+
+    def __init__(
+        self,
+        model: str,
+        dimension: int,
+        *,
+        url: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 5.0,
+        location: str | None = None,
+        path: str | None = None,
+        hnsw_ef: int | None = None,
+    ) -> None:
+        self.dimension = dimension
+        self.collection = collection_name(model, dimension)
+        self.hnsw_ef = hnsw_ef
+        self._options: dict[str, Any] = {"timeout": max(1, int(timeout_s))}
+        if url:
+            self._options.update(url=url, api_key=api_key or None, check_compatibility=False)
+        elif path:
+            self._options.update(path=path)
+        else:
+            self._options.update(location=location or ":memory:")
+        self._client: AsyncQdrantClient | None = None
+
+    def _require(self) -> AsyncQdrantClient:
+        if self._client is None:
+            raise IndexUnavailable("the Qdrant client is closed")
+        return self._client
+
+    async def start(self) -> None:
+        if self._client is None:
+            self._client = AsyncQdrantClient(**self._options)
+        client = self._client
+        try:
+            if await client.collection_exists(self.collection):
+                info = await client.get_collection(self.collection)
+                params = info.config.params.vectors
+                if not isinstance(params, models.VectorParams) or (
+                    params.size != self.dimension or params.distance != models.Distance.COSINE
+                ):
+                    raise IndexMismatch(
+                        f"Qdrant collection {self.collection} was made for another vector "
+                        f"size or distance (want {self.dimension}, cosine)"
+                    )
+            else:
+                await client.create_collection(
+                    self.collection,
+                    vectors_config=models.VectorParams(
+                        size=self.dimension, distance=models.Distance.COSINE
+                    ),
+                )
+                await client.create_payload_index(
+                    self.collection,
+                    NAMESPACE_FIELD,
+                    field_schema=models.KeywordIndexParams(
+                        type=models.KeywordIndexType.KEYWORD, is_tenant=True
+                    ),
+                )
+                await client.create_payload_index(
+                    self.collection, TAGS_FIELD, field_schema=models.PayloadSchemaType.KEYWORD
+                )
+        except IndexMismatch:
+            raise
+        except Exception as exc:
+            raise IndexUnavailable(f"cannot open the Qdrant collection: {exc}") from exc
+        log.info("memory index opened", extra={"index": "qdrant", "collection": self.collection})
+
+    async def upsert(self, points: Sequence[IndexPoint]) -> None:
+        if not points:
+            return
+        structs = []
+        for p in points:
+            check_vector(p.vector, self.dimension)
+            structs.append(
+                models.PointStruct(
+                    id=str(point_id(p.namespace, p.memory_id)),
+                    vector=list(p.vector),
+                    payload=p.payload(),
+                )
+            )
+        client = self._require()
+        try:
+            await client.upsert(self.collection, points=structs, wait=True)
+        except Exception as exc:
+            raise IndexUnavailable(f"Qdrant upsert failed: {exc}") from exc
+
+    async def delete(self, keys: Sequence[Key]) -> None:
+        if not keys:
+            return
+        client = self._require()
+        ids: list[Any] = [str(point_id(ns, mid)) for ns, mid in keys]
+        try:
+            await client.delete(
+                self.collection, points_selector=models.PointIdsList(points=ids), wait=True
+            )
+        except Exception as exc:
+            raise IndexUnavailable(f"Qdrant delete failed: {exc}") from exc
+
+    async def search(self, query: NamespacedQuery) -> list[IndexHit]:
+        check_vector(query.vector, self.dimension)
+        client = self._require()
+        query_filter = models.Filter(
+            must=[
+                models.FieldCondition(key=t.field, match=models.MatchValue(value=t.value))
+                for t in query.terms
+            ]
+        )
+        try:
+            response = await client.query_points(
+                self.collection,
+                query=list(query.vector),
+                query_filter=query_filter,
+                limit=query.limit,
+                with_payload=["memory_id", "revision"],
+                search_params=models.SearchParams(hnsw_ef=self.hnsw_ef) if self.hnsw_ef else None,
+            )
+        except Exception as exc:
+            raise IndexUnavailable(f"Qdrant search failed: {exc}") from exc
+        hits = []
+        for p in response.points:
+            payload = p.payload or {}
+            hits.append(
+                IndexHit(uuid.UUID(payload["memory_id"]), int(payload["revision"]), float(p.score))
+            )
+        return hits
+
+    async def keys(self) -> set[Key]:
+        client = self._require()
+        found: set[Key] = set()
+        offset: Any = None
+        try:
+            while True:
+                records, offset = await client.scroll(
+                    self.collection,
+                    limit=_SCROLL_PAGE,
+                    offset=offset,
+                    with_payload=[NAMESPACE_FIELD, "memory_id"],
+                )
+                for r in records:
+                    payload = r.payload or {}
+                    found.add((payload[NAMESPACE_FIELD], uuid.UUID(payload["memory_id"])))
+                if offset is None:
+                    return found
+        except Exception as exc:
+            raise IndexUnavailable(f"Qdrant scroll failed: {exc}") from exc
+
+    async def optimize(self) -> None:
+        """The server builds its indexes in the background."""
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()

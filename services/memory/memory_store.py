@@ -1,0 +1,271 @@
+"""An in-memory MemoryStore: for domain unit tests.
+
+It obeys the same protocol and atomicity as the PostgreSQL store (one lock
+around every write, outbox rows written with the change), so the domain
+tests exercise the real rules. Full-text search is a plain word overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+from services.memory.model import (
+    Backlog,
+    Memory,
+    MemoryWrite,
+    OutboxEntry,
+    RevisionRecord,
+    ScoredMemory,
+)
+from services.memory.store import Key, memory_exists, memory_not_found, revision_conflict
+
+_WORD = re.compile(r"\w+")
+
+
+@dataclass
+class _Claim:
+    store: InMemoryMemoryStore
+    entries: Sequence[OutboxEntry]
+    current: Mapping[Key, Memory]
+    done: bool = False
+
+    async def complete(self, reembedded: Sequence[Key], model: str, dimension: int) -> None:
+        self.done = True
+        await self.store.set_embedding(reembedded, model, dimension)
+
+
+class InMemoryMemoryStore:
+    """MemoryStore held in dicts."""
+
+    def __init__(self, now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self.now = now
+        self._memories: dict[Key, Memory] = {}
+        self._history: dict[Key, list[RevisionRecord]] = {}
+        self._outbox: list[tuple[OutboxEntry, datetime]] = []
+        self._seq = itertools.count(1)
+        self._lock = asyncio.Lock()
+        self._indexer_lock = asyncio.Lock()
+
+    def _live(self, memory: Memory) -> bool:
+        return memory.expire_time is None or memory.expire_time > self.now()
+
+    def _enqueue(self, key: Key) -> None:
+        self._outbox.append((OutboxEntry(next(self._seq), key[0], key[1]), self.now()))
+
+    def _record(self, memory: Memory, reason: str) -> None:
+        self._history.setdefault((memory.namespace, memory.memory_id), []).append(
+            RevisionRecord(
+                memory.revision, "write", reason, self.now(), memory.content, memory.metadata
+            )
+        )
+        self._enqueue((memory.namespace, memory.memory_id))
+
+    def _erase(self, key: Key, reason: str) -> bool:
+        memory = self._memories.pop(key)
+        history = self._history.setdefault(key, [])
+        history[:] = [replace(r, content=None, metadata={}) for r in history]
+        history.append(RevisionRecord(memory.revision + 1, "delete", reason, self.now()))
+        self._enqueue(key)
+        return self._live(memory)
+
+    async def create(self, write: MemoryWrite) -> Memory:
+        async with self._lock:
+            key = (write.namespace, write.memory_id)
+            existing = self._memories.get(key)
+            if existing is not None:
+                if self._live(existing):
+                    raise memory_exists()
+                self._erase(key, "expired")
+            history = self._history.get(key, [])
+            now = self.now()
+            memory = Memory(
+                write.namespace,
+                write.memory_id,
+                write.content,
+                tuple(write.sources),
+                dict(write.metadata),
+                (history[-1].revision if history else 0) + 1,
+                now,
+                now,
+                write.expire_time,
+                write.embedding_model,
+                write.embedding_dimension,
+            )
+            self._memories[key] = memory
+            self._record(memory, "create")
+            return memory
+
+    async def update(self, write: MemoryWrite) -> Memory:
+        async with self._lock:
+            key = (write.namespace, write.memory_id)
+            existing = self._memories.get(key)
+            if existing is None or not self._live(existing):
+                raise memory_not_found()
+            if existing.revision != write.expected_revision:
+                assert write.expected_revision is not None
+                raise revision_conflict(existing.revision, write.expected_revision)
+            memory = replace(
+                existing,
+                content=write.content,
+                sources=tuple(write.sources),
+                metadata=dict(write.metadata),
+                revision=existing.revision + 1,
+                update_time=self.now(),
+                expire_time=write.expire_time,
+                embedding_model=write.embedding_model,
+                embedding_dimension=write.embedding_dimension,
+            )
+            self._memories[key] = memory
+            self._record(memory, "update")
+            return memory
+
+    async def get(self, namespace: str, memory_id: uuid.UUID) -> Memory | None:
+        memory = self._memories.get((namespace, memory_id))
+        return memory if memory is not None and self._live(memory) else None
+
+    async def get_many(
+        self, namespace: str, memory_ids: Sequence[uuid.UUID], metadata: Mapping[str, str]
+    ) -> list[Memory]:
+        found = []
+        for memory_id in dict.fromkeys(memory_ids):
+            memory = await self.get(namespace, memory_id)
+            if memory is not None and all(memory.metadata.get(k) == v for k, v in metadata.items()):
+                found.append(memory)
+        return found
+
+    async def list_memories(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID | None,
+        after: uuid.UUID | None,
+        limit: int,
+    ) -> list[Memory]:
+        rows = sorted(
+            (
+                m
+                for (ns, _), m in self._memories.items()
+                if ns == namespace
+                and self._live(m)
+                and (after is None or m.memory_id > after)
+                and (
+                    conversation_id is None
+                    or any(s.conversation_id == conversation_id for s in m.sources)
+                )
+            ),
+            key=lambda m: m.memory_id,
+        )
+        return rows[:limit]
+
+    async def delete(
+        self, namespace: str, memory_id: uuid.UUID, expected_revision: int | None
+    ) -> bool:
+        async with self._lock:
+            key = (namespace, memory_id)
+            memory = self._memories.get(key)
+            if memory is None:
+                return False
+            if expected_revision is not None:
+                if not self._live(memory):
+                    return False
+                if memory.revision != expected_revision:
+                    raise revision_conflict(memory.revision, expected_revision)
+            return self._erase(key, "delete")
+
+    async def forget_source(
+        self, namespace: str, conversation_id: uuid.UUID, low: int, high: int
+    ) -> int:
+        async with self._lock:
+            victims = [
+                key
+                for key, m in self._memories.items()
+                if key[0] == namespace
+                and any(
+                    s.conversation_id == conversation_id
+                    and s.from_sequence <= high
+                    and s.through_sequence >= low
+                    for s in m.sources
+                )
+            ]
+            for key in victims:
+                self._erase(key, "forget_source")
+            return len(victims)
+
+    async def sweep_expired(self, limit: int) -> int:
+        async with self._lock:
+            victims = [k for k, m in self._memories.items() if not self._live(m)][:limit]
+            for key in victims:
+                self._erase(key, "expired")
+            return len(victims)
+
+    async def text_search(
+        self, namespace: str, query: str, metadata: Mapping[str, str], limit: int
+    ) -> list[ScoredMemory]:
+        words = set(_WORD.findall(query.lower()))
+        hits = []
+        for (ns, _), memory in self._memories.items():
+            if ns != namespace or not self._live(memory):
+                continue
+            if any(memory.metadata.get(k) != v for k, v in metadata.items()):
+                continue
+            overlap = len(words & set(_WORD.findall(memory.content.lower())))
+            if overlap:
+                hits.append(ScoredMemory(memory, overlap / (len(words) or 1)))
+        hits.sort(key=lambda h: (-h.score, h.memory.memory_id))
+        return hits[:limit]
+
+    async def history(self, namespace: str, memory_id: uuid.UUID) -> list[RevisionRecord]:
+        return list(self._history.get((namespace, memory_id), []))
+
+    @asynccontextmanager
+    async def claim_outbox(self, limit: int) -> AsyncIterator[_Claim | None]:
+        if self._indexer_lock.locked():
+            yield None
+            return
+        async with self._indexer_lock:
+            entries = [entry for entry, _ in self._outbox[:limit]]
+            current = {}
+            for entry in entries:
+                memory = await self.get(entry.namespace, entry.memory_id)
+                if memory is not None:
+                    current[(entry.namespace, entry.memory_id)] = memory
+            claim = _Claim(self, entries, current)
+            yield claim
+            if claim.done:
+                taken = {e.seq for e in entries}
+                self._outbox = [(e, t) for e, t in self._outbox if e.seq not in taken]
+
+    async def backlog(self) -> Backlog:
+        if not self._outbox:
+            return Backlog(0, 0.0)
+        return Backlog(len(self._outbox), (self.now() - self._outbox[0][1]).total_seconds())
+
+    async def scan(self, after: Key | None, limit: int) -> list[Memory]:
+        keys = sorted(
+            k for k, m in self._memories.items() if self._live(m) and (after is None or k > after)
+        )
+        return [self._memories[k] for k in keys[:limit]]
+
+    async def outbox_high_water(self) -> int:
+        return self._outbox[-1][0].seq if self._outbox else 0
+
+    async def drop_outbox_through(self, seq: int) -> None:
+        self._outbox = [(e, t) for e, t in self._outbox if e.seq > seq]
+
+    async def set_embedding(self, keys: Sequence[Key], model: str, dimension: int) -> None:
+        for key in keys:
+            memory = self._memories.get(key)
+            if memory is not None:
+                self._memories[key] = replace(
+                    memory, embedding_model=model, embedding_dimension=dimension
+                )
+
+    async def memory_count(self) -> int:
+        """Live memories."""
+        return sum(1 for m in self._memories.values() if self._live(m))

@@ -1,0 +1,396 @@
+"""MemoryService domain logic: curated memories with provenance, searched by meaning.
+
+Takes a `MemoryStore` (the revisioned record), a `VectorIndex` (the
+searchable copy), an `Embedder` and a `SourceChecker`; knows nothing of
+gRPC or SQL. Writes go to the store only (its outbox feeds the index), so
+an index outage never fails a write. Search asks the index for candidates
+inside one namespace, then re-reads them from the store: what it returns is
+always the current, live revision, whatever the index still holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import uuid_utils
+
+from services.common import metrics, validation
+from services.common.errors import invalid_argument, not_found
+from services.common.pagination import PageTokens, page_size
+from services.memory.config import MemoryConfig
+from services.memory.embeddings import Embedder, EmbeddingUnavailable
+from services.memory.index import IndexUnavailable, NamespacedQuery, VectorIndex
+from services.memory.model import Memory, MemorySource, MemoryWrite, ScoredMemory, SearchResult
+from services.memory.sources import SourceChecker
+from services.memory.store import FOREVER, MemoryStore, memory_not_found
+
+log = logging.getLogger(__name__)
+
+# The most candidates one search asks the index for.
+MAX_CANDIDATES = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class SourceInput:
+    """A source as the caller sent it (validated by the service)."""
+
+    conversation_id: str
+    from_sequence: int
+    through_sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPage:
+    """A page of memories."""
+
+    memories: Sequence[Memory]
+    next_page_token: str
+
+
+def memory_id(value: str, field: str = "memory_id") -> uuid.UUID:
+    """A memory id: a UUID in canonical text form."""
+    return validation.uuid_id(value, field, "INVALID_MEMORY_ID")
+
+
+def conversation_id(value: str, field: str = "conversation_id") -> uuid.UUID:
+    """A conversation id: a UUID in canonical text form."""
+    return validation.uuid_id(value, field, "INVALID_CONVERSATION_ID")
+
+
+def _dot(a: Sequence[float], b: Sequence[float]) -> float:
+    return math.fsum(x * y for x, y in zip(a, b, strict=True))
+
+
+class MemoryService:
+    """Semantic memories of many namespaces."""
+
+    def __init__(
+        self,
+        store: MemoryStore,
+        index: VectorIndex,
+        embedder: Embedder,
+        sources: SourceChecker,
+        config: MemoryConfig,
+        page_tokens: PageTokens,
+        *,
+        on_write: Callable[[], None] | None = None,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.store = store
+        self.index = index
+        self.embedder = embedder
+        self.sources = sources
+        self.config = config
+        self.page_tokens = page_tokens
+        self.on_write = on_write or (lambda: None)
+        self.now = now
+
+    # -- writes -------------------------------------------------------------
+
+    def _validate_sources(self, sources: Sequence[SourceInput]) -> list[MemorySource]:
+        limit = self.config.limits.max_sources
+        if not sources:
+            raise invalid_argument(
+                "NO_SOURCES",
+                "a memory needs at least one source range of a transcript",
+                field="sources",
+            )
+        if len(sources) > limit:
+            raise invalid_argument(
+                "TOO_MANY_SOURCES", f"a memory has at most {limit} sources", field="sources"
+            )
+        parsed = []
+        for i, source in enumerate(sources):
+            field = f"sources[{i}]"
+            cid = conversation_id(source.conversation_id, f"{field}.conversation_id")
+            if source.from_sequence < 1:
+                raise invalid_argument(
+                    "INVALID_SOURCE_RANGE",
+                    "from_sequence must be at least 1",
+                    field=f"{field}.from_sequence",
+                )
+            if source.through_sequence < source.from_sequence:
+                raise invalid_argument(
+                    "INVALID_SOURCE_RANGE",
+                    "through_sequence must not be before from_sequence",
+                    field=f"{field}.through_sequence",
+                )
+            parsed.append(MemorySource(cid, source.from_sequence, source.through_sequence))
+        return parsed
+
+    async def _check_sources_exist(self, namespace: str, sources: Sequence[MemorySource]) -> None:
+        """Each conversation exists in this namespace and each range lies inside it."""
+        conversations = list(dict.fromkeys(s.conversation_id for s in sources))
+        lasts = await asyncio.gather(
+            *(self.sources.last_sequence(namespace, cid) for cid in conversations)
+        )
+        last_of = dict(zip(conversations, lasts, strict=True))
+        for i, source in enumerate(sources):
+            last = last_of[source.conversation_id]
+            if last is None:
+                raise not_found(
+                    "SOURCE_NOT_FOUND",
+                    f"the conversation of sources[{i}] does not exist in this namespace",
+                )
+            if source.through_sequence > last:
+                raise invalid_argument(
+                    "SOURCE_OUT_OF_RANGE",
+                    f"sources[{i}] goes beyond the end of its transcript",
+                    field=f"sources[{i}].through_sequence",
+                    last_sequence=last,
+                )
+
+    def _expiry(
+        self, namespace: str, expire_time: datetime | None, ttl: timedelta | None
+    ) -> datetime | None:
+        now = self.now()
+        if expire_time is not None and ttl is not None:
+            raise invalid_argument(
+                "INVALID_EXPIRY", "set expire_time or ttl, not both", field="expire_time"
+            )
+        if expire_time is not None:
+            if expire_time <= now:
+                raise invalid_argument(
+                    "INVALID_EXPIRY", "expire_time must be in the future", field="expire_time"
+                )
+            return expire_time
+        if ttl is not None:
+            if ttl <= timedelta(0):
+                raise invalid_argument("INVALID_EXPIRY", "ttl must be positive", field="ttl")
+            return now + ttl
+        default = self.config.ttl_for(namespace)
+        return now + default if default else None
+
+    async def upsert(
+        self,
+        namespace: str,
+        memory_id_text: str,
+        content: str,
+        sources: Sequence[SourceInput],
+        metadata: Mapping[str, str],
+        expected_revision: int | None,
+        expire_time: datetime | None = None,
+        ttl: timedelta | None = None,
+    ) -> tuple[Memory, bool]:
+        """Create (no expected_revision) or compare-and-swap a memory.
+
+        Create refuses a live id (ALREADY_EXISTS / MEMORY_ALREADY_EXISTS); a
+        replace at a revision that is not current is ABORTED / REVISION_CONFLICT
+        with `current_revision`. Sources are checked against TranscriptService.
+        Returns the memory as stored and whether it was created.
+        """
+        validation.namespace(namespace)
+        limits = self.config.limits
+        if memory_id_text:
+            mid = memory_id(memory_id_text)
+        elif expected_revision is not None:
+            raise invalid_argument(
+                "INVALID_MEMORY_ID", "a replace must name the memory", field="memory_id"
+            )
+        else:
+            mid = uuid.UUID(str(uuid_utils.uuid7()))
+        if expected_revision is not None and expected_revision < 1:
+            raise invalid_argument(
+                "INVALID_EXPECTED_REVISION",
+                "expected_revision must be at least 1",
+                field="expected_revision",
+            )
+        validation.text(
+            content,
+            "content",
+            max_bytes=limits.max_content_bytes,
+            reason="INVALID_CONTENT",
+            required=True,
+        )
+        parsed_sources = self._validate_sources(sources)
+        clean_metadata = validation.metadata(metadata)
+        expires = self._expiry(namespace, expire_time, ttl)
+        await self._check_sources_exist(namespace, parsed_sources)
+        write = MemoryWrite(
+            namespace=namespace,
+            memory_id=mid,
+            content=content,
+            sources=parsed_sources,
+            metadata=clean_metadata,
+            expected_revision=expected_revision,
+            expire_time=expires,
+            embedding_model=self.embedder.model,
+            embedding_dimension=self.embedder.dimension,
+        )
+        if expected_revision is None:
+            memory = await self.store.create(write)
+        else:
+            memory = await self.store.update(write)
+        self.on_write()
+        return memory, expected_revision is None
+
+    async def delete(
+        self, namespace: str, memory_id_text: str, expected_revision: int | None
+    ) -> bool:
+        """Delete a memory (its history keeps a tombstone, without content).
+
+        False when it did not exist; REVISION_CONFLICT when `expected_revision`
+        is not current.
+        """
+        validation.namespace(namespace)
+        mid = memory_id(memory_id_text)
+        if expected_revision is not None and expected_revision < 1:
+            raise invalid_argument(
+                "INVALID_EXPECTED_REVISION",
+                "expected_revision must be at least 1",
+                field="expected_revision",
+            )
+        deleted = await self.store.delete(namespace, mid, expected_revision)
+        self.on_write()
+        return deleted
+
+    async def forget_source(
+        self, namespace: str, conversation_id_text: str, from_sequence: int, through_sequence: int
+    ) -> int:
+        """Delete every memory with a source overlapping a range of a conversation.
+
+        from_sequence = through_sequence = 0 means the whole conversation. The
+        conversation need not exist any more (this is how an erased transcript's
+        memories are erased too).
+        """
+        validation.namespace(namespace)
+        cid = conversation_id(conversation_id_text)
+        if from_sequence == 0 and through_sequence == 0:
+            low, high = 1, FOREVER
+        elif 1 <= from_sequence <= through_sequence:
+            low, high = from_sequence, through_sequence
+        else:
+            raise invalid_argument(
+                "INVALID_SOURCE_RANGE",
+                "give 1 <= from_sequence <= through_sequence, or 0 and 0 for the whole "
+                "conversation",
+                field="from_sequence",
+            )
+        count = await self.store.forget_source(namespace, cid, low, high)
+        if count:
+            self.on_write()
+        return count
+
+    # -- reads --------------------------------------------------------------
+
+    async def get(self, namespace: str, memory_id_text: str) -> Memory:
+        """The live memory; NOT_FOUND if absent, expired or in another namespace."""
+        validation.namespace(namespace)
+        found = await self.store.get(namespace, memory_id(memory_id_text))
+        if found is None:
+            raise memory_not_found()
+        return found
+
+    async def list_memories(
+        self, namespace: str, size: int, token: str, conversation_id_text: str = ""
+    ) -> MemoryPage:
+        """A page of the namespace's live memories in id order (AIP-158)."""
+        validation.namespace(namespace)
+        limit = page_size(size)
+        cid = conversation_id(conversation_id_text) if conversation_id_text else None
+        request = {"conversation_id": str(cid) if cid else ""}
+        after = None
+        if token:
+            cursor = self.page_tokens.decode(token, "memories", namespace, request)
+            after = uuid.UUID(cursor["after"])
+        rows = await self.store.list_memories(namespace, cid, after, limit + 1)
+        page, more = rows[:limit], len(rows) > limit
+        next_token = (
+            self.page_tokens.encode(
+                "memories", namespace, request, {"after": str(page[-1].memory_id)}
+            )
+            if more
+            else ""
+        )
+        return MemoryPage(page, next_token)
+
+    async def search(
+        self,
+        namespace: str,
+        query: str,
+        limit: int,
+        metadata_filter: Mapping[str, str] | None = None,
+        min_score: float = 0.0,
+    ) -> SearchResult:
+        """Memories of one namespace closest in meaning to `query`, best first.
+
+        Every hit is the current, live revision re-read from the store, so a
+        deleted, expired or superseded memory is never returned even while the
+        index lags. A hit whose indexed revision is older than the current one
+        is re-scored against its current content. When the index or the
+        embedding model is unreachable, the answer comes from full-text search
+        (`degraded`; scores are text ranks and `min_score` does not apply).
+        """
+        validation.namespace(namespace)
+        validation.text(
+            query,
+            "query",
+            max_bytes=self.config.limits.max_query_bytes,
+            reason="INVALID_QUERY",
+            required=True,
+        )
+        validation.in_range(limit, validation.MEMORY_LIMIT_RANGE, "limit", "INVALID_LIMIT")
+        wanted = validation.metadata(metadata_filter or {}, "metadata_filter")
+        if not -1.0 <= min_score <= 1.0:  # also rejects NaN
+            raise invalid_argument(
+                "INVALID_MIN_SCORE", "min_score must be in -1..1", field="min_score"
+            )
+        try:
+            vector = (await self.embedder.embed([query]))[0]
+            hits = await self._semantic(namespace, vector, limit, wanted, min_score)
+        except (IndexUnavailable, EmbeddingUnavailable) as exc:
+            metrics.MEMORY_DEGRADED_SEARCHES.inc()
+            metrics.STORE_ERRORS.labels(exc.store).inc()
+            log.warning(
+                "memory search degraded to full-text",
+                extra={"store": exc.store, "detail": getattr(exc, "detail", "")},
+            )
+            found = await self.store.text_search(namespace, query, wanted, limit)
+            return SearchResult(found, degraded=True)
+        return SearchResult(hits, degraded=False)
+
+    async def _semantic(
+        self,
+        namespace: str,
+        vector: Sequence[float],
+        limit: int,
+        wanted: Mapping[str, str],
+        min_score: float,
+    ) -> list[ScoredMemory]:
+        candidates = min(limit * self.config.overfetch + 8, MAX_CANDIDATES)
+        while True:
+            query = NamespacedQuery.inside(namespace, vector, candidates, wanted)
+            hits = await self.index.search(query)
+            current = {
+                m.memory_id: m
+                for m in await self.store.get_many(namespace, [h.memory_id for h in hits], wanted)
+            }
+            scored: list[ScoredMemory] = []
+            stale: list[Memory] = []
+            for hit in hits:
+                memory = current.pop(hit.memory_id, None)
+                if memory is None:
+                    continue  # deleted or expired since it was indexed
+                if memory.revision != hit.revision:
+                    stale.append(memory)
+                else:
+                    scored.append(ScoredMemory(memory, hit.score))
+            if stale:
+                # Corrected since indexed: the index's score was for the old text.
+                fresh = await self.embedder.embed([m.content for m in stale])
+                scored += [
+                    ScoredMemory(m, _dot(vector, v)) for m, v in zip(stale, fresh, strict=True)
+                ]
+            scored = [s for s in scored if s.score >= min_score]
+            scored.sort(key=lambda s: (-s.score, s.memory.memory_id))
+            exhausted = len(hits) < candidates or candidates >= MAX_CANDIDATES
+            if len(scored) >= limit or exhausted:
+                return scored[:limit]
+            # The re-read dropped too many: ask the index for more.
+            candidates = min(candidates * 4, MAX_CANDIDATES)

@@ -1,0 +1,580 @@
+"""Memory persistence: the store protocol and its PostgreSQL adapter (schema `memory`).
+
+Every write is ONE SQL statement in autocommit: the change to the memory row,
+its history row and its outbox row are written together or not at all, so
+the index can never miss a write (transactional outbox). Only when the
+statement wrote nothing do we look at why.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+from psycopg.types.json import Jsonb
+
+from services.common.db import AsyncConn, Database
+from services.common.errors import DomainError, aborted, already_exists, not_found
+from services.memory.model import (
+    Backlog,
+    Memory,
+    MemorySource,
+    MemoryWrite,
+    OutboxEntry,
+    RevisionRecord,
+    ScoredMemory,
+)
+
+Key = tuple[str, uuid.UUID]
+# "Whole conversation" in ForgetSource: every range overlaps [1, FOREVER].
+FOREVER = 2**62
+
+
+def memory_not_found() -> DomainError:
+    """The one NOT_FOUND of this service; the same whether it never existed or is elsewhere."""
+    return not_found("MEMORY_NOT_FOUND", "memory not found")
+
+
+def revision_conflict(current: int, expected: int) -> DomainError:
+    """ABORTED: the compare-and-swap lost; `current_revision` tells the caller where it is."""
+    return aborted(
+        "REVISION_CONFLICT",
+        f"memory is at revision {current}, not {expected}",
+        current_revision=current,
+        expected_revision=expected,
+    )
+
+
+def memory_exists() -> DomainError:
+    """ALREADY_EXISTS: a create (no expected_revision) named a live memory."""
+    return already_exists(
+        "MEMORY_ALREADY_EXISTS",
+        "a memory with this id exists; send expected_revision to replace it",
+    )
+
+
+class OutboxClaim(Protocol):
+    """A batch of outbox rows held by one indexer until it completes or fails."""
+
+    entries: Sequence[OutboxEntry]
+    # The current state of each memory named by the batch; absent: deleted or expired.
+    current: Mapping[Key, Memory]
+
+    async def complete(self, reembedded: Sequence[Key], model: str, dimension: int) -> None:
+        """Remove the batch from the outbox; record `model` on re-embedded memories."""
+
+
+class MemoryStore(Protocol):
+    """What the memory service needs from a store. Every method is atomic."""
+
+    async def create(self, write: MemoryWrite) -> Memory:
+        """Insert a memory; MEMORY_ALREADY_EXISTS if its id is live in the namespace."""
+
+    async def update(self, write: MemoryWrite) -> Memory:
+        """Replace a live memory at `write.expected_revision`; NOT_FOUND or REVISION_CONFLICT."""
+
+    async def get(self, namespace: str, memory_id: uuid.UUID) -> Memory | None:
+        """The live memory, or None (also when expired or in another namespace)."""
+
+    async def get_many(
+        self, namespace: str, memory_ids: Sequence[uuid.UUID], metadata: Mapping[str, str]
+    ) -> list[Memory]:
+        """The live memories among `memory_ids` whose metadata holds every pair given."""
+
+    async def list_memories(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID | None,
+        after: uuid.UUID | None,
+        limit: int,
+    ) -> list[Memory]:
+        """Live memories in id order after a cursor, optionally with a source in a conversation."""
+
+    async def delete(
+        self, namespace: str, memory_id: uuid.UUID, expected_revision: int | None
+    ) -> bool:
+        """Erase a memory; False if it was not live; REVISION_CONFLICT on a stale revision."""
+
+    async def forget_source(
+        self, namespace: str, conversation_id: uuid.UUID, low: int, high: int
+    ) -> int:
+        """Erase every memory with a source range of the conversation overlapping [low, high]."""
+
+    async def sweep_expired(self, limit: int) -> int:
+        """Erase up to `limit` expired memories; return how many."""
+
+    async def text_search(
+        self, namespace: str, query: str, metadata: Mapping[str, str], limit: int
+    ) -> list[ScoredMemory]:
+        """Full-text search over live memories (the degraded mode); rank as score."""
+
+    async def history(self, namespace: str, memory_id: uuid.UUID) -> list[RevisionRecord]:
+        """Every revision of a memory id in the namespace, oldest first."""
+
+    def claim_outbox(self, limit: int) -> Any:
+        """`async with` a batch of the oldest outbox rows (an OutboxClaim), or None when
+        another indexer holds the outbox. The batch leaves the outbox only if
+        `complete` is called inside the block."""
+
+    async def backlog(self) -> Backlog:
+        """Outbox depth and oldest age."""
+
+    async def scan(self, after: Key | None, limit: int) -> list[Memory]:
+        """Live memories of every namespace in key order (reindex)."""
+
+    async def outbox_high_water(self) -> int:
+        """The newest outbox sequence (0 when empty)."""
+
+    async def drop_outbox_through(self, seq: int) -> None:
+        """Remove outbox rows up to `seq` (a reindex covered them)."""
+
+    async def set_embedding(self, keys: Sequence[Key], model: str, dimension: int) -> None:
+        """Record the model that indexed these memories."""
+
+
+# --- PostgreSQL -------------------------------------------------------------
+
+_COLUMNS = (
+    "namespace, memory_id, content, sources, metadata, revision, create_time, update_time, "
+    "expire_time, embedding_model, embedding_dimension"
+)
+_LIVE = "(expire_time IS NULL OR expire_time > now())"
+
+# Create: the revision continues after any earlier incarnation's tombstone.
+_CREATE = f"""
+WITH m AS (
+    INSERT INTO memory.memories
+           (namespace, memory_id, content, sources, metadata, revision, expire_time,
+            embedding_model, embedding_dimension)
+    VALUES (%(namespace)s, %(memory_id)s, %(content)s, %(sources)s, %(metadata)s,
+            coalesce((SELECT max(revision) FROM memory.revisions
+                       WHERE namespace = %(namespace)s AND memory_id = %(memory_id)s), 0) + 1,
+            %(expire_time)s, %(model)s, %(dimension)s)
+    ON CONFLICT (namespace, memory_id) DO NOTHING
+    RETURNING {_COLUMNS}
+), r AS (
+    INSERT INTO memory.revisions
+           (namespace, memory_id, revision, kind, reason, content, sources, metadata,
+            expire_time, recorded_at)
+    SELECT namespace, memory_id, revision, 'write', 'create', content, sources, metadata,
+           expire_time, update_time
+      FROM m
+), o AS (
+    INSERT INTO memory.outbox (namespace, memory_id) SELECT namespace, memory_id FROM m
+)
+SELECT {_COLUMNS} FROM m
+"""
+
+_UPDATE = f"""
+WITH m AS (
+    UPDATE memory.memories
+       SET content = %(content)s, sources = %(sources)s, metadata = %(metadata)s,
+           expire_time = %(expire_time)s, embedding_model = %(model)s,
+           embedding_dimension = %(dimension)s, revision = revision + 1, update_time = now()
+     WHERE namespace = %(namespace)s AND memory_id = %(memory_id)s
+       AND revision = %(expected_revision)s AND {_LIVE}
+ RETURNING {_COLUMNS}
+), r AS (
+    INSERT INTO memory.revisions
+           (namespace, memory_id, revision, kind, reason, content, sources, metadata,
+            expire_time, recorded_at)
+    SELECT namespace, memory_id, revision, 'write', 'update', content, sources, metadata,
+           expire_time, update_time
+      FROM m
+), o AS (
+    INSERT INTO memory.outbox (namespace, memory_id) SELECT namespace, memory_id FROM m
+)
+SELECT {_COLUMNS} FROM m
+"""
+
+# Erase the memories that `{victims}` selects (a query returning namespace,
+# memory_id): delete the row, blank the content of its whole history, write a
+# tombstone and an outbox row, in one statement. Returns one row per memory
+# erased, with whether it was still live (not yet expired).
+_ERASE = f"""
+WITH d AS (
+    DELETE FROM memory.memories AS m
+     USING ({{victims}}) AS v
+     WHERE m.namespace = v.namespace AND m.memory_id = v.memory_id {{extra}}
+ RETURNING m.namespace, m.memory_id, m.revision, {_LIVE.replace("expire_time", "m.expire_time")}
+           AS live
+), p AS (
+    UPDATE memory.revisions AS h
+       SET content = NULL, sources = NULL, metadata = NULL
+      FROM d
+     WHERE h.namespace = d.namespace AND h.memory_id = d.memory_id AND h.content IS NOT NULL
+), t AS (
+    INSERT INTO memory.revisions (namespace, memory_id, revision, kind, reason)
+    SELECT namespace, memory_id, revision + 1, 'delete', %(reason)s FROM d
+), o AS (
+    INSERT INTO memory.outbox (namespace, memory_id) SELECT namespace, memory_id FROM d
+)
+SELECT live FROM d
+"""
+
+_BY_ID = "SELECT %(namespace)s::text AS namespace, %(memory_id)s::uuid AS memory_id"
+
+_BY_SOURCE = """
+SELECT namespace, memory_id FROM memory.memories
+ WHERE namespace = %(namespace)s
+   AND sources @> %(containment)s
+   AND EXISTS (SELECT 1 FROM jsonb_array_elements(sources) AS s
+                WHERE s->>'c' = %(conversation)s
+                  AND (s->>'f')::bigint <= %(high)s AND (s->>'t')::bigint >= %(low)s)
+"""
+
+_EXPIRED = """
+SELECT namespace, memory_id FROM memory.memories
+ WHERE expire_time IS NOT NULL AND expire_time <= now()
+ ORDER BY expire_time
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED
+"""
+
+# Degraded search: any query word may match (plainto_tsquery ANDs them, which
+# finds almost nothing for a question); ts_rank orders the hits.
+_TEXT_SEARCH = f"""
+SELECT {_COLUMNS}, ts_rank(content_tsv, q.query) AS score
+  FROM memory.memories,
+       (SELECT replace(plainto_tsquery('english', %(query)s)::text, ' & ', ' | ')::tsquery
+               AS query) AS q
+ WHERE namespace = %(namespace)s AND {_LIVE} AND metadata @> %(metadata)s
+   AND content_tsv @@ q.query
+ ORDER BY score DESC, memory_id
+ LIMIT %(limit)s
+"""
+
+_INDEXER_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('runifold.memory.indexer'))"
+
+
+def sources_json(sources: Sequence[MemorySource]) -> list[dict[str, object]]:
+    """The stored form of sources (short keys: it is repeated in every history row)."""
+    return [
+        {"c": str(s.conversation_id), "f": s.from_sequence, "t": s.through_sequence}
+        for s in sources
+    ]
+
+
+def _memory(row: Sequence[Any]) -> Memory:
+    (
+        namespace,
+        memory_id,
+        content,
+        sources,
+        metadata,
+        revision,
+        create_time,
+        update_time,
+        expire_time,
+        model,
+        dimension,
+    ) = row[:11]
+    return Memory(
+        namespace=namespace,
+        memory_id=memory_id,
+        content=content,
+        sources=tuple(MemorySource(uuid.UUID(s["c"]), s["f"], s["t"]) for s in sources),
+        metadata=metadata or {},
+        revision=revision,
+        create_time=create_time,
+        update_time=update_time,
+        expire_time=expire_time,
+        embedding_model=model,
+        embedding_dimension=dimension,
+    )
+
+
+def _write_params(write: MemoryWrite) -> dict[str, Any]:
+    return {
+        "namespace": write.namespace,
+        "memory_id": write.memory_id,
+        "content": write.content,
+        "sources": Jsonb(sources_json(write.sources)),
+        "metadata": Jsonb(dict(write.metadata)),
+        "expected_revision": write.expected_revision,
+        "expire_time": write.expire_time,
+        "model": write.embedding_model,
+        "dimension": write.embedding_dimension,
+    }
+
+
+class _PostgresClaim:
+    def __init__(
+        self,
+        conn: AsyncConn,
+        entries: Sequence[OutboxEntry],
+        current: Mapping[Key, Memory],
+    ) -> None:
+        self.conn = conn
+        self.entries = entries
+        self.current = current
+
+    async def complete(self, reembedded: Sequence[Key], model: str, dimension: int) -> None:
+        await self.conn.execute(
+            "DELETE FROM memory.outbox WHERE seq = ANY(%s)", ([e.seq for e in self.entries],)
+        )
+        await _set_embedding(self.conn, reembedded, model, dimension)
+
+
+async def _set_embedding(conn: AsyncConn, keys: Sequence[Key], model: str, dimension: int) -> None:
+    if not keys:
+        return
+    await conn.execute(
+        """UPDATE memory.memories AS m SET embedding_model = %s, embedding_dimension = %s
+             FROM unnest(%s::text[], %s::uuid[]) AS k(namespace, memory_id)
+            WHERE m.namespace = k.namespace AND m.memory_id = k.memory_id
+              AND (m.embedding_model <> %s OR m.embedding_dimension <> %s)""",
+        (model, dimension, [k[0] for k in keys], [k[1] for k in keys], model, dimension),
+    )
+
+
+class PostgresMemoryStore:
+    """MemoryStore on PostgreSQL (schema `memory`)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def create(self, write: MemoryWrite) -> Memory:
+        params = _write_params(write)
+        async with self.db.connection() as conn:
+            for _ in range(2):
+                cursor = await conn.execute(_CREATE, params)
+                row = await cursor.fetchone()
+                if row is not None:
+                    return _memory(row)
+                # The id is taken. A lapsed memory the sweeper has not reached
+                # yet is gone for every reader: erase it, then create again.
+                cursor = await conn.execute(
+                    _ERASE.format(victims=_BY_ID, extra=f"AND NOT {_LIVE}"),
+                    {**params, "reason": "expired"},
+                )
+                if await cursor.fetchone() is None:
+                    break
+        raise memory_exists()
+
+    async def update(self, write: MemoryWrite) -> Memory:
+        params = _write_params(write)
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(_UPDATE, params)
+            row = await cursor.fetchone()
+            if row is not None:
+                return _memory(row)
+            cursor = await conn.execute(
+                f"""SELECT revision FROM memory.memories
+                     WHERE namespace = %(namespace)s AND memory_id = %(memory_id)s AND {_LIVE}""",
+                params,
+            )
+            current = await cursor.fetchone()
+        if current is None:
+            raise memory_not_found()
+        assert write.expected_revision is not None
+        raise revision_conflict(current[0], write.expected_revision)
+
+    async def get(self, namespace: str, memory_id: uuid.UUID) -> Memory | None:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                f"""SELECT {_COLUMNS} FROM memory.memories
+                     WHERE namespace = %s AND memory_id = %s AND {_LIVE}""",
+                (namespace, memory_id),
+            )
+            row = await cursor.fetchone()
+        return _memory(row) if row else None
+
+    async def get_many(
+        self, namespace: str, memory_ids: Sequence[uuid.UUID], metadata: Mapping[str, str]
+    ) -> list[Memory]:
+        if not memory_ids:
+            return []
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                f"""SELECT {_COLUMNS} FROM memory.memories
+                     WHERE namespace = %s AND memory_id = ANY(%s) AND {_LIVE}
+                       AND metadata @> %s""",
+                (namespace, list(memory_ids), Jsonb(dict(metadata))),
+            )
+            return [_memory(row) for row in await cursor.fetchall()]
+
+    async def list_memories(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID | None,
+        after: uuid.UUID | None,
+        limit: int,
+    ) -> list[Memory]:
+        containment = Jsonb([{"c": str(conversation_id)}]) if conversation_id else None
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                f"""SELECT {_COLUMNS} FROM memory.memories
+                     WHERE namespace = %(namespace)s AND {_LIVE}
+                       AND (%(after)s::uuid IS NULL OR memory_id > %(after)s::uuid)
+                       AND (%(containment)s::jsonb IS NULL OR sources @> %(containment)s::jsonb)
+                     ORDER BY memory_id
+                     LIMIT %(limit)s""",
+                {
+                    "namespace": namespace,
+                    "after": after,
+                    "containment": containment,
+                    "limit": limit,
+                },
+            )
+            return [_memory(row) for row in await cursor.fetchall()]
+
+    async def delete(
+        self, namespace: str, memory_id: uuid.UUID, expected_revision: int | None
+    ) -> bool:
+        params = {
+            "namespace": namespace,
+            "memory_id": memory_id,
+            "expected": expected_revision,
+            "reason": "delete",
+        }
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                _ERASE.format(
+                    victims=_BY_ID,
+                    extra="AND (%(expected)s::bigint IS NULL OR m.revision = %(expected)s::bigint)"
+                    f" AND ({_LIVE.replace('expire_time', 'm.expire_time')}"
+                    " OR %(expected)s::bigint IS NULL)",
+                ),
+                params,
+            )
+            row = await cursor.fetchone()
+            if row is not None:
+                return bool(row[0])
+            if expected_revision is None:
+                return False
+            cursor = await conn.execute(
+                f"""SELECT revision FROM memory.memories
+                     WHERE namespace = %(namespace)s AND memory_id = %(memory_id)s AND {_LIVE}""",
+                params,
+            )
+            current = await cursor.fetchone()
+        if current is None:
+            return False
+        raise revision_conflict(current[0], expected_revision)
+
+    async def forget_source(
+        self, namespace: str, conversation_id: uuid.UUID, low: int, high: int
+    ) -> int:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                _ERASE.format(victims=_BY_SOURCE, extra=""),
+                {
+                    "namespace": namespace,
+                    "containment": Jsonb([{"c": str(conversation_id)}]),
+                    "conversation": str(conversation_id),
+                    "low": low,
+                    "high": high,
+                    "reason": "forget_source",
+                },
+            )
+            return len(await cursor.fetchall())
+
+    async def sweep_expired(self, limit: int) -> int:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                _ERASE.format(victims=_EXPIRED, extra=""), {"limit": limit, "reason": "expired"}
+            )
+            return len(await cursor.fetchall())
+
+    async def text_search(
+        self, namespace: str, query: str, metadata: Mapping[str, str], limit: int
+    ) -> list[ScoredMemory]:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                _TEXT_SEARCH,
+                {
+                    "namespace": namespace,
+                    "query": query,
+                    "metadata": Jsonb(dict(metadata)),
+                    "limit": limit,
+                },
+            )
+            return [ScoredMemory(_memory(row), float(row[11])) for row in await cursor.fetchall()]
+
+    async def history(self, namespace: str, memory_id: uuid.UUID) -> list[RevisionRecord]:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                """SELECT revision, kind, reason, recorded_at, content, metadata
+                     FROM memory.revisions WHERE namespace = %s AND memory_id = %s
+                    ORDER BY revision""",
+                (namespace, memory_id),
+            )
+            return [
+                RevisionRecord(row[0], row[1], row[2], row[3], row[4], row[5] or {})
+                for row in await cursor.fetchall()
+            ]
+
+    @asynccontextmanager
+    async def claim_outbox(self, limit: int) -> AsyncIterator[_PostgresClaim | None]:
+        # One indexer at a time (a transaction-scoped advisory lock): two
+        # indexers applying the same memory's rows could reorder its writes.
+        async with self.db.connection() as conn, conn.transaction():
+            cursor = await conn.execute(_INDEXER_LOCK)
+            locked = await cursor.fetchone()
+            if not locked or not locked[0]:
+                yield None
+                return
+            cursor = await conn.execute(
+                "SELECT seq, namespace, memory_id FROM memory.outbox ORDER BY seq LIMIT %s",
+                (limit,),
+            )
+            entries = [OutboxEntry(*row) for row in await cursor.fetchall()]
+            keys = list(dict.fromkeys((e.namespace, e.memory_id) for e in entries))
+            current: dict[Key, Memory] = {}
+            if keys:
+                cursor = await conn.execute(
+                    f"""SELECT {_COLUMNS} FROM memory.memories AS m
+                         WHERE (namespace, memory_id) IN (
+                               SELECT * FROM unnest(%s::text[], %s::uuid[]))
+                           AND {_LIVE}""",
+                    ([k[0] for k in keys], [k[1] for k in keys]),
+                )
+                for row in await cursor.fetchall():
+                    memory = _memory(row)
+                    current[(memory.namespace, memory.memory_id)] = memory
+            yield _PostgresClaim(conn, entries, current)
+
+    async def backlog(self) -> Backlog:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                """SELECT count(*), coalesce(extract(epoch FROM now() - min(enqueued_at)), 0)
+                     FROM memory.outbox"""
+            )
+            row = await cursor.fetchone()
+        assert row is not None
+        return Backlog(int(row[0]), float(row[1]))
+
+    async def scan(self, after: Key | None, limit: int) -> list[Memory]:
+        namespace, memory_id = after if after else ("", uuid.UUID(int=0))
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                f"""SELECT {_COLUMNS} FROM memory.memories
+                     WHERE (namespace, memory_id) > (%s, %s) AND {_LIVE}
+                     ORDER BY namespace, memory_id LIMIT %s""",
+                (namespace, memory_id, limit),
+            )
+            return [_memory(row) for row in await cursor.fetchall()]
+
+    async def outbox_high_water(self) -> int:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute("SELECT coalesce(max(seq), 0) FROM memory.outbox")
+            row = await cursor.fetchone()
+        return int(row[0]) if row else 0
+
+    async def drop_outbox_through(self, seq: int) -> None:
+        async with self.db.connection() as conn:
+            await conn.execute("DELETE FROM memory.outbox WHERE seq <= %s", (seq,))
+
+    async def set_embedding(self, keys: Sequence[Key], model: str, dimension: int) -> None:
+        async with self.db.connection() as conn:
+            await _set_embedding(conn, keys, model, dimension)
+
+    async def memory_count(self) -> int:
+        """Live memories (tests, reindex)."""
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(f"SELECT count(*) FROM memory.memories WHERE {_LIVE}")
+            row = await cursor.fetchone()
+        return int(row[0]) if row else 0

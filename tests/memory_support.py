@@ -1,0 +1,167 @@
+"""Helpers of the memory tests: configuration, fakes for domain unit tests, and servers.
+
+The fakes stand in only where a test is about the domain's rules: a
+deterministic bag-of-words embedder, a brute-force index, and a source
+checker with a fixed transcript map. Everything the issue asks to show runs
+on the real model, real PostgreSQL, real Qdrant engines and real servers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+
+from services.common.server import RunningServer, serving
+from services.memory.component import MemoryComponent
+from services.memory.config import MemoryConfig
+from services.memory.embeddings import Embedder
+from services.memory.index import (
+    IndexHit,
+    IndexMismatch,
+    IndexPoint,
+    IndexUnavailable,
+    Key,
+    NamespacedQuery,
+    VectorIndex,
+)
+from services.transcript.component import TranscriptComponent
+from tests.conftest import server_settings
+
+_WORD = re.compile(r"\w+")
+
+
+def memory_config(index_dir: Path | None = None, **overrides: object) -> MemoryConfig:
+    """A configuration for tests: fast polls, short backoff, Edge under `index_dir`."""
+    base = MemoryConfig(
+        index="edge",
+        index_dir=index_dir,
+        indexer_poll_s=0.05,
+        indexer_backoff_max_s=0.2,
+        sweep_interval_s=0.1,
+    )
+    return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+class HashEmbedder:
+    """Bag of hashed words, normalised: texts sharing words are close. Deterministic."""
+
+    model = "test/hash-words"
+    dimension = 64
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def start(self) -> None:
+        return None
+
+    def vector(self, text: str) -> list[float]:
+        vector = [0.0] * self.dimension
+        for word in _WORD.findall(text.lower()):
+            slot = int.from_bytes(hashlib.sha256(word.encode()).digest()[:4], "big")
+            vector[slot % self.dimension] += 1.0
+        norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+        return [x / norm for x in vector]
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.calls += 1
+        return [self.vector(t) for t in texts]
+
+    async def close(self) -> None:
+        return None
+
+
+class BruteForceIndex:
+    """An exact in-process index that can be switched off (an outage)."""
+
+    name = "brute-force"
+
+    def __init__(self, dimension: int) -> None:
+        self.dimension = dimension
+        self.points: dict[Key, IndexPoint] = {}
+        self.down = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise IndexUnavailable("switched off by the test")
+
+    async def start(self) -> None:
+        self._check()
+
+    async def upsert(self, points: Sequence[IndexPoint]) -> None:
+        self._check()
+        for p in points:
+            if len(p.vector) != self.dimension:
+                raise IndexMismatch("dimension")
+            self.points[(p.namespace, p.memory_id)] = p
+
+    async def delete(self, keys: Sequence[Key]) -> None:
+        self._check()
+        for key in keys:
+            self.points.pop(key, None)
+
+    async def search(self, query: NamespacedQuery) -> list[IndexHit]:
+        self._check()
+        hits = []
+        for p in self.points.values():
+            payload = p.payload()
+            if all(
+                payload[t.field] == t.value
+                or (isinstance(payload[t.field], list) and t.value in payload[t.field])  # type: ignore[operator]
+                for t in query.terms
+            ):
+                score = sum(a * b for a, b in zip(query.vector, p.vector, strict=True))
+                hits.append(IndexHit(p.memory_id, p.revision, score))
+        hits.sort(key=lambda h: -h.score)
+        return hits[: query.limit]
+
+    async def keys(self) -> set[Key]:
+        self._check()
+        return set(self.points)
+
+    async def optimize(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class FixedSources:
+    """SourceChecker over a map of (namespace, conversation id) -> last sequence."""
+
+    def __init__(self) -> None:
+        self.conversations: dict[tuple[str, uuid.UUID], int] = {}
+
+    def add(self, namespace: str, last_sequence: int) -> str:
+        cid = uuid.uuid4()
+        self.conversations[(namespace, cid)] = last_sequence
+        return str(cid)
+
+    async def last_sequence(self, namespace: str, conversation_id: uuid.UUID) -> int | None:
+        return self.conversations.get((namespace, conversation_id))
+
+
+@asynccontextmanager
+async def memory_server(
+    database_url: str,
+    config: MemoryConfig,
+    *,
+    index: VectorIndex | None = None,
+    embedder: Embedder | None = None,
+    background: bool = True,
+) -> AsyncIterator[tuple[RunningServer, MemoryComponent]]:
+    """TranscriptService and MemoryService in one real gRPC server on 127.0.0.1:0; memory
+    validates sources through TranscriptService's gRPC API (all-in-one addressing)."""
+    component = MemoryComponent(config, index=index, embedder=embedder, background=background)
+    async with serving(
+        [TranscriptComponent(), component],
+        server_settings(),
+        database_url=database_url,
+        extras={"all_in_one": True},
+    ) as running:
+        yield running, component
