@@ -188,7 +188,7 @@ def cmd_chat(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_reindex(args: argparse.Namespace) -> int:
     # The memory service's own command (progress bar included) does the work.
-    os.execv(sys.executable, [sys.executable, "-m", "services.memory", "reindex"])
+    os.execv(sys.executable, [sys.executable, "-m", "services.memory", "reindex"])  # noqa: S606
 
 
 def parser() -> argparse.ArgumentParser:
