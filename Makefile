@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export PATH := $(abspath $(BIN)):$(PATH)
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run test lint gen gen-check bench fmt clean
+.PHONY: install tools run test lint gen gen-check bench fmt clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,12 +24,22 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+## Tools the operations tests (tests/ops) need beyond pip: promtool (Debian's
+## prometheus package; its service is not started). kubectl (for `kubectl
+## kustomize`) comes with this kind of machine. Fast when already there.
+tools:
+	@command -v promtool >/dev/null || { \
+	  echo "installing promtool (apt-get install prometheus)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	@command -v kubectl >/dev/null || echo "warning: no kubectl: k8s rendering tests will fail"
+
 ## Start the all-in-one server (all services, embedded PostgreSQL) on 127.0.0.1:50051.
 run: $(STAMP)
 	$(BIN)/python -m services
 
 ## The whole test suite: unit, integration (real PostgreSQL), end-to-end (real gRPC).
-test: $(STAMP)
+test: $(STAMP) tools
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 ## ruff, mypy, buf lint and the generated-code freshness check.

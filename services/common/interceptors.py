@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from services.common import metrics
+from services.common import metrics, tracing
 from services.common.errors import Code, DomainError, StoreUnavailable
 from services.common.logs import method_var, request_id_var
 from services.common.peers import deadline_var
@@ -75,12 +75,16 @@ def _handled(labels: tuple[str, str, str], code: str) -> Any:
 class _Call:
     """Bookkeeping of one RPC: labels, timing, the final code."""
 
-    __slots__ = ("code", "labels", "method", "seconds", "start")
+    __slots__ = ("code", "labels", "method", "seconds", "span", "start")
 
-    def __init__(self, method: str, grpc_type: str) -> None:
+    def __init__(
+        self, method: str, grpc_type: str, context: grpc.aio.ServicerContext[Any, Any], rid: str
+    ) -> None:
         started, self.labels, self.seconds = _children(method, grpc_type)
         self.method = method
         self.code = "OK"
+        # None unless tracing is on (then the span is current while the handler runs).
+        self.span = tracing.start_server_span(method, context.invocation_metadata(), rid)
         self.start = time.perf_counter()
         started.inc()
 
@@ -125,11 +129,14 @@ class _Call:
                 level,
                 "rpc",
                 extra={
+                    "grpc_service": self.labels[1],
                     "grpc_method": self.method,
                     "grpc_code": self.code,
                     "duration_ms": round(elapsed * 1000, 3),
                 },
             )
+        if self.span is not None:
+            self.span.end(self.code)
 
 
 def _wrap_unary(
@@ -139,7 +146,7 @@ def _wrap_unary(
 
     async def handler(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         request_id = _bind_context(context, method)
-        call = _Call(method, grpc_type)
+        call = _Call(method, grpc_type, context, request_id)
         try:
             response = await behavior(request, context)
             context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
@@ -165,7 +172,7 @@ def _wrap_stream(
         request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
         request_id = _bind_context(context, method)
-        call = _Call(method, "server_stream")
+        call = _Call(method, "server_stream", context, request_id)
         try:
             async for item in behavior(request, context):
                 yield item

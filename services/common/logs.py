@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 method_var: contextvars.ContextVar[str] = contextvars.ContextVar("method", default="")
+# Set by services.common.tracing when a span is recording (empty when tracing is off).
+trace_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("trace_id", default="")
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
@@ -38,6 +40,8 @@ class JsonFormatter(logging.Formatter):
             document["request_id"] = request_id
         if method := method_var.get():
             document.setdefault("method", method)
+        if trace_id := trace_id_var.get():
+            document["trace_id"] = trace_id
         for key, value in record.__dict__.items():
             if key not in _STANDARD and not key.startswith("_"):
                 document[key] = value

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import start_http_server
 
-from services.common import logs
+from services.common import logs, tracing
 from services.common.db import start_embedded_postgres
 from services.common.server import Component, serve_until_signal, start_server
 from services.common.settings import Settings, SettingsError
@@ -38,20 +38,19 @@ async def _run(
             f"{settings.data_dir / 'postgres'}",
             file=sys.stderr,
         )
-    if settings.metrics_address is not None:
-        host, _, port = settings.metrics_address.rpartition(":")
-        start_http_server(int(port), addr=host)
+    metrics_address = settings.metrics_address
+    if metrics_address is not None:
+        host, _, port = metrics_address.rpartition(":")
+        httpd, _ = start_http_server(int(port), addr=host.strip("[]"))
+        # The bound port (RUNIFOLD_METRICS_LISTEN may ask for port 0).
+        metrics_address = f"{host}:{httpd.server_port}"
     running = await start_server(
         make_components(), settings, database_url=database_url, extras={"all_in_one": all_in_one}
     )
     services = ", ".join(name for c in running.components for name in c.service_names)
     print(
         f"runifold {label}: serving {services} on {running.address}"
-        + (
-            f"; metrics on http://{settings.metrics_address}/metrics"
-            if settings.metrics_address
-            else ""
-        ),
+        + (f"; metrics on http://{metrics_address}/metrics" if metrics_address else ""),
         file=sys.stderr,
         flush=True,
     )
@@ -68,9 +67,17 @@ def main(
         print(f"runifold: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     logs.configure(label, settings.log_level, settings.log_format)
+    try:
+        tracing.configure(label, os.environ)
+    except ValueError as exc:
+        print(f"runifold: configuration error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     if os.environ.get("RUNIFOLD_UVLOOP") == "1":
         import uvloop
 
         uvloop.install()
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_run(label, make_components, settings, all_in_one))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(_run(label, make_components, settings, all_in_one))
+    finally:
+        tracing.shutdown()  # flush the spans still batched

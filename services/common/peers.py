@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from services.common import tracing
 from services.common.errors import Code, DomainError, StoreUnavailable
 from services.common.status import from_rpc_error
 
@@ -72,10 +73,11 @@ class Peer:
     ) -> Response:
         """Invoke a stub method under the propagated deadline, mapping failures."""
         budget = remaining(self.timeout if seconds is None else seconds)
-        try:
-            return await method(request, timeout=budget, metadata=outbound_metadata())
-        except grpc.aio.AioRpcError as error:
-            raise peer_error(self.name, error) from None
+        with tracing.client_span(self.name, method):
+            try:
+                return await method(request, timeout=budget, metadata=outbound_metadata())
+            except grpc.aio.AioRpcError as error:
+                raise peer_error(self.name, error) from None
 
     async def close(self) -> None:
         """Close the channel."""
@@ -83,11 +85,13 @@ class Peer:
 
 
 def outbound_metadata() -> tuple[tuple[str, str], ...]:
-    """Metadata carried to peers: the request id (and, with auth, the caller's identity)."""
+    """Metadata carried to peers: the request id, the trace context when tracing is on
+    (W3C `traceparent`), and, with auth, the caller's identity."""
     from services.common.logs import request_id_var
 
     request_id = request_id_var.get()
-    return (("x-request-id", request_id),) if request_id else ()
+    carried = (("x-request-id", request_id),) if request_id else ()
+    return carried + tracing.inject() if tracing.enabled() else carried
 
 
 def peer_error(name: str, error: grpc.aio.AioRpcError) -> DomainError:

@@ -1,0 +1,203 @@
+"""/metrics of real service processes after a workload, read over HTTP.
+
+TranscriptService runs as `python -m services.transcript` with its metrics
+endpoint on an ephemeral port. A workload with version conflicts (ABORTED)
+must move exactly the counters it should, every metric of
+services/common/metrics.py must be exported with bounded labels only, and
+`promtool check metrics` must accept the real output. The summary backlog
+check switches itself on once `python -m services.summary` exists.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.parser import text_string_to_metric_families
+
+from runifold.common.v1 import common_pb2
+from runifold.summary.v1 import summary_service_pb2 as summary_pb
+from runifold.transcript.v1 import transcript_service_pb2 as pb
+from services.common import metrics, stubs
+from tests.conftest import wait_for
+from tests.ops.process import ServiceProcess, service_process, value
+from tests.ops.tools import ROOT, check_metrics, run
+
+TRANSCRIPT = "runifold.transcript.v1.TranscriptService"
+CONFLICTS = 5
+
+# Every label a metric may carry: each has a small, fixed set of values.
+BOUNDED_LABELS = {
+    "grpc_type",
+    "grpc_service",
+    "grpc_method",
+    "grpc_code",
+    "store",
+    "reason",
+    "outcome",
+    "purpose",
+    "provider",
+    "direction",
+    "le",  # histogram buckets
+    # prometheus_client's process and Python collectors
+    "generation",
+    "implementation",
+    "major",
+    "minor",
+    "patchlevel",
+    "version",
+}
+
+
+def defined_metrics() -> dict[str, Counter | Gauge | Histogram]:
+    """The metric objects of services/common/metrics.py, by exposition name."""
+    found = {}
+    for attribute in vars(metrics).values():
+        if isinstance(attribute, Counter | Gauge | Histogram):
+            for family in attribute.describe():
+                found[family.name] = attribute
+    return found
+
+
+def user(text: str) -> common_pb2.Message:
+    return common_pb2.Message(role=common_pb2.ROLE_USER, text=text)
+
+
+@pytest.fixture
+async def transcript_process(
+    shared_database_url: str, tmp_path: Path
+) -> AsyncIterator[ServiceProcess]:
+    env = {"DATABASE_URL": shared_database_url, "RUNIFOLD_MIGRATE": "check"}
+    async with service_process("services.transcript", env, tmp_path) as running:
+        yield running
+    assert running.process.returncode == 0, "".join(running.output)  # graceful SIGTERM
+
+
+async def test_conflicts_move_the_counters_and_promtool_accepts_the_output(
+    transcript_process: ServiceProcess, namespace: str
+) -> None:
+    before = await transcript_process.scrape()
+    async with grpc.aio.insecure_channel(transcript_process.address) as channel:
+        stub = stubs.transcript(channel)
+        created = await stub.CreateConversation(pb.CreateConversationRequest(namespace=namespace))
+        cid = created.conversation.conversation_id
+        await stub.AppendEntries(
+            pb.AppendEntriesRequest(
+                conversation_id=cid, namespace=namespace, expected_version=0, messages=[user("a")]
+            )
+        )
+        for i in range(CONFLICTS):
+            with pytest.raises(grpc.aio.AioRpcError) as stale:
+                await stub.AppendEntries(
+                    pb.AppendEntriesRequest(
+                        conversation_id=cid,
+                        namespace=namespace,
+                        expected_version=0,
+                        messages=[user(f"late writer {i}")],
+                    )
+                )
+            assert stale.value.code() == grpc.StatusCode.ABORTED
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await stub.GetConversation(
+                pb.GetConversationRequest(conversation_id=str(uuid.uuid4()), namespace=namespace)
+            )
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    after = await transcript_process.scrape()
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    append = {"grpc_service": TRANSCRIPT, "grpc_method": "AppendEntries", "grpc_type": "unary"}
+    assert moved("grpc_server_handled_total", **append, grpc_code="ABORTED") == CONFLICTS
+    assert moved("grpc_server_handled_total", **append, grpc_code="OK") == 1
+    assert moved("grpc_server_started_total", **append) == CONFLICTS + 1
+    assert moved("grpc_server_handling_seconds_count", **append) == CONFLICTS + 1
+    assert moved("runifold_append_conflicts_total") == CONFLICTS
+    assert (
+        moved(
+            "grpc_server_handled_total",
+            grpc_service=TRANSCRIPT,
+            grpc_method="GetConversation",
+            grpc_code="NOT_FOUND",
+        )
+        == 1
+    )
+    assert moved("runifold_store_errors_total") == 0
+
+    # Every metric defined in metrics.py is exported, with bounded labels only.
+    families = {family.name: family for family in text_string_to_metric_families(after)}
+    for name in defined_metrics():
+        assert name in families, f"{name} is defined in metrics.py but not exported"
+    for family in families.values():
+        for sample in family.samples:
+            assert set(sample.labels) <= BOUNDED_LABELS, (sample.name, sample.labels)
+            for label_value in sample.labels.values():
+                assert namespace not in label_value and cid not in label_value
+
+    check_metrics(after)
+
+
+async def test_health_probe_command(transcript_process: ServiceProcess) -> None:
+    def probe(*args: str) -> int:
+        command = [sys.executable, "-m", "services.healthcheck", transcript_process.address]
+        return run(*command, *args, cwd=ROOT).returncode
+
+    assert probe("--service", TRANSCRIPT) == 0
+    assert probe() == 0
+    assert probe("--service", "runifold.no.such.Service") == 1
+
+
+@pytest.mark.skipif(
+    not (ROOT / "services" / "summary" / "__main__.py").exists(),
+    reason="SummaryService has no entry point yet (python -m services.summary)",
+)
+async def test_summary_backlog_reaches_metrics(
+    transcript_process: ServiceProcess,
+    shared_database_url: str,
+    tmp_path: Path,
+    namespace: str,
+) -> None:
+    env = {
+        "DATABASE_URL": shared_database_url,
+        "RUNIFOLD_MIGRATE": "auto",
+        "TRANSCRIPT_SERVICE_ADDR": transcript_process.address,
+    }
+    async with service_process("services.summary", env, tmp_path / "summary") as summary:
+        before = await summary.scrape()
+        async with (
+            grpc.aio.insecure_channel(transcript_process.address) as tch,
+            grpc.aio.insecure_channel(summary.address) as sch,
+        ):
+            transcript = stubs.transcript(tch)
+            created = await transcript.CreateConversation(
+                pb.CreateConversationRequest(namespace=namespace)
+            )
+            cid = created.conversation.conversation_id
+            await transcript.AppendEntries(
+                pb.AppendEntriesRequest(
+                    conversation_id=cid,
+                    namespace=namespace,
+                    expected_version=0,
+                    messages=[user(f"entry {i}") for i in range(12)],
+                )
+            )
+            await stubs.summary(sch).RequestSummary(
+                summary_pb.RequestSummaryRequest(
+                    conversation_id=cid, namespace=namespace, window=2, summary_batch=4
+                )
+            )
+
+        # The job shows as backlog, or (when a worker was quicker) as completed.
+        async def job_visible() -> bool:
+            now = await summary.scrape()
+            return value(now, "runifold_summary_jobs_depth") >= 1 or value(
+                now, "runifold_summary_jobs_completed_total"
+            ) > value(before, "runifold_summary_jobs_completed_total")
+
+        await wait_for(job_visible, timeout=30)
+        check_metrics(await summary.scrape())
