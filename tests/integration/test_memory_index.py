@@ -1,0 +1,215 @@
+"""The vector index contract, run against all three adapters on their real engines:
+Qdrant Edge (in-process), qdrant-client (local mode, the server adapter's API) and
+pgvector (real PostgreSQL with HNSW and iterative scan)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import numpy as np
+import psycopg
+import pytest
+import qdrant_edge as qe
+from qdrant_client import AsyncQdrantClient, models
+
+from services.common.errors import DomainError
+from services.memory.index import (
+    IndexMismatch,
+    IndexPoint,
+    IndexUnavailable,
+    NamespacedQuery,
+    Term,
+    VectorIndex,
+    collection_name,
+)
+from services.memory.index.edge import EdgeIndex
+from services.memory.index.pgvector import PgvectorIndex
+from services.memory.index.qdrant import QdrantIndex
+
+MODEL = "test/contract-model"
+DIM = 16
+ADAPTERS = ["edge", "qdrant", "pgvector"]
+
+Factory = Callable[[int], Awaitable[VectorIndex]]
+
+
+@pytest.fixture(params=ADAPTERS)
+async def make_index(
+    request: pytest.FixtureRequest, tmp_path: Path, fresh_database_url: str
+) -> AsyncIterator[Factory]:
+    """Opens an adapter of the parametrized kind for a dimension; closes them all after."""
+    kind = request.param
+    opened: list[VectorIndex] = []
+
+    async def make(dimension: int) -> VectorIndex:
+        index: VectorIndex
+        if kind == "edge":
+            index = EdgeIndex(tmp_path / "edge", MODEL, dimension)
+        elif kind == "qdrant":
+            index = QdrantIndex(MODEL, dimension, path=str(tmp_path / "qdrant"))
+        else:
+            index = PgvectorIndex(fresh_database_url, MODEL, dimension, ef_search=100)
+        await index.start()
+        opened.append(index)
+        return index
+
+    make.kind = kind  # type: ignore[attr-defined]
+    make.url = fresh_database_url  # type: ignore[attr-defined]
+    make.path = tmp_path  # type: ignore[attr-defined]
+    yield make
+    for index in opened:
+        await index.close()
+
+
+def unit(rng: np.random.Generator, dimension: int = DIM) -> list[float]:
+    vector = rng.normal(size=dimension)
+    return list(vector / np.linalg.norm(vector))
+
+
+def point(namespace: str, vector: list[float], revision: int = 1, **metadata: str) -> IndexPoint:
+    return IndexPoint(namespace, uuid.uuid4(), revision, vector, metadata)
+
+
+def test_a_query_cannot_be_built_without_a_valid_namespace() -> None:
+    with pytest.raises(TypeError):
+        NamespacedQuery("ns", [0.0], 1, (Term("namespace", "ns"),), object())
+    with pytest.raises(DomainError):
+        NamespacedQuery.inside("", [0.0], 1)
+    with pytest.raises(DomainError):
+        NamespacedQuery.inside("a b", [0.0], 1)
+    query = NamespacedQuery.inside("ns", [0.0], 3, {"b": "2", "a": "1"})
+    assert query.terms[0] == Term("namespace", "ns")
+    assert [t.field for t in query.terms] == ["namespace", "tags", "tags"]
+
+
+async def test_search_stays_inside_the_namespace(make_index: Factory) -> None:
+    index = await make_index(DIM)
+    rng = np.random.default_rng(1)
+    vectors = [unit(rng) for _ in range(20)]
+    # Identical vectors in both namespaces: only the namespace tells them apart.
+    in_a = [point("ns-a", v) for v in vectors]
+    in_b = [point("ns-b", v) for v in vectors]
+    await index.upsert(in_a + in_b)
+    hits = await index.search(NamespacedQuery.inside("ns-a", vectors[3], 50))
+    assert {h.memory_id for h in hits} == {p.memory_id for p in in_a}
+    assert hits[0].memory_id == in_a[3].memory_id and hits[0].score == pytest.approx(1.0, abs=1e-4)
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert await index.search(NamespacedQuery.inside("ns-c", vectors[3], 5)) == []
+
+
+async def test_metadata_terms_filter_exactly(make_index: Factory) -> None:
+    index = await make_index(DIM)
+    rng = np.random.default_rng(2)
+    vector = unit(rng)
+    red = point("ns", vector, colour="red", size="s")
+    blue = point("ns", vector, colour="blue", size="s")
+    tricky = point("ns", vector, **{"colour=red": ""})  # must not match colour=red
+    await index.upsert([red, blue, tricky])
+    hits = await index.search(NamespacedQuery.inside("ns", vector, 10, {"colour": "red"}))
+    assert [h.memory_id for h in hits] == [red.memory_id]
+    both = await index.search(NamespacedQuery.inside("ns", vector, 10, {"size": "s"}))
+    assert {h.memory_id for h in both} == {red.memory_id, blue.memory_id}
+
+
+async def test_upsert_replaces_and_delete_removes(make_index: Factory) -> None:
+    index = await make_index(DIM)
+    rng = np.random.default_rng(3)
+    first, second = unit(rng), unit(rng)
+    p = point("ns", first)
+    await index.upsert([p])
+    await index.upsert([IndexPoint("ns", p.memory_id, 2, second, {})])
+    hits = await index.search(NamespacedQuery.inside("ns", second, 5))
+    assert [(h.memory_id, h.revision) for h in hits] == [(p.memory_id, 2)]
+    assert hits[0].score == pytest.approx(1.0, abs=1e-4)
+    assert await index.keys() == {("ns", p.memory_id)}
+    # The same memory id in another namespace is another point.
+    await index.upsert([IndexPoint("ns-2", p.memory_id, 1, first, {})])
+    await index.delete([("ns", p.memory_id), ("ns", uuid.uuid4())])
+    assert await index.keys() == {("ns-2", p.memory_id)}
+    assert await index.search(NamespacedQuery.inside("ns", second, 5)) == []
+
+
+async def test_data_survives_close_and_reopen(make_index: Factory) -> None:
+    index = await make_index(DIM)
+    rng = np.random.default_rng(4)
+    p = point("ns", unit(rng))
+    await index.upsert([p])
+    await index.close()
+    with pytest.raises(IndexUnavailable):
+        await index.search(NamespacedQuery.inside("ns", p.vector, 1))
+    await index.start()
+    assert await index.keys() == {("ns", p.memory_id)}
+
+
+async def test_filtered_recall_against_brute_force(make_index: Factory) -> None:
+    """3,000 points over 30 namespaces: the namespaced top-10 matches exact search."""
+    index = await make_index(DIM)
+    rng = np.random.default_rng(5)
+    namespaces = [f"ns-{i}" for i in range(30)]
+    points = [point(namespaces[i % 30], unit(rng)) for i in range(3000)]
+    for start in range(0, len(points), 500):
+        await index.upsert(points[start : start + 500])
+    await index.optimize()
+    total = found = 0
+    for q in range(30):
+        namespace = namespaces[q]
+        vector = unit(rng)
+        mine = [p for p in points if p.namespace == namespace]
+        exact = sorted(mine, key=lambda p: -float(np.dot(vector, p.vector)))[:10]
+        hits = await index.search(NamespacedQuery.inside(namespace, vector, 10))
+        total += 10
+        found += len({p.memory_id for p in exact} & {h.memory_id for h in hits})
+    recall = found / total
+    print(f"{make_index.kind}: filtered recall@10 = {recall:.3f}")  # type: ignore[attr-defined]
+    assert recall >= 0.95
+
+
+async def test_a_collection_of_another_size_or_distance_is_refused(make_index: Factory) -> None:
+    kind = make_index.kind  # type: ignore[attr-defined]
+    name = collection_name(MODEL, DIM)
+    for size, distance in ((DIM * 2, "cosine"), (DIM, "dot")):
+        if kind == "edge":
+            path = make_index.path / f"edge-{size}-{distance}"  # type: ignore[attr-defined]
+            shard = qe.EdgeShard.create(
+                str(path / name),
+                qe.EdgeConfig(
+                    vectors=qe.EdgeVectorParams(
+                        size, qe.Distance.Cosine if distance == "cosine" else qe.Distance.Dot
+                    )
+                ),
+            )
+            shard.close()
+            index: VectorIndex = EdgeIndex(path, MODEL, DIM)
+        elif kind == "qdrant":
+            path = make_index.path / f"qdrant-{size}-{distance}"  # type: ignore[attr-defined]
+            client = AsyncQdrantClient(path=str(path))
+            await client.create_collection(
+                name,
+                vectors_config=models.VectorParams(
+                    size=size,
+                    distance=models.Distance.COSINE
+                    if distance == "cosine"
+                    else models.Distance.DOT,
+                ),
+            )
+            await client.close()
+            index = QdrantIndex(MODEL, DIM, path=str(path))
+        else:
+            url = make_index.url  # type: ignore[attr-defined]
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+                await conn.execute(f"DROP TABLE IF EXISTS memory.{name}")
+                await conn.execute(
+                    f"CREATE TABLE memory.{name} (point_id uuid PRIMARY KEY, namespace text,"
+                    f" memory_id uuid, revision bigint, tags text[], embedding vector({size}))"
+                )
+                ops = "vector_cosine_ops" if distance == "cosine" else "vector_ip_ops"
+                await conn.execute(
+                    f"CREATE INDEX {name}_hnsw ON memory.{name} USING hnsw (embedding {ops})"
+                )
+            index = PgvectorIndex(url, MODEL, DIM)
+        with pytest.raises(IndexMismatch):
+            await index.start()
+        await index.close()
