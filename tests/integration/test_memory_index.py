@@ -68,8 +68,8 @@ def unit(rng: np.random.Generator, dimension: int = DIM) -> list[float]:
     return list(vector / np.linalg.norm(vector))
 
 
-def point(namespace: str, vector: list[float], revision: int = 1, **metadata: str) -> IndexPoint:
-    return IndexPoint(namespace, uuid.uuid4(), revision, vector, metadata)
+def point(namespace: str, vector: list[float], **metadata: str) -> IndexPoint:
+    return IndexPoint(namespace, uuid.uuid4(), 1, vector, metadata)
 
 
 def test_a_query_cannot_be_built_without_a_valid_namespace() -> None:
