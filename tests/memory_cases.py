@@ -1,0 +1,277 @@
+"""Behaviour of the memory domain, run against every MemoryStore.
+
+tests/unit runs these cases on the in-memory store, tests/integration on
+PostgreSQL: both stores must give the domain the same guarantees. The index
+and embedder here are the deterministic fakes of tests/memory_support.py;
+the real engines and model are exercised in tests/integration and tests/e2e.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from services.common.errors import Code, DomainError
+from services.common.pagination import PageTokens
+from services.memory.config import MemoryConfig
+from services.memory.indexer import Indexer, Sweeper, reindex
+from services.memory.model import MemorySource, MemoryWrite
+from services.memory.service import MemoryService, SourceInput
+from services.memory.store import MemoryStore
+from tests.memory_support import BruteForceIndex, FixedSources, HashEmbedder
+
+
+class World:
+    """A service with its fakes, and helpers."""
+
+    def __init__(self, store: MemoryStore, namespace: str) -> None:
+        self.store = store
+        self.namespace = namespace
+        self.embedder = HashEmbedder()
+        self.index = BruteForceIndex(self.embedder.dimension)
+        self.sources = FixedSources()
+        self.config = MemoryConfig(namespace_ttls={f"{namespace}-ttl": timedelta(hours=1)})
+        self.service = MemoryService(
+            store,
+            self.index,
+            self.embedder,
+            self.sources,
+            self.config,
+            PageTokens(b"secret-for-tests-0123"),
+        )
+        self.indexer = Indexer(store, self.index, self.embedder, self.config)
+        self.cid = self.sources.add(namespace, 10)
+
+    def source(self, low: int = 1, high: int = 2, cid: str | None = None) -> list[SourceInput]:
+        return [SourceInput(cid or self.cid, low, high)]
+
+    async def add(self, content: str, **kw: object) -> uuid.UUID:
+        memory, created = await self.service.upsert(
+            self.namespace,
+            str(kw.pop("memory_id", "")),
+            content,
+            kw.pop("sources", None) or self.source(),  # type: ignore[arg-type]
+            kw.pop("metadata", {}),  # type: ignore[arg-type]
+            None,
+        )
+        assert created
+        return memory.memory_id
+
+    async def drain(self) -> None:
+        while await self.indexer.run_once():
+            pass
+
+
+def reason(error: pytest.ExceptionInfo[DomainError]) -> tuple[Code, str]:
+    return error.value.code, error.value.reason
+
+
+class MemoryCases:
+    """Subclasses provide a `store` fixture."""
+
+    @pytest.fixture
+    def world(self, store: MemoryStore, namespace: str) -> World:
+        return World(store, namespace)
+
+    async def test_create_then_compare_and_swap(self, world: World) -> None:
+        ns = world.namespace
+        memory, created = await world.service.upsert(
+            ns, "", "Likes jazz.", world.source(), {"k": "v"}, None
+        )
+        assert created and memory.revision == 1 and memory.memory_id.version == 7
+        assert memory.embedding_model == "test/hash-words" and memory.embedding_dimension == 64
+        updated, created = await world.service.upsert(
+            ns, str(memory.memory_id), "Likes bebop.", world.source(), {}, 1
+        )
+        assert not created and updated.revision == 2 and updated.metadata == {}
+        with pytest.raises(DomainError) as conflict:
+            await world.service.upsert(ns, str(memory.memory_id), "x", world.source(), {}, 1)
+        assert reason(conflict) == (Code.ABORTED, "REVISION_CONFLICT")
+        assert conflict.value.metadata["current_revision"] == "2"
+        with pytest.raises(DomainError) as exists:
+            await world.service.upsert(ns, str(memory.memory_id), "x", world.source(), {}, None)
+        assert reason(exists) == (Code.ALREADY_EXISTS, "MEMORY_ALREADY_EXISTS")
+        with pytest.raises(DomainError) as missing:
+            await world.service.upsert(ns, str(uuid.uuid4()), "x", world.source(), {}, 1)
+        assert reason(missing) == (Code.NOT_FOUND, "MEMORY_NOT_FOUND")
+
+    async def test_racing_writers_one_wins(self, world: World) -> None:
+        mid = await world.add("Start.")
+
+        async def write(i: int) -> object:
+            try:
+                return await world.service.upsert(
+                    world.namespace, str(mid), f"v{i}", world.source(), {}, 1
+                )
+            except DomainError as error:
+                return error
+
+        results = await asyncio.gather(*(write(i) for i in range(6)))
+        errors = [r for r in results if isinstance(r, DomainError)]
+        assert len(errors) == 5 and all(e.reason == "REVISION_CONFLICT" for e in errors)
+
+    async def test_sources_are_checked(self, world: World) -> None:
+        ns = world.namespace
+        elsewhere = world.sources.add(f"{ns}-other", 10)
+        cases = [
+            (world.source(5, 11), (Code.INVALID_ARGUMENT, "SOURCE_OUT_OF_RANGE")),
+            (world.source(5, 4), (Code.INVALID_ARGUMENT, "INVALID_SOURCE_RANGE")),
+            (world.source(cid=elsewhere), (Code.NOT_FOUND, "SOURCE_NOT_FOUND")),
+            ([], (Code.INVALID_ARGUMENT, "NO_SOURCES")),
+            (world.source() * 33, (Code.INVALID_ARGUMENT, "TOO_MANY_SOURCES")),
+        ]
+        for sources, expected in cases:
+            with pytest.raises(DomainError) as error:
+                await world.service.upsert(ns, "", "A fact.", sources, {}, None)
+            assert reason(error) == expected
+        assert await world.store.list_memories(ns, None, None, 10) == []
+
+    async def test_delete_leaves_a_tombstone_and_erases_history_content(self, world: World) -> None:
+        ns = world.namespace
+        mid = await world.add("Secret 1.")
+        await world.service.upsert(ns, str(mid), "Secret 2.", world.source(), {}, 1)
+        with pytest.raises(DomainError) as stale:
+            await world.service.delete(ns, str(mid), 1)
+        assert reason(stale) == (Code.ABORTED, "REVISION_CONFLICT")
+        assert await world.service.delete(ns, str(mid), 2)
+        assert not await world.service.delete(ns, str(mid), None)
+        history = await world.store.history(ns, mid)
+        assert [(h.revision, h.kind, h.content) for h in history] == [
+            (1, "write", None),
+            (2, "write", None),
+            (3, "delete", None),
+        ]
+        with pytest.raises(DomainError) as gone:
+            await world.service.get(ns, str(mid))
+        assert reason(gone) == (Code.NOT_FOUND, "MEMORY_NOT_FOUND")
+
+    async def test_forget_source_by_range_and_whole(self, world: World) -> None:
+        ns = world.namespace
+        a = await world.add("A.", sources=world.source(1, 2))
+        b = await world.add("B.", sources=world.source(5, 6))
+        other = world.sources.add(ns, 3)
+        c = await world.add("C.", sources=world.source(1, 1, cid=other))
+        assert await world.service.forget_source(ns, world.cid, 2, 4) == 1
+        assert await world.store.get(ns, a) is None
+        assert await world.service.forget_source(ns, world.cid, 0, 0) == 1
+        assert await world.store.get(ns, b) is None
+        assert await world.store.get(ns, c) is not None
+        with pytest.raises(DomainError) as bad:
+            await world.service.forget_source(ns, world.cid, 0, 3)
+        assert reason(bad) == (Code.INVALID_ARGUMENT, "INVALID_SOURCE_RANGE")
+
+    async def test_list_filters_by_conversation_and_pages(self, world: World) -> None:
+        ns = world.namespace
+        other = world.sources.add(ns, 3)
+        mine = {await world.add(f"F{i}.") for i in range(3)}
+        await world.add("G.", sources=world.source(1, 1, cid=other))
+        page = await world.service.list_memories(ns, 2, "", world.cid)
+        rest = await world.service.list_memories(ns, 2, page.next_page_token, world.cid)
+        assert {m.memory_id for m in [*page.memories, *rest.memories]} == mine
+        assert rest.next_page_token == ""
+        with pytest.raises(DomainError) as moved:
+            await world.service.list_memories(ns, 2, page.next_page_token, "")
+        assert reason(moved) == (Code.INVALID_ARGUMENT, "INVALID_PAGE_TOKEN")
+
+    async def test_expired_memories_are_invisible_swept_and_their_ids_reusable(
+        self, world: World
+    ) -> None:
+        ns = world.namespace
+        mid = uuid.uuid4()
+        past = datetime.now(UTC) - timedelta(seconds=1)
+        origin = [MemorySource(uuid.UUID(world.cid), 1, 1)]
+        # Written straight to the store: the service refuses a past expiry.
+        await world.store.create(MemoryWrite(ns, mid, "Old.", origin, {}, None, past, "m", 1))
+        assert await world.store.get(ns, mid) is None
+        assert await world.store.list_memories(ns, None, None, 10) == []
+        again = await world.add("New.", memory_id=mid)
+        assert again == mid
+        assert (await world.service.get(ns, str(mid))).revision == 3  # after the tombstone
+        other = uuid.uuid4()
+        await world.store.create(
+            MemoryWrite(
+                ns,
+                other,
+                "Old.",
+                [MemorySource(uuid.UUID(world.cid), 1, 1)],
+                {},
+                None,
+                past,
+                "m",
+                1,
+            )
+        )
+        swept = await Sweeper(world.store, world.config, lambda: None).run_once()
+        assert swept >= 1
+        assert [h.reason for h in await world.store.history(ns, other)] == ["create", "expired"]
+
+    async def test_default_ttl_per_namespace(self, world: World) -> None:
+        ttl_ns = f"{world.namespace}-ttl"
+        cid = world.sources.add(ttl_ns, 2)
+        memory, _ = await world.service.upsert(
+            ttl_ns, "", "Short-lived.", [SourceInput(cid, 1, 1)], {}, None
+        )
+        assert memory.expire_time is not None
+        left = memory.expire_time - datetime.now(UTC)
+        assert timedelta(minutes=59) < left <= timedelta(hours=1)
+        plain = await world.service.get(world.namespace, str(await world.add("Forever.")))
+        assert plain.expire_time is None
+
+    async def test_search_rereads_and_degrades(self, world: World) -> None:
+        ns = world.namespace
+        keep = await world.add("the cat sleeps on the red sofa", metadata={"room": "living"})
+        drop = await world.add("the cat eats fish in the kitchen", metadata={"room": "kitchen"})
+        await world.drain()
+        found = await world.service.search(ns, "cat sofa", 5)
+        assert found.hits[0].memory.memory_id == keep and not found.degraded
+        only_kitchen = await world.service.search(ns, "cat", 5, {"room": "kitchen"})
+        assert [h.memory.memory_id for h in only_kitchen.hits] == [drop]
+        # Deleted but not yet applied to the index: never returned.
+        await world.service.delete(ns, str(drop), None)
+        assert (ns, drop) in world.index.points
+        found = await world.service.search(ns, "cat eats fish kitchen", 5)
+        assert drop not in {h.memory.memory_id for h in found.hits}
+        # Index down: writes succeed, search degrades to full text.
+        world.index.down = True
+        await world.add("a dog barks at the postman")
+        with pytest.raises(DomainError):
+            await world.drain()
+        degraded = await world.service.search(ns, "dog postman", 5)
+        assert degraded.degraded and len(degraded.hits) == 1
+        world.index.down = False
+        await world.drain()
+        assert (await world.store.backlog()).depth == 0
+        live = {(m.namespace, m.memory_id) for m in await world.store.scan(None, 1000)}
+        assert {k for k in world.index.points if k[0] == ns} == {k for k in live if k[0] == ns}
+
+    async def test_search_validates_its_request(self, world: World) -> None:
+        ns = world.namespace
+        for kwargs, expected in (
+            ({"limit": 0}, "INVALID_LIMIT"),
+            ({"limit": 257}, "INVALID_LIMIT"),
+            ({"query": ""}, "INVALID_QUERY"),
+            ({"min_score": 1.5}, "INVALID_MIN_SCORE"),
+            ({"min_score": float("nan")}, "INVALID_MIN_SCORE"),
+        ):
+            args: dict[str, object] = {"query": "q", "limit": 5, **kwargs}
+            with pytest.raises(DomainError) as error:
+                await world.service.search(ns, **args)  # type: ignore[arg-type]
+            assert reason(error) == (Code.INVALID_ARGUMENT, expected)
+
+    async def test_reindex_after_a_model_change(self, world: World) -> None:
+        ns = world.namespace
+        mid = await world.add("the owl hunts at night")
+        await world.drain()
+
+        class NewModel(HashEmbedder):
+            model = "test/new-model"
+
+        new = NewModel()
+        fresh_index = BruteForceIndex(new.dimension)
+        indexed, _ = await reindex(world.store, fresh_index, new)
+        assert indexed >= 1 and (ns, mid) in fresh_index.points
+        memory = await world.service.get(ns, str(mid))
+        assert memory.embedding_model == "test/new-model"

@@ -1,0 +1,107 @@
+"""The memory domain on the in-memory store; configuration; the OpenAI-compatible embedder."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import httpx
+import pytest
+
+from services.common.settings import SettingsError
+from services.memory.config import MemoryConfig, parse_duration
+from services.memory.embeddings import EmbeddingUnavailable, OpenAIEmbedder
+from services.memory.index import collection_name, point_id
+from services.memory.memory_store import InMemoryMemoryStore
+from tests.memory_cases import MemoryCases
+
+
+class TestInMemoryStore(MemoryCases):
+    @pytest.fixture
+    def store(self) -> InMemoryMemoryStore:
+        return InMemoryMemoryStore()
+
+
+def test_configuration_defaults_and_errors_name_the_variable() -> None:
+    config = MemoryConfig.from_env({})
+    assert config.index == "edge" and config.embeddings == "local"
+    assert config.embeddings_dimension == 384 and config.default_ttl is None
+    config = MemoryConfig.from_env(
+        {
+            "RUNIFOLD_MEMORY_DEFAULT_TTL": "30d",
+            "RUNIFOLD_MEMORY_NAMESPACE_TTLS": "short=1h, forever=0",
+        }
+    )
+    assert config.ttl_for("other") == timedelta(days=30)
+    assert config.ttl_for("short") == timedelta(hours=1)
+    assert config.ttl_for("forever") is None
+    for env, name in (
+        ({"RUNIFOLD_MEMORY_INDEX": "faiss"}, "RUNIFOLD_MEMORY_INDEX"),
+        ({"RUNIFOLD_MEMORY_INDEX": "qdrant"}, "QDRANT_URL"),
+        ({"RUNIFOLD_MEMORY_DEFAULT_TTL": "soon"}, "RUNIFOLD_MEMORY_DEFAULT_TTL"),
+        ({"RUNIFOLD_MEMORY_NAMESPACE_TTLS": "a b=1h"}, "RUNIFOLD_MEMORY_NAMESPACE_TTLS"),
+        ({"RUNIFOLD_EMBEDDINGS": "openai"}, "RUNIFOLD_EMBEDDINGS_URL"),
+        ({"RUNIFOLD_MEMORY_OVERFETCH": "0"}, "RUNIFOLD_MEMORY_OVERFETCH"),
+    ):
+        with pytest.raises(SettingsError, match=name):
+            MemoryConfig.from_env(env)
+    assert parse_duration("X", "45m") == timedelta(minutes=45)
+
+
+def test_collections_and_points_are_per_model_and_namespace() -> None:
+    assert collection_name("sentence-transformers/all-MiniLM-L6-v2", 384) == (
+        "runifold_memory_sentence_transformers_all_minilm_l6_v2_384"
+    )
+    import uuid
+
+    mid = uuid.uuid4()
+    assert point_id("a", mid) != point_id("b", mid)
+    assert point_id("a", mid) == point_id("a", mid)
+
+
+async def test_openai_embedder_batches_orders_and_normalises() -> None:
+    requests: list[dict[str, object]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        requests.append(body)
+        assert request.headers["authorization"] == "Bearer k"
+        assert request.url.path == "/v1/embeddings"
+        data = [
+            {"index": i, "embedding": [float(len(text)), 0.0, 0.0]}
+            for i, text in enumerate(body["input"])
+        ]
+        return httpx.Response(
+            200, json={"data": list(reversed(data)), "usage": {"prompt_tokens": 3}}
+        )
+
+    embedder = OpenAIEmbedder(
+        "http://embeddings.test/v1",
+        "text-embedding-3-small",
+        3,
+        api_key="k",
+        batch_size=2,
+        transport=httpx.MockTransport(handler),
+    )
+    vectors = await embedder.embed(["a", "bb", "ccc"])
+    assert vectors == [[1.0, 0.0, 0.0]] * 3
+    assert [r["input"] for r in requests] == [["a", "bb"], ["ccc"]]
+    assert all(r["model"] == "text-embedding-3-small" for r in requests)
+    await embedder.close()
+
+
+async def test_openai_embedder_failures_are_unavailable() -> None:
+    for response in (
+        httpx.Response(503, json={}),
+        httpx.Response(200, json={"data": [{"index": 0, "embedding": [1.0]}]}),  # wrong size
+        httpx.Response(200, text="not json"),
+    ):
+        embedder = OpenAIEmbedder(
+            "http://embeddings.test/v1",
+            "m",
+            3,
+            transport=httpx.MockTransport(lambda _, r=response: r),
+        )
+        with pytest.raises(EmbeddingUnavailable):
+            await embedder.embed(["a"])
+        await embedder.close()
