@@ -10,9 +10,10 @@ from collections.abc import Sequence
 
 from services.common.server import Component
 from services.memory.component import MemoryComponent
+from services.summary.component import SummaryComponent
 from services.transcript.component import TranscriptComponent
 
 
 def components() -> Sequence[Component]:
     """The components of the all-in-one server, in start order."""
-    return [TranscriptComponent(), MemoryComponent()]
+    return [TranscriptComponent(), SummaryComponent(), MemoryComponent()]

@@ -27,6 +27,7 @@ from services.common.settings import Settings
 
 MIGRATION_DIRS: dict[str, Path] = {
     "transcript": Path("services/transcript/migrations"),
+    "summary": Path("services/summary/migrations"),
     "memory": Path("services/memory/migrations"),
 }
 TEMPLATE = "runifold_template"

@@ -1,0 +1,132 @@
+"""SummaryService as a server component: its pool, migrations, peer, summarizer and workers."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+
+from runifold.summary.v1 import summary_service_pb2, summary_service_pb2_grpc
+from services.common import migrations
+from services.common.db import Database
+from services.common.openai_chat import OpenAIChatModel
+from services.common.peers import Peer, open_channel
+from services.common.server import StartContext
+from services.summary.config import SummaryConfig
+from services.summary.service import SummaryService
+from services.summary.servicer import SummaryServicer
+from services.summary.store import PostgresSummaryStore
+from services.summary.summarizers import ChatModelSummarizer, OfflineSummarizer, Summarizer
+from services.summary.transcripts import GrpcTranscripts
+from services.summary.worker import SummaryWorkers
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+SERVICE_NAME = summary_service_pb2.DESCRIPTOR.services_by_name["SummaryService"].full_name
+
+# The offline digest stays small whatever the byte limit: it is a stand-in for a model.
+_OFFLINE_TARGET_BYTES = 4096
+
+
+def build_summarizer(config: SummaryConfig) -> tuple[Summarizer, OpenAIChatModel | None]:
+    """The summarizer the configuration names (and the HTTP client to close, if any)."""
+    if config.summarizer == "openai":
+        model = OpenAIChatModel(
+            config.model_base_url,
+            config.model_name,
+            config.model_api_key,
+            config.model_timeout_s,
+            config.model_max_retries,
+            purpose="summary",
+        )
+        summarizer = ChatModelSummarizer(
+            model,
+            max_entry_chars=config.max_entry_chars,
+            max_summary_bytes=config.max_summary_bytes,
+        )
+        return summarizer, model
+    offline = OfflineSummarizer(
+        max_entry_chars=config.max_entry_chars,
+        target_bytes=min(_OFFLINE_TARGET_BYTES, config.max_summary_bytes),
+    )
+    return offline, None
+
+
+class SummaryComponent:
+    """Hosts SummaryService (and its queue workers) in a server process."""
+
+    name = "summary"
+    service_names = (SERVICE_NAME,)
+
+    def __init__(
+        self, config: SummaryConfig | None = None, summarizer: Summarizer | None = None
+    ) -> None:
+        self.config = config or SummaryConfig.from_env()
+        self._summarizer = summarizer
+        self.db: Database | None = None
+        self.peer: Peer | None = None
+        self.service: SummaryService | None = None
+        self.workers: SummaryWorkers | None = None
+        self._model: OpenAIChatModel | None = None
+
+    def register(self, server: grpc.aio.Server) -> None:
+        assert self.service is not None, "register after start"
+        summary_service_pb2_grpc.add_SummaryServiceServicer_to_server(
+            SummaryServicer(self.service), server
+        )
+
+    async def start(self, ctx: StartContext) -> None:
+        if ctx.database_url is None:
+            raise ValueError("SummaryService needs a database (DATABASE_URL)")
+        transcript_address = ctx.peer_address("transcript")
+        self.db = Database(ctx.database_url, ctx.settings, name="summary")
+        await self.db.open()
+        if ctx.settings.migrate == "auto":
+            await migrations.migrate(self.db, self.name, MIGRATIONS)
+        await migrations.check(self.db, self.name, MIGRATIONS)
+        self.peer = Peer(
+            "transcript", open_channel(transcript_address), timeout=self.config.peer_timeout_s
+        )
+        summarizer = self._summarizer
+        if summarizer is None:
+            summarizer, self._model = build_summarizer(self.config)
+        store = PostgresSummaryStore(self.db, history_limit=self.config.history_limit)
+        self.service = SummaryService(store, GrpcTranscripts(self.peer), summarizer, self.config)
+        self.workers = SummaryWorkers(self.service, store, self.config, ready=self._peer_ready)
+        self.service.on_enqueue = self.workers.wake
+        await self.workers.start()
+
+    async def _peer_ready(self) -> bool:
+        """True when TranscriptService is reachable: workers claim nothing before (in the
+        all-in-one server the components start before the port serves)."""
+        assert self.peer is not None
+        channel = self.peer.channel
+        if channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+            return True
+        try:
+            await asyncio.wait_for(channel.channel_ready(), self.config.poll_interval_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        if self.workers is not None:
+            await self.workers.stop()
+            self.workers = None
+        if self._model is not None:
+            await self._model.aclose()
+            self._model = None
+        if self.peer is not None:
+            await self.peer.close()
+            self.peer = None
+        if self.db is not None:
+            await self.db.close()
+
+    async def healthy(self) -> bool:
+        if self.db is None or self.db.closed:
+            return False
+        try:
+            await migrations.check(self.db, self.name, MIGRATIONS)
+        except Exception:
+            return False
+        return True

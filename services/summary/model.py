@@ -1,0 +1,183 @@
+"""Domain records of the summary service, and the rule every commit obeys."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from services.common.domain import Entry, Usage
+from services.common.errors import Code, DomainError
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """The summary of the transcript prefix 1..through_sequence of one conversation."""
+
+    conversation_id: uuid.UUID
+    namespace: str
+    text: str
+    through_sequence: int
+    revision: int
+    create_time: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class NewSummary:
+    """A commit as the store receives it (already validated)."""
+
+    namespace: str
+    conversation_id: uuid.UUID
+    text: str
+    through_sequence: int
+    expected_through_sequence: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    """The summary now current, and whether this commit wrote it (False: a replay)."""
+
+    summary: Summary
+    written: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptView:
+    """The part of a TranscriptService view the summarizer needs."""
+
+    last_sequence: int
+    summary_buffer: Sequence[Entry]
+    summary_backlog: int
+
+
+@dataclass(frozen=True, slots=True)
+class SummarizeResult:
+    """What Summarize did: the summary after the passes, passes committed, backlog left."""
+
+    summary: Summary | None
+    passes: int
+    backlog: int
+    usage: Usage
+
+
+class JobState(enum.IntEnum):
+    """State of a summary job. Values equal the protobuf enum's."""
+
+    PENDING = 1
+    RUNNING = 2
+    DONE = 3
+    FAILED = 4
+
+
+# The job state as stored (text, readable in SQL) and back.
+STATE_NAMES = {
+    JobState.PENDING: "pending",
+    JobState.RUNNING: "running",
+    JobState.DONE: "done",
+    JobState.FAILED: "failed",
+}
+STATES_BY_NAME = {name: state for state, name in STATE_NAMES.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A background summarization job of one conversation."""
+
+    job_id: uuid.UUID
+    namespace: str
+    conversation_id: uuid.UUID
+    window: int
+    summary_batch: int
+    state: JobState
+    attempts: int
+    failures: int
+    create_time: datetime
+    enqueue_time: datetime
+    lease_token: uuid.UUID | None = None
+    claimed_by: str = ""
+    last_error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job as RequestSummary asks for it (already validated)."""
+
+    job_id: uuid.UUID
+    namespace: str
+    conversation_id: uuid.UUID
+    window: int
+    summary_batch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """The job queue of one namespace (or of all, for the gauges)."""
+
+    depth: int = 0
+    oldest_pending_age_s: float = 0.0
+    failed_count: int = 0
+    running_count: int = 0
+
+
+class SummaryConflict(DomainError):
+    """A commit's expected_through_sequence was not the current summary's."""
+
+    def __init__(self, current_through_sequence: int, expected_through_sequence: int) -> None:
+        super().__init__(
+            Code.ABORTED,
+            "SUMMARY_CONFLICT",
+            f"the summary covers through sequence {current_through_sequence}, "
+            f"not {expected_through_sequence}",
+            metadata={
+                "current_through_sequence": current_through_sequence,
+                "expected_through_sequence": expected_through_sequence,
+            },
+        )
+        self.current_through_sequence = current_through_sequence
+
+
+class SummaryNotNewer(DomainError):
+    """A commit that does not cover more than the current summary (summaries only move forward)."""
+
+    def __init__(self, current_through_sequence: int, through_sequence: int) -> None:
+        super().__init__(
+            Code.FAILED_PRECONDITION,
+            "SUMMARY_NOT_NEWER",
+            f"through_sequence {through_sequence} is not newer than the current summary "
+            f"({current_through_sequence})",
+            metadata={
+                "current_through_sequence": current_through_sequence,
+                "through_sequence": through_sequence,
+            },
+        )
+        self.current_through_sequence = current_through_sequence
+
+
+def check_commit(current: Summary | None, new: NewSummary) -> Summary | None:
+    """The monotonic rule, applied by a store while it holds the conversation's summary.
+
+    Returns the current summary when `new` is a replay of it (same range, same
+    text: nothing to write), None when `new` may be written. Raises
+    SummaryConflict when the compare-and-swap fails, SummaryNotNewer when the
+    commit does not cover more than the current summary.
+    """
+    current_through = current.through_sequence if current is not None else 0
+    if (
+        current is not None
+        and current.through_sequence == new.through_sequence
+        and current.text == new.text
+    ):
+        return current
+    expected = new.expected_through_sequence
+    if expected is not None and expected != current_through:
+        raise SummaryConflict(current_through, expected)
+    if new.through_sequence <= current_through:
+        raise SummaryNotNewer(current_through, new.through_sequence)
+    return None
+
+
+def summary_not_found() -> DomainError:
+    """No summary / conversation under this namespace (existence is not revealed)."""
+    return DomainError(Code.NOT_FOUND, "CONVERSATION_NOT_FOUND", "conversation not found")

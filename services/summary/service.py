@@ -1,0 +1,342 @@
+"""SummaryService domain logic: monotonic summaries, the summarization workflow, the queue.
+
+Takes a `SummaryStore`, a `Transcripts` port (TranscriptService's API) and a
+`Summarizer`; knows nothing of gRPC or SQL. The store makes each commit
+atomic and monotonic; this layer validates input, reads transcripts only
+through the port, charges every summarizer call to the caller's budget and
+deadline, and refuses summarizer output that may not be committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import uuid_utils
+
+from services.common import metrics, validation
+from services.common.domain import Budget, Entry, Role, Usage
+from services.common.errors import Code, DomainError, invalid_argument
+from services.common.llm import budget_exhausted
+from services.common.peers import remaining
+from services.summary.config import MAX_SUMMARY_PASSES, SummaryConfig
+from services.summary.model import (
+    Backlog,
+    CommitResult,
+    Job,
+    NewJob,
+    NewSummary,
+    SummarizeResult,
+    Summary,
+    TranscriptView,
+)
+from services.summary.store import SummaryStore
+from services.summary.summarizers import Summarizer
+
+PASSES_RANGE = (1, MAX_SUMMARY_PASSES)
+
+
+class Transcripts(Protocol):
+    """What the summary service reads from TranscriptService (its API, never its tables).
+
+    Each method raises NOT_FOUND / CONVERSATION_NOT_FOUND when the conversation
+    is not in the namespace."""
+
+    async def last_sequence(self, namespace: str, conversation_id: uuid.UUID) -> int:
+        """The sequence of the conversation's last entry (0 when empty)."""
+
+    async def entry_after(
+        self, namespace: str, conversation_id: uuid.UUID, sequence: int
+    ) -> Entry | None:
+        """The entry at `sequence + 1`, if there is one."""
+
+    async def load_view(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        window: int,
+        summary_batch: int,
+        summarized_through: int,
+    ) -> TranscriptView:
+        """LoadView: the summary buffer after `summarized_through` and the backlog behind it."""
+
+
+def conversation_id(value: str, field: str = "conversation_id") -> uuid.UUID:
+    """A conversation id: a UUID in canonical text form."""
+    return validation.uuid_id(value, field, "INVALID_CONVERSATION_ID")
+
+
+def is_not_found(error: DomainError) -> bool:
+    """True when TranscriptService says the conversation does not exist (here)."""
+    return error.code is Code.NOT_FOUND
+
+
+def summary_invalid(problem: str, **metadata: object) -> DomainError:
+    """The summarizer produced something that may not be committed (nothing was)."""
+    return DomainError(
+        Code.FAILED_PRECONDITION,
+        "SUMMARY_INVALID",
+        f"the summarizer's output was refused ({problem}); nothing was committed",
+        metadata={"problem": problem, **metadata},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    """A budget with the server defaults filled in."""
+
+    max_model_calls: int
+    max_output_tokens: int
+    max_input_tokens: int
+
+
+class SummaryService:
+    """Summaries of transcript prefixes and their background queue."""
+
+    def __init__(
+        self,
+        store: SummaryStore,
+        transcripts: Transcripts,
+        summarizer: Summarizer,
+        config: SummaryConfig,
+    ) -> None:
+        self.store = store
+        self.transcripts = transcripts
+        self.summarizer = summarizer
+        self.config = config
+        # Called after a job is enqueued, so local workers need not wait for their poll.
+        self.on_enqueue: Callable[[], None] | None = None
+
+    # -- summaries ------------------------------------------------------------------
+
+    async def _last_sequence(self, namespace: str, cid: uuid.UUID) -> int:
+        """The transcript's last sequence; erases what was derived from a missing conversation."""
+        try:
+            return await self.transcripts.last_sequence(namespace, cid)
+        except DomainError as error:
+            if is_not_found(error):
+                await self.store.purge_conversation(namespace, cid)
+            raise
+
+    async def get_summary(self, namespace: str, conversation_id_text: str) -> Summary | None:
+        """The current summary; None when none was committed. NOT_FOUND when the
+        conversation does not exist in the namespace (its summaries are erased then)."""
+        validation.namespace(namespace)
+        cid = conversation_id(conversation_id_text)
+        summary, last = await asyncio.gather(
+            self.store.get_summary(namespace, cid), self._last_sequence(namespace, cid)
+        )
+        if summary is not None and summary.through_sequence > last:
+            # Covers entries the transcript does not have: the conversation was erased and
+            # created again under the same id. The summary describes nothing that exists.
+            await self.store.purge_conversation(namespace, cid)
+            return None
+        return summary
+
+    def _validate_text(self, text: str) -> None:
+        limit = self.config.max_summary_bytes
+        if len(text.encode("utf-8", "surrogatepass")) > limit:
+            raise invalid_argument(
+                "SUMMARY_TOO_LARGE", f"text exceeds {limit} bytes", field="text", limit_bytes=limit
+            )
+        validation.text(text, "text", max_bytes=limit, reason="INVALID_SUMMARY_TEXT", required=True)
+
+    async def commit_summary(
+        self,
+        namespace: str,
+        conversation_id_text: str,
+        text: str,
+        through_sequence: int,
+        expected_through_sequence: int | None,
+    ) -> CommitResult:
+        """Commit a summary of entries 1..through_sequence.
+
+        Monotonic: through_sequence must exist in the transcript, must not end
+        between a tool call and its results, and must be newer than the current
+        summary (else FAILED_PRECONDITION / SUMMARY_NOT_NEWER). With
+        expected_through_sequence it is a compare-and-swap (ABORTED /
+        SUMMARY_CONFLICT). Committing the current summary again (same range,
+        same text) is a no-op that returns it.
+        """
+        validation.namespace(namespace)
+        cid = conversation_id(conversation_id_text)
+        self._validate_text(text)
+        if through_sequence < 1:
+            raise invalid_argument(
+                "INVALID_SEQUENCE", "through_sequence must be at least 1", field="through_sequence"
+            )
+        if expected_through_sequence is not None and expected_through_sequence < 0:
+            raise invalid_argument(
+                "INVALID_SEQUENCE",
+                "expected_through_sequence must not be negative",
+                field="expected_through_sequence",
+            )
+        last, after = await asyncio.gather(
+            self._last_sequence(namespace, cid),
+            self.transcripts.entry_after(namespace, cid, through_sequence),
+        )
+        if through_sequence > last:
+            raise invalid_argument(
+                "SEQUENCE_OUT_OF_RANGE",
+                "through_sequence is beyond the transcript",
+                field="through_sequence",
+                last_sequence=last,
+            )
+        if after is not None and after.message.role == Role.TOOL:
+            raise invalid_argument(
+                "SPLITS_TOOL_CALL",
+                "through_sequence ends between a tool call and its results",
+                field="through_sequence",
+            )
+        return await self.store.commit_summary(
+            NewSummary(namespace, cid, text, through_sequence, expected_through_sequence)
+        )
+
+    # -- the summarization workflow -----------------------------------------------
+
+    def _limits(self, budget: Budget) -> _Limits:
+        config = self.config
+        return _Limits(
+            budget.max_model_calls or config.default_max_model_calls,
+            budget.max_output_tokens or config.default_max_output_tokens,
+            budget.max_input_tokens or config.default_max_input_tokens,
+        )
+
+    def _check_budget(
+        self, limits: _Limits, usage: Usage, previous: str | None, buffer: Sequence[Entry]
+    ) -> int:
+        """Refuse a call the budget does not cover; return the call's output token cap."""
+        if usage.model_calls >= limits.max_model_calls:
+            raise budget_exhausted("max_model_calls", limits.max_model_calls)
+        output_left = limits.max_output_tokens - usage.output_tokens
+        if output_left <= 0:
+            raise budget_exhausted("max_output_tokens", limits.max_output_tokens)
+        estimate = self.summarizer.estimate_input_tokens(previous, buffer)
+        if usage.input_tokens + estimate > limits.max_input_tokens:
+            raise budget_exhausted("max_input_tokens", limits.max_input_tokens)
+        return min(self.config.max_output_tokens_per_pass, output_left)
+
+    def _checked_output(self, text: str) -> str:
+        """The summarizer's text if it may be committed; SUMMARY_INVALID otherwise."""
+        if not text.strip():
+            raise summary_invalid("empty")
+        if "\x00" in text:
+            raise summary_invalid("nul_character")
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > self.config.max_summary_bytes:
+            raise summary_invalid(
+                "too_large", size_bytes=size, limit_bytes=self.config.max_summary_bytes
+            )
+        return text
+
+    async def summarize(
+        self,
+        namespace: str,
+        conversation_id_text: str,
+        window: int,
+        summary_batch: int,
+        max_summary_passes: int,
+        budget: Budget,
+    ) -> SummarizeResult:
+        """Summarize the buffer in passes, up to `max_summary_passes` (0 means 1).
+
+        Each pass reads the view after the current summary (TranscriptService's
+        LoadView keeps a tool call and its results on one side of the buffer's
+        end), gives the summarizer the previous summary plus the buffer, and
+        commits the result with a compare-and-swap on the summary it started
+        from. Every summarizer call is charged to `budget` (zero fields take the
+        server defaults) and must finish before the request's deadline.
+        Raises RESOURCE_EXHAUSTED / BUDGET_EXHAUSTED when the budget does not
+        cover the next pass and ABORTED / SUMMARY_CONFLICT when another writer
+        moved the summary; passes committed before stay committed, and the
+        error's metadata reports them and the usage spent.
+        """
+        validation.namespace(namespace)
+        cid = conversation_id(conversation_id_text)
+        validation.in_range(window, validation.WINDOW_RANGE, "window", "INVALID_WINDOW")
+        validation.in_range(
+            summary_batch, validation.SUMMARY_BATCH_RANGE, "summary_batch", "INVALID_SUMMARY_BATCH"
+        )
+        if max_summary_passes == 0:
+            max_summary_passes = 1
+        validation.in_range(
+            max_summary_passes, PASSES_RANGE, "max_summary_passes", "INVALID_MAX_SUMMARY_PASSES"
+        )
+        limits = self._limits(budget)
+        usage = Usage()
+        passes = 0
+        current = await self.store.get_summary(namespace, cid)
+        through = current.through_sequence if current else 0
+        try:
+            view = await self.transcripts.load_view(namespace, cid, window, summary_batch, through)
+            while view.summary_buffer:
+                if passes == max_summary_passes:
+                    return SummarizeResult(
+                        current, passes, len(view.summary_buffer) + view.summary_backlog, usage
+                    )
+                previous = current.text if current else None
+                max_output = self._check_budget(limits, usage, previous, view.summary_buffer)
+                output = await self.summarizer.summarize(
+                    previous,
+                    view.summary_buffer,
+                    max_output_tokens=max_output,
+                    timeout=remaining(self.config.model_timeout_s),
+                )
+                usage = usage + output.usage
+                text = self._checked_output(output.text)
+                new_through = view.summary_buffer[-1].sequence
+                result = await self.store.commit_summary(
+                    NewSummary(namespace, cid, text, new_through, through)
+                )
+                current, through = result.summary, new_through
+                passes += 1
+                metrics.SUMMARY_PASSES.inc()
+                if view.summary_backlog == 0:
+                    break  # the view said nothing else waits: spare a round trip
+                view = await self.transcripts.load_view(
+                    namespace, cid, window, summary_batch, through
+                )
+        except DomainError as error:
+            if is_not_found(error):
+                await self.store.purge_conversation(namespace, cid)
+            error.metadata.update(
+                passes=str(passes),
+                summarized_through=str(through),
+                usage_model_calls=str(usage.model_calls),
+                usage_input_tokens=str(usage.input_tokens),
+                usage_output_tokens=str(usage.output_tokens),
+            )
+            raise
+        return SummarizeResult(current, passes, 0, usage)
+
+    # -- the background queue ------------------------------------------------------
+
+    async def request_summary(
+        self, namespace: str, conversation_id_text: str, window: int, summary_batch: int
+    ) -> tuple[Job, bool]:
+        """Enqueue background summarization; at most one waiting job per conversation.
+
+        A repeat returns the waiting (or running) job with False; a running job
+        then runs again when it finishes, so the request is not lost.
+        """
+        validation.namespace(namespace)
+        cid = conversation_id(conversation_id_text)
+        validation.in_range(window, validation.WINDOW_RANGE, "window", "INVALID_WINDOW")
+        validation.in_range(
+            summary_batch, validation.SUMMARY_BATCH_RANGE, "summary_batch", "INVALID_SUMMARY_BATCH"
+        )
+        await self._last_sequence(namespace, cid)
+        job, created = await self.store.enqueue(
+            NewJob(uuid.UUID(str(uuid_utils.uuid7())), namespace, cid, window, summary_batch)
+        )
+        if self.on_enqueue is not None:
+            self.on_enqueue()
+        return job, created
+
+    async def get_backlog(self, namespace: str) -> Backlog:
+        """The job queue of a namespace: depth, oldest waiting age, parked and running jobs."""
+        validation.namespace(namespace)
+        return await self.store.backlog(namespace)

@@ -1,0 +1,425 @@
+"""Summary persistence: the store protocol and its PostgreSQL adapter (schema `summary`).
+
+A commit holds the conversation's summary row (SELECT ... FOR UPDATE) while
+it applies the monotonic rule (`model.check_commit`), so racing commits are
+serialized by PostgreSQL and the rule sees the latest summary. Jobs are
+claimed with FOR UPDATE SKIP LOCKED under a lease: every later change of a
+claimed job names its lease token, so a worker that lost its lease (it was
+too slow, or presumed dead) can no longer change the job.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from services.common.db import Database, fetch_one
+from services.summary.model import (
+    STATES_BY_NAME,
+    Backlog,
+    CommitResult,
+    Job,
+    JobState,
+    NewJob,
+    NewSummary,
+    Summary,
+    check_commit,
+)
+
+# A first commit can lose the race to insert the row; it then re-reads once.
+_COMMIT_ROUNDS = 3
+
+
+class SummaryStore(Protocol):
+    """What the summary service and its workers need from a store. Every method is atomic."""
+
+    async def get_summary(self, namespace: str, conversation_id: uuid.UUID) -> Summary | None:
+        """The current summary, or None."""
+
+    async def commit_summary(self, new: NewSummary) -> CommitResult:
+        """Apply `check_commit` against the current summary and write atomically.
+
+        The replaced summary moves to the history, which keeps the newest
+        `history_limit` replaced revisions."""
+
+    async def summary_history(self, namespace: str, conversation_id: uuid.UUID) -> list[Summary]:
+        """The replaced summaries kept, oldest first."""
+
+    async def purge_conversation(self, namespace: str, conversation_id: uuid.UUID) -> None:
+        """Erase everything derived from a conversation: summaries, history, jobs."""
+
+    async def enqueue(self, job: NewJob) -> tuple[Job, bool]:
+        """Insert a pending job unless the conversation has a waiting or running one.
+
+        Returns that job and False otherwise; a running job is then marked to
+        run again once it finishes (the request is not lost)."""
+
+    async def get_job(self, job_id: uuid.UUID) -> Job | None:
+        """A job by id."""
+
+    async def claim(self, worker: str, lease_s: float) -> Job | None:
+        """Take the oldest due pending job, or a running job whose lease expired
+        (that counts as a failure: its worker died), under a new lease."""
+
+    async def extend_lease(self, job_id: uuid.UUID, lease_token: uuid.UUID, lease_s: float) -> bool:
+        """Push the lease forward; False when the lease was lost."""
+
+    async def complete(
+        self, job_id: uuid.UUID, lease_token: uuid.UUID, requeue: bool
+    ) -> JobState | None:
+        """Finish an attempt that succeeded: DONE, or PENDING again when asked to
+        (`requeue`) or when a request arrived meanwhile. None when the lease was lost."""
+
+    async def fail(
+        self,
+        job_id: uuid.UUID,
+        lease_token: uuid.UUID,
+        reason: str,
+        *,
+        counted: bool,
+        park: bool,
+        retry_in_s: float,
+    ) -> JobState | None:
+        """Finish an attempt that failed: PENDING after `retry_in_s`, or FAILED
+        (parked). `counted` adds one to the job's failures. None when the lease was lost."""
+
+    async def release(self, job_id: uuid.UUID, lease_token: uuid.UUID) -> bool:
+        """Give a claimed job back untouched (shutdown): PENDING, due now, attempt not counted."""
+
+    async def backlog(self, namespace: str | None) -> Backlog:
+        """The queue of a namespace, or of every namespace when None."""
+
+    async def prune_jobs(self, older_than_s: float) -> int:
+        """Delete DONE and FAILED jobs finished more than `older_than_s` ago."""
+
+
+# --- PostgreSQL -------------------------------------------------------------
+
+_SUMMARY_COLUMNS = "conversation_id, namespace, text, through_sequence, revision, create_time"
+_JOB_COLUMNS = """job_id, namespace, conversation_id, window_size, summary_batch, state, attempts,
+                  failures, create_time, enqueue_time, lease_token, claimed_by, last_error"""
+_ACTIVE = "('pending', 'running')"
+
+
+def _summary(row: Sequence[Any]) -> Summary:
+    conversation_id, namespace, text, through_sequence, revision, create_time = row
+    return Summary(conversation_id, namespace, text, through_sequence, revision, create_time)
+
+
+def _job(row: Sequence[Any]) -> Job:
+    (
+        job_id,
+        namespace,
+        conversation_id,
+        window,
+        summary_batch,
+        state,
+        attempts,
+        failures,
+        create_time,
+        enqueue_time,
+        lease_token,
+        claimed_by,
+        last_error,
+    ) = row
+    return Job(
+        job_id,
+        namespace,
+        conversation_id,
+        window,
+        summary_batch,
+        STATES_BY_NAME[state],
+        attempts,
+        failures,
+        create_time,
+        enqueue_time,
+        lease_token,
+        claimed_by,
+        last_error,
+    )
+
+
+_GET_SUMMARY = f"""
+SELECT {_SUMMARY_COLUMNS} FROM summary.summaries
+ WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+"""
+
+_INSERT_FIRST_SUMMARY = f"""
+INSERT INTO summary.summaries (namespace, conversation_id, revision, through_sequence, text)
+VALUES (%(namespace)s, %(conversation_id)s, 1, %(through_sequence)s, %(text)s)
+ON CONFLICT (namespace, conversation_id) DO NOTHING
+RETURNING {_SUMMARY_COLUMNS}
+"""
+
+# Replace the locked current summary: the old row goes to the history, which
+# keeps the newest `history_limit` replaced revisions. One statement, one snapshot.
+_REPLACE_SUMMARY = f"""
+WITH kept AS (
+    INSERT INTO summary.summary_history
+           (namespace, conversation_id, revision, through_sequence, text, create_time)
+    SELECT namespace, conversation_id, revision, through_sequence, text, create_time
+      FROM summary.summaries
+     WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+), trimmed AS (
+    DELETE FROM summary.summary_history
+     WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+       AND revision <= %(current_revision)s - %(history_limit)s
+)
+UPDATE summary.summaries
+   SET revision = revision + 1, through_sequence = %(through_sequence)s, text = %(text)s,
+       create_time = now()
+ WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+RETURNING {_SUMMARY_COLUMNS}
+"""
+
+_INSERT_JOB = f"""
+INSERT INTO summary.jobs (job_id, namespace, conversation_id, window_size, summary_batch)
+VALUES (%(job_id)s, %(namespace)s, %(conversation_id)s, %(window)s, %(summary_batch)s)
+ON CONFLICT (namespace, conversation_id) WHERE state IN {_ACTIVE} DO NOTHING
+RETURNING {_JOB_COLUMNS}
+"""
+
+# The repeat of a request: a running job is marked to run again when it
+# finishes (its last view may predate the entries this request is about).
+_REPEAT_JOB = f"""
+UPDATE summary.jobs
+   SET requested_again = CASE WHEN state = 'running' THEN coalesce(requested_again, now())
+                              ELSE requested_again END
+ WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+   AND state IN {_ACTIVE}
+RETURNING {_JOB_COLUMNS}
+"""
+
+# The oldest due job, skipping rows other workers hold. A running job whose
+# lease expired is taken over; its dead attempt counts as a failure.
+_CLAIM = f"""
+WITH next AS (
+    SELECT job_id FROM summary.jobs
+     WHERE (state = 'pending' AND run_after <= now())
+        OR (state = 'running' AND lease_until < now())
+     ORDER BY run_after
+     LIMIT 1
+     FOR UPDATE SKIP LOCKED
+)
+UPDATE summary.jobs AS j
+   SET state = 'running',
+       attempts = j.attempts + 1,
+       failures = j.failures + (j.state = 'running')::int,
+       last_error = CASE WHEN j.state = 'running' THEN 'LEASE_EXPIRED' ELSE j.last_error END,
+       lease_token = %(lease_token)s,
+       lease_until = now() + make_interval(secs => %(lease_s)s),
+       claimed_by = %(worker)s
+  FROM next
+ WHERE j.job_id = next.job_id
+RETURNING {", ".join("j." + c.strip() for c in _JOB_COLUMNS.split(","))}
+"""
+
+_EXTEND = """
+UPDATE summary.jobs SET lease_until = now() + make_interval(secs => %(lease_s)s)
+ WHERE job_id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
+"""
+
+_COMPLETE = """
+UPDATE summary.jobs
+   SET state = CASE WHEN %(requeue)s OR requested_again IS NOT NULL THEN 'pending' ELSE 'done' END,
+       finish_time = CASE WHEN %(requeue)s OR requested_again IS NOT NULL THEN NULL ELSE now() END,
+       enqueue_time = coalesce(requested_again, enqueue_time),
+       requested_again = NULL,
+       failures = 0,
+       last_error = '',
+       run_after = now(),
+       lease_token = NULL,
+       lease_until = NULL
+ WHERE job_id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
+RETURNING state
+"""
+
+_FAIL = """
+UPDATE summary.jobs
+   SET state = CASE WHEN %(park)s THEN 'failed' ELSE 'pending' END,
+       finish_time = CASE WHEN %(park)s THEN now() END,
+       failures = failures + %(counted)s::int,
+       last_error = %(reason)s,
+       run_after = now() + make_interval(secs => %(retry_in_s)s),
+       lease_token = NULL,
+       lease_until = NULL
+ WHERE job_id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
+RETURNING state
+"""
+
+_RELEASE = """
+UPDATE summary.jobs
+   SET state = 'pending', attempts = greatest(attempts - 1, 0), run_after = now(),
+       lease_token = NULL, lease_until = NULL
+ WHERE job_id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
+"""
+
+_BACKLOG = f"""
+SELECT count(*) FILTER (WHERE state IN {_ACTIVE}),
+       coalesce(extract(epoch FROM now() - min(enqueue_time) FILTER (WHERE state IN {_ACTIVE})),
+                0)::float8,
+       count(*) FILTER (WHERE state = 'failed'),
+       count(*) FILTER (WHERE state = 'running')
+  FROM summary.jobs
+ WHERE state <> 'done' AND (%(namespace)s::text IS NULL OR namespace = %(namespace)s::text)
+"""
+
+
+class PostgresSummaryStore:
+    """SummaryStore on PostgreSQL (schema `summary`)."""
+
+    def __init__(self, db: Database, *, history_limit: int = 64) -> None:
+        self.db = db
+        self.history_limit = history_limit
+
+    async def get_summary(self, namespace: str, conversation_id: uuid.UUID) -> Summary | None:
+        async with self.db.connection() as conn:
+            row = await fetch_one(
+                conn, _GET_SUMMARY, {"namespace": namespace, "conversation_id": conversation_id}
+            )
+        return _summary(row) if row else None
+
+    async def commit_summary(self, new: NewSummary) -> CommitResult:
+        params = {
+            "namespace": new.namespace,
+            "conversation_id": new.conversation_id,
+            "through_sequence": new.through_sequence,
+            "text": new.text,
+            "history_limit": self.history_limit,
+        }
+        async with self.db.connection() as conn:
+            for _ in range(_COMMIT_ROUNDS):
+                async with conn.transaction():
+                    row = await fetch_one(conn, _GET_SUMMARY + " FOR UPDATE", params)
+                    current = _summary(row) if row else None
+                    replay = check_commit(current, new)
+                    if replay is not None:
+                        return CommitResult(replay, written=False)
+                    if current is None:
+                        row = await fetch_one(conn, _INSERT_FIRST_SUMMARY, params)
+                        if row is None:
+                            continue  # a racing first commit won the insert: re-read it
+                    else:
+                        row = await fetch_one(
+                            conn, _REPLACE_SUMMARY, {**params, "current_revision": current.revision}
+                        )
+                    assert row is not None
+                    return CommitResult(_summary(row), written=True)
+        raise RuntimeError("summary commit did not settle")  # pragma: no cover
+
+    async def summary_history(self, namespace: str, conversation_id: uuid.UUID) -> list[Summary]:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                f"""SELECT {_SUMMARY_COLUMNS} FROM summary.summary_history
+                     WHERE namespace = %s AND conversation_id = %s
+                     ORDER BY revision""",
+                (namespace, conversation_id),
+            )
+            return [_summary(row) for row in await cursor.fetchall()]
+
+    async def purge_conversation(self, namespace: str, conversation_id: uuid.UUID) -> None:
+        async with self.db.connection() as conn, conn.transaction():
+            for table in ("summaries", "summary_history", "jobs"):
+                await conn.execute(
+                    f"DELETE FROM summary.{table} WHERE namespace = %s AND conversation_id = %s",
+                    (namespace, conversation_id),
+                )
+
+    async def enqueue(self, job: NewJob) -> tuple[Job, bool]:
+        params = {
+            "job_id": job.job_id,
+            "namespace": job.namespace,
+            "conversation_id": job.conversation_id,
+            "window": job.window,
+            "summary_batch": job.summary_batch,
+        }
+        async with self.db.connection() as conn:
+            for _ in range(_COMMIT_ROUNDS):
+                row = await fetch_one(conn, _INSERT_JOB, params)
+                if row is not None:
+                    return _job(row), True
+                row = await fetch_one(conn, _REPEAT_JOB, params)
+                if row is not None:
+                    return _job(row), False
+                # The active job finished between the two statements: insert again.
+        raise RuntimeError("enqueue did not settle")  # pragma: no cover
+
+    async def get_job(self, job_id: uuid.UUID) -> Job | None:
+        async with self.db.connection() as conn:
+            row = await fetch_one(
+                conn, f"SELECT {_JOB_COLUMNS} FROM summary.jobs WHERE job_id = %s", (job_id,)
+            )
+        return _job(row) if row else None
+
+    async def claim(self, worker: str, lease_s: float) -> Job | None:
+        async with self.db.connection() as conn:
+            row = await fetch_one(
+                conn,
+                _CLAIM,
+                {"lease_token": uuid.uuid4(), "lease_s": lease_s, "worker": worker},
+            )
+        return _job(row) if row else None
+
+    async def extend_lease(self, job_id: uuid.UUID, lease_token: uuid.UUID, lease_s: float) -> bool:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                _EXTEND, {"job_id": job_id, "lease_token": lease_token, "lease_s": lease_s}
+            )
+            return cursor.rowcount == 1
+
+    async def complete(
+        self, job_id: uuid.UUID, lease_token: uuid.UUID, requeue: bool
+    ) -> JobState | None:
+        async with self.db.connection() as conn:
+            row = await fetch_one(
+                conn, _COMPLETE, {"job_id": job_id, "lease_token": lease_token, "requeue": requeue}
+            )
+        return STATES_BY_NAME[row[0]] if row else None
+
+    async def fail(
+        self,
+        job_id: uuid.UUID,
+        lease_token: uuid.UUID,
+        reason: str,
+        *,
+        counted: bool,
+        park: bool,
+        retry_in_s: float,
+    ) -> JobState | None:
+        async with self.db.connection() as conn:
+            row = await fetch_one(
+                conn,
+                _FAIL,
+                {
+                    "job_id": job_id,
+                    "lease_token": lease_token,
+                    "reason": reason,
+                    "counted": counted,
+                    "park": park,
+                    "retry_in_s": retry_in_s,
+                },
+            )
+        return STATES_BY_NAME[row[0]] if row else None
+
+    async def release(self, job_id: uuid.UUID, lease_token: uuid.UUID) -> bool:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(_RELEASE, {"job_id": job_id, "lease_token": lease_token})
+            return cursor.rowcount == 1
+
+    async def backlog(self, namespace: str | None) -> Backlog:
+        async with self.db.connection() as conn:
+            row = await fetch_one(conn, _BACKLOG, {"namespace": namespace})
+        assert row is not None
+        depth, oldest, failed, running = row
+        return Backlog(depth, max(0.0, float(oldest)), failed, running)
+
+    async def prune_jobs(self, older_than_s: float) -> int:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                """DELETE FROM summary.jobs
+                    WHERE state IN ('done', 'failed')
+                      AND finish_time < now() - make_interval(secs => %s)""",
+                (older_than_s,),
+            )
+            return cursor.rowcount

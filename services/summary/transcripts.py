@@ -1,0 +1,82 @@
+"""TranscriptService as the summary service reads it: over gRPC, through a Peer.
+
+SummaryService never reads the transcript tables: every entry and counter it
+sees comes from TranscriptService's API (GetConversation, ListEntries,
+LoadView), under the propagated deadline, with the peer's errors mapped
+(services.common.peers).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+from runifold.common.v1 import common_pb2
+from runifold.transcript.v1 import transcript_service_pb2 as pb
+from services.common import convert, stubs
+from services.common.domain import Entry
+from services.common.peers import Peer
+from services.summary.model import TranscriptView
+
+_EPOCH = datetime.fromtimestamp(0, UTC)
+
+
+def _entry(pb_entry: common_pb2.Entry) -> Entry:
+    return Entry(
+        pb_entry.sequence,
+        convert.message_from_proto(pb_entry.message, "entry.message"),
+        convert.datetime_from(pb_entry.created_at) if pb_entry.HasField("created_at") else _EPOCH,
+    )
+
+
+class GrpcTranscripts:
+    """The Transcripts port of the summary domain, over TranscriptService's gRPC API."""
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.stub = stubs.transcript(peer.channel)
+
+    async def last_sequence(self, namespace: str, conversation_id: uuid.UUID) -> int:
+        response = await self.peer.call(
+            self.stub.GetConversation,
+            pb.GetConversationRequest(conversation_id=str(conversation_id), namespace=namespace),
+        )
+        return response.conversation.last_sequence
+
+    async def entry_after(
+        self, namespace: str, conversation_id: uuid.UUID, sequence: int
+    ) -> Entry | None:
+        response = await self.peer.call(
+            self.stub.ListEntries,
+            pb.ListEntriesRequest(
+                conversation_id=str(conversation_id),
+                namespace=namespace,
+                after_sequence=sequence,
+                page_size=1,
+            ),
+        )
+        return _entry(response.entries[0]) if response.entries else None
+
+    async def load_view(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        window: int,
+        summary_batch: int,
+        summarized_through: int,
+    ) -> TranscriptView:
+        response = await self.peer.call(
+            self.stub.LoadView,
+            pb.LoadViewRequest(
+                conversation_id=str(conversation_id),
+                namespace=namespace,
+                window=window,
+                summary_batch=summary_batch,
+                summarized_through=summarized_through,
+            ),
+        )
+        return TranscriptView(
+            response.last_sequence,
+            [_entry(e) for e in response.summary_buffer],
+            response.summary_backlog,
+        )
