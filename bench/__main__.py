@@ -12,11 +12,12 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from bench import transcript
+from bench import summary, transcript
 from bench.common import postgres
 
 SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "transcript": transcript.run,
+    "summary": summary.run,
 }
 
 

@@ -146,7 +146,7 @@ _HEADER = re.compile(
 _TOOLS = re.compile(r"Tools called: (.*)\.\n")
 _TOOL_COUNT = re.compile(r"(.+) \((\d+)\)")
 _EXCERPT_CHARS = 160
-_OPENING_LINES = 3
+_OPENING_LINES = 4
 _TOOLS_SHOWN = 10
 _EARLIER_CHARS = 400
 
@@ -228,7 +228,7 @@ def _entry_line(entry: Entry) -> str:
 def offline_digest(previous: str | None, entries: Sequence[Entry], target_bytes: int) -> str:
     """A deterministic, readable digest of the previous digest plus the entries.
 
-    Keeps counts, the tools used, the first user messages and as many of the
+    Keeps counts, the tools used, the first lines of the conversation and as many of the
     most recent lines as fit in `target_bytes` (UTF-8); the result never
     exceeds it.
     """
@@ -244,7 +244,9 @@ def offline_digest(previous: str | None, entries: Sequence[Entry], target_bytes:
         elif message.role == Role.TOOL:
             digest.tool_results += 1
         line = _entry_line(entry)
-        if message.role == Role.USER and len(digest.opening) < _OPENING_LINES:
+        # The first lines say what the conversation is about: they stay; the rest
+        # is a rolling window of the most recent lines.
+        if len(digest.opening) < _OPENING_LINES and not digest.recent:
             digest.opening.append(line)
         else:
             digest.recent.append(line)
