@@ -74,15 +74,21 @@ class InMemorySummaryStore:
     async def summary_history(self, namespace: str, conversation_id: uuid.UUID) -> list[Summary]:
         return list(self._history.get((namespace, conversation_id), []))
 
-    async def purge_conversation(self, namespace: str, conversation_id: uuid.UUID) -> None:
+    async def purge_conversation(
+        self, namespace: str, conversation_id: uuid.UUID, *, jobs: bool = True
+    ) -> None:
         async with self._lock:
             self._summaries.pop((namespace, conversation_id), None)
             self._history.pop((namespace, conversation_id), None)
-            for job_id in [
-                j
-                for j, row in self._jobs.items()
-                if (row.job.namespace, row.job.conversation_id) == (namespace, conversation_id)
-            ]:
+            for job_id in (
+                []
+                if not jobs
+                else [
+                    j
+                    for j, row in self._jobs.items()
+                    if (row.job.namespace, row.job.conversation_id) == (namespace, conversation_id)
+                ]
+            ):
                 del self._jobs[job_id]
 
     def _active(self, namespace: str, conversation_id: uuid.UUID) -> _JobRow | None:

@@ -130,11 +130,15 @@ class SummaryService:
             self.store.get_summary(namespace, cid), self._last_sequence(namespace, cid)
         )
         if summary is not None and summary.through_sequence > last:
-            # Covers entries the transcript does not have: the conversation was erased and
-            # created again under the same id. The summary describes nothing that exists.
-            await self.store.purge_conversation(namespace, cid)
+            await self._drop_stale(namespace, cid)
             return None
         return summary
+
+    async def _drop_stale(self, namespace: str, cid: uuid.UUID) -> None:
+        """The summary covers entries the transcript does not have: the conversation
+        was erased and created again under the same id, so it describes nothing that
+        exists. Its jobs stay: they are about the conversation as it is now."""
+        await self.store.purge_conversation(namespace, cid, jobs=False)
 
     def _validate_text(self, text: str) -> None:
         limit = self.config.max_summary_bytes
@@ -271,7 +275,16 @@ class SummaryService:
         current = await self.store.get_summary(namespace, cid)
         through = current.through_sequence if current else 0
         try:
-            view = await self.transcripts.load_view(namespace, cid, window, summary_batch, through)
+            try:
+                view = await self.transcripts.load_view(
+                    namespace, cid, window, summary_batch, through
+                )
+            except DomainError as error:
+                if current is None or error.reason != "SEQUENCE_OUT_OF_RANGE":
+                    raise
+                await self._drop_stale(namespace, cid)
+                current, through = None, 0
+                view = await self.transcripts.load_view(namespace, cid, window, summary_batch, 0)
             while view.summary_buffer:
                 if passes == max_summary_passes:
                     return SummarizeResult(

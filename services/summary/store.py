@@ -46,8 +46,11 @@ class SummaryStore(Protocol):
     async def summary_history(self, namespace: str, conversation_id: uuid.UUID) -> list[Summary]:
         """The replaced summaries kept, oldest first."""
 
-    async def purge_conversation(self, namespace: str, conversation_id: uuid.UUID) -> None:
-        """Erase everything derived from a conversation: summaries, history, jobs."""
+    async def purge_conversation(
+        self, namespace: str, conversation_id: uuid.UUID, *, jobs: bool = True
+    ) -> None:
+        """Erase what was derived from a conversation: summaries, history and (unless
+        `jobs` is False) its jobs."""
 
     async def enqueue(self, job: NewJob) -> tuple[Job, bool]:
         """Insert a pending job unless the conversation has a waiting or running one.
@@ -318,9 +321,14 @@ class PostgresSummaryStore:
             )
             return [_summary(row) for row in await cursor.fetchall()]
 
-    async def purge_conversation(self, namespace: str, conversation_id: uuid.UUID) -> None:
+    async def purge_conversation(
+        self, namespace: str, conversation_id: uuid.UUID, *, jobs: bool = True
+    ) -> None:
+        tables = (
+            ("summaries", "summary_history", "jobs") if jobs else ("summaries", "summary_history")
+        )
         async with self.db.connection() as conn, conn.transaction():
-            for table in ("summaries", "summary_history", "jobs"):
+            for table in tables:
                 await conn.execute(
                     f"DELETE FROM summary.{table} WHERE namespace = %s AND conversation_id = %s",
                     (namespace, conversation_id),

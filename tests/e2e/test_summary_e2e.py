@@ -530,3 +530,35 @@ async def test_two_worker_processes_drain_one_queue_without_running_a_job_twice(
         assert len(spans) == 5
         for (_, end), (start, _) in itertools.pairwise(spans):
             assert start >= end
+
+
+async def test_health_follows_the_summary_schema(fresh_database_url: str) -> None:
+    from grpc_health.v1 import health_pb2
+
+    name = "runifold.summary.v1.SummaryService"
+    async with stack(fresh_database_url, NO_WORKERS) as s:
+        admin = Database(fresh_database_url, server_settings())
+        await admin.open()
+        async with grpc.aio.insecure_channel(s.summary_server.address) as channel:
+            health = stubs.health(channel)
+
+            async def status_is(expected: int) -> bool:
+                reply = await health.Check(health_pb2.HealthCheckRequest(service=name))
+                return bool(reply.status == expected)
+
+            try:
+                assert await status_is(health_pb2.HealthCheckResponse.SERVING)
+                async with admin.connection() as conn:
+                    await conn.execute(
+                        "UPDATE public.runifold_schema_migrations "
+                        "SET checksum = 'edited' || checksum WHERE service = 'summary'"
+                    )
+                await wait_for(lambda: status_is(health_pb2.HealthCheckResponse.NOT_SERVING))
+                async with admin.connection() as conn:
+                    await conn.execute(
+                        "UPDATE public.runifold_schema_migrations "
+                        "SET checksum = substr(checksum, 7) WHERE service = 'summary'"
+                    )
+                await wait_for(lambda: status_is(health_pb2.HealthCheckResponse.SERVING))
+            finally:
+                await admin.close()

@@ -417,3 +417,80 @@ async def test_workers_run_in_the_background_and_stop_cleanly(
 
 async def _gauge_is(value: float) -> bool:
     return bool(metrics.SUMMARY_JOBS_DEPTH._value.get() == value)
+
+
+async def test_a_conversation_created_again_under_its_id_starts_without_a_summary(
+    store: InMemorySummaryStore, transcripts: LocalTranscripts, namespace: str
+) -> None:
+    service = make_service(store, transcripts, Scripted())
+    cid = await new_conversation(transcripts, namespace, chat(20))
+    await service.summarize(namespace, cid, 4, 8, 2, Budget())
+    await transcripts.service.delete_conversation(namespace, cid)
+    await transcripts.service.create_conversation(namespace, cid, {})
+    await transcripts.service.append(namespace, cid, None, chat(12), "")
+    # The old summary covers 16 entries; the new transcript has 12.
+    result = await service.summarize(namespace, cid, 4, 4, 8, Budget())
+    assert result.summary is not None and result.summary.through_sequence == 8
+    assert (result.passes, result.summary.revision) == (2, 2)  # a fresh start, not 3 and 4
+    await transcripts.service.delete_conversation(namespace, cid)
+    await transcripts.service.create_conversation(namespace, cid, {})
+    await transcripts.service.append(namespace, cid, None, chat(2), "")
+    assert await service.get_summary(namespace, cid) is None
+
+
+async def test_a_worker_stops_when_its_lease_is_lost_and_gives_jobs_back_on_stop(
+    store: InMemorySummaryStore, transcripts: LocalTranscripts, namespace: str
+) -> None:
+    from tests.conftest import wait_for
+
+    scripted = Scripted()
+    scripted.delay = 30.0
+    config = worker_config(lease_s=0.3)
+    service = make_service(store, transcripts, scripted, config)
+    workers = SummaryWorkers(service, store, config)
+    cid = await new_conversation(transcripts, namespace, chat(20))
+    job, _ = await service.request_summary(namespace, cid, 4, 8)
+
+    async def calls(count: int) -> bool:
+        return len(scripted.calls) >= count
+
+    # Another worker takes the job over: the first one notices at its next heartbeat.
+    run = asyncio.create_task(workers.run_once("w1"))
+    await wait_for(lambda: calls(1))
+    row = store._jobs[job.job_id]
+    row.job = row.job.__class__(**{**_fields(row.job), "lease_token": uuid.uuid4()})
+    assert await asyncio.wait_for(run, 10)
+    assert await store.get_summary(namespace, uuid.UUID(cid)) is None
+
+    # Shutdown while a job runs: the job goes back untouched (its attempt is not counted).
+    other = await new_conversation(transcripts, namespace, chat(20))
+    second, _ = await service.request_summary(namespace, other, 4, 8)
+    run = asyncio.create_task(workers.run_once("w2"))
+    await wait_for(lambda: calls(2))
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    stored = await store.get_job(second.job_id)
+    assert stored is not None and stored.state is JobState.PENDING and stored.attempts == 0
+
+
+async def test_a_job_whose_workers_keep_dying_is_parked(
+    store: InMemorySummaryStore, transcripts: LocalTranscripts, namespace: str
+) -> None:
+    config = worker_config(max_failures=1)
+    service = make_service(store, transcripts, Scripted(), config)
+    workers = SummaryWorkers(service, store, config)
+    cid = await new_conversation(transcripts, namespace, chat(20))
+    job, _ = await service.request_summary(namespace, cid, 4, 8)
+    assert await store.claim("crashed", 0.01) is not None  # and never heard of again
+    await asyncio.sleep(0.05)  # let that lease lapse (a duration, not a condition)
+    assert await workers.run_once("w")
+    stored = await store.get_job(job.job_id)
+    assert stored is not None and stored.state is JobState.FAILED
+    assert stored.last_error == "LEASE_EXPIRED"
+
+
+def _fields(job: object) -> dict[str, object]:
+    from dataclasses import fields
+
+    return {f.name: getattr(job, f.name) for f in fields(job)}  # type: ignore[arg-type]
