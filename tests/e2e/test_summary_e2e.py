@@ -207,6 +207,62 @@ async def test_racing_summarizers_only_move_forward(
         assert history == sorted(set(history)), "every revision covers more than the last"
 
 
+async def test_no_summary_ends_between_a_tool_call_and_its_results(
+    shared_database_url: str, namespace: str
+) -> None:
+    def group(turn: int) -> list[common_pb2.Message]:
+        calls = [common_pb2.ToolCall(id=f"t{turn}-{i}", name="lookup") for i in range(2)]
+        return [
+            common_pb2.Message(role=common_pb2.ROLE_USER, text=f"question {turn}"),
+            common_pb2.Message(role=common_pb2.ROLE_ASSISTANT, tool_calls=calls),
+            *(
+                common_pb2.Message(role=common_pb2.ROLE_TOOL, text="42", tool_call_id=call.id)
+                for call in calls
+            ),
+            common_pb2.Message(role=common_pb2.ROLE_ASSISTANT, text=f"answer {turn}"),
+        ]
+
+    async with stack(shared_database_url, NO_WORKERS) as s:
+        created = await s.transcript.CreateConversation(
+            tpb.CreateConversationRequest(namespace=namespace)
+        )
+        cid = created.conversation.conversation_id
+        messages = [m for turn in range(8) for m in group(turn)]
+        await s.transcript.AppendEntries(
+            tpb.AppendEntriesRequest(conversation_id=cid, namespace=namespace, messages=messages)
+        )
+        roles = {i + 1: m.role for i, m in enumerate(messages)}
+        done = await s.summary.Summarize(summarize(cid, namespace, 3, 3, 64))
+        assert done.backlog == 0 and done.passes > 8
+        db = Database(shared_database_url, server_settings())
+        await db.open()
+        try:
+            async with db.connection() as conn:
+                cursor = await conn.execute(
+                    "SELECT through_sequence FROM summary.summary_history "
+                    "WHERE namespace = %s ORDER BY revision",
+                    (namespace,),
+                )
+                ends = [row[0] for row in await cursor.fetchall()]
+        finally:
+            await db.close()
+        ends.append(done.summary.through_sequence)
+        assert len(ends) == done.passes
+        for end in ends:
+            assert roles.get(end + 1) != common_pb2.ROLE_TOOL, end
+        # A commit that would cut a group is refused too.
+        with pytest.raises(grpc.aio.AioRpcError) as split:
+            await s.summary.CommitSummary(
+                spb.CommitSummaryRequest(
+                    conversation_id=cid,
+                    namespace=namespace,
+                    text="x",
+                    through_sequence=len(messages) - 2,
+                )
+            )
+        assert failure(split.value) == (grpc.StatusCode.INVALID_ARGUMENT, "SPLITS_TOOL_CALL")
+
+
 async def test_bad_input_is_invalid_argument_and_writes_nothing(
     shared_database_url: str, namespace: str
 ) -> None:
@@ -318,11 +374,18 @@ async def test_budget_and_deadline_bound_the_passes(
         assert await current_through(s.summary, namespace, cid) == 16  # the two passes, no more
         assert len(fake.chat_requests) == 2
 
+        fake.respond_with(lambda body: FakeReply(text="   "))  # nothing worth committing
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await s.summary.Summarize(summarize(cid, namespace, 4, 8, 5))
+        assert failure(refused.value) == (grpc.StatusCode.FAILED_PRECONDITION, "SUMMARY_INVALID")
+        assert await current_through(s.summary, namespace, cid) == 16
+        fake.respond_with(lambda body: FakeReply(text="a summary"))
+
         fake.delay = 30  # the model hangs; the caller's deadline ends the call
         with pytest.raises(grpc.aio.AioRpcError) as late:
             await s.summary.Summarize(summarize(cid, namespace, 4, 8, 5), timeout=0.5)
         assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        await wait_for(lambda: _requests_at_least(fake, 3))
+        await wait_for(lambda: _requests_at_least(fake, 4))
         assert await current_through(s.summary, namespace, cid) == 16
 
 

@@ -4,6 +4,7 @@ the offline digest, and the queue workers' decisions."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Sequence
@@ -458,7 +459,7 @@ async def test_a_worker_stops_when_its_lease_is_lost_and_gives_jobs_back_on_stop
     run = asyncio.create_task(workers.run_once("w1"))
     await wait_for(lambda: calls(1))
     row = store._jobs[job.job_id]
-    row.job = row.job.__class__(**{**_fields(row.job), "lease_token": uuid.uuid4()})
+    row.job = dataclasses.replace(row.job, lease_token=uuid.uuid4())
     assert await asyncio.wait_for(run, 10)
     assert await store.get_summary(namespace, uuid.UUID(cid)) is None
 
@@ -488,9 +489,3 @@ async def test_a_job_whose_workers_keep_dying_is_parked(
     stored = await store.get_job(job.job_id)
     assert stored is not None and stored.state is JobState.FAILED
     assert stored.last_error == "LEASE_EXPIRED"
-
-
-def _fields(job: object) -> dict[str, object]:
-    from dataclasses import fields
-
-    return {f.name: getattr(job, f.name) for f in fields(job)}  # type: ignore[arg-type]
