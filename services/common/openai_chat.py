@@ -23,7 +23,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
@@ -420,7 +420,3 @@ class OpenAIChatModel:
         with contextlib.suppress(Exception):
             await lines.aclose()  # type: ignore[attr-defined]
 
-
-def chat_messages(system: str, user: str) -> Sequence[ChatMessage]:
-    """A system instruction and one user message (a helper for single-shot prompts)."""
-    return (ChatMessage("system", system), ChatMessage("user", user))

@@ -161,9 +161,8 @@ class SummaryWorkers:
         self, job: Job, reason: str, *, counted: bool, code: str = "INTERNAL"
     ) -> None:
         assert job.lease_token is not None
-        park = counted and job.failures + 1 >= self.config.max_failures
-        if job.failures >= self.config.max_failures:
-            park = True
+        limit = self.config.max_failures
+        park = job.failures >= limit or (counted and job.failures + 1 >= limit)
         state = await self.store.fail(
             job.job_id,
             job.lease_token,
