@@ -419,4 +419,3 @@ class OpenAIChatModel:
             yield "\n".join(data)
         with contextlib.suppress(Exception):
             await lines.aclose()  # type: ignore[attr-defined]
-
