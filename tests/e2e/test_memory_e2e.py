@@ -632,3 +632,52 @@ async def test_reindex_rebuilds_a_lost_index(
     assert ghost not in keys and orphans >= 1
     assert {(namespace, uuid.UUID(m.memory_id)) for m in made} <= keys
     assert indexed >= 3
+
+
+async def test_reindex_command_rebuilds_the_edge_index(
+    fresh_database_url: str, tmp_path: Path, namespace: str
+) -> None:
+    """`python -m services.memory reindex` on a stopped server's data: all ids indexed."""
+    import os
+    import subprocess
+    import sys
+
+    config = memory_config(tmp_path / "index")
+    async with (
+        memory_server(fresh_database_url, config) as (running, component),
+        grpc.aio.insecure_channel(running.address) as channel,
+    ):
+        client = Client(channel, component)
+        cid = await client.conversation(namespace)
+        made = {
+            (await client.upsert(namespace, f"Fact number {i}.", cid)).memory.memory_id
+            for i in range(3)
+        }
+        await wait_for(client.drained)
+    # Lose the index, as after a disk loss or a model change.
+    import shutil
+
+    shutil.rmtree(tmp_path / "index")
+    env = {
+        **os.environ,
+        "DATABASE_URL": fresh_database_url,
+        "RUNIFOLD_MEMORY_INDEX_DIR": str(tmp_path / "index"),
+        "RUNIFOLD_LOG_LEVEL": "WARNING",
+        "HF_HUB_OFFLINE": "1",
+    }
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "services.memory", "reindex"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "3 memories indexed" in done.stderr
+    index = EdgeIndex(tmp_path / "index", "sentence-transformers/all-MiniLM-L6-v2", 384)
+    await index.start()
+    try:
+        assert {str(mid) for _, mid in await index.keys()} == made
+    finally:
+        await index.close()

@@ -62,6 +62,9 @@ class QdrantIndex:
         else:
             self._options.update(location=location or ":memory:")
         self._client: AsyncQdrantClient | None = None
+        # The collection was checked or made; cleared by a failure so that the
+        # next start() (the indexer calls it before each batch) checks again.
+        self._ready = False
 
     def _require(self) -> AsyncQdrantClient:
         if self._client is None:
@@ -69,6 +72,8 @@ class QdrantIndex:
         return self._client
 
     async def start(self) -> None:
+        if self._ready and self._client is not None:
+            return
         if self._client is None:
             self._client = AsyncQdrantClient(**self._options)
         client = self._client
@@ -104,6 +109,7 @@ class QdrantIndex:
             raise
         except Exception as exc:
             raise IndexUnavailable(f"cannot open the Qdrant collection: {exc}") from exc
+        self._ready = True
         log.info("memory index opened", extra={"index": "qdrant", "collection": self.collection})
 
     async def upsert(self, points: Sequence[IndexPoint]) -> None:
@@ -123,6 +129,7 @@ class QdrantIndex:
         try:
             await client.upsert(self.collection, points=structs, wait=True)
         except Exception as exc:
+            self._ready = False
             raise IndexUnavailable(f"Qdrant upsert failed: {exc}") from exc
 
     async def delete(self, keys: Sequence[Key]) -> None:
@@ -135,6 +142,7 @@ class QdrantIndex:
                 self.collection, points_selector=models.PointIdsList(points=ids), wait=True
             )
         except Exception as exc:
+            self._ready = False
             raise IndexUnavailable(f"Qdrant delete failed: {exc}") from exc
 
     async def search(self, query: NamespacedQuery) -> list[IndexHit]:
@@ -156,6 +164,7 @@ class QdrantIndex:
                 search_params=models.SearchParams(hnsw_ef=self.hnsw_ef) if self.hnsw_ef else None,
             )
         except Exception as exc:
+            self._ready = False
             raise IndexUnavailable(f"Qdrant search failed: {exc}") from exc
         hits = []
         for p in response.points:
@@ -183,12 +192,14 @@ class QdrantIndex:
                 if offset is None:
                     return found
         except Exception as exc:
+            self._ready = False
             raise IndexUnavailable(f"Qdrant scroll failed: {exc}") from exc
 
     async def optimize(self) -> None:
         """The server builds its indexes in the background."""
 
     async def close(self) -> None:
+        self._ready = False
         client, self._client = self._client, None
         if client is not None:
             await client.close()

@@ -1,0 +1,346 @@
+"""MemoryService benchmarks (issue 4).
+
+1. SearchMemories through gRPC (server in its own process, query embedding
+   included) at 10,000 and 100,000 memories over 100 namespaces, on Qdrant
+   Edge and on pgvector: p50, p99, and recall@10 of the answers against an
+   exact brute-force search over the same vectors in the same namespace.
+   Goals: recall@10 >= 0.95; p50 at 100,000 within 2x of the embedding time
+   of one query alone.
+2. UpsertMemory throughput through gRPC (sources validated by a
+   TranscriptService process), 1 and 16 calls in flight, and how fast the
+   outbox indexer embeds and indexes them (batches of 64).
+
+Corpus: embedding 100,000 texts with the real model takes ~5 minutes on 2
+CPUs, so the bench embeds BASE_TEXTS real sentences (built from templates)
+and derives the rest: each memory takes a random base vector plus Gaussian
+noise (sigma 0.03 per dimension, cosine about 0.86 to its base), renormalised.
+Those vectors go straight into PostgreSQL (COPY) and the index; the queries
+are real questions that the server embeds on every call.
+
+Sizes: BENCH_MEMORY_SIZES (default "10000,100000"), BENCH_MEMORY_QUERIES
+(default 200), BENCH_MEMORY_BACKENDS (default "edge,pgvector").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import numpy as np
+import psycopg
+from psycopg.types.json import Jsonb
+
+from bench.common import Stats, measure, new_database, server_process
+from runifold.common.v1 import common_pb2
+from runifold.memory.v1 import memory_service_pb2 as pb
+from runifold.transcript.v1 import transcript_service_pb2 as tpb
+from services.common import migrations, stubs
+from services.common.db import Database
+from services.common.settings import Settings
+from services.memory.component import MIGRATIONS
+from services.memory.config import LOCAL_MODEL_DIMENSION, LOCAL_MODEL_NAME
+from services.memory.embeddings import LocalEmbedder
+from services.memory.index import IndexPoint, VectorIndex
+from services.memory.index.edge import EdgeIndex
+from services.memory.index.pgvector import PgvectorIndex
+
+NAMESPACES = 100
+BASE_TEXTS = 2000
+SIGMA = 0.03
+SEED = 7
+
+_SUBJECTS = [
+    "The user", "The user's sister", "The user's manager", "The user's son", "The user's partner",
+    "The user's neighbour", "The user's best friend", "The user's grandmother", "The team lead",
+    "The user's landlord",
+]  # fmt: skip
+_VERBS = [
+    "prefers", "is allergic to", "collects", "is learning about", "dislikes", "often cooks",
+    "recently bought", "wants to avoid", "writes weekly about", "is saving money for",
+]  # fmt: skip
+_OBJECTS = [
+    "green tea", "vintage cameras", "Italian opera", "mountain biking", "spicy food",
+    "electric cars", "oil painting", "chess openings", "sourdough bread", "crime novels",
+    "jazz piano", "marathon training", "birdwatching", "Japanese woodblock prints", "board games",
+    "salsa dancing", "home brewing", "rock climbing", "quantum computing", "organic gardening",
+]  # fmt: skip
+_PLACES = [
+    "in Lisbon", "at the weekend", "since 2019", "with friends", "every morning", "on holiday",
+    "after work", "in the winter", "at home", "online",
+]  # fmt: skip
+_QUESTIONS = [
+    "What does {s} like to eat?", "Which hobby does {s} have?", "What is {s} allergic to?",
+    "What did {s} buy lately?", "What is {s} saving for?", "What music does {s} enjoy?",
+    "Which sport is {s} into?", "What does {s} read?", "What should I avoid suggesting to {s}?",
+    "What is {s} studying?",
+]  # fmt: skip
+
+
+def base_texts(count: int) -> list[str]:
+    rng = np.random.default_rng(SEED)
+    texts: set[str] = set()
+    while len(texts) < count:
+        texts.add(
+            f"{_SUBJECTS[rng.integers(len(_SUBJECTS))]} {_VERBS[rng.integers(len(_VERBS))]} "
+            f"{_OBJECTS[rng.integers(len(_OBJECTS))]} {_PLACES[rng.integers(len(_PLACES))]}."
+        )
+    return sorted(texts)
+
+
+def questions(count: int) -> list[str]:
+    rng = np.random.default_rng(SEED + 1)
+    subjects = ["the user", "my sister", "my manager", "my son", "my partner", "my neighbour"]
+    return [
+        _QUESTIONS[rng.integers(len(_QUESTIONS))].format(s=subjects[rng.integers(len(subjects))])
+        for _ in range(count)
+    ]
+
+
+class Corpus:
+    """N memories: namespace, id, text and vector, derived from real base embeddings."""
+
+    def __init__(self, size: int, texts: list[str], base: np.ndarray) -> None:
+        rng = np.random.default_rng(SEED + size)
+        pick = rng.integers(len(texts), size=size)
+        noisy = base[pick] + rng.normal(scale=SIGMA, size=(size, base.shape[1]))
+        self.vectors = (noisy / np.linalg.norm(noisy, axis=1, keepdims=True)).astype(np.float32)
+        self.namespaces = [f"bench-{i:03d}" for i in rng.integers(NAMESPACES, size=size)]
+        self.ids = [uuid.UUID(int=int(rng.integers(2**62)) << 64 | i) for i in range(size)]
+        self.texts = [f"{texts[p]} (note {i})" for i, p in enumerate(pick)]
+        self.by_namespace: dict[str, np.ndarray] = {}
+        order = np.array(self.namespaces)
+        for ns in sorted(set(self.namespaces)):
+            self.by_namespace[ns] = np.flatnonzero(order == ns)
+
+    def exact_top(self, namespace: str, query: np.ndarray, k: int) -> set[uuid.UUID]:
+        rows = self.by_namespace[namespace]
+        scores = self.vectors[rows] @ query
+        best = rows[np.argsort(-scores)[:k]]
+        return {self.ids[i] for i in best}
+
+
+async def load_postgres(url: str, corpus: Corpus) -> None:
+    settings = Settings.from_env({"RUNIFOLD_METRICS_LISTEN": "off"})
+    db = Database(url, settings)
+    await db.open()
+    try:
+        await migrations.migrate(db, "memory", MIGRATIONS)
+    finally:
+        await db.close()
+    source = Jsonb([{"c": str(uuid.UUID(int=1)), "f": 1, "t": 1}])
+    with psycopg.connect(url, autocommit=True) as conn:
+        with (
+            conn.cursor() as cursor,
+            cursor.copy(
+                "COPY memory.memories (namespace, memory_id, content, sources, revision,"
+                " embedding_model, embedding_dimension) FROM STDIN"
+            ) as copy,
+        ):
+            for ns, mid, text in zip(corpus.namespaces, corpus.ids, corpus.texts, strict=True):
+                copy.write_row((ns, mid, text, source, 1, LOCAL_MODEL_NAME, LOCAL_MODEL_DIMENSION))
+        conn.execute("ANALYZE memory.memories")
+
+
+def points(corpus: Corpus, start: int, stop: int) -> list[IndexPoint]:
+    return [
+        IndexPoint(corpus.namespaces[i], corpus.ids[i], 1, corpus.vectors[i].tolist(), {})
+        for i in range(start, stop)
+    ]
+
+
+async def load_index(backend: str, url: str, folder: Path, corpus: Corpus) -> float:
+    """Fill the index; return the seconds it took (including HNSW builds)."""
+    started = time.perf_counter()
+    index: VectorIndex
+    if backend == "edge":
+        index = EdgeIndex(folder, LOCAL_MODEL_NAME, LOCAL_MODEL_DIMENSION)
+        await index.start()
+        for start in range(0, len(corpus.ids), 2000):
+            await index.upsert(points(corpus, start, min(start + 2000, len(corpus.ids))))
+        await index.optimize()
+        await index.close()
+        return time.perf_counter() - started
+    pg = PgvectorIndex(url, LOCAL_MODEL_NAME, LOCAL_MODEL_DIMENSION)
+    await pg.start()
+    await pg.close()
+    # Bulk load without the HNSW index, then build it once (far faster than
+    # maintaining it row by row).
+    table = f"memory.{pg.table}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP INDEX memory.{pg.table}_hnsw")
+        with (
+            conn.cursor() as cursor,
+            cursor.copy(
+                f"COPY {table} (point_id, namespace, memory_id, revision, tags, embedding)"
+                " FROM STDIN"
+            ) as copy,
+        ):
+            from services.memory.index import point_id
+
+            for i, (ns, mid) in enumerate(zip(corpus.namespaces, corpus.ids, strict=True)):
+                vector = "[" + ",".join(f"{x:.6f}" for x in corpus.vectors[i]) + "]"
+                copy.write_row((point_id(ns, mid), ns, mid, 1, "{}", vector))
+        conn.execute("SET maintenance_work_mem = '1GB'")
+        conn.execute("SET max_parallel_maintenance_workers = 2")
+        conn.execute(
+            f"CREATE INDEX {pg.table}_hnsw ON {table} USING hnsw (embedding vector_cosine_ops)"
+        )
+        conn.execute(f"ANALYZE {table}")
+    return time.perf_counter() - started
+
+
+async def search_run(
+    address: str, corpus: Corpus, queries: list[str], query_vectors: np.ndarray
+) -> tuple[Stats, float]:
+    rng = np.random.default_rng(SEED + 2)
+    targets = [f"bench-{i:03d}" for i in rng.integers(NAMESPACES, size=len(queries))]
+    found = 0
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = stubs.memory(channel)
+
+        async def op(_: int, i: int) -> None:
+            nonlocal found
+            j = i % len(queries) if i >= 0 else (-i) % len(queries)
+            reply = await stub.SearchMemories(
+                pb.SearchMemoriesRequest(namespace=targets[j], query=queries[j], limit=10)
+            )
+            if i >= 0:
+                got = {uuid.UUID(r.memory.memory_id) for r in reply.results}
+                found += len(got & corpus.exact_top(targets[j], query_vectors[j], 10))
+
+        stats = await measure("search", 1, len(queries), op, warmup=20)
+    return stats, found / (10 * len(queries))
+
+
+async def upserts(postgres_url: str, folder: Path) -> list[str]:
+    url = new_database(postgres_url)
+    async with server_process("services.transcript", url) as transcript_address:
+        env = {
+            "TRANSCRIPT_SERVICE_ADDR": transcript_address,
+            "RUNIFOLD_MEMORY_INDEX": "edge",
+            "RUNIFOLD_MEMORY_INDEX_DIR": str(folder / "upserts"),
+            "RUNIFOLD_DB_POOL_MAX": "16",
+        }
+        async with (
+            server_process("services.memory", url, env) as address,
+            grpc.aio.insecure_channel(address) as channel,
+            grpc.aio.insecure_channel(transcript_address) as tchannel,
+        ):
+            transcript = stubs.transcript(tchannel)
+            memory = stubs.memory(channel)
+            created = await transcript.CreateConversation(
+                tpb.CreateConversationRequest(namespace="bench-upserts")
+            )
+            cid = created.conversation.conversation_id
+            await transcript.AppendEntries(
+                tpb.AppendEntriesRequest(
+                    namespace="bench-upserts",
+                    conversation_id=cid,
+                    messages=[common_pb2.Message(role=common_pb2.ROLE_USER, text="facts")] * 8,
+                )
+            )
+            texts = base_texts(BASE_TEXTS)
+            source = [pb.MemorySource(conversation_id=cid, from_sequence=1, through_sequence=8)]
+
+            async def op(_: int, i: int) -> None:
+                await memory.UpsertMemory(
+                    pb.UpsertMemoryRequest(
+                        namespace="bench-upserts", content=texts[i % len(texts)], sources=source
+                    )
+                )
+
+            single = await measure("gRPC UpsertMemory, 1 in flight", 1, 500, op)
+            many = await measure("gRPC UpsertMemory, 16 in flight", 16, 2000, op)
+            settings = Settings.from_env({"RUNIFOLD_METRICS_LISTEN": "off"})
+            db = Database(url, settings)
+            await db.open()
+            total = 500 + 2000 + 100
+            try:
+                started = time.perf_counter()
+                while True:
+                    async with db.connection() as conn:
+                        cursor = await conn.execute("SELECT count(*) FROM memory.outbox")
+                        row = await cursor.fetchone()
+                    if row is not None and row[0] == 0:
+                        break
+                    await asyncio.sleep(0.1)
+                drain = time.perf_counter() - started
+                async with db.connection() as conn:
+                    cursor = await conn.execute("SELECT count(*) FROM memory.memories")
+                    row = await cursor.fetchone()
+                    total = int(row[0]) if row else total
+            finally:
+                await db.close()
+    end_to_end = total / (single.elapsed + many.elapsed + drain)
+    return [
+        single.row(),
+        many.row(),
+        f"outbox drained {drain:.1f} s after the last upsert; {total} memories written and "
+        f"indexed (embedded in batches) end to end at {end_to_end:.0f} memories/s",
+    ]
+
+
+async def run(postgres_url: str) -> list[str]:
+    sizes = [int(s) for s in os.environ.get("BENCH_MEMORY_SIZES", "10000,100000").split(",")]
+    backends = os.environ.get("BENCH_MEMORY_BACKENDS", "edge,pgvector").split(",")
+    query_count = int(os.environ.get("BENCH_MEMORY_QUERIES", "200"))
+    lines = ["## MemoryService", ""]
+    embedder = LocalEmbedder()
+    texts = base_texts(BASE_TEXTS)
+    started = time.perf_counter()
+    base = np.asarray(embedder.encode(texts), dtype=np.float32)
+    lines.append(
+        f"corpus: {BASE_TEXTS} real sentences embedded in {time.perf_counter() - started:.1f} s; "
+        f"the rest derived (base + N(0, {SIGMA}) noise, renormalised), {NAMESPACES} namespaces"
+    )
+    queries = questions(query_count)
+    single_times = []
+    for q in queries:
+        t0 = time.perf_counter()
+        embedder.encode([q])
+        single_times.append(time.perf_counter() - t0)
+    embed_p50 = statistics.median(single_times) * 1000
+    query_vectors = np.asarray(embedder.encode(queries), dtype=np.float32)
+    lines.append(f"embedding one query alone (in process): p50 {embed_p50:.2f} ms")
+    lines.append("")
+    p50_at: dict[tuple[str, int], float] = {}
+    with tempfile.TemporaryDirectory(prefix="runifold-bench-memory-") as tmp:
+        folder = Path(tmp)
+        for size in sizes:
+            corpus = Corpus(size, texts, base)
+            for backend in backends:
+                url = new_database(postgres_url)
+                await load_postgres(url, corpus)
+                shard_dir = folder / f"{backend}-{size}"
+                load_s = await load_index(backend, url, shard_dir, corpus)
+                env = {
+                    "RUNIFOLD_MEMORY_INDEX": backend,
+                    "RUNIFOLD_MEMORY_INDEX_DIR": str(shard_dir),
+                    "TRANSCRIPT_SERVICE_ADDR": "127.0.0.1:1",  # searches need no transcript
+                }
+                async with server_process("services.memory", url, env) as address:
+                    stats, recall = await search_run(address, corpus, queries, query_vectors)
+                p50_at[(backend, size)] = stats.p50
+                stats.name = f"gRPC SearchMemories {backend}, {size:,} memories"
+                lines.append(stats.row())
+                lines.append(
+                    f"  recall@10 vs exact {recall:.3f} (goal >= 0.95); index load {load_s:.0f} s"
+                )
+        lines.append("")
+        biggest = max(sizes)
+        for backend in backends:
+            if (backend, biggest) in p50_at:
+                ratio = p50_at[(backend, biggest)] / embed_p50
+                lines.append(
+                    f"{backend}: search p50 at {biggest:,} / embedding p50 = {ratio:.2f}"
+                    " (goal <= 2)"
+                )
+        lines.append("")
+        lines += await upserts(postgres_url, folder)
+    return lines
