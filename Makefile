@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export PATH := $(abspath $(BIN)):$(PATH)
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install tools run test lint gen gen-check bench fmt clean
+.PHONY: install tools run test lint gen gen-check bench fmt clean deploy-sync
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -66,6 +66,10 @@ gen-check: $(STAMP)
 	  --mypy_out=$$tmp --mypy_grpc_out=$$tmp $(PROTOS) >/dev/null && \
 	if diff -r $$tmp gen >/dev/null; then echo "gen/ is up to date"; rm -rf $$tmp; \
 	else diff -r $$tmp gen | head -20; rm -rf $$tmp; echo "gen/ is stale: run make gen"; exit 1; fi
+
+## Regenerate k8s/base/prometheusrule.yaml from deploy/prometheus/rules/runifold.rules.yml.
+deploy-sync: $(STAMP)
+	$(BIN)/python -m tests.ops.sync
 
 ## Benchmarks (figures printed; no thresholds).
 bench: $(STAMP)

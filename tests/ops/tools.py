@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,11 +47,21 @@ def kubernetes_validate() -> str:
 
 
 def run(
-    *command: str, stdin: str | None = None, cwd: Path = ROOT
+    *command: str,
+    stdin: str | None = None,
+    cwd: Path = ROOT,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run a tool, capturing its output as text (never raising on a failure)."""
     return subprocess.run(
-        command, input=stdin, capture_output=True, text=True, cwd=cwd, timeout=120, check=False
+        command,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=120,
+        check=False,
     )
 
 
