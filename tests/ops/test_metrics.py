@@ -4,12 +4,14 @@ TranscriptService runs as `python -m services.transcript` with its metrics
 endpoint on an ephemeral port. A workload with version conflicts (ABORTED)
 must move exactly the counters it should, every metric of
 services/common/metrics.py must be exported with bounded labels only, and
-`promtool check metrics` must accept the real output. The summary backlog
-check switches itself on once `python -m services.summary` exists.
+`promtool check metrics` must accept the real output. SummaryService runs as
+its own process for the backlog, and the all-in-one process (`python -m
+services`) for agent turns racing on one conversation.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -20,6 +22,7 @@ import pytest
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
+from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.common.v1 import common_pb2
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as pb
@@ -29,7 +32,9 @@ from tests.ops.process import ServiceProcess, service_process, value
 from tests.ops.tools import ROOT, check_metrics, run
 
 TRANSCRIPT = "runifold.transcript.v1.TranscriptService"
+AGENT = "runifold.agent.v1.AgentService"
 CONFLICTS = 5
+TURNS = 6
 
 # Every label a metric may carry: each has a small, fixed set of values.
 BOUNDED_LABELS = {
@@ -201,3 +206,51 @@ async def test_summary_backlog_reaches_metrics(
 
         await wait_for(job_visible, timeout=30)
         check_metrics(await summary.scrape())
+
+
+async def test_all_in_one_serves_every_service_on_one_endpoint(
+    shared_database_url: str, tmp_path: Path, namespace: str
+) -> None:
+    """`python -m services`: racing turns, counted consistently on the one /metrics."""
+    env = {"DATABASE_URL": shared_database_url, "RUNIFOLD_MIGRATE": "auto"}
+    async with service_process("services", env, tmp_path, timeout=120) as allinone:
+        before = await allinone.scrape()
+        async with grpc.aio.insecure_channel(allinone.address) as channel:
+            created = await stubs.transcript(channel).CreateConversation(
+                pb.CreateConversationRequest(namespace=namespace)
+            )
+            cid = created.conversation.conversation_id
+            agent = stubs.agent(channel)
+
+            async def turn(i: int) -> grpc.StatusCode:
+                try:
+                    await agent.RunConversation(
+                        agent_pb.RunConversationRequest(
+                            conversation_id=cid,
+                            namespace=namespace,
+                            input=[user(f"question {i}")],
+                            turn_id=str(uuid.uuid4()),
+                        ),
+                        timeout=60,
+                    )
+                except grpc.aio.AioRpcError as error:
+                    return error.code()
+                return grpc.StatusCode.OK
+
+            codes = await asyncio.gather(*(turn(i) for i in range(TURNS)))
+        after = await allinone.scrape()
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    run_conversation = {"grpc_service": AGENT, "grpc_method": "RunConversation"}
+    aborted = codes.count(grpc.StatusCode.ABORTED)
+    assert codes.count(grpc.StatusCode.OK) + aborted == TURNS, codes
+    assert moved("grpc_server_handled_total", **run_conversation) == TURNS
+    assert moved("grpc_server_handled_total", **run_conversation, grpc_code="ABORTED") == aborted
+    assert moved("runifold_turn_conflicts_total") == aborted
+    assert moved("runifold_turns_total", outcome="conflict") == aborted
+    assert moved("runifold_turns_total", outcome="committed") == TURNS - aborted
+    # The agent's calls to TranscriptService went through the same server and endpoint.
+    assert moved("grpc_server_handled_total", grpc_service=TRANSCRIPT, grpc_code="OK") > 0
+    check_metrics(after)
