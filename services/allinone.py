@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from services.agent.component import AgentComponent
 from services.common.server import Component
 from services.memory.component import MemoryComponent
 from services.summary.component import SummaryComponent
@@ -16,4 +17,4 @@ from services.transcript.component import TranscriptComponent
 
 def components() -> Sequence[Component]:
     """The components of the all-in-one server, in start order."""
-    return [TranscriptComponent(), SummaryComponent(), MemoryComponent()]
+    return [TranscriptComponent(), SummaryComponent(), MemoryComponent(), AgentComponent()]

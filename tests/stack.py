@@ -1,0 +1,104 @@
+"""The whole system in one real gRPC server (all-in-one addressing) for end-to-end tests.
+
+Every service runs for real: TranscriptService and SummaryService (with its
+background workers and the offline summarizer) on PostgreSQL, MemoryService
+with the real embedding model and Qdrant Edge, and AgentService calling an
+OpenAI-compatible model, which in tests is the fake HTTP server of
+tests/fakes/openai_server.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+
+from services.agent.component import AgentComponent
+from services.agent.config import AgentConfig
+from services.common import stubs
+from services.common.auth import AuthSettings
+from services.common.openai_chat import OpenAIChatModel
+from services.common.server import Component, RunningServer, serving
+from services.memory.component import MemoryComponent
+from services.summary.component import SummaryComponent
+from services.summary.config import SummaryConfig
+from services.transcript.component import TranscriptComponent
+from tests.conftest import server_settings
+from tests.fakes.openai_server import FakeOpenAI
+from tests.memory_support import memory_config
+
+if TYPE_CHECKING:
+    from runifold.agent.v1.agent_service_pb2_grpc import AgentServiceAsyncStub
+    from runifold.memory.v1.memory_service_pb2_grpc import MemoryServiceAsyncStub
+    from runifold.summary.v1.summary_service_pb2_grpc import SummaryServiceAsyncStub
+    from runifold.transcript.v1.transcript_service_pb2_grpc import TranscriptServiceAsyncStub
+
+
+@dataclass
+class Stack:
+    """A running all-in-one server and stubs to each service."""
+
+    running: RunningServer
+    channel: grpc.aio.Channel
+    model: FakeOpenAI
+
+    @property
+    def address(self) -> str:
+        return self.running.address
+
+    @property
+    def transcript(self) -> TranscriptServiceAsyncStub:
+        return stubs.transcript(self.channel)
+
+    @property
+    def summary(self) -> SummaryServiceAsyncStub:
+        return stubs.summary(self.channel)
+
+    @property
+    def memory(self) -> MemoryServiceAsyncStub:
+        return stubs.memory(self.channel)
+
+    @property
+    def agent(self) -> AgentServiceAsyncStub:
+        return stubs.agent(self.channel)
+
+
+@asynccontextmanager
+async def full_stack(
+    database_url: str,
+    data_dir: Path,
+    model: FakeOpenAI,
+    *,
+    auth: AuthSettings | None = None,
+    agent_config: AgentConfig | None = None,
+) -> AsyncIterator[Stack]:
+    """Start every service in one server; the agent's model is the fake server."""
+    config = agent_config or AgentConfig(model_provider="openai", model_timeout_s=30.0)
+    chat = OpenAIChatModel(
+        model.base_url, "fake-model", timeout_s=30.0, max_retries=0, purpose="agent"
+    )
+    components: list[Component] = [
+        TranscriptComponent(),
+        SummaryComponent(
+            SummaryConfig.from_env(
+                {"RUNIFOLD_SUMMARY_WORKERS": "1", "RUNIFOLD_SUMMARY_POLL_INTERVAL_S": "0.05"}
+            )
+        ),
+        MemoryComponent(memory_config(data_dir / "index")),
+        AgentComponent(config, model=chat),
+    ]
+    async with (
+        serving(
+            components,
+            server_settings(),
+            database_url=database_url,
+            extras={"all_in_one": True},
+            auth=auth,
+        ) as running,
+        grpc.aio.insecure_channel(running.address) as channel,
+    ):
+        yield Stack(running, channel, model)
