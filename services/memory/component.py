@@ -44,6 +44,7 @@ def index_for(
         qdrant_timeout_s=config.qdrant_timeout_s,
         pgvector_url=config.pgvector_url or database_url,
         pgvector_ef_search=config.pgvector_ef_search,
+        pgvector_exact_below=config.pgvector_exact_below,
     )
 
 

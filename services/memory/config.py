@@ -74,6 +74,7 @@ class MemoryConfig:
     qdrant_timeout_s: float = 5.0
     # pgvector: the HNSW search breadth and the database (default: DATABASE_URL).
     pgvector_ef_search: int = 200
+    pgvector_exact_below: int = 10_000
     pgvector_url: str = ""
     embeddings: str = "local"
     embeddings_url: str = ""
@@ -82,6 +83,8 @@ class MemoryConfig:
     embeddings_api_key: str = ""
     embeddings_timeout_s: float = 30.0
     embeddings_batch: int = 64
+    # torch intra-op threads for the local model; 0 leaves torch's default.
+    embeddings_threads: int = 1
     default_ttl: timedelta | None = None
     namespace_ttls: Mapping[str, timedelta | None] = field(default_factory=dict)
     # Search asks the index for limit * overfetch + 8 candidates: room for the
@@ -133,6 +136,9 @@ class MemoryConfig:
             pgvector_ef_search=env_int(
                 env, "RUNIFOLD_MEMORY_PGVECTOR_EF_SEARCH", 200, minimum=10, maximum=1000
             ),
+            pgvector_exact_below=env_int(
+                env, "RUNIFOLD_MEMORY_PGVECTOR_EXACT_BELOW", 10_000, minimum=0, maximum=10_000_000
+            ),
             pgvector_url=env_str(env, "RUNIFOLD_MEMORY_PGVECTOR_URL", ""),
             embeddings=embeddings,
             embeddings_url=embeddings_url.rstrip("/"),
@@ -147,6 +153,9 @@ class MemoryConfig:
             embeddings_api_key=env_str(env, "RUNIFOLD_EMBEDDINGS_API_KEY", ""),
             embeddings_timeout_s=env_float(env, "RUNIFOLD_EMBEDDINGS_TIMEOUT_S", 30.0, minimum=0.1),
             embeddings_batch=env_int(env, "RUNIFOLD_EMBEDDINGS_BATCH", 64, minimum=1, maximum=2048),
+            embeddings_threads=env_int(
+                env, "RUNIFOLD_EMBEDDINGS_THREADS", 1, minimum=0, maximum=256
+            ),
             default_ttl=parse_duration(
                 "RUNIFOLD_MEMORY_DEFAULT_TTL", env_str(env, "RUNIFOLD_MEMORY_DEFAULT_TTL", "0")
             ),

@@ -213,3 +213,27 @@ async def test_a_collection_of_another_size_or_distance_is_refused(make_index: F
         with pytest.raises(IndexMismatch):
             await index.start()
         await index.close()
+
+
+async def test_pgvector_hnsw_path_and_its_exact_fallback(fresh_database_url: str) -> None:
+    """With exact search off for every namespace size: a big namespace is served by HNSW,
+    a small one (whose HNSW answer comes back short) by the exact fallback."""
+    index = PgvectorIndex(fresh_database_url, MODEL, DIM, ef_search=40, exact_below=0)
+    await index.start()
+    try:
+        rng = np.random.default_rng(6)
+        big = [point("big", unit(rng)) for _ in range(1900)]
+        small = [point("small", unit(rng)) for _ in range(100)]
+        await index.upsert(big + small)
+        for namespace, members in (("big", big), ("small", small)):
+            found = total = 0
+            for _ in range(10):
+                vector = unit(rng)
+                exact = sorted(members, key=lambda p: -float(np.dot(vector, p.vector)))[:10]
+                hits = await index.search(NamespacedQuery.inside(namespace, vector, 10))
+                assert len(hits) == 10
+                found += len({p.memory_id for p in exact} & {h.memory_id for h in hits})
+                total += 10
+            assert found / total >= 0.9, namespace
+    finally:
+        await index.close()

@@ -184,6 +184,7 @@ def make_index(
     qdrant_timeout_s: float = 5.0,
     pgvector_url: str = "",
     pgvector_ef_search: int = 200,
+    pgvector_exact_below: int = 10_000,
 ) -> VectorIndex:
     """The adapter named by RUNIFOLD_MEMORY_INDEX (edge, qdrant or pgvector)."""
     if kind == "edge":
@@ -199,5 +200,11 @@ def make_index(
     if kind == "pgvector":
         from services.memory.index.pgvector import PgvectorIndex
 
-        return PgvectorIndex(pgvector_url, model, dimension, ef_search=pgvector_ef_search)
+        return PgvectorIndex(
+            pgvector_url,
+            model,
+            dimension,
+            ef_search=pgvector_ef_search,
+            exact_below=pgvector_exact_below,
+        )
     raise ValueError(f"unknown index kind {kind!r}")

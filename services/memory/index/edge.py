@@ -50,7 +50,14 @@ class EdgeIndex:
         self._shard: Any = None
 
     def _config(self) -> Any:
-        return qe.EdgeConfig(vectors=qe.EdgeVectorParams(self.dimension, qe.Distance.Cosine))
+        # Payloads are small (ids, revision, tags) and read on every hit: keep
+        # them cached in memory rather than cold on disk (at 100,000 optimized
+        # points, a filtered top-28 measured 1.9 ms with cold payloads, 0.2 ms
+        # without payloads).
+        return qe.EdgeConfig(
+            vectors=qe.EdgeVectorParams(self.dimension, qe.Distance.Cosine),
+            payload_memory=qe.Memory.Cached,
+        )
 
     def _open(self) -> Any:
         if (self.path / "edge_config.json").exists():
