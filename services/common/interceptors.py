@@ -84,7 +84,7 @@ class _Call:
         self.method = method
         self.code = "OK"
         # None unless tracing is on (then the span is current while the handler runs).
-        self.span = tracing.start_server_span(method, context.invocation_metadata(), rid)
+        self.span = tracing.start_server_span(method, context, rid)
         self.start = time.perf_counter()
         started.inc()
 

@@ -138,14 +138,16 @@ class ServerSpan:
         otel_context.detach(self._token)  # type: ignore[arg-type]
 
 
-def start_server_span(
-    method: str, metadata: Iterable[tuple[str, Any]] | None, request_id: str
-) -> ServerSpan | None:
-    """Open the span of an inbound RPC as a child of the caller's `traceparent`, if any."""
+def start_server_span(method: str, context: Any, request_id: str) -> ServerSpan | None:
+    """Open the span of an inbound RPC as a child of the caller's `traceparent`, if any.
+
+    `context` is the RPC's ServicerContext; nothing of it is read while tracing is off.
+    """
     tracer = _tracer
     if tracer is None:
         return None
-    carrier = {key: value for key, value in metadata or () if isinstance(value, str)}
+    metadata: Iterable[tuple[str, Any]] = context.invocation_metadata() or ()
+    carrier = {key: value for key, value in metadata if isinstance(value, str)}
     parent = _propagator.extract(carrier)
     service, _, name = method.lstrip("/").partition("/")
     span = tracer.start_span(
