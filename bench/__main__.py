@@ -12,13 +12,14 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from bench import memory, summary, transcript
+from bench import agent, memory, summary, transcript
 from bench.common import postgres
 
 SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "transcript": transcript.run,
     "summary": summary.run,
     "memory": memory.run,
+    "agent": agent.run,
 }
 
 

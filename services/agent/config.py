@@ -14,7 +14,7 @@ class AgentConfig:
 
     default_window: int = 16
     default_summary_batch: int = 64
-    default_max_output_tokens: int = 1024
+    default_max_output_tokens: int = 4096
     default_max_model_calls: int = 8
     default_max_input_tokens: int = 200_000
     max_input_messages: int = 64
@@ -42,7 +42,7 @@ class AgentConfig:
                 env, "RUNIFOLD_AGENT_DEFAULT_SUMMARY_BATCH", 64, minimum=1, maximum=4096
             ),
             default_max_output_tokens=env_int(
-                env, "RUNIFOLD_AGENT_DEFAULT_MAX_OUTPUT_TOKENS", 1024, minimum=1
+                env, "RUNIFOLD_AGENT_DEFAULT_MAX_OUTPUT_TOKENS", 4096, minimum=1
             ),
             default_max_model_calls=env_int(
                 env, "RUNIFOLD_AGENT_DEFAULT_MAX_MODEL_CALLS", 8, minimum=1, maximum=1000

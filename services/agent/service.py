@@ -10,6 +10,8 @@ Takes ports to the other services and a ChatModel; knows nothing of gRPC.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 import uuid
@@ -80,6 +82,25 @@ class _Spend:
             max_output_tokens=self.budget.max_output_tokens - self.used.output_tokens,
             max_model_calls=self.budget.max_model_calls - self.used.model_calls,
             max_input_tokens=self.budget.max_input_tokens - self.used.input_tokens,
+        )
+
+    def for_summary(self) -> Budget:
+        """What summarization may spend: everything but the turn's own model call.
+
+        One call and a share of the output tokens (half, at most 512) stay
+        reserved, so that a turn is never summarized into a budget it cannot
+        finish with.
+        """
+        left = self.require_call()
+        reserve_output = max(1, min(left.max_output_tokens // 2, 512))
+        if left.max_model_calls < 2:
+            raise budget_exhausted("max_model_calls", self.budget.max_model_calls)
+        if left.max_output_tokens - reserve_output < 1:
+            raise budget_exhausted("max_output_tokens", self.budget.max_output_tokens)
+        return Budget(
+            max_output_tokens=left.max_output_tokens - reserve_output,
+            max_model_calls=left.max_model_calls - 1,
+            max_input_tokens=left.max_input_tokens,
         )
 
     def require_call(self, input_tokens: int = 0) -> Budget:
@@ -298,6 +319,36 @@ class AgentService:
             )
 
         yield Progress(Stage.LOADING_CONTEXT)
+        # Memory lookup depends only on the input: it runs while the summary and
+        # the view load (its query embedding is the slowest part of a turn).
+        recalling = (
+            asyncio.ensure_future(
+                self.memories.search(namespace, _first_user_text(turn.input), policy.memory_limit)
+            )
+            if policy.memory_limit > 0
+            else None
+        )
+        try:
+            async for event in self._turn_with_context(
+                turn, conversation_id, created, turn_id, recalling, stream
+            ):
+                yield event
+        finally:
+            if recalling is not None and not recalling.done():
+                recalling.cancel()
+                with contextlib.suppress(asyncio.CancelledError, DomainError):
+                    await recalling
+
+    async def _turn_with_context(
+        self,
+        turn: Turn,
+        conversation_id: str,
+        created: bool,
+        turn_id: str,
+        recalling: asyncio.Future[Recall] | None,
+        stream: bool,
+    ) -> AsyncIterator[TurnEvent]:
+        namespace, policy = turn.namespace, turn.policy
         summary = await self.summaries.get(namespace, conversation_id)
         view = await self.transcripts.load_view(
             namespace,
@@ -326,14 +377,13 @@ class AgentService:
                     job_id=job_id,
                 )
             yield Progress(Stage.SUMMARIZING)
-            left = spend.require_call()
             done = await self.summaries.summarize(
                 namespace,
                 conversation_id,
                 policy.window,
                 policy.summary_batch,
                 policy.max_summary_passes,
-                left,
+                spend.for_summary(),
             )
             spend.used += done.usage
             passes = done.passes
@@ -367,11 +417,9 @@ class AgentService:
         )
 
         recall = Recall()
-        if policy.memory_limit > 0:
+        if recalling is not None:
             yield Progress(Stage.RETRIEVING_MEMORY)
-            recall = await self.memories.search(
-                namespace, _first_user_text(turn.input), policy.memory_limit
-            )
+            recall = await recalling
 
         left = spend.remaining()
         request = build_request(

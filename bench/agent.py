@@ -1,0 +1,181 @@
+"""AgentService benchmark (issue 5): the orchestrator's own overhead.
+
+The all-in-one server runs in its own process with the offline model (zero
+model latency) and memory lookup on; a turn's window is 16. We time turns at
+1 and 16 in flight, then each downstream RPC alone with the same arguments
+(GetSummary, LoadView, SearchMemories with its query embedding, AppendEntries)
+so that the turn's p50 can be compared with the sum of theirs.
+Goal: turn p50 < sum of downstream p50s + 5 ms.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+
+import grpc
+
+from bench.common import Stats, measure, new_database, server_process
+from runifold.agent.v1 import agent_service_pb2 as agent_pb
+from runifold.common.v1 import common_pb2
+from runifold.memory.v1 import memory_service_pb2 as memory_pb
+from runifold.summary.v1 import summary_service_pb2 as summary_pb
+from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
+from services.common import stubs
+
+NAMESPACE = "bench-agent"
+FACTS = [
+    "The team chose PostgreSQL for transcripts.",
+    "Deploys happen on Tuesdays.",
+    "The on-call rotation changes every Monday.",
+    "The user's favourite editor is Helix.",
+    "Budgets are reviewed at the end of each quarter.",
+    "The staging cluster runs in Frankfurt.",
+    "Incidents are tracked in the ops channel.",
+    "The API gateway enforces a 30 second timeout.",
+]
+QUESTION = "What did we decide about storage?"
+
+
+def user(text: str) -> common_pb2.Message:
+    return common_pb2.Message(role=common_pb2.ROLE_USER, text=text)
+
+
+async def run(postgres_url: str) -> list[str]:
+    url = new_database(postgres_url)
+    lines = ["## AgentService (offline model, memory lookup on, window 16)", ""]
+    with tempfile.TemporaryDirectory(prefix="runifold-bench-agent-") as data:
+        env = {
+            "RUNIFOLD_DATA_DIR": data,
+            "RUNIFOLD_DB_POOL_MAX": "24",
+            "RUNIFOLD_SUMMARY_WORKERS": "0",
+        }
+        async with (
+            server_process("services", url, env) as address,
+            grpc.aio.insecure_channel(address) as channel,
+        ):
+            transcript, summary = stubs.transcript(channel), stubs.summary(channel)
+            memory, agent = stubs.memory(channel), stubs.agent(channel)
+            seed = (
+                await transcript.CreateConversation(
+                    transcript_pb.CreateConversationRequest(namespace=NAMESPACE)
+                )
+            ).conversation.conversation_id
+            await transcript.AppendEntries(
+                transcript_pb.AppendEntriesRequest(
+                    namespace=NAMESPACE,
+                    conversation_id=seed,
+                    messages=[user(fact) for fact in FACTS],
+                )
+            )
+            for index, fact in enumerate(FACTS, start=1):
+                await memory.UpsertMemory(
+                    memory_pb.UpsertMemoryRequest(
+                        namespace=NAMESPACE,
+                        content=fact,
+                        sources=[
+                            memory_pb.MemorySource(
+                                conversation_id=seed, from_sequence=index, through_sequence=index
+                            )
+                        ],
+                    )
+                )
+
+            policy = agent_pb.ContextPolicy(
+                window=16, summary_batch=64, memory_limit=4, summary_mode=agent_pb.SUMMARY_MODE_AUTO
+            )
+            conversations: dict[int, str] = {}
+
+            async def conversation_for(worker: int) -> str:
+                if worker not in conversations:
+                    conversations[worker] = (
+                        await transcript.CreateConversation(
+                            transcript_pb.CreateConversationRequest(namespace=NAMESPACE)
+                        )
+                    ).conversation.conversation_id
+                return conversations[worker]
+
+            async def one_turn(worker: int, _: int) -> None:
+                cid = await conversation_for(worker)
+                await agent.RunConversation(
+                    agent_pb.RunConversationRequest(
+                        namespace=NAMESPACE,
+                        conversation_id=cid,
+                        input=[user(QUESTION)],
+                        turn_id=str(uuid.uuid4()),
+                        policy=policy,
+                    )
+                )
+
+            # Each turn appends 2 entries; windows stay at 16 with summaries kept current
+            # by AUTO mode (every 32 entries a pass runs: part of a real turn's cost).
+            turns1 = await measure("RunConversation, 1 in flight", 1, 300, one_turn, warmup=20)
+            conversations.clear()
+            turns16 = await measure("RunConversation, 16 in flight", 16, 960, one_turn, warmup=20)
+
+            probe = await conversation_for(99)
+            for _ in range(10):
+                await one_turn(99, 0)
+
+            async def get_summary(_: int, __: int) -> None:
+                await summary.GetSummary(
+                    summary_pb.GetSummaryRequest(namespace=NAMESPACE, conversation_id=probe)
+                )
+
+            async def load_view(_: int, __: int) -> None:
+                await transcript.LoadView(
+                    transcript_pb.LoadViewRequest(
+                        namespace=NAMESPACE,
+                        conversation_id=probe,
+                        window=16,
+                        summary_batch=64,
+                        request_id=str(uuid.uuid4()),
+                    )
+                )
+
+            async def search(_: int, __: int) -> None:
+                await memory.SearchMemories(
+                    memory_pb.SearchMemoriesRequest(namespace=NAMESPACE, query=QUESTION, limit=4)
+                )
+
+            versions = {
+                "v": (
+                    await transcript.GetConversation(
+                        transcript_pb.GetConversationRequest(
+                            namespace=NAMESPACE, conversation_id=probe
+                        )
+                    )
+                ).conversation.version
+            }
+
+            async def append(_: int, __: int) -> None:
+                reply = await transcript.AppendEntries(
+                    transcript_pb.AppendEntriesRequest(
+                        namespace=NAMESPACE,
+                        conversation_id=probe,
+                        expected_version=versions["v"],
+                        request_id=str(uuid.uuid4()),
+                        messages=[
+                            user(QUESTION),
+                            common_pb2.Message(
+                                role=common_pb2.ROLE_ASSISTANT, text="an answer of some length"
+                            ),
+                        ],
+                    )
+                )
+                versions["v"] = reply.version
+
+            parts: list[Stats] = [
+                await measure("  GetSummary", 1, 300, get_summary),
+                await measure("  LoadView (window 16)", 1, 300, load_view),
+                await measure("  SearchMemories (limit 4, embedding included)", 1, 300, search),
+                await measure("  AppendEntries (2 messages)", 1, 300, append),
+            ]
+    lines += [turns1.row(), turns16.row(), "downstream RPCs alone, 1 in flight:"]
+    lines += [part.row() for part in parts]
+    budget = sum(part.p50 for part in parts)
+    lines.append(
+        f"turn p50 {turns1.p50:.2f} ms vs sum of downstream p50 {budget:.2f} ms "
+        f"+ 5 ms = {budget + 5:.2f} ms (goal: below)"
+    )
+    return lines
