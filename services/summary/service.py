@@ -253,10 +253,13 @@ class SummaryService:
         commits the result with a compare-and-swap on the summary it started
         from. Every summarizer call is charged to `budget` (zero fields take the
         server defaults) and must finish before the request's deadline.
-        Raises RESOURCE_EXHAUSTED / BUDGET_EXHAUSTED when the budget does not
-        cover the next pass and ABORTED / SUMMARY_CONFLICT when another writer
-        moved the summary; passes committed before stay committed, and the
-        error's metadata reports them and the usage spent.
+        When another writer moves the summary meanwhile, the pass's result is
+        dropped (the summary never regresses) and work continues from the newer
+        summary; every attempt counts against `max_summary_passes`, and only
+        committed passes are reported. Raises RESOURCE_EXHAUSTED /
+        BUDGET_EXHAUSTED when the budget does not cover the next pass; passes
+        committed before stay committed, and the error's metadata reports them
+        and the usage spent.
         """
         validation.namespace(namespace)
         cid = conversation_id(conversation_id_text)
@@ -285,11 +288,13 @@ class SummaryService:
                 await self._drop_stale(namespace, cid)
                 current, through = None, 0
                 view = await self.transcripts.load_view(namespace, cid, window, summary_batch, 0)
+            attempts = 0
             while view.summary_buffer:
-                if passes == max_summary_passes:
+                if attempts == max_summary_passes:
                     return SummarizeResult(
                         current, passes, len(view.summary_buffer) + view.summary_backlog, usage
                     )
+                attempts += 1
                 previous = current.text if current else None
                 max_output = self._check_budget(limits, usage, previous, view.summary_buffer)
                 output = await self.summarizer.summarize(
@@ -301,9 +306,21 @@ class SummaryService:
                 usage = usage + output.usage
                 text = self._checked_output(output.text)
                 new_through = view.summary_buffer[-1].sequence
-                result = await self.store.commit_summary(
-                    NewSummary(namespace, cid, text, new_through, through)
-                )
+                try:
+                    result = await self.store.commit_summary(
+                        NewSummary(namespace, cid, text, new_through, through)
+                    )
+                except DomainError as error:
+                    if error.reason != "SUMMARY_CONFLICT":
+                        raise
+                    # Another summarizer (a background job) moved the summary forward
+                    # meanwhile: nothing regressed; carry on from where it is now.
+                    current = await self.store.get_summary(namespace, cid)
+                    through = current.through_sequence if current else 0
+                    view = await self.transcripts.load_view(
+                        namespace, cid, window, summary_batch, through
+                    )
+                    continue
                 current, through = result.summary, new_through
                 passes += 1
                 metrics.SUMMARY_PASSES.inc()

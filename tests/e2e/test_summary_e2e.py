@@ -164,14 +164,16 @@ async def test_racing_summarizers_only_move_forward(
                     return error
 
             results = await asyncio.gather(race(), race())
-            wins = [r for r in results if isinstance(r, spb.SummarizeResponse)]
-            losses = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
-            assert len(wins) == 1 and len(losses) == 1
-            assert wins[0].summary.through_sequence == 8
-            assert failure(losses[0]) == (grpc.StatusCode.ABORTED, "SUMMARY_CONFLICT")
-            info = error_info(losses[0])
-            assert info is not None and info.metadata["current_through_sequence"] == "8"
-            assert info.metadata["usage_model_calls"] == "1"
+            # The loser's pass is dropped (a no-op, never a regression): it reports no
+            # committed pass, the winner's summary, and the model call it spent.
+            assert all(isinstance(r, spb.SummarizeResponse) for r in results)
+            done = sorted(
+                (r for r in results if isinstance(r, spb.SummarizeResponse)), key=lambda r: r.passes
+            )
+            assert [r.passes for r in done] == [0, 1]
+            assert [r.summary.through_sequence for r in done] == [8, 8]
+            assert done[0].summary.text == done[1].summary.text
+            assert done[0].usage.model_calls == 1
 
             # Many racers, many passes each: whatever interleaving, never a step back.
             fake.respond_with(lambda body: FakeReply(text="a summary"))
@@ -180,13 +182,9 @@ async def test_racing_summarizers_only_move_forward(
 
             async def racer() -> None:
                 for _ in range(10):
-                    try:
-                        done = await s.summary.Summarize(summarize(cid, namespace, 4, 4, 64))
-                    except grpc.aio.AioRpcError as error:
-                        assert failure(error) == (grpc.StatusCode.ABORTED, "SUMMARY_CONFLICT")
-                        continue
-                    seen.append(done.summary.through_sequence)
-                    if done.backlog == 0:
+                    reply = await s.summary.Summarize(summarize(cid, namespace, 4, 4, 64))
+                    seen.append(reply.summary.through_sequence)
+                    if reply.backlog == 0:
                         return
 
             await asyncio.gather(*(racer() for _ in range(4)))

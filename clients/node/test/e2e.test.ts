@@ -1,7 +1,7 @@
 // End-to-end test of the TypeScript client against a real Runifold server.
 // tests/e2e/test_node_client.py starts the server (all four services, a fake
 // OpenAI-compatible model that lets a concurrent writer in when a message says
-// "[race:<conversation id>]") and runs this file with RUNIFOLD_TARGET set.
+// "[race:<namespace>:<conversation id>]") and runs this file with RUNIFOLD_TARGET set.
 
 import assert from "node:assert/strict";
 import { test } from "node:test";
@@ -53,7 +53,7 @@ test("a turn that loses the race carries its outcome in a TurnConflict detail", 
   const conversation = await client.createConversation();
   const id = conversation.conversation_id;
   await assert.rejects(
-    client.runConversation(`please answer [race:${id}]`, { conversationId: id }),
+    client.runConversation(`please answer [race:${namespace}:${id}]`, { conversationId: id }),
     (error: RunifoldError) => {
       assert.equal(error.code, grpc.status.ABORTED);
       assert.equal(error.reason, "TURN_CONFLICT");
