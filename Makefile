@@ -11,7 +11,8 @@ export HF_HUB_OFFLINE := 1
 export PATH := $(abspath $(BIN)):$(PATH)
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install tools run test lint gen gen-check bench fmt clean deploy-sync
+.PHONY: install tools node run test lint gen gen-check bench fmt clean deploy-sync
+NODE_STAMP := clients/node/node_modules/.package-lock.json
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,26 +39,37 @@ tools:
 run: $(STAMP)
 	$(BIN)/python -m services
 
+## The TypeScript client's packages (npm ci from the committed lock file).
+$(NODE_STAMP): clients/node/package.json clients/node/package-lock.json
+	cd clients/node && npm ci --no-audit --no-fund --loglevel=error
+	@touch $(NODE_STAMP)
+
+node: $(NODE_STAMP)
+
 ## The whole test suite: unit, integration (real PostgreSQL), end-to-end (real gRPC).
-test: $(STAMP) tools
+test: $(STAMP) tools node
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 ## ruff, mypy, buf lint and the generated-code freshness check.
 lint: $(STAMP) gen-check
-	$(BIN)/ruff check services clients/python tests bench
-	$(BIN)/ruff format --check services clients/python tests bench
-	$(BIN)/mypy services clients/python tests bench
+	$(BIN)/ruff check services clients/python tests bench tools
+	$(BIN)/ruff format --check services clients/python tests bench tools
+	$(BIN)/mypy services clients/python tests bench tools
 	$(BIN)/buf lint
+	@if git rev-parse --verify -q main >/dev/null; then \
+	  $(BIN)/buf breaking --against '.git#branch=main' && echo "buf breaking: no change breaks main"; \
+	else echo "buf breaking: no local main branch to compare with"; fi
 
 fmt: $(STAMP)
-	$(BIN)/ruff check --fix services clients/python tests bench
-	$(BIN)/ruff format services clients/python tests bench
+	$(BIN)/ruff check --fix services clients/python tests bench tools
+	$(BIN)/ruff format services clients/python tests bench tools
 
 ## Regenerate gen/ from proto/ (committed).
 gen: $(STAMP)
 	rm -rf gen && mkdir -p gen
 	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=gen --grpc_python_out=gen \
 	  --mypy_out=gen --mypy_grpc_out=gen $(PROTOS) >/dev/null
+	$(BIN)/python -m tools.api_docs
 
 ## Fail when gen/ differs from a fresh generation.
 gen-check: $(STAMP)
@@ -66,6 +78,7 @@ gen-check: $(STAMP)
 	  --mypy_out=$$tmp --mypy_grpc_out=$$tmp $(PROTOS) >/dev/null && \
 	if diff -r $$tmp gen >/dev/null; then echo "gen/ is up to date"; rm -rf $$tmp; \
 	else diff -r $$tmp gen | head -20; rm -rf $$tmp; echo "gen/ is stale: run make gen"; exit 1; fi
+	@$(BIN)/python -m tools.api_docs --check
 
 ## Regenerate k8s/base/prometheusrule.yaml from deploy/prometheus/rules/runifold.rules.yml.
 deploy-sync: $(STAMP)
@@ -76,4 +89,5 @@ bench: $(STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .runifold .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .runifold .pytest_cache .mypy_cache .ruff_cache clients/node/node_modules \
+	  clients/node/dist
