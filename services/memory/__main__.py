@@ -25,6 +25,7 @@ async def _reindex(settings: Settings) -> int:
     from services.memory.component import MIGRATIONS, index_for
     from services.memory.config import MemoryConfig
     from services.memory.embeddings import make_embedder
+    from services.memory.index import IndexUnavailable
     from services.memory.indexer import reindex
     from services.memory.store import PostgresMemoryStore
 
@@ -42,7 +43,15 @@ async def _reindex(settings: Settings) -> int:
         await migrations.check(db, "memory", MIGRATIONS)
         store = PostgresMemoryStore(db)
         await embedder.start()
-        await index.start()
+        try:
+            await index.start()
+        except IndexUnavailable as exc:
+            print(
+                f"reindex: cannot open the {index.name} index ({exc.detail}); with the Edge "
+                "index, stop the server first (one process opens a shard at a time)",
+                file=sys.stderr,
+            )
+            return 1
         total = await store.memory_count()
         with tqdm(total=total, unit="memory", desc=f"reindex ({index.name})") as bar:
             indexed, orphans = await reindex(store, index, embedder, progress=bar.update)

@@ -205,10 +205,10 @@ async def reindex(
     """Rebuild the index from PostgreSQL: re-embed and upsert every live memory with the
     configured model, then delete index points that no live memory backs.
 
-    Outbox rows older than the start are covered by the rebuild and removed;
-    newer ones stay for the indexer. Returns (memories indexed, orphans deleted).
+    The outbox is left alone: a write committed while the rebuild ran may not
+    be in the scan, and replaying a row only re-applies a memory's current
+    state. Returns (memories indexed, orphans deleted).
     """
-    high_water = await store.outbox_high_water()
     indexed = 0
     seen: set[Key] = set()
     after: Key | None = None
@@ -235,5 +235,4 @@ async def reindex(
         orphans = [key for key in orphans if key not in live]
     await index.delete(orphans)
     await index.optimize()
-    await store.drop_outbox_through(high_water)
     return indexed, len(orphans)

@@ -252,12 +252,6 @@ class InMemoryMemoryStore:
         )
         return [self._memories[k] for k in keys[:limit]]
 
-    async def outbox_high_water(self) -> int:
-        return self._outbox[-1][0].seq if self._outbox else 0
-
-    async def drop_outbox_through(self, seq: int) -> None:
-        self._outbox = [(e, t) for e, t in self._outbox if e.seq > seq]
-
     async def set_embedding(self, keys: Sequence[Key], model: str, dimension: int) -> None:
         for key in keys:
             memory = self._memories.get(key)

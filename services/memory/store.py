@@ -124,12 +124,6 @@ class MemoryStore(Protocol):
     async def scan(self, after: Key | None, limit: int) -> list[Memory]:
         """Live memories of every namespace in key order (reindex)."""
 
-    async def outbox_high_water(self) -> int:
-        """The newest outbox sequence (0 when empty)."""
-
-    async def drop_outbox_through(self, seq: int) -> None:
-        """Remove outbox rows up to `seq` (a reindex covered them)."""
-
     async def set_embedding(self, keys: Sequence[Key], model: str, dimension: int) -> None:
         """Record the model that indexed these memories."""
 
@@ -557,16 +551,6 @@ class PostgresMemoryStore:
                 (namespace, memory_id, limit),
             )
             return [_memory(row) for row in await cursor.fetchall()]
-
-    async def outbox_high_water(self) -> int:
-        async with self.db.connection() as conn:
-            cursor = await conn.execute("SELECT coalesce(max(seq), 0) FROM memory.outbox")
-            row = await cursor.fetchone()
-        return int(row[0]) if row else 0
-
-    async def drop_outbox_through(self, seq: int) -> None:
-        async with self.db.connection() as conn:
-            await conn.execute("DELETE FROM memory.outbox WHERE seq <= %s", (seq,))
 
     async def set_embedding(self, keys: Sequence[Key], model: str, dimension: int) -> None:
         async with self.db.connection() as conn:
