@@ -326,6 +326,7 @@ class MemoryService:
         is re-scored against its current content. When the index or the
         embedding model is unreachable, the answer comes from full-text search
         (`degraded`; scores are text ranks and `min_score` does not apply).
+        `min_score` 0 (the proto default) applies no minimum.
         """
         validation.namespace(namespace)
         validation.text(
@@ -387,7 +388,8 @@ class MemoryService:
                 scored += [
                     ScoredMemory(m, _dot(vector, v)) for m, v in zip(stale, fresh, strict=True)
                 ]
-            scored = [s for s in scored if s.score >= min_score]
+            if min_score:  # 0, proto3's unset, applies no minimum
+                scored = [s for s in scored if s.score >= min_score]
             scored.sort(key=lambda s: (-s.score, s.memory.memory_id))
             exhausted = len(hits) < candidates or candidates >= MAX_CANDIDATES
             if len(scored) >= limit or exhausted:
