@@ -21,6 +21,7 @@ from services.agent.model import (
     ViewState,
 )
 from services.common.domain import Budget, Entry, Message, Usage
+from services.common.errors import StoreUnavailable
 from services.common.llm import ChatDelta, ChatRequest, ChatResponse, budget_exhausted
 from services.common.pagination import PageTokens
 from services.transcript.config import TranscriptLimits
@@ -89,6 +90,9 @@ class FakeTranscripts:
         )
         return list(page.entries)
 
+    async def delete_conversation(self, namespace: str, conversation_id: str) -> int:
+        return await self.service.delete_conversation(namespace, conversation_id) or 0
+
     async def messages(self, namespace: str, conversation_id: str) -> list[Message]:
         page = await self.service.list_entries(namespace, conversation_id, 0, 0, 1000, "")
         return [entry.message for entry in page.entries]
@@ -141,15 +145,28 @@ class FakeSummaries:
         self.jobs.append(conversation_id)
         return job
 
+    async def erase(self, namespace: str, conversation_id: str) -> int:
+        erased = int(self.summaries.pop(conversation_id, None) is not None)
+        erased += self.jobs.count(conversation_id)
+        self.jobs = [job for job in self.jobs if job != conversation_id]
+        return erased
+
 
 class FakeMemories:
     def __init__(self, memories: Sequence[Recalled] = ()) -> None:
         self.memories = list(memories)
         self.queries: list[tuple[str, str, int]] = []
+        self.down = False
 
     async def search(self, namespace: str, query: str, limit: int) -> Recall:
         self.queries.append((namespace, query, limit))
         return Recall(self.memories[:limit])
+
+    async def forget_conversation(self, namespace: str, conversation_id: str) -> int:
+        if self.down:
+            raise StoreUnavailable("memory")
+        forgotten, self.memories = len(self.memories), []
+        return forgotten
 
 
 Responder = Callable[[ChatRequest], ChatResponse]

@@ -133,6 +133,15 @@ class GrpcTranscripts:
             if not token:
                 return found
 
+    async def delete_conversation(self, namespace: str, conversation_id: str) -> int:
+        reply = await self.peer.call(
+            self.stub.DeleteConversation,
+            transcript_pb.DeleteConversationRequest(
+                namespace=namespace, conversation_id=conversation_id
+            ),
+        )
+        return int(reply.entries_deleted)
+
 
 class GrpcSummaries:
     """Summaries port over SummaryService."""
@@ -193,6 +202,13 @@ class GrpcSummaries:
         )
         return reply.job.job_id
 
+    async def erase(self, namespace: str, conversation_id: str) -> int:
+        reply = await self.peer.call(
+            self.stub.EraseSummaries,
+            summary_pb.EraseSummariesRequest(namespace=namespace, conversation_id=conversation_id),
+        )
+        return int(reply.erased)
+
 
 class GrpcMemories:
     """Memories port over MemoryService."""
@@ -213,3 +229,10 @@ class GrpcMemories:
             ],
             degraded=reply.degraded,
         )
+
+    async def forget_conversation(self, namespace: str, conversation_id: str) -> int:
+        reply = await self.peer.call(
+            self.stub.ForgetSource,
+            memory_pb.ForgetSourceRequest(namespace=namespace, conversation_id=conversation_id),
+        )
+        return int(reply.deleted_count)

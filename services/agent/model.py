@@ -121,6 +121,20 @@ class TurnConflict(DomainError):
         self.expected_version = expected_version
 
 
+@dataclass(frozen=True, slots=True)
+class Erasure:
+    """What EraseConversation did, and what is left when a service was unavailable."""
+
+    entries_deleted: int
+    summaries_erased: bool
+    memories_deleted: int
+    remaining: Sequence[str] = ()
+
+    @property
+    def complete(self) -> bool:
+        return not self.remaining
+
+
 # -- what the orchestrator reads from its peers ------------------------------------------
 
 

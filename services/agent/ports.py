@@ -42,6 +42,9 @@ class Transcripts(Protocol):
     ) -> list[Entry]:
         """Entries first..last."""
 
+    async def delete_conversation(self, namespace: str, conversation_id: str) -> int:
+        """Erase the transcript; return the entries erased (0 when already gone)."""
+
 
 class Summaries(Protocol):
     """SummaryService, as the orchestrator uses it."""
@@ -65,9 +68,15 @@ class Summaries(Protocol):
     ) -> str:
         """Enqueue a background job; return its id."""
 
+    async def erase(self, namespace: str, conversation_id: str) -> int:
+        """Erase the conversation's summaries, history and jobs; return rows erased."""
+
 
 class Memories(Protocol):
     """MemoryService, as the orchestrator uses it."""
 
     async def search(self, namespace: str, query: str, limit: int) -> Recall:
         """Memories relevant to the query, inside the namespace."""
+
+    async def forget_conversation(self, namespace: str, conversation_id: str) -> int:
+        """Delete every memory derived from the conversation; return how many."""

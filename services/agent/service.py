@@ -15,7 +15,7 @@ import contextlib
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 
 import uuid_utils
@@ -23,6 +23,7 @@ import uuid_utils
 from services.agent.config import AgentConfig
 from services.agent.model import (
     ContextReport,
+    Erasure,
     Outcome,
     Policy,
     Progress,
@@ -51,6 +52,7 @@ from services.common.domain import (
     open_tool_calls,
 )
 from services.common.errors import (
+    Code,
     DomainError,
     VersionConflict,
     failed_precondition,
@@ -507,6 +509,39 @@ class AgentService:
         if not response.text.strip() and not calls:
             raise ModelFailed("the model returned neither text nor tool calls")
         return Message(Role.ASSISTANT, response.text, tuple(calls))
+
+    async def erase(self, namespace: str, conversation_id: str) -> Erasure:
+        """Erase a conversation everywhere: transcript, summaries and jobs, derived memories.
+
+        Idempotent and resumable: each part is erased on its own; a part whose
+        service is unavailable is reported in `remaining` and a retry completes
+        it. The transcript goes first, so that nothing new can be derived from
+        it while the rest is erased (summaries and memories are only written for
+        conversations that exist).
+        """
+        validation.namespace(namespace)
+        validation.uuid_id(conversation_id, "conversation_id", "INVALID_CONVERSATION_ID")
+        remaining: list[str] = []
+        entries = memories = 0
+        summaries = False
+
+        async def part(name: str, action: Awaitable[int]) -> int:
+            try:
+                return await action
+            except DomainError as error:
+                if error.code in (Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED):
+                    remaining.append(name)
+                    return 0
+                raise
+
+        entries = await part(
+            "transcript", self.transcripts.delete_conversation(namespace, conversation_id)
+        )
+        summaries = await part("summary", self.summaries.erase(namespace, conversation_id)) > 0
+        memories = await part(
+            "memory", self.memories.forget_conversation(namespace, conversation_id)
+        )
+        return Erasure(entries, summaries, memories, remaining)
 
     async def _replay(self, turn: Turn, conversation_id: str, view: ViewState) -> TurnResult:
         """The stored outcome of a turn that already committed (no model call)."""

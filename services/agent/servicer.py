@@ -19,7 +19,6 @@ from services.agent.model import (
 )
 from services.agent.service import AgentService
 from services.common import convert
-from services.common.errors import Code, DomainError
 
 Context = Any
 
@@ -128,7 +127,11 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     async def EraseConversation(
         self, request: pb.EraseConversationRequest, context: Context
     ) -> pb.EraseConversationResponse:
-        # Built with identity and erasure (it needs SummaryService to erase summaries).
-        raise DomainError(
-            Code.UNIMPLEMENTED, "NOT_IMPLEMENTED", "EraseConversation is not available yet"
+        erased = await self.service.erase(request.namespace, request.conversation_id)
+        return pb.EraseConversationResponse(
+            complete=erased.complete,
+            memories_deleted=erased.memories_deleted,
+            entries_deleted=erased.entries_deleted,
+            summaries_erased=erased.summaries_erased,
+            remaining=list(erased.remaining),
         )

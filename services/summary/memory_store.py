@@ -76,20 +76,23 @@ class InMemorySummaryStore:
 
     async def purge_conversation(
         self, namespace: str, conversation_id: uuid.UUID, *, jobs: bool = True
-    ) -> None:
+    ) -> int:
+        key = (namespace, conversation_id)
         async with self._lock:
-            self._summaries.pop((namespace, conversation_id), None)
-            self._history.pop((namespace, conversation_id), None)
-            for job_id in (
-                []
-                if not jobs
-                else [
+            erased = int(self._summaries.pop(key, None) is not None)
+            erased += len(self._history.pop(key, []))
+            doomed = (
+                [
                     j
                     for j, row in self._jobs.items()
-                    if (row.job.namespace, row.job.conversation_id) == (namespace, conversation_id)
+                    if (row.job.namespace, row.job.conversation_id) == key
                 ]
-            ):
+                if jobs
+                else []
+            )
+            for job_id in doomed:
                 del self._jobs[job_id]
+            return erased + len(doomed)
 
     def _active(self, namespace: str, conversation_id: uuid.UUID) -> _JobRow | None:
         for row in self._jobs.values():

@@ -366,6 +366,15 @@ class SummaryService:
             self.on_enqueue()
         return job, created
 
+    async def erase(self, namespace: str, conversation_id_text: str) -> int:
+        """Erase every summary, history row and job of a conversation (idempotent).
+
+        Used when a conversation is erased; the transcript is another service's.
+        A running job notices at its next step (its lease is gone) and stops.
+        """
+        validation.namespace(namespace)
+        return await self.store.purge_conversation(namespace, conversation_id(conversation_id_text))
+
     async def get_backlog(self, namespace: str) -> Backlog:
         """The job queue of a namespace: depth, oldest waiting age, parked and running jobs."""
         validation.namespace(namespace)

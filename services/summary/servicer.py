@@ -107,3 +107,9 @@ class SummaryServicer(pb_grpc.SummaryServiceServicer):
             failed_count=backlog.failed_count,
             running_count=backlog.running_count,
         )
+
+    async def EraseSummaries(
+        self, request: pb.EraseSummariesRequest, context: Context
+    ) -> pb.EraseSummariesResponse:
+        erased = await self.service.erase(request.namespace, request.conversation_id)
+        return pb.EraseSummariesResponse(erased=erased)

@@ -48,9 +48,9 @@ class SummaryStore(Protocol):
 
     async def purge_conversation(
         self, namespace: str, conversation_id: uuid.UUID, *, jobs: bool = True
-    ) -> None:
+    ) -> int:
         """Erase what was derived from a conversation: summaries, history and (unless
-        `jobs` is False) its jobs."""
+        `jobs` is False) its jobs. Returns the number of rows erased."""
 
     async def enqueue(self, job: NewJob) -> tuple[Job, bool]:
         """Insert a pending job unless the conversation has a waiting or running one.
@@ -323,16 +323,19 @@ class PostgresSummaryStore:
 
     async def purge_conversation(
         self, namespace: str, conversation_id: uuid.UUID, *, jobs: bool = True
-    ) -> None:
+    ) -> int:
         tables = (
             ("summaries", "summary_history", "jobs") if jobs else ("summaries", "summary_history")
         )
+        erased = 0
         async with self.db.connection() as conn, conn.transaction():
             for table in tables:
-                await conn.execute(
+                cursor = await conn.execute(
                     f"DELETE FROM summary.{table} WHERE namespace = %s AND conversation_id = %s",
                     (namespace, conversation_id),
                 )
+                erased += cursor.rowcount
+        return erased
 
     async def enqueue(self, job: NewJob) -> tuple[Job, bool]:
         params = {

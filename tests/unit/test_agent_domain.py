@@ -337,3 +337,19 @@ def test_prompt_never_puts_context_in_the_system_role() -> None:
         10,
     )
     assert all(m.role != "system" for m in request.messages)
+
+
+async def test_erase_is_resumable_when_a_service_is_down() -> None:
+    world = World(memories=[Recalled("m-1", "a fact", 0.9)])
+    cid = await world.conversation(40)
+    await world.summaries.summarize(NS, cid, 16, 64, 1, Budget(10, 10, 10))
+    world.memories.down = True
+    first = await world.agent.erase(NS, cid)
+    assert not first.complete and list(first.remaining) == ["memory"]
+    assert first.entries_deleted == 40 and first.summaries_erased
+    assert world.memories.memories, "nothing was forgotten while memory was down"
+    world.memories.down = False
+    again = await world.agent.erase(NS, cid)
+    assert again.complete and again.memories_deleted == 1
+    assert again.entries_deleted == 0 and not again.summaries_erased
+    assert (await world.agent.erase(NS, cid)).complete

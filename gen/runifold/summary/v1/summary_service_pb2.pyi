@@ -459,3 +459,51 @@ class GetBacklogResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetBacklogResponse: _TypeAlias = GetBacklogResponse  # noqa: Y015
+
+@_typing.final
+class EraseSummariesRequest(_message.Message):
+    """Request of EraseSummaries."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """UUID of the conversation."""
+    namespace: _builtins.str
+    """Namespace that owns it."""
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EraseSummariesRequest: _TypeAlias = EraseSummariesRequest  # noqa: Y015
+
+@_typing.final
+class EraseSummariesResponse(_message.Message):
+    """Response of EraseSummaries."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERASED_FIELD_NUMBER: _builtins.int
+    erased: _builtins.int
+    """Rows erased (summaries, history and jobs); 0 when there was nothing left."""
+    def __init__(
+        self,
+        *,
+        erased: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["erased", b"erased"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EraseSummariesResponse: _TypeAlias = EraseSummariesResponse  # noqa: Y015

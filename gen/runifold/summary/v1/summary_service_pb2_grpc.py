@@ -66,6 +66,11 @@ class SummaryServiceStub:
                 request_serializer=runifold_dot_summary_dot_v1_dot_summary__service__pb2.GetBacklogRequest.SerializeToString,
                 response_deserializer=runifold_dot_summary_dot_v1_dot_summary__service__pb2.GetBacklogResponse.FromString,
                 _registered_method=True)
+        self.EraseSummaries = channel.unary_unary(
+                '/runifold.summary.v1.SummaryService/EraseSummaries',
+                request_serializer=runifold_dot_summary_dot_v1_dot_summary__service__pb2.EraseSummariesRequest.SerializeToString,
+                response_deserializer=runifold_dot_summary_dot_v1_dot_summary__service__pb2.EraseSummariesResponse.FromString,
+                _registered_method=True)
 
 
 class SummaryServiceServicer:
@@ -118,6 +123,15 @@ class SummaryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EraseSummaries(self, request, context):
+        """Erases every summary (history included) and summary job of a conversation.
+        Idempotent; the transcript is not touched (AgentService.EraseConversation
+        erases everything).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SummaryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +159,11 @@ def add_SummaryServiceServicer_to_server(servicer, server):
                     servicer.GetBacklog,
                     request_deserializer=runifold_dot_summary_dot_v1_dot_summary__service__pb2.GetBacklogRequest.FromString,
                     response_serializer=runifold_dot_summary_dot_v1_dot_summary__service__pb2.GetBacklogResponse.SerializeToString,
+            ),
+            'EraseSummaries': grpc.unary_unary_rpc_method_handler(
+                    servicer.EraseSummaries,
+                    request_deserializer=runifold_dot_summary_dot_v1_dot_summary__service__pb2.EraseSummariesRequest.FromString,
+                    response_serializer=runifold_dot_summary_dot_v1_dot_summary__service__pb2.EraseSummariesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -289,6 +308,33 @@ class SummaryService:
             '/runifold.summary.v1.SummaryService/GetBacklog',
             runifold_dot_summary_dot_v1_dot_summary__service__pb2.GetBacklogRequest.SerializeToString,
             runifold_dot_summary_dot_v1_dot_summary__service__pb2.GetBacklogResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EraseSummaries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.summary.v1.SummaryService/EraseSummaries',
+            runifold_dot_summary_dot_v1_dot_summary__service__pb2.EraseSummariesRequest.SerializeToString,
+            runifold_dot_summary_dot_v1_dot_summary__service__pb2.EraseSummariesResponse.FromString,
             options,
             channel_credentials,
             insecure,

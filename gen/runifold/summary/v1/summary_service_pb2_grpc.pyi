@@ -59,6 +59,11 @@ class SummaryServiceStub:
     """
     GetBacklog: _grpc.UnaryUnaryMultiCallable[_summary_service_pb2.GetBacklogRequest, _summary_service_pb2.GetBacklogResponse]
     """Reports the summary job queue of a namespace."""
+    EraseSummaries: _grpc.UnaryUnaryMultiCallable[_summary_service_pb2.EraseSummariesRequest, _summary_service_pb2.EraseSummariesResponse]
+    """Erases every summary (history included) and summary job of a conversation.
+    Idempotent; the transcript is not touched (AgentService.EraseConversation
+    erases everything).
+    """
 
 @_typing.type_check_only
 class SummaryServiceAsyncStub(SummaryServiceStub):
@@ -91,6 +96,11 @@ class SummaryServiceAsyncStub(SummaryServiceStub):
     """
     GetBacklog: _aio.UnaryUnaryMultiCallable[_summary_service_pb2.GetBacklogRequest, _summary_service_pb2.GetBacklogResponse]  # type: ignore[assignment]
     """Reports the summary job queue of a namespace."""
+    EraseSummaries: _aio.UnaryUnaryMultiCallable[_summary_service_pb2.EraseSummariesRequest, _summary_service_pb2.EraseSummariesResponse]  # type: ignore[assignment]
+    """Erases every summary (history included) and summary job of a conversation.
+    Idempotent; the transcript is not touched (AgentService.EraseConversation
+    erases everything).
+    """
 
 class SummaryServiceServicer(metaclass=_abc_1.ABCMeta):
     """Monotonic summaries of transcript prefixes, the summarization workflow and
@@ -150,5 +160,16 @@ class SummaryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_summary_service_pb2.GetBacklogResponse, _abc.Awaitable[_summary_service_pb2.GetBacklogResponse]]:
         """Reports the summary job queue of a namespace."""
+
+    @_abc_1.abstractmethod
+    def EraseSummaries(
+        self,
+        request: _summary_service_pb2.EraseSummariesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_summary_service_pb2.EraseSummariesResponse, _abc.Awaitable[_summary_service_pb2.EraseSummariesResponse]]:
+        """Erases every summary (history included) and summary job of a conversation.
+        Idempotent; the transcript is not touched (AgentService.EraseConversation
+        erases everything).
+        """
 
 def add_SummaryServiceServicer_to_server(servicer: SummaryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
