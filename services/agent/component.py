@@ -40,6 +40,7 @@ class AgentComponent:
 
     name = "agent"
     service_names = (SERVICE_NAME,)
+    needs_database = False  # the orchestrator owns no data
 
     def __init__(self, config: AgentConfig | None = None, model: ChatModel | None = None) -> None:
         self.config = config or AgentConfig.from_env()
@@ -55,7 +56,7 @@ class AgentComponent:
 
     async def start(self, ctx: StartContext) -> None:
         def peer(name: str) -> Peer:
-            made = Peer(name, open_channel(ctx.peer_address(name)))
+            made = Peer(name, open_channel(ctx.peer_address(name), ctx.auth))
             self.peers.append(made)
             return made
 

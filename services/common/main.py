@@ -8,10 +8,12 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from prometheus_client import start_http_server
 
 from services.common import logs, tracing
+from services.common.auth import AuthSettings, check_exposure
 from services.common.db import start_embedded_postgres
 from services.common.server import Component, serve_until_signal, start_server
 from services.common.settings import Settings, SettingsError
@@ -19,19 +21,16 @@ from services.common.settings import Settings, SettingsError
 log = logging.getLogger(__name__)
 
 
-def _is_loopback(address: str) -> bool:
-    host = address.rpartition(":")[0].strip("[]")
-    return host in {"127.0.0.1", "localhost", "::1"}
-
-
 async def _run(
     label: str,
-    make_components: Callable[[], Sequence[Component]],
+    components: Sequence[Component],
     settings: Settings,
+    auth: AuthSettings,
     all_in_one: bool,
 ) -> None:
     database_url = settings.database_url
-    if database_url is None:
+    needs_database = any(getattr(c, "needs_database", True) for c in components)
+    if database_url is None and needs_database:
         database_url = start_embedded_postgres(settings.data_dir / "postgres")
         print(
             f"runifold: embedded PostgreSQL (pgserver) with data in "
@@ -45,7 +44,11 @@ async def _run(
         # The bound port (RUNIFOLD_METRICS_LISTEN may ask for port 0).
         metrics_address = f"{host}:{httpd.server_port}"
     running = await start_server(
-        make_components(), settings, database_url=database_url, extras={"all_in_one": all_in_one}
+        components,
+        settings,
+        database_url=database_url,
+        extras={"all_in_one": all_in_one},
+        auth=auth,
     )
     services = ", ".join(name for c in running.components for name in c.service_names)
     print(
@@ -60,24 +63,32 @@ async def _run(
 def main(
     label: str, make_components: Callable[[], Sequence[Component]], *, all_in_one: bool = False
 ) -> None:
-    """Run a server process hosting the given components until SIGTERM/SIGINT."""
+    """Run a server process hosting the given components until SIGTERM/SIGINT.
+
+    A configuration mistake (a bad or missing variable, an unauthenticated
+    listener on a non-loopback address) stops the process with exit code 2 and a
+    message that names the variable.
+    """
     try:
         settings = Settings.from_env()
-    except SettingsError as exc:
-        print(f"runifold: configuration error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    logs.configure(label, settings.log_level, settings.log_format)
-    try:
+        auth = AuthSettings.from_env()
+        warning = check_exposure(auth, settings.listen_address)
+        logs.configure(label, settings.log_level, settings.log_format)
         tracing.configure(label, os.environ)
-    except ValueError as exc:
-        print(f"runifold: configuration error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    if os.environ.get("RUNIFOLD_UVLOOP") == "1":
-        import uvloop
-
-        uvloop.install()
+        components = make_components()
+    except (SettingsError, ValueError) as exc:
+        _configuration_error(exc)
+    if warning:
+        print(f"runifold: {warning}", file=sys.stderr)
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_run(label, make_components, settings, all_in_one))
+            asyncio.run(_run(label, components, settings, auth, all_in_one))
+    except SettingsError as exc:
+        _configuration_error(exc)
     finally:
         tracing.shutdown()  # flush the spans still batched
+
+
+def _configuration_error(exc: Exception) -> NoReturn:
+    print(f"runifold: configuration error: {exc}", file=sys.stderr)
+    raise SystemExit(2) from None

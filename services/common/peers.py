@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import grpc
 
 from services.common import tracing
+from services.common.auth import AuthSettings, channel_credentials, outbound_identity_metadata
 from services.common.errors import Code, DomainError, StoreUnavailable
 from services.common.status import from_rpc_error
 
@@ -49,9 +50,16 @@ def remaining(timeout: float = DEFAULT_PEER_TIMEOUT_S) -> float:
     return min(timeout, left)
 
 
-def open_channel(address: str) -> grpc.aio.Channel:
-    """A channel to a peer service (credentials added by the auth layer when configured)."""
-    return grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+def open_channel(address: str, auth: AuthSettings | None = None) -> grpc.aio.Channel:
+    """A channel to a peer service: TLS (with our client certificate for mutual TLS)
+    when configured, plaintext otherwise."""
+    credentials = channel_credentials(auth) if auth is not None else None
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    options: list[tuple[str, int | str]] = list(_CHANNEL_OPTIONS)
+    if auth is not None and auth.tls_server_name:
+        options.append(("grpc.ssl_target_name_override", auth.tls_server_name))
+    return grpc.aio.secure_channel(address, credentials, options=options)
 
 
 class Peer:
@@ -85,12 +93,14 @@ class Peer:
 
 
 def outbound_metadata() -> tuple[tuple[str, str], ...]:
-    """Metadata carried to peers: the request id, the trace context when tracing is on
-    (W3C `traceparent`), and, with auth, the caller's identity."""
+    """Metadata carried to peers: the request id, the caller's identity (so that every
+    service enforces the same namespace rule), and the trace context when tracing is
+    on (W3C `traceparent`)."""
     from services.common.logs import request_id_var
 
     request_id = request_id_var.get()
-    carried = (("x-request-id", request_id),) if request_id else ()
+    carried: tuple[tuple[str, str], ...] = (("x-request-id", request_id),) if request_id else ()
+    carried += outbound_identity_metadata()
     return carried + tracing.inject() if tracing.enabled() else carried
 
 

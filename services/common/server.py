@@ -29,7 +29,7 @@ from services.common.auth import (
     server_credentials,
 )
 from services.common.interceptors import ServiceInterceptor
-from services.common.settings import Settings
+from services.common.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class StartContext:
             return str(configured)
         if self.extras.get("all_in_one"):
             return self.self_address
-        raise ValueError(
+        raise SettingsError(
             f"{service.upper()}_SERVICE_ADDR must be set to reach the {service} service"
         )
 

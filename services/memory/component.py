@@ -109,7 +109,7 @@ class MemoryComponent:
                 extra={"index": self.index.name, "detail": exc.detail},
             )
         if self.sources is None:
-            self.peer = Peer("transcript", open_channel(ctx.peer_address("transcript")))
+            self.peer = Peer("transcript", open_channel(ctx.peer_address("transcript"), ctx.auth))
             self.sources = TranscriptSources(self.peer)
         self.indexer = Indexer(self.store, self.index, self.embedder, self.config)
         self.sweeper = Sweeper(self.store, self.config, self.indexer.wake)

@@ -85,7 +85,9 @@ class SummaryComponent:
             await migrations.migrate(self.db, self.name, MIGRATIONS)
         await migrations.check(self.db, self.name, MIGRATIONS)
         self.peer = Peer(
-            "transcript", open_channel(transcript_address), timeout=self.config.peer_timeout_s
+            "transcript",
+            open_channel(transcript_address, ctx.auth),
+            timeout=self.config.peer_timeout_s,
         )
         summarizer = self._summarizer
         if summarizer is None:
