@@ -23,7 +23,7 @@ from services.agent.component import AgentComponent
 from services.agent.config import AgentConfig
 from services.common import stubs
 from services.common.auth import AuthSettings
-from services.common.server import serving
+from services.common.server import Component, serving
 from services.common.status import error_info
 from services.summary.component import SummaryComponent
 from services.summary.config import SummaryConfig
@@ -75,7 +75,7 @@ async def test_services_talk_over_mutual_tls_and_carry_the_callers_identity(
             TRANSCRIPT_SERVICE_ADDR=f"localhost:{transcripts.port}",
             MEMORY_SERVICE_ADDR="localhost:9",
         )  # unused: no memory
-        components = [
+        components: list[Component] = [
             SummaryComponent(SummaryConfig.from_env({"RUNIFOLD_SUMMARY_WORKERS": "0"})),
             AgentComponent(AgentConfig()),
         ]
@@ -124,11 +124,12 @@ async def test_services_talk_over_mutual_tls_and_carry_the_callers_identity(
 
             # Without a client certificate, or in plaintext, nothing gets through.
             anonymous = grpc.ssl_channel_credentials(root_certificates=ca.cert_pem.bytes())
-            for open_channel in (
-                lambda: grpc.aio.secure_channel(f"localhost:{transcripts.port}", anonymous),
-                lambda: grpc.aio.insecure_channel(f"localhost:{transcripts.port}"),
+            target = f"localhost:{transcripts.port}"
+            for bad_channel in (
+                grpc.aio.secure_channel(target, anonymous),
+                grpc.aio.insecure_channel(target),
             ):
-                async with open_channel() as bad:
+                async with bad_channel as bad:
                     with pytest.raises(grpc.aio.AioRpcError) as caught:
                         await stubs.transcript(bad).GetConversation(
                             transcript_pb.GetConversationRequest(
