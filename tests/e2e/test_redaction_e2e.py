@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 
 import grpc
 import pytest
@@ -123,7 +123,7 @@ async def test_a_full_turn_leaves_no_content_in_logs_or_errors(
     assert any(SECRETS["memory"] in c and SECRETS["summary"] in c for c in contents)
 
     # Failures that carry content: the content is in neither the error nor the log.
-    failures = [
+    failures: list[Awaitable[object]] = [
         running.transcript.AppendEntries(
             transcript_pb.AppendEntriesRequest(
                 namespace=namespace,
