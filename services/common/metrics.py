@@ -28,6 +28,14 @@ RPC_SECONDS = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 
+# -- health ------------------------------------------------------------------------
+SERVICE_SERVING = Gauge(
+    "runifold_service_serving",
+    "1 when a hosted service reports SERVING on gRPC health (its store reachable and "
+    "its schema current), 0 otherwise.",
+    ["runifold_service"],
+)
+
 # -- stores ------------------------------------------------------------------------
 STORE_ERRORS = Counter(
     "runifold_store_errors_total",

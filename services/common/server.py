@@ -28,11 +28,15 @@ from services.common.auth import (
     make_authenticator,
     server_credentials,
 )
+from services.common import metrics
 from services.common.interceptors import ServiceInterceptor
 from services.common.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
+# A health entry that is SERVING for as long as the process runs (until shutdown):
+# the liveness probe's, so that a database outage (readiness) never restarts pods.
+LIVENESS = "runifold.liveness"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -126,6 +130,7 @@ async def _refresh_health(running: RunningServer) -> None:
         except Exception:
             ok = False
         statuses.append(ok)
+        metrics.SERVICE_SERVING.labels(component.name).set(1 if ok else 0)
         for name in component.service_names:
             await running.health.set(name, SERVING if ok else NOT_SERVING)
     await running.health.set("", SERVING if all(statuses) else NOT_SERVING)
@@ -190,12 +195,13 @@ async def start_server(
         for component in reversed(started):
             await component.stop()
         raise
-    names = [reflection.SERVICE_NAME, health.SERVICE_NAME]
+    names = [reflection.SERVICE_NAME, health.SERVICE_NAME]  # LIVENESS is a health entry only
     for component in components:
         component.register(server)
         names.extend(component.service_names)
     reflection.enable_server_reflection(names, server)
     running = RunningServer(server, address, port, health_servicer, components, settings)
+    await health_servicer.set(LIVENESS, SERVING)
     await _refresh_health(running)
     await server.start()
     running._health_task = asyncio.create_task(_health_loop(running))

@@ -353,6 +353,8 @@ async def test_health_follows_schema_and_shutdown(fresh_database_url: str) -> No
                     "SET checksum = 'edited' || checksum WHERE service = 'transcript'"
                 )
             await wait_for(lambda: status_is(not_serving))
+            # Liveness does not follow the store: a restart would not fix the schema.
+            assert await _health(running.address, "runifold.liveness") == serving_status
             async with admin.connection() as conn:
                 await conn.execute(
                     "UPDATE public.runifold_schema_migrations "

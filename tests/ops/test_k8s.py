@@ -122,8 +122,10 @@ def test_each_service_deployment_follows_the_policy(overlay: str) -> None:
         mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
         assert {"/tmp", "/data"} <= mounts.keys()
         assert all("emptyDir" in volumes[mounts[path]] for path in ("/tmp", "/data"))
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        for probe in ("startupProbe", "readinessProbe"):
             assert container[probe]["grpc"] == {"port": 50051, "service": GRPC_NAMES[name]}
+        # Liveness must not follow the database (a restart would not bring it back).
+        assert container["livenessProbe"]["grpc"] == {"port": 50051, "service": "runifold.liveness"}
         assert {"cpu", "memory"} <= container["resources"]["requests"].keys()
         assert "memory" in container["resources"]["limits"]
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}

@@ -48,6 +48,7 @@ BOUNDED_LABELS = {
     "purpose",
     "provider",
     "direction",
+    "runifold_service",  # transcript, summary, memory, agent
     "le",  # histogram buckets
     # prometheus_client's process and Python collectors
     "generation",
