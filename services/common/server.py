@@ -22,13 +22,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.common import metrics
 from services.common.auth import (
     AuthInterceptor,
     AuthSettings,
     make_authenticator,
     server_credentials,
 )
-from services.common import metrics
 from services.common.interceptors import ServiceInterceptor
 from services.common.settings import Settings, SettingsError
 
