@@ -44,7 +44,7 @@ class Stack:
 
     running: RunningServer
     channel: grpc.aio.Channel
-    model: FakeOpenAI
+    model: FakeOpenAI | None
 
     @property
     def address(self) -> str:
@@ -71,15 +71,22 @@ class Stack:
 async def full_stack(
     database_url: str,
     data_dir: Path,
-    model: FakeOpenAI,
+    model: FakeOpenAI | None,
     *,
     auth: AuthSettings | None = None,
     agent_config: AgentConfig | None = None,
 ) -> AsyncIterator[Stack]:
-    """Start every service in one server; the agent's model is the fake server."""
-    config = agent_config or AgentConfig(model_provider="openai", model_timeout_s=30.0)
-    chat = OpenAIChatModel(
-        model.base_url, "fake-model", timeout_s=30.0, max_retries=0, purpose="agent"
+    """Start every service in one server; the agent's model is the fake server, or the
+    offline model (what `make run` uses) when `model` is None."""
+    config = agent_config or AgentConfig(
+        model_provider="openai" if model else "offline", model_timeout_s=30.0
+    )
+    chat = (
+        OpenAIChatModel(
+            model.base_url, "fake-model", timeout_s=30.0, max_retries=0, purpose="agent"
+        )
+        if model
+        else None
     )
     components: list[Component] = [
         TranscriptComponent(),
