@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export PATH := $(abspath $(BIN)):$(PATH)
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install tools node run test lint gen gen-check bench fmt clean deploy-sync
+.PHONY: install tools node run test lint gen gen-check bench fmt clean deploy-sync soak
 NODE_STAMP := clients/node/node_modules/.package-lock.json
 
 $(STAMP): pyproject.toml
@@ -87,6 +87,12 @@ deploy-sync: $(STAMP)
 ## Benchmarks (figures printed; no thresholds).
 bench: $(STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+## Mixed load against the all-in-one server (not part of test or CI). Concurrency and
+## duration: SOAK_ARGS="--concurrency 16 --duration 600" or RUNIFOLD_SOAK_CONCURRENCY /
+## RUNIFOLD_SOAK_DURATION_S. Prints throughput, p50/p99 per RPC, errors by code, RSS.
+soak: $(STAMP)
+	$(BIN)/python -m bench.soak $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .runifold .pytest_cache .mypy_cache .ruff_cache clients/node/node_modules \

@@ -1,0 +1,111 @@
+"""PostgreSQL stopped under a write load, then started again.
+
+TranscriptService runs as production runs it (`python -m services.transcript`,
+its own process) on a PostgreSQL of the test's own. Writers append with request
+ids; PostgreSQL is stopped in the middle. The test requires: every failed call is
+UNAVAILABLE with ErrorInfo STORE_UNAVAILABLE (never INTERNAL), health turns
+NOT_SERVING, no acknowledged append is lost, no partial append exists, and once
+PostgreSQL is back the same process serves again by itself (health SERVING, the
+writers' retries and new appends succeed) with no restart and no operator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+
+from services.common import stubs
+from tests.conftest import wait_for
+from tests.faults.support import (
+    NOT_SERVING,
+    SERVING,
+    channel_to,
+    check_exactly_once,
+    dedicated_postgres,
+    health_status,
+    run_writer,
+    start_writers,
+    stored_appends,
+)
+from tests.ops.process import service_process, value
+
+WRITERS = 8
+APPENDS = 30
+UNAVAILABLE = "UNAVAILABLE/STORE_UNAVAILABLE"
+TRANSCRIPT = "runifold.transcript.v1.TranscriptService"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+async def test_postgres_outage_under_write_load(tmp_path: Path, mode: str) -> None:
+    namespace = f"fault-{uuid.uuid4().hex[:8]}"
+    async with dedicated_postgres() as postgres:
+        env = {
+            "DATABASE_URL": postgres.url,
+            "RUNIFOLD_HEALTH_INTERVAL_S": "0.1",
+            "RUNIFOLD_DB_TIMEOUT_S": "1",
+            "RUNIFOLD_DB_POOL_MIN": "2",
+            "RUNIFOLD_DB_POOL_MAX": "8",
+        }
+        async with (
+            service_process("services.transcript", env, tmp_path) as process,
+            channel_to(process.address) as channel,
+        ):
+            stub = stubs.transcript(channel)
+            load = await start_writers(stub, namespace, WRITERS)
+            writers = [
+                asyncio.create_task(run_writer(lambda: stub, load, writer, APPENDS))
+                for writer in load.writers
+            ]
+
+            async def acknowledged(count: int) -> bool:
+                return load.acknowledged >= count
+
+            async def health_is(status: int) -> bool:
+                return await health_status(process.address) == status
+
+            async def every_writer_refused() -> bool:
+                return load.failures[UNAVAILABLE] >= WRITERS
+
+            try:
+                await wait_for(lambda: acknowledged(5 * WRITERS), timeout=30)
+                # Stop PostgreSQL while the writers keep writing.
+                await postgres.stop(mode)
+                before = load.acknowledged
+                await wait_for(lambda: health_is(NOT_SERVING), timeout=15)
+                await wait_for(every_writer_refused, timeout=15)
+                # Nothing commits while the database is down.
+                assert load.acknowledged - before <= WRITERS
+                assert await health_status(process.address, TRANSCRIPT) == NOT_SERVING
+
+                await postgres.start()
+                # The same process, untouched, serves again.
+                await wait_for(lambda: health_is(SERVING), timeout=30)
+                assert await health_status(process.address, TRANSCRIPT) == SERVING
+                await asyncio.wait_for(asyncio.gather(*writers), timeout=60)
+            finally:
+                for task in writers:
+                    task.cancel()
+                await asyncio.gather(*writers, return_exceptions=True)
+            assert process.process.returncode is None, "the service process died"
+            metrics = await process.scrape()
+
+        assert set(load.failures) == {UNAVAILABLE}, load.failures
+        assert load.acknowledged == WRITERS * APPENDS
+        assert all(not w.unknown for w in load.writers)
+        check_exactly_once(load, await stored_appends(postgres.url, namespace))
+        assert value(metrics, "runifold_store_errors_total", store="transcript") >= WRITERS
+        assert (
+            value(
+                metrics,
+                "grpc_server_handled_total",
+                grpc_method="AppendEntries",
+                grpc_code="UNAVAILABLE",
+            )
+            == load.failures[UNAVAILABLE]
+        )
+        assert value(metrics, "grpc_server_handled_total", grpc_code="INTERNAL") == 0

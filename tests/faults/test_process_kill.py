@@ -1,0 +1,159 @@
+"""A service process killed with SIGKILL in the middle of a write load.
+
+The all-in-one server (`python -m services`) runs as its own process. Writers
+append with request ids and turners run agent turns with turn ids, each on its
+own conversation. Some conversation rows are locked from the test so that the
+writes in flight on them are inside PostgreSQL, waiting, when the process is
+killed; released after the kill, they commit with nobody left to acknowledge
+them. A new process is started on the same database and data folder, and every
+client retries what it was not told the outcome of, with the same id. The test
+requires that every acknowledged write survived, that every unacknowledged one is
+either absent or stored once (and then returned to its retry as a replay), and
+that the transcripts hold each write exactly once with no partial append.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import psycopg
+import pytest
+
+from services.common import stubs
+from tests.conftest import wait_for
+from tests.faults.support import (
+    channel_to,
+    check_exactly_once,
+    run_turner,
+    run_writer,
+    start_writers,
+    stored_appends,
+)
+from tests.ops.process import service_process
+
+if TYPE_CHECKING:
+    from runifold.agent.v1.agent_service_pb2_grpc import AgentServiceAsyncStub
+    from runifold.transcript.v1.transcript_service_pb2_grpc import TranscriptServiceAsyncStub
+
+pytestmark = pytest.mark.slow
+
+WRITERS, APPENDS = 6, 24
+TURNERS, TURNS = 4, 8
+HELD_WRITERS, HELD_TURNERS = 3, 2
+
+
+@dataclass
+class Current:
+    """The stubs of the process that is serving now."""
+
+    transcript: TranscriptServiceAsyncStub
+    agent: AgentServiceAsyncStub
+
+
+async def _other_backends(
+    conn: psycopg.AsyncConnection[tuple[object, ...]], *, besides: int
+) -> list[str]:
+    """What the other sessions on this database wait for ('running' when nothing)."""
+    cursor = await conn.execute(
+        """SELECT coalesce(wait_event_type, 'running') FROM pg_stat_activity
+            WHERE datname = current_database() AND pid NOT IN (pg_backend_pid(), %s)
+              AND backend_type = 'client backend'""",
+        (besides,),
+    )
+    return [str(row[0]) for row in await cursor.fetchall()]
+
+
+async def test_sigkill_mid_load_loses_no_acknowledged_write(
+    fresh_database_url: str, tmp_path: Path
+) -> None:
+    namespace = f"kill-{uuid.uuid4().hex[:8]}"
+    env = {
+        "DATABASE_URL": fresh_database_url,
+        "RUNIFOLD_DB_POOL_MAX": "16",
+        "RUNIFOLD_SUMMARY_WORKERS": "0",
+        "RUNIFOLD_AGENT_MODEL_PROVIDER": "offline",
+    }
+    tasks: list[asyncio.Task[None]] = []
+    async with contextlib.AsyncExitStack() as stack:
+        first = await stack.enter_async_context(service_process("services", env, tmp_path))
+        channel = await stack.enter_async_context(channel_to(first.address))
+        current = Current(stubs.transcript(channel), stubs.agent(channel))
+        appends = await start_writers(current.transcript, namespace, WRITERS)
+        turns = await start_writers(current.transcript, namespace, TURNERS)
+        tasks += [
+            asyncio.create_task(run_writer(lambda: current.transcript, appends, w, APPENDS))
+            for w in appends.writers
+        ]
+        tasks += [
+            asyncio.create_task(run_turner(lambda: current.agent, turns, w, TURNS))
+            for w in turns.writers
+        ]
+        held = [w.conversation_id for w in appends.writers[:HELD_WRITERS]] + [
+            w.conversation_id for w in turns.writers[:HELD_TURNERS]
+        ]
+        try:
+
+            async def progressed() -> bool:
+                return appends.acknowledged >= 2 * WRITERS and turns.acknowledged >= TURNERS
+
+            await wait_for(progressed, timeout=60)
+
+            async with await psycopg.AsyncConnection.connect(fresh_database_url) as locker:
+                locker_pid = locker.info.backend_pid
+                # Hold the rows: the next write on each waits inside PostgreSQL.
+                await locker.execute(
+                    "SELECT 1 FROM transcript.conversations"
+                    " WHERE conversation_id = ANY(%s::uuid[]) FOR UPDATE",
+                    (held,),
+                )
+                async with await psycopg.AsyncConnection.connect(
+                    fresh_database_url, autocommit=True
+                ) as watcher:
+
+                    async def writes_waiting() -> bool:
+                        return (await _other_backends(watcher, besides=locker_pid)).count(
+                            "Lock"
+                        ) >= len(held)
+
+                    await wait_for(writes_waiting, timeout=30)
+                    first.process.kill()  # SIGKILL: no shutdown of any kind
+                    await first.process.wait()
+                    await locker.commit()  # the waiting writes commit, unacknowledged
+
+                    async def orphans_gone() -> bool:
+                        return not await _other_backends(watcher, besides=locker_pid)
+
+                    await wait_for(orphans_gone, timeout=30)
+
+            stored = await stored_appends(fresh_database_url, namespace)
+            orphaned = 0
+            for load, count in ((appends, HELD_WRITERS), (turns, HELD_TURNERS)):
+                for writer in load.writers[:count]:
+                    ids = {a.request_id for a in stored[writer.conversation_id]}
+                    committed_unknown = set(writer.unknown) & ids
+                    assert len(committed_unknown) == 1, (writer.unknown, ids)
+                    orphaned += 1
+
+            second = await stack.enter_async_context(service_process("services", env, tmp_path))
+            channel = await stack.enter_async_context(channel_to(second.address))
+            current.transcript, current.agent = stubs.transcript(channel), stubs.agent(channel)
+            await asyncio.wait_for(asyncio.gather(*tasks), timeout=90)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    for load, total in ((appends, WRITERS * APPENDS), (turns, TURNERS * TURNS)):
+        assert load.acknowledged == total
+        assert all(not w.unknown for w in load.writers)
+        assert set(load.failures) <= {"UNAVAILABLE/-"}, load.failures
+    # The writes that committed after the kill came back to their retries as replays.
+    assert appends.replays + turns.replays >= orphaned == HELD_WRITERS + HELD_TURNERS
+    stored = await stored_appends(fresh_database_url, namespace)
+    check_exactly_once(appends, stored)
+    check_exactly_once(turns, stored)
