@@ -2,7 +2,10 @@
 
 Every handler runs inside `_guard`: a `DomainError` becomes its canonical
 status with ErrorInfo; any other exception becomes INTERNAL with a generic
-message (the stack trace goes to the log, never to the client).
+message (the stack trace goes to the log, never to the client). A request
+whose bytes are not a valid message of its type (corrupt wire format, invalid
+UTF-8 in a string field) is INVALID_ARGUMENT / INVALID_REQUEST: grpc would
+otherwise answer UNKNOWN with the parser's exception text.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from services.common import metrics, tracing
-from services.common.errors import Code, DomainError, StoreUnavailable
+from services.common.errors import Code, DomainError, StoreUnavailable, invalid_argument
 from services.common.logs import method_var, request_id_var
 from services.common.peers import deadline_var
 from services.common.status import to_status
@@ -57,6 +61,38 @@ def _bind_context(context: grpc.aio.ServicerContext[Any, Any], method: str) -> s
 
 def _internal(exc: BaseException) -> DomainError:
     return DomainError(Code.INTERNAL, "INTERNAL", "internal error")
+
+
+class _Undecodable:
+    """Stands in for a request that failed to deserialize, so that the guarded
+    handler (not grpc's runtime) answers it."""
+
+    __slots__ = ()
+
+
+_UNDECODABLE = _Undecodable()
+
+
+def _undecodable() -> DomainError:
+    return invalid_argument(
+        "INVALID_REQUEST", "the request is not a valid protobuf message of this method's type"
+    )
+
+
+def _tolerant(
+    deserializer: Callable[[bytes], Any] | None,
+) -> Callable[[bytes], Any] | None:
+    """The request deserializer, returning `_UNDECODABLE` instead of raising."""
+    if deserializer is None:
+        return None
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except DecodeError:
+            return _UNDECODABLE
+
+    return deserialize
 
 
 @functools.cache
@@ -148,6 +184,8 @@ def _wrap_unary(
         request_id = _bind_context(context, method)
         call = _Call(method, grpc_type, context, request_id)
         try:
+            if request is _UNDECODABLE:
+                raise _undecodable()
             response = await behavior(request, context)
             context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
             return response
@@ -174,6 +212,8 @@ def _wrap_stream(
         request_id = _bind_context(context, method)
         call = _Call(method, "server_stream", context, request_id)
         try:
+            if request is _UNDECODABLE:
+                raise _undecodable()
             async for item in behavior(request, context):
                 yield item
             context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
@@ -225,7 +265,7 @@ def _wrap(
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(
             _wrap_unary(handler.unary_unary, method),
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=_tolerant(handler.request_deserializer),
             response_serializer=handler.response_serializer,
         )
     if handler.unary_stream is not None:
@@ -239,7 +279,7 @@ def _wrap(
         )
         return grpc.unary_stream_rpc_method_handler(
             wrapped,
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=_tolerant(handler.request_deserializer),
             response_serializer=handler.response_serializer,
         )
     return handler

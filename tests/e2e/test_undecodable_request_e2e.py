@@ -1,0 +1,41 @@
+"""A request whose bytes are not a valid message is INVALID_ARGUMENT / INVALID_REQUEST.
+
+grpc's own answer would be UNKNOWN with the parser's exception text; the
+shared interceptor answers instead (tests/security/test_hostile_input.py runs
+this over every RPC).
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from runifold.transcript.v1 import transcript_service_pb2 as pb
+from services.common.server import RunningServer
+from services.common.status import error_info
+
+METHOD = "/runifold.transcript.v1.TranscriptService/GetConversation"
+
+
+async def test_invalid_utf8_and_corrupt_bytes_are_invalid_argument(
+    transcript_server: RunningServer, namespace: str
+) -> None:
+    not_utf8 = b"\x12\x02\xff\xfe"  # field 2 (namespace), two bytes that are not UTF-8
+    corrupt = b"\x0a\xff\xff\xff\xff\x0f"  # a length beyond the message
+    async with grpc.aio.insecure_channel(transcript_server.address) as channel:
+        call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(METHOD)
+        for body in (not_utf8, corrupt):
+            try:
+                await call(body, timeout=10)
+            except grpc.aio.AioRpcError as error:
+                assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "DecodeError" not in (error.details() or "")
+                info = error_info(error)
+                assert info is not None and info.reason == "INVALID_REQUEST"
+            else:
+                raise AssertionError(f"{body!r} was accepted")
+        # The method still answers valid requests.
+        valid = pb.GetConversationRequest(namespace=namespace, conversation_id=str(namespace))
+        try:
+            await call(valid.SerializeToString(), timeout=10)
+        except grpc.aio.AioRpcError as error:
+            assert error_info(error).reason == "INVALID_CONVERSATION_ID"  # type: ignore[union-attr]
