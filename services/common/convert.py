@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from runifold.common.v1 import common_pb2
@@ -66,6 +67,32 @@ def timestamp(value: datetime | None) -> Timestamp | None:
 def datetime_from(stamp: Timestamp) -> datetime:
     """An aware UTC datetime from a protobuf timestamp."""
     return stamp.ToDatetime(tzinfo=UTC)
+
+
+def datetime_from_request(stamp: Timestamp, field: str, reason: str) -> datetime:
+    """A timestamp a client sent; outside the protobuf range (years 1..9999, nanos
+    0..999999999) it is INVALID_ARGUMENT."""
+    try:
+        return stamp.ToDatetime(tzinfo=UTC)
+    except (ValueError, OverflowError):
+        raise invalid_argument(reason, f"{field} is not a valid timestamp", field=field) from None
+
+
+# google.protobuf.Duration's documented range: about +-10,000 years.
+_MAX_DURATION_SECONDS = 315_576_000_000
+
+
+def timedelta_from_request(duration: Duration, field: str, reason: str) -> timedelta:
+    """A duration a client sent; outside the protobuf range it is INVALID_ARGUMENT."""
+    seconds, nanos = duration.seconds, duration.nanos
+    if (
+        abs(seconds) > _MAX_DURATION_SECONDS
+        or abs(nanos) > 999_999_999
+        or (seconds > 0 and nanos < 0)
+        or (seconds < 0 and nanos > 0)
+    ):
+        raise invalid_argument(reason, f"{field} is not a valid duration", field=field)
+    return duration.ToTimedelta()
 
 
 def entry_to_proto(entry: Entry) -> common_pb2.Entry:

@@ -163,7 +163,12 @@ class MemoryService:
         if ttl is not None:
             if ttl <= timedelta(0):
                 raise invalid_argument("INVALID_EXPIRY", "ttl must be positive", field="ttl")
-            return now + ttl
+            try:
+                return now + ttl
+            except OverflowError:  # beyond year 9999
+                raise invalid_argument(
+                    "INVALID_EXPIRY", "ttl ends after the year 9999", field="ttl"
+                ) from None
         default = self.config.ttl_for(namespace)
         return now + default if default else None
 

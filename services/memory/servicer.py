@@ -60,8 +60,12 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             ],
             dict(request.metadata),
             request.expected_revision if request.HasField("expected_revision") else None,
-            convert.datetime_from(request.expire_time) if request.HasField("expire_time") else None,
-            request.ttl.ToTimedelta() if request.HasField("ttl") else None,
+            convert.datetime_from_request(request.expire_time, "expire_time", "INVALID_EXPIRY")
+            if request.HasField("expire_time")
+            else None,
+            convert.timedelta_from_request(request.ttl, "ttl", "INVALID_EXPIRY")
+            if request.HasField("ttl")
+            else None,
         )
         return pb.UpsertMemoryResponse(memory=memory_to_proto(memory), created=created)
 
