@@ -34,6 +34,7 @@ from services.transcript.store import TranscriptStore, conversation_not_found
 # tool results) is retried this often when another writer moves the tail.
 _TAIL_RETRIES = 5
 NO_USAGE = Usage()
+_SEQUENCE_CEILING = 2**62
 
 
 def conversation_id(value: str, field: str = "conversation_id") -> uuid.UUID:
@@ -367,8 +368,12 @@ class TranscriptService:
                 field="summarized_through",
             )
 
+        # No transcript reaches this sequence; capping what the store sees keeps its
+        # range arithmetic (through + batch + 1) inside bigint. Beyond the transcript
+        # is SEQUENCE_OUT_OF_RANGE below, as for any value past the last entry.
+        read_through = min(summarized_through, _SEQUENCE_CEILING)
         head = await self.store.read_view(
-            namespace, cid, window, summary_batch, summarized_through, request_id
+            namespace, cid, window, summary_batch, read_through, request_id
         )
         if head is None:
             raise conversation_not_found()
