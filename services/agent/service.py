@@ -268,7 +268,7 @@ class AgentService:
             if tool.parameters_json_schema:
                 try:
                     schema = json.loads(tool.parameters_json_schema)
-                except ValueError:
+                except (ValueError, RecursionError):  # RecursionError: nested too deep
                     schema = None
                 if not isinstance(schema, dict):
                     raise invalid_argument(

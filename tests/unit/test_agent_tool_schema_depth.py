@@ -1,0 +1,23 @@
+"""A tool schema nested beyond what the JSON parser recurses into is INVALID_TOOLS,
+not an unhandled RecursionError (found by tests/security/test_hostile_input.py:
+RunConversation answered INTERNAL)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.agent.config import AgentConfig
+from services.agent.service import AgentService
+from services.common.domain import ToolDefinition
+from services.common.errors import DomainError
+
+
+@pytest.mark.parametrize(
+    "schema", ["[" * 100_000 + "]" * 100_000, '{"a":' * 50_000 + "1" + "}" * 50_000]
+)
+def test_deeply_nested_schema_is_invalid_tools(schema: str) -> None:
+    service = AgentService(None, None, None, None, AgentConfig())  # type: ignore[arg-type]
+    with pytest.raises(DomainError) as caught:
+        service._validate_tools([ToolDefinition("lookup", "", schema)])
+    assert caught.value.reason == "INVALID_TOOLS"
+    assert caught.value.field == "tools[0].parameters_json_schema"
