@@ -1,0 +1,32 @@
+"""One all-in-one server with JWT authentication for the security suites.
+
+Both suites share it (starting the whole stack loads the embedding model):
+every service for real on PostgreSQL, Qdrant Edge and the real embedding
+model; the agent's model is the fake OpenAI server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.fakes.openai_server import FakeOpenAI, fake_openai
+from tests.security.support import AUTH
+from tests.stack import Stack, full_stack
+
+
+@pytest.fixture(scope="package")
+async def model() -> AsyncIterator[FakeOpenAI]:
+    async with fake_openai() as server:
+        yield server
+
+
+@pytest.fixture(scope="package")
+async def stack(
+    shared_database_url: str, model: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
+    async with full_stack(
+        shared_database_url, tmp_path_factory.mktemp("security"), model, auth=AUTH
+    ) as running:
+        yield running
