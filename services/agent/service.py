@@ -197,7 +197,7 @@ class AgentService:
     def _validate(self, turn: Turn) -> None:
         validation.namespace(turn.namespace)
         if turn.conversation_id or not turn.create_if_missing:
-            validation.uuid_id(turn.conversation_id, "conversation_id", "INVALID_CONVERSATION_ID")
+            validation.conversation_id(turn.conversation_id)
         validation.request_id(turn.turn_id, "turn_id")
         if not turn.input:
             raise invalid_argument("NO_INPUT", "input must not be empty", field="input")
@@ -520,7 +520,7 @@ class AgentService:
         conversations that exist).
         """
         validation.namespace(namespace)
-        validation.uuid_id(conversation_id, "conversation_id", "INVALID_CONVERSATION_ID")
+        validation.conversation_id(conversation_id)
         remaining: list[str] = []
         entries = memories = 0
         summaries = False

@@ -46,6 +46,11 @@ def uuid_id(value: str, field: str, reason: str) -> uuid.UUID:
     return parsed
 
 
+def conversation_id(value: str, field: str = "conversation_id") -> uuid.UUID:
+    """A conversation id: a UUID in canonical text form (INVALID_CONVERSATION_ID)."""
+    return uuid_id(value, field, "INVALID_CONVERSATION_ID")
+
+
 def request_id(value: str, field: str = "request_id") -> str | None:
     """An optional idempotency key: empty, or 1..128 printable ASCII characters."""
     if value == "":

@@ -22,6 +22,7 @@ from services.common.domain import Budget, Entry, Role, Usage
 from services.common.errors import Code, DomainError, invalid_argument
 from services.common.llm import budget_exhausted
 from services.common.peers import remaining
+from services.common.validation import conversation_id
 from services.summary.config import MAX_SUMMARY_PASSES, SummaryConfig
 from services.summary.model import (
     Backlog,
@@ -62,11 +63,6 @@ class Transcripts(Protocol):
         summarized_through: int,
     ) -> TranscriptView:
         """LoadView: the summary buffer after `summarized_through` and the backlog behind it."""
-
-
-def conversation_id(value: str, field: str = "conversation_id") -> uuid.UUID:
-    """A conversation id: a UUID in canonical text form."""
-    return validation.uuid_id(value, field, "INVALID_CONVERSATION_ID")
 
 
 def is_not_found(error: DomainError) -> bool:

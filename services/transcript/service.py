@@ -26,6 +26,7 @@ from services.common.domain import (
 )
 from services.common.errors import VersionConflict, invalid_argument
 from services.common.pagination import PageTokens, page_size
+from services.common.validation import conversation_id
 from services.transcript.config import TranscriptLimits
 from services.transcript.model import AppendRecord, AppendResult, Conversation, NewAppend, View
 from services.transcript.store import TranscriptStore, conversation_not_found
@@ -35,11 +36,6 @@ from services.transcript.store import TranscriptStore, conversation_not_found
 _TAIL_RETRIES = 5
 NO_USAGE = Usage()
 _SEQUENCE_CEILING = 2**62
-
-
-def conversation_id(value: str, field: str = "conversation_id") -> uuid.UUID:
-    """A conversation id: a UUID in canonical text form."""
-    return validation.uuid_id(value, field, "INVALID_CONVERSATION_ID")
 
 
 @dataclass(frozen=True, slots=True)
