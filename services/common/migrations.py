@@ -17,6 +17,7 @@ from pathlib import Path
 
 from services.common.db import AsyncConn, Database
 from services.common.errors import Code, DomainError
+from services.common.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -133,3 +134,34 @@ async def check(db: Database, service: str, directory: Path) -> None:
         problems.append(f"migrations {missing} are not applied (run the migration step)")
     if problems:
         raise SchemaMismatch(service, "; ".join(problems))
+
+
+async def open_database(
+    database_url: str | None, settings: Settings, service: str, directory: Path
+) -> Database:
+    """A service's pool, opened, with its schema migrated (RUNIFOLD_MIGRATE=auto) and
+    checked; a wrong schema refuses to start."""
+    if database_url is None:
+        raise SettingsError(f"the {service} service needs a database: set DATABASE_URL")
+    db = Database(database_url, settings, name=service)
+    await db.open()
+    try:
+        if settings.migrate == "auto":
+            await migrate(db, service, directory)
+        await check(db, service, directory)
+    except BaseException:
+        await db.close()
+        raise
+    return db
+
+
+async def serving_schema(db: Database | None, service: str, directory: Path) -> bool:
+    """Health of a service's store: the pool is open, the database answers, and the
+    schema is exactly the one the code expects."""
+    if db is None or db.closed:
+        return False
+    try:
+        await check(db, service, directory)
+    except Exception:
+        return False
+    return True

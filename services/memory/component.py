@@ -86,19 +86,15 @@ class MemoryComponent:
         )
 
     async def start(self, ctx: StartContext) -> None:
-        if ctx.database_url is None:
-            raise ValueError("MemoryService needs a database (DATABASE_URL)")
-        self.db = Database(ctx.database_url, ctx.settings, name="memory")
-        await self.db.open()
-        if ctx.settings.migrate == "auto":
-            await migrations.migrate(self.db, self.name, MIGRATIONS)
-        await migrations.check(self.db, self.name, MIGRATIONS)
+        self.db = await migrations.open_database(
+            ctx.database_url, ctx.settings, self.name, MIGRATIONS
+        )
         self.store = PostgresMemoryStore(self.db)
         if self.embedder is None:
             self.embedder = make_embedder(self.config)
         await self.embedder.start()
         if self.index is None:
-            self.index = index_for(self.config, ctx.settings, ctx.database_url, self.embedder)
+            self.index = index_for(self.config, ctx.settings, self.db.url, self.embedder)
         try:
             # A collection made for another size or distance (IndexMismatch) stops the start.
             await self.index.start()
@@ -143,10 +139,4 @@ class MemoryComponent:
 
     async def healthy(self) -> bool:
         # The index is not part of health: without it the service degrades but serves.
-        if self.db is None or self.db.closed:
-            return False
-        try:
-            await migrations.check(self.db, self.name, MIGRATIONS)
-        except Exception:
-            return False
-        return True
+        return await migrations.serving_schema(self.db, self.name, MIGRATIONS)

@@ -76,14 +76,10 @@ class SummaryComponent:
         )
 
     async def start(self, ctx: StartContext) -> None:
-        if ctx.database_url is None:
-            raise ValueError("SummaryService needs a database (DATABASE_URL)")
         transcript_address = ctx.peer_address("transcript")
-        self.db = Database(ctx.database_url, ctx.settings, name="summary")
-        await self.db.open()
-        if ctx.settings.migrate == "auto":
-            await migrations.migrate(self.db, self.name, MIGRATIONS)
-        await migrations.check(self.db, self.name, MIGRATIONS)
+        self.db = await migrations.open_database(
+            ctx.database_url, ctx.settings, self.name, MIGRATIONS
+        )
         self.peer = Peer(
             "transcript",
             open_channel(transcript_address, ctx.auth),
@@ -125,10 +121,4 @@ class SummaryComponent:
             await self.db.close()
 
     async def healthy(self) -> bool:
-        if self.db is None or self.db.closed:
-            return False
-        try:
-            await migrations.check(self.db, self.name, MIGRATIONS)
-        except Exception:
-            return False
-        return True
+        return await migrations.serving_schema(self.db, self.name, MIGRATIONS)

@@ -38,13 +38,9 @@ class TranscriptComponent:
         )
 
     async def start(self, ctx: StartContext) -> None:
-        if ctx.database_url is None:
-            raise ValueError("TranscriptService needs a database (DATABASE_URL)")
-        self.db = Database(ctx.database_url, ctx.settings, name="transcript")
-        await self.db.open()
-        if ctx.settings.migrate == "auto":
-            await migrations.migrate(self.db, self.name, MIGRATIONS)
-        await migrations.check(self.db, self.name, MIGRATIONS)
+        self.db = await migrations.open_database(
+            ctx.database_url, ctx.settings, self.name, MIGRATIONS
+        )
         self.service = TranscriptService(
             PostgresTranscriptStore(self.db),
             self.limits,
@@ -56,10 +52,4 @@ class TranscriptComponent:
             await self.db.close()
 
     async def healthy(self) -> bool:
-        if self.db is None or self.db.closed:
-            return False
-        try:
-            await migrations.check(self.db, self.name, MIGRATIONS)
-        except Exception:
-            return False
-        return True
+        return await migrations.serving_schema(self.db, self.name, MIGRATIONS)
