@@ -368,15 +368,13 @@ class AgentService:
         passes = 0
         if view.summary_buffer:
             if policy.summary_mode == SummaryMode.REQUIRE:
-                job_id = await self.summaries.request(
-                    namespace, conversation_id, policy.window, policy.summary_batch
-                )
-                raise failed_precondition(
+                raise await self._summary_refused(
+                    turn,
+                    conversation_id,
+                    view,
                     "SUMMARY_REQUIRED",
                     "the conversation has unsummarized entries outside the window; a summary "
                     "job was enqueued (or run the turn with SUMMARY_MODE_AUTO)",
-                    backlog=view.pending,
-                    job_id=job_id,
                 )
             yield Progress(Stage.SUMMARIZING)
             done = await self.summaries.summarize(
@@ -402,16 +400,14 @@ class AgentService:
                 yield await self._replay(turn, conversation_id, view)
                 return
             if view.summary_buffer:
-                job_id = await self.summaries.request(
-                    namespace, conversation_id, policy.window, policy.summary_batch
-                )
-                raise failed_precondition(
+                raise await self._summary_refused(
+                    turn,
+                    conversation_id,
+                    view,
                     "SUMMARY_BACKLOG",
                     f"unsummarized entries remain after {passes} summary pass(es); a summary "
                     "job was enqueued",
-                    backlog=view.pending,
                     passes=passes,
-                    job_id=job_id,
                 )
 
         check_tool_pairing(
@@ -484,6 +480,21 @@ class AgentService:
             replayed=appended.replayed,
             created=created,
         )
+
+    async def _summary_refused(
+        self,
+        turn: Turn,
+        conversation_id: str,
+        view: ViewState,
+        reason: str,
+        message: str,
+        **metadata: object,
+    ) -> DomainError:
+        """Enqueue a background summary job, and the FAILED_PRECONDITION that says so."""
+        job_id = await self.summaries.request(
+            turn.namespace, conversation_id, turn.policy.window, turn.policy.summary_batch
+        )
+        return failed_precondition(reason, message, backlog=view.pending, job_id=job_id, **metadata)
 
     async def _call_model(
         self, request: ChatRequest, stream: bool
