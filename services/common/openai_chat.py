@@ -23,7 +23,8 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -183,6 +184,13 @@ class _StreamState:
         )
 
 
+@dataclass
+class _Answer:
+    """What a model call reports for its metrics once it finished."""
+
+    usage: Usage | None = None
+
+
 class OpenAIChatModel:
     """ChatModel over an OpenAI-compatible chat-completions endpoint (httpx, async).
 
@@ -313,14 +321,31 @@ class OpenAIChatModel:
             )
             await asyncio.sleep(delay)
 
-    async def complete(self, request: ChatRequest, *, timeout: float) -> ChatResponse:
-        """One completion, within `timeout` seconds (capped by `timeout_s`)."""
+    @contextlib.contextmanager
+    def _answering(self, broken: str) -> Iterator[_Answer]:
+        """Map a model call's failures to the model errors, and record its metrics."""
         started = time.perf_counter()
-        budget = min(timeout, self.timeout_s)
-        deadline = time.monotonic() + budget
-        usage: Usage | None = None
+        answer = _Answer()
         error: BaseException | None = None
         try:
+            yield answer
+        except TimeoutError:
+            error = ModelTimeout()
+            raise error from None
+        except (httpx.TransportError, httpx.StreamError):
+            error = ModelUnavailable(broken)
+            raise error from None
+        except DomainError as exc:
+            error = exc
+            raise
+        finally:
+            self._record(started, answer.usage, error)
+
+    async def complete(self, request: ChatRequest, *, timeout: float) -> ChatResponse:
+        """One completion, within `timeout` seconds (capped by `timeout_s`)."""
+        budget = min(timeout, self.timeout_s)
+        deadline = time.monotonic() + budget
+        with self._answering("the model connection broke during the answer; retry later") as call:
             async with asyncio.timeout(budget):
                 response = await self._open(self._body(request, stream=False), deadline)
                 try:
@@ -336,29 +361,15 @@ class OpenAIChatModel:
             except ValueError:
                 raise ModelFailed("the model answered something that is not JSON") from None
             answer = parse_completion(document, request)
-            usage = answer.usage
+            call.usage = answer.usage
             return answer
-        except TimeoutError:
-            error = ModelTimeout()
-            raise error from None
-        except (httpx.TransportError, httpx.StreamError):
-            error = ModelUnavailable("the model connection broke during the answer; retry later")
-            raise error from None
-        except DomainError as exc:
-            error = exc
-            raise
-        finally:
-            self._record(started, usage, error)
 
     async def stream(
         self, request: ChatRequest, *, timeout: float
     ) -> AsyncIterator[ChatDelta | ChatResponse]:
         """Text deltas as they arrive, then one final ChatResponse (tool calls, usage)."""
-        started = time.perf_counter()
         deadline = time.monotonic() + min(timeout, self.timeout_s)
-        usage: Usage | None = None
-        error: BaseException | None = None
-        try:
+        with self._answering("the model stream broke; retry later") as call:
             response = await self._open(self._body(request, stream=True), deadline)
             state = _StreamState()
             try:
@@ -378,19 +389,8 @@ class OpenAIChatModel:
             if not state.done and not state.finish_reason:
                 raise ModelUnavailable("the model stream ended early; retry later")
             final = state.response(request)
-            usage = final.usage
+            call.usage = final.usage
             yield final
-        except TimeoutError:
-            error = ModelTimeout()
-            raise error from None
-        except (httpx.TransportError, httpx.StreamError):
-            error = ModelUnavailable("the model stream broke; retry later")
-            raise error from None
-        except DomainError as exc:
-            error = exc
-            raise
-        finally:
-            self._record(started, usage, error)
 
     @staticmethod
     async def _events(response: httpx.Response, deadline: float) -> AsyncIterator[str]:
