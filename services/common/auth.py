@@ -110,6 +110,8 @@ class AuthSettings:
     tls_client_cert_file: str = ""
     tls_client_key_file: str = ""
     tls_server_name: str = ""
+    service_token: str = ""
+    service_token_file: str = ""
 
     @classmethod
     def from_env(cls, env: Env | None = None) -> AuthSettings:
@@ -132,6 +134,8 @@ class AuthSettings:
             tls_client_cert_file=env.get("RUNIFOLD_TLS_CLIENT_CERT_FILE", ""),
             tls_client_key_file=env.get("RUNIFOLD_TLS_CLIENT_KEY_FILE", ""),
             tls_server_name=env.get("RUNIFOLD_TLS_SERVER_NAME", ""),
+            service_token=env.get("RUNIFOLD_SERVICE_TOKEN", ""),
+            service_token_file=env.get("RUNIFOLD_SERVICE_TOKEN_FILE", ""),
         )
         settings.check()
         return settings
@@ -161,6 +165,7 @@ class AuthSettings:
             ("RUNIFOLD_TLS_CA_FILE", self.tls_ca_file),
             ("RUNIFOLD_TLS_CLIENT_CERT_FILE", self.tls_client_cert_file),
             ("RUNIFOLD_TLS_CLIENT_KEY_FILE", self.tls_client_key_file),
+            ("RUNIFOLD_SERVICE_TOKEN_FILE", self.service_token_file),
         ):
             if value and not Path(value).is_file():
                 raise SettingsError(f"{name} names a file that does not exist: {value}")
@@ -397,6 +402,34 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 response_serializer=handler.response_serializer,
             )
         return handler
+
+
+def service_identity(settings: AuthSettings, namespace: str) -> Identity | None:
+    """The identity a service uses for work no caller asked for in the moment (a
+    background summary job), acting for one namespace.
+
+    jwt: the service's own token (RUNIFOLD_SERVICE_TOKEN or, re-read on every use so
+    that a rotated, mounted token is picked up, RUNIFOLD_SERVICE_TOKEN_FILE); it must
+    grant the namespace (usually "*"). mesh: the service's own sidecar identity,
+    asserting the namespace on behalf of the job (the callee must mark it delegate).
+    none: no identity.
+    """
+    if settings.mode == "none":
+        return None
+    token = settings.service_token
+    if settings.service_token_file:
+        token = Path(settings.service_token_file).read_text().strip()
+    if settings.mode == "jwt" and not token:
+        raise SettingsError(
+            "background work under RUNIFOLD_AUTH=jwt needs a service token: set "
+            "RUNIFOLD_SERVICE_TOKEN_FILE (or RUNIFOLD_SERVICE_TOKEN)"
+        )
+    return Identity(
+        subject="runifold-service",
+        namespaces=frozenset({namespace}),
+        token=token or None,
+        delegate=True,
+    )
 
 
 def outbound_identity_metadata() -> tuple[tuple[str, str], ...]:

@@ -9,6 +9,7 @@ import grpc
 
 from runifold.summary.v1 import summary_service_pb2, summary_service_pb2_grpc
 from services.common import migrations
+from services.common.auth import service_identity
 from services.common.db import Database
 from services.common.openai_chat import OpenAIChatModel
 from services.common.peers import Peer, open_channel
@@ -90,7 +91,15 @@ class SummaryComponent:
             summarizer, self._model = build_summarizer(self.config)
         store = PostgresSummaryStore(self.db, history_limit=self.config.history_limit)
         self.service = SummaryService(store, GrpcTranscripts(self.peer), summarizer, self.config)
-        self.workers = SummaryWorkers(self.service, store, self.config, ready=self._peer_ready)
+        if self.config.workers:
+            service_identity(ctx.auth, "check")  # fails at start if jwt has no service token
+        self.workers = SummaryWorkers(
+            self.service,
+            store,
+            self.config,
+            ready=self._peer_ready,
+            identity=lambda namespace: service_identity(ctx.auth, namespace),
+        )
         self.service.on_enqueue = self.workers.wake
         await self.workers.start()
 

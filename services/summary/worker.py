@@ -27,6 +27,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from services.common import metrics
+from services.common.auth import Identity, identity_var
 from services.common.domain import Budget
 from services.common.errors import Code, DomainError
 from services.common.peers import deadline_var
@@ -58,8 +59,10 @@ class SummaryWorkers:
         config: SummaryConfig,
         *,
         ready: Callable[[], Awaitable[bool]] | None = None,
+        identity: Callable[[str], Identity | None] | None = None,
     ) -> None:
         self.service = service
+        self._acting_for = identity
         self.store = store
         self.config = config
         self._ready = ready
@@ -188,6 +191,9 @@ class SummaryWorkers:
         """Summarize until no backlog remains; True when backlog remains after the
         configured rounds (the job goes back to the queue, giving others a turn)."""
         deadline_var.set(time.monotonic() + self.config.job_timeout_s)
+        # No caller waits for a job: it runs under the service's own identity, acting
+        # for the job's namespace only, so TranscriptService applies the usual rule.
+        identity_var.set(self._acting_for(job.namespace) if self._acting_for else None)
         for _ in range(self.config.worker_rounds):
             try:
                 result = await self.service.summarize(

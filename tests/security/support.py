@@ -31,7 +31,6 @@ from services.common.status import error_info
 
 SECRET = "security-suite-secret-" + "s" * 32
 AUDIENCE = "runifold"
-AUTH = AuthSettings(mode="jwt", jwt_secret=SECRET, jwt_audience=AUDIENCE)
 CALL_TIMEOUT_S = 60.0
 
 Metadata = tuple[tuple[str, str], ...]
@@ -46,6 +45,11 @@ def token(*namespaces: str) -> str:
         "namespaces": list(namespaces),
     }
     return jwt.encode(claims, SECRET, algorithm="HS256")
+
+
+# The servers' authentication; the service token lets background summary jobs act
+# for their namespace (it grants "*", as an operator would mint it).
+AUTH = AuthSettings(mode="jwt", jwt_secret=SECRET, jwt_audience=AUDIENCE, service_token=token("*"))
 
 
 def bearer(*namespaces: str) -> Metadata:

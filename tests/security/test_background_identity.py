@@ -1,18 +1,15 @@
 """Background summary jobs under authentication.
 
 A job runs after the RPC that asked for it has ended, so there is no caller
-identity to carry to TranscriptService. With JWT authentication on, the
-worker's LoadView is refused (UNAUTHENTICATED) and every job fails until it is
-parked: SUMMARY_REQUIRED turns then never become possible. The summary
-service needs an identity of its own for the namespaces of its jobs (a
-service token under jwt; its mesh identity, marked delegate, under mesh).
+identity to carry to TranscriptService: the worker acts for the job's
+namespace under the service's own identity (the service token under jwt; its
+mesh identity, marked delegate, under mesh), so SUMMARY_REQUIRED turns clear
+with authentication on.
 """
 
 from __future__ import annotations
 
 import uuid
-
-import pytest
 
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from tests.conftest import wait_for
@@ -21,11 +18,6 @@ from tests.security.worlds import build_world
 from tests.stack import Stack
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="summary jobs have no identity under RUNIFOLD_AUTH=jwt: the worker's calls to "
-    "TranscriptService are UNAUTHENTICATED (reported to the lead)",
-)
 async def test_a_summary_job_runs_with_authentication_on(stack: Stack) -> None:
     namespace = f"background-{uuid.uuid4().hex[:10]}"
     world = await build_world(

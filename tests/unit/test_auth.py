@@ -192,3 +192,27 @@ def test_incomplete_configuration_fails_naming_the_variable(tmp_path: Path) -> N
         AuthSettings.from_env(
             {"RUNIFOLD_AUTH": "mesh", "RUNIFOLD_MESH_IDENTITIES_FILE": str(tmp_path / "none.json")}
         )
+
+
+def test_service_identity_acts_for_one_namespace(tmp_path: Path) -> None:
+    from services.common.auth import identity_var, outbound_identity_metadata, service_identity
+
+    assert service_identity(AuthSettings(), "tenant-a") is None
+    with pytest.raises(SettingsError, match="RUNIFOLD_SERVICE_TOKEN"):
+        service_identity(settings(), "tenant-a")
+    token_file = tmp_path / "token"
+    token_file.write_text("first-token\n")
+    jwt_settings = settings(service_token_file=str(token_file))
+    identity = service_identity(jwt_settings, "tenant-a")
+    assert identity is not None and identity.token == "first-token"
+    token_file.write_text("rotated-token")  # a mounted token is re-read on every use
+    rotated = service_identity(jwt_settings, "tenant-a")
+    assert rotated is not None and rotated.token == "rotated-token"
+    identity_var.set(rotated)
+    assert outbound_identity_metadata() == (("authorization", "Bearer rotated-token"),)
+    mesh = service_identity(
+        AuthSettings(mode="mesh", mesh_identities_file=str(token_file)), "tenant-a"
+    )
+    identity_var.set(mesh)
+    assert outbound_identity_metadata() == (("x-runifold-on-behalf-of", "tenant-a"),)
+    identity_var.set(None)
