@@ -19,6 +19,10 @@ class AgentConfig:
     default_max_input_tokens: int = 200_000
     max_input_messages: int = 64
     max_input_bytes: int = 1024 * 1024
+    # The transcript's own limit per message (RUNIFOLD_MAX_MESSAGE_BYTES there): checked
+    # here too, so that a message the append would refuse never costs a model call.
+    max_message_bytes: int = 256 * 1024
+    max_tool_schema_bytes: int = 64 * 1024
     max_system_instructions_bytes: int = 64 * 1024
     max_tools: int = 64
     model_provider: str = "offline"
@@ -51,6 +55,13 @@ class AgentConfig:
                 env, "RUNIFOLD_AGENT_DEFAULT_MAX_INPUT_TOKENS", 200_000, minimum=1
             ),
             max_input_messages=env_int(env, "RUNIFOLD_AGENT_MAX_INPUT_MESSAGES", 64, minimum=1),
+            max_message_bytes=env_int(
+                env,
+                "RUNIFOLD_MAX_MESSAGE_BYTES",
+                256 * 1024,
+                minimum=1024,
+                maximum=8 * 1024 * 1024,
+            ),
             max_input_bytes=env_int(
                 env, "RUNIFOLD_AGENT_MAX_INPUT_BYTES", 1024 * 1024, minimum=1024
             ),

@@ -30,6 +30,7 @@ from services.agent.model import (
     Recall,
     Stage,
     SummaryMode,
+    SummaryState,
     TextDelta,
     Turn,
     TurnConflict,
@@ -68,6 +69,8 @@ from services.common.llm import (
 )
 
 MAX_SUMMARY_PASSES = 64
+# The context of a conversation that does not exist yet (create_if_missing).
+EMPTY_VIEW = ViewState(version=0, last_sequence=0, window=(), summary_buffer=(), summary_backlog=0)
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 _MAX_MEMORY_QUERY_BYTES = 4096
 
@@ -235,6 +238,13 @@ class AgentService:
                     "INVALID_MESSAGE", "input messages carry no tool calls", field=field
                 )
             validation.metadata(message.metadata, f"{field}.metadata")
+            if message.size_bytes() > self.config.max_message_bytes:
+                raise invalid_argument(
+                    "MESSAGE_TOO_LARGE",
+                    f"{field} exceeds {self.config.max_message_bytes} bytes",
+                    field=field,
+                    limit_bytes=self.config.max_message_bytes,
+                )
             size += message.size_bytes()
         if size > self.config.max_input_bytes:
             raise invalid_argument(
@@ -265,6 +275,12 @@ class AgentService:
                     field=f"{field}.name",
                 )
             names.add(tool.name)
+            validation.text(
+                tool.parameters_json_schema,
+                f"{field}.parameters_json_schema",
+                max_bytes=self.config.max_tool_schema_bytes,
+                reason="INVALID_TOOLS",
+            )
             if tool.parameters_json_schema:
                 try:
                     schema = json.loads(tool.parameters_json_schema)
@@ -314,11 +330,9 @@ class AgentService:
     async def _events(self, turn: Turn, stream: bool) -> AsyncIterator[TurnEvent]:
         namespace, policy = turn.namespace, turn.policy
         turn_id = turn.turn_id or str(uuid_utils.uuid7())
-        conversation_id, created = turn.conversation_id, False
-        if turn.create_if_missing:
-            conversation_id, created = await self.transcripts.create_conversation(
-                namespace, turn.conversation_id or str(uuid.UUID(str(uuid_utils.uuid7())))
-            )
+        # With create_if_missing the conversation is created only when the turn
+        # commits, so a turn that fails leaves nothing behind.
+        conversation_id = turn.conversation_id or str(uuid.UUID(str(uuid_utils.uuid7())))
 
         yield Progress(Stage.LOADING_CONTEXT)
         # Memory lookup depends only on the input: it runs while the summary and
@@ -332,7 +346,7 @@ class AgentService:
         )
         try:
             async for event in self._turn_with_context(
-                turn, conversation_id, created, turn_id, recalling, stream
+                turn, conversation_id, turn_id, recalling, stream
             ):
                 yield event
         finally:
@@ -345,21 +359,28 @@ class AgentService:
         self,
         turn: Turn,
         conversation_id: str,
-        created: bool,
         turn_id: str,
         recalling: asyncio.Future[Recall] | None,
         stream: bool,
     ) -> AsyncIterator[TurnEvent]:
         namespace, policy = turn.namespace, turn.policy
-        summary = await self.summaries.get(namespace, conversation_id)
-        view = await self.transcripts.load_view(
-            namespace,
-            conversation_id,
-            policy.window,
-            policy.summary_batch,
-            summary.through_sequence,
-            turn_id,
-        )
+        missing = turn.create_if_missing and not turn.conversation_id
+        summary, view = SummaryState(), EMPTY_VIEW
+        if not missing:
+            try:
+                summary = await self.summaries.get(namespace, conversation_id)
+                view = await self.transcripts.load_view(
+                    namespace,
+                    conversation_id,
+                    policy.window,
+                    policy.summary_batch,
+                    summary.through_sequence,
+                    turn_id,
+                )
+            except DomainError as error:
+                if not (turn.create_if_missing and error.reason == "CONVERSATION_NOT_FOUND"):
+                    raise
+                missing = True  # a new conversation: an empty context
         if view.prior_append is not None:
             yield await self._replay(turn, conversation_id, view)
             return
@@ -446,6 +467,11 @@ class AgentService:
 
         yield Progress(Stage.COMMITTING)
         messages = [*turn.input, reply]
+        created = False
+        if missing:
+            # Created now, at the version the turn assumed (0); if another writer
+            # created and wrote it meanwhile, the append below conflicts as usual.
+            _, created = await self.transcripts.create_conversation(namespace, conversation_id)
         try:
             appended = await self.transcripts.append(
                 namespace, conversation_id, view.version, messages, turn_id, spend.used

@@ -353,3 +353,35 @@ async def test_erase_is_resumable_when_a_service_is_down() -> None:
     assert again.complete and again.memories_deleted == 1
     assert again.entries_deleted == 0 and not again.summaries_erased
     assert (await world.agent.erase(NS, cid)).complete
+
+
+async def test_a_failed_turn_with_create_if_missing_leaves_nothing() -> None:
+    world = World(ScriptedModel(respond=lambda r: ChatResponse("")))
+    with pytest.raises(DomainError) as caught:
+        await world.agent.run(world.turn("", "hello", create=True))
+    assert caught.value.reason == "MODEL_FAILED"
+    page = await world.transcripts.service.list_conversations(NS, 0, "")
+    assert list(page.conversations) == []
+    # An id that does not exist yet is created only by the turn that commits.
+    world.model.respond = lambda r: ChatResponse("ok")  # type: ignore[attr-defined]
+    cid = new_id()
+    result = await world.agent.run(world.turn(cid, "hello", create=True))
+    assert result.created and result.conversation_id == cid
+
+
+async def test_a_message_the_transcript_would_refuse_costs_no_model_call() -> None:
+    world = World()
+    cid = await world.conversation()
+    with pytest.raises(DomainError) as caught:
+        await world.agent.run(world.turn(cid, "x" * (256 * 1024 + 1)))
+    assert caught.value.reason == "MESSAGE_TOO_LARGE"
+    with pytest.raises(DomainError) as caught:
+        await world.agent.run(
+            world.turn(
+                cid,
+                "hi",
+                tools=[ToolDefinition("t", "", "{" + '"a":' * 40_000 + "1" + "}" * 40_000)],
+            )
+        )
+    assert caught.value.reason == "INVALID_TOOLS"
+    assert world.model.requests == []  # type: ignore[attr-defined]
