@@ -26,7 +26,7 @@ from services.agent.component import AgentComponent
 from services.agent.config import AgentConfig
 from services.common import stubs
 from services.common.db import Database
-from services.common.server import RunningServer, serving
+from services.common.server import Component, RunningServer, serving
 from services.common.status import error_info
 from services.memory.component import MemoryComponent
 from services.summary.component import SummaryComponent
@@ -61,7 +61,7 @@ async def test_erase_removes_everything_and_resumes_after_an_outage(
 ) -> None:
     memory_port = free_port()
     main_settings = server_settings(MEMORY_SERVICE_ADDR=f"127.0.0.1:{memory_port}")
-    components = [
+    components: list[Component] = [
         TranscriptComponent(),
         SummaryComponent(SummaryConfig.from_env({"RUNIFOLD_SUMMARY_WORKERS": "0"})),
         AgentComponent(AgentConfig()),
