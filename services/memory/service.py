@@ -23,6 +23,7 @@ import uuid_utils
 from services.common import metrics, validation
 from services.common.errors import invalid_argument, not_found
 from services.common.pagination import PageTokens, page_size
+from services.common.validation import conversation_id
 from services.memory.config import MemoryConfig
 from services.memory.embeddings import Embedder, EmbeddingUnavailable
 from services.memory.index import IndexUnavailable, NamespacedQuery, VectorIndex
@@ -56,11 +57,6 @@ class MemoryPage:
 def memory_id(value: str, field: str = "memory_id") -> uuid.UUID:
     """A memory id: a UUID in canonical text form."""
     return validation.uuid_id(value, field, "INVALID_MEMORY_ID")
-
-
-def conversation_id(value: str, field: str = "conversation_id") -> uuid.UUID:
-    """A conversation id: a UUID in canonical text form."""
-    return validation.uuid_id(value, field, "INVALID_CONVERSATION_ID")
 
 
 def _dot(a: Sequence[float], b: Sequence[float]) -> float:
