@@ -11,7 +11,8 @@ export HF_HUB_OFFLINE := 1
 export PATH := $(abspath $(BIN)):$(PATH)
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install tools node run test lint gen gen-check bench fmt clean deploy-sync soak
+.PHONY: install tools node run test lint gen gen-check bench fmt clean deploy-sync soak \
+  bench-peers
 NODE_STAMP := clients/node/node_modules/.package-lock.json
 
 $(STAMP): pyproject.toml
@@ -94,6 +95,22 @@ bench: $(STAMP)
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak $(SOAK_ARGS)
 
+## Runifold against LangGraph, Google ADK and raw psycopg on one PostgreSQL (not part of
+## test or CI). The peers live in their own environment, .venv-peers, pinned by
+## bench/peers/requirements.txt (google-adk would downgrade the project's pins).
+## Writes docs/img/bench-peers.json and the plots next to it; prints the tables.
+PEERS_VENV := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
+$(PEERS_STAMP): bench/peers/requirements.txt
+	@test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/pip install --quiet torch==2.13.0
+	$(PEERS_VENV)/bin/pip install --quiet -r bench/peers/requirements.txt
+	@touch $(PEERS_STAMP)
+
+bench-peers: $(STAMP) $(PEERS_STAMP)
+	$(BIN)/python -m bench.peers $(PEERS_ARGS)
+
 clean:
-	rm -rf $(VENV) .runifold .pytest_cache .mypy_cache .ruff_cache clients/node/node_modules \
-	  clients/node/dist
+	rm -rf $(VENV) $(PEERS_VENV) .runifold .pytest_cache .mypy_cache .ruff_cache \
+	  clients/node/node_modules clients/node/dist
