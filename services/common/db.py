@@ -27,7 +27,9 @@ AsyncConn = AsyncConnection[TupleRow]
 
 # SQLSTATE classes that mean the server or the connection is gone, rather than
 # a fault of the statement: connection exceptions, insufficient resources,
-# operator intervention (shutdown), system errors.
+# operator intervention (shutdown, and query_canceled: a statement that hit
+# statement_timeout because the database is stalled or locked, or that an
+# operator cancelled), system errors. All are transient: retry later.
 _UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57", "58")
 
 
@@ -35,8 +37,6 @@ def is_unavailable(error: BaseException) -> bool:
     """True when a driver error means the database cannot serve right now."""
     if isinstance(error, PoolTimeout | psycopg.InterfaceError):
         return True
-    if isinstance(error, psycopg.errors.QueryCanceled):
-        return False
     if isinstance(error, psycopg.OperationalError):
         sqlstate = error.sqlstate or ""
         return sqlstate == "" or sqlstate[:2] in _UNAVAILABLE_SQLSTATE_CLASSES

@@ -171,10 +171,25 @@ class WriteLoad:
     writers: list[Writer]
     failures: Counter[str] = field(default_factory=Counter)
     replays: int = 0
+    # Set by the test: each writer finishes the write it has in flight (until it is
+    # acknowledged) and starts no other.
+    stopping: bool = False
 
     @property
     def acknowledged(self) -> int:
         return sum(len(w.acked) for w in self.writers)
+
+    def each_acknowledged(self, counts: list[int]) -> Callable[[], Awaitable[bool]]:
+        """A wait_for predicate: every writer has more than `counts[i]` writes acknowledged."""
+
+        async def predicate() -> bool:
+            return all(len(w.acked) > n for w, n in zip(self.writers, counts, strict=True))
+
+        return predicate
+
+    def counts(self, more: int = 0) -> list[int]:
+        """Each writer's acknowledged writes (+ more)."""
+        return [len(w.acked) + more for w in self.writers]
 
 
 async def start_writers(stub: TranscriptServiceAsyncStub, namespace: str, count: int) -> WriteLoad:
@@ -214,14 +229,15 @@ async def run_writer(
     stub_for: Callable[[], TranscriptServiceAsyncStub],
     load: WriteLoad,
     writer: Writer,
-    appends: int,
     *,
     backoff: float = 0.05,
     timeout: float = 10.0,
 ) -> None:
-    """Make `appends` appends of 1-3 messages, each retried under its request id until
-    acknowledged. `stub_for()` gives the current stub (the process may be replaced)."""
-    for n in range(len(writer.acked), appends):
+    """Append 1-3 messages at a time until the load is stopping, each append retried
+    under its request id until acknowledged. `stub_for()` gives the current stub (the
+    process may be replaced)."""
+    while not load.stopping:
+        n = len(writer.acked)
         request_id = f"w{writer.index}-a{n}-{uuid.uuid4().hex[:8]}"
         texts = tuple(f"writer {writer.index} append {n} part {p}" for p in range(1 + n % 3))
         request = pb.AppendEntriesRequest(
@@ -249,14 +265,15 @@ async def run_turner(
     agent_for: Callable[[], AgentServiceAsyncStub],
     load: WriteLoad,
     writer: Writer,
-    turns: int,
     *,
     memory_limit: int = 0,
     backoff: float = 0.05,
     timeout: float = 30.0,
 ) -> None:
-    """Run `turns` agent turns, each retried under its turn id until it answers."""
-    for n in range(len(writer.acked), turns):
+    """Run agent turns until the load is stopping, each retried under its turn id until
+    it answers."""
+    while not load.stopping:
+        n = len(writer.acked)
         turn_id = f"t{writer.index}-{n}-{uuid.uuid4().hex[:8]}"
         text = f"turner {writer.index} turn {n}: what do you remember about deploys?"
         request = agent_pb.RunConversationRequest(

@@ -6,7 +6,8 @@ ids; PostgreSQL is stopped in the middle. The test requires: every failed call i
 UNAVAILABLE with ErrorInfo STORE_UNAVAILABLE (never INTERNAL), health turns
 NOT_SERVING, no acknowledged append is lost, no partial append exists, and once
 PostgreSQL is back the same process serves again by itself (health SERVING, the
-writers' retries and new appends succeed) with no restart and no operator.
+writers' retries and new appends succeed) with no restart and no operator. A
+database that is up but stalled past the statement timeout is UNAVAILABLE too.
 """
 
 from __future__ import annotations
@@ -15,25 +16,30 @@ import asyncio
 import uuid
 from pathlib import Path
 
+import grpc
+import psycopg
 import pytest
 
+from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import stubs
 from tests.conftest import wait_for
 from tests.faults.support import (
     NOT_SERVING,
     SERVING,
+    Acked,
     channel_to,
     check_exactly_once,
     dedicated_postgres,
+    failure,
     health_status,
     run_writer,
     start_writers,
     stored_appends,
+    user,
 )
 from tests.ops.process import service_process, value
 
 WRITERS = 8
-APPENDS = 30
 UNAVAILABLE = "UNAVAILABLE/STORE_UNAVAILABLE"
 TRANSCRIPT = "runifold.transcript.v1.TranscriptService"
 
@@ -58,7 +64,7 @@ async def test_postgres_outage_under_write_load(tmp_path: Path, mode: str) -> No
             stub = stubs.transcript(channel)
             load = await start_writers(stub, namespace, WRITERS)
             writers = [
-                asyncio.create_task(run_writer(lambda: stub, load, writer, APPENDS))
+                asyncio.create_task(run_writer(lambda: stub, load, writer))
                 for writer in load.writers
             ]
 
@@ -83,9 +89,12 @@ async def test_postgres_outage_under_write_load(tmp_path: Path, mode: str) -> No
                 assert await health_status(process.address, TRANSCRIPT) == NOT_SERVING
 
                 await postgres.start()
-                # The same process, untouched, serves again.
+                # The same process, untouched, serves again: health, then every writer's
+                # retried append and three more each.
                 await wait_for(lambda: health_is(SERVING), timeout=30)
                 assert await health_status(process.address, TRANSCRIPT) == SERVING
+                await wait_for(load.each_acknowledged(load.counts(3)), timeout=60)
+                load.stopping = True
                 await asyncio.wait_for(asyncio.gather(*writers), timeout=60)
             finally:
                 for task in writers:
@@ -95,7 +104,6 @@ async def test_postgres_outage_under_write_load(tmp_path: Path, mode: str) -> No
             metrics = await process.scrape()
 
         assert set(load.failures) == {UNAVAILABLE}, load.failures
-        assert load.acknowledged == WRITERS * APPENDS
         assert all(not w.unknown for w in load.writers)
         check_exactly_once(load, await stored_appends(postgres.url, namespace))
         assert value(metrics, "runifold_store_errors_total", store="transcript") >= WRITERS
@@ -109,3 +117,44 @@ async def test_postgres_outage_under_write_load(tmp_path: Path, mode: str) -> No
             == load.failures[UNAVAILABLE]
         )
         assert value(metrics, "grpc_server_handled_total", grpc_code="INTERNAL") == 0
+
+
+async def test_a_stalled_database_is_unavailable_not_internal(
+    fresh_database_url: str, tmp_path: Path
+) -> None:
+    """PostgreSQL up but stalled (a row locked past the statement timeout): the append
+    is UNAVAILABLE/STORE_UNAVAILABLE, counted as a store error, and its retry under the
+    same request id commits once the stall ends."""
+    namespace = f"stall-{uuid.uuid4().hex[:8]}"
+    env = {"DATABASE_URL": fresh_database_url, "RUNIFOLD_DB_STATEMENT_TIMEOUT_MS": "300"}
+    async with (
+        service_process("services.transcript", env, tmp_path) as process,
+        channel_to(process.address) as channel,
+    ):
+        stub = stubs.transcript(channel)
+        load = await start_writers(stub, namespace, 1)
+        writer = load.writers[0]
+        request = pb.AppendEntriesRequest(
+            namespace=namespace,
+            conversation_id=writer.conversation_id,
+            expected_version=0,
+            request_id="stalled-append",
+            messages=[user("written once")],
+        )
+        async with await psycopg.AsyncConnection.connect(fresh_database_url) as locker:
+            await locker.execute(
+                "SELECT 1 FROM transcript.conversations WHERE conversation_id = %s FOR UPDATE",
+                (uuid.UUID(writer.conversation_id),),
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.AppendEntries(request, timeout=10)
+            assert failure(caught.value) == UNAVAILABLE
+            await locker.rollback()
+        first = await stub.AppendEntries(request, timeout=10)
+        again = await stub.AppendEntries(request, timeout=10)
+        metrics = await process.scrape()
+    assert (first.version, first.replayed, again.version, again.replayed) == (1, False, 1, True)
+    writer.acked.append(Acked("stalled-append", ("written once",), 1, 1, 1))
+    check_exactly_once(load, await stored_appends(fresh_database_url, namespace))
+    assert value(metrics, "runifold_store_errors_total", store="transcript") == 1
+    assert value(metrics, "grpc_server_handled_total", grpc_code="INTERNAL") == 0
