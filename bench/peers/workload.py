@@ -1,12 +1,12 @@
 """The workloads of `make bench-peers`, identical for every system measured.
 
-This module imports nothing but the standard library: it runs in the project's
+At import this module needs nothing but the standard library: it runs in the project's
 virtual environment (for Runifold, through gRPC) and in `.venv-peers` (for
 LangGraph, Google ADK and raw psycopg), so every system gets the same events,
 the same facts and queries, and the same timing code.
 
 Conversations. An *event* is one chat message (a user or assistant turn of
-about 90 characters) appended to one conversation. For each size S in SIZES:
+about 60 characters) appended to one conversation. For each size S in SIZES:
 WRITERS conversations are filled with S events each through the system's fastest
 bulk path (not timed), checked to read back exactly, then
 
@@ -67,7 +67,7 @@ class Event:
 
 
 def event(conversation: int, index: int) -> Event:
-    """The `index`-th event of a conversation: deterministic, about 90 characters."""
+    """The `index`-th event of a conversation: deterministic, about 60 characters."""
     topic = _TOPICS[(conversation + index) % len(_TOPICS)]
     if index % 2 == 0:
         return Event("user", f"[{conversation}:{index}] What is the latest on {topic}, please?")
