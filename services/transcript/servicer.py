@@ -96,9 +96,9 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             request.page_size,
             request.page_token,
         )
-        return pb.ListEntriesResponse(
-            entries=convert.entries_to_proto(page.entries), next_page_token=page.next_page_token
-        )
+        response = pb.ListEntriesResponse(next_page_token=page.next_page_token)
+        convert.add_entries(response.entries, page.entries)
+        return response
 
     async def LoadView(self, request: pb.LoadViewRequest, context: Context) -> pb.LoadViewResponse:
         view = await self.service.load_view(
@@ -109,14 +109,15 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             request.summarized_through,
             request.request_id,
         )
-        return pb.LoadViewResponse(
+        response = pb.LoadViewResponse(
             version=view.version,
             last_sequence=view.last_sequence,
-            window=convert.entries_to_proto(view.window),
-            summary_buffer=convert.entries_to_proto(view.summary_buffer),
             summary_backlog=view.summary_backlog,
             prior_append=append_record_to_proto(view.prior_append) if view.prior_append else None,
         )
+        convert.add_entries(response.window, view.window)
+        convert.add_entries(response.summary_buffer, view.summary_buffer)
+        return response
 
     async def ListConversations(
         self, request: pb.ListConversationsRequest, context: Context
