@@ -20,6 +20,7 @@ errors by status code, and the server process's resident memory (RSS, from
 /proc) sampled over the run. No thresholds: the numbers are for reading.
 
     python -m bench.soak --concurrency 16 --duration 600
+    python -m bench.soak --duration 3600 --mix upsert=0      # a kind left out
     make soak SOAK_ARGS="--concurrency 16 --duration 600"
     RUNIFOLD_SOAK_CONCURRENCY=16 RUNIFOLD_SOAK_DURATION_S=600 make soak
 """
@@ -86,6 +87,7 @@ class Settings:
     sample_s: float
     seed: int
     json_path: Path | None
+    mix: dict[str, int]
 
 
 def parse_args(argv: list[str]) -> Settings:
@@ -110,11 +112,26 @@ def parse_args(argv: list[str]) -> Settings:
         help="seconds between RSS samples (env RUNIFOLD_SOAK_SAMPLE_S, default 5)",
     )
     parser.add_argument("--seed", type=int, default=7, help="random seed of the mix")
+    parser.add_argument(
+        "--mix",
+        default="",
+        help="weights to change, e.g. upsert=0,search=40 (kinds: " + ", ".join(MIX) + ")",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the report as JSON")
     args = parser.parse_args(argv)
     if args.concurrency < 1 or args.duration <= 0 or args.sample_interval <= 0:
         parser.error("concurrency, duration and sample interval must be positive")
-    return Settings(args.concurrency, args.duration, args.sample_interval, args.seed, args.json)
+    mix = dict(MIX)
+    for item in filter(None, args.mix.split(",")):
+        kind, _, weight = item.partition("=")
+        if kind not in MIX or not weight.isdigit():
+            parser.error(f"--mix takes KIND=WEIGHT with KIND in {', '.join(MIX)}, got {item!r}")
+        mix[kind] = int(weight)
+    if not any(mix.values()):
+        parser.error("--mix leaves nothing to run")
+    return Settings(
+        args.concurrency, args.duration, args.sample_interval, args.seed, args.json, mix
+    )
 
 
 # -- the server process ----------------------------------------------------------
@@ -190,13 +207,14 @@ class Client:
 
 
 class Workload:
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, mix: dict[str, int]) -> None:
         self.transcript = stubs.transcript(channel)
         self.summary = stubs.summary(channel)
         self.memory = stubs.memory(channel)
         self.agent = stubs.agent(channel)
         self.records: dict[str, Record] = defaultdict(Record)
         self.facts_conversation = ""
+        self.kinds, self.weights = list(mix), list(mix.values())
 
     async def timed(self, name: str, call: Callable[[], Awaitable[object]]) -> object | None:
         start = time.perf_counter()
@@ -253,7 +271,7 @@ class Workload:
         )
 
     async def step(self, client: Client, n: int) -> None:
-        kind = client.rng.choices(list(MIX), weights=list(MIX.values()))[0]
+        kind = client.rng.choices(self.kinds, weights=self.weights)[0]
         cid = client.rng.choice(client.conversations)
         topic = TOPICS[client.rng.randrange(len(TOPICS))]
         if kind == "turn":
@@ -367,7 +385,7 @@ async def soak(settings: Settings, database_url: str) -> dict[str, object]:
             all_in_one(database_url, data) as (address, pid),
             grpc.aio.insecure_channel(address) as channel,
         ):
-            work = Workload(channel)
+            work = Workload(channel, settings.mix)
             await work.seed()
             clients = [await work.client(i, settings.seed) for i in range(settings.concurrency)]
             # Warm-up (model, caches, pools): a few steps per client, not recorded.
@@ -418,6 +436,7 @@ async def soak(settings: Settings, database_url: str) -> dict[str, object]:
     return {
         "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)",
         "concurrency": settings.concurrency,
+        "mix": settings.mix,
         "duration_s": round(elapsed, 1),
         "total_ok": total,
         "throughput_per_s": total / elapsed,
@@ -434,6 +453,7 @@ def render(report: dict[str, object]) -> list[str]:
         f"# Soak: {report['concurrency']} clients for {report['duration_s']} s"
         f" on {report['machine']}",
         "",
+        f"mix (weights): {report['mix']}",
         f"throughput {report['throughput_per_s']:.1f} RPC/s ({report['total_ok']} OK); "
         f"errors by code: {report['errors_by_code'] or 'none'}",
         "",

@@ -34,6 +34,7 @@ from runifold.common.v1 import common_pb2
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import stubs
 from services.common.status import error_info
+from tests.conftest import wait_for
 from tests.ops.tools import ROOT
 
 if TYPE_CHECKING:
@@ -179,17 +180,22 @@ class WriteLoad:
     def acknowledged(self) -> int:
         return sum(len(w.acked) for w in self.writers)
 
-    def each_acknowledged(self, counts: list[int]) -> Callable[[], Awaitable[bool]]:
-        """A wait_for predicate: every writer has more than `counts[i]` writes acknowledged."""
+    async def progress(self, more: int = 1, timeout: float = 60.0) -> None:
+        """Wait until every writer has `more` writes acknowledged beyond what it has now;
+        on time-out, fail with what each writer was told."""
+        wanted = [len(w.acked) + more for w in self.writers]
 
-        async def predicate() -> bool:
-            return all(len(w.acked) > n for w, n in zip(self.writers, counts, strict=True))
+        async def reached() -> bool:
+            return all(len(w.acked) >= n for w, n in zip(self.writers, wanted, strict=True))
 
-        return predicate
-
-    def counts(self, more: int = 0) -> list[int]:
-        """Each writer's acknowledged writes (+ more)."""
-        return [len(w.acked) + more for w in self.writers]
+        try:
+            await wait_for(reached, timeout=timeout)
+        except AssertionError:
+            state = [(len(w.acked), list(w.unknown)) for w in self.writers]
+            raise AssertionError(
+                f"writers stalled: wanted {wanted}, (acked, unknown) {state}, "
+                f"failures {dict(self.failures)}"
+            ) from None
 
 
 async def start_writers(stub: TranscriptServiceAsyncStub, namespace: str, count: int) -> WriteLoad:
@@ -232,11 +238,14 @@ async def run_writer(
     *,
     backoff: float = 0.05,
     timeout: float = 10.0,
+    pace: float = 0.0,
 ) -> None:
     """Append 1-3 messages at a time until the load is stopping, each append retried
-    under its request id until acknowledged. `stub_for()` gives the current stub (the
-    process may be replaced)."""
+    under its request id until acknowledged, at most one every `pace` seconds.
+    `stub_for()` gives the current stub (the process may be replaced)."""
     while not load.stopping:
+        if pace:
+            await asyncio.sleep(pace)  # the load's pace, not a wait for a condition
         n = len(writer.acked)
         request_id = f"w{writer.index}-a{n}-{uuid.uuid4().hex[:8]}"
         texts = tuple(f"writer {writer.index} append {n} part {p}" for p in range(1 + n % 3))
@@ -389,6 +398,17 @@ def check_exactly_once(load: WriteLoad, stored: dict[str, list[StoredAppend]]) -
                 known = writer.unknown[append.request_id]
                 assert append.texts[: len(known)] == known
         assert set(acked) <= set(by_request), "an acknowledged append is lost"
+
+
+async def stop_tasks(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel the load's tasks; raise what any of them died of (a writer that crashed
+    would otherwise look like one that stalled)."""
+    for task in tasks:
+        task.cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
 
 
 @contextlib.asynccontextmanager

@@ -34,6 +34,7 @@ from tests.faults.support import (
     health_status,
     run_writer,
     start_writers,
+    stop_tasks,
     stored_appends,
     user,
 )
@@ -93,13 +94,11 @@ async def test_postgres_outage_under_write_load(tmp_path: Path, mode: str) -> No
                 # retried append and three more each.
                 await wait_for(lambda: health_is(SERVING), timeout=30)
                 assert await health_status(process.address, TRANSCRIPT) == SERVING
-                await wait_for(load.each_acknowledged(load.counts(3)), timeout=60)
+                await load.progress(3)
                 load.stopping = True
                 await asyncio.wait_for(asyncio.gather(*writers), timeout=60)
             finally:
-                for task in writers:
-                    task.cancel()
-                await asyncio.gather(*writers, return_exceptions=True)
+                await stop_tasks(writers)
             assert process.process.returncode is None, "the service process died"
             metrics = await process.scrape()
 

@@ -32,6 +32,7 @@ from tests.faults.support import (
     run_turner,
     run_writer,
     start_writers,
+    stop_tasks,
     stored_appends,
 )
 from tests.ops.process import service_process
@@ -76,6 +77,8 @@ async def test_sigkill_mid_load_loses_no_acknowledged_write(
         "RUNIFOLD_DB_POOL_MAX": "16",
         "RUNIFOLD_SUMMARY_WORKERS": "0",
         "RUNIFOLD_AGENT_MODEL_PROVIDER": "offline",
+        # The held writes must still be waiting when the process is killed.
+        "RUNIFOLD_DB_STATEMENT_TIMEOUT_MS": "60000",
     }
     tasks: list[asyncio.Task[None]] = []
     async with contextlib.AsyncExitStack() as stack:
@@ -85,7 +88,10 @@ async def test_sigkill_mid_load_loses_no_acknowledged_write(
         appends = await start_writers(current.transcript, namespace, WRITERS)
         turns = await start_writers(current.transcript, namespace, TURNERS)
         tasks += [
-            asyncio.create_task(run_writer(lambda: current.transcript, appends, w))
+            # Paced, so that the turners are not starved on a busy machine.
+            asyncio.create_task(
+                run_writer(lambda: current.transcript, appends, w, timeout=30.0, pace=0.01)
+            )
             for w in appends.writers
         ]
         tasks += [
@@ -95,8 +101,8 @@ async def test_sigkill_mid_load_loses_no_acknowledged_write(
             w.conversation_id for w in turns.writers[:HELD_TURNERS]
         ]
         try:
-            await wait_for(appends.each_acknowledged(appends.counts(1)), timeout=60)
-            await wait_for(turns.each_acknowledged(turns.counts(1)), timeout=60)
+            await appends.progress()
+            await turns.progress()
 
             async with await psycopg.AsyncConnection.connect(fresh_database_url) as locker:
                 locker_pid = locker.info.backend_pid
@@ -138,14 +144,12 @@ async def test_sigkill_mid_load_loses_no_acknowledged_write(
             channel = await stack.enter_async_context(channel_to(second.address))
             current.transcript, current.agent = stubs.transcript(channel), stubs.agent(channel)
             # Every client's retries complete, and each makes progress after them.
-            await wait_for(appends.each_acknowledged(appends.counts(2)), timeout=90)
-            await wait_for(turns.each_acknowledged(turns.counts(1)), timeout=90)
+            await appends.progress(2, timeout=90)
+            await turns.progress(1, timeout=90)
             appends.stopping = turns.stopping = True
             await asyncio.wait_for(asyncio.gather(*tasks), timeout=90)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await stop_tasks(tasks)
 
     for load in (appends, turns):
         assert all(not w.unknown for w in load.writers)
