@@ -286,9 +286,13 @@ async def test_index_outage_degrades_search_then_the_outbox_catches_up(
     index = client.component.index
     assert isinstance(index, EdgeIndex)
     # A real outage: close the shard and hold its lock, as another process would;
-    # every attempt to reopen it now fails.
+    # every attempt to reopen it now fails. The indexer reopens a closed index on
+    # its next poll, so it pauses while the lock changes hands (else it can win it).
+    assert client.component.indexer is not None
+    await client.component.indexer.stop()
     await index.close()
     holder = await asyncio.to_thread(qe.EdgeShard.load, str(index.path))
+    client.component.indexer.start()
     try:
         written = [
             (await client.upsert(namespace, f"The user owns {n} bicycles.", cid)).memory
