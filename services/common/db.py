@@ -79,7 +79,12 @@ class Database:
             # every call); a broken connection fails its statement, surfaces as
             # STORE_UNAVAILABLE, and the pool replaces it.
             timeout=settings.db_timeout_s,
-            reconnect_timeout=0,  # keep trying forever: the database may come back
+            # 0: a connection that cannot be re-made is dropped after one quick
+            # retry instead of a background retry loop backing off for minutes.
+            # The pool grows back on demand: the next request (or health probe)
+            # that finds no idle connection opens one, so a returning database
+            # is picked up at once (tests/faults/test_postgres_outage.py).
+            reconnect_timeout=0,
             name=name,
         )
 
