@@ -31,7 +31,7 @@ import contextvars
 import json
 import os
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,6 +41,7 @@ import jwt
 
 from services.common.errors import Code, DomainError, invalid_argument
 from services.common.settings import Env, SettingsError, env_bool, env_choice, env_int, env_str
+from services.common.wrapping import WrappingInterceptor
 
 ALL = "*"
 ON_BEHALF_HEADER = "x-runifold-on-behalf-of"
@@ -336,7 +337,7 @@ def _metadata(context: grpc.aio.ServicerContext[Any, Any]) -> dict[str, str]:
     }
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):
+class AuthInterceptor(WrappingInterceptor):
     """Authenticates and authorizes every call to a `runifold.` service.
 
     Health and reflection stay open (probes and tooling); errors raised here are
@@ -344,32 +345,17 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     """
 
     def __init__(self, authenticator: Authenticator) -> None:
+        super().__init__()
         self.authenticator = authenticator
-        self._handlers: dict[str, grpc.RpcMethodHandler[Any, Any] | None] = {}
 
     def _identity(self, context: grpc.aio.ServicerContext[Any, Any]) -> Identity:
         return self.authenticator.authenticate(_metadata(context), context.peer() or "")
 
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        method: Any = handler_call_details.method
-        if isinstance(method, bytes):
-            method = method.decode()
-        if method in self._handlers:
-            return self._handlers[method]
-        handler = await continuation(handler_call_details)
-        wrapped = handler
-        if handler is not None and method.startswith("/runifold."):
-            wrapped = self._wrap(handler)
-            self._handlers[method] = wrapped
-        return wrapped
-
-    def _wrap(self, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
+    def wrap(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        if not method.startswith("/runifold."):
+            return handler
         guard = self
 
         if handler.unary_unary is not None:

@@ -27,6 +27,7 @@ from services.common.errors import Code, DomainError, StoreUnavailable, invalid_
 from services.common.logs import method_var, request_id_var
 from services.common.peers import deadline_var
 from services.common.status import to_status
+from services.common.wrapping import WrappingInterceptor
 
 log = logging.getLogger("runifold.rpc")
 
@@ -231,37 +232,16 @@ def _wrap_stream(
     return handler
 
 
-class ServiceInterceptor(grpc.aio.ServerInterceptor):
+class ServiceInterceptor(WrappingInterceptor):
     """Applies the guard to every unary and server-streaming RPC."""
 
-    def __init__(self) -> None:
-        # Wrapped handlers per method: built once, not on every call.
-        self._handlers: dict[str, grpc.RpcMethodHandler[Any, Any] | None] = {}
-
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        method: Any = handler_call_details.method
-        if isinstance(method, bytes):
-            method = method.decode()
-        if method in self._handlers:
-            return self._handlers[method]
-        handler = await continuation(handler_call_details)
-        wrapped = _wrap(handler, method)
-        if handler is not None:
-            self._handlers[method] = wrapped
-        return wrapped
+    def wrap(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        return _wrap(handler, method)
 
 
-def _wrap(
-    handler: grpc.RpcMethodHandler[Any, Any] | None, method: str
-) -> grpc.RpcMethodHandler[Any, Any] | None:
-    if handler is None:
-        return None
+def _wrap(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(
             _wrap_unary(handler.unary_unary, method),

@@ -34,8 +34,38 @@ def to_point(memory: Memory, vector: Sequence[float]) -> IndexPoint:
     )
 
 
-class Indexer:
+class _Background:
+    """A `run()` loop started and stopped as one background task."""
+
+    task_name = "memory-background"
+    _task: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """Run in the background."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self.run(), name=self.task_name)
+
+    async def stop(self) -> None:
+        """Cancel the background loop (idempotent)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    @property
+    def running(self) -> bool:
+        """True while the background loop runs."""
+        return self._task is not None and not self._task.done()
+
+
+class Indexer(_Background):
     """Drains the outbox into the vector index."""
+
+    task_name = "memory-indexer"
 
     def __init__(
         self,
@@ -49,7 +79,6 @@ class Indexer:
         self.embedder = embedder
         self.config = config
         self._wakeup = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self.failures = 0
         self.index_healthy = True
 
@@ -127,27 +156,11 @@ class Indexer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), timeout=self.config.indexer_poll_s)
 
-    def start(self) -> None:
-        """Run in the background."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self.run(), name="memory-indexer")
 
-    async def stop(self) -> None:
-        """Cancel the background loop (idempotent)."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    @property
-    def running(self) -> bool:
-        """True while the background loop runs."""
-        return self._task is not None and not self._task.done()
-
-
-class Sweeper:
+class Sweeper(_Background):
     """Erases expired memories in the background."""
+
+    task_name = "memory-sweeper"
 
     def __init__(
         self, store: MemoryStore, config: MemoryConfig, on_erase: Callable[[], None]
@@ -155,7 +168,6 @@ class Sweeper:
         self.store = store
         self.config = config
         self.on_erase = on_erase
-        self._task: asyncio.Task[None] | None = None
 
     async def run_once(self) -> int:
         """Erase every expired memory, a batch at a time; return how many."""
@@ -179,19 +191,6 @@ class Sweeper:
             except Exception as exc:
                 log.warning("memory expiry sweep failed", extra={"error": type(exc).__name__})
             await asyncio.sleep(self.config.sweep_interval_s)
-
-    def start(self) -> None:
-        """Run in the background."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self.run(), name="memory-sweeper")
-
-    async def stop(self) -> None:
-        """Cancel the background loop (idempotent)."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 async def reindex(
