@@ -45,6 +45,7 @@ def index_for(
         pgvector_url=config.pgvector_url or database_url,
         pgvector_ef_search=config.pgvector_ef_search,
         pgvector_exact_below=config.pgvector_exact_below,
+        pgvector_timeout_s=config.pgvector_timeout_s,
     )
 
 

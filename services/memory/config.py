@@ -76,6 +76,7 @@ class MemoryConfig:
     pgvector_ef_search: int = 200
     pgvector_exact_below: int = 10_000
     pgvector_url: str = ""
+    pgvector_timeout_s: float = 5.0
     embeddings: str = "local"
     embeddings_url: str = ""
     embeddings_model: str = LOCAL_MODEL_NAME
@@ -140,6 +141,9 @@ class MemoryConfig:
                 env, "RUNIFOLD_MEMORY_PGVECTOR_EXACT_BELOW", 10_000, minimum=0, maximum=10_000_000
             ),
             pgvector_url=env_str(env, "RUNIFOLD_MEMORY_PGVECTOR_URL", ""),
+            pgvector_timeout_s=env_float(
+                env, "RUNIFOLD_MEMORY_PGVECTOR_TIMEOUT_S", 5.0, minimum=0.1
+            ),
             embeddings=embeddings,
             embeddings_url=embeddings_url.rstrip("/"),
             embeddings_model=env_str(env, "RUNIFOLD_EMBEDDINGS_MODEL", LOCAL_MODEL_NAME)

@@ -185,6 +185,7 @@ def make_index(
     pgvector_url: str = "",
     pgvector_ef_search: int = 200,
     pgvector_exact_below: int = 10_000,
+    pgvector_timeout_s: float = 5.0,
 ) -> VectorIndex:
     """The adapter named by RUNIFOLD_MEMORY_INDEX (edge, qdrant or pgvector)."""
     if kind == "edge":
@@ -206,5 +207,6 @@ def make_index(
             dimension,
             ef_search=pgvector_ef_search,
             exact_below=pgvector_exact_below,
+            timeout_s=pgvector_timeout_s,
         )
     raise ValueError(f"unknown index kind {kind!r}")
