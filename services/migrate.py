@@ -50,8 +50,7 @@ async def run(settings: Settings, database_url: str) -> dict[str, int]:
         for service, folder in migration_dirs().items():
             if settings.migrate == "auto":
                 await migrations.migrate(db, service, folder)
-            await migrations.check(db, service, folder)
-            versions[service] = len(migrations.load(folder))
+            versions[service] = await migrations.check(db, service, folder)
             log.info("schema current", extra={"service": service, "version": versions[service]})
     finally:
         await db.close()

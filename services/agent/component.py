@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-
 import grpc
 
 from runifold.agent.v1 import agent_service_pb2, agent_service_pb2_grpc
@@ -13,17 +11,17 @@ from services.agent.offline import OfflineChatModel
 from services.agent.service import AgentService
 from services.agent.servicer import AgentServicer
 from services.common.llm import ChatModel
+from services.common.openai_chat import OpenAIChatModel
 from services.common.peers import Peer, open_channel
 from services.common.server import StartContext
 
 SERVICE_NAME = agent_service_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
 
 
-def make_model(config: AgentConfig) -> ChatModel:
-    """The configured chat model."""
+def make_model(config: AgentConfig) -> tuple[ChatModel, OpenAIChatModel | None]:
+    """The configured chat model (and the HTTP client to close, if any)."""
     if config.model_provider == "openai":
-        openai_chat = importlib.import_module("services.common.openai_chat")
-        model: ChatModel = openai_chat.OpenAIChatModel(
+        model = OpenAIChatModel(
             base_url=config.openai_base_url,
             model=config.model_name,
             api_key=config.openai_api_key,
@@ -31,8 +29,8 @@ def make_model(config: AgentConfig) -> ChatModel:
             max_retries=config.model_max_retries,
             purpose="agent",
         )
-        return model
-    return OfflineChatModel(config.model_name)
+        return model, model
+    return OfflineChatModel(config.model_name), None
 
 
 class AgentComponent:
@@ -44,7 +42,8 @@ class AgentComponent:
 
     def __init__(self, config: AgentConfig | None = None, model: ChatModel | None = None) -> None:
         self.config = config or AgentConfig.from_env()
-        self._model = model
+        self._model = model  # given by the caller, who closes it
+        self._owned: OpenAIChatModel | None = None
         self.peers: list[Peer] = []
         self.service: AgentService | None = None
 
@@ -60,15 +59,21 @@ class AgentComponent:
             self.peers.append(made)
             return made
 
+        model = self._model
+        if model is None:
+            model, self._owned = make_model(self.config)
         self.service = AgentService(
             GrpcTranscripts(peer("transcript")),
             GrpcSummaries(peer("summary")),
             GrpcMemories(peer("memory")),
-            self._model or make_model(self.config),
+            model,
             self.config,
         )
 
     async def stop(self) -> None:
+        if self._owned is not None:
+            await self._owned.aclose()
+            self._owned = None
         for made in self.peers:
             await made.close()
         self.peers.clear()

@@ -96,15 +96,6 @@ def timedelta_from_request(duration: Duration, field: str, reason: str) -> timed
     return duration.ToTimedelta()
 
 
-def entry_to_proto(entry: Entry) -> common_pb2.Entry:
-    """The wire form of an entry."""
-    return common_pb2.Entry(
-        sequence=entry.sequence,
-        message=message_to_proto(entry.message),
-        created_at=timestamp(entry.created_at),
-    )
-
-
 def add_entries(
     repeated: RepeatedCompositeFieldContainer[common_pb2.Entry], entries: Sequence[Entry]
 ) -> None:

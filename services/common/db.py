@@ -115,15 +115,6 @@ class Database:
                 raise StoreUnavailable(self.name) from exc
             raise
 
-    async def ping(self) -> bool:
-        """True when a round trip to the database succeeds."""
-        try:
-            async with self.connection() as conn:
-                await conn.execute("SELECT 1")
-            return True
-        except (StoreUnavailable, psycopg.Error):
-            return False
-
 
 async def fetch_one(conn: AsyncConn, query: Any, params: Any = None) -> TupleRow | None:
     """Execute a query and return its first row."""

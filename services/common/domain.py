@@ -91,9 +91,8 @@ def canonical_json(messages: Iterable[Message]) -> str:
     return json.dumps([m.canonical() for m in messages], separators=(",", ":"), ensure_ascii=False)
 
 
-def payload_hash(messages: Iterable[Message] | str) -> bytes:
-    """A digest of messages (or of their canonical JSON), to tell a replay from a reused id."""
-    canonical = messages if isinstance(messages, str) else canonical_json(messages)
+def payload_hash(canonical: str) -> bytes:
+    """A digest of messages' canonical JSON, to tell a replay from a reused id."""
     return hashlib.sha256(canonical.encode()).digest()
 
 

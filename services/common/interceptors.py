@@ -60,7 +60,7 @@ def _bind_context(context: grpc.aio.ServicerContext[Any, Any], method: str) -> s
     return request_id
 
 
-def _internal(exc: BaseException) -> DomainError:
+def _internal() -> DomainError:
     return DomainError(Code.INTERNAL, "INTERNAL", "internal error")
 
 
@@ -134,7 +134,7 @@ class _Call:
                 metrics.STORE_ERRORS.labels(exc.store).inc()
         else:
             log.error("unhandled error", exc_info=exc, extra={"error_type": type(exc).__name__})
-            error = _internal(exc)
+            error = _internal()
         self.code = error.code.value
         status = to_status(error)
         await context.abort(

@@ -9,9 +9,11 @@ schema is not exactly the one its code expects (missing, newer or edited).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,10 +44,7 @@ class Migration:
     version: int
     name: str
     sql: str
-
-    @property
-    def checksum(self) -> str:
-        return hashlib.sha256(self.sql.encode()).hexdigest()
+    checksum: str  # sha256 of `sql`
 
 
 class SchemaMismatch(DomainError):
@@ -57,18 +56,24 @@ class SchemaMismatch(DomainError):
         )
 
 
-def load(directory: Path) -> list[Migration]:
-    """Read the numbered migrations of a folder, checking there is no gap."""
+@functools.cache
+def load(directory: Path) -> tuple[Migration, ...]:
+    """Read the numbered migrations of a folder, checking there is no gap.
+
+    Read once per process: the files ship with the code, and the health probe
+    checks the schema against them every few seconds."""
     migrations = []
     for path in sorted(directory.glob("*.sql")):
         match = _FILE_PATTERN.fullmatch(path.name)
         if not match:
             raise ValueError(f"migration file name must be NNNN_name.sql: {path}")
-        migrations.append(Migration(int(match[1]), match[2], path.read_text()))
+        sql = path.read_text()
+        checksum = hashlib.sha256(sql.encode()).hexdigest()
+        migrations.append(Migration(int(match[1]), match[2], sql, checksum))
     for expected, migration in enumerate(migrations, start=1):
         if migration.version != expected:
             raise ValueError(f"migrations in {directory} must be numbered 1..n without gaps")
-    return migrations
+    return tuple(migrations)
 
 
 async def _applied(conn: AsyncConn, service: str) -> dict[int, str]:
@@ -79,7 +84,7 @@ async def _applied(conn: AsyncConn, service: str) -> dict[int, str]:
     return {version: checksum for version, checksum in await cursor.fetchall()}
 
 
-def _compare(service: str, migrations: list[Migration], applied: dict[int, str]) -> list[str]:
+def _compare(service: str, migrations: Sequence[Migration], applied: dict[int, str]) -> list[str]:
     problems = []
     known = {m.version: m for m in migrations}
     for version, checksum in sorted(applied.items()):
@@ -119,8 +124,9 @@ async def migrate(db: Database, service: str, directory: Path) -> int:
     return len(migrations)
 
 
-async def check(db: Database, service: str, directory: Path) -> None:
-    """Raise SchemaMismatch unless every migration is applied, unedited, and none is newer."""
+async def check(db: Database, service: str, directory: Path) -> int:
+    """Raise SchemaMismatch unless every migration is applied, unedited, and none is newer;
+    return the schema version."""
     migrations = load(directory)
     async with db.connection() as conn:
         cursor = await conn.execute(
@@ -134,6 +140,7 @@ async def check(db: Database, service: str, directory: Path) -> None:
         problems.append(f"migrations {missing} are not applied (run the migration step)")
     if problems:
         raise SchemaMismatch(service, "; ".join(problems))
+    return len(migrations)
 
 
 async def open_database(

@@ -9,24 +9,12 @@ LoadView), under the propagated deadline, with the peer's errors mapped
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
 
-from runifold.common.v1 import common_pb2
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import convert, stubs
 from services.common.domain import Entry
 from services.common.peers import Peer
 from services.summary.model import TranscriptView
-
-_EPOCH = datetime.fromtimestamp(0, UTC)
-
-
-def _entry(pb_entry: common_pb2.Entry) -> Entry:
-    return Entry(
-        pb_entry.sequence,
-        convert.message_from_proto(pb_entry.message, "entry.message"),
-        convert.datetime_from(pb_entry.created_at) if pb_entry.HasField("created_at") else _EPOCH,
-    )
 
 
 class GrpcTranscripts:
@@ -55,7 +43,7 @@ class GrpcTranscripts:
                 page_size=1,
             ),
         )
-        return _entry(response.entries[0]) if response.entries else None
+        return convert.entry_from_proto(response.entries[0]) if response.entries else None
 
     async def load_view(
         self,
@@ -77,6 +65,6 @@ class GrpcTranscripts:
         )
         return TranscriptView(
             response.last_sequence,
-            [_entry(e) for e in response.summary_buffer],
+            [convert.entry_from_proto(e) for e in response.summary_buffer],
             response.summary_backlog,
         )

@@ -84,12 +84,6 @@ class InMemoryTranscriptStore:
                 stored.appends[append.request_id] = record
             return AppendResult(record, replayed=False)
 
-    async def find_append(
-        self, namespace: str, conversation_id: uuid.UUID, request_id: str
-    ) -> AppendRecord | None:
-        stored = self._data.get((namespace, conversation_id))
-        return stored.appends.get(request_id) if stored else None
-
     async def read_entries(
         self, namespace: str, conversation_id: uuid.UUID, ranges: Sequence[tuple[int, int]]
     ) -> list[Entry]:

@@ -34,7 +34,7 @@ class NewAppend:
     request_id: str | None
     payload_hash: bytes
     usage: Usage
-    encoded: str = ""  # canonical JSON of `messages` (domain.canonical_json)
+    encoded: str  # canonical JSON of `messages` (domain.canonical_json)
 
 
 @dataclass(frozen=True, slots=True)

@@ -228,18 +228,6 @@ class TranscriptService:
                 limit_bytes=limits.max_append_bytes,
             )
 
-    async def _open_tool_calls(self, namespace: str, cid: uuid.UUID) -> tuple[int, set[str] | None]:
-        """The version and the unanswered tool calls at the transcript's tail."""
-        conversation = await self.store.get_conversation(namespace, cid)
-        if conversation is None:
-            raise conversation_not_found()
-        last = conversation.last_sequence
-        if last == 0:
-            return conversation.version, None
-        low = max(1, last - self.limits.tool_group_bound + 1)
-        tail = await self.store.read_entries(namespace, cid, [(low, last)])
-        return conversation.version, open_tool_calls([entry.message for entry in tail])
-
     async def append(
         self,
         namespace: str,
@@ -273,13 +261,23 @@ class TranscriptService:
         # The append continues a tool call group: its first results answer calls
         # at the tail, so it must commit at the version whose tail was checked.
         for _ in range(_TAIL_RETRIES):
-            if request_id is not None:
-                prior = await self.store.find_append(namespace, cid, request_id)
-                if prior is not None:
-                    # A retry of a committed append; the store replays it (or
-                    # rejects a reused id) without writing.
-                    return await self.store.append(command(expected_version))
-            version, open_calls = await self._open_tool_calls(namespace, cid)
+            # One consistent read: the version, the tail that may hold the calls,
+            # and a prior append of this request id.
+            head = await self.store.read_view(
+                namespace, cid, self.limits.tool_group_bound, 1, _SEQUENCE_CEILING, request_id
+            )
+            if head is None:
+                raise conversation_not_found()
+            if head.prior_append is not None:
+                # A retry of a committed append; the store replays it (or
+                # rejects a reused id) without writing.
+                return await self.store.append(command(expected_version))
+            version = head.version
+            open_calls = (
+                open_tool_calls([entry.message for entry in head.entries])
+                if head.last_sequence
+                else None
+            )
             if expected_version is not None and version != expected_version:
                 raise VersionConflict(version, expected_version)
             check_tool_pairing(messages, open_calls)

@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 
 from services.common import metrics
 from services.common.db import Database
-from services.common.domain import Entry, Message, Role, ToolCall, Usage, canonical_json
+from services.common.domain import Entry, Message, Role, ToolCall, Usage
 from services.common.errors import VersionConflict, invalid_argument, not_found
 from services.transcript.model import (
     AppendRecord,
@@ -63,11 +63,6 @@ class TranscriptStore(Protocol):
         Raises VersionConflict, CONVERSATION_NOT_FOUND or REQUEST_ID_REUSED and
         then writes nothing.
         """
-
-    async def find_append(
-        self, namespace: str, conversation_id: uuid.UUID, request_id: str
-    ) -> AppendRecord | None:
-        """The committed append with this request id, if any."""
 
     async def read_entries(
         self, namespace: str, conversation_id: uuid.UUID, ranges: Sequence[tuple[int, int]]
@@ -211,7 +206,7 @@ def append_parameters(append: NewAppend) -> dict[str, Any]:
         "input_tokens": append.usage.input_tokens,
         "output_tokens": append.usage.output_tokens,
         "model_calls": append.usage.model_calls,
-        "messages": append.encoded or canonical_json(messages),
+        "messages": append.encoded,
     }
 
 
@@ -292,24 +287,6 @@ class PostgresTranscriptStore:
             # Only a racing duplicate of a request id can get here; it has committed by now.
             raise VersionConflict(why[0], why[0])
         raise VersionConflict(why[0], append.expected_version)
-
-    async def find_append(
-        self, namespace: str, conversation_id: uuid.UUID, request_id: str
-    ) -> AppendRecord | None:
-        async with self.db.connection() as conn:
-            cursor = await conn.execute(
-                f"""SELECT version, first_sequence, last_sequence, input_tokens,
-                           output_tokens, model_calls, commit_time, payload_hash
-                      FROM transcript.appends
-                     WHERE conversation_key = {_KEY} AND request_id = %(request_id)s""",
-                {
-                    "namespace": namespace,
-                    "conversation_id": conversation_id,
-                    "request_id": request_id,
-                },
-            )
-            row = await cursor.fetchone()
-        return _record(row) if row else None
 
     async def read_entries(
         self, namespace: str, conversation_id: uuid.UUID, ranges: Sequence[tuple[int, int]]
