@@ -17,12 +17,13 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common.settings import default_listen
+
 
 def default_address() -> str:
     """127.0.0.1 at the port this container's server listens on."""
-    listen = os.environ.get("RUNIFOLD_LISTEN", "")
-    port = listen.rpartition(":")[2] if listen else os.environ.get("PORT", "") or "50051"
-    return f"127.0.0.1:{port}"
+    listen = os.environ.get("RUNIFOLD_LISTEN") or default_listen(os.environ)
+    return f"127.0.0.1:{listen.rpartition(':')[2]}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

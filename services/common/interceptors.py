@@ -24,14 +24,13 @@ from google.protobuf.message import DecodeError
 
 from services.common import metrics, tracing
 from services.common.errors import Code, DomainError, StoreUnavailable, invalid_argument
-from services.common.logs import method_var, request_id_var
+from services.common.logs import REQUEST_ID_HEADER, method_var, request_id_var
 from services.common.peers import deadline_var
 from services.common.status import to_status
 from services.common.wrapping import WrappingInterceptor
 
 log = logging.getLogger("runifold.rpc")
 
-REQUEST_ID_HEADER = "x-request-id"
 # Server-made request ids: a random per-process prefix and a counter (unique,
 # and cheaper than drawing randomness on every call).
 _ID_PREFIX = secrets.token_hex(6) + "-"

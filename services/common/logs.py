@@ -13,6 +13,8 @@ import logging
 import sys
 from datetime import UTC, datetime
 
+# The metadata key of a request id (read from callers, echoed back, carried to peers).
+REQUEST_ID_HEADER = "x-request-id"
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 method_var: contextvars.ContextVar[str] = contextvars.ContextVar("method", default="")
 # Set by services.common.tracing when a span is recording (empty when tracing is off).

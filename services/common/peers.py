@@ -19,6 +19,7 @@ import grpc
 from services.common import tracing
 from services.common.auth import AuthSettings, channel_credentials, outbound_identity_metadata
 from services.common.errors import Code, DomainError, StoreUnavailable
+from services.common.logs import REQUEST_ID_HEADER, request_id_var
 from services.common.status import from_rpc_error
 
 # Absolute time.monotonic() deadline of the inbound RPC being served, if any.
@@ -96,10 +97,8 @@ def outbound_metadata() -> tuple[tuple[str, str], ...]:
     """Metadata carried to peers: the request id, the caller's identity (so that every
     service enforces the same namespace rule), and the trace context when tracing is
     on (W3C `traceparent`)."""
-    from services.common.logs import request_id_var
-
     request_id = request_id_var.get()
-    carried: tuple[tuple[str, str], ...] = (("x-request-id", request_id),) if request_id else ()
+    carried: tuple[tuple[str, str], ...] = ((REQUEST_ID_HEADER, request_id),) if request_id else ()
     carried += outbound_identity_metadata()
     return carried + tracing.inject() if tracing.enabled() else carried
 

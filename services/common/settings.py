@@ -88,6 +88,12 @@ def env_address(env: Env, name: str, default: str) -> str:
     return value
 
 
+def default_listen(env: Env) -> str:
+    """The listen address when RUNIFOLD_LISTEN is unset: loopback at PORT, else 50051."""
+    port = env.get("PORT", "")
+    return f"127.0.0.1:{port}" if port.isdigit() else "127.0.0.1:50051"
+
+
 @dataclass(frozen=True)
 class Settings:
     """What every server process needs, whichever services it hosts."""
@@ -115,14 +121,12 @@ class Settings:
     def from_env(cls, env: Env | None = None) -> Settings:
         """Read every variable once; raise SettingsError naming a bad one."""
         env = os.environ if env is None else env
-        port = env.get("PORT", "")
-        default_listen = f"127.0.0.1:{port}" if port.isdigit() else "127.0.0.1:50051"
         metrics = env_str(env, "RUNIFOLD_METRICS_LISTEN", "127.0.0.1:9464")
         secret = env.get("RUNIFOLD_PAGE_TOKEN_SECRET", "")
         if secret and len(secret) < 16:
             raise SettingsError("RUNIFOLD_PAGE_TOKEN_SECRET must be at least 16 characters")
         return cls(
-            listen_address=env_address(env, "RUNIFOLD_LISTEN", default_listen),
+            listen_address=env_address(env, "RUNIFOLD_LISTEN", default_listen(env)),
             metrics_address=None
             if metrics == "off"
             else env_address(env, "RUNIFOLD_METRICS_LISTEN", "127.0.0.1:9464"),

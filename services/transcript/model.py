@@ -9,6 +9,10 @@ from datetime import datetime
 
 from services.common.domain import Entry, Message, Usage
 
+# Above every sequence a transcript can reach (and below int64 overflow when a
+# batch is added to it): the open upper bound of a range in SQL.
+SEQUENCE_CEILING = 2**62
+
 
 @dataclass(frozen=True, slots=True)
 class Conversation:

@@ -28,14 +28,20 @@ from services.common.errors import VersionConflict, invalid_argument
 from services.common.pagination import PageTokens, page_size
 from services.common.validation import conversation_id
 from services.transcript.config import TranscriptLimits
-from services.transcript.model import AppendRecord, AppendResult, Conversation, NewAppend, View
+from services.transcript.model import (
+    SEQUENCE_CEILING,
+    AppendRecord,
+    AppendResult,
+    Conversation,
+    NewAppend,
+    View,
+)
 from services.transcript.store import TranscriptStore, conversation_not_found
 
 # An unconditional append that depends on the transcript's tail (it starts with
 # tool results) is retried this often when another writer moves the tail.
 _TAIL_RETRIES = 5
 NO_USAGE = Usage()
-_SEQUENCE_CEILING = 2**62
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +270,7 @@ class TranscriptService:
             # One consistent read: the version, the tail that may hold the calls,
             # and a prior append of this request id.
             head = await self.store.read_view(
-                namespace, cid, self.limits.tool_group_bound, 1, _SEQUENCE_CEILING, request_id
+                namespace, cid, self.limits.tool_group_bound, 1, SEQUENCE_CEILING, request_id
             )
             if head is None:
                 raise conversation_not_found()
@@ -365,7 +371,7 @@ class TranscriptService:
         # No transcript reaches this sequence; capping what the store sees keeps its
         # range arithmetic (through + batch + 1) inside bigint. Beyond the transcript
         # is SEQUENCE_OUT_OF_RANGE below, as for any value past the last entry.
-        read_through = min(summarized_through, _SEQUENCE_CEILING)
+        read_through = min(summarized_through, SEQUENCE_CEILING)
         head = await self.store.read_view(
             namespace, cid, window, summary_batch, read_through, request_id
         )

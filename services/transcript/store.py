@@ -22,6 +22,7 @@ from services.common.db import Database
 from services.common.domain import Entry, Message, Role, ToolCall, Usage
 from services.common.errors import VersionConflict, invalid_argument, not_found
 from services.transcript.model import (
+    SEQUENCE_CEILING,
     AppendRecord,
     AppendResult,
     Conversation,
@@ -360,7 +361,7 @@ class PostgresTranscriptStore:
                     "conversation_id": conversation_id,
                     "after": after_sequence,
                     "limit": limit,
-                    "through": through_sequence if through_sequence is not None else 2**62,
+                    "through": SEQUENCE_CEILING if through_sequence is None else through_sequence,
                 },
             )
             rows = await cursor.fetchall()
