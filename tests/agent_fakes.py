@@ -56,7 +56,6 @@ class FakeTranscripts:
         prior = view.prior_append
         return ViewState(
             view.version,
-            view.last_sequence,
             view.window,
             view.summary_buffer,
             view.summary_backlog,
@@ -133,10 +132,7 @@ class FakeSummaries:
             self.summaries[conversation_id] = current
             usage += Usage(5, 10, 1)
             passes += 1
-        view = await self.transcripts.load_view(
-            namespace, conversation_id, window, summary_batch, current.through_sequence, ""
-        )
-        return Summarized(current, passes, view.pending, usage)
+        return Summarized(current, passes, usage)
 
     async def request(
         self, namespace: str, conversation_id: str, window: int, summary_batch: int

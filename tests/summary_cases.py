@@ -57,7 +57,7 @@ class LocalTranscripts:
         view = await self.service.load_view(
             namespace, str(conversation_id), window, summary_batch, summarized_through
         )
-        return TranscriptView(view.last_sequence, view.summary_buffer, view.summary_backlog)
+        return TranscriptView(view.summary_buffer, view.summary_backlog)
 
 
 def user(text: str) -> Message:

@@ -76,7 +76,6 @@ class GrpcTranscripts:
             )
         return ViewState(
             version=reply.version,
-            last_sequence=reply.last_sequence,
             window=[convert.entry_from_proto(e) for e in reply.window],
             summary_buffer=[convert.entry_from_proto(e) for e in reply.summary_buffer],
             summary_backlog=reply.summary_backlog,
@@ -184,7 +183,6 @@ class GrpcSummaries:
         return Summarized(
             summary=_summary(reply.summary if reply.HasField("summary") else None),
             passes=reply.passes,
-            backlog=reply.backlog,
             usage=convert.usage_from_proto(reply.usage),
         )
 

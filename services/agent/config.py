@@ -5,7 +5,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from services.common.domain import Budget
 from services.common.settings import Env, env_choice, env_float, env_int, env_str
+from services.common.validation import (
+    MAX_MESSAGE_BYTES,
+    MESSAGE_BYTES_RANGE,
+    SUMMARY_BATCH_RANGE,
+    WINDOW_RANGE,
+)
 
 
 @dataclass(frozen=True)
@@ -21,7 +28,7 @@ class AgentConfig:
     max_input_bytes: int = 1024 * 1024
     # The transcript's own limit per message (RUNIFOLD_MAX_MESSAGE_BYTES there): checked
     # here too, so that a message the append would refuse never costs a model call.
-    max_message_bytes: int = 256 * 1024
+    max_message_bytes: int = MAX_MESSAGE_BYTES
     max_tool_schema_bytes: int = 64 * 1024
     max_system_instructions_bytes: int = 64 * 1024
     max_tools: int = 64
@@ -32,6 +39,15 @@ class AgentConfig:
     model_timeout_s: float = 120.0
     model_max_retries: int = 2
 
+    @property
+    def default_budget(self) -> Budget:
+        """The budget a turn gets where its Budget fields are 0."""
+        return Budget(
+            max_output_tokens=self.default_max_output_tokens,
+            max_model_calls=self.default_max_model_calls,
+            max_input_tokens=self.default_max_input_tokens,
+        )
+
     @classmethod
     def from_env(cls, env: Env | None = None) -> AgentConfig:
         env = os.environ if env is None else env
@@ -40,10 +56,14 @@ class AgentConfig:
         )
         return cls(
             default_window=env_int(
-                env, "RUNIFOLD_AGENT_DEFAULT_WINDOW", 16, minimum=1, maximum=4096
+                env, "RUNIFOLD_AGENT_DEFAULT_WINDOW", 16, minimum=1, maximum=WINDOW_RANGE[1]
             ),
             default_summary_batch=env_int(
-                env, "RUNIFOLD_AGENT_DEFAULT_SUMMARY_BATCH", 64, minimum=1, maximum=4096
+                env,
+                "RUNIFOLD_AGENT_DEFAULT_SUMMARY_BATCH",
+                64,
+                minimum=1,
+                maximum=SUMMARY_BATCH_RANGE[1],
             ),
             default_max_output_tokens=env_int(
                 env, "RUNIFOLD_AGENT_DEFAULT_MAX_OUTPUT_TOKENS", 4096, minimum=1
@@ -58,9 +78,9 @@ class AgentConfig:
             max_message_bytes=env_int(
                 env,
                 "RUNIFOLD_MAX_MESSAGE_BYTES",
-                256 * 1024,
-                minimum=1024,
-                maximum=8 * 1024 * 1024,
+                MAX_MESSAGE_BYTES,
+                minimum=MESSAGE_BYTES_RANGE[0],
+                maximum=MESSAGE_BYTES_RANGE[1],
             ),
             max_input_bytes=env_int(
                 env, "RUNIFOLD_AGENT_MAX_INPUT_BYTES", 1024 * 1024, minimum=1024

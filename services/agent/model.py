@@ -161,7 +161,6 @@ class ViewState:
     """The bounded view of the transcript a turn runs on."""
 
     version: int
-    last_sequence: int
     window: Sequence[Entry]
     summary_buffer: Sequence[Entry]
     summary_backlog: int
@@ -206,5 +205,4 @@ class Summarized:
 
     summary: SummaryState
     passes: int
-    backlog: int
     usage: Usage = field(default_factory=Usage)

@@ -14,14 +14,16 @@ import re
 from collections.abc import AsyncIterator
 
 from services.common.domain import ToolCall, Usage
-from services.common.llm import ChatDelta, ChatMessage, ChatRequest, ChatResponse
+from services.common.llm import (
+    ChatDelta,
+    ChatMessage,
+    ChatRequest,
+    ChatResponse,
+    estimate_tokens,
+)
 
 _MEMORY = re.compile(r"<memory id=\"[^\"]*\" score=\"[^\"]*\">(.*?)</memory>", re.S)
 _SUMMARY = re.compile(r"<summary through_sequence=\"(\d+)\">(.*?)</summary>", re.S)
-
-
-def _tokens(text: str) -> int:
-    return max(1, len(text.encode()) // 4)
 
 
 def _clip(text: str, limit: int = 160) -> str:
@@ -81,10 +83,10 @@ class OfflineChatModel:
         self, text: str, calls: tuple[ToolCall, ...], request: ChatRequest
     ) -> ChatResponse:
         limit = request.max_output_tokens
-        if limit is not None and _tokens(text) > limit:
+        if limit is not None and estimate_tokens(text) > limit:
             text = text.encode()[: limit * 4].decode(errors="ignore")
-        prompt = sum(_tokens(m.content) for m in request.messages)
-        completion = _tokens(text) + sum(_tokens(c.arguments_json) for c in calls)
+        prompt = sum(estimate_tokens(m.content) for m in request.messages)
+        completion = estimate_tokens(text) + sum(estimate_tokens(c.arguments_json) for c in calls)
         return ChatResponse(
             text=text,
             tool_calls=calls,

@@ -39,7 +39,7 @@ from services.agent.model import (
     ViewState,
 )
 from services.agent.ports import Memories, Summaries, Transcripts
-from services.agent.prompt import build_request, estimate_tokens
+from services.agent.prompt import build_request, estimate_request_tokens
 from services.common import metrics, peers, validation
 from services.common.domain import (
     Budget,
@@ -66,11 +66,13 @@ from services.common.llm import (
     ChatResponse,
     ModelFailed,
     budget_exhausted,
+    budget_left,
+    require_call,
+    with_defaults,
 )
 
-MAX_SUMMARY_PASSES = 64
 # The context of a conversation that does not exist yet (create_if_missing).
-EMPTY_VIEW = ViewState(version=0, last_sequence=0, window=(), summary_buffer=(), summary_backlog=0)
+EMPTY_VIEW = ViewState(version=0, window=(), summary_buffer=(), summary_backlog=0)
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 _MAX_MEMORY_QUERY_BYTES = 4096
 
@@ -83,11 +85,7 @@ class _Spend:
     used: Usage = field(default_factory=Usage)
 
     def remaining(self) -> Budget:
-        return Budget(
-            max_output_tokens=self.budget.max_output_tokens - self.used.output_tokens,
-            max_model_calls=self.budget.max_model_calls - self.used.model_calls,
-            max_input_tokens=self.budget.max_input_tokens - self.used.input_tokens,
-        )
+        return budget_left(self.budget, self.used)
 
     def for_summary(self) -> Budget:
         """What summarization may spend: everything but the turn's own model call.
@@ -110,14 +108,7 @@ class _Spend:
 
     def require_call(self, input_tokens: int = 0) -> Budget:
         """The budget left for one more model call, or RESOURCE_EXHAUSTED."""
-        left = self.remaining()
-        if left.max_model_calls < 1:
-            raise budget_exhausted("max_model_calls", self.budget.max_model_calls)
-        if left.max_output_tokens < 1:
-            raise budget_exhausted("max_output_tokens", self.budget.max_output_tokens)
-        if left.max_input_tokens < max(1, input_tokens):
-            raise budget_exhausted("max_input_tokens", self.budget.max_input_tokens)
-        return left
+        return require_call(self.budget, self.used, input_tokens)
 
 
 def _first_user_text(messages: Sequence[Message]) -> str:
@@ -158,13 +149,7 @@ class AgentService:
         """A validated policy; zero fields take the documented defaults."""
         window = window or self.config.default_window
         summary_batch = summary_batch or self.config.default_summary_batch
-        validation.in_range(window, validation.WINDOW_RANGE, "policy.window", "INVALID_WINDOW")
-        validation.in_range(
-            summary_batch,
-            validation.SUMMARY_BATCH_RANGE,
-            "policy.summary_batch",
-            "INVALID_SUMMARY_BATCH",
-        )
+        validation.view_bounds(window, summary_batch, prefix="policy.")
         validation.in_range(
             memory_limit,
             (0, validation.MEMORY_LIMIT_RANGE[1]),
@@ -179,7 +164,10 @@ class AgentService:
             )
         passes = max_summary_passes or 1
         validation.in_range(
-            passes, (1, MAX_SUMMARY_PASSES), "policy.max_summary_passes", "INVALID_SUMMARY_PASSES"
+            passes,
+            validation.SUMMARY_PASSES_RANGE,
+            "policy.max_summary_passes",
+            "INVALID_SUMMARY_PASSES",
         )
         return Policy(
             window,
@@ -191,11 +179,7 @@ class AgentService:
 
     def budget(self, budget: Budget) -> Budget:
         """The caller's budget with server defaults for zero fields."""
-        return Budget(
-            max_output_tokens=budget.max_output_tokens or self.config.default_max_output_tokens,
-            max_model_calls=budget.max_model_calls or self.config.default_max_model_calls,
-            max_input_tokens=budget.max_input_tokens or self.config.default_max_input_tokens,
-        )
+        return with_defaults(budget, self.config.default_budget)
 
     def _validate(self, turn: Turn) -> None:
         validation.namespace(turn.namespace)
@@ -213,45 +197,19 @@ class AgentService:
         size = 0
         for index, message in enumerate(turn.input):
             field = f"input[{index}]"
-            if message.role == Role.SYSTEM:
-                raise invalid_argument(
-                    "SYSTEM_ROLE_NOT_ALLOWED",
-                    "system messages are never persisted; use system_instructions",
-                    field=f"{field}.role",
-                )
-            if message.role not in (Role.USER, Role.TOOL):
+            # A system message is refused next, by the transcript's rules.
+            if message.role not in (Role.USER, Role.TOOL, Role.SYSTEM):
                 raise invalid_argument(
                     "INVALID_INPUT_ROLE",
                     "input holds user messages or tool results",
                     field=f"{field}.role",
                 )
-            if "\x00" in message.text:
-                raise invalid_argument(
-                    "INVALID_MESSAGE", "text must not contain NUL characters", field=f"{field}.text"
-                )
-            if message.role == Role.USER and not message.text.strip():
-                raise invalid_argument(
-                    "INVALID_MESSAGE", "user text must not be empty", field=f"{field}.text"
-                )
+            size += validation.message(message, field, max_bytes=self.config.max_message_bytes)
             if message.tool_calls:
                 raise invalid_argument(
                     "INVALID_MESSAGE", "input messages carry no tool calls", field=field
                 )
-            validation.metadata(message.metadata, f"{field}.metadata")
-            if message.size_bytes() > self.config.max_message_bytes:
-                raise invalid_argument(
-                    "MESSAGE_TOO_LARGE",
-                    f"{field} exceeds {self.config.max_message_bytes} bytes",
-                    field=field,
-                    limit_bytes=self.config.max_message_bytes,
-                )
-            size += message.size_bytes()
-        if size > self.config.max_input_bytes:
-            raise invalid_argument(
-                "APPEND_TOO_LARGE",
-                f"input carries at most {self.config.max_input_bytes} bytes",
-                field="input",
-            )
+        validation.messages_size(size, "input", max_bytes=self.config.max_input_bytes)
         validation.text(
             turn.system_instructions,
             "system_instructions",
@@ -450,7 +408,7 @@ class AgentService:
             turn.tools,
             max(1, left.max_output_tokens),
         )
-        spend.require_call(estimate_tokens(request))
+        spend.require_call(estimate_request_tokens(request))
 
         yield Progress(Stage.CALLING_MODEL)
         response: ChatResponse | None = None
@@ -559,8 +517,6 @@ class AgentService:
         validation.namespace(namespace)
         validation.conversation_id(conversation_id)
         remaining: list[str] = []
-        entries = memories = 0
-        summaries = False
 
         async def part(name: str, action: Awaitable[int]) -> int:
             try:

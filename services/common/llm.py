@@ -16,10 +16,23 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from services.common.domain import ToolCall, ToolDefinition, Usage
+from services.common.domain import Budget, Role, ToolCall, ToolDefinition, Usage
 from services.common.errors import Code, DomainError
 
 ChatRole = Literal["system", "user", "assistant", "tool"]
+
+# The transcript roles as the model API names them (a transcript holds no system role).
+CHAT_ROLES: dict[Role, ChatRole] = {
+    Role.USER: "user",
+    Role.ASSISTANT: "assistant",
+    Role.TOOL: "tool",
+}
+
+
+def estimate_tokens(text: str) -> int:
+    """A rough token count, 4 UTF-8 bytes a token (rounded up): what budgets are
+    checked with before a call, and the usage reported where no provider counts."""
+    return (len(text.encode("utf-8", "surrogatepass")) + 3) // 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,3 +125,35 @@ def budget_exhausted(what: str, limit: int) -> DomainError:
         f"the budget's {what} ({limit}) is exhausted",
         metadata={"limit": limit, "dimension": what},
     )
+
+
+def with_defaults(budget: Budget, defaults: Budget) -> Budget:
+    """The caller's budget with each zero field taken from the server's `defaults`."""
+    return Budget(
+        max_output_tokens=budget.max_output_tokens or defaults.max_output_tokens,
+        max_model_calls=budget.max_model_calls or defaults.max_model_calls,
+        max_input_tokens=budget.max_input_tokens or defaults.max_input_tokens,
+    )
+
+
+def budget_left(budget: Budget, used: Usage) -> Budget:
+    """What is left of `budget` once `used` is spent (fields may go below zero)."""
+    return Budget(
+        max_output_tokens=budget.max_output_tokens - used.output_tokens,
+        max_model_calls=budget.max_model_calls - used.model_calls,
+        max_input_tokens=budget.max_input_tokens - used.input_tokens,
+    )
+
+
+def require_call(budget: Budget, used: Usage, input_tokens: int = 0) -> Budget:
+    """What is left of `budget` after `used`, when it covers one more model call
+    sending `input_tokens`; BUDGET_EXHAUSTED naming the first limit it breaks otherwise
+    (calls, then output tokens, then input tokens)."""
+    left = budget_left(budget, used)
+    if left.max_model_calls < 1:
+        raise budget_exhausted("max_model_calls", budget.max_model_calls)
+    if left.max_output_tokens < 1:
+        raise budget_exhausted("max_output_tokens", budget.max_output_tokens)
+    if left.max_input_tokens < max(1, input_tokens):
+        raise budget_exhausted("max_input_tokens", budget.max_input_tokens)
+    return left

@@ -77,18 +77,19 @@ def main(
         tracing.configure(label, os.environ)
         components = make_components()
     except (SettingsError, ValueError) as exc:
-        _configuration_error(exc)
+        configuration_error(exc)
     if warning:
         print(f"runifold: {warning}", file=sys.stderr)
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(_run(label, components, settings, auth, all_in_one))
     except SettingsError as exc:
-        _configuration_error(exc)
+        configuration_error(exc)
     finally:
         tracing.shutdown()  # flush the spans still batched
 
 
-def _configuration_error(exc: Exception) -> NoReturn:
+def configuration_error(exc: Exception) -> NoReturn:
+    """Say what is wrong with the configuration and exit with status 2."""
     print(f"runifold: configuration error: {exc}", file=sys.stderr)
     raise SystemExit(2) from None

@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 
 from services.common import metrics
+from services.common.backoff import backoff
 from services.common.domain import ToolCall, ToolDefinition, Usage
 from services.common.errors import DomainError, invalid_argument
 from services.common.llm import (
@@ -40,6 +41,7 @@ from services.common.llm import (
     ModelFailed,
     ModelTimeout,
     ModelUnavailable,
+    estimate_tokens,
 )
 
 log = logging.getLogger(__name__)
@@ -47,11 +49,6 @@ log = logging.getLogger(__name__)
 # A completion larger than this is not a chat answer we can use.
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 _CONNECT_TIMEOUT_S = 10.0
-
-
-def estimate_tokens(text: str) -> int:
-    """A rough token count (4 characters a token) for providers that report no usage."""
-    return (len(text) + 3) // 4
 
 
 def _message(message: ChatMessage) -> dict[str, Any]:
@@ -269,7 +266,7 @@ class OpenAIChatModel:
             self._errors.inc()
 
     def _backoff(self, attempt: int, retry_after: str | None) -> float:
-        delay: float = min(self.backoff_max_s, self.backoff_s * 2.0 ** (attempt - 1))
+        delay = backoff(attempt - 1, base_s=self.backoff_s, max_s=self.backoff_max_s)
         if retry_after and retry_after.strip().isdigit():
             delay = max(delay, min(float(retry_after), self.backoff_max_s))
         return delay

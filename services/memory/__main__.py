@@ -10,37 +10,40 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from dataclasses import replace
 
 from services.common import logs
-from services.common.main import main
+from services.common.main import configuration_error, main
 from services.common.settings import Settings, SettingsError
 from services.memory.component import MemoryComponent
+from services.memory.config import MemoryConfig
 
 
-async def _reindex(settings: Settings) -> int:
+async def _reindex(settings: Settings, config: MemoryConfig) -> int:
     from tqdm import tqdm
 
     from services.common import migrations
-    from services.common.db import Database, start_embedded_postgres
-    from services.memory.component import MIGRATIONS, index_for
-    from services.memory.config import MemoryConfig
+    from services.common.db import start_embedded_postgres
+    from services.memory.component import MIGRATIONS
     from services.memory.embeddings import make_embedder
-    from services.memory.index import IndexUnavailable
+    from services.memory.index import IndexUnavailable, make_index
     from services.memory.indexer import reindex
     from services.memory.store import PostgresMemoryStore
 
-    try:
-        config = MemoryConfig.from_env()
-    except SettingsError as exc:
-        print(f"runifold: configuration error: {exc}", file=sys.stderr)
-        return 2
     url = settings.database_url or start_embedded_postgres(settings.data_dir / "postgres")
-    db = Database(url, settings, name="memory")
-    await db.open()
+    # Reindex never migrates: it reads the schema the server made.
+    db = await migrations.open_database(
+        url, replace(settings, migrate="check"), "memory", MIGRATIONS
+    )
     embedder = make_embedder(config)
-    index = index_for(config, settings, url, embedder)
+    index = make_index(
+        config,
+        model=embedder.model,
+        dimension=embedder.dimension,
+        edge_dir=settings.data_dir / "memory-index",
+        database_url=url,
+    )
     try:
-        await migrations.check(db, "memory", MIGRATIONS)
         store = PostgresMemoryStore(db)
         await embedder.start()
         try:
@@ -71,11 +74,11 @@ def _main() -> None:
     if sys.argv[1:2] == ["reindex"]:
         try:
             settings = Settings.from_env()
+            config = MemoryConfig.from_env()
         except SettingsError as exc:
-            print(f"runifold: configuration error: {exc}", file=sys.stderr)
-            raise SystemExit(2) from None
+            configuration_error(exc)
         logs.configure("memory-reindex", settings.log_level, settings.log_format)
-        raise SystemExit(asyncio.run(_reindex(settings)))
+        raise SystemExit(asyncio.run(_reindex(settings, config)))
     if sys.argv[1:]:
         print("usage: python -m services.memory [reindex]", file=sys.stderr)
         raise SystemExit(2)

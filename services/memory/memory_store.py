@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
+from services.memory.index import Key
 from services.memory.model import (
     Backlog,
     Memory,
@@ -24,7 +25,7 @@ from services.memory.model import (
     RevisionRecord,
     ScoredMemory,
 )
-from services.memory.store import Key, memory_exists, memory_not_found, revision_conflict
+from services.memory.store import memory_exists, memory_not_found, revision_conflict
 
 _WORD = re.compile(r"\w+")
 

@@ -26,7 +26,7 @@ from services.common.pagination import PageTokens, page_size
 from services.common.validation import conversation_id
 from services.memory.config import MemoryConfig
 from services.memory.embeddings import Embedder, EmbeddingUnavailable
-from services.memory.index import IndexUnavailable, NamespacedQuery, VectorIndex
+from services.memory.index import IndexHit, IndexUnavailable, NamespacedQuery, VectorIndex
 from services.memory.model import Memory, MemorySource, MemoryWrite, ScoredMemory, SearchResult
 from services.memory.sources import SourceChecker
 from services.memory.store import FOREVER, MemoryStore, memory_not_found
@@ -57,6 +57,16 @@ class MemoryPage:
 def memory_id(value: str, field: str = "memory_id") -> uuid.UUID:
     """A memory id: a UUID in canonical text form."""
     return validation.uuid_id(value, field, "INVALID_MEMORY_ID")
+
+
+def _check_expected_revision(expected_revision: int | None) -> None:
+    """Revisions start at 1: an expected revision below that can never match."""
+    if expected_revision is not None and expected_revision < 1:
+        raise invalid_argument(
+            "INVALID_EXPECTED_REVISION",
+            "expected_revision must be at least 1",
+            field="expected_revision",
+        )
 
 
 def _dot(a: Sequence[float], b: Sequence[float]) -> float:
@@ -196,12 +206,7 @@ class MemoryService:
             )
         else:
             mid = uuid.UUID(str(uuid_utils.uuid7()))
-        if expected_revision is not None and expected_revision < 1:
-            raise invalid_argument(
-                "INVALID_EXPECTED_REVISION",
-                "expected_revision must be at least 1",
-                field="expected_revision",
-            )
+        _check_expected_revision(expected_revision)
         validation.text(
             content,
             "content",
@@ -241,12 +246,7 @@ class MemoryService:
         """
         validation.namespace(namespace)
         mid = memory_id(memory_id_text)
-        if expected_revision is not None and expected_revision < 1:
-            raise invalid_argument(
-                "INVALID_EXPECTED_REVISION",
-                "expected_revision must be at least 1",
-                field="expected_revision",
-            )
+        _check_expected_revision(expected_revision)
         deleted = await self.store.delete(namespace, mid, expected_revision)
         self.on_write()
         return deleted
@@ -366,29 +366,33 @@ class MemoryService:
         min_score: float,
     ) -> list[ScoredMemory]:
         candidates = min(limit * self.config.overfetch + 8, MAX_CANDIDATES)
+        # Every candidate met so far, by the revision the index holds: its live
+        # memory as re-read and scored, or None (deleted or expired since it was
+        # indexed). A wider pass re-reads and re-embeds only what is new to it.
+        known: dict[tuple[uuid.UUID, int], ScoredMemory | None] = {}
         while True:
             query = NamespacedQuery.inside(namespace, vector, candidates, wanted)
             hits = await self.index.search(query)
+            new = [h for h in hits if (h.memory_id, h.revision) not in known]
             current = {
                 m.memory_id: m
-                for m in await self.store.get_many(namespace, [h.memory_id for h in hits], wanted)
+                for m in await self.store.get_many(namespace, [h.memory_id for h in new], wanted)
             }
-            scored: list[ScoredMemory] = []
-            stale: list[Memory] = []
-            for hit in hits:
+            stale: list[tuple[IndexHit, Memory]] = []
+            for hit in new:
                 memory = current.pop(hit.memory_id, None)
                 if memory is None:
-                    continue  # deleted or expired since it was indexed
-                if memory.revision != hit.revision:
-                    stale.append(memory)
+                    known[(hit.memory_id, hit.revision)] = None
+                elif memory.revision != hit.revision:
+                    stale.append((hit, memory))
                 else:
-                    scored.append(ScoredMemory(memory, hit.score))
+                    known[(hit.memory_id, hit.revision)] = ScoredMemory(memory, hit.score)
             if stale:
                 # Corrected since indexed: the index's score was for the old text.
-                fresh = await self.embedder.embed([m.content for m in stale])
-                scored += [
-                    ScoredMemory(m, _dot(vector, v)) for m, v in zip(stale, fresh, strict=True)
-                ]
+                fresh = await self.embedder.embed([m.content for _, m in stale])
+                for (hit, memory), v in zip(stale, fresh, strict=True):
+                    known[(hit.memory_id, hit.revision)] = ScoredMemory(memory, _dot(vector, v))
+            scored = [s for s in (known[(h.memory_id, h.revision)] for h in hits) if s is not None]
             if min_score:  # 0, proto3's unset, applies no minimum
                 scored = [s for s in scored if s.score >= min_score]
             scored.sort(key=lambda s: (-s.score, s.memory.memory_id))

@@ -15,8 +15,9 @@ from typing import Any, Protocol
 
 from psycopg.types.json import Jsonb
 
-from services.common.db import AsyncConn, Database
+from services.common.db import AsyncConn, Database, fetch_one
 from services.common.errors import DomainError, aborted, already_exists, not_found
+from services.memory.index import Key
 from services.memory.model import (
     Backlog,
     Memory,
@@ -27,7 +28,6 @@ from services.memory.model import (
     ScoredMemory,
 )
 
-Key = tuple[str, uuid.UUID]
 # "Whole conversation" in ForgetSource: every range overlaps [1, FOREVER].
 FOREVER = 2**62
 
@@ -135,10 +135,38 @@ _COLUMNS = (
     "expire_time, embedding_model, embedding_dimension"
 )
 _LIVE = "(expire_time IS NULL OR expire_time > now())"
+# The same, on the memories table aliased `m`.
+_LIVE_M = "(m.expire_time IS NULL OR m.expire_time > now())"
+
+# The live revision of one memory: why a conditional write wrote nothing.
+_CURRENT_REVISION = f"""
+SELECT revision FROM memory.memories
+ WHERE namespace = %(namespace)s AND memory_id = %(memory_id)s AND {_LIVE}
+"""
+
+
+def _write(change: str, reason: str) -> str:
+    """One write statement: `change` (a data-modifying query returning the memory's
+    columns) as `m`, then its history row and its outbox row; returns the memory."""
+    return f"""
+WITH m AS ({change}
+), r AS (
+    INSERT INTO memory.revisions
+           (namespace, memory_id, revision, kind, reason, content, sources, metadata,
+            expire_time, recorded_at)
+    SELECT namespace, memory_id, revision, 'write', '{reason}', content, sources, metadata,
+           expire_time, update_time
+      FROM m
+), o AS (
+    INSERT INTO memory.outbox (namespace, memory_id) SELECT namespace, memory_id FROM m
+)
+SELECT {_COLUMNS} FROM m
+"""
+
 
 # Create: the revision continues after any earlier incarnation's tombstone.
-_CREATE = f"""
-WITH m AS (
+_CREATE = _write(
+    f"""
     INSERT INTO memory.memories
            (namespace, memory_id, content, sources, metadata, revision, expire_time,
             embedding_model, embedding_dimension)
@@ -147,41 +175,22 @@ WITH m AS (
                        WHERE namespace = %(namespace)s AND memory_id = %(memory_id)s), 0) + 1,
             %(expire_time)s, %(model)s, %(dimension)s)
     ON CONFLICT (namespace, memory_id) DO NOTHING
-    RETURNING {_COLUMNS}
-), r AS (
-    INSERT INTO memory.revisions
-           (namespace, memory_id, revision, kind, reason, content, sources, metadata,
-            expire_time, recorded_at)
-    SELECT namespace, memory_id, revision, 'write', 'create', content, sources, metadata,
-           expire_time, update_time
-      FROM m
-), o AS (
-    INSERT INTO memory.outbox (namespace, memory_id) SELECT namespace, memory_id FROM m
+    RETURNING {_COLUMNS}""",
+    "create",
 )
-SELECT {_COLUMNS} FROM m
-"""
 
-_UPDATE = f"""
-WITH m AS (
+# Update: a compare-and-swap on the live memory's revision.
+_UPDATE = _write(
+    f"""
     UPDATE memory.memories
        SET content = %(content)s, sources = %(sources)s, metadata = %(metadata)s,
            expire_time = %(expire_time)s, embedding_model = %(model)s,
            embedding_dimension = %(dimension)s, revision = revision + 1, update_time = now()
      WHERE namespace = %(namespace)s AND memory_id = %(memory_id)s
        AND revision = %(expected_revision)s AND {_LIVE}
- RETURNING {_COLUMNS}
-), r AS (
-    INSERT INTO memory.revisions
-           (namespace, memory_id, revision, kind, reason, content, sources, metadata,
-            expire_time, recorded_at)
-    SELECT namespace, memory_id, revision, 'write', 'update', content, sources, metadata,
-           expire_time, update_time
-      FROM m
-), o AS (
-    INSERT INTO memory.outbox (namespace, memory_id) SELECT namespace, memory_id FROM m
+ RETURNING {_COLUMNS}""",
+    "update",
 )
-SELECT {_COLUMNS} FROM m
-"""
 
 # Erase the memories that `{victims}` selects (a query returning namespace,
 # memory_id): delete the row, blank the content of its whole history, write a
@@ -192,8 +201,7 @@ WITH d AS (
     DELETE FROM memory.memories AS m
      USING ({{victims}}) AS v
      WHERE m.namespace = v.namespace AND m.memory_id = v.memory_id {{extra}}
- RETURNING m.namespace, m.memory_id, m.revision, {_LIVE.replace("expire_time", "m.expire_time")}
-           AS live
+ RETURNING m.namespace, m.memory_id, m.revision, {_LIVE_M} AS live
 ), p AS (
     UPDATE memory.revisions AS h
        SET content = NULL, sources = NULL, metadata = NULL
@@ -334,33 +342,27 @@ class PostgresMemoryStore:
         params = _write_params(write)
         async with self.db.connection() as conn:
             for _ in range(2):
-                cursor = await conn.execute(_CREATE, params)
-                row = await cursor.fetchone()
+                row = await fetch_one(conn, _CREATE, params)
                 if row is not None:
                     return _memory(row)
                 # The id is taken. A lapsed memory the sweeper has not reached
                 # yet is gone for every reader: erase it, then create again.
-                cursor = await conn.execute(
+                erased = await fetch_one(
+                    conn,
                     _ERASE.format(victims=_BY_ID, extra=f"AND NOT {_LIVE}"),
                     {**params, "reason": "expired"},
                 )
-                if await cursor.fetchone() is None:
+                if erased is None:
                     break
         raise memory_exists()
 
     async def update(self, write: MemoryWrite) -> Memory:
         params = _write_params(write)
         async with self.db.connection() as conn:
-            cursor = await conn.execute(_UPDATE, params)
-            row = await cursor.fetchone()
+            row = await fetch_one(conn, _UPDATE, params)
             if row is not None:
                 return _memory(row)
-            cursor = await conn.execute(
-                f"""SELECT revision FROM memory.memories
-                     WHERE namespace = %(namespace)s AND memory_id = %(memory_id)s AND {_LIVE}""",
-                params,
-            )
-            current = await cursor.fetchone()
+            current = await fetch_one(conn, _CURRENT_REVISION, params)
         if current is None:
             raise memory_not_found()
         assert write.expected_revision is not None
@@ -368,12 +370,12 @@ class PostgresMemoryStore:
 
     async def get(self, namespace: str, memory_id: uuid.UUID) -> Memory | None:
         async with self.db.connection() as conn:
-            cursor = await conn.execute(
+            row = await fetch_one(
+                conn,
                 f"""SELECT {_COLUMNS} FROM memory.memories
                      WHERE namespace = %s AND memory_id = %s AND {_LIVE}""",
                 (namespace, memory_id),
             )
-            row = await cursor.fetchone()
         return _memory(row) if row else None
 
     async def get_many(
@@ -425,26 +427,20 @@ class PostgresMemoryStore:
             "reason": "delete",
         }
         async with self.db.connection() as conn:
-            cursor = await conn.execute(
+            row = await fetch_one(
+                conn,
                 _ERASE.format(
                     victims=_BY_ID,
                     extra="AND (%(expected)s::bigint IS NULL OR m.revision = %(expected)s::bigint)"
-                    f" AND ({_LIVE.replace('expire_time', 'm.expire_time')}"
-                    " OR %(expected)s::bigint IS NULL)",
+                    f" AND ({_LIVE_M} OR %(expected)s::bigint IS NULL)",
                 ),
                 params,
             )
-            row = await cursor.fetchone()
             if row is not None:
                 return bool(row[0])
             if expected_revision is None:
                 return False
-            cursor = await conn.execute(
-                f"""SELECT revision FROM memory.memories
-                     WHERE namespace = %(namespace)s AND memory_id = %(memory_id)s AND {_LIVE}""",
-                params,
-            )
-            current = await cursor.fetchone()
+            current = await fetch_one(conn, _CURRENT_REVISION, params)
         if current is None:
             return False
         raise revision_conflict(current[0], expected_revision)
@@ -506,8 +502,7 @@ class PostgresMemoryStore:
         # One indexer at a time (a transaction-scoped advisory lock): two
         # indexers applying the same memory's rows could reorder its writes.
         async with self.db.connection() as conn, conn.transaction():
-            cursor = await conn.execute(_INDEXER_LOCK)
-            locked = await cursor.fetchone()
+            locked = await fetch_one(conn, _INDEXER_LOCK)
             if not locked or not locked[0]:
                 yield None
                 return
@@ -533,11 +528,11 @@ class PostgresMemoryStore:
 
     async def backlog(self) -> Backlog:
         async with self.db.connection() as conn:
-            cursor = await conn.execute(
+            row = await fetch_one(
+                conn,
                 """SELECT count(*), coalesce(extract(epoch FROM now() - min(enqueued_at)), 0)
-                     FROM memory.outbox"""
+                     FROM memory.outbox""",
             )
-            row = await cursor.fetchone()
         assert row is not None
         return Backlog(int(row[0]), float(row[1]))
 
@@ -559,6 +554,5 @@ class PostgresMemoryStore:
     async def memory_count(self) -> int:
         """Live memories (tests, reindex)."""
         async with self.db.connection() as conn:
-            cursor = await conn.execute(f"SELECT count(*) FROM memory.memories WHERE {_LIVE}")
-            row = await cursor.fetchone()
+            row = await fetch_one(conn, f"SELECT count(*) FROM memory.memories WHERE {_LIVE}")
         return int(row[0]) if row else 0

@@ -18,15 +18,17 @@ from services.summary.config import SummaryConfig
 from services.summary.service import SummaryService
 from services.summary.servicer import SummaryServicer
 from services.summary.store import PostgresSummaryStore
-from services.summary.summarizers import ChatModelSummarizer, OfflineSummarizer, Summarizer
+from services.summary.summarizers import (
+    OFFLINE_TARGET_BYTES,
+    ChatModelSummarizer,
+    OfflineSummarizer,
+    Summarizer,
+)
 from services.summary.transcripts import GrpcTranscripts
 from services.summary.worker import SummaryWorkers
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = summary_service_pb2.DESCRIPTOR.services_by_name["SummaryService"].full_name
-
-# The offline digest stays small whatever the byte limit: it is a stand-in for a model.
-_OFFLINE_TARGET_BYTES = 4096
 
 
 def build_summarizer(config: SummaryConfig) -> tuple[Summarizer, OpenAIChatModel | None]:
@@ -48,7 +50,7 @@ def build_summarizer(config: SummaryConfig) -> tuple[Summarizer, OpenAIChatModel
         return summarizer, model
     offline = OfflineSummarizer(
         max_entry_chars=config.max_entry_chars,
-        target_bytes=min(_OFFLINE_TARGET_BYTES, config.max_summary_bytes),
+        target_bytes=min(OFFLINE_TARGET_BYTES, config.max_summary_bytes),
     )
     return offline, None
 
@@ -95,7 +97,6 @@ class SummaryComponent:
             service_identity(ctx.auth, "check")  # fails at start if jwt has no service token
         self.workers = SummaryWorkers(
             self.service,
-            store,
             self.config,
             ready=self._peer_ready,
             identity=lambda namespace: service_identity(ctx.auth, namespace),

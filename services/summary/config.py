@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from services.common.domain import Budget
 from services.common.settings import Env, SettingsError, env_choice, env_float, env_int, env_str
+from services.common.validation import SUMMARY_PASSES_RANGE
 
 # The contract's ceiling on a summary (CommitSummaryRequest.text: 1 byte to 64 KiB).
 MAX_SUMMARY_BYTES = 64 * 1024
-MAX_SUMMARY_PASSES = 64
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,15 @@ class SummaryConfig:
     backoff_max_s: float = 300.0
     gauge_interval_s: float = 5.0
     job_retention_s: float = 7 * 24 * 3600.0
+
+    @property
+    def default_budget(self) -> Budget:
+        """The budget a request gets where its Budget fields are 0."""
+        return Budget(
+            max_output_tokens=self.default_max_output_tokens,
+            max_model_calls=self.default_max_model_calls,
+            max_input_tokens=self.default_max_input_tokens,
+        )
 
     @classmethod
     def from_env(cls, env: Env | None = None) -> SummaryConfig:
@@ -103,7 +113,7 @@ class SummaryConfig:
                 "RUNIFOLD_SUMMARY_WORKER_MAX_PASSES",
                 16,
                 minimum=1,
-                maximum=MAX_SUMMARY_PASSES,
+                maximum=SUMMARY_PASSES_RANGE[1],
             ),
             worker_rounds=env_int(
                 env, "RUNIFOLD_SUMMARY_WORKER_ROUNDS", 8, minimum=1, maximum=1000

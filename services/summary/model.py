@@ -47,7 +47,6 @@ class CommitResult:
 class TranscriptView:
     """The part of a TranscriptService view the summarizer needs."""
 
-    last_sequence: int
     summary_buffer: Sequence[Entry]
     summary_backlog: int
 
@@ -71,14 +70,8 @@ class JobState(enum.IntEnum):
     FAILED = 4
 
 
-# The job state as stored (text, readable in SQL) and back.
-STATE_NAMES = {
-    JobState.PENDING: "pending",
-    JobState.RUNNING: "running",
-    JobState.DONE: "done",
-    JobState.FAILED: "failed",
-}
-STATES_BY_NAME = {name: state for state, name in STATE_NAMES.items()}
+# The job state as stored (its name in lower case, readable in SQL) and back.
+STATES_BY_NAME = {state.name.lower(): state for state in JobState}
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,8 +169,3 @@ def check_commit(current: Summary | None, new: NewSummary) -> Summary | None:
     if new.through_sequence <= current_through:
         raise SummaryNotNewer(current_through, new.through_sequence)
     return None
-
-
-def summary_not_found() -> DomainError:
-    """No summary / conversation under this namespace (existence is not revealed)."""
-    return DomainError(Code.NOT_FOUND, "CONVERSATION_NOT_FOUND", "conversation not found")

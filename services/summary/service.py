@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import uuid_utils
@@ -20,10 +19,10 @@ import uuid_utils
 from services.common import metrics, validation
 from services.common.domain import Budget, Entry, Role, Usage
 from services.common.errors import Code, DomainError, invalid_argument
-from services.common.llm import budget_exhausted
+from services.common.llm import require_call, with_defaults
 from services.common.peers import remaining
 from services.common.validation import conversation_id
-from services.summary.config import MAX_SUMMARY_PASSES, SummaryConfig
+from services.summary.config import SummaryConfig
 from services.summary.model import (
     Backlog,
     CommitResult,
@@ -35,9 +34,7 @@ from services.summary.model import (
     TranscriptView,
 )
 from services.summary.store import SummaryStore
-from services.summary.summarizers import Summarizer
-
-PASSES_RANGE = (1, MAX_SUMMARY_PASSES)
+from services.summary.summarizers import Summarizer, SummaryPrompt
 
 
 class Transcripts(Protocol):
@@ -78,15 +75,6 @@ def summary_invalid(problem: str, **metadata: object) -> DomainError:
         f"the summarizer's output was refused ({problem}); nothing was committed",
         metadata={"problem": problem, **metadata},
     )
-
-
-@dataclass(frozen=True, slots=True)
-class _Limits:
-    """A budget with the server defaults filled in."""
-
-    max_model_calls: int
-    max_output_tokens: int
-    max_input_tokens: int
 
 
 class SummaryService:
@@ -142,7 +130,8 @@ class SummaryService:
             raise invalid_argument(
                 "SUMMARY_TOO_LARGE", f"text exceeds {limit} bytes", field="text", limit_bytes=limit
             )
-        validation.text(text, "text", max_bytes=limit, reason="INVALID_SUMMARY_TEXT", required=True)
+        # The size has its own reason (above); the rest are the common text rules.
+        validation.text(text, "text", max_bytes=None, reason="INVALID_SUMMARY_TEXT", required=True)
 
     async def commit_summary(
         self,
@@ -197,27 +186,18 @@ class SummaryService:
 
     # -- the summarization workflow -----------------------------------------------
 
-    def _limits(self, budget: Budget) -> _Limits:
-        config = self.config
-        return _Limits(
-            budget.max_model_calls or config.default_max_model_calls,
-            budget.max_output_tokens or config.default_max_output_tokens,
-            budget.max_input_tokens or config.default_max_input_tokens,
+    def _prepare(
+        self, limits: Budget, usage: Usage, previous: str | None, buffer: Sequence[Entry]
+    ) -> SummaryPrompt:
+        """The next pass's prompt, when the budget covers the call; BUDGET_EXHAUSTED otherwise."""
+        left = require_call(limits, usage)
+        prompt = self.summarizer.prepare(
+            previous,
+            buffer,
+            max_output_tokens=min(self.config.max_output_tokens_per_pass, left.max_output_tokens),
         )
-
-    def _check_budget(
-        self, limits: _Limits, usage: Usage, previous: str | None, buffer: Sequence[Entry]
-    ) -> int:
-        """Refuse a call the budget does not cover; return the call's output token cap."""
-        if usage.model_calls >= limits.max_model_calls:
-            raise budget_exhausted("max_model_calls", limits.max_model_calls)
-        output_left = limits.max_output_tokens - usage.output_tokens
-        if output_left <= 0:
-            raise budget_exhausted("max_output_tokens", limits.max_output_tokens)
-        estimate = self.summarizer.estimate_input_tokens(previous, buffer)
-        if usage.input_tokens + estimate > limits.max_input_tokens:
-            raise budget_exhausted("max_input_tokens", limits.max_input_tokens)
-        return min(self.config.max_output_tokens_per_pass, output_left)
+        require_call(limits, usage, prompt.input_tokens)
+        return prompt
 
     def _checked_output(self, text: str) -> str:
         """The summarizer's text if it may be committed; SUMMARY_INVALID otherwise."""
@@ -259,16 +239,16 @@ class SummaryService:
         """
         validation.namespace(namespace)
         cid = conversation_id(conversation_id_text)
-        validation.in_range(window, validation.WINDOW_RANGE, "window", "INVALID_WINDOW")
-        validation.in_range(
-            summary_batch, validation.SUMMARY_BATCH_RANGE, "summary_batch", "INVALID_SUMMARY_BATCH"
-        )
+        validation.view_bounds(window, summary_batch)
         if max_summary_passes == 0:
             max_summary_passes = 1
         validation.in_range(
-            max_summary_passes, PASSES_RANGE, "max_summary_passes", "INVALID_MAX_SUMMARY_PASSES"
+            max_summary_passes,
+            validation.SUMMARY_PASSES_RANGE,
+            "max_summary_passes",
+            "INVALID_MAX_SUMMARY_PASSES",
         )
-        limits = self._limits(budget)
+        limits = with_defaults(budget, self.config.default_budget)
         usage = Usage()
         passes = 0
         current = await self.store.get_summary(namespace, cid)
@@ -292,12 +272,9 @@ class SummaryService:
                     )
                 attempts += 1
                 previous = current.text if current else None
-                max_output = self._check_budget(limits, usage, previous, view.summary_buffer)
+                prompt = self._prepare(limits, usage, previous, view.summary_buffer)
                 output = await self.summarizer.summarize(
-                    previous,
-                    view.summary_buffer,
-                    max_output_tokens=max_output,
-                    timeout=remaining(self.config.model_timeout_s),
+                    prompt, timeout=remaining(self.config.model_timeout_s)
                 )
                 usage = usage + output.usage
                 text = self._checked_output(output.text)
@@ -350,10 +327,7 @@ class SummaryService:
         """
         validation.namespace(namespace)
         cid = conversation_id(conversation_id_text)
-        validation.in_range(window, validation.WINDOW_RANGE, "window", "INVALID_WINDOW")
-        validation.in_range(
-            summary_batch, validation.SUMMARY_BATCH_RANGE, "summary_batch", "INVALID_SUMMARY_BATCH"
-        )
+        validation.view_bounds(window, summary_batch)
         await self._last_sequence(namespace, cid)
         job, created = await self.store.enqueue(
             NewJob(uuid.UUID(str(uuid_utils.uuid7())), namespace, cid, window, summary_batch)

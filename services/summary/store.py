@@ -105,11 +105,6 @@ _JOB_COLUMNS = """job_id, namespace, conversation_id, window_size, summary_batch
 _ACTIVE = "('pending', 'running')"
 
 
-def _summary(row: Sequence[Any]) -> Summary:
-    conversation_id, namespace, text, through_sequence, revision, create_time = row
-    return Summary(conversation_id, namespace, text, through_sequence, revision, create_time)
-
-
 def _job(row: Sequence[Any]) -> Job:
     (
         job_id,
@@ -281,7 +276,7 @@ class PostgresSummaryStore:
             row = await fetch_one(
                 conn, _GET_SUMMARY, {"namespace": namespace, "conversation_id": conversation_id}
             )
-        return _summary(row) if row else None
+        return Summary(*row) if row else None
 
     async def commit_summary(self, new: NewSummary) -> CommitResult:
         params = {
@@ -295,7 +290,7 @@ class PostgresSummaryStore:
             for _ in range(_COMMIT_ROUNDS):
                 async with conn.transaction():
                     row = await fetch_one(conn, _GET_SUMMARY + " FOR UPDATE", params)
-                    current = _summary(row) if row else None
+                    current = Summary(*row) if row else None
                     replay = check_commit(current, new)
                     if replay is not None:
                         return CommitResult(replay, written=False)
@@ -308,7 +303,7 @@ class PostgresSummaryStore:
                             conn, _REPLACE_SUMMARY, {**params, "current_revision": current.revision}
                         )
                     assert row is not None
-                    return CommitResult(_summary(row), written=True)
+                    return CommitResult(Summary(*row), written=True)
         raise RuntimeError("summary commit did not settle")  # pragma: no cover
 
     async def summary_history(self, namespace: str, conversation_id: uuid.UUID) -> list[Summary]:
@@ -319,7 +314,7 @@ class PostgresSummaryStore:
                      ORDER BY revision""",
                 (namespace, conversation_id),
             )
-            return [_summary(row) for row in await cursor.fetchall()]
+            return [Summary(*row) for row in await cursor.fetchall()]
 
     async def purge_conversation(
         self, namespace: str, conversation_id: uuid.UUID, *, jobs: bool = True

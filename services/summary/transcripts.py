@@ -64,7 +64,6 @@ class GrpcTranscripts:
             ),
         )
         return TranscriptView(
-            response.last_sequence,
             [convert.entry_from_proto(e) for e in response.summary_buffer],
             response.summary_backlog,
         )

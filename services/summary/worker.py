@@ -21,20 +21,19 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
 import socket
 import time
 from collections.abc import Awaitable, Callable
 
 from services.common import metrics
 from services.common.auth import Identity, identity_var
+from services.common.backoff import backoff
 from services.common.domain import Budget
 from services.common.errors import Code, DomainError
 from services.common.peers import deadline_var
 from services.summary.config import SummaryConfig
-from services.summary.model import Job, JobState, SummaryConflict
+from services.summary.model import Job, JobState
 from services.summary.service import SummaryService, is_not_found
-from services.summary.store import SummaryStore
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +41,11 @@ _TRANSIENT = (Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED)
 _PRUNE_EVERY_S = 60.0
 
 
-def backoff(config: SummaryConfig, attempts: int) -> float:
+def retry_delay(config: SummaryConfig, attempts: int) -> float:
     """Delay before the next attempt: exponential in the attempts made, capped, jittered."""
-    delay: float = min(config.backoff_max_s, config.backoff_base_s * 2.0 ** max(0, attempts - 1))
-    # Jitter spreads the retries of jobs that failed together (an outage).
-    return delay * random.uniform(0.8, 1.0)
+    return backoff(
+        attempts - 1, base_s=config.backoff_base_s, max_s=config.backoff_max_s, jitter=0.2
+    )
 
 
 class SummaryWorkers:
@@ -55,7 +54,6 @@ class SummaryWorkers:
     def __init__(
         self,
         service: SummaryService,
-        store: SummaryStore,
         config: SummaryConfig,
         *,
         ready: Callable[[], Awaitable[bool]] | None = None,
@@ -63,7 +61,7 @@ class SummaryWorkers:
     ) -> None:
         self.service = service
         self._acting_for = identity
-        self.store = store
+        self.store = service.store
         self.config = config
         self._ready = ready
         self._identity = f"{socket.gethostname()}:{os.getpid()}"
@@ -172,7 +170,7 @@ class SummaryWorkers:
             reason,
             counted=counted,
             park=park,
-            retry_in_s=backoff(self.config, job.attempts),
+            retry_in_s=retry_delay(self.config, job.attempts),
         )
         if state is not None:
             metrics.SUMMARY_JOB_FAILURES.labels("parked" if park else "retried").inc()
@@ -195,17 +193,15 @@ class SummaryWorkers:
         # for the job's namespace only, so TranscriptService applies the usual rule.
         identity_var.set(self._acting_for(job.namespace) if self._acting_for else None)
         for _ in range(self.config.worker_rounds):
-            try:
-                result = await self.service.summarize(
-                    job.namespace,
-                    str(job.conversation_id),
-                    job.window,
-                    job.summary_batch,
-                    self.config.worker_max_passes,
-                    Budget(),
-                )
-            except SummaryConflict:
-                continue  # another writer moved the summary forward: read it and go on
+            # Summarize carries on by itself when another writer moves the summary.
+            result = await self.service.summarize(
+                job.namespace,
+                str(job.conversation_id),
+                job.window,
+                job.summary_batch,
+                self.config.worker_max_passes,
+                Budget(),
+            )
             if result.backlog == 0:
                 return False
         return True

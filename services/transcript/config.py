@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from services.common.settings import Env, env_int
+from services.common.validation import MAX_MESSAGE_BYTES, MESSAGE_BYTES_RANGE
 
 
 @dataclass(frozen=True)
@@ -13,7 +14,7 @@ class TranscriptLimits:
     """Explicit limits of the transcript; each breach is INVALID_ARGUMENT."""
 
     max_messages_per_append: int = 256
-    max_message_bytes: int = 256 * 1024
+    max_message_bytes: int = MAX_MESSAGE_BYTES
     max_append_bytes: int = 4 * 1024 * 1024
     max_tool_calls_per_message: int = 64
 
@@ -30,7 +31,11 @@ class TranscriptLimits:
                 env, "RUNIFOLD_MAX_MESSAGES_PER_APPEND", 256, minimum=1, maximum=4096
             ),
             max_message_bytes=env_int(
-                env, "RUNIFOLD_MAX_MESSAGE_BYTES", 256 * 1024, minimum=1024, maximum=8 * 1024 * 1024
+                env,
+                "RUNIFOLD_MAX_MESSAGE_BYTES",
+                MAX_MESSAGE_BYTES,
+                minimum=MESSAGE_BYTES_RANGE[0],
+                maximum=MESSAGE_BYTES_RANGE[1],
             ),
             max_append_bytes=env_int(
                 env,

@@ -133,30 +133,10 @@ class TranscriptService:
 
     # -- appends ------------------------------------------------------------
 
-    def _validate_message(self, message: Message, field: str) -> None:
+    def _validate_message(self, message: Message, field: str) -> int:
+        """Check one message's rules; return its size in bytes."""
         limits = self.limits
-        if message.role == Role.SYSTEM:
-            raise invalid_argument(
-                "SYSTEM_ROLE_NOT_ALLOWED",
-                "system messages are never persisted; send system instructions per request",
-                field=f"{field}.role",
-            )
-        if "\x00" in message.text:
-            raise invalid_argument(
-                "INVALID_MESSAGE", "text must not contain NUL characters", field=f"{field}.text"
-            )
-        validation.metadata(message.metadata, f"{field}.metadata")
-        if message.size_bytes() > limits.max_message_bytes:
-            raise invalid_argument(
-                "MESSAGE_TOO_LARGE",
-                f"{field} exceeds {limits.max_message_bytes} bytes",
-                field=field,
-                limit_bytes=limits.max_message_bytes,
-            )
-        if message.role == Role.USER and not message.text.strip():
-            raise invalid_argument(
-                "INVALID_MESSAGE", f"{field}.text must not be empty", field=f"{field}.text"
-            )
+        size = validation.message(message, field, max_bytes=limits.max_message_bytes)
         if message.role != Role.ASSISTANT and message.tool_calls:
             raise invalid_argument(
                 "INVALID_MESSAGE",
@@ -202,6 +182,7 @@ class TranscriptService:
                 max_bytes=limits.max_message_bytes,
                 reason="INVALID_TOOL_CALL",
             )
+        return size
 
     @staticmethod
     def _validate_tool_id(value: str, field: str) -> None:
@@ -224,15 +205,8 @@ class TranscriptService:
             )
         total = 0
         for index, message in enumerate(messages):
-            self._validate_message(message, f"{field}[{index}]")
-            total += message.size_bytes()
-        if total > limits.max_append_bytes:
-            raise invalid_argument(
-                "APPEND_TOO_LARGE",
-                f"an append carries at most {limits.max_append_bytes} bytes",
-                field=field,
-                limit_bytes=limits.max_append_bytes,
-            )
+            total += self._validate_message(message, f"{field}[{index}]")
+        validation.messages_size(total, field, max_bytes=limits.max_append_bytes)
 
     async def append(
         self,
@@ -356,10 +330,7 @@ class TranscriptService:
         """
         validation.namespace(namespace)
         cid = conversation_id(conversation_id_text)
-        validation.in_range(window, validation.WINDOW_RANGE, "window", "INVALID_WINDOW")
-        validation.in_range(
-            summary_batch, validation.SUMMARY_BATCH_RANGE, "summary_batch", "INVALID_SUMMARY_BATCH"
-        )
+        validation.view_bounds(window, summary_batch)
         request_id = validation.request_id(request_id_text)
         if summarized_through < 0:
             raise invalid_argument(

@@ -20,7 +20,12 @@ from services.summary.config import SummaryConfig
 from services.summary.memory_store import InMemorySummaryStore
 from services.summary.model import JobState
 from services.summary.store import SummaryStore
-from services.summary.summarizers import OfflineSummarizer, SummaryOutput, offline_digest
+from services.summary.summarizers import (
+    OfflineSummarizer,
+    SummaryOutput,
+    SummaryPrompt,
+    offline_digest,
+)
 from services.summary.worker import SummaryWorkers
 from tests.summary_cases import (
     LocalTranscripts,
@@ -52,18 +57,16 @@ class Scripted:
         self.error: Exception | None = None
         self.delay = 0.0
 
-    def estimate_input_tokens(self, previous: str | None, entries: Sequence[Entry]) -> int:
-        return 10 * len(entries)
+    def prepare(
+        self, previous: str | None, entries: Sequence[Entry], *, max_output_tokens: int
+    ) -> SummaryPrompt:
+        return SummaryPrompt(previous, entries, max_output_tokens, "", "", 10 * len(entries))
 
-    async def summarize(
-        self,
-        previous: str | None,
-        entries: Sequence[Entry],
-        *,
-        max_output_tokens: int,
-        timeout: float,
-    ) -> SummaryOutput:
-        self.calls.append((previous, [e.sequence for e in entries], max_output_tokens))
+    async def summarize(self, prompt: SummaryPrompt, *, timeout: float) -> SummaryOutput:
+        entries = prompt.entries
+        self.calls.append(
+            (prompt.previous, [e.sequence for e in entries], prompt.max_output_tokens)
+        )
         if self.delay:
             try:
                 await asyncio.wait_for(asyncio.Event().wait(), min(self.delay, timeout))
@@ -237,13 +240,7 @@ async def test_summarizer_output_that_may_not_be_committed_is_refused(
 
         class Bad(Scripted):
             async def summarize(
-                self,
-                previous: str | None,
-                entries: Sequence[Entry],
-                *,
-                max_output_tokens: int,
-                timeout: float,
-                text: str = text,
+                self, prompt: SummaryPrompt, *, timeout: float, text: str = text
             ) -> SummaryOutput:
                 return SummaryOutput(text, Usage(1, 1, 1))
 
@@ -321,7 +318,8 @@ def test_offline_digest_is_readable_deterministic_and_bounded() -> None:
 
 async def test_offline_summarizer_reports_usage() -> None:
     summarizer = OfflineSummarizer()
-    output = await summarizer.summarize(None, entries(chat(6)), max_output_tokens=1024, timeout=1.0)
+    prompt = summarizer.prepare(None, entries(chat(6)), max_output_tokens=1024)
+    output = await summarizer.summarize(prompt, timeout=1.0)
     assert output.usage.model_calls == 1
     assert output.usage.input_tokens > 0 and output.usage.output_tokens > 0
     assert output.text.startswith("Conversation summary through entry 6")
@@ -345,7 +343,7 @@ async def test_workers_finish_retry_park_and_end_jobs(
     scripted = Scripted()
     config = worker_config()
     service = make_service(store, transcripts, scripted, config)
-    workers = SummaryWorkers(service, store, config)
+    workers = SummaryWorkers(service, config)
     cid = await new_conversation(transcripts, namespace, chat(40))
     job, _ = await service.request_summary(namespace, cid, 4, 8)
 
@@ -394,7 +392,7 @@ async def test_workers_run_in_the_background_and_stop_cleanly(
 ) -> None:
     config = worker_config(workers=2, poll_interval_s=0.05, gauge_interval_s=0.05)
     service = make_service(store, transcripts, Scripted(), config)
-    workers = SummaryWorkers(service, store, config)
+    workers = SummaryWorkers(service, config)
     service.on_enqueue = workers.wake
     await workers.start()
     try:
@@ -448,7 +446,7 @@ async def test_a_worker_stops_when_its_lease_is_lost_and_gives_jobs_back_on_stop
     scripted.delay = 30.0
     config = worker_config(lease_s=0.3)
     service = make_service(store, transcripts, scripted, config)
-    workers = SummaryWorkers(service, store, config)
+    workers = SummaryWorkers(service, config)
     cid = await new_conversation(transcripts, namespace, chat(20))
     job, _ = await service.request_summary(namespace, cid, 4, 8)
 
@@ -480,7 +478,7 @@ async def test_a_job_whose_workers_keep_dying_is_parked(
 ) -> None:
     config = worker_config(max_failures=1)
     service = make_service(store, transcripts, Scripted(), config)
-    workers = SummaryWorkers(service, store, config)
+    workers = SummaryWorkers(service, config)
     cid = await new_conversation(transcripts, namespace, chat(20))
     job, _ = await service.request_summary(namespace, cid, 4, 8)
     assert await store.claim("crashed", 0.01) is not None  # and never heard of again

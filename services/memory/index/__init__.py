@@ -21,17 +21,28 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from services.common import validation
 from services.common.errors import StoreUnavailable
+from services.memory.config import MemoryConfig
 
 # Point ids are derived from (namespace, memory id): the same memory id may
 # live in two namespaces as two unrelated memories.
 _POINT_NAMESPACE = uuid.UUID("6f6c0b2e-7a59-4d0b-9a49-3a1f0c4a2d61")
 
+# Payload fields. The index reads back only the memory id and revision of a
+# hit, and the namespace and memory id of a key.
 NAMESPACE_FIELD = "namespace"
+MEMORY_ID_FIELD = "memory_id"
+REVISION_FIELD = "revision"
 TAGS_FIELD = "tags"
+# What a search reads back of each hit, and keys() of each point.
+HIT_FIELDS = (MEMORY_ID_FIELD, REVISION_FIELD)
+KEY_FIELDS = (NAMESPACE_FIELD, MEMORY_ID_FIELD)
+
+# Points per page when an adapter scrolls through everything it holds (keys()).
+SCROLL_PAGE = 1000
 
 
 def point_id(namespace: str, memory_id: uuid.UUID) -> uuid.UUID:
@@ -115,13 +126,17 @@ class IndexPoint:
     vector: Sequence[float]
     metadata: Mapping[str, str]
 
+    def tags(self) -> list[str]:
+        """The metadata as exact-match keywords, in key order."""
+        return [metadata_tag(k, v) for k, v in sorted(self.metadata.items())]
+
     def payload(self) -> dict[str, object]:
         """The payload stored next to the vector (no content)."""
         return {
             NAMESPACE_FIELD: self.namespace,
-            "memory_id": str(self.memory_id),
-            "revision": self.revision,
-            TAGS_FIELD: [metadata_tag(k, v) for k, v in sorted(self.metadata.items())],
+            MEMORY_ID_FIELD: str(self.memory_id),
+            REVISION_FIELD: self.revision,
+            TAGS_FIELD: self.tags(),
         }
 
 
@@ -134,6 +149,7 @@ class IndexHit:
     score: float
 
 
+# (namespace, memory id): what names one memory, in the store and in the index.
 Key = tuple[str, uuid.UUID]
 
 
@@ -173,40 +189,62 @@ def check_vector(vector: Sequence[float], dimension: int) -> None:
         raise ValueError(f"vector has {len(vector)} dimensions, the collection {dimension}")
 
 
+def checked_points(
+    points: Sequence[IndexPoint], dimension: int
+) -> list[tuple[uuid.UUID, IndexPoint]]:
+    """Each point with its index id, after checking its dimension."""
+    for p in points:
+        check_vector(p.vector, dimension)
+    return [(point_id(p.namespace, p.memory_id), p) for p in points]
+
+
+def point_ids(keys: Sequence[Key]) -> list[uuid.UUID]:
+    """The index ids of these memories."""
+    return [point_id(namespace, memory_id) for namespace, memory_id in keys]
+
+
+def hit_from_payload(payload: Mapping[str, Any], score: float) -> IndexHit:
+    """A hit from a payload read with HIT_FIELDS."""
+    return IndexHit(uuid.UUID(payload[MEMORY_ID_FIELD]), int(payload[REVISION_FIELD]), float(score))
+
+
+def key_from_payload(payload: Mapping[str, Any]) -> Key:
+    """A key from a payload read with KEY_FIELDS."""
+    return payload[NAMESPACE_FIELD], uuid.UUID(payload[MEMORY_ID_FIELD])
+
+
 def make_index(
-    kind: str,
-    *,
-    model: str,
-    dimension: int,
-    edge_dir: Path,
-    qdrant_url: str = "",
-    qdrant_api_key: str = "",
-    qdrant_timeout_s: float = 5.0,
-    pgvector_url: str = "",
-    pgvector_ef_search: int = 200,
-    pgvector_exact_below: int = 10_000,
-    pgvector_timeout_s: float = 5.0,
+    config: MemoryConfig, *, model: str, dimension: int, edge_dir: Path, database_url: str
 ) -> VectorIndex:
-    """The adapter named by RUNIFOLD_MEMORY_INDEX (edge, qdrant or pgvector)."""
-    if kind == "edge":
+    """The adapter named by RUNIFOLD_MEMORY_INDEX (edge, qdrant or pgvector), for one
+    embedding model and dimension.
+
+    `edge_dir` is where the Edge shard lives unless RUNIFOLD_MEMORY_INDEX_DIR says;
+    pgvector uses `database_url` unless RUNIFOLD_MEMORY_PGVECTOR_URL says.
+    """
+    if config.index == "edge":
         from services.memory.index.edge import EdgeIndex
 
-        return EdgeIndex(edge_dir, model, dimension)
-    if kind == "qdrant":
+        return EdgeIndex(config.index_dir or edge_dir, model, dimension)
+    if config.index == "qdrant":
         from services.memory.index.qdrant import QdrantIndex
 
         return QdrantIndex(
-            model, dimension, url=qdrant_url, api_key=qdrant_api_key, timeout_s=qdrant_timeout_s
+            model,
+            dimension,
+            url=config.qdrant_url,
+            api_key=config.qdrant_api_key,
+            timeout_s=config.qdrant_timeout_s,
         )
-    if kind == "pgvector":
+    if config.index == "pgvector":
         from services.memory.index.pgvector import PgvectorIndex
 
         return PgvectorIndex(
-            pgvector_url,
+            config.pgvector_url or database_url,
             model,
             dimension,
-            ef_search=pgvector_ef_search,
-            exact_below=pgvector_exact_below,
-            timeout_s=pgvector_timeout_s,
+            ef_search=config.pgvector_ef_search,
+            exact_below=config.pgvector_exact_below,
+            timeout_s=config.pgvector_timeout_s,
         )
-    raise ValueError(f"unknown index kind {kind!r}")
+    raise ValueError(f"unknown index kind {config.index!r}")

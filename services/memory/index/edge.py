@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,7 +16,10 @@ from typing import Any, TypeVar
 import qdrant_edge as qe
 
 from services.memory.index import (
+    HIT_FIELDS,
+    KEY_FIELDS,
     NAMESPACE_FIELD,
+    SCROLL_PAGE,
     TAGS_FIELD,
     IndexHit,
     IndexMismatch,
@@ -26,14 +28,16 @@ from services.memory.index import (
     Key,
     NamespacedQuery,
     check_vector,
+    checked_points,
     collection_name,
-    point_id,
+    hit_from_payload,
+    key_from_payload,
+    point_ids,
 )
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-_SCROLL_PAGE = 1000
 
 
 class EdgeIndex:
@@ -41,12 +45,9 @@ class EdgeIndex:
 
     name = "edge"
 
-    def __init__(
-        self, directory: Path, model: str, dimension: int, *, hnsw_ef: int | None = None
-    ) -> None:
+    def __init__(self, directory: Path, model: str, dimension: int) -> None:
         self.dimension = dimension
         self.path = directory / collection_name(model, dimension)
-        self.hnsw_ef = hnsw_ef
         self._shard: Any = None
 
     def _config(self) -> Any:
@@ -104,18 +105,16 @@ class EdgeIndex:
     async def upsert(self, points: Sequence[IndexPoint]) -> None:
         if not points:
             return
-        built = []
-        for p in points:
-            check_vector(p.vector, self.dimension)
-            built.append(
-                qe.Point(str(point_id(p.namespace, p.memory_id)), list(p.vector), p.payload())
-            )
+        built = [
+            qe.Point(str(pid), list(p.vector), p.payload())
+            for pid, p in checked_points(points, self.dimension)
+        ]
         await self._call(lambda shard: shard.update(qe.UpdateOperation.upsert_points(built)))
 
     async def delete(self, keys: Sequence[Key]) -> None:
         if not keys:
             return
-        ids: list[qe.PointId] = [str(point_id(ns, mid)) for ns, mid in keys]
+        ids: list[qe.PointId] = [str(pid) for pid in point_ids(keys)]
         await self._call(lambda shard: shard.update(qe.UpdateOperation.delete_points(ids)))
 
     async def search(self, query: NamespacedQuery) -> list[IndexHit]:
@@ -129,14 +128,10 @@ class EdgeIndex:
                     for t in query.terms
                 ]
             ),
-            with_payload=["memory_id", "revision"],
-            params=qe.SearchParams(hnsw_ef=self.hnsw_ef) if self.hnsw_ef else None,
+            with_payload=list(HIT_FIELDS),
         )
         points = await self._call(lambda shard: shard.query(request))
-        return [
-            IndexHit(uuid.UUID(p.payload["memory_id"]), int(p.payload["revision"]), float(p.score))
-            for p in points
-        ]
+        return [hit_from_payload(p.payload, p.score) for p in points]
 
     async def keys(self) -> set[Key]:
         def scan(shard: Any) -> set[Key]:
@@ -146,12 +141,11 @@ class EdgeIndex:
                 records, offset = shard.scroll(
                     qe.ScrollRequest(
                         offset=offset,
-                        limit=_SCROLL_PAGE,
-                        with_payload=[NAMESPACE_FIELD, "memory_id"],
+                        limit=SCROLL_PAGE,
+                        with_payload=list(KEY_FIELDS),
                     )
                 )
-                for r in records:
-                    found.add((r.payload[NAMESPACE_FIELD], uuid.UUID(r.payload["memory_id"])))
+                found.update(key_from_payload(r.payload) for r in records)
                 if offset is None:
                     return found
 

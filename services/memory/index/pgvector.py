@@ -41,13 +41,15 @@ from services.memory.index import (
     Key,
     NamespacedQuery,
     check_vector,
+    checked_points,
     collection_name,
-    point_id,
+    point_ids,
 )
 
 log = logging.getLogger(__name__)
 
-# Each query term becomes one of these conditions (a field the index knows).
+# Each query term becomes one of these conditions (a field the index knows),
+# its value bound as a parameter.
 _TERM_SQL = {
     NAMESPACE_FIELD: sql.SQL("namespace = {}"),
     TAGS_FIELD: sql.SQL("tags @> ARRAY[{}]::text[]"),
@@ -69,6 +71,20 @@ _EXACT = sql.SQL(
         ORDER BY embedding <=> %(vector)s
         LIMIT %(limit)s"""
 )
+# How many rows the namespace holds, counted no further than the exact-search bound.
+_COUNT = sql.SQL(
+    "SELECT count(*) FROM (SELECT 1 FROM {} WHERE namespace = %(namespace)s LIMIT %(bound)s) AS n"
+)
+_UPSERT = sql.SQL(
+    """INSERT INTO {} (point_id, namespace, memory_id, revision, tags, embedding)
+       VALUES (%s, %s, %s, %s, %s, %s)
+       ON CONFLICT (point_id) DO UPDATE
+          SET revision = excluded.revision, tags = excluded.tags,
+              embedding = excluded.embedding"""
+)
+_DELETE = sql.SQL("DELETE FROM {} WHERE point_id = ANY(%s)")
+_KEYS = sql.SQL("SELECT namespace, memory_id FROM {}")
+_POOL_MAX = 8
 
 
 class PgvectorIndex:
@@ -84,7 +100,6 @@ class PgvectorIndex:
         *,
         ef_search: int = 200,
         exact_below: int = 10_000,
-        pool_max: int = 8,
         timeout_s: float = 5.0,
     ) -> None:
         self.url = url
@@ -94,7 +109,11 @@ class PgvectorIndex:
         self.iterative_scan = False
         self.table = collection_name(model, dimension)
         self._qualified = sql.Identifier("memory", self.table)
-        self._pool_max = pool_max
+        # The statements that name only the table, composed once.
+        self._count = _COUNT.format(self._qualified)
+        self._upsert = _UPSERT.format(self._qualified)
+        self._delete = _DELETE.format(self._qualified)
+        self._keys = _KEYS.format(self._qualified)
         self._timeout = timeout_s
         self._pool: AsyncConnectionPool[Any] | None = None
 
@@ -169,7 +188,7 @@ class PgvectorIndex:
             pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 self.url,
                 min_size=1,
-                max_size=self._pool_max,
+                max_size=_POOL_MAX,
                 open=False,
                 kwargs={"autocommit": True},
                 configure=self._configure,
@@ -192,68 +211,48 @@ class PgvectorIndex:
     async def upsert(self, points: Sequence[IndexPoint]) -> None:
         if not points:
             return
-        rows = []
-        for p in points:
-            check_vector(p.vector, self.dimension)
-            payload = p.payload()
-            rows.append(
-                (
-                    point_id(p.namespace, p.memory_id),
-                    p.namespace,
-                    p.memory_id,
-                    p.revision,
-                    payload[TAGS_FIELD],
-                    np.asarray(p.vector, dtype=np.float32),
-                )
+        rows = [
+            (
+                pid,
+                p.namespace,
+                p.memory_id,
+                p.revision,
+                p.tags(),
+                np.asarray(p.vector, dtype=np.float32),
             )
-        statement = sql.SQL(
-            """INSERT INTO {table} (point_id, namespace, memory_id, revision, tags, embedding)
-               VALUES (%s, %s, %s, %s, %s, %s)
-               ON CONFLICT (point_id) DO UPDATE
-                  SET revision = excluded.revision, tags = excluded.tags,
-                      embedding = excluded.embedding"""
-        ).format(table=self._qualified)
+            for pid, p in checked_points(points, self.dimension)
+        ]
         try:
             async with self._require().connection() as conn, conn.cursor() as cursor:
-                await cursor.executemany(statement, rows)
+                await cursor.executemany(self._upsert, rows)
         except (psycopg.Error, PoolTimeout) as exc:
             raise IndexUnavailable(f"pgvector upsert failed: {exc}") from exc
 
     async def delete(self, keys: Sequence[Key]) -> None:
         if not keys:
             return
-        ids = [point_id(ns, mid) for ns, mid in keys]
         try:
             async with self._require().connection() as conn:
-                await conn.execute(
-                    sql.SQL("DELETE FROM {table} WHERE point_id = ANY(%s)").format(
-                        table=self._qualified
-                    ),
-                    (ids,),
-                )
+                await conn.execute(self._delete, (point_ids(keys),))
         except (psycopg.Error, PoolTimeout) as exc:
             raise IndexUnavailable(f"pgvector delete failed: {exc}") from exc
 
     async def search(self, query: NamespacedQuery) -> list[IndexHit]:
         check_vector(query.vector, self.dimension)
         conditions = sql.SQL(" AND ").join(
-            _TERM_SQL[t.field].format(sql.Literal(t.value)) for t in query.terms
+            _TERM_SQL[t.field].format(sql.Placeholder(f"term{i}"))
+            for i, t in enumerate(query.terms)
         )
         params = {
             "vector": np.asarray(query.vector, dtype=np.float32),
             "limit": query.limit,
             "namespace": query.namespace,
             "bound": self.exact_below + 1,
+            **{f"term{i}": t.value for i, t in enumerate(query.terms)},
         }
         try:
             async with self._require().connection() as conn:
-                cursor = await conn.execute(
-                    sql.SQL(
-                        "SELECT count(*) FROM (SELECT 1 FROM {table}"
-                        " WHERE namespace = %(namespace)s LIMIT %(bound)s) AS n"
-                    ).format(table=self._qualified),
-                    params,
-                )
+                cursor = await conn.execute(self._count, params)
                 size_row = await cursor.fetchone()
                 small = size_row is not None and size_row[0] <= self.exact_below
                 rows: list[Any] = []
@@ -266,17 +265,14 @@ class PgvectorIndex:
         except (psycopg.Error, PoolTimeout) as exc:
             raise IndexUnavailable(f"pgvector search failed: {exc}") from exc
         hits = [IndexHit(row[0], int(row[1]), float(row[2])) for row in rows]
-        hits.sort(key=lambda h: h.score, reverse=True)  # relaxed_order: nearly sorted
+        if self.iterative_scan:
+            hits.sort(key=lambda h: h.score, reverse=True)  # relaxed_order: nearly sorted
         return hits
 
     async def keys(self) -> set[Key]:
         try:
             async with self._require().connection() as conn:
-                cursor = await conn.execute(
-                    sql.SQL("SELECT namespace, memory_id FROM {table}").format(
-                        table=self._qualified
-                    )
-                )
+                cursor = await conn.execute(self._keys)
                 return {(row[0], uuid.UUID(str(row[1]))) for row in await cursor.fetchall()}
         except (psycopg.Error, PoolTimeout) as exc:
             raise IndexUnavailable(f"pgvector scan failed: {exc}") from exc

@@ -3,21 +3,23 @@
 Layout: one collection per embedding model and dimension holds every
 namespace; `namespace` is a keyword payload index marked `is_tenant`, so
 Qdrant co-locates each tenant's points and plans filtered searches per
-tenant. The same client API runs in qdrant-client's local mode
-(`location=":memory:"` or `path=`), which the tests use.
+tenant. The same client API runs in qdrant-client's local mode (`path=`,
+or in memory when neither `url` nor `path` is given), which the tests use.
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from qdrant_client import AsyncQdrantClient, models
 
 from services.memory.index import (
+    HIT_FIELDS,
+    KEY_FIELDS,
     NAMESPACE_FIELD,
+    SCROLL_PAGE,
     TAGS_FIELD,
     IndexHit,
     IndexMismatch,
@@ -26,12 +28,14 @@ from services.memory.index import (
     Key,
     NamespacedQuery,
     check_vector,
+    checked_points,
     collection_name,
-    point_id,
+    hit_from_payload,
+    key_from_payload,
+    point_ids,
 )
 
 log = logging.getLogger(__name__)
-_SCROLL_PAGE = 1000
 
 
 class QdrantIndex:
@@ -47,20 +51,17 @@ class QdrantIndex:
         url: str | None = None,
         api_key: str | None = None,
         timeout_s: float = 5.0,
-        location: str | None = None,
         path: str | None = None,
-        hnsw_ef: int | None = None,
     ) -> None:
         self.dimension = dimension
         self.collection = collection_name(model, dimension)
-        self.hnsw_ef = hnsw_ef
         self._options: dict[str, Any] = {"timeout": max(1, int(timeout_s))}
         if url:
             self._options.update(url=url, api_key=api_key or None, check_compatibility=False)
         elif path:
             self._options.update(path=path)
         else:
-            self._options.update(location=location or ":memory:")
+            self._options.update(location=":memory:")
         self._client: AsyncQdrantClient | None = None
         # The collection was checked or made; cleared by a failure so that the
         # next start() (the indexer calls it before each batch) checks again.
@@ -115,16 +116,10 @@ class QdrantIndex:
     async def upsert(self, points: Sequence[IndexPoint]) -> None:
         if not points:
             return
-        structs = []
-        for p in points:
-            check_vector(p.vector, self.dimension)
-            structs.append(
-                models.PointStruct(
-                    id=str(point_id(p.namespace, p.memory_id)),
-                    vector=list(p.vector),
-                    payload=p.payload(),
-                )
-            )
+        structs = [
+            models.PointStruct(id=str(pid), vector=list(p.vector), payload=p.payload())
+            for pid, p in checked_points(points, self.dimension)
+        ]
         client = self._require()
         try:
             await client.upsert(self.collection, points=structs, wait=True)
@@ -136,7 +131,7 @@ class QdrantIndex:
         if not keys:
             return
         client = self._require()
-        ids: list[Any] = [str(point_id(ns, mid)) for ns, mid in keys]
+        ids: list[Any] = [str(pid) for pid in point_ids(keys)]
         try:
             await client.delete(
                 self.collection, points_selector=models.PointIdsList(points=ids), wait=True
@@ -160,19 +155,12 @@ class QdrantIndex:
                 query=list(query.vector),
                 query_filter=query_filter,
                 limit=query.limit,
-                with_payload=["memory_id", "revision"],
-                search_params=models.SearchParams(hnsw_ef=self.hnsw_ef) if self.hnsw_ef else None,
+                with_payload=list(HIT_FIELDS),
             )
         except Exception as exc:
             self._ready = False
             raise IndexUnavailable(f"Qdrant search failed: {exc}") from exc
-        hits = []
-        for p in response.points:
-            payload = p.payload or {}
-            hits.append(
-                IndexHit(uuid.UUID(payload["memory_id"]), int(payload["revision"]), float(p.score))
-            )
-        return hits
+        return [hit_from_payload(p.payload or {}, p.score) for p in response.points]
 
     async def keys(self) -> set[Key]:
         client = self._require()
@@ -182,13 +170,11 @@ class QdrantIndex:
             while True:
                 records, offset = await client.scroll(
                     self.collection,
-                    limit=_SCROLL_PAGE,
+                    limit=SCROLL_PAGE,
                     offset=offset,
-                    with_payload=[NAMESPACE_FIELD, "memory_id"],
+                    with_payload=list(KEY_FIELDS),
                 )
-                for r in records:
-                    payload = r.payload or {}
-                    found.add((payload[NAMESPACE_FIELD], uuid.UUID(payload["memory_id"])))
+                found.update(key_from_payload(r.payload or {}) for r in records)
                 if offset is None:
                     return found
         except Exception as exc:
