@@ -211,12 +211,16 @@ class MemoryCases:
     async def test_default_ttl_per_namespace(self, world: World) -> None:
         ttl_ns = f"{world.namespace}-ttl"
         cid = world.sources.add(ttl_ns, 2)
+        before = datetime.now(UTC)
         memory, _ = await world.service.upsert(
             ttl_ns, "", "Short-lived.", [SourceInput(cid, 1, 1)], {}, None
         )
+        after = datetime.now(UTC)
         assert memory.expire_time is not None
-        left = memory.expire_time - datetime.now(UTC)
-        assert timedelta(minutes=59) < left <= timedelta(hours=1)
+        # The namespace's TTL counted from the moment of the write, wherever it fell.
+        assert before + timedelta(hours=1) <= memory.expire_time <= after + timedelta(hours=1)
+        stored = await world.service.get(ttl_ns, str(memory.memory_id))
+        assert stored.expire_time == memory.expire_time
         plain = await world.service.get(world.namespace, str(await world.add("Forever.")))
         assert plain.expire_time is None
 

@@ -146,6 +146,12 @@ class FixedSources:
         return self.conversations.get((namespace, conversation_id))
 
 
+async def outbox_drained(component: MemoryComponent) -> bool:
+    """True once the indexer has applied every memory write (the outbox is empty)."""
+    assert component.store is not None
+    return (await component.store.backlog()).depth == 0
+
+
 @asynccontextmanager
 async def memory_server(
     database_url: str,

@@ -19,6 +19,7 @@ from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from services.common.status import error_info
 from tests.conftest import wait_for
 from tests.fakes.openai_server import FakeOpenAI, FakeReply, FakeToolCall, fake_openai
+from tests.grpc_support import reason, user
 from tests.stack import Stack, full_stack
 
 ROLE_USER = common_pb2.ROLE_USER
@@ -44,10 +45,6 @@ def reset_model(model: FakeOpenAI) -> None:
     model.delay = 0
     model.respond_with(lambda body: FakeReply(text="Noted.", usage=(20, 2)))
     model.requests.clear()
-
-
-def user(text: str) -> common_pb2.Message:
-    return common_pb2.Message(role=ROLE_USER, text=text)
 
 
 async def conversation(stack: Stack, namespace: str, entries: int = 0) -> str:
@@ -85,12 +82,6 @@ async def version(stack: Stack, namespace: str, cid: str) -> int:
         transcript_pb.GetConversationRequest(namespace=namespace, conversation_id=cid)
     )
     return got.conversation.version
-
-
-def reason(error: grpc.aio.AioRpcError) -> str:
-    info = error_info(error)
-    assert info is not None
-    return str(info.reason)
 
 
 async def test_memories_and_summary_reach_the_model_as_untrusted_data(
@@ -159,10 +150,17 @@ async def test_two_turns_at_one_version_one_commits_the_other_keeps_its_outcome(
     stack: Stack, model: FakeOpenAI, namespace: str
 ) -> None:
     cid = await conversation(stack, namespace, entries=2)
-    model.delay = 0.5
-    model.respond_with(
-        lambda body: FakeReply(text=f"answer to {body['messages'][-1]['content']}", usage=(30, 4))
-    )
+    both_asked = asyncio.Event()
+
+    async def once_both_turns_wait(body: Any) -> FakeReply:
+        # Hold each answer until both turns are waiting on the model: both read
+        # version 1 before either commits, so they really overlap.
+        if len(model.chat_requests) >= 2:
+            both_asked.set()
+        await asyncio.wait_for(both_asked.wait(), 30)  # bounded: a lone turn fails, not hangs
+        return FakeReply(text=f"answer to {body['messages'][-1]['content']}", usage=(30, 4))
+
+    model.respond_with(once_both_turns_wait)
     calls = [stack.agent.RunConversation(turn(namespace, cid, text)) for text in ("one", "two")]
     results = await asyncio.gather(*calls, return_exceptions=True)
     wins = [r for r in results if isinstance(r, pb.RunConversationResponse)]
@@ -173,6 +171,9 @@ async def test_two_turns_at_one_version_one_commits_the_other_keeps_its_outcome(
     detail = _turn_conflict(loss)
     assert detail.expected_version == 1 and detail.current_version == 2
     assert detail.outcome.output[0].text.startswith("answer to ")
+    # Each turn kept its own answer: the loser's outcome is not the winner's.
+    answers = {wins[0].outcome.output[0].text, detail.outcome.output[0].text}
+    assert answers == {"answer to one", "answer to two"}
     assert detail.outcome.usage.output_tokens == 4 and detail.outcome.usage.model_calls == 1
     assert len(model.chat_requests) == 2, "the model is never re-run"
     assert await version(stack, namespace, cid) == 2

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
-import jwt
 import pytest
 import trustme
 from grpc_health.v1 import health_pb2
@@ -19,19 +18,9 @@ from services.common.server import RunningServer, serving
 from services.common.status import error_info
 from services.transcript.component import TranscriptComponent
 from tests.conftest import server_settings
+from tests.grpc_support import authorization, jwt_token, write_pem
 
 SECRET = "e2e-secret-" + "x" * 32
-
-
-def token(*namespaces: str, **claims: object) -> str:
-    body: dict[str, object] = {
-        "sub": "app",
-        "aud": "runifold",
-        "exp": time.time() + 300,
-        "namespaces": list(namespaces),
-    }
-    body.update(claims)
-    return jwt.encode(body, SECRET, algorithm="HS256")
 
 
 @pytest.fixture
@@ -49,12 +38,12 @@ async def test_jwt_grants_namespaces_and_fills_an_empty_one(
     other = namespace + "-b"
     async with grpc.aio.insecure_channel(jwt_server.address) as channel:
         stub = stubs.transcript(channel)
-        mine = (("authorization", f"Bearer {token(namespace)}"),)
+        mine = authorization(jwt_token(SECRET, namespace))
         created = await stub.CreateConversation(pb.CreateConversationRequest(), metadata=mine)
         assert created.conversation.namespace == namespace  # filled from the identity
         cid = created.conversation.conversation_id
 
-        theirs = (("authorization", f"Bearer {token(other)}"),)
+        theirs = authorization(jwt_token(SECRET, other))
         for call in (
             stub.GetConversation(
                 pb.GetConversationRequest(namespace=namespace, conversation_id=cid), metadata=theirs
@@ -70,8 +59,8 @@ async def test_jwt_grants_namespaces_and_fills_an_empty_one(
 
         for metadata in (
             (),
-            (("authorization", f"Bearer {token(namespace, exp=time.time() - 999)}"),),
-            (("authorization", f"Bearer {token(namespace, aud='x')}"),),
+            authorization(jwt_token(SECRET, namespace, exp=time.time() - 999)),
+            authorization(jwt_token(SECRET, namespace, aud="x")),
         ):
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await stub.GetConversation(
@@ -85,11 +74,6 @@ async def test_jwt_grants_namespaces_and_fills_an_empty_one(
         assert health.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def _write(path: Path, blob: trustme.Blob) -> str:
-    blob.write_to_path(str(path))
-    return str(path)
-
-
 async def test_mutual_tls_requires_a_client_certificate(
     shared_database_url: str, tmp_path: Path, namespace: str
 ) -> None:
@@ -97,9 +81,9 @@ async def test_mutual_tls_requires_a_client_certificate(
     server_cert = ca.issue_cert("localhost", "127.0.0.1")
     client_cert = ca.issue_cert("client.runifold.test")
     auth = AuthSettings(
-        tls_cert_file=_write(tmp_path / "server.pem", server_cert.cert_chain_pems[0]),
-        tls_key_file=_write(tmp_path / "server.key", server_cert.private_key_pem),
-        tls_client_ca_file=_write(tmp_path / "ca.pem", ca.cert_pem),
+        tls_cert_file=write_pem(tmp_path / "server.pem", server_cert.cert_chain_pems[0]),
+        tls_key_file=write_pem(tmp_path / "server.key", server_cert.private_key_pem),
+        tls_client_ca_file=write_pem(tmp_path / "ca.pem", ca.cert_pem),
     )
     async with serving(
         [TranscriptComponent()], server_settings(), database_url=shared_database_url, auth=auth

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from google.rpc import status_pb2
 
 from runifold.common.v1 import common_pb2
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
@@ -32,7 +31,6 @@ from tests.stack import Stack, full_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE = ROOT / "clients" / "node"
-GOOGLEAPIS = Path(status_pb2.__file__).resolve().parents[2]  # holds google/rpc/*.proto
 RACE = re.compile(r"\[race:([A-Za-z0-9_.-]+):([0-9a-f-]{36})\]")
 
 
@@ -118,12 +116,7 @@ async def test_typescript_client(stack: Stack) -> None:
     if not (NODE / "node_modules").exists():
         await _run(["npm", "ci", "--no-audit", "--no-fund"], NODE)
     await _run(["npx", "tsc", "-p", "."], NODE)
-    googleapis = GOOGLEAPIS
-    env = {
-        **os.environ,
-        "RUNIFOLD_TARGET": stack.address,
-        "RUNIFOLD_GOOGLEAPIS_DIR": str(googleapis),
-    }
+    env = {**os.environ, "RUNIFOLD_TARGET": stack.address}
     output = await _run(["node", "--test", "dist/test/"], NODE, env)
     assert "# fail 0" in output and "# pass 4" in output, output
 

@@ -30,7 +30,8 @@ from services.memory.index.edge import EdgeIndex
 from services.memory.index.qdrant import QdrantIndex
 from services.memory.store import PostgresMemoryStore
 from tests.conftest import server_settings, wait_for
-from tests.memory_support import memory_config, memory_server
+from tests.grpc_support import reason
+from tests.memory_support import memory_config, memory_server, outbox_drained
 
 if TYPE_CHECKING:
     from runifold.memory.v1.memory_service_pb2_grpc import MemoryServiceAsyncStub
@@ -79,8 +80,7 @@ class Client:
         )
 
     async def drained(self) -> bool:
-        assert self.component.store is not None
-        return (await self.component.store.backlog()).depth == 0
+        return await outbox_drained(self.component)
 
     async def index_keys(self) -> set[tuple[str, uuid.UUID]]:
         assert self.component.index is not None
@@ -102,12 +102,6 @@ async def served(
 @pytest.fixture
 def client(served: tuple[RunningServer, Client]) -> Client:
     return served[1]
-
-
-def reason(error: grpc.aio.AioRpcError) -> str:
-    info = error_info(error)
-    assert info is not None
-    return str(info.reason)
 
 
 async def test_upsert_get_search_roundtrip(client: Client, namespace: str) -> None:

@@ -21,7 +21,7 @@ from runifold.transcript.v1 import transcript_service_pb2 as tpb
 from services.common import stubs
 from services.memory.component import MemoryComponent
 from tests.conftest import wait_for
-from tests.memory_support import memory_config, memory_server
+from tests.memory_support import memory_config, memory_server, outbox_drained
 
 # key -> (answer fact, distractor sharing its words but not its meaning)
 FACTS: dict[str, tuple[str, str]] = {
@@ -201,13 +201,10 @@ async def test_recall_at_3_on_a_labelled_set(
         await memory.UpsertMemory(
             pb.UpsertMemoryRequest(namespace=namespace, content=text, sources=source)
         )
-    assert len(FACTS) * 2 + len(FILLERS) >= 30 and len(QUESTIONS) >= 20
+    # The data set: every fact with a distractor, plus fillers (at least 30 memories),
+    # asked at least 20 questions.
 
-    async def drained() -> bool:
-        assert component.store is not None
-        return (await component.store.backlog()).depth == 0
-
-    await wait_for(drained, timeout=60)
+    await wait_for(lambda: outbox_drained(component), timeout=60)
     hits_at_3 = 0
     distractor_first = 0
     misses = []

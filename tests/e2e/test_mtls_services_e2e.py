@@ -8,11 +8,9 @@ forwarding the caller's token, so each service enforces the same namespace rule.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import grpc
-import jwt
 import pytest
 import trustme
 
@@ -29,13 +27,13 @@ from services.summary.component import SummaryComponent
 from services.summary.config import SummaryConfig
 from services.transcript.component import TranscriptComponent
 from tests.conftest import server_settings
+from tests.grpc_support import Metadata, authorization, jwt_token, write_pem
 
 SECRET = "mtls-secret-" + "z" * 32
 
 
-def token(namespace: str) -> tuple[tuple[str, str]]:
-    claims = {"sub": "app", "aud": "runifold", "exp": time.time() + 300, "namespaces": [namespace]}
-    return (("authorization", f"Bearer {jwt.encode(claims, SECRET, algorithm='HS256')}"),)
+def token(namespace: str) -> Metadata:
+    return authorization(jwt_token(SECRET, namespace))
 
 
 async def test_services_talk_over_mutual_tls_and_carry_the_callers_identity(
@@ -46,21 +44,16 @@ async def test_services_talk_over_mutual_tls_and_carry_the_callers_identity(
     service_cert = ca.issue_cert("agent.runifold.internal")
     app_cert = ca.issue_cert("app.example")
 
-    def write(name: str, blob: trustme.Blob) -> str:
-        path = tmp_path / name
-        blob.write_to_path(str(path))
-        return str(path)
-
     auth = AuthSettings(
         mode="jwt",
         jwt_secret=SECRET,
         jwt_audience="runifold",
-        tls_cert_file=write("server.pem", server_cert.cert_chain_pems[0]),
-        tls_key_file=write("server.key", server_cert.private_key_pem),
-        tls_client_ca_file=write("ca.pem", ca.cert_pem),
+        tls_cert_file=write_pem(tmp_path / "server.pem", server_cert.cert_chain_pems[0]),
+        tls_key_file=write_pem(tmp_path / "server.key", server_cert.private_key_pem),
+        tls_client_ca_file=write_pem(tmp_path / "ca.pem", ca.cert_pem),
         tls_ca_file=str(tmp_path / "ca.pem"),
-        tls_client_cert_file=write("service.pem", service_cert.cert_chain_pems[0]),
-        tls_client_key_file=write("service.key", service_cert.private_key_pem),
+        tls_client_cert_file=write_pem(tmp_path / "service.pem", service_cert.cert_chain_pems[0]),
+        tls_client_key_file=write_pem(tmp_path / "service.key", service_cert.private_key_pem),
         tls_server_name="localhost",
     )
     app_credentials = grpc.ssl_channel_credentials(

@@ -11,16 +11,17 @@ import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
-from bench.common import server_process
 from runifold.common.v1 import common_pb2
 from runifold.summary.v1 import summary_service_pb2 as spb
 from runifold.transcript.v1 import transcript_service_pb2 as tpb
-from services.common import metrics, stubs
+from services.common import stubs
 from services.common.db import Database
 from services.common.server import RunningServer, serving
 from services.common.status import error_info
@@ -29,6 +30,8 @@ from services.summary.config import SummaryConfig
 from services.transcript.component import TranscriptComponent
 from tests.conftest import server_settings, wait_for
 from tests.fakes.openai_server import FakeOpenAI, FakeReply, fake_openai
+from tests.grpc_support import check_health_follows_schema
+from tests.ops.process import service_process
 
 if TYPE_CHECKING:
     from runifold.summary.v1.summary_service_pb2_grpc import SummaryServiceAsyncStub
@@ -379,16 +382,21 @@ async def test_budget_and_deadline_bound_the_passes(
         assert await current_through(s.summary, namespace, cid) == 16
         fake.respond_with(lambda body: FakeReply(text="a summary"))
 
-        fake.delay = 30  # the model hangs; the caller's deadline ends the call
+        # The model answers after the caller's deadline: the call ends first, and the
+        # late answer must not be committed by a pass nobody waits for any more.
+        fake.delay = 3
         with pytest.raises(grpc.aio.AioRpcError) as late:
             await s.summary.Summarize(summarize(cid, namespace, 4, 8, 5), timeout=0.5)
         assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        await wait_for(lambda: _requests_at_least(fake, 4))
+
+        async def hung_request_answered() -> bool:
+            requests = fake.chat_requests
+            return len(requests) >= 4 and all(r.finished is not None for r in requests)
+
+        await wait_for(hung_request_answered, timeout=10)
+        assert len(fake.chat_requests) == 4, "no further pass after the deadline"
+        assert fake.chat_requests[-1].status == 200  # answered, not cut off
         assert await current_through(s.summary, namespace, cid) == 16
-
-
-async def _requests_at_least(fake: FakeOpenAI, count: int) -> bool:
-    return len(fake.chat_requests) >= count
 
 
 # -- the queue -----------------------------------------------------------------------------
@@ -396,6 +404,16 @@ async def _requests_at_least(fake: FakeOpenAI, count: int) -> bool:
 
 async def _backlog(stub: SummaryServiceAsyncStub, namespace: str) -> spb.GetBacklogResponse:
     return await stub.GetBacklog(spb.GetBacklogRequest(namespace=namespace))
+
+
+async def _gauge_is(name: str, expected: float) -> bool:
+    """This process's metric `name` reads `expected` (in-process servers share it)."""
+    return REGISTRY.get_sample_value(name) == expected
+
+
+async def _gauge_above(name: str, bound: float) -> bool:
+    value = REGISTRY.get_sample_value(name)
+    return value is not None and value > bound
 
 
 async def test_summarizer_outage_loses_no_job_and_the_queue_drains(
@@ -446,6 +464,10 @@ async def test_summarizer_outage_loses_no_job_and_the_queue_drains(
                 await wait_for(all_retried, timeout=30)
                 during = await _backlog(s.summary, namespace)
                 assert (during.depth, during.failed_count) == (8, 0)
+                # The queue gauges follow the queue (a fresh database: these are all its
+                # jobs), so the gauge reading 0 at the end is the gauge moving, not idle.
+                await wait_for(lambda: _gauge_is("runifold_summary_jobs_depth", 8))
+                await wait_for(lambda: _gauge_above("runifold_summary_jobs_oldest_age_seconds", 0))
                 assert during.oldest_pending_age.ToNanoseconds() > 0
                 assert await current_through(s.summary, namespace, cids[0]) == 0
 
@@ -472,10 +494,9 @@ async def test_summarizer_outage_loses_no_job_and_the_queue_drains(
             assert (after.depth, after.failed_count, after.running_count) == (0, 0, 0)
             assert after.oldest_pending_age.ToNanoseconds() == 0
 
-            async def gauge_empty() -> bool:
-                return bool(metrics.SUMMARY_JOBS_DEPTH._value.get() == 0)
-
-            await wait_for(gauge_empty)
+            await wait_for(lambda: _gauge_is("runifold_summary_jobs_depth", 0))
+            await wait_for(lambda: _gauge_is("runifold_summary_jobs_oldest_age_seconds", 0))
+            assert REGISTRY.get_sample_value("runifold_summary_jobs_failed") == 0
 
 
 async def test_a_job_of_an_erased_conversation_ends(
@@ -517,7 +538,7 @@ async def test_a_job_of_an_erased_conversation_ends(
 
 
 async def test_two_worker_processes_drain_one_queue_without_running_a_job_twice(
-    fresh_database_url: str, namespace: str
+    fresh_database_url: str, namespace: str, tmp_path: Path
 ) -> None:
     async with fake_openai() as fake:
         fake.delay = 0.02
@@ -533,13 +554,14 @@ async def test_two_worker_processes_drain_one_queue_without_running_a_job_twice(
                 "RUNIFOLD_SUMMARY_POLL_INTERVAL_S": "0.05",
                 "RUNIFOLD_SUMMARY_JOB_LEASE_S": "5",
                 "RUNIFOLD_DB_POOL_MIN": "1",
+                "DATABASE_URL": fresh_database_url,
             }
             async with (
-                server_process("services.summary", fresh_database_url, env) as first,
-                server_process("services.summary", fresh_database_url, env) as second,
+                service_process("services.summary", env, tmp_path / "first") as first,
+                service_process("services.summary", env, tmp_path / "second") as second,
                 grpc.aio.insecure_channel(transcript_server.address) as tch,
-                grpc.aio.insecure_channel(first) as ch1,
-                grpc.aio.insecure_channel(second) as ch2,
+                grpc.aio.insecure_channel(first.address) as ch1,
+                grpc.aio.insecure_channel(second.address) as ch2,
             ):
                 transcript = stubs.transcript(tch)
                 summaries = [stubs.summary(ch1), stubs.summary(ch2)]
@@ -594,32 +616,8 @@ async def test_two_worker_processes_drain_one_queue_without_running_a_job_twice(
 
 
 async def test_health_follows_the_summary_schema(fresh_database_url: str) -> None:
-    from grpc_health.v1 import health_pb2
-
     name = "runifold.summary.v1.SummaryService"
     async with stack(fresh_database_url, NO_WORKERS) as s:
-        admin = Database(fresh_database_url, server_settings())
-        await admin.open()
-        async with grpc.aio.insecure_channel(s.summary_server.address) as channel:
-            health = stubs.health(channel)
-
-            async def status_is(expected: int) -> bool:
-                reply = await health.Check(health_pb2.HealthCheckRequest(service=name))
-                return bool(reply.status == expected)
-
-            try:
-                assert await status_is(health_pb2.HealthCheckResponse.SERVING)
-                async with admin.connection() as conn:
-                    await conn.execute(
-                        "UPDATE public.runifold_schema_migrations "
-                        "SET checksum = 'edited' || checksum WHERE service = 'summary'"
-                    )
-                await wait_for(lambda: status_is(health_pb2.HealthCheckResponse.NOT_SERVING))
-                async with admin.connection() as conn:
-                    await conn.execute(
-                        "UPDATE public.runifold_schema_migrations "
-                        "SET checksum = substr(checksum, 7) WHERE service = 'summary'"
-                    )
-                await wait_for(lambda: status_is(health_pb2.HealthCheckResponse.SERVING))
-            finally:
-                await admin.close()
+        await check_health_follows_schema(
+            fresh_database_url, s.summary_server.address, name, schema_service="summary"
+        )

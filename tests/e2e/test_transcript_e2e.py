@@ -21,22 +21,18 @@ from grpc_health.v1 import health_pb2
 from runifold.common.v1 import common_pb2
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import stubs
-from services.common.db import Database
 from services.common.migrations import SchemaMismatch
 from services.common.server import RunningServer, serving
 from services.common.status import error_info
 from services.common.stubs import transcript as stubs_for
 from services.transcript.component import TranscriptComponent
-from tests.conftest import server_settings, wait_for
+from tests.conftest import server_settings
+from tests.grpc_support import check_health_follows_schema, health_status, user
 
 if TYPE_CHECKING:
     from runifold.transcript.v1.transcript_service_pb2_grpc import (
         TranscriptServiceAsyncStub as Stub,
     )
-
-
-def user(text: str) -> common_pb2.Message:
-    return common_pb2.Message(role=common_pb2.ROLE_USER, text=text)
 
 
 async def create(stub: Stub, namespace: str) -> str:
@@ -322,14 +318,6 @@ async def test_grpcurl_uses_reflection_without_proto_files(
     }
 
 
-async def _health(address: str, service: str = "") -> int:
-    async with grpc.aio.insecure_channel(address) as ch:
-        response = await stubs.health(ch).Check(
-            health_pb2.HealthCheckRequest(service=service), timeout=5
-        )
-        return int(response.status)
-
-
 async def test_health_follows_schema_and_shutdown(fresh_database_url: str) -> None:
     serving_status = health_pb2.HealthCheckResponse.SERVING
     not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -337,32 +325,11 @@ async def test_health_follows_schema_and_shutdown(fresh_database_url: str) -> No
     async with serving(
         [TranscriptComponent()], server_settings(), database_url=fresh_database_url
     ) as running:
-        assert await _health(running.address) == serving_status
-        assert await _health(running.address, name) == serving_status
-        admin = Database(fresh_database_url, server_settings())
-        await admin.open()
-
-        async def status_is(expected: int) -> bool:
-            return await _health(running.address, name) == expected
-
-        try:
-            # The schema stops being the one the code expects: health follows, both ways.
-            async with admin.connection() as conn:
-                await conn.execute(
-                    "UPDATE public.runifold_schema_migrations "
-                    "SET checksum = 'edited' || checksum WHERE service = 'transcript'"
-                )
-            await wait_for(lambda: status_is(not_serving))
-            # Liveness does not follow the store: a restart would not fix the schema.
-            assert await _health(running.address, "runifold.liveness") == serving_status
-            async with admin.connection() as conn:
-                await conn.execute(
-                    "UPDATE public.runifold_schema_migrations "
-                    "SET checksum = substr(checksum, 7) WHERE service = 'transcript'"
-                )
-            await wait_for(lambda: status_is(serving_status))
-        finally:
-            await admin.close()
+        assert await health_status(running.address) == serving_status
+        # The schema stops being the one the code expects: health follows, both ways.
+        await check_health_follows_schema(
+            fresh_database_url, running.address, name, schema_service="transcript"
+        )
         # Graceful shutdown: health turns NOT_SERVING before the server goes away.
         async with grpc.aio.insecure_channel(running.address) as ch:
             watch = stubs.health(ch).Watch(health_pb2.HealthCheckRequest(service=""))

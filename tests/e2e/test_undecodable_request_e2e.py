@@ -7,7 +7,10 @@ this over every RPC).
 
 from __future__ import annotations
 
+import uuid
+
 import grpc
+import pytest
 
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common.server import RunningServer
@@ -24,18 +27,24 @@ async def test_invalid_utf8_and_corrupt_bytes_are_invalid_argument(
     async with grpc.aio.insecure_channel(transcript_server.address) as channel:
         call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(METHOD)
         for body in (not_utf8, corrupt):
-            try:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await call(body, timeout=10)
-            except grpc.aio.AioRpcError as error:
-                assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-                assert "DecodeError" not in (error.details() or "")
-                info = error_info(error)
-                assert info is not None and info.reason == "INVALID_REQUEST"
-            else:
-                raise AssertionError(f"{body!r} was accepted")
-        # The method still answers valid requests.
-        valid = pb.GetConversationRequest(namespace=namespace, conversation_id=str(namespace))
-        try:
-            await call(valid.SerializeToString(), timeout=10)
-        except grpc.aio.AioRpcError as error:
-            assert error_info(error).reason == "INVALID_CONVERSATION_ID"  # type: ignore[union-attr]
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, body
+            assert "DecodeError" not in (refused.value.details() or "")
+            info = error_info(refused.value)
+            assert info is not None and info.reason == "INVALID_REQUEST", body
+        # The method still answers valid requests: a decodable one reaches validation
+        # (the conversation id is not a UUID) ...
+        bad_id = pb.GetConversationRequest(namespace=namespace, conversation_id=str(namespace))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call(bad_id.SerializeToString(), timeout=10)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        info = error_info(caught.value)
+        assert info is not None and info.reason == "INVALID_CONVERSATION_ID"
+        # ... and a well-formed one reaches the store.
+        unknown = pb.GetConversationRequest(namespace=namespace, conversation_id=str(uuid.uuid4()))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call(unknown.SerializeToString(), timeout=10)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        info = error_info(caught.value)
+        assert info is not None and info.reason == "CONVERSATION_NOT_FOUND"

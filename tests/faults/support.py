@@ -30,11 +30,10 @@ import psycopg
 from grpc_health.v1 import health_pb2
 
 from runifold.agent.v1 import agent_service_pb2 as agent_pb
-from runifold.common.v1 import common_pb2
 from runifold.transcript.v1 import transcript_service_pb2 as pb
-from services.common import stubs
 from services.common.status import error_info
 from tests.conftest import wait_for
+from tests.grpc_support import user
 from tests.ops.tools import ROOT
 
 if TYPE_CHECKING:
@@ -112,22 +111,6 @@ async def dedicated_postgres() -> AsyncIterator[DedicatedPostgres]:
         await server.close()
 
 
-# -- health ------------------------------------------------------------------------
-
-
-async def health_status(address: str, service: str = "") -> int | None:
-    """The health status the server reports, or None when it does not answer."""
-    async with grpc.aio.insecure_channel(address) as channel:
-        try:
-            reply = await stubs.health(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=2
-            )
-        except grpc.aio.AioRpcError:
-            return None
-        status: int = reply.status
-        return status
-
-
 # -- the write load ----------------------------------------------------------------
 
 
@@ -135,10 +118,6 @@ def failure(error: grpc.aio.AioRpcError) -> str:
     """`CODE/REASON` of a failed call (REASON is `-` when the status has no ErrorInfo)."""
     info = error_info(error)
     return f"{error.code().name}/{info.reason if info is not None else '-'}"
-
-
-def user(text: str) -> common_pb2.Message:
-    return common_pb2.Message(role=common_pb2.ROLE_USER, text=text)
 
 
 @dataclass

@@ -40,9 +40,8 @@ from tests.faults.support import (
     channel_to,
     dedicated_postgres,
     failure,
-    health_status,
-    user,
 )
+from tests.grpc_support import health_status, user
 from tests.ops.process import service_process
 
 pytestmark = pytest.mark.slow

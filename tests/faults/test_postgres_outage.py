@@ -31,13 +31,12 @@ from tests.faults.support import (
     check_exactly_once,
     dedicated_postgres,
     failure,
-    health_status,
     run_writer,
     start_writers,
     stop_tasks,
     stored_appends,
-    user,
 )
+from tests.grpc_support import health_status, user
 from tests.ops.process import service_process, value
 
 WRITERS = 8

@@ -27,7 +27,8 @@ from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import stubs
 from tests.fakes.openai_server import FakeReply, fake_openai
-from tests.faults.support import failure, stored_appends, user
+from tests.faults.support import failure, stored_appends
+from tests.grpc_support import user
 from tests.ops.process import service_process
 
 if TYPE_CHECKING:

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from services.common.db import Database
+from services.common.errors import Code, DomainError
 from services.transcript.store import VIEW_SQL, PostgresTranscriptStore, TranscriptStore
 from tests.transcript_cases import TranscriptCases, make_service, new_conversation, user
 
@@ -93,8 +94,10 @@ async def test_append_is_one_statement_that_leaves_nothing_on_failure(
     service = make_service(store)
     cid = await new_conversation(service, namespace)
     await service.append(namespace, cid, None, [user("a")], "r1")
-    with pytest.raises(Exception):  # noqa: B017 - REQUEST_ID_REUSED is checked elsewhere
+    with pytest.raises(DomainError) as caught:
         await service.append(namespace, cid, None, [user("b")], "r1")
+    assert caught.value.code is Code.INVALID_ARGUMENT
+    assert caught.value.reason == "REQUEST_ID_REUSED" and caught.value.field == "request_id"
     async with database.connection() as conn:
         cursor = await conn.execute(
             """SELECT c.version, c.last_sequence, count(e.*)

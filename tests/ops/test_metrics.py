@@ -23,11 +23,11 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from runifold.agent.v1 import agent_service_pb2 as agent_pb
-from runifold.common.v1 import common_pb2
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import metrics, stubs
 from tests.conftest import wait_for
+from tests.grpc_support import user
 from tests.ops.process import ServiceProcess, service_process, value
 from tests.ops.tools import ROOT, check_metrics, run
 
@@ -68,10 +68,6 @@ def defined_metrics() -> dict[str, Counter | Gauge | Histogram]:
             for family in attribute.describe():
                 found[family.name] = attribute
     return found
-
-
-def user(text: str) -> common_pb2.Message:
-    return common_pb2.Message(role=common_pb2.ROLE_USER, text=text)
 
 
 @pytest.fixture

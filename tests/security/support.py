@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import jwt
 import psycopg
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, MethodDescriptor
@@ -28,23 +27,23 @@ from psycopg import sql
 import runifold
 from services.common.auth import AuthSettings
 from services.common.status import error_info
+from tests.grpc_support import Metadata as Metadata  # re-exported: the suites import it from here
+from tests.grpc_support import authorization, jwt_token
 
 SECRET = "security-suite-secret-" + "s" * 32
 AUDIENCE = "runifold"
 CALL_TIMEOUT_S = 60.0
 
-Metadata = tuple[tuple[str, str], ...]
-
 
 def token(*namespaces: str) -> str:
     """A valid bearer token granting exactly these namespaces ("*": all)."""
-    claims = {
-        "sub": "tenant:" + ",".join(namespaces),
-        "aud": AUDIENCE,
-        "exp": time.time() + 3600,
-        "namespaces": list(namespaces),
-    }
-    return jwt.encode(claims, SECRET, algorithm="HS256")
+    return jwt_token(
+        SECRET,
+        *namespaces,
+        sub="tenant:" + ",".join(namespaces),
+        aud=AUDIENCE,
+        exp=time.time() + 3600,
+    )
 
 
 # The servers' authentication; the service token lets background summary jobs act
@@ -54,7 +53,7 @@ AUTH = AuthSettings(mode="jwt", jwt_secret=SECRET, jwt_audience=AUDIENCE, servic
 
 def bearer(*namespaces: str) -> Metadata:
     """Call metadata of a caller granted exactly these namespaces."""
-    return (("authorization", f"Bearer {token(*namespaces)}"),)
+    return authorization(token(*namespaces))
 
 
 # -- the contract's RPCs ---------------------------------------------------------

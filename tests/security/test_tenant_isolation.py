@@ -38,6 +38,7 @@ from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from tests.conftest import wait_for
 from tests.fakes.openai_server import FakeOpenAI
+from tests.grpc_support import user
 from tests.security.support import (
     RPC_BY_ID,
     RPCS,
@@ -49,7 +50,7 @@ from tests.security.support import (
     must,
     namespace_rows,
 )
-from tests.security.worlds import World, build_world, search_ids, user
+from tests.security.worlds import World, build_world, indexed_search_ids, search_ids
 from tests.stack import Stack
 
 # --- what a probe points at --------------------------------------------------------
@@ -488,7 +489,9 @@ async def test_tenant_a_cannot_reach_tenant_b(
     a, b = tenants.a, tenants.b
     channel, as_a = stack.channel, a.metadata
     b_rows = await namespace_rows(shared_database_url, b.namespace)
-    b_found = await search_ids(channel, b, b.memory_content)
+    # Recorded once the index has caught up, so the comparison at the end sees the
+    # same (semantic, not degraded) search and any difference is the probes' doing.
+    b_found = await indexed_search_ids(channel, b, b.memory_content)
     assert b_found, "B's memories are searchable before the probes"
     model.requests.clear()
     received: list[Outcome] = []

@@ -18,13 +18,11 @@ from runifold.common.v1 import common_pb2
 from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
+from tests.conftest import wait_for
+from tests.grpc_support import user
 from tests.security.support import Metadata, must
 
 ENTRIES = 6
-
-
-def user(text: str) -> common_pb2.Message:
-    return common_pb2.Message(role=common_pb2.ROLE_USER, text=text)
 
 
 def assistant(text: str) -> common_pb2.Message:
@@ -215,10 +213,36 @@ async def search_ids(
     channel: grpc.aio.Channel, world: World, query: str
 ) -> list[tuple[str, str, float]]:
     """(namespace, memory id, score) of a search in the world's namespace."""
-    found = await must(
+    return _ids(await _search(channel, world, query))
+
+
+async def indexed_search_ids(
+    channel: grpc.aio.Channel, world: World, query: str, timeout: float = 30
+) -> list[tuple[str, str, float]]:
+    """`search_ids` once the indexer has caught up: a semantic search (not the
+    degraded full-text one) that finds every memory of the world."""
+    settled: list[tuple[str, str, float]] = []
+
+    async def caught_up() -> bool:
+        found = await _search(channel, world, query)
+        settled[:] = _ids(found)
+        return not found.degraded and {mid for _, mid, _ in settled} >= set(world.memory_ids)
+
+    await wait_for(caught_up, timeout=timeout)
+    return settled
+
+
+async def _search(
+    channel: grpc.aio.Channel, world: World, query: str
+) -> memory_pb.SearchMemoriesResponse:
+    found: memory_pb.SearchMemoriesResponse = await must(
         channel,
         "MemoryService.SearchMemories",
         memory_pb.SearchMemoriesRequest(namespace=world.namespace, query=query, limit=16),
         world.metadata,
     )
+    return found
+
+
+def _ids(found: memory_pb.SearchMemoriesResponse) -> list[tuple[str, str, float]]:
     return [(h.memory.namespace, h.memory.memory_id, round(h.score, 4)) for h in found.results]

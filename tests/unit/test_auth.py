@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import time
 from pathlib import Path
 
 import jwt
 import pytest
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from runifold.transcript.v1 import transcript_service_pb2 as pb
@@ -27,6 +31,19 @@ SECRET = "s" * 40
 
 def hs256(claims: dict[str, object], secret: str = SECRET) -> str:
     return jwt.encode(claims, secret, algorithm="HS256")
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def hs256_by_hand(claims: dict[str, object], secret: bytes, *, kid: str) -> str:
+    """An HS256 JWT signed with any bytes as the secret, PEM keys included."""
+    header = _b64url(json.dumps({"alg": "HS256", "typ": "JWT", "kid": kid}).encode())
+    payload = _b64url(json.dumps(claims).encode())
+    signing_input = f"{header}.{payload}".encode()
+    signature = hmac.new(secret, signing_input, hashlib.sha256).digest()
+    return f"{header}.{payload}.{_b64url(signature)}"
 
 
 def settings(**kw: object) -> AuthSettings:
@@ -100,10 +117,20 @@ def test_jwks_public_keys(tmp_path: Path, curve: str) -> None:
     auth = JwtAuthenticator(settings(jwt_secret="", jwt_jwks_file=str(jwks)))
     token = jwt.encode(good(), key, algorithm=algorithm, headers={"kid": "k1"})
     assert auth.authenticate(bearer(token), "").namespaces == {"tenant-a"}
-    # An HS256 token signed with the public key as a secret must not pass.
-    forged = jwt.encode(good(), "k" * 40, algorithm="HS256", headers={"kid": "k1"})
-    with pytest.raises(DomainError):
+    # An HS256 token signed with the public key as a secret must not pass
+    # (algorithm confusion). Built by hand: PyJWT refuses a PEM as an HMAC key.
+    pem = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    forged = hs256_by_hand(good(), pem, kid="k1")
+    # The hand-built form is a valid token where HS256 is configured, so the
+    # refusal below is about the key and algorithm, not a malformed token.
+    well_formed = hs256_by_hand(good(), SECRET.encode(), kid="k1")
+    assert JwtAuthenticator(settings()).authenticate(bearer(well_formed), "").subject == "app-1"
+    with pytest.raises(DomainError) as caught:
         auth.authenticate(bearer(forged), "")
+    assert caught.value.code is Code.UNAUTHENTICATED
+    assert caught.value.reason == "UNAUTHENTICATED"
 
 
 def test_authorize_fills_the_single_namespace_and_refuses_others() -> None:

@@ -61,16 +61,16 @@ def test_collections_and_points_are_per_model_and_namespace() -> None:
 
 async def test_openai_embedder_batches_orders_and_normalises() -> None:
     requests: list[dict[str, object]] = []
+    # Each input points a different way and has length 5, so a mix-up of the
+    # order shows and so does a missing normalisation.
+    raw = {"a": [3.0, 4.0, 0.0], "bb": [0.0, 3.0, 4.0], "ccc": [4.0, 0.0, 3.0]}
 
     def handler(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         requests.append(body)
         assert request.headers["authorization"] == "Bearer k"
         assert request.url.path == "/v1/embeddings"
-        data = [
-            {"index": i, "embedding": [float(len(text)), 0.0, 0.0]}
-            for i, text in enumerate(body["input"])
-        ]
+        data = [{"index": i, "embedding": raw[text]} for i, text in enumerate(body["input"])]
         return httpx.Response(
             200, json={"data": list(reversed(data)), "usage": {"prompt_tokens": 3}}
         )
@@ -84,7 +84,7 @@ async def test_openai_embedder_batches_orders_and_normalises() -> None:
         transport=httpx.MockTransport(handler),
     )
     vectors = await embedder.embed(["a", "bb", "ccc"])
-    assert vectors == [[1.0, 0.0, 0.0]] * 3
+    assert vectors == [[0.6, 0.8, 0.0], [0.0, 0.6, 0.8], [0.8, 0.0, 0.6]]
     assert [r["input"] for r in requests] == [["a", "bb"], ["ccc"]]
     assert all(r["model"] == "text-embedding-3-small" for r in requests)
     await embedder.close()

@@ -14,10 +14,13 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.common.v1 import common_pb2
+from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold_client import (
     Client,
     ConversationContextPolicy,
+    InvalidArgument,
+    NotFound,
     SummaryRequired,
     TurnConflict,
     VersionConflict,
@@ -26,6 +29,7 @@ from runifold_client import (
 MESSAGE = "scripted"
 AGENT = agent_pb.DESCRIPTOR.services_by_name["AgentService"]
 TRANSCRIPT = transcript_pb.DESCRIPTOR.services_by_name["TranscriptService"]
+SUMMARY = summary_pb.DESCRIPTOR.services_by_name["SummaryService"]
 
 
 def status_metadata(
@@ -47,7 +51,7 @@ def scripted(
     method: Any, respond: Callable[[Any, Any], None], call: Callable[[Client], Any], times: int = 1
 ) -> tuple[Any, list[Any]]:
     """Run `call` on a client over a grpc_testing channel; answer each RPC with `respond`."""
-    channel = grpc_testing.channel([AGENT, TRANSCRIPT], grpc_testing.strict_real_time())
+    channel = grpc_testing.channel([AGENT, TRANSCRIPT, SUMMARY], grpc_testing.strict_real_time())
     client = Client(channel=channel, namespace="tenant-a", timeout=5)
     outcome: dict[str, Any] = {}
 
@@ -57,7 +61,7 @@ def scripted(
         except Exception as error:
             outcome["error"] = error
 
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     requests = []
     for _ in range(times):
@@ -65,6 +69,7 @@ def scripted(
         requests.append(request)
         respond(request, rpc)
     thread.join(10)
+    assert not thread.is_alive(), "the client is still waiting for an answer: a retry?"
     if "error" in outcome:
         return outcome["error"], requests
     return outcome.get("value"), requests
@@ -174,7 +179,9 @@ def test_other_failures_are_not_retried() -> None:
     error, requests = scripted(
         TRANSCRIPT.methods_by_name["AppendEntries"], respond, lambda c: c.append("c1", "hi")
     )
-    assert error.reason == "SYSTEM_ROLE_NOT_ALLOWED" and len(requests) == 1
+    # One scripted answer only: a retry would leave the client waiting (see scripted).
+    assert isinstance(error, InvalidArgument) and error.reason == "SYSTEM_ROLE_NOT_ALLOWED"
+    assert requests[0].conversation_id == "c1" and requests[0].request_id
 
 
 def test_policy_helpers_validate() -> None:
@@ -182,3 +189,55 @@ def test_policy_helpers_validate() -> None:
         ConversationContextPolicy().with_semantic_memory(0)
     auto = ConversationContextPolicy(window=8).with_auto_summary(3).to_proto()
     assert auto.summary_mode == agent_pb.SUMMARY_MODE_AUTO and auto.max_summary_passes == 3
+
+
+def test_blocking_summarize_sends_the_window_and_passes() -> None:
+    def respond(request: Any, rpc: Any) -> None:
+        rpc.terminate(
+            summary_pb.SummarizeResponse(passes=2, backlog=7),
+            (),
+            grpc.StatusCode.OK,
+            "",
+        )
+
+    reply, requests = scripted(
+        SUMMARY.methods_by_name["Summarize"],
+        respond,
+        lambda c: c.summarize("c1", window=8, max_summary_passes=2),
+    )
+    (request,) = requests
+    assert (request.namespace, request.conversation_id) == ("tenant-a", "c1")
+    assert (request.window, request.summary_batch, request.max_summary_passes) == (8, 64, 2)
+    assert isinstance(reply, summary_pb.SummarizeResponse)
+    assert (reply.passes, reply.backlog) == (2, 7)
+
+
+def test_blocking_delete_conversation_and_its_not_found() -> None:
+    def deleted(request: Any, rpc: Any) -> None:
+        rpc.terminate(
+            transcript_pb.DeleteConversationResponse(deleted=True), (), grpc.StatusCode.OK, ""
+        )
+
+    reply, requests = scripted(
+        TRANSCRIPT.methods_by_name["DeleteConversation"],
+        deleted,
+        lambda c: c.delete_conversation("c1"),
+    )
+    assert (requests[0].namespace, requests[0].conversation_id) == ("tenant-a", "c1")
+    assert isinstance(reply, transcript_pb.DeleteConversationResponse) and reply.deleted
+
+    def missing(request: Any, rpc: Any) -> None:
+        rpc.terminate(
+            None,
+            status_metadata(code_pb2.NOT_FOUND, "CONVERSATION_NOT_FOUND", {}),
+            grpc.StatusCode.NOT_FOUND,
+            MESSAGE,
+        )
+
+    error, requests = scripted(
+        TRANSCRIPT.methods_by_name["DeleteConversation"],
+        missing,
+        lambda c: c.delete_conversation("c2", namespace="tenant-b"),
+    )
+    assert isinstance(error, NotFound) and error.reason == "CONVERSATION_NOT_FOUND"
+    assert [r.namespace for r in requests] == ["tenant-b"]
