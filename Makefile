@@ -6,6 +6,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTOS := $(shell find proto -name '*.proto' | sort)
+# The Python sources that ruff and mypy check.
+PY_SRC := services clients/python tests bench tools
+# The CPU build of torch, installed before everything else (see $(STAMP)).
+TORCH := torch==2.13.0
 export XDG_RUNTIME_DIR ?= /tmp
 export HF_HUB_OFFLINE := 1
 export PATH := $(abspath $(BIN)):$(PATH)
@@ -20,7 +24,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch first: on these machines this is the CPU wheel from local disk; left to
 	# sentence-transformers, a bare torch requirement would pull a multi-GB CUDA build.
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet $(TORCH)
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
@@ -53,30 +57,34 @@ test: $(STAMP) tools node
 
 ## ruff, mypy, buf lint and the generated-code freshness check.
 lint: $(STAMP) gen-check
-	$(BIN)/ruff check services clients/python tests bench tools
-	$(BIN)/ruff format --check services clients/python tests bench tools
-	$(BIN)/mypy services clients/python tests bench tools
+	$(BIN)/ruff check $(PY_SRC)
+	$(BIN)/ruff format --check $(PY_SRC)
+	$(BIN)/mypy $(PY_SRC)
 	$(BIN)/buf lint
 	@if git rev-parse --verify -q main >/dev/null; then \
 	  $(BIN)/buf breaking --against '.git#branch=main' && echo "buf breaking: no change breaks main"; \
 	else echo "buf breaking: no local main branch to compare with"; fi
 
 fmt: $(STAMP)
-	$(BIN)/ruff check --fix services clients/python tests bench tools
-	$(BIN)/ruff format services clients/python tests bench tools
+	$(BIN)/ruff check --fix $(PY_SRC)
+	$(BIN)/ruff format $(PY_SRC)
+
+## Python, gRPC and mypy stubs of $(PROTOS) into the directory $(1).
+define protoc
+$(BIN)/python -m grpc_tools.protoc -I proto --python_out=$(1) --grpc_python_out=$(1) \
+  --mypy_out=$(1) --mypy_grpc_out=$(1) $(PROTOS) >/dev/null
+endef
 
 ## Regenerate gen/ from proto/ (committed).
 gen: $(STAMP)
 	rm -rf gen && mkdir -p gen
-	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=gen --grpc_python_out=gen \
-	  --mypy_out=gen --mypy_grpc_out=gen $(PROTOS) >/dev/null
+	$(call protoc,gen)
 	$(BIN)/python -m tools.api_docs
 
 ## Fail when gen/ differs from a fresh generation.
 gen-check: $(STAMP)
 	@tmp=$$(mktemp -d) && \
-	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=$$tmp --grpc_python_out=$$tmp \
-	  --mypy_out=$$tmp --mypy_grpc_out=$$tmp $(PROTOS) >/dev/null && \
+	$(call protoc,$$tmp) && \
 	if diff -r $$tmp gen >/dev/null; then echo "gen/ is up to date"; rm -rf $$tmp; \
 	else diff -r $$tmp gen | head -20; rm -rf $$tmp; echo "gen/ is stale: run make gen"; exit 1; fi
 	@$(BIN)/python -m tools.api_docs --check
@@ -104,7 +112,7 @@ PEERS_STAMP := $(PEERS_VENV)/.installed
 $(PEERS_STAMP): bench/peers/requirements.txt
 	@test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
 	$(PEERS_VENV)/bin/pip install --quiet --upgrade pip
-	$(PEERS_VENV)/bin/pip install --quiet torch==2.13.0
+	$(PEERS_VENV)/bin/pip install --quiet $(TORCH)
 	$(PEERS_VENV)/bin/pip install --quiet -r bench/peers/requirements.txt
 	@touch $(PEERS_STAMP)
 

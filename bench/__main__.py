@@ -7,6 +7,7 @@ No thresholds are asserted: goals are printed next to the measured ratios.
 from __future__ import annotations
 
 import asyncio
+import os
 import platform
 import sys
 from collections.abc import Callable, Coroutine
@@ -27,7 +28,7 @@ def main() -> None:
     chosen = sys.argv[1:] or list(SUITES)
     print(
         f"# Runifold benchmarks on {platform.node()} ({platform.machine()}, "
-        f"{__import__('os').cpu_count()} CPUs, Python {platform.python_version()})\n"
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()})\n"
     )
     with postgres() as url:
         for name in chosen:

@@ -15,12 +15,12 @@ import uuid
 
 import grpc
 
-from bench.common import Stats, measure, new_database, server_process
+from bench.common import Stats, measure, new_database, seed_conversation, server_process
 from runifold.agent.v1 import agent_service_pb2 as agent_pb
-from runifold.common.v1 import common_pb2
 from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
+from runifold_client.policy import assistant, user
 from services.common import stubs
 
 NAMESPACE = "bench-agent"
@@ -35,10 +35,6 @@ FACTS = [
     "The API gateway enforces a 30 second timeout.",
 ]
 QUESTION = "What did we decide about storage?"
-
-
-def user(text: str) -> common_pb2.Message:
-    return common_pb2.Message(role=common_pb2.ROLE_USER, text=text)
 
 
 async def run(postgres_url: str) -> list[str]:
@@ -56,18 +52,7 @@ async def run(postgres_url: str) -> list[str]:
         ):
             transcript, summary = stubs.transcript(channel), stubs.summary(channel)
             memory, agent = stubs.memory(channel), stubs.agent(channel)
-            seed = (
-                await transcript.CreateConversation(
-                    transcript_pb.CreateConversationRequest(namespace=NAMESPACE)
-                )
-            ).conversation.conversation_id
-            await transcript.AppendEntries(
-                transcript_pb.AppendEntriesRequest(
-                    namespace=NAMESPACE,
-                    conversation_id=seed,
-                    messages=[user(fact) for fact in FACTS],
-                )
-            )
+            seed = await seed_conversation(transcript, NAMESPACE, FACTS)
             for index, fact in enumerate(FACTS, start=1):
                 await memory.UpsertMemory(
                     memory_pb.UpsertMemoryRequest(
@@ -159,9 +144,7 @@ async def run(postgres_url: str) -> list[str]:
                         request_id=str(uuid.uuid4()),
                         messages=[
                             user(QUESTION),
-                            common_pb2.Message(
-                                role=common_pb2.ROLE_ASSISTANT, text="an answer of some length"
-                            ),
+                            assistant("an answer of some length"),
                         ],
                     )
                 )

@@ -1,4 +1,7 @@
-"""Shared benchmark plumbing: a real PostgreSQL, servers in their own processes, stats."""
+"""Shared benchmark plumbing: a real PostgreSQL, servers in their own processes, stats.
+
+The standard-library-only helpers (percentiles, RSS) are in bench/stats.py.
+"""
 
 from __future__ import annotations
 
@@ -6,20 +9,27 @@ import asyncio
 import contextlib
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import psycopg
+from grpc_health.v1 import health_pb2
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from bench.stats import median_ms, percentile_ms
+from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
+from runifold_client.policy import user
 from services.common import stubs
+
+if TYPE_CHECKING:
+    from runifold.transcript.v1.transcript_service_pb2_grpc import TranscriptServiceAsyncStub
 
 
 @dataclass
@@ -35,12 +45,11 @@ class Stats:
         return len(self.latencies) / self.elapsed if self.elapsed else 0.0
 
     def pct(self, q: float) -> float:
-        ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+        return percentile_ms(self.latencies, q)
 
     @property
     def p50(self) -> float:
-        return statistics.median(self.latencies) * 1000
+        return median_ms(self.latencies)
 
     def row(self) -> str:
         return (
@@ -112,10 +121,18 @@ def free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def server_process(
-    module: str, database_url: str, env: dict[str, str] | None = None
-) -> AsyncIterator[str]:
-    """Run `python -m <module>` as its own process; yield its address once SERVING."""
+async def server(
+    module: str,
+    database_url: str,
+    env: dict[str, str] | None = None,
+    *,
+    start_timeout: float = 60.0,
+) -> AsyncIterator[tuple[str, int]]:
+    """Run `python -m <module>` as its own process; yield (address, pid) once SERVING.
+
+    `env` adds to (or overrides) the process's environment: DATABASE_URL, a free
+    port, no metrics listener, log level WARNING.
+    """
     port = free_port()
     environment = {
         **os.environ,
@@ -132,20 +149,54 @@ async def server_process(
     try:
         async with grpc.aio.insecure_channel(address) as channel:
             health = stubs.health(channel)
-            from grpc_health.v1 import health_pb2
-
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + start_timeout
             while True:
-                try:
+                with contextlib.suppress(grpc.aio.AioRpcError):
                     reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
                         break
-                except grpc.aio.AioRpcError:
-                    pass
                 if process.returncode is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"{module} did not start")
-                await asyncio.sleep(0.2)
-        yield address
+                await asyncio.sleep(0.2)  # start-up poll
+        yield address, process.pid
     finally:
-        process.terminate()
-        await asyncio.wait_for(process.wait(), timeout=30)
+        if process.returncode is None:
+            process.terminate()
+            await asyncio.wait_for(process.wait(), timeout=60)
+
+
+@contextlib.asynccontextmanager
+async def server_process(
+    module: str, database_url: str, env: dict[str, str] | None = None
+) -> AsyncIterator[str]:
+    """Run `python -m <module>` as its own process; yield its address once SERVING."""
+    async with server(module, database_url, env) as (address, _):
+        yield address
+
+
+async def seed_conversation(
+    transcript: TranscriptServiceAsyncStub, namespace: str, texts: Sequence[str]
+) -> str:
+    """A new conversation holding `texts` as user messages (sequences 1..n); its id."""
+    created = await transcript.CreateConversation(
+        transcript_pb.CreateConversationRequest(namespace=namespace)
+    )
+    conversation_id = created.conversation.conversation_id
+    await transcript.AppendEntries(
+        transcript_pb.AppendEntriesRequest(
+            namespace=namespace,
+            conversation_id=conversation_id,
+            messages=[user(text) for text in texts],
+        )
+    )
+    return conversation_id
+
+
+async def outbox_drained(conn: psycopg.AsyncConnection[Any], interval: float) -> None:
+    """Return once memory.outbox is empty: the indexer has embedded and indexed every write."""
+    while True:
+        cursor = await conn.execute("SELECT count(*) FROM memory.outbox")
+        row = await cursor.fetchone()
+        if row is not None and row[0] == 0:
+            return
+        await asyncio.sleep(interval)  # the indexer's progress poll

@@ -18,7 +18,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from bench.soak import rss_mib
+from bench.stats import rss_mib
 from services.memory.index import IndexPoint
 from services.memory.index.edge import EdgeIndex
 

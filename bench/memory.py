@@ -23,9 +23,7 @@ Sizes: BENCH_MEMORY_SIZES (default "10000,100000"), BENCH_MEMORY_QUERIES
 
 from __future__ import annotations
 
-import asyncio
 import os
-import statistics
 import tempfile
 import time
 import uuid
@@ -36,10 +34,16 @@ import numpy as np
 import psycopg
 from psycopg.types.json import Jsonb
 
-from bench.common import Stats, measure, new_database, server_process
-from runifold.common.v1 import common_pb2
+from bench.common import (
+    Stats,
+    measure,
+    new_database,
+    outbox_drained,
+    seed_conversation,
+    server_process,
+)
+from bench.stats import median_ms
 from runifold.memory.v1 import memory_service_pb2 as pb
-from runifold.transcript.v1 import transcript_service_pb2 as tpb
 from services.common import migrations, stubs
 from services.common.db import Database
 from services.common.settings import Settings
@@ -218,7 +222,7 @@ async def search_run(
     return stats, found / (10 * len(queries))
 
 
-async def upserts(postgres_url: str, folder: Path) -> list[str]:
+async def upserts(postgres_url: str, folder: Path, texts: list[str]) -> list[str]:
     url = new_database(postgres_url)
     async with server_process("services.transcript", url) as transcript_address:
         env = {
@@ -234,18 +238,7 @@ async def upserts(postgres_url: str, folder: Path) -> list[str]:
         ):
             transcript = stubs.transcript(tchannel)
             memory = stubs.memory(channel)
-            created = await transcript.CreateConversation(
-                tpb.CreateConversationRequest(namespace="bench-upserts")
-            )
-            cid = created.conversation.conversation_id
-            await transcript.AppendEntries(
-                tpb.AppendEntriesRequest(
-                    namespace="bench-upserts",
-                    conversation_id=cid,
-                    messages=[common_pb2.Message(role=common_pb2.ROLE_USER, text="facts")] * 8,
-                )
-            )
-            texts = base_texts(BASE_TEXTS)
+            cid = await seed_conversation(transcript, "bench-upserts", ["facts"] * 8)
             source = [pb.MemorySource(conversation_id=cid, from_sequence=1, through_sequence=8)]
 
             async def op(_: int, i: int) -> None:
@@ -257,26 +250,14 @@ async def upserts(postgres_url: str, folder: Path) -> list[str]:
 
             single = await measure("gRPC UpsertMemory, 1 in flight", 1, 500, op)
             many = await measure("gRPC UpsertMemory, 16 in flight", 16, 2000, op)
-            settings = Settings.from_env({"RUNIFOLD_METRICS_LISTEN": "off"})
-            db = Database(url, settings)
-            await db.open()
-            total = 500 + 2000 + 100
-            try:
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
                 started = time.perf_counter()
-                while True:
-                    async with db.connection() as conn:
-                        cursor = await conn.execute("SELECT count(*) FROM memory.outbox")
-                        row = await cursor.fetchone()
-                    if row is not None and row[0] == 0:
-                        break
-                    await asyncio.sleep(0.1)
+                await outbox_drained(conn, interval=0.1)
                 drain = time.perf_counter() - started
-                async with db.connection() as conn:
-                    cursor = await conn.execute("SELECT count(*) FROM memory.memories")
-                    row = await cursor.fetchone()
-                    total = int(row[0]) if row else total
-            finally:
-                await db.close()
+                cursor = await conn.execute("SELECT count(*) FROM memory.memories")
+                row = await cursor.fetchone()
+                assert row is not None  # count(*) always answers one row
+                total = int(row[0])
     end_to_end = total / (single.elapsed + many.elapsed + drain)
     return [
         single.row(),
@@ -305,7 +286,7 @@ async def run(postgres_url: str) -> list[str]:
         t0 = time.perf_counter()
         embedder.encode([q])
         single_times.append(time.perf_counter() - t0)
-    embed_p50 = statistics.median(single_times) * 1000
+    embed_p50 = median_ms(single_times)
     query_vectors = np.asarray(embedder.encode(queries), dtype=np.float32)
     lines.append(f"embedding one query alone (in process): p50 {embed_p50:.2f} ms")
     lines.append("")
@@ -342,5 +323,5 @@ async def run(postgres_url: str) -> list[str]:
                     " (goal <= 2)"
                 )
         lines.append("")
-        lines += await upserts(postgres_url, folder)
+        lines += await upserts(postgres_url, folder, texts)
     return lines

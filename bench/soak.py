@@ -34,26 +34,24 @@ import json
 import os
 import platform
 import random
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2
 
-from bench.common import free_port, new_database, postgres
+from bench.common import new_database, postgres, seed_conversation, server
+from bench.stats import median_ms, percentile_ms, rss_mib
 from runifold.agent.v1 import agent_service_pb2 as agent_pb
-from runifold.common.v1 import common_pb2
 from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
+from runifold_client.policy import assistant, user
 from services.common import stubs
 
 NAMESPACE = "soak"
@@ -134,57 +132,6 @@ def parse_args(argv: list[str]) -> Settings:
     )
 
 
-# -- the server process ----------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def all_in_one(database_url: str, data_dir: str) -> AsyncIterator[tuple[str, int]]:
-    """`python -m services` in its own process; yields (address, pid) once SERVING."""
-    port = free_port()
-    environment = {
-        **os.environ,
-        "DATABASE_URL": database_url,
-        "RUNIFOLD_LISTEN": f"127.0.0.1:{port}",
-        "RUNIFOLD_METRICS_LISTEN": "off",
-        "RUNIFOLD_LOG_LEVEL": "ERROR",
-        "RUNIFOLD_DATA_DIR": data_dir,
-        "RUNIFOLD_DB_POOL_MAX": "32",
-        "RUNIFOLD_SUMMARY_WORKERS": "1",
-    }
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services", env=environment, stdout=subprocess.DEVNULL
-    )
-    address = f"127.0.0.1:{port}"
-    try:
-        async with grpc.aio.insecure_channel(address) as channel:
-            health = stubs.health(channel)
-            deadline = time.monotonic() + 120
-            while True:
-                with contextlib.suppress(grpc.aio.AioRpcError):
-                    reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        break
-                if process.returncode is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the all-in-one server did not start")
-                await asyncio.sleep(0.2)  # start-up poll
-        yield address, process.pid
-    finally:
-        if process.returncode is None:
-            process.terminate()
-            await asyncio.wait_for(process.wait(), timeout=60)
-
-
-def rss_mib(pid: int) -> float | None:
-    """Resident set size of a process in MiB (Linux /proc), None when gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
 # -- the workload ----------------------------------------------------------------
 
 
@@ -228,17 +175,7 @@ class Workload:
         return result
 
     async def seed(self) -> None:
-        created = await self.transcript.CreateConversation(
-            transcript_pb.CreateConversationRequest(namespace=NAMESPACE)
-        )
-        self.facts_conversation = created.conversation.conversation_id
-        await self.transcript.AppendEntries(
-            transcript_pb.AppendEntriesRequest(
-                namespace=NAMESPACE,
-                conversation_id=self.facts_conversation,
-                messages=[user(t) for t in TOPICS],
-            )
-        )
+        self.facts_conversation = await seed_conversation(self.transcript, NAMESPACE, TOPICS)
         for i in range(len(TOPICS)):
             await self.upsert_fact(i)
 
@@ -307,9 +244,7 @@ class Workload:
                         request_id=str(uuid.uuid4()),
                         messages=[
                             user(f"client {client.index} says {topic}"),
-                            common_pb2.Message(
-                                role=common_pb2.ROLE_ASSISTANT, text=f"Noted: {topic}."
-                            ),
+                            assistant(f"Noted: {topic}."),
                         ],
                     ),
                     timeout=30,
@@ -370,19 +305,17 @@ class Workload:
             )
 
 
-def user(text: str) -> common_pb2.Message:
-    return common_pb2.Message(role=common_pb2.ROLE_USER, text=text)
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else 0.0
-
-
 async def soak(settings: Settings, database_url: str) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="runifold-soak-") as data:
+        env = {
+            "RUNIFOLD_LOG_LEVEL": "ERROR",
+            "RUNIFOLD_DATA_DIR": data,
+            "RUNIFOLD_DB_POOL_MAX": "32",
+            "RUNIFOLD_SUMMARY_WORKERS": "1",
+        }
         async with (
-            all_in_one(database_url, data) as (address, pid),
+            # The all-in-one server as production runs it (`python -m services`).
+            server("services", database_url, env, start_timeout=120) as (address, pid),
             grpc.aio.insecure_channel(address) as channel,
         ):
             work = Workload(channel, settings.mix)
@@ -428,8 +361,8 @@ async def soak(settings: Settings, database_url: str) -> dict[str, object]:
         rpcs[name] = {
             "ok": len(record.latencies),
             "rate_per_s": len(record.latencies) / elapsed,
-            "p50_ms": statistics.median(record.latencies) * 1000 if record.latencies else 0.0,
-            "p99_ms": _pct(record.latencies, 0.99),
+            "p50_ms": median_ms(record.latencies),
+            "p99_ms": percentile_ms(record.latencies, 0.99),
             "errors": failed,
         }
     total = sum(len(r.latencies) for r in work.records.values())

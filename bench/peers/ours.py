@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 import psycopg
 
-from bench.common import server_process
+from bench.common import outbox_drained, seed_conversation, server_process
 from bench.peers.workload import (
     Event,
     exact_answers,
@@ -131,17 +131,7 @@ class OurSearch:
 
     async def ingest(self, namespace: int, texts: Sequence[str]) -> None:
         tenant = f"tenant-{namespace}"
-        created = await self.transcript.CreateConversation(
-            pb.CreateConversationRequest(namespace=tenant)
-        )
-        source = created.conversation.conversation_id
-        await self.transcript.AppendEntries(
-            pb.AppendEntriesRequest(
-                namespace=tenant,
-                conversation_id=source,
-                messages=[common_pb2.Message(role=common_pb2.ROLE_USER, text="the notes")],
-            )
-        )
+        source = await seed_conversation(self.transcript, tenant, ["the notes"])
 
         async def writer(part: Sequence[str]) -> None:
             for text in part:
@@ -162,12 +152,7 @@ class OurSearch:
 
     async def ready(self) -> None:
         async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
-            while True:
-                cursor = await conn.execute("SELECT count(*) FROM memory.outbox")
-                row = await cursor.fetchone()
-                if row is not None and row[0] == 0:
-                    return
-                await asyncio.sleep(0.2)  # the indexer's progress poll
+            await outbox_drained(conn, interval=0.2)
 
     async def search(self, namespace: int, query: str) -> list[str]:
         found = await self.memory.SearchMemories(

@@ -1,9 +1,9 @@
 """The workloads of `make bench-peers`, identical for every system measured.
 
-At import this module needs nothing but the standard library: it runs in the project's
-virtual environment (for Runifold, through gRPC) and in `.venv-peers` (for
-LangGraph, Google ADK and raw psycopg), so every system gets the same events,
-the same facts and queries, and the same timing code.
+At import this module needs nothing but the standard library (and bench/stats.py,
+likewise): it runs in the project's virtual environment (for Runifold, through
+gRPC) and in `.venv-peers` (for LangGraph, Google ADK and raw psycopg), so every
+system gets the same events, the same facts and queries, and the same timing code.
 
 Conversations. An *event* is one chat message (a user or assistant turn of
 about 60 characters) appended to one conversation. For each size S in SIZES:
@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
+
+from bench.stats import median_ms, percentile_ms
 
 T = TypeVar("T")
 
@@ -100,14 +101,13 @@ class Conversations(Protocol):
 
 def summary(latencies: list[float], elapsed: float | None = None) -> dict[str, float]:
     """p50/p99 in ms (and events/s when the wall time is given)."""
-    ordered = sorted(latencies)
     result = {
-        "n": float(len(ordered)),
-        "p50_ms": statistics.median(ordered) * 1000,
-        "p99_ms": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000,
+        "n": float(len(latencies)),
+        "p50_ms": median_ms(latencies),
+        "p99_ms": percentile_ms(latencies, 0.99),
     }
     if elapsed is not None:
-        result["rate_per_s"] = len(ordered) / elapsed
+        result["rate_per_s"] = len(latencies) / elapsed
     return result
 
 

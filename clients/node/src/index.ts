@@ -18,7 +18,46 @@ const protobuf = require("protobufjs") as typeof import("protobufjs");
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const DEFAULT_PROTO_DIR = path.resolve(here, "../../../../proto");
-const DEFAULT_GOOGLEAPIS_DIR = path.resolve(here, "../../build/googleapis");
+
+// The status details the server sends (google/rpc/status.proto and the ErrorInfo of
+// google/rpc/error_details.proto, same names and numbers), defined here so that the
+// client needs no copy of googleapis.
+const GOOGLE_RPC = {
+  nested: {
+    google: {
+      nested: {
+        protobuf: {
+          nested: {
+            Any: {
+              fields: {
+                type_url: { type: "string", id: 1 },
+                value: { type: "bytes", id: 2 },
+              },
+            },
+          },
+        },
+        rpc: {
+          nested: {
+            Status: {
+              fields: {
+                code: { type: "int32", id: 1 },
+                message: { type: "string", id: 2 },
+                details: { rule: "repeated", type: "google.protobuf.Any", id: 3 },
+              },
+            },
+            ErrorInfo: {
+              fields: {
+                reason: { type: "string", id: 1 },
+                domain: { type: "string", id: 2 },
+                metadata: { keyType: "string", type: "string", id: 3 },
+              },
+            },
+          },
+        },
+      },
+    },
+  },
+};
 
 const SERVICE_FILES = [
   "runifold/transcript/v1/transcript_service.proto",
@@ -100,7 +139,6 @@ export interface ClientOptions {
   credentials?: grpc.ChannelCredentials;
   timeoutMs?: number;
   protoDir?: string;
-  googleapisDir?: string;
 }
 
 type Stub = grpc.Client & Record<string, Function>;
@@ -120,7 +158,6 @@ export class RunifoldClient {
 
   constructor(options: ClientOptions = {}) {
     const protoDir = options.protoDir ?? DEFAULT_PROTO_DIR;
-    const googleapisDir = options.googleapisDir ?? DEFAULT_GOOGLEAPIS_DIR;
     const definition = protoLoader.loadSync(SERVICE_FILES, {
       includeDirs: [protoDir],
       keepCase: true,
@@ -139,17 +176,12 @@ export class RunifoldClient {
       memory: make(loaded.runifold.memory.v1.MemoryService),
       agent: make(loaded.runifold.agent.v1.AgentService),
     };
-    this.details = new protobuf.Root();
+    // google.rpc.Status and ErrorInfo (above), and runifold.agent.v1.TurnConflict from
+    // protoDir (its imports resolve against protoDir; google/protobuf/* are bundled).
+    this.details = protobuf.Root.fromJSON(GOOGLE_RPC);
     this.details.resolvePath = (_origin: string, target: string) =>
-      target.startsWith("google/rpc/")
-        ? path.join(googleapisDir, target)
-        : target.startsWith("google/protobuf/")
-          ? target
-          : path.join(protoDir, target);
-    this.details.loadSync(
-      ["google/rpc/status.proto", "google/rpc/error_details.proto", SERVICE_FILES[3]],
-      { keepCase: true },
-    );
+      target.startsWith("google/protobuf/") ? target : path.join(protoDir, target);
+    this.details.loadSync(SERVICE_FILES[3], { keepCase: true });
     this.namespace = options.namespace ?? "";
     this.timeoutMs = options.timeoutMs ?? 60_000;
     this.metadata = new grpc.Metadata();

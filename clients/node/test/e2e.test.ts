@@ -14,11 +14,8 @@ const target = process.env.RUNIFOLD_TARGET;
 if (!target) throw new Error("RUNIFOLD_TARGET is not set");
 const namespace = `node-${Date.now()}`;
 
-const client = new RunifoldClient({
-  target,
-  namespace,
-  googleapisDir: process.env.RUNIFOLD_GOOGLEAPIS_DIR,
-});
+// No googleapis directory: the client defines the status details it decodes.
+const client = new RunifoldClient({ target, namespace });
 
 test.after(() => client.close());
 

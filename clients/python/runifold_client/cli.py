@@ -28,46 +28,40 @@ from google.protobuf.message import Message as ProtoMessage
 from rich.console import Console
 from rich.table import Table
 
-from runifold_client.client import Client
+from runifold.common.v1 import common_pb2
+from runifold_client.client import DEFAULT_TARGET, Client
 from runifold_client.errors import RunifoldError, SummaryRequired
 from runifold_client.policy import ConversationContextPolicy
 
-_ROLES = {1: "user", 2: "assistant", 3: "tool", 4: "system"}
+# 1: "user", 2: "assistant", ... from the proto enum (ROLE_UNSPECIFIED prints as "?").
+_ROLES = {
+    value: name.removeprefix("ROLE_").lower()
+    for name, value in common_pb2.Role.items()
+    if value != common_pb2.ROLE_UNSPECIFIED
+}
 
 
 def _client(args: argparse.Namespace) -> Client:
     return Client(args.target, namespace=args.namespace, token=args.token or None)
 
 
-def _dump(value: ProtoMessage | Sequence[ProtoMessage] | dict[str, Any]) -> str:
-    def plain(item: Any) -> Any:
-        if isinstance(item, ProtoMessage):
-            return MessageToDict(item, preserving_proto_field_name=True)
-        return item
+def _dump(value: ProtoMessage | Sequence[ProtoMessage]) -> str:
+    def plain(item: ProtoMessage) -> dict[str, Any]:
+        return MessageToDict(item, preserving_proto_field_name=True)
 
     if isinstance(value, Sequence):
         return json.dumps([plain(v) for v in value], indent=2)
     return json.dumps(plain(value), indent=2)
 
 
+def _print_error(console: Console, error: RunifoldError) -> None:
+    console.print(f"[red]{error.code.name} {error.reason}[/red]: {error.message}")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    from services.common.main import main as serve
-
-    if args.service == "all":
-        from services.allinone import components
-
-        serve("all-in-one", components, all_in_one=True)
-        return 0
-    import importlib
-
-    component = importlib.import_module(f"services.{args.service}.component")
-    factory = next(
-        getattr(component, name)
-        for name in dir(component)
-        if name.endswith("Component") and name.lower().startswith(args.service)
-    )
-    serve(args.service, lambda: [factory()])
-    return 0
+    # The services' own entry points (`python -m services`, `python -m services.<name>`).
+    module = "services" if args.service == "all" else f"services.{args.service}"
+    os.execv(sys.executable, [sys.executable, "-m", module])  # noqa: S606
 
 
 def cmd_transcript_show(args: argparse.Namespace, console: Console) -> int:
@@ -172,7 +166,7 @@ def cmd_chat(args: argparse.Namespace, console: Console) -> int:
                 )
                 continue
             except RunifoldError as error:
-                console.print(f"[red]{error.code.name} {error.reason}[/red]: {error.message}")
+                _print_error(console, error)
                 continue
             conversation_id = result.conversation_id
             console.print(f"[cyan]assistant>[/cyan] {result.text}")
@@ -194,7 +188,7 @@ def cmd_reindex(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     """The argument parser of the command."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--target", default=os.environ.get("RUNIFOLD_TARGET", "127.0.0.1:50051"))
+    common.add_argument("--target", default=os.environ.get("RUNIFOLD_TARGET", DEFAULT_TARGET))
     common.add_argument("--namespace", default=os.environ.get("RUNIFOLD_NAMESPACE", ""))
     common.add_argument("--token", default=os.environ.get("RUNIFOLD_TOKEN", ""))
     common.add_argument("--json", action="store_true", help="machine-readable output")
@@ -274,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
         else:
-            console.print(f"[red]{error.code.name} {error.reason}[/red]: {error.message}")
+            _print_error(console, error)
         return 1
 
 

@@ -28,7 +28,7 @@ from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.summary.v1 import summary_service_pb2_grpc as summary_grpc
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold.transcript.v1 import transcript_service_pb2_grpc as transcript_grpc
-from runifold_client.errors import Outcome, Usage, from_rpc_error
+from runifold_client.errors import Outcome, from_rpc_error
 from runifold_client.policy import (
     Budget,
     ConversationContextPolicy,
@@ -62,24 +62,26 @@ class TurnResult:
 
     @classmethod
     def from_proto(cls, pb: agent_pb.RunConversationResponse) -> TurnResult:
-        usage = pb.outcome.usage
         return cls(
             conversation_id=pb.conversation_id,
             version=pb.conversation_version,
             first_sequence=pb.first_sequence,
             last_sequence=pb.last_sequence,
-            outcome=Outcome(
-                list(pb.outcome.output),
-                Usage(usage.input_tokens, usage.output_tokens, usage.model_calls),
-            ),
+            outcome=Outcome.from_proto(pb.outcome),
             tool_calls=list(pb.tool_calls),
-            context=pb.context,
+            context=pb.context if pb.HasField("context") else None,
             replayed=pb.replayed,
             created=pb.created,
         )
 
 
+TurnRequest = TypeVar(
+    "TurnRequest", agent_pb.RunConversationRequest, agent_pb.StreamConversationRequest
+)
+
+
 def _turn_request(
+    kind: type[TurnRequest],
     input: InputLike,
     conversation_id: str,
     namespace: str,
@@ -89,8 +91,9 @@ def _turn_request(
     system_instructions: str,
     create_if_missing: bool,
     tools: Sequence[Tool],
-) -> agent_pb.RunConversationRequest:
-    return agent_pb.RunConversationRequest(
+) -> TurnRequest:
+    """A turn's request; RunConversation and StreamConversation take the same fields."""
+    return kind(
         conversation_id=conversation_id,
         namespace=namespace,
         input=messages(input),
@@ -103,16 +106,20 @@ def _turn_request(
     )
 
 
-def _stream_request(request: agent_pb.RunConversationRequest) -> agent_pb.StreamConversationRequest:
-    stream = agent_pb.StreamConversationRequest()
-    stream.ParseFromString(request.SerializeToString())  # same fields, same numbers
-    return stream
-
-
 def _delays(attempts: int) -> Iterator[float]:
     """Exponential backoff with jitter between attempts."""
     for attempt in range(attempts - 1):
         yield min(2.0, 0.1 * 2**attempt) * (0.5 + random.random())
+
+
+def _retry_delay(error: grpc.RpcError, delays: Iterator[float], deadline: float) -> float:
+    """How long to wait before retrying a failed call; raises its typed error when it is not
+    retried (only UNAVAILABLE is, while backoff delays remain and the deadline allows)."""
+    code = error.code()
+    delay = next(delays, None)
+    if code != grpc.StatusCode.UNAVAILABLE or delay is None or time.monotonic() + delay >= deadline:
+        raise from_rpc_error(error) from None
+    return delay
 
 
 def _metadata(token: str | None) -> tuple[tuple[str, str], ...]:
@@ -297,14 +304,7 @@ class AsyncClient:
                     metadata=self._metadata,
                 )
             except grpc.aio.AioRpcError as error:
-                delay = next(delays, None)
-                if (
-                    error.code() != grpc.StatusCode.UNAVAILABLE
-                    or delay is None
-                    or time.monotonic() + delay >= deadline
-                ):
-                    raise from_rpc_error(error) from None
-                await asyncio.sleep(delay)
+                await asyncio.sleep(_retry_delay(error, delays, deadline))
 
     # -- turns ---------------------------------------------------------------
 
@@ -324,6 +324,7 @@ class AsyncClient:
     ) -> TurnResult:
         """Run one agent turn; raises TurnConflict, SummaryRequired, ... on failure."""
         request = _turn_request(
+            agent_pb.RunConversationRequest,
             input,
             conversation_id,
             self._ns(namespace),
@@ -352,18 +353,17 @@ class AsyncClient:
         timeout: float | None = None,
     ) -> AsyncIterator[agent_pb.StreamConversationResponse]:
         """The same turn as a stream of events (progress, text deltas, then the result)."""
-        request = _stream_request(
-            _turn_request(
-                input,
-                conversation_id,
-                self._ns(namespace),
-                turn_id,
-                policy,
-                budget,
-                system_instructions,
-                create_if_missing,
-                tools,
-            )
+        request = _turn_request(
+            agent_pb.StreamConversationRequest,
+            input,
+            conversation_id,
+            self._ns(namespace),
+            turn_id,
+            policy,
+            budget,
+            system_instructions,
+            create_if_missing,
+            tools,
         )
         call = self.agent.StreamConversation(
             request, timeout=timeout or self.timeout, metadata=self._metadata
@@ -602,15 +602,7 @@ class Client:
                     metadata=self._metadata,
                 )
             except grpc.RpcError as error:
-                code = error.code()
-                delay = next(delays, None)
-                if (
-                    code != grpc.StatusCode.UNAVAILABLE
-                    or delay is None
-                    or time.monotonic() + delay >= deadline
-                ):
-                    raise from_rpc_error(error) from None
-                time.sleep(delay)
+                time.sleep(_retry_delay(error, delays, deadline))
 
     def run_conversation(
         self,
@@ -628,6 +620,7 @@ class Client:
     ) -> TurnResult:
         """Run one agent turn; raises TurnConflict, SummaryRequired, ... on failure."""
         request = _turn_request(
+            agent_pb.RunConversationRequest,
             input,
             conversation_id,
             self._ns(namespace),
@@ -655,18 +648,17 @@ class Client:
         timeout: float | None = None,
     ) -> Iterator[agent_pb.StreamConversationResponse]:
         """The same turn as a stream of events."""
-        request = _stream_request(
-            _turn_request(
-                input,
-                conversation_id,
-                self._ns(namespace),
-                turn_id,
-                policy,
-                budget,
-                system_instructions,
-                create_if_missing,
-                tools,
-            )
+        request = _turn_request(
+            agent_pb.StreamConversationRequest,
+            input,
+            conversation_id,
+            self._ns(namespace),
+            turn_id,
+            policy,
+            budget,
+            system_instructions,
+            create_if_missing,
+            tools,
         )
         try:
             yield from self.agent.StreamConversation(
@@ -727,6 +719,15 @@ class Client:
             if not token:
                 return
 
+    def delete_conversation(
+        self, conversation_id: str, *, namespace: str | None = None
+    ) -> transcript_pb.DeleteConversationResponse:
+        """Erase a transcript (only the transcript: see erase_conversation)."""
+        return self._call(
+            self.transcripts.DeleteConversation,
+            _delete(self._ns(namespace), conversation_id),
+        )
+
     def backlog(self, *, namespace: str | None = None) -> summary_pb.GetBacklogResponse:
         """The summary job queue of a namespace."""
         return self._call(
@@ -742,6 +743,29 @@ class Client:
             _summary(self._ns(namespace), conversation_id),
         )
         return reply.summary if reply.HasField("summary") else None
+
+    def summarize(
+        self,
+        conversation_id: str,
+        *,
+        namespace: str | None = None,
+        window: int = 16,
+        summary_batch: int = 64,
+        max_summary_passes: int = 1,
+        budget: Budget | None = None,
+    ) -> summary_pb.SummarizeResponse:
+        """Run the summarizer now."""
+        return self._call(
+            self.summaries.Summarize,
+            _summarize(
+                self._ns(namespace),
+                conversation_id,
+                window,
+                summary_batch,
+                max_summary_passes,
+                budget,
+            ),
+        )
 
     def remember(
         self,

@@ -34,6 +34,14 @@ class Outcome:
         """The text of the model's messages, joined."""
         return "\n".join(m.text for m in self.messages if m.text)
 
+    @classmethod
+    def from_proto(cls, pb: agent_service_pb2.TurnOutcome) -> Outcome:
+        """The outcome of a runifold.agent.v1.TurnOutcome."""
+        usage = pb.usage
+        return cls(
+            list(pb.output), Usage(usage.input_tokens, usage.output_tokens, usage.model_calls)
+        )
+
 
 class RunifoldError(Exception):
     """A failed call. `code` is the gRPC status, `reason` the stable ErrorInfo reason."""
@@ -117,11 +125,7 @@ class TurnConflict(Aborted):
             detail.current_version if detail else int(self.metadata.get("current_version", "0"))
         )
         self.expected_version = detail.expected_version if detail else 0
-        usage = detail.outcome.usage if detail else None
-        self.outcome = Outcome(
-            list(detail.outcome.output) if detail else [],
-            Usage(usage.input_tokens, usage.output_tokens, usage.model_calls) if usage else Usage(),
-        )
+        self.outcome = Outcome.from_proto(detail.outcome) if detail else Outcome()
 
 
 class SummaryRequired(FailedPrecondition):
