@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from services.agent.model import (
     AppendState,
+    EndedState,
+    LeaseState,
     PriorAppend,
     Recall,
     Recalled,
@@ -26,7 +28,12 @@ from services.common.llm import ChatDelta, ChatRequest, ChatResponse, budget_exh
 from services.common.pagination import PageTokens
 from services.transcript.config import TranscriptLimits
 from services.transcript.memory_store import InMemoryTranscriptStore
+from services.transcript.model import AppendRecord, EndedTurn, TurnLease
 from services.transcript.service import TranscriptService
+
+
+def _prior(record: AppendRecord) -> PriorAppend:
+    return PriorAppend(record.version, record.first_sequence, record.last_sequence, record.usage)
 
 
 class FakeTranscripts:
@@ -59,9 +66,7 @@ class FakeTranscripts:
             view.window,
             view.summary_buffer,
             view.summary_backlog,
-            PriorAppend(prior.version, prior.first_sequence, prior.last_sequence, prior.usage)
-            if prior
-            else None,
+            _prior(prior) if prior else None,
         )
 
     async def append(
@@ -72,13 +77,56 @@ class FakeTranscripts:
         messages: Sequence[Message],
         request_id: str,
         usage: Usage,
+        fencing_token: int | None = None,
     ) -> AppendState:
         result = await self.service.append(
-            namespace, conversation_id, expected_version, messages, request_id, usage
+            namespace, conversation_id, expected_version, messages, request_id, usage, fencing_token
         )
         record = result.record
         return AppendState(
             record.version, record.first_sequence, record.last_sequence, result.replayed
+        )
+
+    async def acquire_lease(
+        self,
+        namespace: str,
+        conversation_id: str,
+        turn_id: str,
+        mode: int,
+        ttl_s: float,
+        payload_hash: bytes,
+        create_if_missing: bool,
+    ) -> LeaseState | PriorAppend | EndedState:
+        got = await self.service.acquire_turn_lease(
+            namespace, conversation_id, turn_id, mode, ttl_s, payload_hash, create_if_missing
+        )
+        if isinstance(got, TurnLease):
+            return LeaseState(got.fencing_token, got.created)
+        if isinstance(got, EndedTurn):
+            return EndedState(got.output, got.usage, got.reason, got.metadata)
+        return _prior(got)
+
+    async def renew_lease(
+        self, namespace: str, conversation_id: str, turn_id: str, fencing_token: int, ttl_s: float
+    ) -> None:
+        await self.service.renew_turn_lease(
+            namespace, conversation_id, turn_id, fencing_token, ttl_s
+        )
+
+    async def release_lease(
+        self,
+        namespace: str,
+        conversation_id: str,
+        turn_id: str,
+        fencing_token: int,
+        ended: EndedState | None,
+    ) -> bool:
+        return await self.service.release_turn_lease(
+            namespace,
+            conversation_id,
+            turn_id,
+            fencing_token,
+            EndedTurn(ended.output, ended.usage, ended.reason, ended.metadata) if ended else None,
         )
 
     async def entries(

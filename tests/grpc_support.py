@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import jwt
 import trustme
+from google.protobuf.message import Message as ProtoMessage
 from grpc_health.v1 import health_pb2
 
 from runifold.common.v1 import common_pb2
@@ -22,6 +24,7 @@ from services.common.status import error_info
 from tests.conftest import server_settings, wait_for
 
 Metadata = tuple[tuple[str, str], ...]
+M = TypeVar("M", bound=ProtoMessage)
 
 LIVENESS = "runifold.liveness"
 
@@ -32,6 +35,20 @@ LIVENESS = "runifold.liveness"
 def user(text: str) -> common_pb2.Message:
     """A user message of the contract."""
     return common_pb2.Message(role=common_pb2.ROLE_USER, text=text)
+
+
+def status_detail(error: grpc.aio.AioRpcError, kind: type[M]) -> M:
+    """The detail of type `kind` packed in a failed call's status (which must carry one)."""
+    from grpc_status import rpc_status
+
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    assert status is not None, f"{error.code().name} without status details"
+    for packed in status.details:
+        if packed.Is(kind.DESCRIPTOR):
+            value = kind()
+            packed.Unpack(value)
+            return value
+    raise AssertionError(f"no {kind.DESCRIPTOR.full_name} detail in {error.code().name}")
 
 
 def reason(error: grpc.aio.AioRpcError) -> str:

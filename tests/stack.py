@@ -27,6 +27,7 @@ from services.memory.component import MemoryComponent
 from services.summary.component import SummaryComponent
 from services.summary.config import SummaryConfig
 from services.transcript.component import TranscriptComponent
+from services.transcript.config import TranscriptLimits
 from tests.conftest import server_settings
 from tests.fakes.openai_server import FakeOpenAI
 from tests.memory_support import memory_config
@@ -75,6 +76,7 @@ async def full_stack(
     *,
     auth: AuthSettings | None = None,
     agent_config: AgentConfig | None = None,
+    transcript_limits: TranscriptLimits | None = None,
 ) -> AsyncIterator[Stack]:
     """Start every service in one server; the agent's model is the fake server, or the
     offline model (what `make run` uses) when `model` is None."""
@@ -89,7 +91,7 @@ async def full_stack(
         else None
     )
     components: list[Component] = [
-        TranscriptComponent(),
+        TranscriptComponent(transcript_limits),
         SummaryComponent(
             SummaryConfig.from_env(
                 {"RUNIFOLD_SUMMARY_WORKERS": "1", "RUNIFOLD_SUMMARY_POLL_INTERVAL_S": "0.05"}

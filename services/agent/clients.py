@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
+
+from google.protobuf.duration_pb2 import Duration
 
 from runifold.common.v1 import common_pb2
 from runifold.memory.v1 import memory_service_pb2 as memory_pb
@@ -10,6 +13,8 @@ from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from services.agent.model import (
     AppendState,
+    EndedState,
+    LeaseState,
     PriorAppend,
     Recall,
     Recalled,
@@ -23,6 +28,21 @@ from services.common.errors import DomainError, VersionConflict
 from services.common.peers import Peer
 
 
+def _duration(seconds: float) -> Duration:
+    value = Duration()
+    value.FromTimedelta(timedelta(seconds=seconds))
+    return value
+
+
+def _prior(record: transcript_pb.AppendRecord) -> PriorAppend:
+    return PriorAppend(
+        record.version,
+        record.first_sequence,
+        record.last_sequence,
+        convert.usage_from_proto(record.usage),
+    )
+
+
 def _summary(pb: summary_pb.Summary | None) -> SummaryState:
     if pb is None:
         return SummaryState()
@@ -32,9 +52,10 @@ def _summary(pb: summary_pb.Summary | None) -> SummaryState:
 class GrpcTranscripts:
     """Transcripts port over TranscriptService."""
 
-    def __init__(self, peer: Peer) -> None:
+    def __init__(self, peer: Peer, *, wait_s: float = 600.0) -> None:
         self.peer = peer
         self.stub = stubs.transcript(peer.channel)
+        self.wait_s = wait_s
 
     async def create_conversation(self, namespace: str, conversation_id: str) -> tuple[str, bool]:
         reply = await self.peer.call(
@@ -65,15 +86,7 @@ class GrpcTranscripts:
                 request_id=request_id,
             ),
         )
-        prior = None
-        if reply.HasField("prior_append"):
-            record = reply.prior_append
-            prior = PriorAppend(
-                record.version,
-                record.first_sequence,
-                record.last_sequence,
-                convert.usage_from_proto(record.usage),
-            )
+        prior = _prior(reply.prior_append) if reply.HasField("prior_append") else None
         return ViewState(
             version=reply.version,
             window=[convert.entry_from_proto(e) for e in reply.window],
@@ -90,6 +103,7 @@ class GrpcTranscripts:
         messages: Sequence[Message],
         request_id: str,
         usage: Usage,
+        fencing_token: int | None = None,
     ) -> AppendState:
         try:
             reply = await self.peer.call(
@@ -101,6 +115,7 @@ class GrpcTranscripts:
                     messages=[convert.message_to_proto(m) for m in messages],
                     request_id=request_id,
                     usage=convert.usage_to_proto(usage),
+                    fencing_token=fencing_token,
                 ),
             )
         except DomainError as error:
@@ -109,6 +124,83 @@ class GrpcTranscripts:
                 raise VersionConflict(current, expected_version) from None
             raise
         return AppendState(reply.version, reply.first_sequence, reply.last_sequence, reply.replayed)
+
+    async def acquire_lease(
+        self,
+        namespace: str,
+        conversation_id: str,
+        turn_id: str,
+        mode: int,
+        ttl_s: float,
+        payload_hash: bytes,
+        create_if_missing: bool,
+    ) -> LeaseState | PriorAppend | EndedState:
+        reply = await self.peer.call(
+            self.stub.AcquireTurnLease,
+            transcript_pb.AcquireTurnLeaseRequest(
+                namespace=namespace,
+                conversation_id=conversation_id,
+                turn_id=turn_id,
+                mode=mode,  # type: ignore[arg-type]
+                ttl=_duration(ttl_s),
+                payload_hash=payload_hash,
+                create_if_missing=create_if_missing,
+            ),
+            # A queued turn waits within the caller's deadline, not a peer timeout.
+            seconds=self.wait_s,
+        )
+        if reply.HasField("committed"):
+            return _prior(reply.committed)
+        if reply.HasField("ended"):
+            ended = reply.ended
+            return EndedState(
+                tuple(convert.messages_from_proto(ended.output, "ended.output")),
+                convert.usage_from_proto(ended.usage),
+                ended.reason,
+                dict(ended.metadata),
+            )
+        return LeaseState(reply.lease.fencing_token, reply.lease.created)
+
+    async def renew_lease(
+        self, namespace: str, conversation_id: str, turn_id: str, fencing_token: int, ttl_s: float
+    ) -> None:
+        await self.peer.call(
+            self.stub.RenewTurnLease,
+            transcript_pb.RenewTurnLeaseRequest(
+                namespace=namespace,
+                conversation_id=conversation_id,
+                turn_id=turn_id,
+                fencing_token=fencing_token,
+                ttl=_duration(ttl_s),
+            ),
+        )
+
+    async def release_lease(
+        self,
+        namespace: str,
+        conversation_id: str,
+        turn_id: str,
+        fencing_token: int,
+        ended: EndedState | None,
+    ) -> bool:
+        reply = await self.peer.call(
+            self.stub.ReleaseTurnLease,
+            transcript_pb.ReleaseTurnLeaseRequest(
+                namespace=namespace,
+                conversation_id=conversation_id,
+                turn_id=turn_id,
+                fencing_token=fencing_token,
+                ended=transcript_pb.EndedTurn(
+                    output=[convert.message_to_proto(m) for m in ended.output],
+                    usage=convert.usage_to_proto(ended.usage),
+                    reason=ended.reason,
+                    metadata=dict(ended.metadata),
+                )
+                if ended is not None
+                else None,
+            ),
+        )
+        return reply.released
 
     async def entries(
         self, namespace: str, conversation_id: str, first: int, last: int

@@ -63,7 +63,7 @@ class AgentComponent:
         if model is None:
             model, self._owned = make_model(self.config)
         self.service = AgentService(
-            GrpcTranscripts(peer("transcript")),
+            GrpcTranscripts(peer("transcript"), wait_s=self.config.turn_wait_max_s),
             GrpcSummaries(peer("summary")),
             GrpcMemories(peer("memory")),
             model,

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.common.domain import Budget
+from services.common.messages import MessageLimits
 from services.common.settings import Env, env_choice, env_float, env_int, env_str
-from services.common.validation import (
-    MAX_MESSAGE_BYTES,
-    MESSAGE_BYTES_RANGE,
-    SUMMARY_BATCH_RANGE,
-    WINDOW_RANGE,
-)
+from services.common.validation import SUMMARY_BATCH_RANGE, WINDOW_RANGE
 
 
 @dataclass(frozen=True)
@@ -26,9 +22,10 @@ class AgentConfig:
     default_max_input_tokens: int = 200_000
     max_input_messages: int = 64
     max_input_bytes: int = 1024 * 1024
-    # The transcript's own limit per message (RUNIFOLD_MAX_MESSAGE_BYTES there): checked
-    # here too, so that a message the append would refuse never costs a model call.
-    max_message_bytes: int = MAX_MESSAGE_BYTES
+    # The transcript's own limits (the same RUNIFOLD_MAX_* variables): the input is
+    # checked against them before the model call (a message the append would refuse
+    # never costs one), the model's reply before the append (MODEL_OUTPUT_INVALID).
+    messages: MessageLimits = field(default_factory=MessageLimits)
     max_tool_schema_bytes: int = 64 * 1024
     max_system_instructions_bytes: int = 64 * 1024
     max_tools: int = 64
@@ -38,6 +35,11 @@ class AgentConfig:
     openai_api_key: str = ""
     model_timeout_s: float = 120.0
     model_max_retries: int = 2
+    # Turn leases: their duration (renewed every third of it while the turn runs).
+    turn_lease_ttl_s: float = 30.0
+    # The longest a turn waits for its lease (ENQUEUE) when the caller set no earlier
+    # deadline: the same RUNIFOLD_TURN_WAIT_MAX_S as TranscriptService's.
+    turn_wait_max_s: float = 600.0
 
     @property
     def default_budget(self) -> Budget:
@@ -75,13 +77,7 @@ class AgentConfig:
                 env, "RUNIFOLD_AGENT_DEFAULT_MAX_INPUT_TOKENS", 200_000, minimum=1
             ),
             max_input_messages=env_int(env, "RUNIFOLD_AGENT_MAX_INPUT_MESSAGES", 64, minimum=1),
-            max_message_bytes=env_int(
-                env,
-                "RUNIFOLD_MAX_MESSAGE_BYTES",
-                MAX_MESSAGE_BYTES,
-                minimum=MESSAGE_BYTES_RANGE[0],
-                maximum=MESSAGE_BYTES_RANGE[1],
-            ),
+            messages=MessageLimits.from_env(env),
             max_input_bytes=env_int(
                 env, "RUNIFOLD_AGENT_MAX_INPUT_BYTES", 1024 * 1024, minimum=1024
             ),
@@ -96,5 +92,11 @@ class AgentConfig:
             model_timeout_s=env_float(env, "RUNIFOLD_AGENT_MODEL_TIMEOUT_S", 120.0, minimum=0.1),
             model_max_retries=env_int(
                 env, "RUNIFOLD_AGENT_MODEL_MAX_RETRIES", 2, minimum=0, maximum=10
+            ),
+            turn_lease_ttl_s=env_float(
+                env, "RUNIFOLD_AGENT_TURN_LEASE_TTL_S", 30.0, minimum=1.0, maximum=600.0
+            ),
+            turn_wait_max_s=env_float(
+                env, "RUNIFOLD_TURN_WAIT_MAX_S", 600.0, minimum=1.0, maximum=3600.0
             ),
         )

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from services.common.domain import Budget, Entry, Message, ToolCall, ToolDefinition, Usage
 from services.common.errors import Code, DomainError
+
+
+class ConcurrencyMode(enum.IntEnum):
+    """How a turn shares its conversation with other turns; values equal ConcurrencyMode's."""
+
+    RACE = 1
+    REJECT = 2
+    ENQUEUE = 3
 
 
 class SummaryMode(enum.IntEnum):
@@ -41,6 +49,7 @@ class Turn:
     system_instructions: str = ""
     create_if_missing: bool = False
     tools: Sequence[ToolDefinition] = ()
+    concurrency: ConcurrencyMode = ConcurrencyMode.RACE
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +95,7 @@ class Stage(enum.IntEnum):
     RETRIEVING_MEMORY = 3
     CALLING_MODEL = 4
     COMMITTING = 5
+    WAITING = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,20 +115,62 @@ class TextDelta:
 TurnEvent = Progress | TextDelta | TurnResult
 
 
-class TurnConflict(DomainError):
-    """ABORTED / TURN_CONFLICT: another writer committed first; the outcome is returned."""
+class TurnNotCommitted(DomainError):
+    """ABORTED: the turn's model work completed but its append could not commit; the
+    completed outcome travels with the error (the TurnConflict detail)."""
 
-    def __init__(self, outcome: Outcome, current_version: int, expected_version: int) -> None:
+    def __init__(
+        self,
+        reason: str,
+        message: str,
+        outcome: Outcome,
+        current_version: int,
+        expected_version: int,
+        **metadata: object,
+    ) -> None:
         super().__init__(
             Code.ABORTED,
-            "TURN_CONFLICT",
-            f"the conversation moved to version {current_version} while the turn ran at "
-            f"{expected_version}; the completed outcome is attached and was not committed",
-            metadata={"current_version": current_version, "expected_version": expected_version},
+            reason,
+            message,
+            metadata={
+                "current_version": current_version,
+                "expected_version": expected_version,
+                **metadata,
+            },
         )
         self.outcome = outcome
         self.current_version = current_version
         self.expected_version = expected_version
+
+
+class TurnConflict(TurnNotCommitted):
+    """ABORTED / TURN_CONFLICT: another writer committed first; the outcome is returned."""
+
+    def __init__(self, outcome: Outcome, current_version: int, expected_version: int) -> None:
+        super().__init__(
+            "TURN_CONFLICT",
+            f"the conversation moved to version {current_version} while the turn ran at "
+            f"{expected_version}; the completed outcome is attached and was not committed",
+            outcome,
+            current_version,
+            expected_version,
+        )
+
+
+class ModelOutputInvalid(DomainError):
+    """FAILED_PRECONDITION / MODEL_OUTPUT_INVALID: the model's reply breaks the
+    transcript's limits, so it was not appended; the outcome travels with the error."""
+
+    def __init__(self, outcome: Outcome, violations: Sequence[str]) -> None:
+        super().__init__(
+            Code.FAILED_PRECONDITION,
+            "MODEL_OUTPUT_INVALID",
+            "the model's reply breaks the transcript's limits and was not appended; the "
+            "completed outcome is attached",
+            metadata={"violations": "\n".join(violations)},
+        )
+        self.outcome = outcome
+        self.violations = tuple(violations)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +222,24 @@ class ViewState:
     def pending(self) -> int:
         """Unsummarized entries outside the window."""
         return len(self.summary_buffer) + self.summary_backlog
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    """A turn lease the orchestrator holds."""
+
+    fencing_token: int
+    created: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EndedState:
+    """A turn that ended earlier without committing, as TranscriptService kept it."""
+
+    output: Sequence[Message]
+    usage: Usage
+    reason: str
+    metadata: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

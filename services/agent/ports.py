@@ -5,7 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from services.agent.model import AppendState, Recall, Summarized, SummaryState, ViewState
+from services.agent.model import (
+    AppendState,
+    EndedState,
+    LeaseState,
+    PriorAppend,
+    Recall,
+    Summarized,
+    SummaryState,
+    ViewState,
+)
 from services.common.domain import Budget, Entry, Message, Usage
 
 
@@ -34,8 +43,38 @@ class Transcripts(Protocol):
         messages: Sequence[Message],
         request_id: str,
         usage: Usage,
+        fencing_token: int | None = None,
     ) -> AppendState:
-        """Append at the expected version (VersionConflict when it moved)."""
+        """Append at the expected version (VersionConflict when it moved), under the turn
+        lease `fencing_token` (TURN_LEASE_LOST when it lapsed; the commit ends it)."""
+
+    async def acquire_lease(
+        self,
+        namespace: str,
+        conversation_id: str,
+        turn_id: str,
+        mode: int,
+        ttl_s: float,
+        payload_hash: bytes,
+        create_if_missing: bool,
+    ) -> LeaseState | PriorAppend | EndedState:
+        """A turn lease (TurnLeaseMode `mode`), or the outcome of a turn id that ran before;
+        waits (for the turns ahead, or a running turn of the same id) within the deadline."""
+
+    async def renew_lease(
+        self, namespace: str, conversation_id: str, turn_id: str, fencing_token: int, ttl_s: float
+    ) -> None:
+        """Extend the lease; TURN_LEASE_LOST when it lapsed or was taken over."""
+
+    async def release_lease(
+        self,
+        namespace: str,
+        conversation_id: str,
+        turn_id: str,
+        fencing_token: int,
+        ended: EndedState | None,
+    ) -> bool:
+        """End the lease without an append, keeping `ended` for repeats of the turn id."""
 
     async def entries(
         self, namespace: str, conversation_id: str, first: int, last: int

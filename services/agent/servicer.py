@@ -10,11 +10,12 @@ from runifold.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from runifold.common.v1 import common_pb2
 from services.agent.model import (
     ContextReport,
+    ModelOutputInvalid,
     Outcome,
     Progress,
     TextDelta,
     Turn,
-    TurnConflict,
+    TurnNotCommitted,
     TurnResult,
 )
 from services.agent.service import AgentService
@@ -86,17 +87,28 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             system_instructions=request.system_instructions,
             create_if_missing=request.create_if_missing,
             tools=convert.tools_from_proto(request.tools),
+            concurrency=self.service.concurrency(int(request.concurrency)),
         )
 
     @staticmethod
-    def _with_detail(error: TurnConflict) -> TurnConflict:
-        error.details = (
-            pb.TurnConflict(
-                outcome=outcome_to_proto(error.outcome),
-                current_version=error.current_version,
-                expected_version=error.expected_version,
-            ),
-        )
+    def _with_detail(
+        error: TurnNotCommitted | ModelOutputInvalid,
+    ) -> TurnNotCommitted | ModelOutputInvalid:
+        """The completed outcome as the error's detail (TurnConflict or ModelOutputInvalid)."""
+        if isinstance(error, ModelOutputInvalid):
+            error.details = (
+                pb.ModelOutputInvalid(
+                    outcome=outcome_to_proto(error.outcome), violations=list(error.violations)
+                ),
+            )
+        else:
+            error.details = (
+                pb.TurnConflict(
+                    outcome=outcome_to_proto(error.outcome),
+                    current_version=error.current_version,
+                    expected_version=error.expected_version,
+                ),
+            )
         return error
 
     async def RunConversation(
@@ -104,7 +116,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     ) -> pb.RunConversationResponse:
         try:
             result = await self.service.run(self._turn(request))
-        except TurnConflict as error:
+        except (TurnNotCommitted, ModelOutputInvalid) as error:
             raise self._with_detail(error) from None
         return result_to_proto(result)
 
@@ -121,7 +133,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                     yield pb.StreamConversationResponse(text_delta=pb.TextDelta(text=event.text))
                 else:
                     yield pb.StreamConversationResponse(result=result_to_proto(event))
-        except TurnConflict as error:
+        except (TurnNotCommitted, ModelOutputInvalid) as error:
             raise self._with_detail(error) from None
 
     async def EraseConversation(

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
+from typing import Any
 
 from services.common.errors import invalid_argument
 
@@ -74,6 +75,17 @@ class Message:
             "tool_call_id": self.tool_call_id,
             "metadata": dict(sorted(self.metadata.items())),
         }
+
+    @classmethod
+    def from_canonical(cls, value: Mapping[str, Any]) -> Message:
+        """The message of a `canonical()` form (read back from storage)."""
+        return cls(
+            role=Role(value["role"]),
+            text=value.get("text", ""),
+            tool_calls=tuple(ToolCall(*call) for call in value.get("tool_calls") or ()),
+            tool_call_id=value.get("tool_call_id") or "",
+            metadata=value.get("metadata") or {},
+        )
 
     def size_bytes(self) -> int:
         """UTF-8 size of everything the message carries."""

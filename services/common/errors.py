@@ -39,6 +39,8 @@ class DomainError(Exception):
     content, SQL or stack traces. `field` names the request field at fault (it
     becomes a `google.rpc.BadRequest` field violation). `details` holds extra
     protobuf messages that the transport layer packs into the status.
+    `retry_after_s`, when set, becomes a `google.rpc.RetryInfo` detail: a retry
+    after that delay may succeed (overload, a full queue).
     """
 
     def __init__(
@@ -50,6 +52,7 @@ class DomainError(Exception):
         metadata: Mapping[str, object] | None = None,
         field: str | None = None,
         details: tuple[Any, ...] = (),
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -58,6 +61,7 @@ class DomainError(Exception):
         self.metadata = {k: str(v) for k, v in (metadata or {}).items()}
         self.field = field
         self.details = details
+        self.retry_after_s = retry_after_s
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.code.value}, {self.reason!r}, {self.message!r})"
@@ -90,9 +94,14 @@ def already_exists(reason: str, message: str, **metadata: object) -> DomainError
     return DomainError(Code.ALREADY_EXISTS, reason, message, metadata=metadata)
 
 
-def resource_exhausted(reason: str, message: str, **metadata: object) -> DomainError:
-    """RESOURCE_EXHAUSTED: a budget or quota ran out."""
-    return DomainError(Code.RESOURCE_EXHAUSTED, reason, message, metadata=metadata)
+def resource_exhausted(
+    reason: str, message: str, *, retry_after_s: float | None = None, **metadata: object
+) -> DomainError:
+    """RESOURCE_EXHAUSTED: a budget or quota ran out, or a queue is full (then with
+    the delay after which a retry may succeed)."""
+    return DomainError(
+        Code.RESOURCE_EXHAUSTED, reason, message, metadata=metadata, retry_after_s=retry_after_s
+    )
 
 
 class StoreUnavailable(DomainError):

@@ -23,9 +23,9 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from services.common import metrics, tracing
+from services.common.deadlines import deadline_var
 from services.common.errors import Code, DomainError, StoreUnavailable, invalid_argument
 from services.common.logs import REQUEST_ID_HEADER, method_var, request_id_var
-from services.common.peers import deadline_var
 from services.common.status import to_status
 from services.common.wrapping import WrappingInterceptor
 

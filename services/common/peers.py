@@ -9,8 +9,6 @@ naming the peer, and a spent deadline is DEADLINE_EXCEEDED.
 
 from __future__ import annotations
 
-import contextvars
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -18,37 +16,20 @@ import grpc
 
 from services.common import tracing
 from services.common.auth import AuthSettings, channel_credentials, outbound_identity_metadata
+from services.common.deadlines import DEFAULT_PEER_TIMEOUT_S, deadline_var, remaining
 from services.common.errors import Code, DomainError, StoreUnavailable
 from services.common.logs import REQUEST_ID_HEADER, request_id_var
 from services.common.status import from_rpc_error
 
-# Absolute time.monotonic() deadline of the inbound RPC being served, if any.
-deadline_var: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "deadline", default=None
-)
-
 Response = TypeVar("Response")
 
-DEFAULT_PEER_TIMEOUT_S = 10.0
+__all__ = ["DEFAULT_PEER_TIMEOUT_S", "Peer", "deadline_var", "open_channel", "remaining"]
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.enable_retries", 0),
 ]
-
-
-def remaining(timeout: float = DEFAULT_PEER_TIMEOUT_S) -> float:
-    """Seconds an outbound call may take: `timeout`, capped by the inbound deadline."""
-    deadline = deadline_var.get()
-    if deadline is None:
-        return timeout
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise DomainError(
-            Code.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED", "the request deadline passed"
-        )
-    return min(timeout, left)
 
 
 def open_channel(address: str, auth: AuthSettings | None = None) -> grpc.aio.Channel:

@@ -45,8 +45,10 @@ def env_int(
     return value
 
 
-def env_float(env: Env, name: str, default: float, *, minimum: float = 0.0) -> float:
-    """A float variable, at least `minimum`."""
+def env_float(
+    env: Env, name: str, default: float, *, minimum: float = 0.0, maximum: float | None = None
+) -> float:
+    """A float variable, at least `minimum` (and at most `maximum` when given)."""
     raw = env.get(name, "")
     if raw == "":
         return default
@@ -54,8 +56,10 @@ def env_float(env: Env, name: str, default: float, *, minimum: float = 0.0) -> f
         value = float(raw)
     except ValueError:
         raise SettingsError(f"{name} must be a number, got {raw!r}") from None
-    if value < minimum:
+    if value != value or value < minimum:  # NaN compares unequal to itself
         raise SettingsError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise SettingsError(f"{name} must be at most {maximum}, got {value}")
     return value
 
 

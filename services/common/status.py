@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import cast
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.protobuf.message import Message as ProtoMessage
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
@@ -44,6 +45,10 @@ def to_status(error: DomainError) -> grpc.Status:
                 )
             )
         )
+    if error.retry_after_s is not None:
+        delay = duration_pb2.Duration()
+        delay.FromTimedelta(timedelta(seconds=error.retry_after_s))
+        details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))
     for detail in error.details:
         if isinstance(detail, any_pb2.Any):
             details.append(detail)

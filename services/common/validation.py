@@ -10,7 +10,6 @@ import re
 import uuid
 from collections.abc import Mapping
 
-from services.common.domain import Message, Role
 from services.common.errors import invalid_argument
 
 NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
@@ -24,10 +23,6 @@ WINDOW_RANGE = (1, 4096)
 SUMMARY_BATCH_RANGE = (1, 4096)
 SUMMARY_PASSES_RANGE = (1, 64)
 MEMORY_LIMIT_RANGE = (1, 256)
-# RUNIFOLD_MAX_MESSAGE_BYTES: the transcript's limit on one message, which the
-# agent applies too (a message the append would refuse must not cost a model call).
-MAX_MESSAGE_BYTES = 256 * 1024
-MESSAGE_BYTES_RANGE = (1024, 8 * 1024 * 1024)
 
 
 def namespace(value: str, field: str = "namespace") -> str:
@@ -126,47 +121,3 @@ def metadata(values: Mapping[str, str], field: str = "metadata") -> dict[str, st
             value, f"{field} values", max_bytes=MAX_METADATA_VALUE_BYTES, reason="INVALID_METADATA"
         )
     return dict(values)
-
-
-def message(value: Message, field: str, *, max_bytes: int) -> int:
-    """The rules of every message a transcript stores, whichever service receives it.
-
-    No system role (SYSTEM_ROLE_NOT_ALLOWED), no NUL in the text, metadata within
-    its limits, at most `max_bytes` in all (MESSAGE_TOO_LARGE), text in a user
-    message. Returns the message's size in bytes.
-    """
-    if value.role == Role.SYSTEM:
-        raise invalid_argument(
-            "SYSTEM_ROLE_NOT_ALLOWED",
-            "system messages are never persisted; send system instructions per request",
-            field=f"{field}.role",
-        )
-    if "\x00" in value.text:
-        raise invalid_argument(
-            "INVALID_MESSAGE", "text must not contain NUL characters", field=f"{field}.text"
-        )
-    metadata(value.metadata, f"{field}.metadata")
-    size = value.size_bytes()
-    if size > max_bytes:
-        raise invalid_argument(
-            "MESSAGE_TOO_LARGE",
-            f"{field} exceeds {max_bytes} bytes",
-            field=field,
-            limit_bytes=max_bytes,
-        )
-    if value.role == Role.USER and not value.text.strip():
-        raise invalid_argument(
-            "INVALID_MESSAGE", f"{field}.text must not be empty", field=f"{field}.text"
-        )
-    return size
-
-
-def messages_size(size: int, field: str, *, max_bytes: int) -> None:
-    """The messages of one write, `size` bytes together, within `max_bytes` (APPEND_TOO_LARGE)."""
-    if size > max_bytes:
-        raise invalid_argument(
-            "APPEND_TOO_LARGE",
-            f"{field} exceeds {max_bytes} bytes in total",
-            field=field,
-            limit_bytes=max_bytes,
-        )

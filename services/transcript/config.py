@@ -1,22 +1,44 @@
-"""TranscriptService limits, from environment variables (documented in docs/transcript.md)."""
+"""TranscriptService settings, from environment variables (documented in docs/transcript.md)."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from services.common.settings import Env, env_int
-from services.common.validation import MAX_MESSAGE_BYTES, MESSAGE_BYTES_RANGE
+from services.common.messages import MAX_MESSAGE_BYTES, MessageLimits
+from services.common.settings import Env, env_float, env_int
 
 
 @dataclass(frozen=True)
 class TranscriptLimits:
-    """Explicit limits of the transcript; each breach is INVALID_ARGUMENT."""
+    """Explicit limits of the transcript and its turn leases; each breach is refused."""
 
     max_messages_per_append: int = 256
     max_message_bytes: int = MAX_MESSAGE_BYTES
     max_append_bytes: int = 4 * 1024 * 1024
     max_tool_calls_per_message: int = 64
+    # Turns that may wait on one conversation (TURN_LEASE_MODE_QUEUED).
+    turn_queue_depth: int = 16
+    # How long the outcome of a turn that ended without committing is kept.
+    turn_outcome_retention_s: float = 24 * 3600.0
+    # How often a waiting turn looks again when no local release woke it (a
+    # release through another replica is seen within this delay).
+    turn_wait_poll_s: float = 0.05
+    # The longest a turn waits for a lease when its caller set no earlier deadline.
+    turn_wait_max_s: float = 600.0
+    messages: MessageLimits = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "messages",
+            MessageLimits(
+                self.max_messages_per_append,
+                self.max_message_bytes,
+                self.max_append_bytes,
+                self.max_tool_calls_per_message,
+            ),
+        )
 
     @property
     def tool_group_bound(self) -> int:
@@ -26,25 +48,20 @@ class TranscriptLimits:
     @classmethod
     def from_env(cls, env: Env | None = None) -> TranscriptLimits:
         env = os.environ if env is None else env
+        messages = MessageLimits.from_env(env)
         return cls(
-            max_messages_per_append=env_int(
-                env, "RUNIFOLD_MAX_MESSAGES_PER_APPEND", 256, minimum=1, maximum=4096
+            max_messages_per_append=messages.max_messages_per_append,
+            max_message_bytes=messages.max_message_bytes,
+            max_append_bytes=messages.max_append_bytes,
+            max_tool_calls_per_message=messages.max_tool_calls_per_message,
+            turn_queue_depth=env_int(env, "RUNIFOLD_TURN_QUEUE_DEPTH", 16, minimum=1, maximum=1024),
+            turn_outcome_retention_s=env_float(
+                env, "RUNIFOLD_TURN_OUTCOME_RETENTION_S", 24 * 3600.0, minimum=60.0
             ),
-            max_message_bytes=env_int(
-                env,
-                "RUNIFOLD_MAX_MESSAGE_BYTES",
-                MAX_MESSAGE_BYTES,
-                minimum=MESSAGE_BYTES_RANGE[0],
-                maximum=MESSAGE_BYTES_RANGE[1],
+            turn_wait_poll_s=env_float(
+                env, "RUNIFOLD_TURN_WAIT_POLL_S", 0.05, minimum=0.005, maximum=2.0
             ),
-            max_append_bytes=env_int(
-                env,
-                "RUNIFOLD_MAX_APPEND_BYTES",
-                4 * 1024 * 1024,
-                minimum=1024,
-                maximum=12 * 1024 * 1024,
-            ),
-            max_tool_calls_per_message=env_int(
-                env, "RUNIFOLD_MAX_TOOL_CALLS_PER_MESSAGE", 64, minimum=1, maximum=512
+            turn_wait_max_s=env_float(
+                env, "RUNIFOLD_TURN_WAIT_MAX_S", 600.0, minimum=1.0, maximum=3600.0
             ),
         )

@@ -7,10 +7,12 @@ around every write), so the domain tests exercise the real rules.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import secrets
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from services.common.domain import Entry
 from services.common.errors import VersionConflict
@@ -18,10 +20,52 @@ from services.transcript.model import (
     AppendRecord,
     AppendResult,
     Conversation,
+    EndedTurn,
+    Enqueue,
+    Granted,
+    LeaseAttempt,
+    LeaseRequest,
     NewAppend,
+    TurnLease,
+    TurnRow,
     ViewRead,
+    Waiting,
+    conversation_busy,
+    conversation_not_found,
+    decide_lease,
+    request_id_reused,
+    turn_lease_lost,
 )
-from services.transcript.store import conversation_not_found, request_id_reused
+from services.transcript.store import WAIT_LEASE_S
+
+# Queue tickets, one counter for every conversation (transcript.turn_tickets).
+_TICKETS = itertools.count(1)
+
+
+def _random_token() -> int:
+    """Incarnations and fencing tokens (transcript.random_token())."""
+    return secrets.randbits(62) + 1
+
+
+@dataclass
+class _Turn:
+    state: str
+    exclusive: bool
+    ticket: int
+    payload_hash: bytes
+    until: datetime
+    ended: EndedTurn | None = None
+
+    def row(self, turn_id: str, now: datetime) -> TurnRow:
+        return TurnRow(
+            turn_id,
+            self.state,
+            self.exclusive,
+            self.ticket,
+            self.payload_hash,
+            self.until >= now,
+            self.ended,
+        )
 
 
 @dataclass
@@ -29,6 +73,15 @@ class _Stored:
     conversation: Conversation
     entries: list[Entry] = field(default_factory=list)
     appends: dict[str, AppendRecord] = field(default_factory=dict)
+    provisional: str | None = None
+    turns: dict[str, _Turn] = field(default_factory=dict)
+
+    def live_holder(self, now: datetime) -> tuple[str, _Turn] | None:
+        """The turn holding an exclusive lease that has not lapsed."""
+        for turn_id, turn in self.turns.items():
+            if turn.state == "running" and turn.exclusive and turn.until >= now:
+                return turn_id, turn
+        return None
 
 
 class InMemoryTranscriptStore:
@@ -46,7 +99,9 @@ class InMemoryTranscriptStore:
             if key in self._data:
                 return self._data[key].conversation, False
             now = datetime.now(UTC)
-            conversation = Conversation(conversation_id, namespace, 0, 0, now, now, dict(labels))
+            conversation = Conversation(
+                conversation_id, namespace, 0, 0, now, now, dict(labels), _random_token()
+            )
             self._data[key] = _Stored(conversation)
             return conversation, True
 
@@ -66,6 +121,15 @@ class InMemoryTranscriptStore:
                 if record.payload_hash != append.payload_hash:
                     raise request_id_reused()
                 return AppendResult(record, replayed=True)
+            now = datetime.now(UTC)
+            token = append.fencing_token
+            if token is not None:
+                own = stored.turns.get(append.request_id or "")
+                if own is None or own.ticket != token or own.state != "running" or own.until < now:
+                    raise turn_lease_lost()
+            holder = stored.live_holder(now)
+            if holder is not None and holder[1].ticket != token:
+                raise conversation_busy(holder[0])
             current = stored.conversation
             if append.expected_version is not None and current.version != append.expected_version:
                 raise VersionConflict(current.version, append.expected_version)
@@ -82,6 +146,9 @@ class InMemoryTranscriptStore:
             )
             if append.request_id is not None:
                 stored.appends[append.request_id] = record
+            if token is not None:
+                del stored.turns[append.request_id or ""]
+            stored.provisional = None
             return AppendResult(record, replayed=False)
 
     async def read_entries(
@@ -116,7 +183,9 @@ class InMemoryTranscriptStore:
         ]
         entries = await self.read_entries(namespace, conversation_id, ranges)
         prior = stored.appends.get(request_id) if request_id is not None else None
-        return ViewRead(stored.conversation.version, last, entries, prior)
+        return ViewRead(
+            stored.conversation.version, last, entries, prior, stored.conversation.incarnation
+        )
 
     async def list_entries(
         self,
@@ -144,3 +213,153 @@ class InMemoryTranscriptStore:
         async with self._lock:
             stored = self._data.pop((namespace, conversation_id), None)
             return None if stored is None else len(stored.entries)
+
+    # -- turn leases (the same rule as the PostgreSQL store: model.decide_lease) ----
+
+    async def acquire_turn(self, request: LeaseRequest) -> LeaseAttempt:
+        async with self._lock:
+            key = (request.namespace, request.conversation_id)
+            created = False
+            if key not in self._data:
+                if not request.create_if_missing:
+                    raise conversation_not_found()
+                now = datetime.now(UTC)
+                self._data[key] = _Stored(
+                    Conversation(
+                        request.conversation_id,
+                        request.namespace,
+                        0,
+                        0,
+                        now,
+                        now,
+                        {},
+                        _random_token(),
+                    ),
+                    provisional=request.turn_id,
+                )
+                created = True
+            stored = self._data[key]
+            now = datetime.now(UTC)
+            own_turn = stored.turns.get(request.turn_id)
+            own = own_turn.row(request.turn_id, now) if own_turn else None
+            others = [
+                turn.row(turn_id, now)
+                for turn_id, turn in stored.turns.items()
+                if turn_id != request.turn_id
+                and turn.state in ("waiting", "running")
+                and turn.until >= now
+            ]
+            decision = decide_lease(request, own, others, stored.appends.get(request.turn_id))
+            if isinstance(decision, AppendRecord | EndedTurn):
+                return decision
+            if isinstance(decision, Enqueue):
+                ticket = next(_TICKETS)
+                stored.turns[request.turn_id] = _Turn(
+                    "waiting",
+                    True,
+                    ticket,
+                    request.payload_hash,
+                    now + timedelta(seconds=WAIT_LEASE_S),
+                )
+                return Waiting(same_turn=False, ticket=ticket)
+            if not isinstance(decision, Granted):
+                if not decision.same_turn and own_turn is not None:
+                    own_turn.until = now + timedelta(seconds=WAIT_LEASE_S)
+                return Waiting(decision.same_turn, None if decision.same_turn else request.ticket)
+            token = _random_token()
+            until = now + timedelta(seconds=request.ttl_s)
+            stored.turns[request.turn_id] = _Turn(
+                "running", decision.exclusive, token, request.payload_hash, until
+            )
+            return TurnLease(
+                request.conversation_id,
+                request.turn_id,
+                token,
+                until,
+                decision.exclusive,
+                created,
+            )
+
+    async def renew_turn(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        turn_id: str,
+        fencing_token: int,
+        ttl_s: float,
+    ) -> TurnLease | None:
+        async with self._lock:
+            stored = self._data.get((namespace, conversation_id))
+            turn = stored.turns.get(turn_id) if stored else None
+            now = datetime.now(UTC)
+            if (
+                turn is None
+                or turn.ticket != fencing_token
+                or turn.state != "running"
+                or turn.until < now
+            ):
+                return None
+            turn.until = now + timedelta(seconds=ttl_s)
+            return TurnLease(conversation_id, turn_id, fencing_token, turn.until, turn.exclusive)
+
+    async def release_turn(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        turn_id: str,
+        fencing_token: int,
+        ended: EndedTurn | None,
+        retention_s: float,
+    ) -> bool:
+        async with self._lock:
+            key = (namespace, conversation_id)
+            stored = self._data.get(key)
+            turn = stored.turns.get(turn_id) if stored else None
+            if stored is None or turn is None:
+                return False
+            if turn.ticket != fencing_token or turn.state != "running":
+                return False
+            now = datetime.now(UTC)
+            if ended is not None:
+                stored.turns[turn_id] = replace(
+                    turn,
+                    state="ended",
+                    until=now + timedelta(seconds=retention_s),
+                    ended=replace(ended, end_time=now),
+                )
+                return True
+            del stored.turns[turn_id]
+            live = any(
+                t.state in ("waiting", "running") and t.until >= now for t in stored.turns.values()
+            )
+            if stored.provisional == turn_id and stored.conversation.version == 0 and not live:
+                del self._data[key]
+            return True
+
+    async def leave_queue(
+        self, namespace: str, conversation_id: uuid.UUID, turn_id: str, ticket: int
+    ) -> None:
+        async with self._lock:
+            stored = self._data.get((namespace, conversation_id))
+            turn = stored.turns.get(turn_id) if stored else None
+            if (
+                stored is not None
+                and turn is not None
+                and (turn.state, turn.ticket)
+                == (
+                    "waiting",
+                    ticket,
+                )
+            ):
+                del stored.turns[turn_id]
+
+    async def sweep_turns(self, limit: int) -> int:
+        async with self._lock:
+            now = datetime.now(UTC)
+            swept = 0
+            for stored in self._data.values():
+                for turn_id, turn in list(stored.turns.items()):
+                    if swept < limit and turn.state == "ended" and turn.until < now:
+                        del stored.turns[turn_id]
+                        swept += 1
+            return swept

@@ -11,7 +11,7 @@ from typing import Any
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from runifold.transcript.v1 import transcript_service_pb2_grpc as pb_grpc
 from services.common import convert
-from services.transcript.model import AppendRecord, Conversation
+from services.transcript.model import AppendRecord, Conversation, EndedTurn, TurnLease
 from services.transcript.service import TranscriptService
 
 Context = Any  # grpc.aio.ServicerContext; unused by these handlers
@@ -27,6 +27,7 @@ def conversation_to_proto(conversation: Conversation) -> pb.Conversation:
         create_time=convert.timestamp(conversation.create_time),
         update_time=convert.timestamp(conversation.update_time),
         labels=dict(conversation.labels),
+        incarnation=conversation.incarnation,
     )
 
 
@@ -38,6 +39,38 @@ def append_record_to_proto(record: AppendRecord) -> pb.AppendRecord:
         last_sequence=record.last_sequence,
         usage=convert.usage_to_proto(record.usage),
         commit_time=convert.timestamp(record.commit_time),
+    )
+
+
+def lease_to_proto(lease: TurnLease) -> pb.TurnLease:
+    """The wire form of a turn lease."""
+    return pb.TurnLease(
+        conversation_id=str(lease.conversation_id),
+        fencing_token=lease.fencing_token,
+        expire_time=convert.timestamp(lease.expire_time),
+        exclusive=lease.exclusive,
+        created=lease.created,
+    )
+
+
+def ended_to_proto(ended: EndedTurn) -> pb.EndedTurn:
+    """The wire form of a turn that ended without committing."""
+    return pb.EndedTurn(
+        output=[convert.message_to_proto(m) for m in ended.output],
+        usage=convert.usage_to_proto(ended.usage),
+        reason=ended.reason,
+        metadata=dict(ended.metadata),
+        end_time=convert.timestamp(ended.end_time) if ended.end_time else None,
+    )
+
+
+def ended_from_proto(ended: pb.EndedTurn) -> EndedTurn:
+    """An ended turn as the caller reports it (its messages are kept as sent)."""
+    return EndedTurn(
+        output=tuple(convert.messages_from_proto(ended.output, "ended.output")),
+        usage=convert.usage_from_proto(ended.usage),
+        reason=ended.reason,
+        metadata=dict(ended.metadata),
     )
 
 
@@ -75,7 +108,9 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             convert.messages_from_proto(request.messages, "messages"),
             request.request_id,
             convert.usage_from_proto(request.usage),
+            request.fencing_token if request.HasField("fencing_token") else None,
         )
+        self.service.appended(request.namespace, request.conversation_id)
         record = result.record
         return pb.AppendEntriesResponse(
             version=record.version,
@@ -114,6 +149,7 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             last_sequence=view.last_sequence,
             summary_backlog=view.summary_backlog,
             prior_append=append_record_to_proto(view.prior_append) if view.prior_append else None,
+            incarnation=view.incarnation,
         )
         convert.add_entries(response.window, view.window)
         convert.add_entries(response.summary_buffer, view.summary_buffer)
@@ -137,3 +173,45 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
         return pb.DeleteConversationResponse(
             deleted=deleted is not None, entries_deleted=deleted or 0
         )
+
+    async def AcquireTurnLease(
+        self, request: pb.AcquireTurnLeaseRequest, context: Context
+    ) -> pb.AcquireTurnLeaseResponse:
+        outcome = await self.service.acquire_turn_lease(
+            request.namespace,
+            request.conversation_id,
+            request.turn_id,
+            int(request.mode),
+            convert.timedelta_from_request(request.ttl, "ttl", "INVALID_LEASE_TTL").total_seconds(),
+            request.payload_hash,
+            request.create_if_missing,
+        )
+        if isinstance(outcome, TurnLease):
+            return pb.AcquireTurnLeaseResponse(lease=lease_to_proto(outcome))
+        if isinstance(outcome, EndedTurn):
+            return pb.AcquireTurnLeaseResponse(ended=ended_to_proto(outcome))
+        return pb.AcquireTurnLeaseResponse(committed=append_record_to_proto(outcome))
+
+    async def RenewTurnLease(
+        self, request: pb.RenewTurnLeaseRequest, context: Context
+    ) -> pb.RenewTurnLeaseResponse:
+        lease = await self.service.renew_turn_lease(
+            request.namespace,
+            request.conversation_id,
+            request.turn_id,
+            request.fencing_token,
+            convert.timedelta_from_request(request.ttl, "ttl", "INVALID_LEASE_TTL").total_seconds(),
+        )
+        return pb.RenewTurnLeaseResponse(lease=lease_to_proto(lease))
+
+    async def ReleaseTurnLease(
+        self, request: pb.ReleaseTurnLeaseRequest, context: Context
+    ) -> pb.ReleaseTurnLeaseResponse:
+        released = await self.service.release_turn_lease(
+            request.namespace,
+            request.conversation_id,
+            request.turn_id,
+            request.fencing_token,
+            ended_from_proto(request.ended) if request.HasField("ended") else None,
+        )
+        return pb.ReleaseTurnLeaseResponse(released=released)

@@ -18,31 +18,41 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from services.common import metrics
-from services.common.db import Database
+from services.common.db import Database, fetch_one
 from services.common.domain import Entry, Message, Role, ToolCall, Usage
-from services.common.errors import VersionConflict, invalid_argument, not_found
+from services.common.errors import VersionConflict
 from services.transcript.model import (
     SEQUENCE_CEILING,
     AppendRecord,
     AppendResult,
     Conversation,
+    EndedTurn,
+    Enqueue,
+    Granted,
+    LeaseAttempt,
+    LeaseMode,
+    LeaseRequest,
     NewAppend,
+    TurnLease,
+    TurnRow,
     ViewRead,
+    Waiting,
+    conversation_busy,
+    conversation_not_found,
+    decide_lease,
+    ended_from_json,
+    ended_to_json,
+    request_id_reused,
+    turn_lease_lost,
 )
 
-
-def conversation_not_found() -> Exception:
-    """The one NOT_FOUND of this service; the same whether it never existed or is elsewhere."""
-    return not_found("CONVERSATION_NOT_FOUND", "conversation not found")
-
-
-def request_id_reused() -> Exception:
-    """The request id was used before with another payload."""
-    return invalid_argument(
-        "REQUEST_ID_REUSED",
-        "request_id was already used with a different payload",
-        field="request_id",
-    )
+# A waiting turn's place in the queue lapses this long after its caller last
+# looked (the caller looks every RUNIFOLD_TURN_WAIT_POLL_S, at most 2 s): a
+# waiter whose process died stops holding up the turns behind it.
+WAIT_LEASE_S = 10.0
+# Expired leases and waiting places are swept this long after they lapsed (the
+# lease rule ignores them at once; the rows only tell a late holder it lost).
+_EXPIRED_GRACE_S = 60.0
 
 
 class TranscriptStore(Protocol):
@@ -102,19 +112,80 @@ class TranscriptStore(Protocol):
     async def delete_conversation(self, namespace: str, conversation_id: uuid.UUID) -> int | None:
         """Erase it; return the number of entries erased, or None if it did not exist."""
 
+    async def acquire_turn(self, request: LeaseRequest) -> LeaseAttempt:
+        """Apply `decide_lease` with the conversation locked and carry out its decision."""
+
+    async def renew_turn(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        turn_id: str,
+        fencing_token: int,
+        ttl_s: float,
+    ) -> TurnLease | None:
+        """Extend a live lease; None when it expired or was taken over."""
+
+    async def release_turn(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        turn_id: str,
+        fencing_token: int,
+        ended: EndedTurn | None,
+        retention_s: float,
+    ) -> bool:
+        """End a lease without an append (recording `ended` when given); False when it
+        was no longer held. A conversation the turn created and never wrote goes too."""
+
+    async def leave_queue(
+        self, namespace: str, conversation_id: uuid.UUID, turn_id: str, ticket: int
+    ) -> None:
+        """Give up a place in the queue (the waiting caller left)."""
+
+    async def sweep_turns(self, limit: int) -> int:
+        """Delete up to `limit` lapsed rows: ended turns past retention, expired leases
+        and waiting places, and empty conversations whose creating turn vanished."""
+
 
 # --- PostgreSQL -------------------------------------------------------------
 
 _APPEND = """
-WITH bumped AS (
+WITH lease AS (
+    -- The turn lease the append commits under, locked: an UPDATE of the row by a
+    -- takeover that committed meanwhile is seen here, not an older snapshot.
+    SELECT t.turn_id FROM transcript.turns AS t
+     WHERE t.conversation_key = (SELECT conversation_key FROM transcript.conversations
+                                  WHERE namespace = %(namespace)s
+                                    AND conversation_id = %(conversation_id)s)
+       AND t.turn_id = %(request_id)s AND t.ticket = %(fencing_token)s::bigint
+       AND t.state = 'running' AND t.lease_until >= now()
+       FOR UPDATE
+), bumped AS (
     UPDATE transcript.conversations
        SET version = version + 1,
            last_sequence = last_sequence + %(count)s,
-           update_time = now()
+           update_time = now(),
+           provisional_turn_id = NULL,
+           lease_turn_id = CASE WHEN lease_token = %(fencing_token)s::bigint
+                                THEN NULL ELSE lease_turn_id END,
+           lease_until = CASE WHEN lease_token = %(fencing_token)s::bigint
+                              THEN NULL ELSE lease_until END,
+           lease_token = CASE WHEN lease_token = %(fencing_token)s::bigint
+                              THEN NULL ELSE lease_token END
      WHERE namespace = %(namespace)s
        AND conversation_id = %(conversation_id)s
        AND (%(expected_version)s::bigint IS NULL OR version = %(expected_version)s::bigint)
+       -- No other turn holds the conversation exclusively (re-checked on the newest
+       -- row version when a lease was granted while this statement waited).
+       AND (lease_until IS NULL OR lease_until < now() OR lease_token = %(fencing_token)s::bigint)
+       AND (%(fencing_token)s::bigint IS NULL OR EXISTS (SELECT 1 FROM lease))
  RETURNING conversation_key, version, last_sequence, update_time
+), finished AS (
+    -- The commit ends the turn's lease.
+    DELETE FROM transcript.turns AS t
+     USING bumped AS b
+     WHERE t.conversation_key = b.conversation_key AND t.turn_id = %(request_id)s
+       AND %(fencing_token)s::bigint IS NOT NULL
 ), recorded AS (
     INSERT INTO transcript.appends
            (conversation_key, version, first_sequence, last_sequence, request_id,
@@ -139,9 +210,16 @@ WITH bumped AS (
 SELECT version, last_sequence, update_time FROM bumped
 """
 
+# Why an append wrote nothing: the version, a prior append of the request id, the
+# exclusive lease holder, and whether the quoted lease is still held.
 _WHY_NOT_APPENDED = """
 SELECT c.version, a.version, a.first_sequence, a.last_sequence, a.input_tokens,
-       a.output_tokens, a.model_calls, a.commit_time, a.payload_hash
+       a.output_tokens, a.model_calls, a.commit_time, a.payload_hash,
+       c.lease_turn_id, coalesce(c.lease_until >= now(), false), c.lease_token,
+       EXISTS (SELECT 1 FROM transcript.turns AS t
+                WHERE t.conversation_key = c.conversation_key
+                  AND t.turn_id = %(request_id)s AND t.ticket = %(fencing_token)s::bigint
+                  AND t.state = 'running' AND t.lease_until >= now())
   FROM transcript.conversations AS c
   LEFT JOIN LATERAL (
         SELECT * FROM transcript.appends AS a
@@ -150,8 +228,14 @@ SELECT c.version, a.version, a.first_sequence, a.last_sequence, a.input_tokens,
  WHERE c.namespace = %(namespace)s AND c.conversation_id = %(conversation_id)s
 """
 
+# The conversation key as a scalar subquery: keeps every entry and append
+# lookup an index scan on the child table's primary key.
+_KEY = """(SELECT conversation_key FROM transcript.conversations
+           WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s)"""
+
 _CONVERSATION_COLUMNS = (
-    "conversation_id, namespace, version, last_sequence, create_time, update_time, labels"
+    "conversation_id, namespace, version, last_sequence, create_time, update_time, labels, "
+    "incarnation"
 )
 _ENTRY_COLUMNS = (
     "e.sequence, e.role, e.text, e.tool_calls, e.tool_call_id, e.metadata, e.created_at"
@@ -159,7 +243,7 @@ _ENTRY_COLUMNS = (
 
 
 def _conversation(row: Sequence[Any]) -> Conversation:
-    return Conversation(row[0], row[1], row[2], row[3], row[4], row[5], row[6] or {})
+    return Conversation(row[0], row[1], row[2], row[3], row[4], row[5], row[6] or {}, row[7])
 
 
 def _entry(row: Sequence[Any]) -> Entry:
@@ -208,6 +292,7 @@ def append_parameters(append: NewAppend) -> dict[str, Any]:
         "output_tokens": append.usage.output_tokens,
         "model_calls": append.usage.model_calls,
         "messages": append.encoded,
+        "fencing_token": append.fencing_token,
     }
 
 
@@ -279,10 +364,17 @@ class PostgresTranscriptStore:
         if why is None:
             raise conversation_not_found()
         if why[1] is not None:
-            record = _record(why[1:])
+            record = _record(why[1:9])
             if record.payload_hash != append.payload_hash:
                 raise request_id_reused()
             return AppendResult(record, replayed=True)
+        holder, lease_live, lease_token, own_live = why[9:13]
+        if append.fencing_token is not None and not own_live:
+            metrics.TURN_FENCE_REFUSALS.inc()
+            raise turn_lease_lost()
+        if lease_live and lease_token != append.fencing_token:
+            metrics.TURN_BUSY_REFUSALS.labels("append").inc()
+            raise conversation_busy(holder)
         metrics.APPEND_CONFLICTS.inc()
         if append.expected_version is None:
             # Only a racing duplicate of a request id can get here; it has committed by now.
@@ -336,9 +428,9 @@ class PostgresTranscriptStore:
         if not rows:
             return None
         first = rows[0]
-        prior = _record(first[2:10]) if first[2] is not None else None
-        entries = [_entry(row[10:]) for row in rows if row[10] is not None]
-        return ViewRead(first[0], first[1], entries, prior)
+        prior = _record(first[3:11]) if first[3] is not None else None
+        entries = [_entry(row[11:]) for row in rows if row[11] is not None]
+        return ViewRead(first[0], first[1], entries, prior, first[2])
 
     async def list_entries(
         self,
@@ -395,11 +487,337 @@ class PostgresTranscriptStore:
                 return None
             (key,) = row
             await conn.execute("DELETE FROM transcript.appends WHERE conversation_key = %s", (key,))
+            await conn.execute("DELETE FROM transcript.turns WHERE conversation_key = %s", (key,))
             cursor = await conn.execute(
                 "DELETE FROM transcript.entries WHERE conversation_key = %s", (key,)
             )
             deleted: int = cursor.rowcount
         return deleted
+
+    # -- turn leases ------------------------------------------------------------
+
+    async def acquire_turn(self, request: LeaseRequest) -> LeaseAttempt:
+        params: dict[str, Any] = {
+            "namespace": request.namespace,
+            "conversation_id": request.conversation_id,
+            "turn_id": request.turn_id,
+            "ticket": request.ticket,
+            "ttl_s": request.ttl_s,
+            "wait_s": WAIT_LEASE_S,
+            "payload_hash": request.payload_hash,
+        }
+        # Exclusive and queued leases lock the conversation row against every other
+        # lease decision; shared ones only against those (FOR KEY SHARE does not wait
+        # for appends), and against their own turn id's (an advisory lock).
+        lock = _LOCK_CONVERSATION if request.mode != LeaseMode.SHARED else _SHARE_CONVERSATION
+        async with self.db.connection() as conn, conn.transaction():
+            row = await fetch_one(conn, lock, params)
+            created = False
+            if row is None and request.create_if_missing:
+                row = await fetch_one(conn, _INSERT_PROVISIONAL, params)
+                created = row is not None
+                if row is None:  # created by someone else meanwhile
+                    row = await fetch_one(conn, lock, params)
+            if row is None:
+                raise conversation_not_found()
+            params["key"] = row[0]
+            await conn.execute(_LOCK_TURN_ID, params)
+            cursor = await conn.execute(_TURN_ROWS, params)
+            own: TurnRow | None = None
+            others: list[TurnRow] = []
+            for (
+                turn_id,
+                state,
+                exclusive,
+                ticket,
+                digest,
+                live,
+                outcome,
+                end_time,
+            ) in await cursor.fetchall():
+                found = TurnRow(
+                    turn_id,
+                    state,
+                    exclusive,
+                    ticket,
+                    bytes(digest),
+                    live,
+                    ended_from_json(outcome, end_time) if state == "ended" else None,
+                )
+                if turn_id == request.turn_id:
+                    own = found
+                else:
+                    others.append(found)
+            prior_row = await fetch_one(conn, _PRIOR_APPEND, params)
+            prior = _record(prior_row) if prior_row else None
+            decision = decide_lease(request, own, others, prior)
+            if isinstance(decision, AppendRecord | EndedTurn):
+                return decision
+            if isinstance(decision, Enqueue):
+                ticket_row = await fetch_one(conn, _ENQUEUE, params)
+                assert ticket_row is not None
+                return Waiting(same_turn=False, ticket=ticket_row[0])
+            if not isinstance(decision, Granted):
+                if not decision.same_turn:  # still in line: keep the place
+                    await conn.execute(_KEEP_PLACE, params)
+                return Waiting(decision.same_turn, None if decision.same_turn else request.ticket)
+            if decision.takeover:
+                metrics.TURN_LEASE_EXPIRIES.inc()
+            params["exclusive"] = decision.exclusive
+            granted = await fetch_one(conn, _GRANT, params)
+            assert granted is not None
+            token, expire_time = granted
+        return TurnLease(
+            request.conversation_id,
+            request.turn_id,
+            token,
+            expire_time,
+            decision.exclusive,
+            created,
+        )
+
+    async def renew_turn(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        turn_id: str,
+        fencing_token: int,
+        ttl_s: float,
+    ) -> TurnLease | None:
+        async with self.db.connection() as conn:
+            row = await fetch_one(
+                conn,
+                _RENEW,
+                {
+                    "namespace": namespace,
+                    "conversation_id": conversation_id,
+                    "turn_id": turn_id,
+                    "fencing_token": fencing_token,
+                    "ttl_s": ttl_s,
+                },
+            )
+        if row is None:
+            return None
+        exclusive, expire_time = row
+        return TurnLease(conversation_id, turn_id, fencing_token, expire_time, exclusive)
+
+    async def release_turn(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        turn_id: str,
+        fencing_token: int,
+        ended: EndedTurn | None,
+        retention_s: float,
+    ) -> bool:
+        params: dict[str, Any] = {
+            "namespace": namespace,
+            "conversation_id": conversation_id,
+            "turn_id": turn_id,
+            "fencing_token": fencing_token,
+            "outcome": Jsonb(ended_to_json(ended)) if ended is not None else None,
+            "retention_s": retention_s,
+        }
+        async with self.db.connection() as conn, conn.transaction():
+            row = await fetch_one(conn, _LOCK_CONVERSATION, params)
+            if row is None:
+                return False
+            params["key"] = row[0]
+            held = await fetch_one(conn, _END_TURN, params)
+            if held is None:
+                return False
+            await conn.execute(_DROP_EXCLUSIVE, params)
+            if ended is None:
+                # A conversation this turn created and nobody wrote goes with it.
+                await conn.execute(_DROP_PROVISIONAL, params)
+        return True
+
+    async def leave_queue(
+        self, namespace: str, conversation_id: uuid.UUID, turn_id: str, ticket: int
+    ) -> None:
+        async with self.db.connection() as conn:
+            await conn.execute(
+                f"""DELETE FROM transcript.turns
+                     WHERE conversation_key = {_KEY} AND turn_id = %(turn_id)s
+                       AND ticket = %(ticket)s AND state = 'waiting'""",
+                {
+                    "namespace": namespace,
+                    "conversation_id": conversation_id,
+                    "turn_id": turn_id,
+                    "ticket": ticket,
+                },
+            )
+
+    async def sweep_turns(self, limit: int) -> int:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(_SWEEP_TURNS, {"limit": limit, "grace_s": _EXPIRED_GRACE_S})
+            turns = cursor.rowcount
+            cursor = await conn.execute(
+                _SWEEP_PROVISIONAL, {"limit": limit, "grace_s": _EXPIRED_GRACE_S}
+            )
+            return turns + cursor.rowcount
+
+
+# -- the statements of turn leases -------------------------------------------------
+
+_LOCK_CONVERSATION = """
+SELECT conversation_key FROM transcript.conversations
+ WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+   FOR UPDATE
+"""
+
+_SHARE_CONVERSATION = """
+SELECT conversation_key FROM transcript.conversations
+ WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+   FOR KEY SHARE
+"""
+
+# Serializes the lease decisions of one turn id (shared ones run side by side).
+_LOCK_TURN_ID = """
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s::text || '/' || %(turn_id)s, 0))
+"""
+
+# create_if_missing: the conversation, marked as made by this turn.
+_INSERT_PROVISIONAL = """
+INSERT INTO transcript.conversations (namespace, conversation_id, provisional_turn_id)
+VALUES (%(namespace)s, %(conversation_id)s, %(turn_id)s)
+ON CONFLICT (namespace, conversation_id) DO NOTHING
+RETURNING conversation_key
+"""
+
+# The requested turn's row (any state), and every live waiting or running row.
+_TURN_ROWS = """
+SELECT turn_id, state, exclusive, ticket, payload_hash, lease_until >= now(), outcome, end_time
+  FROM transcript.turns
+ WHERE conversation_key = %(key)s
+   AND (turn_id = %(turn_id)s OR (state IN ('waiting', 'running') AND lease_until >= now()))
+"""
+
+_PRIOR_APPEND = """
+SELECT version, first_sequence, last_sequence, input_tokens, output_tokens, model_calls,
+       commit_time, payload_hash
+  FROM transcript.appends
+ WHERE conversation_key = %(key)s AND request_id = %(turn_id)s
+"""
+
+# A place in the queue: the next ticket of the conversation.
+_ENQUEUE = """
+INSERT INTO transcript.turns
+       (conversation_key, turn_id, state, exclusive, ticket, payload_hash, lease_until)
+VALUES (%(key)s, %(turn_id)s, 'waiting', true, nextval('transcript.turn_tickets'),
+        %(payload_hash)s, now() + make_interval(secs => %(wait_s)s))
+ON CONFLICT (conversation_key, turn_id) DO UPDATE
+   SET state = 'waiting', exclusive = true, ticket = excluded.ticket,
+       payload_hash = excluded.payload_hash, lease_until = excluded.lease_until,
+       outcome = NULL, end_time = NULL, create_time = now()
+RETURNING ticket
+"""
+
+_KEEP_PLACE = """
+UPDATE transcript.turns SET lease_until = now() + make_interval(secs => %(wait_s)s)
+ WHERE conversation_key = %(key)s AND turn_id = %(turn_id)s AND ticket = %(ticket)s
+   AND state = 'waiting'
+"""
+
+# The lease: the next fencing token, the turn's row (replacing a waiting place or
+# a lapsed lease) and, when exclusive, the fence on the conversation row.
+_GRANT = """
+WITH token AS (
+    SELECT transcript.random_token() AS token
+), fence AS (
+    UPDATE transcript.conversations
+       SET lease_turn_id = %(turn_id)s, lease_token = (SELECT token FROM token),
+           lease_until = now() + make_interval(secs => %(ttl_s)s)
+     WHERE conversation_key = %(key)s AND %(exclusive)s
+)
+INSERT INTO transcript.turns
+       (conversation_key, turn_id, state, exclusive, ticket, payload_hash, lease_until)
+SELECT %(key)s, %(turn_id)s, 'running', %(exclusive)s, token, %(payload_hash)s,
+       now() + make_interval(secs => %(ttl_s)s)
+  FROM token
+ON CONFLICT (conversation_key, turn_id) DO UPDATE
+   SET state = 'running', exclusive = excluded.exclusive, ticket = excluded.ticket,
+       payload_hash = excluded.payload_hash, lease_until = excluded.lease_until,
+       outcome = NULL, end_time = NULL, create_time = now()
+RETURNING ticket, lease_until
+"""
+
+_RENEW = f"""
+WITH renewed AS (
+    UPDATE transcript.turns
+       SET lease_until = now() + make_interval(secs => %(ttl_s)s)
+     WHERE conversation_key = {_KEY} AND turn_id = %(turn_id)s
+       AND ticket = %(fencing_token)s AND state = 'running' AND lease_until >= now()
+ RETURNING conversation_key, exclusive, lease_until
+), fence AS (
+    UPDATE transcript.conversations AS c SET lease_until = r.lease_until
+      FROM renewed AS r
+     WHERE c.conversation_key = r.conversation_key AND r.exclusive
+       AND c.lease_token = %(fencing_token)s
+)
+SELECT exclusive, lease_until FROM renewed
+"""
+
+# Ends the turn's row if it still holds the lease (expired but not taken over
+# counts: nobody else holds it): kept as 'ended' with its outcome, or deleted.
+_END_TURN = """
+WITH ended AS (
+    UPDATE transcript.turns
+       SET state = 'ended', outcome = %(outcome)s, end_time = now(),
+           lease_until = now() + make_interval(secs => %(retention_s)s)
+     WHERE conversation_key = %(key)s AND turn_id = %(turn_id)s
+       AND ticket = %(fencing_token)s AND state = 'running' AND %(outcome)s::jsonb IS NOT NULL
+ RETURNING 1
+), dropped AS (
+    DELETE FROM transcript.turns
+     WHERE conversation_key = %(key)s AND turn_id = %(turn_id)s
+       AND ticket = %(fencing_token)s AND state = 'running' AND %(outcome)s::jsonb IS NULL
+ RETURNING 1
+)
+SELECT 1 FROM ended UNION ALL SELECT 1 FROM dropped
+"""
+
+_DROP_EXCLUSIVE = """
+UPDATE transcript.conversations
+   SET lease_turn_id = NULL, lease_token = NULL, lease_until = NULL
+ WHERE conversation_key = %(key)s AND lease_token = %(fencing_token)s
+"""
+
+_NO_LIVE_TURN = """NOT EXISTS (
+    SELECT 1 FROM transcript.turns AS t
+     WHERE t.conversation_key = c.conversation_key
+       AND t.state IN ('waiting', 'running') AND t.lease_until >= now())"""
+
+_DROP_PROVISIONAL = f"""
+WITH gone AS (
+    DELETE FROM transcript.conversations AS c
+     WHERE c.conversation_key = %(key)s AND c.provisional_turn_id = %(turn_id)s
+       AND c.version = 0 AND {_NO_LIVE_TURN}
+ RETURNING conversation_key
+)
+DELETE FROM transcript.turns WHERE conversation_key IN (SELECT conversation_key FROM gone)
+"""
+
+_SWEEP_TURNS = """
+DELETE FROM transcript.turns
+ WHERE ctid = ANY(ARRAY(
+       SELECT ctid FROM transcript.turns
+        WHERE lease_until < now() - CASE WHEN state = 'ended' THEN interval '0'
+                                         ELSE make_interval(secs => %(grace_s)s) END
+        ORDER BY lease_until
+        LIMIT %(limit)s))
+"""
+
+# Empty conversations whose creating turn vanished without appending or releasing.
+_SWEEP_PROVISIONAL = f"""
+DELETE FROM transcript.conversations AS c
+ WHERE c.conversation_key = ANY(ARRAY(
+       SELECT c.conversation_key FROM transcript.conversations AS c
+        WHERE c.provisional_turn_id IS NOT NULL AND c.version = 0
+          AND c.create_time < now() - make_interval(secs => %(grace_s)s)
+          AND {_NO_LIVE_TURN}
+        LIMIT %(limit)s))
+"""
 
 
 # Entries of a conversation in two sequence ranges (the window and the summary
@@ -432,7 +850,7 @@ SELECT {_ENTRY_COLUMNS}
 # returned, whatever the transcript's length (tests/integration checks the plan).
 VIEW_SQL = f"""
 WITH c AS MATERIALIZED (
-    SELECT conversation_key, version, last_sequence,
+    SELECT conversation_key, version, last_sequence, incarnation,
            greatest(1, last_sequence - %(window)s + 1) AS low
       FROM transcript.conversations
      WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
@@ -454,12 +872,7 @@ WITH c AS MATERIALIZED (
        AND e.sequence BETWEEN %(through)s + 1
                           AND least(%(through)s + %(batch)s + 1, (SELECT low FROM c) - 1)
 )
-SELECT c.version, c.last_sequence, a.*, e.*
+SELECT c.version, c.last_sequence, c.incarnation, a.*, e.*
   FROM c LEFT JOIN a ON true LEFT JOIN e ON true
  ORDER BY e.sequence
 """
-
-# The conversation key as a scalar subquery: keeps every entry and append
-# lookup an index scan on the child table's primary key.
-_KEY = """(SELECT conversation_key FROM transcript.conversations
-           WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s)"""

@@ -107,10 +107,12 @@ async def test_sigkill_mid_load_loses_no_acknowledged_write(
 
             async with await psycopg.AsyncConnection.connect(fresh_database_url) as locker:
                 locker_pid = locker.info.backend_pid
-                # Hold the rows: the next write on each waits inside PostgreSQL.
+                # Hold the rows as an append does (FOR NO KEY UPDATE): the next append
+                # on each waits inside PostgreSQL. A turn's shared lease (FOR KEY
+                # SHARE) passes, so the turn's own append is what waits.
                 await locker.execute(
                     "SELECT 1 FROM transcript.conversations"
-                    " WHERE conversation_id = ANY(%s::uuid[]) FOR UPDATE",
+                    " WHERE conversation_id = ANY(%s::uuid[]) FOR NO KEY UPDATE",
                     (held,),
                 )
                 async with await psycopg.AsyncConnection.connect(

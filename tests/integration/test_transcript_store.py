@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any
@@ -12,10 +13,18 @@ import pytest
 from services.common.db import Database
 from services.common.errors import Code, DomainError
 from services.transcript.store import VIEW_SQL, PostgresTranscriptStore, TranscriptStore
+from tests.conftest import wait_for
 from tests.transcript_cases import TranscriptCases, make_service, new_conversation, user
+from tests.turn_lease_cases import TurnLeaseCases
 
 
 class TestTranscriptOnPostgres(TranscriptCases):
+    @pytest.fixture
+    def store(self, database: Database) -> TranscriptStore:
+        return PostgresTranscriptStore(database)
+
+
+class TestTurnLeasesOnPostgres(TurnLeaseCases):
     @pytest.fixture
     def store(self, database: Database) -> TranscriptStore:
         return PostgresTranscriptStore(database)
@@ -130,3 +139,40 @@ async def test_store_outage_is_store_unavailable(shared_database_url: str, names
         assert caught.value.reason == "STORE_UNAVAILABLE"
     finally:
         await db.close()
+
+
+async def test_an_exclusive_lease_granted_while_an_append_waits_refuses_it(
+    database: Database, namespace: str
+) -> None:
+    """The fence is re-checked on the newest conversation row: an append that took its
+    snapshot before an exclusive lease was granted, and waited for the row meanwhile,
+    is refused (CONVERSATION_BUSY) instead of slipping in under the new holder."""
+    service = make_service(PostgresTranscriptStore(database))
+    cid = await new_conversation(service, namespace)
+    async with database.connection() as granting:
+        await granting.execute("BEGIN")
+        # What AcquireTurnLease does for an exclusive lease, held open.
+        await granting.execute(
+            """UPDATE transcript.conversations
+                  SET lease_turn_id = 'holder', lease_token = 42,
+                      lease_until = now() + interval '1 minute'
+                WHERE namespace = %s AND conversation_id = %s""",
+            (namespace, uuid.UUID(cid)),
+        )
+        appending = asyncio.create_task(service.append(namespace, cid, None, [user("late")], ""))
+
+        async def blocked_on_the_row() -> bool:
+            async with database.connection() as probe:
+                cursor = await probe.execute(
+                    """SELECT count(*) FROM pg_stat_activity
+                        WHERE wait_event_type = 'Lock' AND query LIKE '%%WITH lease AS%%'"""
+                )
+                row = await cursor.fetchone()
+            return bool(row and row[0])
+
+        await wait_for(blocked_on_the_row)
+        await granting.execute("COMMIT")
+    with pytest.raises(DomainError) as caught:
+        await appending
+    assert caught.value.reason == "CONVERSATION_BUSY"
+    assert (await service.get_conversation(namespace, cid)).version == 0

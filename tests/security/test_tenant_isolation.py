@@ -231,6 +231,39 @@ CASES: dict[str, Case] = {
             ),
         )
     ),
+    "TranscriptService.AcquireTurnLease": Case(
+        (
+            # B's conversation and B's turn id: neither B's lease nor its outcome.
+            lambda ns, t, own: transcript_pb.AcquireTurnLeaseRequest(
+                namespace=ns,
+                conversation_id=t.conversation_id,
+                turn_id=t.turn_id,
+                mode=transcript_pb.TURN_LEASE_MODE_EXCLUSIVE,
+            ),
+            # Creates a conversation of that id in A (last: it writes).
+            lambda ns, t, own: transcript_pb.AcquireTurnLeaseRequest(
+                namespace=ns,
+                conversation_id=t.conversation_id,
+                turn_id=t.turn_id,
+                create_if_missing=True,
+            ),
+        )
+    ),
+    "TranscriptService.RenewTurnLease": Case(
+        (
+            lambda ns, t, own: transcript_pb.RenewTurnLeaseRequest(
+                namespace=ns, conversation_id=t.conversation_id, turn_id=t.turn_id, fencing_token=1
+            ),
+        ),
+        allowed=frozenset({"ABORTED", "INVALID_ARGUMENT"}),
+    ),
+    "TranscriptService.ReleaseTurnLease": Case(
+        (
+            lambda ns, t, own: transcript_pb.ReleaseTurnLeaseRequest(
+                namespace=ns, conversation_id=t.conversation_id, turn_id=t.turn_id, fencing_token=1
+            ),
+        )
+    ),
     "SummaryService.GetSummary": Case(
         (
             lambda ns, t, own: summary_pb.GetSummaryRequest(
@@ -387,6 +420,9 @@ _VOLATILE_KEYS = {
     "created_at",
     "expire_time",
     "job_id",
+    # Opaque per creation and per grant (random, so they tell nothing either).
+    "incarnation",
+    "fencing_token",
 }
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from services.agent.config import AgentConfig
-from services.agent.service import AgentService
+from services.agent.inputs import check_tools
 from services.common.domain import ToolDefinition
 from services.common.errors import DomainError
 
@@ -16,8 +16,7 @@ from services.common.errors import DomainError
     "schema", ["[" * 100_000 + "]" * 100_000, '{"a":' * 50_000 + "1" + "}" * 50_000]
 )
 def test_deeply_nested_schema_is_invalid_tools(schema: str) -> None:
-    service = AgentService(None, None, None, None, AgentConfig())  # type: ignore[arg-type]
     with pytest.raises(DomainError) as caught:
-        service._validate_tools([ToolDefinition("lookup", "", schema)])
+        check_tools([ToolDefinition("lookup", "", schema)], AgentConfig())
     assert caught.value.reason == "INVALID_TOOLS"
     assert caught.value.field == "tools[0].parameters_json_schema"

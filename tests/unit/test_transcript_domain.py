@@ -13,9 +13,16 @@ from services.common.domain import Message, Role
 from services.transcript.memory_store import InMemoryTranscriptStore
 from services.transcript.store import TranscriptStore
 from tests.transcript_cases import TranscriptCases, assistant, make_service, tool, user
+from tests.turn_lease_cases import TurnLeaseCases
 
 
 class TestTranscriptOnMemoryStore(TranscriptCases):
+    @pytest.fixture
+    def store(self) -> TranscriptStore:
+        return InMemoryTranscriptStore()
+
+
+class TestTurnLeasesOnMemoryStore(TurnLeaseCases):
     @pytest.fixture
     def store(self) -> TranscriptStore:
         return InMemoryTranscriptStore()

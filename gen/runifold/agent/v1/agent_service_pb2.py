@@ -25,41 +25,45 @@ _sym_db = _symbol_database.Default()
 from runifold.common.v1 import common_pb2 as runifold_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%runifold/agent/v1/agent_service.proto\x12\x11runifold.agent.v1\x1a\x1frunifold/common/v1/common.proto\"\x9e\x01\n\rContextPolicy\x12\x0e\n\x06window\x18\x01 \x01(\x05\x12\x15\n\rsummary_batch\x18\x02 \x01(\x05\x12\x14\n\x0cmemory_limit\x18\x03 \x01(\x05\x12\x34\n\x0csummary_mode\x18\x04 \x01(\x0e\x32\x1e.runifold.agent.v1.SummaryMode\x12\x1a\n\x12max_summary_passes\x18\x05 \x01(\x05\"\xca\x02\n\x16RunConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\x05input\x18\x03 \x03(\x0b\x32\x1b.runifold.common.v1.Message\x12\x0f\n\x07turn_id\x18\x04 \x01(\t\x12\x30\n\x06policy\x18\x05 \x01(\x0b\x32 .runifold.agent.v1.ContextPolicy\x12*\n\x06\x62udget\x18\x06 \x01(\x0b\x32\x1a.runifold.common.v1.Budget\x12\x1b\n\x13system_instructions\x18\x07 \x01(\t\x12\x19\n\x11\x63reate_if_missing\x18\x08 \x01(\x08\x12\x31\n\x05tools\x18\t \x03(\x0b\x32\".runifold.common.v1.ToolDefinition\"\xb3\x01\n\rContextReport\x12 \n\x18summary_through_sequence\x18\x01 \x01(\x03\x12\x12\n\nmemory_ids\x18\x02 \x03(\t\x12\x1d\n\x15window_first_sequence\x18\x03 \x01(\x03\x12\x1c\n\x14window_last_sequence\x18\x04 \x01(\x03\x12\x16\n\x0esummary_passes\x18\x05 \x01(\x05\x12\x17\n\x0fmemory_degraded\x18\x06 \x01(\x08\"d\n\x0bTurnOutcome\x12+\n\x06output\x18\x01 \x03(\x0b\x32\x1b.runifold.common.v1.Message\x12(\n\x05usage\x18\x02 \x01(\x0b\x32\x19.runifold.common.v1.Usage\"\xb8\x02\n\x17RunConversationResponse\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x1c\n\x14\x63onversation_version\x18\x02 \x01(\x03\x12\x16\n\x0e\x66irst_sequence\x18\x03 \x01(\x03\x12\x15\n\rlast_sequence\x18\x04 \x01(\x03\x12/\n\x07outcome\x18\x05 \x01(\x0b\x32\x1e.runifold.agent.v1.TurnOutcome\x12\x30\n\ntool_calls\x18\x06 \x03(\x0b\x32\x1c.runifold.common.v1.ToolCall\x12\x31\n\x07\x63ontext\x18\x07 \x01(\x0b\x32 .runifold.agent.v1.ContextReport\x12\x10\n\x08replayed\x18\x08 \x01(\x08\x12\x0f\n\x07\x63reated\x18\t \x01(\x08\"r\n\x0cTurnConflict\x12/\n\x07outcome\x18\x01 \x01(\x0b\x32\x1e.runifold.agent.v1.TurnOutcome\x12\x17\n\x0f\x63urrent_version\x18\x02 \x01(\x03\x12\x18\n\x10\x65xpected_version\x18\x03 \x01(\x03\"\xcd\x02\n\x19StreamConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\x05input\x18\x03 \x03(\x0b\x32\x1b.runifold.common.v1.Message\x12\x0f\n\x07turn_id\x18\x04 \x01(\t\x12\x30\n\x06policy\x18\x05 \x01(\x0b\x32 .runifold.agent.v1.ContextPolicy\x12*\n\x06\x62udget\x18\x06 \x01(\x0b\x32\x1a.runifold.common.v1.Budget\x12\x1b\n\x13system_instructions\x18\x07 \x01(\t\x12\x19\n\x11\x63reate_if_missing\x18\x08 \x01(\x08\x12\x31\n\x05tools\x18\t \x03(\x0b\x32\".runifold.common.v1.ToolDefinition\";\n\x0cTurnProgress\x12+\n\x05stage\x18\x01 \x01(\x0e\x32\x1c.runifold.agent.v1.TurnStage\"\x19\n\tTextDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\"\xcc\x01\n\x1aStreamConversationResponse\x12\x33\n\x08progress\x18\x01 \x01(\x0b\x32\x1f.runifold.agent.v1.TurnProgressH\x00\x12\x32\n\ntext_delta\x18\x02 \x01(\x0b\x32\x1c.runifold.agent.v1.TextDeltaH\x00\x12<\n\x06result\x18\x03 \x01(\x0b\x32*.runifold.agent.v1.RunConversationResponseH\x00\x42\x07\n\x05\x65vent\"F\n\x18\x45raseConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\"\x8d\x01\n\x19\x45raseConversationResponse\x12\x10\n\x08\x63omplete\x18\x01 \x01(\x08\x12\x18\n\x10memories_deleted\x18\x02 \x01(\x03\x12\x17\n\x0f\x65ntries_deleted\x18\x03 \x01(\x03\x12\x18\n\x10summaries_erased\x18\x04 \x01(\x08\x12\x11\n\tremaining\x18\x05 \x03(\t*\\\n\x0bSummaryMode\x12\x1c\n\x18SUMMARY_MODE_UNSPECIFIED\x10\x00\x12\x18\n\x14SUMMARY_MODE_REQUIRE\x10\x01\x12\x15\n\x11SUMMARY_MODE_AUTO\x10\x02*\xbe\x01\n\tTurnStage\x12\x1a\n\x16TURN_STAGE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aTURN_STAGE_LOADING_CONTEXT\x10\x01\x12\x1a\n\x16TURN_STAGE_SUMMARIZING\x10\x02\x12 \n\x1cTURN_STAGE_RETRIEVING_MEMORY\x10\x03\x12\x1c\n\x18TURN_STAGE_CALLING_MODEL\x10\x04\x12\x19\n\x15TURN_STAGE_COMMITTING\x10\x05\x32\xdd\x02\n\x0c\x41gentService\x12h\n\x0fRunConversation\x12).runifold.agent.v1.RunConversationRequest\x1a*.runifold.agent.v1.RunConversationResponse\x12s\n\x12StreamConversation\x12,.runifold.agent.v1.StreamConversationRequest\x1a-.runifold.agent.v1.StreamConversationResponse0\x01\x12n\n\x11\x45raseConversation\x12+.runifold.agent.v1.EraseConversationRequest\x1a,.runifold.agent.v1.EraseConversationResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%runifold/agent/v1/agent_service.proto\x12\x11runifold.agent.v1\x1a\x1frunifold/common/v1/common.proto\"\x9e\x01\n\rContextPolicy\x12\x0e\n\x06window\x18\x01 \x01(\x05\x12\x15\n\rsummary_batch\x18\x02 \x01(\x05\x12\x14\n\x0cmemory_limit\x18\x03 \x01(\x05\x12\x34\n\x0csummary_mode\x18\x04 \x01(\x0e\x32\x1e.runifold.agent.v1.SummaryMode\x12\x1a\n\x12max_summary_passes\x18\x05 \x01(\x05\"\x83\x03\n\x16RunConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\x05input\x18\x03 \x03(\x0b\x32\x1b.runifold.common.v1.Message\x12\x0f\n\x07turn_id\x18\x04 \x01(\t\x12\x30\n\x06policy\x18\x05 \x01(\x0b\x32 .runifold.agent.v1.ContextPolicy\x12*\n\x06\x62udget\x18\x06 \x01(\x0b\x32\x1a.runifold.common.v1.Budget\x12\x1b\n\x13system_instructions\x18\x07 \x01(\t\x12\x19\n\x11\x63reate_if_missing\x18\x08 \x01(\x08\x12\x31\n\x05tools\x18\t \x03(\x0b\x32\".runifold.common.v1.ToolDefinition\x12\x37\n\x0b\x63oncurrency\x18\n \x01(\x0e\x32\".runifold.agent.v1.ConcurrencyMode\"\xb3\x01\n\rContextReport\x12 \n\x18summary_through_sequence\x18\x01 \x01(\x03\x12\x12\n\nmemory_ids\x18\x02 \x03(\t\x12\x1d\n\x15window_first_sequence\x18\x03 \x01(\x03\x12\x1c\n\x14window_last_sequence\x18\x04 \x01(\x03\x12\x16\n\x0esummary_passes\x18\x05 \x01(\x05\x12\x17\n\x0fmemory_degraded\x18\x06 \x01(\x08\"d\n\x0bTurnOutcome\x12+\n\x06output\x18\x01 \x03(\x0b\x32\x1b.runifold.common.v1.Message\x12(\n\x05usage\x18\x02 \x01(\x0b\x32\x19.runifold.common.v1.Usage\"\xb8\x02\n\x17RunConversationResponse\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x1c\n\x14\x63onversation_version\x18\x02 \x01(\x03\x12\x16\n\x0e\x66irst_sequence\x18\x03 \x01(\x03\x12\x15\n\rlast_sequence\x18\x04 \x01(\x03\x12/\n\x07outcome\x18\x05 \x01(\x0b\x32\x1e.runifold.agent.v1.TurnOutcome\x12\x30\n\ntool_calls\x18\x06 \x03(\x0b\x32\x1c.runifold.common.v1.ToolCall\x12\x31\n\x07\x63ontext\x18\x07 \x01(\x0b\x32 .runifold.agent.v1.ContextReport\x12\x10\n\x08replayed\x18\x08 \x01(\x08\x12\x0f\n\x07\x63reated\x18\t \x01(\x08\"r\n\x0cTurnConflict\x12/\n\x07outcome\x18\x01 \x01(\x0b\x32\x1e.runifold.agent.v1.TurnOutcome\x12\x17\n\x0f\x63urrent_version\x18\x02 \x01(\x03\x12\x18\n\x10\x65xpected_version\x18\x03 \x01(\x03\"Y\n\x12ModelOutputInvalid\x12/\n\x07outcome\x18\x01 \x01(\x0b\x32\x1e.runifold.agent.v1.TurnOutcome\x12\x12\n\nviolations\x18\x02 \x03(\t\"\x86\x03\n\x19StreamConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\x05input\x18\x03 \x03(\x0b\x32\x1b.runifold.common.v1.Message\x12\x0f\n\x07turn_id\x18\x04 \x01(\t\x12\x30\n\x06policy\x18\x05 \x01(\x0b\x32 .runifold.agent.v1.ContextPolicy\x12*\n\x06\x62udget\x18\x06 \x01(\x0b\x32\x1a.runifold.common.v1.Budget\x12\x1b\n\x13system_instructions\x18\x07 \x01(\t\x12\x19\n\x11\x63reate_if_missing\x18\x08 \x01(\x08\x12\x31\n\x05tools\x18\t \x03(\x0b\x32\".runifold.common.v1.ToolDefinition\x12\x37\n\x0b\x63oncurrency\x18\n \x01(\x0e\x32\".runifold.agent.v1.ConcurrencyMode\";\n\x0cTurnProgress\x12+\n\x05stage\x18\x01 \x01(\x0e\x32\x1c.runifold.agent.v1.TurnStage\"\x19\n\tTextDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\"\xcc\x01\n\x1aStreamConversationResponse\x12\x33\n\x08progress\x18\x01 \x01(\x0b\x32\x1f.runifold.agent.v1.TurnProgressH\x00\x12\x32\n\ntext_delta\x18\x02 \x01(\x0b\x32\x1c.runifold.agent.v1.TextDeltaH\x00\x12<\n\x06result\x18\x03 \x01(\x0b\x32*.runifold.agent.v1.RunConversationResponseH\x00\x42\x07\n\x05\x65vent\"F\n\x18\x45raseConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\"\x8d\x01\n\x19\x45raseConversationResponse\x12\x10\n\x08\x63omplete\x18\x01 \x01(\x08\x12\x18\n\x10memories_deleted\x18\x02 \x01(\x03\x12\x17\n\x0f\x65ntries_deleted\x18\x03 \x01(\x03\x12\x18\n\x10summaries_erased\x18\x04 \x01(\x08\x12\x11\n\tremaining\x18\x05 \x03(\t*\\\n\x0bSummaryMode\x12\x1c\n\x18SUMMARY_MODE_UNSPECIFIED\x10\x00\x12\x18\n\x14SUMMARY_MODE_REQUIRE\x10\x01\x12\x15\n\x11SUMMARY_MODE_AUTO\x10\x02*\x89\x01\n\x0f\x43oncurrencyMode\x12 \n\x1c\x43ONCURRENCY_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43ONCURRENCY_MODE_RACE\x10\x01\x12\x1b\n\x17\x43ONCURRENCY_MODE_REJECT\x10\x02\x12\x1c\n\x18\x43ONCURRENCY_MODE_ENQUEUE\x10\x03*\xd6\x01\n\tTurnStage\x12\x1a\n\x16TURN_STAGE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aTURN_STAGE_LOADING_CONTEXT\x10\x01\x12\x1a\n\x16TURN_STAGE_SUMMARIZING\x10\x02\x12 \n\x1cTURN_STAGE_RETRIEVING_MEMORY\x10\x03\x12\x1c\n\x18TURN_STAGE_CALLING_MODEL\x10\x04\x12\x19\n\x15TURN_STAGE_COMMITTING\x10\x05\x12\x16\n\x12TURN_STAGE_WAITING\x10\x06\x32\xdd\x02\n\x0c\x41gentService\x12h\n\x0fRunConversation\x12).runifold.agent.v1.RunConversationRequest\x1a*.runifold.agent.v1.RunConversationResponse\x12s\n\x12StreamConversation\x12,.runifold.agent.v1.StreamConversationRequest\x1a-.runifold.agent.v1.StreamConversationResponse0\x01\x12n\n\x11\x45raseConversation\x12+.runifold.agent.v1.EraseConversationRequest\x1a,.runifold.agent.v1.EraseConversationResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'runifold.agent.v1.agent_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SUMMARYMODE']._serialized_start=2149
-  _globals['_SUMMARYMODE']._serialized_end=2241
-  _globals['_TURNSTAGE']._serialized_start=2244
-  _globals['_TURNSTAGE']._serialized_end=2434
+  _globals['_SUMMARYMODE']._serialized_start=2354
+  _globals['_SUMMARYMODE']._serialized_end=2446
+  _globals['_CONCURRENCYMODE']._serialized_start=2449
+  _globals['_CONCURRENCYMODE']._serialized_end=2586
+  _globals['_TURNSTAGE']._serialized_start=2589
+  _globals['_TURNSTAGE']._serialized_end=2803
   _globals['_CONTEXTPOLICY']._serialized_start=94
   _globals['_CONTEXTPOLICY']._serialized_end=252
   _globals['_RUNCONVERSATIONREQUEST']._serialized_start=255
-  _globals['_RUNCONVERSATIONREQUEST']._serialized_end=585
-  _globals['_CONTEXTREPORT']._serialized_start=588
-  _globals['_CONTEXTREPORT']._serialized_end=767
-  _globals['_TURNOUTCOME']._serialized_start=769
-  _globals['_TURNOUTCOME']._serialized_end=869
-  _globals['_RUNCONVERSATIONRESPONSE']._serialized_start=872
-  _globals['_RUNCONVERSATIONRESPONSE']._serialized_end=1184
-  _globals['_TURNCONFLICT']._serialized_start=1186
-  _globals['_TURNCONFLICT']._serialized_end=1300
-  _globals['_STREAMCONVERSATIONREQUEST']._serialized_start=1303
-  _globals['_STREAMCONVERSATIONREQUEST']._serialized_end=1636
-  _globals['_TURNPROGRESS']._serialized_start=1638
-  _globals['_TURNPROGRESS']._serialized_end=1697
-  _globals['_TEXTDELTA']._serialized_start=1699
-  _globals['_TEXTDELTA']._serialized_end=1724
-  _globals['_STREAMCONVERSATIONRESPONSE']._serialized_start=1727
-  _globals['_STREAMCONVERSATIONRESPONSE']._serialized_end=1931
-  _globals['_ERASECONVERSATIONREQUEST']._serialized_start=1933
-  _globals['_ERASECONVERSATIONREQUEST']._serialized_end=2003
-  _globals['_ERASECONVERSATIONRESPONSE']._serialized_start=2006
-  _globals['_ERASECONVERSATIONRESPONSE']._serialized_end=2147
-  _globals['_AGENTSERVICE']._serialized_start=2437
-  _globals['_AGENTSERVICE']._serialized_end=2786
+  _globals['_RUNCONVERSATIONREQUEST']._serialized_end=642
+  _globals['_CONTEXTREPORT']._serialized_start=645
+  _globals['_CONTEXTREPORT']._serialized_end=824
+  _globals['_TURNOUTCOME']._serialized_start=826
+  _globals['_TURNOUTCOME']._serialized_end=926
+  _globals['_RUNCONVERSATIONRESPONSE']._serialized_start=929
+  _globals['_RUNCONVERSATIONRESPONSE']._serialized_end=1241
+  _globals['_TURNCONFLICT']._serialized_start=1243
+  _globals['_TURNCONFLICT']._serialized_end=1357
+  _globals['_MODELOUTPUTINVALID']._serialized_start=1359
+  _globals['_MODELOUTPUTINVALID']._serialized_end=1448
+  _globals['_STREAMCONVERSATIONREQUEST']._serialized_start=1451
+  _globals['_STREAMCONVERSATIONREQUEST']._serialized_end=1841
+  _globals['_TURNPROGRESS']._serialized_start=1843
+  _globals['_TURNPROGRESS']._serialized_end=1902
+  _globals['_TEXTDELTA']._serialized_start=1904
+  _globals['_TEXTDELTA']._serialized_end=1929
+  _globals['_STREAMCONVERSATIONRESPONSE']._serialized_start=1932
+  _globals['_STREAMCONVERSATIONRESPONSE']._serialized_end=2136
+  _globals['_ERASECONVERSATIONREQUEST']._serialized_start=2138
+  _globals['_ERASECONVERSATIONREQUEST']._serialized_end=2208
+  _globals['_ERASECONVERSATIONRESPONSE']._serialized_start=2211
+  _globals['_ERASECONVERSATIONRESPONSE']._serialized_end=2352
+  _globals['_AGENTSERVICE']._serialized_start=2806
+  _globals['_AGENTSERVICE']._serialized_end=3155
 # @@protoc_insertion_point(module_scope)

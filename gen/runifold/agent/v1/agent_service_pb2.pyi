@@ -54,6 +54,54 @@ backlog remains after the limit.
 """
 Global___SummaryMode: _TypeAlias = SummaryMode  # noqa: Y015
 
+class _ConcurrencyMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConcurrencyModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConcurrencyMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONCURRENCY_MODE_UNSPECIFIED: _ConcurrencyMode.ValueType  # 0
+    """Same as CONCURRENCY_MODE_RACE."""
+    CONCURRENCY_MODE_RACE: _ConcurrencyMode.ValueType  # 1
+    """Turns run side by side from the version they read; the first to commit
+    wins, the others fail with ABORTED / TURN_CONFLICT carrying their
+    completed outcome.
+    """
+    CONCURRENCY_MODE_REJECT: _ConcurrencyMode.ValueType  # 2
+    """One running turn per conversation: a turn that finds another running (or
+    waiting) fails before any model call with ABORTED / CONVERSATION_BUSY
+    (metadata `running_turn_id`).
+    """
+    CONCURRENCY_MODE_ENQUEUE: _ConcurrencyMode.ValueType  # 3
+    """One running turn per conversation, first come first served: the turn
+    waits until the turns ahead of it finish, then runs on the version they
+    committed. Bounded by the caller's deadline and a queue depth per
+    conversation (RESOURCE_EXHAUSTED / TURN_QUEUE_FULL beyond it).
+    """
+
+class ConcurrencyMode(_ConcurrencyMode, metaclass=_ConcurrencyModeEnumTypeWrapper):
+    """How a turn shares its conversation with other turns."""
+
+CONCURRENCY_MODE_UNSPECIFIED: ConcurrencyMode.ValueType  # 0
+"""Same as CONCURRENCY_MODE_RACE."""
+CONCURRENCY_MODE_RACE: ConcurrencyMode.ValueType  # 1
+"""Turns run side by side from the version they read; the first to commit
+wins, the others fail with ABORTED / TURN_CONFLICT carrying their
+completed outcome.
+"""
+CONCURRENCY_MODE_REJECT: ConcurrencyMode.ValueType  # 2
+"""One running turn per conversation: a turn that finds another running (or
+waiting) fails before any model call with ABORTED / CONVERSATION_BUSY
+(metadata `running_turn_id`).
+"""
+CONCURRENCY_MODE_ENQUEUE: ConcurrencyMode.ValueType  # 3
+"""One running turn per conversation, first come first served: the turn
+waits until the turns ahead of it finish, then runs on the version they
+committed. Bounded by the caller's deadline and a queue depth per
+conversation (RESOURCE_EXHAUSTED / TURN_QUEUE_FULL beyond it).
+"""
+Global___ConcurrencyMode: _TypeAlias = ConcurrencyMode  # noqa: Y015
+
 class _TurnStage:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -72,6 +120,10 @@ class _TurnStageEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TurnStage.V
     """Calling the model."""
     TURN_STAGE_COMMITTING: _TurnStage.ValueType  # 5
     """Appending to the transcript."""
+    TURN_STAGE_WAITING: _TurnStage.ValueType  # 6
+    """Waiting for the turns ahead of it (CONCURRENCY_MODE_ENQUEUE), or for a
+    running turn with the same turn_id.
+    """
 
 class TurnStage(_TurnStage, metaclass=_TurnStageEnumTypeWrapper):
     """Stage a turn has reached."""
@@ -88,6 +140,10 @@ TURN_STAGE_CALLING_MODEL: TurnStage.ValueType  # 4
 """Calling the model."""
 TURN_STAGE_COMMITTING: TurnStage.ValueType  # 5
 """Appending to the transcript."""
+TURN_STAGE_WAITING: TurnStage.ValueType  # 6
+"""Waiting for the turns ahead of it (CONCURRENCY_MODE_ENQUEUE), or for a
+running turn with the same turn_id.
+"""
 Global___TurnStage: _TypeAlias = TurnStage  # noqa: Y015
 
 @_typing.final
@@ -143,6 +199,7 @@ class RunConversationRequest(_message.Message):
     SYSTEM_INSTRUCTIONS_FIELD_NUMBER: _builtins.int
     CREATE_IF_MISSING_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID of the conversation."""
     namespace: _builtins.str
@@ -155,6 +212,11 @@ class RunConversationRequest(_message.Message):
     """Instructions for the model. Never persisted."""
     create_if_missing: _builtins.bool
     """Create the conversation if it does not exist."""
+    concurrency: Global___ConcurrencyMode.ValueType
+    """How the turn shares the conversation with other turns. Whatever the
+    mode, one `turn_id` runs the model at most once: a repeat that arrives
+    while it runs waits for it and returns its outcome.
+    """
     @_builtins.property
     def input(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]:
         """The new messages: user text, or the results of the tool calls the model
@@ -185,10 +247,11 @@ class RunConversationRequest(_message.Message):
         system_instructions: _builtins.str = ...,
         create_if_missing: _builtins.bool = ...,
         tools: _abc.Iterable[_common_pb2.ToolDefinition] | None = ...,
+        concurrency: Global___ConcurrencyMode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "conversation_id", b"conversation_id", "create_if_missing", b"create_if_missing", "input", b"input", "namespace", b"namespace", "policy", b"policy", "system_instructions", b"system_instructions", "tools", b"tools", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "concurrency", b"concurrency", "conversation_id", b"conversation_id", "create_if_missing", b"create_if_missing", "input", b"input", "namespace", b"namespace", "policy", b"policy", "system_instructions", b"system_instructions", "tools", b"tools", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -363,6 +426,40 @@ class TurnConflict(_message.Message):
 Global___TurnConflict: _TypeAlias = TurnConflict  # noqa: Y015
 
 @_typing.final
+class ModelOutputInvalid(_message.Message):
+    """Error detail of FAILED_PRECONDITION / MODEL_OUTPUT_INVALID: the model's reply
+    breaks the transcript's limits (too many tool calls, an id too long, a
+    message too large), so it was not appended. The outcome is kept: a repeat
+    of the turn_id returns this error again without calling the model.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    VIOLATIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def outcome(self) -> Global___TurnOutcome:
+        """The outcome the turn completed but could not commit."""
+
+    @_builtins.property
+    def violations(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What is wrong, one line per breach ("output[0].tool_calls: ...")."""
+
+    def __init__(
+        self,
+        *,
+        outcome: Global___TurnOutcome | None = ...,
+        violations: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "violations", b"violations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelOutputInvalid: _TypeAlias = ModelOutputInvalid  # noqa: Y015
+
+@_typing.final
 class StreamConversationRequest(_message.Message):
     """Request of StreamConversation (the same fields as RunConversationRequest)."""
 
@@ -377,6 +474,7 @@ class StreamConversationRequest(_message.Message):
     SYSTEM_INSTRUCTIONS_FIELD_NUMBER: _builtins.int
     CREATE_IF_MISSING_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID of the conversation."""
     namespace: _builtins.str
@@ -387,6 +485,11 @@ class StreamConversationRequest(_message.Message):
     """Instructions for the model. Never persisted."""
     create_if_missing: _builtins.bool
     """Create the conversation if it does not exist."""
+    concurrency: Global___ConcurrencyMode.ValueType
+    """How the turn shares the conversation with other turns. Whatever the
+    mode, one `turn_id` runs the model at most once: a repeat that arrives
+    while it runs waits for it and returns its outcome.
+    """
     @_builtins.property
     def input(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]:
         """The new messages."""
@@ -415,10 +518,11 @@ class StreamConversationRequest(_message.Message):
         system_instructions: _builtins.str = ...,
         create_if_missing: _builtins.bool = ...,
         tools: _abc.Iterable[_common_pb2.ToolDefinition] | None = ...,
+        concurrency: Global___ConcurrencyMode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "conversation_id", b"conversation_id", "create_if_missing", b"create_if_missing", "input", b"input", "namespace", b"namespace", "policy", b"policy", "system_instructions", b"system_instructions", "tools", b"tools", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "concurrency", b"concurrency", "conversation_id", b"conversation_id", "create_if_missing", b"create_if_missing", "input", b"input", "namespace", b"namespace", "policy", b"policy", "system_instructions", b"system_instructions", "tools", b"tools", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -26,7 +26,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'runifold/memory/v1/memory_service.proto\x12\x12runifold.memory.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"X\n\x0cMemorySource\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x15\n\rfrom_sequence\x18\x02 \x01(\x03\x12\x18\n\x10through_sequence\x18\x03 \x01(\x03\"\xba\x03\n\x06Memory\x12\x11\n\tmemory_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\t\x12\x31\n\x07sources\x18\x04 \x03(\x0b\x32 .runifold.memory.v1.MemorySource\x12:\n\x08metadata\x18\x05 \x03(\x0b\x32(.runifold.memory.v1.Memory.MetadataEntry\x12\x10\n\x08revision\x18\x06 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0f\x65mbedding_model\x18\n \x01(\t\x12\x1b\n\x13\x65mbedding_dimension\x18\x0b \x01(\x05\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x88\x03\n\x13UpsertMemoryRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\t\x12\x31\n\x07sources\x18\x04 \x03(\x0b\x32 .runifold.memory.v1.MemorySource\x12G\n\x08metadata\x18\x05 \x03(\x0b\x32\x35.runifold.memory.v1.UpsertMemoryRequest.MetadataEntry\x12\x1e\n\x11\x65xpected_revision\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12/\n\x0b\x65xpire_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x03ttl\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x14\n\x12_expected_revision\"S\n\x14UpsertMemoryResponse\x12*\n\x06memory\x18\x01 \x01(\x0b\x32\x1a.runifold.memory.v1.Memory\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"8\n\x10GetMemoryRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tmemory_id\x18\x02 \x01(\t\"?\n\x11GetMemoryResponse\x12*\n\x06memory\x18\x01 \x01(\x0b\x32\x1a.runifold.memory.v1.Memory\"h\n\x13ListMemoriesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x04 \x01(\t\"]\n\x14ListMemoriesResponse\x12,\n\x08memories\x18\x01 \x03(\x0b\x32\x1a.runifold.memory.v1.Memory\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xea\x01\n\x15SearchMemoriesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\x12V\n\x0fmetadata_filter\x18\x04 \x03(\x0b\x32=.runifold.memory.v1.SearchMemoriesRequest.MetadataFilterEntry\x12\x11\n\tmin_score\x18\x05 \x01(\x02\x1a\x35\n\x13MetadataFilterEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"I\n\x0cScoredMemory\x12*\n\x06memory\x18\x01 \x01(\x0b\x32\x1a.runifold.memory.v1.Memory\x12\r\n\x05score\x18\x02 \x01(\x02\"]\n\x16SearchMemoriesResponse\x12\x31\n\x07results\x18\x01 \x03(\x0b\x32 .runifold.memory.v1.ScoredMemory\x12\x10\n\x08\x64\x65graded\x18\x02 \x01(\x08\"q\n\x13\x44\x65leteMemoryRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12\x1e\n\x11\x65xpected_revision\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\x14\n\x12_expected_revision\"\'\n\x14\x44\x65leteMemoryResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"r\n\x13\x46orgetSourceRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x15\n\rfrom_sequence\x18\x03 \x01(\x03\x12\x18\n\x10through_sequence\x18\x04 \x01(\x03\"-\n\x14\x46orgetSourceResponse\x12\x15\n\rdeleted_count\x18\x01 \x01(\x03\x32\xde\x04\n\rMemoryService\x12\x61\n\x0cUpsertMemory\x12\'.runifold.memory.v1.UpsertMemoryRequest\x1a(.runifold.memory.v1.UpsertMemoryResponse\x12X\n\tGetMemory\x12$.runifold.memory.v1.GetMemoryRequest\x1a%.runifold.memory.v1.GetMemoryResponse\x12\x61\n\x0cListMemories\x12\'.runifold.memory.v1.ListMemoriesRequest\x1a(.runifold.memory.v1.ListMemoriesResponse\x12g\n\x0eSearchMemories\x12).runifold.memory.v1.SearchMemoriesRequest\x1a*.runifold.memory.v1.SearchMemoriesResponse\x12\x61\n\x0c\x44\x65leteMemory\x12\'.runifold.memory.v1.DeleteMemoryRequest\x1a(.runifold.memory.v1.DeleteMemoryResponse\x12\x61\n\x0c\x46orgetSource\x12\'.runifold.memory.v1.ForgetSourceRequest\x1a(.runifold.memory.v1.ForgetSourceResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'runifold/memory/v1/memory_service.proto\x12\x12runifold.memory.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"X\n\x0cMemorySource\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x15\n\rfrom_sequence\x18\x02 \x01(\x03\x12\x18\n\x10through_sequence\x18\x03 \x01(\x03\"\xba\x03\n\x06Memory\x12\x11\n\tmemory_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\t\x12\x31\n\x07sources\x18\x04 \x03(\x0b\x32 .runifold.memory.v1.MemorySource\x12:\n\x08metadata\x18\x05 \x03(\x0b\x32(.runifold.memory.v1.Memory.MetadataEntry\x12\x10\n\x08revision\x18\x06 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0f\x65mbedding_model\x18\n \x01(\t\x12\x1b\n\x13\x65mbedding_dimension\x18\x0b \x01(\x05\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x9c\x03\n\x13UpsertMemoryRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\t\x12\x31\n\x07sources\x18\x04 \x03(\x0b\x32 .runifold.memory.v1.MemorySource\x12G\n\x08metadata\x18\x05 \x03(\x0b\x32\x35.runifold.memory.v1.UpsertMemoryRequest.MetadataEntry\x12\x1e\n\x11\x65xpected_revision\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12/\n\x0b\x65xpire_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x03ttl\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nrequest_id\x18\t \x01(\t\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x14\n\x12_expected_revision\"S\n\x14UpsertMemoryResponse\x12*\n\x06memory\x18\x01 \x01(\x0b\x32\x1a.runifold.memory.v1.Memory\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"8\n\x10GetMemoryRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tmemory_id\x18\x02 \x01(\t\"?\n\x11GetMemoryResponse\x12*\n\x06memory\x18\x01 \x01(\x0b\x32\x1a.runifold.memory.v1.Memory\"h\n\x13ListMemoriesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x04 \x01(\t\"]\n\x14ListMemoriesResponse\x12,\n\x08memories\x18\x01 \x03(\x0b\x32\x1a.runifold.memory.v1.Memory\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xea\x01\n\x15SearchMemoriesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\x12V\n\x0fmetadata_filter\x18\x04 \x03(\x0b\x32=.runifold.memory.v1.SearchMemoriesRequest.MetadataFilterEntry\x12\x11\n\tmin_score\x18\x05 \x01(\x02\x1a\x35\n\x13MetadataFilterEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"I\n\x0cScoredMemory\x12*\n\x06memory\x18\x01 \x01(\x0b\x32\x1a.runifold.memory.v1.Memory\x12\r\n\x05score\x18\x02 \x01(\x02\"]\n\x16SearchMemoriesResponse\x12\x31\n\x07results\x18\x01 \x03(\x0b\x32 .runifold.memory.v1.ScoredMemory\x12\x10\n\x08\x64\x65graded\x18\x02 \x01(\x08\"q\n\x13\x44\x65leteMemoryRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12\x1e\n\x11\x65xpected_revision\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\x14\n\x12_expected_revision\"\'\n\x14\x44\x65leteMemoryResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"\x87\x01\n\x13\x46orgetSourceRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x15\n\rfrom_sequence\x18\x03 \x01(\x03\x12\x18\n\x10through_sequence\x18\x04 \x01(\x03\x12\x13\n\x0bincarnation\x18\x05 \x01(\x03\"-\n\x14\x46orgetSourceResponse\x12\x15\n\rdeleted_count\x18\x01 \x01(\x03\x32\xde\x04\n\rMemoryService\x12\x61\n\x0cUpsertMemory\x12\'.runifold.memory.v1.UpsertMemoryRequest\x1a(.runifold.memory.v1.UpsertMemoryResponse\x12X\n\tGetMemory\x12$.runifold.memory.v1.GetMemoryRequest\x1a%.runifold.memory.v1.GetMemoryResponse\x12\x61\n\x0cListMemories\x12\'.runifold.memory.v1.ListMemoriesRequest\x1a(.runifold.memory.v1.ListMemoriesResponse\x12g\n\x0eSearchMemories\x12).runifold.memory.v1.SearchMemoriesRequest\x1a*.runifold.memory.v1.SearchMemoriesResponse\x12\x61\n\x0c\x44\x65leteMemory\x12\'.runifold.memory.v1.DeleteMemoryRequest\x1a(.runifold.memory.v1.DeleteMemoryResponse\x12\x61\n\x0c\x46orgetSource\x12\'.runifold.memory.v1.ForgetSourceRequest\x1a(.runifold.memory.v1.ForgetSourceResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,35 +46,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MEMORY_METADATAENTRY']._serialized_start=614
   _globals['_MEMORY_METADATAENTRY']._serialized_end=661
   _globals['_UPSERTMEMORYREQUEST']._serialized_start=664
-  _globals['_UPSERTMEMORYREQUEST']._serialized_end=1056
+  _globals['_UPSERTMEMORYREQUEST']._serialized_end=1076
   _globals['_UPSERTMEMORYREQUEST_METADATAENTRY']._serialized_start=614
   _globals['_UPSERTMEMORYREQUEST_METADATAENTRY']._serialized_end=661
-  _globals['_UPSERTMEMORYRESPONSE']._serialized_start=1058
-  _globals['_UPSERTMEMORYRESPONSE']._serialized_end=1141
-  _globals['_GETMEMORYREQUEST']._serialized_start=1143
-  _globals['_GETMEMORYREQUEST']._serialized_end=1199
-  _globals['_GETMEMORYRESPONSE']._serialized_start=1201
-  _globals['_GETMEMORYRESPONSE']._serialized_end=1264
-  _globals['_LISTMEMORIESREQUEST']._serialized_start=1266
-  _globals['_LISTMEMORIESREQUEST']._serialized_end=1370
-  _globals['_LISTMEMORIESRESPONSE']._serialized_start=1372
-  _globals['_LISTMEMORIESRESPONSE']._serialized_end=1465
-  _globals['_SEARCHMEMORIESREQUEST']._serialized_start=1468
-  _globals['_SEARCHMEMORIESREQUEST']._serialized_end=1702
-  _globals['_SEARCHMEMORIESREQUEST_METADATAFILTERENTRY']._serialized_start=1649
-  _globals['_SEARCHMEMORIESREQUEST_METADATAFILTERENTRY']._serialized_end=1702
-  _globals['_SCOREDMEMORY']._serialized_start=1704
-  _globals['_SCOREDMEMORY']._serialized_end=1777
-  _globals['_SEARCHMEMORIESRESPONSE']._serialized_start=1779
-  _globals['_SEARCHMEMORIESRESPONSE']._serialized_end=1872
-  _globals['_DELETEMEMORYREQUEST']._serialized_start=1874
-  _globals['_DELETEMEMORYREQUEST']._serialized_end=1987
-  _globals['_DELETEMEMORYRESPONSE']._serialized_start=1989
-  _globals['_DELETEMEMORYRESPONSE']._serialized_end=2028
-  _globals['_FORGETSOURCEREQUEST']._serialized_start=2030
-  _globals['_FORGETSOURCEREQUEST']._serialized_end=2144
-  _globals['_FORGETSOURCERESPONSE']._serialized_start=2146
-  _globals['_FORGETSOURCERESPONSE']._serialized_end=2191
-  _globals['_MEMORYSERVICE']._serialized_start=2194
-  _globals['_MEMORYSERVICE']._serialized_end=2800
+  _globals['_UPSERTMEMORYRESPONSE']._serialized_start=1078
+  _globals['_UPSERTMEMORYRESPONSE']._serialized_end=1161
+  _globals['_GETMEMORYREQUEST']._serialized_start=1163
+  _globals['_GETMEMORYREQUEST']._serialized_end=1219
+  _globals['_GETMEMORYRESPONSE']._serialized_start=1221
+  _globals['_GETMEMORYRESPONSE']._serialized_end=1284
+  _globals['_LISTMEMORIESREQUEST']._serialized_start=1286
+  _globals['_LISTMEMORIESREQUEST']._serialized_end=1390
+  _globals['_LISTMEMORIESRESPONSE']._serialized_start=1392
+  _globals['_LISTMEMORIESRESPONSE']._serialized_end=1485
+  _globals['_SEARCHMEMORIESREQUEST']._serialized_start=1488
+  _globals['_SEARCHMEMORIESREQUEST']._serialized_end=1722
+  _globals['_SEARCHMEMORIESREQUEST_METADATAFILTERENTRY']._serialized_start=1669
+  _globals['_SEARCHMEMORIESREQUEST_METADATAFILTERENTRY']._serialized_end=1722
+  _globals['_SCOREDMEMORY']._serialized_start=1724
+  _globals['_SCOREDMEMORY']._serialized_end=1797
+  _globals['_SEARCHMEMORIESRESPONSE']._serialized_start=1799
+  _globals['_SEARCHMEMORIESRESPONSE']._serialized_end=1892
+  _globals['_DELETEMEMORYREQUEST']._serialized_start=1894
+  _globals['_DELETEMEMORYREQUEST']._serialized_end=2007
+  _globals['_DELETEMEMORYRESPONSE']._serialized_start=2009
+  _globals['_DELETEMEMORYRESPONSE']._serialized_end=2048
+  _globals['_FORGETSOURCEREQUEST']._serialized_start=2051
+  _globals['_FORGETSOURCEREQUEST']._serialized_end=2186
+  _globals['_FORGETSOURCERESPONSE']._serialized_start=2188
+  _globals['_FORGETSOURCERESPONSE']._serialized_end=2233
+  _globals['_MEMORYSERVICE']._serialized_start=2236
+  _globals['_MEMORYSERVICE']._serialized_end=2842
 # @@protoc_insertion_point(module_scope)

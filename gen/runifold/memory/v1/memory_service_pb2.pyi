@@ -176,6 +176,7 @@ class UpsertMemoryRequest(_message.Message):
     EXPECTED_REVISION_FIELD_NUMBER: _builtins.int
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     TTL_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     """Namespace that owns the memory."""
     memory_id: _builtins.str
@@ -185,6 +186,13 @@ class UpsertMemoryRequest(_message.Message):
     expected_revision: _builtins.int
     """Absent: create (ALREADY_EXISTS if the id exists). Present: replace only
     if the memory is at this revision.
+    """
+    request_id: _builtins.str
+    """Idempotency key (AIP-155), 1..128 printable ASCII characters, scoped to
+    the namespace. A repeat with the same request returns the first result
+    and writes nothing; the same key with a different request is
+    INVALID_ARGUMENT / REQUEST_ID_REUSED. Recorded in the write's own
+    transaction and kept for RUNIFOLD_MEMORY_REQUEST_ID_RETENTION_S.
     """
     @_builtins.property
     def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemorySource]:
@@ -215,10 +223,11 @@ class UpsertMemoryRequest(_message.Message):
         expected_revision: _builtins.int | None = ...,
         expire_time: _timestamp_pb2.Timestamp | None = ...,
         ttl: _duration_pb2.Duration | None = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision", "expire_time", b"expire_time", "ttl", b"ttl"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "content", b"content", "expected_revision", b"expected_revision", "expire_time", b"expire_time", "memory_id", b"memory_id", "metadata", b"metadata", "namespace", b"namespace", "sources", b"sources", "ttl", b"ttl"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "content", b"content", "expected_revision", b"expected_revision", "expire_time", b"expire_time", "memory_id", b"memory_id", "metadata", b"metadata", "namespace", b"namespace", "request_id", b"request_id", "sources", b"sources", "ttl", b"ttl"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_revision: _TypeAlias = _typing.Literal["expected_revision"]  # noqa: Y015
     _WhichOneofArgType__expected_revision: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision"]  # noqa: Y015
@@ -550,6 +559,7 @@ class ForgetSourceRequest(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     FROM_SEQUENCE_FIELD_NUMBER: _builtins.int
     THROUGH_SEQUENCE_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     """Namespace that owns the memories."""
     conversation_id: _builtins.str
@@ -560,6 +570,13 @@ class ForgetSourceRequest(_message.Message):
     """
     through_sequence: _builtins.int
     """Last sequence of the range to forget (inclusive)."""
+    incarnation: _builtins.int
+    """Erasure of the whole conversation: its incarnation being erased
+    (Conversation.incarnation of TranscriptService). Memories derived from
+    it are deleted, and from now on an UpsertMemory naming this incarnation
+    (or an earlier one) as a source is refused, even one already in flight.
+    Requires from_sequence = through_sequence = 0.
+    """
     def __init__(
         self,
         *,
@@ -567,10 +584,11 @@ class ForgetSourceRequest(_message.Message):
         conversation_id: _builtins.str = ...,
         from_sequence: _builtins.int = ...,
         through_sequence: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "from_sequence", b"from_sequence", "namespace", b"namespace", "through_sequence", b"through_sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "from_sequence", b"from_sequence", "incarnation", b"incarnation", "namespace", b"namespace", "through_sequence", b"through_sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -22,11 +22,12 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from runifold.common.v1 import common_pb2 as runifold_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/runifold/transcript/v1/transcript_service.proto\x12\x16runifold.transcript.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1frunifold/common/v1/common.proto\"\xb5\x02\n\x0c\x43onversation\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x15\n\rlast_sequence\x18\x04 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12@\n\x06labels\x18\x07 \x03(\x0b\x32\x30.runifold.transcript.v1.Conversation.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc5\x01\n\x19\x43reateConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12M\n\x06labels\x18\x03 \x03(\x0b\x32=.runifold.transcript.v1.CreateConversationRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"i\n\x1a\x43reateConversationResponse\x12:\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32$.runifold.transcript.v1.Conversation\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"D\n\x16GetConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\"U\n\x17GetConversationResponse\x12:\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32$.runifold.transcript.v1.Conversation\"\xe3\x01\n\x14\x41ppendEntriesRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x1d\n\x10\x65xpected_version\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12-\n\x08messages\x18\x04 \x03(\x0b\x32\x1b.runifold.common.v1.Message\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12(\n\x05usage\x18\x06 \x01(\x0b\x32\x19.runifold.common.v1.UsageB\x13\n\x11_expected_version\"\x93\x01\n\x15\x41ppendEntriesResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x16\n\x0e\x66irst_sequence\x18\x02 \x01(\x03\x12\x15\n\rlast_sequence\x18\x03 \x01(\x03\x12\x10\n\x08replayed\x18\x04 \x01(\x08\x12(\n\x05usage\x18\x05 \x01(\x0b\x32\x19.runifold.common.v1.Usage\"\x99\x01\n\x12ListEntriesRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x16\n\x0e\x61\x66ter_sequence\x18\x03 \x01(\x03\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x12\x18\n\x10through_sequence\x18\x06 \x01(\x03\"Z\n\x13ListEntriesResponse\x12*\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x19.runifold.common.v1.Entry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x94\x01\n\x0fLoadViewRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0e\n\x06window\x18\x03 \x01(\x05\x12\x15\n\rsummary_batch\x18\x04 \x01(\x05\x12\x1a\n\x12summarized_through\x18\x05 \x01(\x03\x12\x12\n\nrequest_id\x18\x06 \x01(\t\"\xa9\x01\n\x0c\x41ppendRecord\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x16\n\x0e\x66irst_sequence\x18\x02 \x01(\x03\x12\x15\n\rlast_sequence\x18\x03 \x01(\x03\x12(\n\x05usage\x18\x04 \x01(\x0b\x32\x19.runifold.common.v1.Usage\x12/\n\x0b\x63ommit_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xed\x01\n\x10LoadViewResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x15\n\rlast_sequence\x18\x02 \x01(\x03\x12)\n\x06window\x18\x03 \x03(\x0b\x32\x19.runifold.common.v1.Entry\x12\x31\n\x0esummary_buffer\x18\x04 \x03(\x0b\x32\x19.runifold.common.v1.Entry\x12\x17\n\x0fsummary_backlog\x18\x05 \x01(\x03\x12:\n\x0cprior_append\x18\x06 \x01(\x0b\x32$.runifold.transcript.v1.AppendRecord\"T\n\x18ListConversationsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"q\n\x19ListConversationsResponse\x12;\n\rconversations\x18\x01 \x03(\x0b\x32$.runifold.transcript.v1.Conversation\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"G\n\x19\x44\x65leteConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\"F\n\x1a\x44\x65leteConversationResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\x12\x17\n\x0f\x65ntries_deleted\x18\x02 \x01(\x03\x32\xb0\x06\n\x11TranscriptService\x12{\n\x12\x43reateConversation\x12\x31.runifold.transcript.v1.CreateConversationRequest\x1a\x32.runifold.transcript.v1.CreateConversationResponse\x12r\n\x0fGetConversation\x12..runifold.transcript.v1.GetConversationRequest\x1a/.runifold.transcript.v1.GetConversationResponse\x12l\n\rAppendEntries\x12,.runifold.transcript.v1.AppendEntriesRequest\x1a-.runifold.transcript.v1.AppendEntriesResponse\x12\x66\n\x0bListEntries\x12*.runifold.transcript.v1.ListEntriesRequest\x1a+.runifold.transcript.v1.ListEntriesResponse\x12]\n\x08LoadView\x12\'.runifold.transcript.v1.LoadViewRequest\x1a(.runifold.transcript.v1.LoadViewResponse\x12x\n\x11ListConversations\x12\x30.runifold.transcript.v1.ListConversationsRequest\x1a\x31.runifold.transcript.v1.ListConversationsResponse\x12{\n\x12\x44\x65leteConversation\x12\x31.runifold.transcript.v1.DeleteConversationRequest\x1a\x32.runifold.transcript.v1.DeleteConversationResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/runifold/transcript/v1/transcript_service.proto\x12\x16runifold.transcript.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1frunifold/common/v1/common.proto\"\xca\x02\n\x0c\x43onversation\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x15\n\rlast_sequence\x18\x04 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12@\n\x06labels\x18\x07 \x03(\x0b\x32\x30.runifold.transcript.v1.Conversation.LabelsEntry\x12\x13\n\x0bincarnation\x18\x08 \x01(\x03\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc5\x01\n\x19\x43reateConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12M\n\x06labels\x18\x03 \x03(\x0b\x32=.runifold.transcript.v1.CreateConversationRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"i\n\x1a\x43reateConversationResponse\x12:\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32$.runifold.transcript.v1.Conversation\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"D\n\x16GetConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\"U\n\x17GetConversationResponse\x12:\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32$.runifold.transcript.v1.Conversation\"\x91\x02\n\x14\x41ppendEntriesRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x1d\n\x10\x65xpected_version\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12-\n\x08messages\x18\x04 \x03(\x0b\x32\x1b.runifold.common.v1.Message\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12(\n\x05usage\x18\x06 \x01(\x0b\x32\x19.runifold.common.v1.Usage\x12\x1a\n\rfencing_token\x18\x07 \x01(\x03H\x01\x88\x01\x01\x42\x13\n\x11_expected_versionB\x10\n\x0e_fencing_token\"\x93\x01\n\x15\x41ppendEntriesResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x16\n\x0e\x66irst_sequence\x18\x02 \x01(\x03\x12\x15\n\rlast_sequence\x18\x03 \x01(\x03\x12\x10\n\x08replayed\x18\x04 \x01(\x08\x12(\n\x05usage\x18\x05 \x01(\x0b\x32\x19.runifold.common.v1.Usage\"\x99\x01\n\x12ListEntriesRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x16\n\x0e\x61\x66ter_sequence\x18\x03 \x01(\x03\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x12\x18\n\x10through_sequence\x18\x06 \x01(\x03\"Z\n\x13ListEntriesResponse\x12*\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x19.runifold.common.v1.Entry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x94\x01\n\x0fLoadViewRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0e\n\x06window\x18\x03 \x01(\x05\x12\x15\n\rsummary_batch\x18\x04 \x01(\x05\x12\x1a\n\x12summarized_through\x18\x05 \x01(\x03\x12\x12\n\nrequest_id\x18\x06 \x01(\t\"\xa9\x01\n\x0c\x41ppendRecord\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x16\n\x0e\x66irst_sequence\x18\x02 \x01(\x03\x12\x15\n\rlast_sequence\x18\x03 \x01(\x03\x12(\n\x05usage\x18\x04 \x01(\x0b\x32\x19.runifold.common.v1.Usage\x12/\n\x0b\x63ommit_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x82\x02\n\x10LoadViewResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x15\n\rlast_sequence\x18\x02 \x01(\x03\x12)\n\x06window\x18\x03 \x03(\x0b\x32\x19.runifold.common.v1.Entry\x12\x31\n\x0esummary_buffer\x18\x04 \x03(\x0b\x32\x19.runifold.common.v1.Entry\x12\x17\n\x0fsummary_backlog\x18\x05 \x01(\x03\x12:\n\x0cprior_append\x18\x06 \x01(\x0b\x32$.runifold.transcript.v1.AppendRecord\x12\x13\n\x0bincarnation\x18\x07 \x01(\x03\"T\n\x18ListConversationsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"q\n\x19ListConversationsResponse\x12;\n\rconversations\x18\x01 \x03(\x0b\x32$.runifold.transcript.v1.Conversation\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"G\n\x19\x44\x65leteConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\"F\n\x1a\x44\x65leteConversationResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\x12\x17\n\x0f\x65ntries_deleted\x18\x02 \x01(\x03\"\x90\x01\n\tTurnLease\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x15\n\rfencing_token\x18\x03 \x01(\x03\x12/\n\x0b\x65xpire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\texclusive\x18\x05 \x01(\x08\x12\x0f\n\x07\x63reated\x18\x06 \x01(\x08\"\x94\x02\n\tEndedTurn\x12+\n\x06output\x18\x01 \x03(\x0b\x32\x1b.runifold.common.v1.Message\x12(\n\x05usage\x18\x02 \x01(\x0b\x32\x19.runifold.common.v1.Usage\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x41\n\x08metadata\x18\x04 \x03(\x0b\x32/.runifold.transcript.v1.EndedTurn.MetadataEntry\x12,\n\x08\x65nd_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe4\x01\n\x17\x41\x63quireTurnLeaseRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0f\n\x07turn_id\x18\x03 \x01(\t\x12\x33\n\x04mode\x18\x04 \x01(\x0e\x32%.runifold.transcript.v1.TurnLeaseMode\x12&\n\x03ttl\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cpayload_hash\x18\x06 \x01(\x0c\x12\x19\n\x11\x63reate_if_missing\x18\x07 \x01(\x08\"\xb7\x01\n\x18\x41\x63quireTurnLeaseResponse\x12\x30\n\x05lease\x18\x01 \x01(\x0b\x32!.runifold.transcript.v1.TurnLease\x12\x37\n\tcommitted\x18\x02 \x01(\x0b\x32$.runifold.transcript.v1.AppendRecord\x12\x30\n\x05\x65nded\x18\x03 \x01(\x0b\x32!.runifold.transcript.v1.EndedTurn\"\x93\x01\n\x15RenewTurnLeaseRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0f\n\x07turn_id\x18\x03 \x01(\t\x12\x15\n\rfencing_token\x18\x04 \x01(\x03\x12&\n\x03ttl\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"J\n\x16RenewTurnLeaseResponse\x12\x30\n\x05lease\x18\x01 \x01(\x0b\x32!.runifold.transcript.v1.TurnLease\"\x9f\x01\n\x17ReleaseTurnLeaseRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0f\n\x07turn_id\x18\x03 \x01(\t\x12\x15\n\rfencing_token\x18\x04 \x01(\x03\x12\x30\n\x05\x65nded\x18\x05 \x01(\x0b\x32!.runifold.transcript.v1.EndedTurn\",\n\x18ReleaseTurnLeaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08*\x87\x01\n\rTurnLeaseMode\x12\x1f\n\x1bTURN_LEASE_MODE_UNSPECIFIED\x10\x00\x12\x1a\n\x16TURN_LEASE_MODE_SHARED\x10\x01\x12\x1d\n\x19TURN_LEASE_MODE_EXCLUSIVE\x10\x02\x12\x1a\n\x16TURN_LEASE_MODE_QUEUED\x10\x03\x32\x8f\t\n\x11TranscriptService\x12{\n\x12\x43reateConversation\x12\x31.runifold.transcript.v1.CreateConversationRequest\x1a\x32.runifold.transcript.v1.CreateConversationResponse\x12r\n\x0fGetConversation\x12..runifold.transcript.v1.GetConversationRequest\x1a/.runifold.transcript.v1.GetConversationResponse\x12l\n\rAppendEntries\x12,.runifold.transcript.v1.AppendEntriesRequest\x1a-.runifold.transcript.v1.AppendEntriesResponse\x12\x66\n\x0bListEntries\x12*.runifold.transcript.v1.ListEntriesRequest\x1a+.runifold.transcript.v1.ListEntriesResponse\x12]\n\x08LoadView\x12\'.runifold.transcript.v1.LoadViewRequest\x1a(.runifold.transcript.v1.LoadViewResponse\x12x\n\x11ListConversations\x12\x30.runifold.transcript.v1.ListConversationsRequest\x1a\x31.runifold.transcript.v1.ListConversationsResponse\x12{\n\x12\x44\x65leteConversation\x12\x31.runifold.transcript.v1.DeleteConversationRequest\x1a\x32.runifold.transcript.v1.DeleteConversationResponse\x12u\n\x10\x41\x63quireTurnLease\x12/.runifold.transcript.v1.AcquireTurnLeaseRequest\x1a\x30.runifold.transcript.v1.AcquireTurnLeaseResponse\x12o\n\x0eRenewTurnLease\x12-.runifold.transcript.v1.RenewTurnLeaseRequest\x1a..runifold.transcript.v1.RenewTurnLeaseResponse\x12u\n\x10ReleaseTurnLease\x12/.runifold.transcript.v1.ReleaseTurnLeaseRequest\x1a\x30.runifold.transcript.v1.ReleaseTurnLeaseResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,42 +38,64 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONVERSATION_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_CREATECONVERSATIONREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_CREATECONVERSATIONREQUEST_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_CONVERSATION']._serialized_start=142
-  _globals['_CONVERSATION']._serialized_end=451
-  _globals['_CONVERSATION_LABELSENTRY']._serialized_start=406
-  _globals['_CONVERSATION_LABELSENTRY']._serialized_end=451
-  _globals['_CREATECONVERSATIONREQUEST']._serialized_start=454
-  _globals['_CREATECONVERSATIONREQUEST']._serialized_end=651
-  _globals['_CREATECONVERSATIONREQUEST_LABELSENTRY']._serialized_start=406
-  _globals['_CREATECONVERSATIONREQUEST_LABELSENTRY']._serialized_end=451
-  _globals['_CREATECONVERSATIONRESPONSE']._serialized_start=653
-  _globals['_CREATECONVERSATIONRESPONSE']._serialized_end=758
-  _globals['_GETCONVERSATIONREQUEST']._serialized_start=760
-  _globals['_GETCONVERSATIONREQUEST']._serialized_end=828
-  _globals['_GETCONVERSATIONRESPONSE']._serialized_start=830
-  _globals['_GETCONVERSATIONRESPONSE']._serialized_end=915
-  _globals['_APPENDENTRIESREQUEST']._serialized_start=918
-  _globals['_APPENDENTRIESREQUEST']._serialized_end=1145
-  _globals['_APPENDENTRIESRESPONSE']._serialized_start=1148
-  _globals['_APPENDENTRIESRESPONSE']._serialized_end=1295
-  _globals['_LISTENTRIESREQUEST']._serialized_start=1298
-  _globals['_LISTENTRIESREQUEST']._serialized_end=1451
-  _globals['_LISTENTRIESRESPONSE']._serialized_start=1453
-  _globals['_LISTENTRIESRESPONSE']._serialized_end=1543
-  _globals['_LOADVIEWREQUEST']._serialized_start=1546
-  _globals['_LOADVIEWREQUEST']._serialized_end=1694
-  _globals['_APPENDRECORD']._serialized_start=1697
-  _globals['_APPENDRECORD']._serialized_end=1866
-  _globals['_LOADVIEWRESPONSE']._serialized_start=1869
-  _globals['_LOADVIEWRESPONSE']._serialized_end=2106
-  _globals['_LISTCONVERSATIONSREQUEST']._serialized_start=2108
-  _globals['_LISTCONVERSATIONSREQUEST']._serialized_end=2192
-  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_start=2194
-  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_end=2307
-  _globals['_DELETECONVERSATIONREQUEST']._serialized_start=2309
-  _globals['_DELETECONVERSATIONREQUEST']._serialized_end=2380
-  _globals['_DELETECONVERSATIONRESPONSE']._serialized_start=2382
-  _globals['_DELETECONVERSATIONRESPONSE']._serialized_end=2452
-  _globals['_TRANSCRIPTSERVICE']._serialized_start=2455
-  _globals['_TRANSCRIPTSERVICE']._serialized_end=3271
+  _globals['_ENDEDTURN_METADATAENTRY']._loaded_options = None
+  _globals['_ENDEDTURN_METADATAENTRY']._serialized_options = b'8\001'
+  _globals['_TURNLEASEMODE']._serialized_start=3852
+  _globals['_TURNLEASEMODE']._serialized_end=3987
+  _globals['_CONVERSATION']._serialized_start=174
+  _globals['_CONVERSATION']._serialized_end=504
+  _globals['_CONVERSATION_LABELSENTRY']._serialized_start=459
+  _globals['_CONVERSATION_LABELSENTRY']._serialized_end=504
+  _globals['_CREATECONVERSATIONREQUEST']._serialized_start=507
+  _globals['_CREATECONVERSATIONREQUEST']._serialized_end=704
+  _globals['_CREATECONVERSATIONREQUEST_LABELSENTRY']._serialized_start=459
+  _globals['_CREATECONVERSATIONREQUEST_LABELSENTRY']._serialized_end=504
+  _globals['_CREATECONVERSATIONRESPONSE']._serialized_start=706
+  _globals['_CREATECONVERSATIONRESPONSE']._serialized_end=811
+  _globals['_GETCONVERSATIONREQUEST']._serialized_start=813
+  _globals['_GETCONVERSATIONREQUEST']._serialized_end=881
+  _globals['_GETCONVERSATIONRESPONSE']._serialized_start=883
+  _globals['_GETCONVERSATIONRESPONSE']._serialized_end=968
+  _globals['_APPENDENTRIESREQUEST']._serialized_start=971
+  _globals['_APPENDENTRIESREQUEST']._serialized_end=1244
+  _globals['_APPENDENTRIESRESPONSE']._serialized_start=1247
+  _globals['_APPENDENTRIESRESPONSE']._serialized_end=1394
+  _globals['_LISTENTRIESREQUEST']._serialized_start=1397
+  _globals['_LISTENTRIESREQUEST']._serialized_end=1550
+  _globals['_LISTENTRIESRESPONSE']._serialized_start=1552
+  _globals['_LISTENTRIESRESPONSE']._serialized_end=1642
+  _globals['_LOADVIEWREQUEST']._serialized_start=1645
+  _globals['_LOADVIEWREQUEST']._serialized_end=1793
+  _globals['_APPENDRECORD']._serialized_start=1796
+  _globals['_APPENDRECORD']._serialized_end=1965
+  _globals['_LOADVIEWRESPONSE']._serialized_start=1968
+  _globals['_LOADVIEWRESPONSE']._serialized_end=2226
+  _globals['_LISTCONVERSATIONSREQUEST']._serialized_start=2228
+  _globals['_LISTCONVERSATIONSREQUEST']._serialized_end=2312
+  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_start=2314
+  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_end=2427
+  _globals['_DELETECONVERSATIONREQUEST']._serialized_start=2429
+  _globals['_DELETECONVERSATIONREQUEST']._serialized_end=2500
+  _globals['_DELETECONVERSATIONRESPONSE']._serialized_start=2502
+  _globals['_DELETECONVERSATIONRESPONSE']._serialized_end=2572
+  _globals['_TURNLEASE']._serialized_start=2575
+  _globals['_TURNLEASE']._serialized_end=2719
+  _globals['_ENDEDTURN']._serialized_start=2722
+  _globals['_ENDEDTURN']._serialized_end=2998
+  _globals['_ENDEDTURN_METADATAENTRY']._serialized_start=2951
+  _globals['_ENDEDTURN_METADATAENTRY']._serialized_end=2998
+  _globals['_ACQUIRETURNLEASEREQUEST']._serialized_start=3001
+  _globals['_ACQUIRETURNLEASEREQUEST']._serialized_end=3229
+  _globals['_ACQUIRETURNLEASERESPONSE']._serialized_start=3232
+  _globals['_ACQUIRETURNLEASERESPONSE']._serialized_end=3415
+  _globals['_RENEWTURNLEASEREQUEST']._serialized_start=3418
+  _globals['_RENEWTURNLEASEREQUEST']._serialized_end=3565
+  _globals['_RENEWTURNLEASERESPONSE']._serialized_start=3567
+  _globals['_RENEWTURNLEASERESPONSE']._serialized_end=3641
+  _globals['_RELEASETURNLEASEREQUEST']._serialized_start=3644
+  _globals['_RELEASETURNLEASEREQUEST']._serialized_end=3803
+  _globals['_RELEASETURNLEASERESPONSE']._serialized_start=3805
+  _globals['_RELEASETURNLEASERESPONSE']._serialized_end=3849
+  _globals['_TRANSCRIPTSERVICE']._serialized_start=3990
+  _globals['_TRANSCRIPTSERVICE']._serialized_end=5157
 # @@protoc_insertion_point(module_scope)

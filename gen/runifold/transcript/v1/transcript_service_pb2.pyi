@@ -5,9 +5,11 @@ isort:skip_file
 
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from runifold.common.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -19,6 +21,52 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _TurnLeaseMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TurnLeaseModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TurnLeaseMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TURN_LEASE_MODE_UNSPECIFIED: _TurnLeaseMode.ValueType  # 0
+    """Same as TURN_LEASE_MODE_SHARED."""
+    TURN_LEASE_MODE_SHARED: _TurnLeaseMode.ValueType  # 1
+    """Other turns may run at the same time; the first to append wins and the
+    others conflict (the seed's semantics). Only one lease per `turn_id`.
+    """
+    TURN_LEASE_MODE_EXCLUSIVE: _TurnLeaseMode.ValueType  # 2
+    """The only running turn: refused with ABORTED / CONVERSATION_BUSY (metadata
+    `running_turn_id`) while another turn runs or waits. While it holds the
+    lease, appends that do not quote its fencing token are refused.
+    """
+    TURN_LEASE_MODE_QUEUED: _TurnLeaseMode.ValueType  # 3
+    """Exclusive, but waits in line (first come, first served) until the turns
+    ahead of it finish, within the caller's deadline. Bounded: beyond
+    RUNIFOLD_TURN_QUEUE_DEPTH waiting turns per conversation the call is
+    RESOURCE_EXHAUSTED / TURN_QUEUE_FULL with a retry delay.
+    """
+
+class TurnLeaseMode(_TurnLeaseMode, metaclass=_TurnLeaseModeEnumTypeWrapper):
+    """How a turn lease shares the conversation with other turns."""
+
+TURN_LEASE_MODE_UNSPECIFIED: TurnLeaseMode.ValueType  # 0
+"""Same as TURN_LEASE_MODE_SHARED."""
+TURN_LEASE_MODE_SHARED: TurnLeaseMode.ValueType  # 1
+"""Other turns may run at the same time; the first to append wins and the
+others conflict (the seed's semantics). Only one lease per `turn_id`.
+"""
+TURN_LEASE_MODE_EXCLUSIVE: TurnLeaseMode.ValueType  # 2
+"""The only running turn: refused with ABORTED / CONVERSATION_BUSY (metadata
+`running_turn_id`) while another turn runs or waits. While it holds the
+lease, appends that do not quote its fencing token are refused.
+"""
+TURN_LEASE_MODE_QUEUED: TurnLeaseMode.ValueType  # 3
+"""Exclusive, but waits in line (first come, first served) until the turns
+ahead of it finish, within the caller's deadline. Bounded: beyond
+RUNIFOLD_TURN_QUEUE_DEPTH waiting turns per conversation the call is
+RESOURCE_EXHAUSTED / TURN_QUEUE_FULL with a retry delay.
+"""
+Global___TurnLeaseMode: _TypeAlias = TurnLeaseMode  # noqa: Y015
 
 @_typing.final
 class Conversation(_message.Message):
@@ -53,6 +101,7 @@ class Conversation(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID in canonical text form."""
     namespace: _builtins.str
@@ -61,6 +110,12 @@ class Conversation(_message.Message):
     """Number of committed appends."""
     last_sequence: _builtins.int
     """Sequence of the last entry; 0 when empty."""
+    incarnation: _builtins.int
+    """Identifies this creation of the id (an opaque number): a conversation
+    erased and created again under the same id has another incarnation.
+    Summaries and memories derived from an erased incarnation can never be
+    written again.
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When it was created."""
@@ -83,10 +138,11 @@ class Conversation(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "labels", b"labels", "last_sequence", b"last_sequence", "namespace", b"namespace", "update_time", b"update_time", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "incarnation", b"incarnation", "labels", b"labels", "last_sequence", b"last_sequence", "namespace", b"namespace", "update_time", b"update_time", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -234,6 +290,7 @@ class AppendEntriesRequest(_message.Message):
     MESSAGES_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
+    FENCING_TOKEN_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID of the conversation. It must exist."""
     namespace: _builtins.str
@@ -249,6 +306,13 @@ class AppendEntriesRequest(_message.Message):
     returns the first result with `replayed = true` and writes nothing; the
     same key with different messages is INVALID_ARGUMENT
     (REQUEST_ID_REUSED). Recorded in the same transaction as the append.
+    """
+    fencing_token: _builtins.int
+    """The turn lease this append commits under (`TurnLease.fencing_token`);
+    `request_id` must be the lease's `turn_id`. Refused with ABORTED /
+    TURN_LEASE_LOST when the lease expired or was taken over; the commit ends
+    the lease. An append without a token is refused with ABORTED /
+    CONVERSATION_BUSY while another turn holds an exclusive lease.
     """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]:
@@ -269,14 +333,20 @@ class AppendEntriesRequest(_message.Message):
         messages: _abc.Iterable[_common_pb2.Message] | None = ...,
         request_id: _builtins.str = ...,
         usage: _common_pb2.Usage | None = ...,
+        fencing_token: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "expected_version", b"expected_version", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "_fencing_token", b"_fencing_token", "expected_version", b"expected_version", "fencing_token", b"fencing_token", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "conversation_id", b"conversation_id", "expected_version", b"expected_version", "messages", b"messages", "namespace", b"namespace", "request_id", b"request_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "_fencing_token", b"_fencing_token", "conversation_id", b"conversation_id", "expected_version", b"expected_version", "fencing_token", b"fencing_token", "messages", b"messages", "namespace", b"namespace", "request_id", b"request_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_version: _TypeAlias = _typing.Literal["expected_version"]  # noqa: Y015
     _WhichOneofArgType__expected_version: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version"]  # noqa: Y015
+    _WhichOneofReturnType__fencing_token: _TypeAlias = _typing.Literal["fencing_token"]  # noqa: Y015
+    _WhichOneofArgType__fencing_token: _TypeAlias = _typing.Literal["_fencing_token", b"_fencing_token"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_version) -> _WhichOneofReturnType__expected_version | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__fencing_token) -> _WhichOneofReturnType__fencing_token | None: ...
 
 Global___AppendEntriesRequest: _TypeAlias = AppendEntriesRequest  # noqa: Y015
 
@@ -490,12 +560,15 @@ class LoadViewResponse(_message.Message):
     SUMMARY_BUFFER_FIELD_NUMBER: _builtins.int
     SUMMARY_BACKLOG_FIELD_NUMBER: _builtins.int
     PRIOR_APPEND_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """Conversation version the view was read at."""
     last_sequence: _builtins.int
     """Sequence of the last entry at that version."""
     summary_backlog: _builtins.int
     """Number of unsummarized entries outside the window after the buffer."""
+    incarnation: _builtins.int
+    """The conversation's incarnation (see Conversation.incarnation)."""
     @_builtins.property
     def window(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Entry]:
         """The recent suffix, at most `window` entries, in sequence order. It never
@@ -522,10 +595,11 @@ class LoadViewResponse(_message.Message):
         summary_buffer: _abc.Iterable[_common_pb2.Entry] | None = ...,
         summary_backlog: _builtins.int = ...,
         prior_append: Global___AppendRecord | None = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["prior_append", b"prior_append"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_sequence", b"last_sequence", "prior_append", b"prior_append", "summary_backlog", b"summary_backlog", "summary_buffer", b"summary_buffer", "version", b"version", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "last_sequence", b"last_sequence", "prior_append", b"prior_append", "summary_backlog", b"summary_backlog", "summary_buffer", b"summary_buffer", "version", b"version", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -640,3 +714,333 @@ class DeleteConversationResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteConversationResponse: _TypeAlias = DeleteConversationResponse  # noqa: Y015
+
+@_typing.final
+class TurnLease(_message.Message):
+    """A turn lease held by the caller (for the `turn_id` it asked for)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    FENCING_TOKEN_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    EXCLUSIVE_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """UUID of the conversation."""
+    fencing_token: _builtins.int
+    """Quoted by the turn's append, renewals and release; unique to this grant,
+    so a lease taken over never matches again.
+    """
+    exclusive: _builtins.bool
+    """True for TURN_LEASE_MODE_EXCLUSIVE and TURN_LEASE_MODE_QUEUED leases."""
+    created: _builtins.bool
+    """True when this call created the conversation (`create_if_missing`). It is
+    removed again if the turn releases the lease without having appended.
+    """
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When the lease lapses unless renewed."""
+
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        fencing_token: _builtins.int = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+        exclusive: _builtins.bool = ...,
+        created: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "created", b"created", "exclusive", b"exclusive", "expire_time", b"expire_time", "fencing_token", b"fencing_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TurnLease: _TypeAlias = TurnLease  # noqa: Y015
+
+@_typing.final
+class EndedTurn(_message.Message):
+    """A turn that ended without appending after its model work completed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetadataEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    END_TIME_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """Why it did not commit, an ErrorInfo reason (TURN_CONFLICT,
+    MODEL_OUTPUT_INVALID).
+    """
+    @_builtins.property
+    def output(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]:
+        """The messages the turn produced (not in the transcript)."""
+
+    @_builtins.property
+    def usage(self) -> _common_pb2.Usage:
+        """What the turn's model calls used."""
+
+    @_builtins.property
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """ErrorInfo metadata of that reason."""
+
+    @_builtins.property
+    def end_time(self) -> _timestamp_pb2.Timestamp:
+        """When it ended."""
+
+    def __init__(
+        self,
+        *,
+        output: _abc.Iterable[_common_pb2.Message] | None = ...,
+        usage: _common_pb2.Usage | None = ...,
+        reason: _builtins.str = ...,
+        metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        end_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["end_time", b"end_time", "usage", b"usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_time", b"end_time", "metadata", b"metadata", "output", b"output", "reason", b"reason", "usage", b"usage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndedTurn: _TypeAlias = EndedTurn  # noqa: Y015
+
+@_typing.final
+class AcquireTurnLeaseRequest(_message.Message):
+    """Request of AcquireTurnLease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    TTL_FIELD_NUMBER: _builtins.int
+    PAYLOAD_HASH_FIELD_NUMBER: _builtins.int
+    CREATE_IF_MISSING_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """UUID of the conversation."""
+    namespace: _builtins.str
+    """Namespace that owns it."""
+    turn_id: _builtins.str
+    """The turn: 1..128 printable ASCII characters, the request id its append
+    will carry.
+    """
+    mode: Global___TurnLeaseMode.ValueType
+    """How the lease shares the conversation."""
+    payload_hash: _builtins.bytes
+    """Digest of the turn's input (at most 64 bytes). The same `turn_id` with
+    another digest is INVALID_ARGUMENT / REQUEST_ID_REUSED.
+    """
+    create_if_missing: _builtins.bool
+    """Create the conversation if it does not exist (see TurnLease.created)."""
+    @_builtins.property
+    def ttl(self) -> _duration_pb2.Duration:
+        """Lease duration: 0 means 30 s; 1 s to 10 min."""
+
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+        mode: Global___TurnLeaseMode.ValueType = ...,
+        ttl: _duration_pb2.Duration | None = ...,
+        payload_hash: _builtins.bytes = ...,
+        create_if_missing: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ttl", b"ttl"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_if_missing", b"create_if_missing", "mode", b"mode", "namespace", b"namespace", "payload_hash", b"payload_hash", "ttl", b"ttl", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AcquireTurnLeaseRequest: _TypeAlias = AcquireTurnLeaseRequest  # noqa: Y015
+
+@_typing.final
+class AcquireTurnLeaseResponse(_message.Message):
+    """Response of AcquireTurnLease: exactly one of the fields is set."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    COMMITTED_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def lease(self) -> Global___TurnLease:
+        """The lease, granted."""
+
+    @_builtins.property
+    def committed(self) -> Global___AppendRecord:
+        """The turn committed earlier: its append, to replay."""
+
+    @_builtins.property
+    def ended(self) -> Global___EndedTurn:
+        """The turn ended earlier without committing: its outcome."""
+
+    def __init__(
+        self,
+        *,
+        lease: Global___TurnLease | None = ...,
+        committed: Global___AppendRecord | None = ...,
+        ended: Global___EndedTurn | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["committed", b"committed", "ended", b"ended", "lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed", b"committed", "ended", b"ended", "lease", b"lease"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AcquireTurnLeaseResponse: _TypeAlias = AcquireTurnLeaseResponse  # noqa: Y015
+
+@_typing.final
+class RenewTurnLeaseRequest(_message.Message):
+    """Request of RenewTurnLease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    FENCING_TOKEN_FIELD_NUMBER: _builtins.int
+    TTL_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """UUID of the conversation."""
+    namespace: _builtins.str
+    """Namespace that owns it."""
+    turn_id: _builtins.str
+    """The turn."""
+    fencing_token: _builtins.int
+    """The lease's fencing token."""
+    @_builtins.property
+    def ttl(self) -> _duration_pb2.Duration:
+        """New duration from now: 0 means 30 s; 1 s to 10 min."""
+
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+        fencing_token: _builtins.int = ...,
+        ttl: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ttl", b"ttl"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "fencing_token", b"fencing_token", "namespace", b"namespace", "ttl", b"ttl", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewTurnLeaseRequest: _TypeAlias = RenewTurnLeaseRequest  # noqa: Y015
+
+@_typing.final
+class RenewTurnLeaseResponse(_message.Message):
+    """Response of RenewTurnLease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def lease(self) -> Global___TurnLease:
+        """The lease with its new expiry."""
+
+    def __init__(
+        self,
+        *,
+        lease: Global___TurnLease | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewTurnLeaseResponse: _TypeAlias = RenewTurnLeaseResponse  # noqa: Y015
+
+@_typing.final
+class ReleaseTurnLeaseRequest(_message.Message):
+    """Request of ReleaseTurnLease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    FENCING_TOKEN_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """UUID of the conversation."""
+    namespace: _builtins.str
+    """Namespace that owns it."""
+    turn_id: _builtins.str
+    """The turn."""
+    fencing_token: _builtins.int
+    """The lease's fencing token."""
+    @_builtins.property
+    def ended(self) -> Global___EndedTurn:
+        """The outcome of the turn's completed model work, kept (for
+        RUNIFOLD_TURN_OUTCOME_RETENTION_S) so that a repeat of the `turn_id`
+        returns it instead of running the model again. Absent: the turn did no
+        model work worth keeping and may run again.
+        """
+
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+        fencing_token: _builtins.int = ...,
+        ended: Global___EndedTurn | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ended", b"ended"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "ended", b"ended", "fencing_token", b"fencing_token", "namespace", b"namespace", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseTurnLeaseRequest: _TypeAlias = ReleaseTurnLeaseRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseTurnLeaseResponse(_message.Message):
+    """Response of ReleaseTurnLease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASED_FIELD_NUMBER: _builtins.int
+    released: _builtins.bool
+    """False when the lease was no longer held (expired or taken over)."""
+    def __init__(
+        self,
+        *,
+        released: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["released", b"released"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseTurnLeaseResponse: _TypeAlias = ReleaseTurnLeaseResponse  # noqa: Y015

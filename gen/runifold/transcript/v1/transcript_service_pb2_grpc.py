@@ -78,6 +78,21 @@ class TranscriptServiceStub:
                 request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.DeleteConversationRequest.SerializeToString,
                 response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.DeleteConversationResponse.FromString,
                 _registered_method=True)
+        self.AcquireTurnLease = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/AcquireTurnLease',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.AcquireTurnLeaseRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.AcquireTurnLeaseResponse.FromString,
+                _registered_method=True)
+        self.RenewTurnLease = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/RenewTurnLease',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.RenewTurnLeaseRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.RenewTurnLeaseResponse.FromString,
+                _registered_method=True)
+        self.ReleaseTurnLease = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/ReleaseTurnLease',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseTurnLeaseRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseTurnLeaseResponse.FromString,
+                _registered_method=True)
 
 
 class TranscriptServiceServicer:
@@ -146,6 +161,34 @@ class TranscriptServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AcquireTurnLease(self, request, context):
+        """Takes a turn lease before model work. The lease names one `turn_id` and
+        carries a fencing token that the turn's append quotes; an append under a
+        lease that expired or was taken over is refused, so a turn that lost its
+        lease never commits. A `turn_id` that already committed, or ended without
+        committing after its model work, returns that outcome instead of a lease;
+        one that is running elsewhere is waited for. See TurnLeaseMode for
+        exclusive and queued leases.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RenewTurnLease(self, request, context):
+        """Extends a lease the caller still holds (ABORTED / TURN_LEASE_LOST otherwise).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseTurnLease(self, request, context):
+        """Ends a turn that will not append, optionally recording the outcome of its
+        completed model work so that a repeat of the `turn_id` returns it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TranscriptServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -183,6 +226,21 @@ def add_TranscriptServiceServicer_to_server(servicer, server):
                     servicer.DeleteConversation,
                     request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.DeleteConversationRequest.FromString,
                     response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.DeleteConversationResponse.SerializeToString,
+            ),
+            'AcquireTurnLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcquireTurnLease,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.AcquireTurnLeaseRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.AcquireTurnLeaseResponse.SerializeToString,
+            ),
+            'RenewTurnLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewTurnLease,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.RenewTurnLeaseRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.RenewTurnLeaseResponse.SerializeToString,
+            ),
+            'ReleaseTurnLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseTurnLease,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseTurnLeaseRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseTurnLeaseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -383,6 +441,87 @@ class TranscriptService:
             '/runifold.transcript.v1.TranscriptService/DeleteConversation',
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.DeleteConversationRequest.SerializeToString,
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.DeleteConversationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcquireTurnLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/AcquireTurnLease',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.AcquireTurnLeaseRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.AcquireTurnLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewTurnLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/RenewTurnLease',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.RenewTurnLeaseRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.RenewTurnLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseTurnLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/ReleaseTurnLease',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseTurnLeaseRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseTurnLeaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

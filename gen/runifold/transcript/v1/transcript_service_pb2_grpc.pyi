@@ -64,6 +64,21 @@ class TranscriptServiceStub:
     """Lists the conversations of a namespace, newest id last (AIP-158)."""
     DeleteConversation: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.DeleteConversationRequest, _transcript_service_pb2.DeleteConversationResponse]
     """Erases a conversation and every entry of it. Idempotent."""
+    AcquireTurnLease: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.AcquireTurnLeaseRequest, _transcript_service_pb2.AcquireTurnLeaseResponse]
+    """Takes a turn lease before model work. The lease names one `turn_id` and
+    carries a fencing token that the turn's append quotes; an append under a
+    lease that expired or was taken over is refused, so a turn that lost its
+    lease never commits. A `turn_id` that already committed, or ended without
+    committing after its model work, returns that outcome instead of a lease;
+    one that is running elsewhere is waited for. See TurnLeaseMode for
+    exclusive and queued leases.
+    """
+    RenewTurnLease: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.RenewTurnLeaseRequest, _transcript_service_pb2.RenewTurnLeaseResponse]
+    """Extends a lease the caller still holds (ABORTED / TURN_LEASE_LOST otherwise)."""
+    ReleaseTurnLease: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ReleaseTurnLeaseRequest, _transcript_service_pb2.ReleaseTurnLeaseResponse]
+    """Ends a turn that will not append, optionally recording the outcome of its
+    completed model work so that a repeat of the `turn_id` returns it.
+    """
 
 @_typing.type_check_only
 class TranscriptServiceAsyncStub(TranscriptServiceStub):
@@ -101,6 +116,21 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     """Lists the conversations of a namespace, newest id last (AIP-158)."""
     DeleteConversation: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.DeleteConversationRequest, _transcript_service_pb2.DeleteConversationResponse]  # type: ignore[assignment]
     """Erases a conversation and every entry of it. Idempotent."""
+    AcquireTurnLease: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.AcquireTurnLeaseRequest, _transcript_service_pb2.AcquireTurnLeaseResponse]  # type: ignore[assignment]
+    """Takes a turn lease before model work. The lease names one `turn_id` and
+    carries a fencing token that the turn's append quotes; an append under a
+    lease that expired or was taken over is refused, so a turn that lost its
+    lease never commits. A `turn_id` that already committed, or ended without
+    committing after its model work, returns that outcome instead of a lease;
+    one that is running elsewhere is waited for. See TurnLeaseMode for
+    exclusive and queued leases.
+    """
+    RenewTurnLease: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.RenewTurnLeaseRequest, _transcript_service_pb2.RenewTurnLeaseResponse]  # type: ignore[assignment]
+    """Extends a lease the caller still holds (ABORTED / TURN_LEASE_LOST otherwise)."""
+    ReleaseTurnLease: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ReleaseTurnLeaseRequest, _transcript_service_pb2.ReleaseTurnLeaseResponse]  # type: ignore[assignment]
+    """Ends a turn that will not append, optionally recording the outcome of its
+    completed model work so that a repeat of the `turn_id` returns it.
+    """
 
 class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
     """Append-only conversation transcripts with compare-and-swap versioning.
@@ -177,5 +207,38 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_transcript_service_pb2.DeleteConversationResponse, _abc.Awaitable[_transcript_service_pb2.DeleteConversationResponse]]:
         """Erases a conversation and every entry of it. Idempotent."""
+
+    @_abc_1.abstractmethod
+    def AcquireTurnLease(
+        self,
+        request: _transcript_service_pb2.AcquireTurnLeaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.AcquireTurnLeaseResponse, _abc.Awaitable[_transcript_service_pb2.AcquireTurnLeaseResponse]]:
+        """Takes a turn lease before model work. The lease names one `turn_id` and
+        carries a fencing token that the turn's append quotes; an append under a
+        lease that expired or was taken over is refused, so a turn that lost its
+        lease never commits. A `turn_id` that already committed, or ended without
+        committing after its model work, returns that outcome instead of a lease;
+        one that is running elsewhere is waited for. See TurnLeaseMode for
+        exclusive and queued leases.
+        """
+
+    @_abc_1.abstractmethod
+    def RenewTurnLease(
+        self,
+        request: _transcript_service_pb2.RenewTurnLeaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.RenewTurnLeaseResponse, _abc.Awaitable[_transcript_service_pb2.RenewTurnLeaseResponse]]:
+        """Extends a lease the caller still holds (ABORTED / TURN_LEASE_LOST otherwise)."""
+
+    @_abc_1.abstractmethod
+    def ReleaseTurnLease(
+        self,
+        request: _transcript_service_pb2.ReleaseTurnLeaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.ReleaseTurnLeaseResponse, _abc.Awaitable[_transcript_service_pb2.ReleaseTurnLeaseResponse]]:
+        """Ends a turn that will not append, optionally recording the outcome of its
+        completed model work so that a repeat of the `turn_id` returns it.
+        """
 
 def add_TranscriptServiceServicer_to_server(servicer: TranscriptServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

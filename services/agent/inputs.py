@@ -1,0 +1,144 @@
+"""The checks of a turn request, before anything is read or any model is called.
+
+Every rule a turn's append would enforce is applied here too (the transcript's
+message rules, services/common/messages.py), so that a request the transcript
+would refuse never costs a model call. Tool definitions have their own rules
+(names the model can call: 1..64 characters of [A-Za-z0-9_-]).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+from services.agent.config import AgentConfig
+from services.agent.model import ConcurrencyMode, Policy, SummaryMode, Turn
+from services.common import messages as message_rules
+from services.common import validation
+from services.common.domain import Role, ToolDefinition
+from services.common.errors import invalid_argument
+
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_\-]{1,64}")
+_MAX_TOOL_DESCRIPTION_BYTES = 16 * 1024
+
+
+def policy(
+    config: AgentConfig,
+    window: int,
+    summary_batch: int,
+    memory_limit: int,
+    summary_mode: int,
+    max_summary_passes: int,
+) -> Policy:
+    """A validated policy; zero fields take the documented defaults."""
+    window = window or config.default_window
+    summary_batch = summary_batch or config.default_summary_batch
+    validation.view_bounds(window, summary_batch, prefix="policy.")
+    validation.in_range(
+        memory_limit,
+        (0, validation.MEMORY_LIMIT_RANGE[1]),
+        "policy.memory_limit",
+        "INVALID_MEMORY_LIMIT",
+    )
+    if summary_mode not in (0, SummaryMode.REQUIRE, SummaryMode.AUTO):
+        raise invalid_argument(
+            "INVALID_SUMMARY_MODE", "policy.summary_mode is unknown", field="policy.summary_mode"
+        )
+    passes = max_summary_passes or 1
+    validation.in_range(
+        passes,
+        validation.SUMMARY_PASSES_RANGE,
+        "policy.max_summary_passes",
+        "INVALID_SUMMARY_PASSES",
+    )
+    return Policy(
+        window,
+        summary_batch,
+        memory_limit,
+        SummaryMode(summary_mode or SummaryMode.REQUIRE),
+        passes,
+    )
+
+
+def concurrency(value: int) -> ConcurrencyMode:
+    """The concurrency mode; 0 (unspecified) is RACE."""
+    if value not in (0, *ConcurrencyMode):
+        raise invalid_argument(
+            "INVALID_CONCURRENCY_MODE", "concurrency is unknown", field="concurrency"
+        )
+    return ConcurrencyMode(value or ConcurrencyMode.RACE)
+
+
+def check_turn(turn: Turn, config: AgentConfig) -> None:
+    """Every rule of a turn request that can be checked without reading anything."""
+    validation.namespace(turn.namespace)
+    if turn.conversation_id or not turn.create_if_missing:
+        validation.conversation_id(turn.conversation_id)
+    validation.request_id(turn.turn_id, "turn_id")
+    if not turn.input:
+        raise invalid_argument("NO_INPUT", "input must not be empty", field="input")
+    if len(turn.input) > config.max_input_messages:
+        raise invalid_argument(
+            "TOO_MANY_MESSAGES",
+            f"input carries at most {config.max_input_messages} messages",
+            field="input",
+        )
+    size = 0
+    for index, message in enumerate(turn.input):
+        field = f"input[{index}]"
+        # A system message is refused by the message rules (SYSTEM_ROLE_NOT_ALLOWED).
+        if message.role not in (Role.USER, Role.TOOL, Role.SYSTEM):
+            raise invalid_argument(
+                "INVALID_INPUT_ROLE",
+                "input holds user messages or tool results",
+                field=f"{field}.role",
+            )
+        size += message_rules.stored_message(message, field, config.messages)
+    message_rules.messages_size(size, "input", max_bytes=config.max_input_bytes)
+    validation.text(
+        turn.system_instructions,
+        "system_instructions",
+        max_bytes=config.max_system_instructions_bytes,
+        reason="INVALID_SYSTEM_INSTRUCTIONS",
+    )
+    check_tools(turn.tools, config)
+
+
+def check_tools(tools: Sequence[ToolDefinition], config: AgentConfig) -> None:
+    """Tool definitions: unique names the model can call, JSON-object schemas, sizes."""
+    if len(tools) > config.max_tools:
+        raise invalid_argument("INVALID_TOOLS", f"at most {config.max_tools} tools", field="tools")
+    names: set[str] = set()
+    for index, tool in enumerate(tools):
+        field = f"tools[{index}]"
+        if not _TOOL_NAME.fullmatch(tool.name) or tool.name in names:
+            raise invalid_argument(
+                "INVALID_TOOLS",
+                "tool names are unique, 1..64 characters of [A-Za-z0-9_-]",
+                field=f"{field}.name",
+            )
+        names.add(tool.name)
+        validation.text(
+            tool.parameters_json_schema,
+            f"{field}.parameters_json_schema",
+            max_bytes=config.max_tool_schema_bytes,
+            reason="INVALID_TOOLS",
+        )
+        if tool.parameters_json_schema:
+            try:
+                schema = json.loads(tool.parameters_json_schema)
+            except (ValueError, RecursionError):  # RecursionError: nested too deep
+                schema = None
+            if not isinstance(schema, dict):
+                raise invalid_argument(
+                    "INVALID_TOOLS",
+                    "parameters_json_schema must be a JSON object",
+                    field=f"{field}.parameters_json_schema",
+                )
+        validation.text(
+            tool.description,
+            f"{field}.description",
+            max_bytes=_MAX_TOOL_DESCRIPTION_BYTES,
+            reason="INVALID_TOOLS",
+        )

@@ -1,0 +1,546 @@
+"""One agent turn, atomically, under a turn lease.
+
+take the turn lease (or the outcome of a turn id that already ran) -> load
+summary and view -> (summarize | refuse) -> recall memories -> call the model
+-> check the reply against the transcript's rules -> ONE compare-and-swap
+append of the input and the reply at the version the view was read at, with
+request_id = turn_id, quoting the lease's fencing token (the commit ends the
+lease).
+
+The lease is what makes one turn id run the model once: a repeat that arrives
+while the turn runs waits for it and gets its outcome; a turn whose model work
+completed but could not commit (TURN_CONFLICT, MODEL_OUTPUT_INVALID) records
+that outcome when it releases the lease, so a repeat returns it again. With
+REJECT and ENQUEUE the lease is exclusive: one running turn per conversation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import uuid_utils
+
+from services.agent.config import AgentConfig
+from services.agent.model import (
+    ContextReport,
+    EndedState,
+    LeaseState,
+    ModelOutputInvalid,
+    Outcome,
+    PriorAppend,
+    Progress,
+    Recall,
+    Stage,
+    SummaryMode,
+    TextDelta,
+    Turn,
+    TurnConflict,
+    TurnEvent,
+    TurnNotCommitted,
+    TurnResult,
+    ViewState,
+)
+from services.agent.ports import Memories, Summaries, Transcripts
+from services.agent.prompt import build_request, estimate_request_tokens
+from services.common import messages as message_rules
+from services.common import metrics
+from services.common.deadlines import remaining
+from services.common.domain import (
+    Budget,
+    Message,
+    Role,
+    ToolCall,
+    Usage,
+    canonical_json,
+    check_tool_pairing,
+    open_tool_calls,
+    payload_hash,
+)
+from services.common.errors import (
+    DomainError,
+    VersionConflict,
+    aborted,
+    failed_precondition,
+)
+from services.common.errors import invalid_argument as _invalid_argument
+from services.common.llm import (
+    ChatDelta,
+    ChatModel,
+    ChatRequest,
+    ChatResponse,
+    ModelFailed,
+    budget_exhausted,
+    budget_left,
+    require_call,
+)
+
+log = logging.getLogger(__name__)
+
+_MAX_MEMORY_QUERY_BYTES = 4096
+# A lease not granted within this delay means the turn waits (ENQUEUE, or a
+# running turn with the same id): the stream reports TURN_STAGE_WAITING.
+_WAITING_AFTER_S = 0.1
+
+
+@dataclass
+class _Spend:
+    """What is left of a turn's budget."""
+
+    budget: Budget
+    used: Usage = field(default_factory=Usage)
+
+    def remaining(self) -> Budget:
+        return budget_left(self.budget, self.used)
+
+    def for_summary(self) -> Budget:
+        """What summarization may spend: everything but the turn's own model call.
+
+        One call and a share of the output tokens (half, at most 512) stay
+        reserved, so that a turn is never summarized into a budget it cannot
+        finish with.
+        """
+        left = self.require_call()
+        reserve_output = max(1, min(left.max_output_tokens // 2, 512))
+        if left.max_model_calls < 2:
+            raise budget_exhausted("max_model_calls", self.budget.max_model_calls)
+        if left.max_output_tokens - reserve_output < 1:
+            raise budget_exhausted("max_output_tokens", self.budget.max_output_tokens)
+        return Budget(
+            max_output_tokens=left.max_output_tokens - reserve_output,
+            max_model_calls=left.max_model_calls - 1,
+            max_input_tokens=left.max_input_tokens,
+        )
+
+    def require_call(self, input_tokens: int = 0) -> Budget:
+        """The budget left for one more model call, or RESOURCE_EXHAUSTED."""
+        return require_call(self.budget, self.used, input_tokens)
+
+
+def _first_user_text(messages: Sequence[Message]) -> str:
+    texts = [m.text for m in messages if m.role == Role.USER and m.text.strip()]
+    if not texts:
+        texts = [m.text for m in messages if m.text.strip()]
+    query = "\n".join(texts)
+    return query.encode()[:_MAX_MEMORY_QUERY_BYTES].decode(errors="ignore")
+
+
+def ended_error(ended: EndedState) -> DomainError:
+    """The error a turn ended with, rebuilt from the outcome TranscriptService kept."""
+    outcome = Outcome(ended.output, ended.usage)
+    if ended.reason == "MODEL_OUTPUT_INVALID":
+        violations = ended.metadata.get("violations", "")
+        return ModelOutputInvalid(outcome, violations.split("\n") if violations else [])
+    if ended.reason == "TURN_CONFLICT":
+        return TurnConflict(
+            outcome,
+            int(ended.metadata.get("current_version", "0")),
+            int(ended.metadata.get("expected_version", "0")),
+        )
+    metadata = dict(ended.metadata)
+    current = int(metadata.pop("current_version", "0"))
+    expected = int(metadata.pop("expected_version", "0"))
+    return TurnNotCommitted(
+        ended.reason,
+        "the turn ended earlier without committing; its completed outcome is attached",
+        outcome,
+        current,
+        expected,
+        **metadata,
+    )
+
+
+def _ended(error: DomainError, outcome: Outcome) -> EndedState:
+    return EndedState(outcome.output, outcome.usage, error.reason, dict(error.metadata))
+
+
+class LeaseKeeper:
+    """Renews a turn lease every third of its duration until stopped or lost."""
+
+    def __init__(
+        self, transcripts: Transcripts, turn: Turn, conversation_id: str, turn_id: str, token: int
+    ) -> None:
+        self._transcripts = transcripts
+        self._lease = (turn.namespace, conversation_id, turn_id, token)
+        self.lost = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, ttl_s: float) -> None:
+        self._task = asyncio.create_task(self._loop(ttl_s), name="turn-lease")
+
+    async def _loop(self, ttl_s: float) -> None:
+        while True:
+            await asyncio.sleep(ttl_s / 3)
+            try:
+                await self._transcripts.renew_lease(*self._lease, ttl_s)
+            except DomainError as error:
+                if error.reason == "TURN_LEASE_LOST":
+                    self.lost = True
+                    log.warning("turn lease lost")
+                    return
+                # A blip: the lease may still hold; the next renewal tries again.
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _lease_lost() -> DomainError:
+    return aborted("TURN_LEASE_LOST", "the turn's lease lapsed while it ran; it did not commit")
+
+
+class TurnRunner:
+    """Runs turns against the transcript, summary and memory services and a ChatModel."""
+
+    def __init__(
+        self,
+        transcripts: Transcripts,
+        summaries: Summaries,
+        memories: Memories,
+        model: ChatModel,
+        config: AgentConfig,
+    ) -> None:
+        self.transcripts = transcripts
+        self.summaries = summaries
+        self.memories = memories
+        self.model = model
+        self.config = config
+
+    async def events(self, turn: Turn, stream: bool) -> AsyncIterator[TurnEvent]:
+        """The turn as events (the request is already checked)."""
+        namespace, policy = turn.namespace, turn.policy
+        turn_id = turn.turn_id or str(uuid_utils.uuid7())
+        conversation_id = turn.conversation_id or str(uuid.UUID(str(uuid_utils.uuid7())))
+
+        yield Progress(Stage.LOADING_CONTEXT)
+        # Memory lookup depends only on the input: it runs while the lease is taken and
+        # the summary and the view load (its query embedding is the slowest part).
+        recalling = (
+            asyncio.ensure_future(
+                self.memories.search(namespace, _first_user_text(turn.input), policy.memory_limit)
+            )
+            if policy.memory_limit > 0
+            else None
+        )
+        try:
+            acquiring = asyncio.ensure_future(
+                self.transcripts.acquire_lease(
+                    namespace,
+                    conversation_id,
+                    turn_id,
+                    int(turn.concurrency),  # TurnLeaseMode has the same values
+                    self.config.turn_lease_ttl_s,
+                    payload_hash(canonical_json(turn.input)),
+                    turn.create_if_missing,
+                )
+            )
+            try:
+                done, _ = await asyncio.wait({acquiring}, timeout=_WAITING_AFTER_S)
+                if not done:
+                    yield Progress(Stage.WAITING)
+                acquired = await acquiring
+            finally:
+                if not acquiring.done():
+                    acquiring.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, DomainError):
+                        await acquiring
+            if isinstance(acquired, PriorAppend):
+                yield await self._replay(turn, conversation_id, acquired)
+                return
+            if isinstance(acquired, EndedState):
+                raise ended_error(acquired)
+            async for event in self._under_lease(
+                turn, conversation_id, turn_id, acquired, recalling, stream
+            ):
+                yield event
+        finally:
+            if recalling is not None and not recalling.done():
+                recalling.cancel()
+                with contextlib.suppress(asyncio.CancelledError, DomainError):
+                    await recalling
+
+    async def _under_lease(
+        self,
+        turn: Turn,
+        conversation_id: str,
+        turn_id: str,
+        lease: LeaseState,
+        recalling: asyncio.Future[Recall] | None,
+        stream: bool,
+    ) -> AsyncIterator[TurnEvent]:
+        keeper = LeaseKeeper(self.transcripts, turn, conversation_id, turn_id, lease.fencing_token)
+        keeper.start(self.config.turn_lease_ttl_s)
+        committed = False
+        ended: EndedState | None = None
+        try:
+            async for event in self._turn(
+                turn, conversation_id, turn_id, lease, keeper, recalling, stream
+            ):
+                committed = committed or isinstance(event, TurnResult)
+                yield event
+        except (TurnNotCommitted, ModelOutputInvalid) as error:
+            # The model ran: keep its outcome so that a repeat returns it (a lost
+            # lease belongs to whoever took it over).
+            if error.reason != "TURN_LEASE_LOST":
+                ended = _ended(error, error.outcome)
+            raise
+        finally:
+            await keeper.stop()
+            if not committed:
+                try:
+                    await asyncio.shield(
+                        self.transcripts.release_lease(
+                            turn.namespace, conversation_id, turn_id, lease.fencing_token, ended
+                        )
+                    )
+                except DomainError as error:
+                    # The lease lapses by itself; only a kept outcome is lost.
+                    log.warning("turn lease not released", extra={"reason": error.reason})
+
+    async def _turn(
+        self,
+        turn: Turn,
+        conversation_id: str,
+        turn_id: str,
+        lease: LeaseState,
+        keeper: LeaseKeeper,
+        recalling: asyncio.Future[Recall] | None,
+        stream: bool,
+    ) -> AsyncIterator[TurnEvent]:
+        namespace, policy = turn.namespace, turn.policy
+        summary = await self.summaries.get(namespace, conversation_id)
+        view = await self.transcripts.load_view(
+            namespace,
+            conversation_id,
+            policy.window,
+            policy.summary_batch,
+            summary.through_sequence,
+            turn_id,
+        )
+        if view.prior_append is not None:  # committed by a plain append with this id
+            yield await self._replay(turn, conversation_id, view.prior_append)
+            return
+
+        spend = _Spend(turn.budget)
+        passes = 0
+        if view.summary_buffer:
+            if policy.summary_mode == SummaryMode.REQUIRE:
+                raise await self._summary_refused(
+                    turn,
+                    conversation_id,
+                    view,
+                    "SUMMARY_REQUIRED",
+                    "the conversation has unsummarized entries outside the window; a summary "
+                    "job was enqueued (or run the turn with SUMMARY_MODE_AUTO)",
+                )
+            yield Progress(Stage.SUMMARIZING)
+            done = await self.summaries.summarize(
+                namespace,
+                conversation_id,
+                policy.window,
+                policy.summary_batch,
+                policy.max_summary_passes,
+                spend.for_summary(),
+            )
+            spend.used += done.usage
+            passes = done.passes
+            summary = done.summary
+            view = await self.transcripts.load_view(
+                namespace,
+                conversation_id,
+                policy.window,
+                policy.summary_batch,
+                summary.through_sequence,
+                turn_id,
+            )
+            if view.summary_buffer:
+                raise await self._summary_refused(
+                    turn,
+                    conversation_id,
+                    view,
+                    "SUMMARY_BACKLOG",
+                    f"unsummarized entries remain after {passes} summary pass(es); a summary "
+                    "job was enqueued",
+                    passes=passes,
+                )
+
+        check_tool_pairing(
+            turn.input, open_tool_calls([entry.message for entry in view.window]), "input"
+        )
+
+        recall = Recall()
+        if recalling is not None:
+            yield Progress(Stage.RETRIEVING_MEMORY)
+            recall = await recalling
+
+        left = spend.remaining()
+        request = build_request(
+            turn.system_instructions,
+            summary,
+            recall.memories,
+            view.window,
+            turn.input,
+            turn.tools,
+            max(1, left.max_output_tokens),
+        )
+        spend.require_call(estimate_request_tokens(request))
+        if keeper.lost:  # never start model work the turn can no longer commit
+            raise _lease_lost()
+
+        yield Progress(Stage.CALLING_MODEL)
+        response: ChatResponse | None = None
+        async for piece in self._call_model(request, stream):
+            if isinstance(piece, ChatDelta):
+                yield TextDelta(piece.text)
+            else:
+                response = piece
+        if response is None:
+            raise ModelFailed("the model stream ended without an answer")
+        spend.used += response.usage
+        reply = self._assistant_message(response)
+        outcome = Outcome([reply], spend.used)
+        self._check_reply(turn, reply, outcome)
+
+        yield Progress(Stage.COMMITTING)
+        try:
+            appended = await self.transcripts.append(
+                namespace,
+                conversation_id,
+                view.version,
+                [*turn.input, reply],
+                turn_id,
+                spend.used,
+                lease.fencing_token,
+            )
+        except VersionConflict as conflict:
+            raise TurnConflict(outcome, conflict.current_version, view.version) from None
+        except DomainError as error:
+            if error.reason in ("TURN_LEASE_LOST", "CONVERSATION_BUSY"):
+                raise TurnNotCommitted(
+                    error.reason,
+                    error.message + "; the completed outcome is attached and was not committed",
+                    outcome,
+                    view.version,
+                    view.version,
+                    **error.metadata,
+                ) from None
+            if error.reason != "REQUEST_ID_REUSED":
+                raise
+            # A duplicate of this turn committed while we ran: return its outcome.
+            latest = await self.transcripts.load_view(namespace, conversation_id, 1, 1, 0, turn_id)
+            if latest.prior_append is None:
+                raise
+            yield await self._replay(turn, conversation_id, latest.prior_append)
+            return
+        metrics.TURNS.labels("replayed" if appended.replayed else "committed").inc()
+        yield TurnResult(
+            conversation_id=conversation_id,
+            conversation_version=appended.version,
+            first_sequence=appended.first_sequence,
+            last_sequence=appended.last_sequence,
+            outcome=outcome,
+            tool_calls=reply.tool_calls,
+            context=ContextReport(
+                summary_through_sequence=summary.through_sequence,
+                memory_ids=[m.memory_id for m in recall.memories],
+                window_first_sequence=view.window[0].sequence if view.window else 0,
+                window_last_sequence=view.window[-1].sequence if view.window else 0,
+                summary_passes=passes,
+                memory_degraded=recall.degraded,
+            ),
+            replayed=appended.replayed,
+            created=lease.created,
+        )
+
+    def _check_reply(self, turn: Turn, reply: Message, outcome: Outcome) -> None:
+        """The reply within the transcript's rules, or MODEL_OUTPUT_INVALID with the outcome."""
+        limits = self.config.messages
+        try:
+            size = message_rules.stored_message(reply, "output[0]", limits)
+            count = len(turn.input) + 1
+            if count > limits.max_messages_per_append:
+                raise _invalid_argument(
+                    "TOO_MANY_MESSAGES",
+                    f"input and output make {count} messages; an append carries at most "
+                    f"{limits.max_messages_per_append}",
+                    field="output",
+                )
+            size += sum(m.size_bytes() for m in turn.input)
+            message_rules.messages_size(size, "output", max_bytes=limits.max_append_bytes)
+        except DomainError as error:
+            metrics.MODEL_OUTPUT_INVALID.inc()
+            raise ModelOutputInvalid(outcome, [f"{error.field}: {error.message}"]) from None
+
+    async def _summary_refused(
+        self,
+        turn: Turn,
+        conversation_id: str,
+        view: ViewState,
+        reason: str,
+        message: str,
+        **metadata: object,
+    ) -> DomainError:
+        """Enqueue a background summary job, and the FAILED_PRECONDITION that says so."""
+        job_id = await self.summaries.request(
+            turn.namespace, conversation_id, turn.policy.window, turn.policy.summary_batch
+        )
+        return failed_precondition(reason, message, backlog=view.pending, job_id=job_id, **metadata)
+
+    async def _call_model(
+        self, request: ChatRequest, stream: bool
+    ) -> AsyncIterator[ChatDelta | ChatResponse]:
+        timeout = remaining(self.config.model_timeout_s)
+        if stream:
+            async for piece in self.model.stream(request, timeout=timeout):
+                yield piece
+        else:
+            yield await self.model.complete(request, timeout=timeout)
+
+    def _assistant_message(self, response: ChatResponse) -> Message:
+        calls: list[ToolCall] = []
+        seen: set[str] = set()
+        for index, call in enumerate(response.tool_calls):
+            call_id = (
+                call.id
+                if call.id and call.id not in seen
+                else f"call_{uuid.uuid4().hex[:12]}_{index}"
+            )
+            seen.add(call_id)
+            calls.append(ToolCall(call_id, call.name, call.arguments_json))
+        if not response.text.strip() and not calls:
+            raise ModelFailed("the model returned neither text nor tool calls")
+        return Message(Role.ASSISTANT, response.text, tuple(calls))
+
+    async def _replay(self, turn: Turn, conversation_id: str, prior: PriorAppend) -> TurnResult:
+        """The stored outcome of a turn that already committed (no model call)."""
+        entries = await self.transcripts.entries(
+            turn.namespace, conversation_id, prior.first_sequence, prior.last_sequence
+        )
+        stored = [entry.message for entry in entries]
+        count = len(turn.input)
+        if canonical_json(stored[:count]) != canonical_json(turn.input):
+            raise _invalid_argument(
+                "TURN_ID_REUSED",
+                "turn_id was already used for a turn with different input",
+                field="turn_id",
+            )
+        output = stored[count:]
+        calls = next((m.tool_calls for m in reversed(output) if m.role == Role.ASSISTANT), ())
+        metrics.TURNS.labels("replayed").inc()
+        return TurnResult(
+            conversation_id=conversation_id,
+            conversation_version=prior.version,
+            first_sequence=prior.first_sequence,
+            last_sequence=prior.last_sequence,
+            outcome=Outcome(output, prior.usage),
+            tool_calls=calls,
+            context=ContextReport(),
+            replayed=True,
+        )

@@ -1,0 +1,185 @@
+"""The rules of the messages a transcript stores, in one place.
+
+TranscriptService checks every append against them; AgentService checks a
+turn's input before it calls the model (a message the append would refuse
+must not cost a model call) and the model's reply before it appends (a reply
+that breaks them is MODEL_OUTPUT_INVALID, its outcome kept). The limits come
+from the same variables in every service (RUNIFOLD_MAX_*; docs/transcript.md).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.common import validation
+from services.common.domain import Message, Role
+from services.common.errors import invalid_argument
+from services.common.settings import Env, env_int
+
+# RUNIFOLD_MAX_MESSAGE_BYTES: one message's limit.
+MAX_MESSAGE_BYTES = 256 * 1024
+MESSAGE_BYTES_RANGE = (1024, 8 * 1024 * 1024)
+# Tool call ids and tool names as the transcript stores them.
+MAX_TOOL_ID_CHARS = 128
+MAX_TOOL_NAME_CHARS = 128
+
+
+@dataclass(frozen=True)
+class MessageLimits:
+    """Explicit limits of what one append stores; each breach is INVALID_ARGUMENT."""
+
+    max_messages_per_append: int = 256
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    max_append_bytes: int = 4 * 1024 * 1024
+    max_tool_calls_per_message: int = 64
+
+    @classmethod
+    def from_env(cls, env: Env | None = None) -> MessageLimits:
+        env = os.environ if env is None else env
+        return cls(
+            max_messages_per_append=env_int(
+                env, "RUNIFOLD_MAX_MESSAGES_PER_APPEND", 256, minimum=1, maximum=4096
+            ),
+            max_message_bytes=env_int(
+                env,
+                "RUNIFOLD_MAX_MESSAGE_BYTES",
+                MAX_MESSAGE_BYTES,
+                minimum=MESSAGE_BYTES_RANGE[0],
+                maximum=MESSAGE_BYTES_RANGE[1],
+            ),
+            max_append_bytes=env_int(
+                env,
+                "RUNIFOLD_MAX_APPEND_BYTES",
+                4 * 1024 * 1024,
+                minimum=1024,
+                maximum=12 * 1024 * 1024,
+            ),
+            max_tool_calls_per_message=env_int(
+                env, "RUNIFOLD_MAX_TOOL_CALLS_PER_MESSAGE", 64, minimum=1, maximum=512
+            ),
+        )
+
+
+def message(value: Message, field: str, *, max_bytes: int) -> int:
+    """The rules of every message, whatever its role and whichever service receives it.
+
+    No system role (SYSTEM_ROLE_NOT_ALLOWED), no NUL in the text, metadata within
+    its limits, at most `max_bytes` in all (MESSAGE_TOO_LARGE), text in a user
+    message. Returns the message's size in bytes.
+    """
+    if value.role == Role.SYSTEM:
+        raise invalid_argument(
+            "SYSTEM_ROLE_NOT_ALLOWED",
+            "system messages are never persisted; send system instructions per request",
+            field=f"{field}.role",
+        )
+    if "\x00" in value.text:
+        raise invalid_argument(
+            "INVALID_MESSAGE", "text must not contain NUL characters", field=f"{field}.text"
+        )
+    validation.metadata(value.metadata, f"{field}.metadata")
+    size = value.size_bytes()
+    if size > max_bytes:
+        raise invalid_argument(
+            "MESSAGE_TOO_LARGE",
+            f"{field} exceeds {max_bytes} bytes",
+            field=field,
+            limit_bytes=max_bytes,
+        )
+    if value.role == Role.USER and not value.text.strip():
+        raise invalid_argument(
+            "INVALID_MESSAGE", f"{field}.text must not be empty", field=f"{field}.text"
+        )
+    return size
+
+
+def messages_size(size: int, field: str, *, max_bytes: int) -> None:
+    """The messages of one write, `size` bytes together, within `max_bytes` (APPEND_TOO_LARGE)."""
+    if size > max_bytes:
+        raise invalid_argument(
+            "APPEND_TOO_LARGE",
+            f"{field} exceeds {max_bytes} bytes in total",
+            field=field,
+            limit_bytes=max_bytes,
+        )
+
+
+def _tool_id(value: str, field: str) -> None:
+    if not 1 <= len(value) <= MAX_TOOL_ID_CHARS or "\x00" in value:
+        raise invalid_argument(
+            "INVALID_TOOL_CALL", f"{field} must be 1..{MAX_TOOL_ID_CHARS} characters", field=field
+        )
+
+
+def stored_message(value: Message, field: str, limits: MessageLimits) -> int:
+    """`message` plus the role rules of a stored message (tool calls only on assistant
+    messages, tool_call_id only on tool results, tool call ids, names and arguments
+    within their limits). Returns the message's size in bytes."""
+    size = message(value, field, max_bytes=limits.max_message_bytes)
+    if value.role != Role.ASSISTANT and value.tool_calls:
+        raise invalid_argument(
+            "INVALID_MESSAGE",
+            "only assistant messages carry tool calls",
+            field=f"{field}.tool_calls",
+        )
+    if value.role != Role.TOOL and value.tool_call_id:
+        raise invalid_argument(
+            "INVALID_MESSAGE",
+            "only tool messages carry tool_call_id",
+            field=f"{field}.tool_call_id",
+        )
+    if value.role == Role.ASSISTANT and not value.text and not value.tool_calls:
+        raise invalid_argument(
+            "INVALID_MESSAGE", "an assistant message needs text or tool calls", field=field
+        )
+    if value.role == Role.TOOL:
+        _tool_id(value.tool_call_id, f"{field}.tool_call_id")
+    if len(value.tool_calls) > limits.max_tool_calls_per_message:
+        raise invalid_argument(
+            "TOO_MANY_TOOL_CALLS",
+            f"a message carries at most {limits.max_tool_calls_per_message} tool calls",
+            field=f"{field}.tool_calls",
+        )
+    seen: set[str] = set()
+    for index, call in enumerate(value.tool_calls):
+        call_field = f"{field}.tool_calls[{index}]"
+        _tool_id(call.id, f"{call_field}.id")
+        if call.id in seen:
+            raise invalid_argument(
+                "INVALID_TOOL_CALL", "tool call ids must be unique", field=f"{call_field}.id"
+            )
+        seen.add(call.id)
+        if not 1 <= len(call.name) <= MAX_TOOL_NAME_CHARS or "\x00" in call.name:
+            raise invalid_argument(
+                "INVALID_TOOL_CALL",
+                f"tool names must be 1..{MAX_TOOL_NAME_CHARS} characters",
+                field=f"{call_field}.name",
+            )
+        validation.text(
+            call.arguments_json,
+            f"{call_field}.arguments_json",
+            max_bytes=limits.max_message_bytes,
+            reason="INVALID_TOOL_CALL",
+        )
+    return size
+
+
+def append_messages(
+    messages: Sequence[Message], limits: MessageLimits, field: str = "messages"
+) -> None:
+    """Every rule of one append: its count, each stored message, its total size."""
+    if not messages:
+        raise invalid_argument("NO_MESSAGES", f"{field} must not be empty", field=field)
+    if len(messages) > limits.max_messages_per_append:
+        raise invalid_argument(
+            "TOO_MANY_MESSAGES",
+            f"an append carries at most {limits.max_messages_per_append} messages",
+            field=field,
+            limit=limits.max_messages_per_append,
+        )
+    total = sum(
+        stored_message(value, f"{field}[{index}]", limits) for index, value in enumerate(messages)
+    )
+    messages_size(total, field, max_bytes=limits.max_append_bytes)
