@@ -5,10 +5,11 @@ Every handler runs inside the guard: a `DomainError` becomes its canonical
 status with ErrorInfo; any other exception becomes INTERNAL with a generic
 message (the stack trace goes to the log, never to the client).
 
-The guard receives each request as its raw bytes and parses them itself, after
-the call is authenticated from its metadata (`AuthGate`): a caller without
-credentials never costs a parse, however big the request (parsed messages cost
-several times their wire size and the allocator keeps much of it). A request
+The guard reads each request off the stream itself, and only after the call is
+authenticated from its metadata (`AuthGate`): a caller without credentials never
+costs a read or a parse, however big the request it sends (grpc would otherwise
+hold the whole message, twice, before any of our code ran, and the allocator
+keeps much of that afterwards). A request
 whose bytes are not a valid message of its type (corrupt wire format, invalid
 UTF-8 in a string field) is INVALID_ARGUMENT / INVALID_REQUEST: grpc would
 otherwise answer UNKNOWN with the parser's exception text.
@@ -16,6 +17,7 @@ otherwise answer UNKNOWN with the parser's exception text.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import itertools
@@ -76,32 +78,31 @@ def _undecodable() -> DomainError:
     )
 
 
-Admit = Callable[[bytes, "grpc.aio.ServicerContext[Any, Any]"], Any]
+Context = grpc.aio.ServicerContext[Any, Any]
+Admit = Callable[[Context], Awaitable[Any]]
 
 
 def _admission(
     deserializer: Callable[[bytes], Any] | None, gate: AuthGate | None, method: str
 ) -> Admit:
-    """What turns a call's raw request bytes into the request the handler gets:
-    authenticate from the metadata first (when the gate guards this method), then
-    parse, then authorize the parsed request's namespace."""
+    """What reads the call's request for the handler: authenticate from the metadata
+    first (when the gate guards this method), then read the request bytes off the
+    stream and parse them, then authorize the parsed request's namespace."""
     guarded = gate if gate is not None and gate.applies(method) else None
 
-    def parse(data: bytes) -> Any:
-        if deserializer is None:
-            return data
+    async def admit(context: Context) -> Any:
+        identity = guarded.authenticate(context) if guarded is not None else None
+        data = await context.read()
+        if data is grpc.aio.EOF:  # the client sent no request, or went away
+            if context.cancelled():
+                raise asyncio.CancelledError
+            raise _undecodable()
         try:
-            return deserializer(data)
+            request = deserializer(data) if deserializer is not None else data
         except DecodeError:
             raise _undecodable() from None
-
-    if guarded is None:
-        return lambda data, context: parse(data)
-
-    def admit(data: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        identity = guarded.authenticate(context)
-        request = parse(data)
-        guarded.admit(request, identity)
+        if guarded is not None and identity is not None:
+            guarded.admit(request, identity)
         return request
 
     return admit
@@ -192,14 +193,14 @@ def _wrap_unary(
     admit: Admit,
     method: str,
     grpc_type: str = "unary",
-) -> Callable[[bytes, Any], Awaitable[Any]]:
+) -> Callable[[object, Context], Awaitable[Any]]:
     """Guard a coroutine handler (unary, or streaming through context.write)."""
 
-    async def handler(data: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    async def handler(_: object, context: Context) -> Any:
         request_id = _bind_context(context, method)
         call = _Call(method, grpc_type, context, request_id)
         try:
-            response = await behavior(admit(data, context), context)
+            response = await behavior(await admit(context), context)
             context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
             return response
         except grpc.aio.AbortError:
@@ -218,14 +219,12 @@ def _wrap_unary(
 
 def _wrap_stream(
     behavior: Callable[[Any, Any], AsyncIterator[Any]], admit: Admit, method: str
-) -> Callable[[bytes, Any], AsyncIterator[Any]]:
-    async def handler(
-        data: bytes, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[Any]:
+) -> Callable[[object, Context], AsyncIterator[Any]]:
+    async def handler(_: object, context: Context) -> AsyncIterator[Any]:
         request_id = _bind_context(context, method)
         call = _Call(method, "server_stream", context, request_id)
         try:
-            async for item in behavior(admit(data, context), context):
+            async for item in behavior(await admit(context), context):
                 yield item
             context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
         except grpc.aio.AbortError:
@@ -259,11 +258,14 @@ class ServiceInterceptor(WrappingInterceptor):
 def _wrap(
     handler: grpc.RpcMethodHandler[Any, Any], method: str, gate: AuthGate | None
 ) -> grpc.RpcMethodHandler[Any, Any]:
-    # No request deserializer on the wrapped handler: grpc hands the guard the raw
-    # bytes, which `_admission` parses once the call is authenticated.
+    # Served as request-streaming handlers (the same bytes on the wire: one length-
+    # prefixed message, then the half-close), so that grpc reads no request before the
+    # guard asks for it: a unary handler gets its request read, in full, before any
+    # code of ours runs. An unauthenticated call is answered from its metadata while
+    # its request still waits in the transport, unread (at most a flow-control window).
     admit = _admission(handler.request_deserializer, gate, method)
     if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(
+        return grpc.stream_unary_rpc_method_handler(
             _wrap_unary(handler.unary_unary, admit, method),
             request_deserializer=None,
             response_serializer=handler.response_serializer,
@@ -277,7 +279,7 @@ def _wrap(
             if inspect.isasyncgenfunction(behavior)
             else _wrap_unary(behavior, admit, method, "server_stream")
         )
-        return grpc.unary_stream_rpc_method_handler(
+        return grpc.stream_stream_rpc_method_handler(
             wrapped,
             request_deserializer=None,
             response_serializer=handler.response_serializer,
