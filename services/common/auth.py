@@ -1,9 +1,9 @@
 """Identity, namespace authorization and transport security, for every service.
 
 Every call to a Runifold service is authenticated from its metadata alone,
-before its request bytes are parsed (the guard in services/common/interceptors.py
-asks `AuthGate` first), and its `namespace` is checked against what the
-caller's identity grants:
+before its request is read off the stream (the guard in
+services/common/interceptors.py asks `AuthGate` first), and its `namespace` is
+checked against what the caller's identity grants:
 
 - `jwt`: a bearer token checked with PyJWT (HS256 shared secret, or RS256 /
   ES256 public keys from a JWKS file, the key chosen by `kid` and by the key
@@ -238,7 +238,7 @@ def header(metadata: Metadata, name: str) -> str | None:
         if key != name:
             continue
         if seen or not isinstance(value, str):
-            raise unauthenticated(f"{name} sent more than once")
+            raise unauthenticated(f"{name} must be sent once, as text")
         seen, found = True, value
     return found
 
@@ -585,8 +585,8 @@ class AuthGate:
     """Authenticates and authorizes every call to a `runifold.` service.
 
     The guard (services/common/interceptors.py) asks `authenticate` with the
-    call's metadata before it parses the request bytes, so an unauthenticated
-    caller never costs a parse, then `admit` with the parsed request. Health and
+    call's metadata before it reads the request, so an unauthenticated caller
+    never costs a read or a parse, then `admit` with the parsed request. Health and
     reflection stay open (probes and tooling). Errors are DomainErrors, mapped
     to statuses by the guard.
     """

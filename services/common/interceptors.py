@@ -196,7 +196,8 @@ def _wrap_unary(
 ) -> Callable[[object, Context], Awaitable[Any]]:
     """Guard a coroutine handler (unary, or streaming through context.write)."""
 
-    async def handler(_: object, context: Context) -> Any:
+    async def handler(requests: object, context: Context) -> Any:
+        # `requests` goes unused: `admit` reads the one request through the context.
         request_id = _bind_context(context, method)
         call = _Call(method, grpc_type, context, request_id)
         try:
@@ -220,7 +221,7 @@ def _wrap_unary(
 def _wrap_stream(
     behavior: Callable[[Any, Any], AsyncIterator[Any]], admit: Admit, method: str
 ) -> Callable[[object, Context], AsyncIterator[Any]]:
-    async def handler(_: object, context: Context) -> AsyncIterator[Any]:
+    async def handler(requests: object, context: Context) -> AsyncIterator[Any]:
         request_id = _bind_context(context, method)
         call = _Call(method, "server_stream", context, request_id)
         try:
@@ -243,7 +244,7 @@ def _wrap_stream(
 
 class ServiceInterceptor(WrappingInterceptor):
     """Applies the guard to every unary and server-streaming RPC; with a gate, the guard
-    authenticates each call to a Runifold service before it parses the request."""
+    authenticates each call to a Runifold service before it reads the request."""
 
     def __init__(self, gate: AuthGate | None = None) -> None:
         super().__init__()
