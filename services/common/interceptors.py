@@ -1,8 +1,15 @@
-"""Server interceptor: request ids, error mapping, RPC metrics and the access log.
+"""Server interceptor: request ids, authentication, error mapping, RPC metrics and the
+access log.
 
-Every handler runs inside `_guard`: a `DomainError` becomes its canonical
+Every handler runs inside the guard: a `DomainError` becomes its canonical
 status with ErrorInfo; any other exception becomes INTERNAL with a generic
-message (the stack trace goes to the log, never to the client). A request
+message (the stack trace goes to the log, never to the client).
+
+The guard reads each request off the stream itself, and only after the call is
+authenticated from its metadata (`AuthGate`): a caller without credentials never
+costs a read or a parse, however big the request it sends (grpc would otherwise
+hold the whole message, twice, before any of our code ran, and the allocator
+keeps much of that afterwards). A request
 whose bytes are not a valid message of its type (corrupt wire format, invalid
 UTF-8 in a string field) is INVALID_ARGUMENT / INVALID_REQUEST: grpc would
 otherwise answer UNKNOWN with the parser's exception text.
@@ -10,6 +17,7 @@ otherwise answer UNKNOWN with the parser's exception text.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import itertools
@@ -23,6 +31,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from services.common import metrics, tracing
+from services.common.auth import AuthGate
 from services.common.deadlines import deadline_var
 from services.common.errors import Code, DomainError, StoreUnavailable, invalid_argument
 from services.common.logs import REQUEST_ID_HEADER, method_var, request_id_var
@@ -63,36 +72,40 @@ def _internal() -> DomainError:
     return DomainError(Code.INTERNAL, "INTERNAL", "internal error")
 
 
-class _Undecodable:
-    """Stands in for a request that failed to deserialize, so that the guarded
-    handler (not grpc's runtime) answers it."""
-
-    __slots__ = ()
-
-
-_UNDECODABLE = _Undecodable()
-
-
 def _undecodable() -> DomainError:
     return invalid_argument(
         "INVALID_REQUEST", "the request is not a valid protobuf message of this method's type"
     )
 
 
-def _tolerant(
-    deserializer: Callable[[bytes], Any] | None,
-) -> Callable[[bytes], Any] | None:
-    """The request deserializer, returning `_UNDECODABLE` instead of raising."""
-    if deserializer is None:
-        return None
+Context = grpc.aio.ServicerContext[Any, Any]
+Admit = Callable[[Context], Awaitable[Any]]
 
-    def deserialize(data: bytes) -> Any:
+
+def _admission(
+    deserializer: Callable[[bytes], Any] | None, gate: AuthGate | None, method: str
+) -> Admit:
+    """What reads the call's request for the handler: authenticate from the metadata
+    first (when the gate guards this method), then read the request bytes off the
+    stream and parse them, then authorize the parsed request's namespace."""
+    guarded = gate if gate is not None and gate.applies(method) else None
+
+    async def admit(context: Context) -> Any:
+        identity = guarded.authenticate(context) if guarded is not None else None
+        data = await context.read()
+        if data is grpc.aio.EOF:  # the client sent no request, or went away
+            if context.cancelled():
+                raise asyncio.CancelledError
+            raise _undecodable()
         try:
-            return deserializer(data)
+            request = deserializer(data) if deserializer is not None else data
         except DecodeError:
-            return _UNDECODABLE
+            raise _undecodable() from None
+        if guarded is not None and identity is not None:
+            guarded.admit(request, identity)
+        return request
 
-    return deserialize
+    return admit
 
 
 @functools.cache
@@ -176,17 +189,19 @@ class _Call:
 
 
 def _wrap_unary(
-    behavior: Callable[[Any, Any], Awaitable[Any]], method: str, grpc_type: str = "unary"
-) -> Callable[[Any, Any], Awaitable[Any]]:
+    behavior: Callable[[Any, Any], Awaitable[Any]],
+    admit: Admit,
+    method: str,
+    grpc_type: str = "unary",
+) -> Callable[[object, Context], Awaitable[Any]]:
     """Guard a coroutine handler (unary, or streaming through context.write)."""
 
-    async def handler(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    async def handler(requests: object, context: Context) -> Any:
+        # `requests` goes unused: `admit` reads the one request through the context.
         request_id = _bind_context(context, method)
         call = _Call(method, grpc_type, context, request_id)
         try:
-            if request is _UNDECODABLE:
-                raise _undecodable()
-            response = await behavior(request, context)
+            response = await behavior(await admit(context), context)
             context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
             return response
         except grpc.aio.AbortError:
@@ -204,17 +219,13 @@ def _wrap_unary(
 
 
 def _wrap_stream(
-    behavior: Callable[[Any, Any], AsyncIterator[Any]], method: str
-) -> Callable[[Any, Any], AsyncIterator[Any]]:
-    async def handler(
-        request: Any, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[Any]:
+    behavior: Callable[[Any, Any], AsyncIterator[Any]], admit: Admit, method: str
+) -> Callable[[object, Context], AsyncIterator[Any]]:
+    async def handler(requests: object, context: Context) -> AsyncIterator[Any]:
         request_id = _bind_context(context, method)
         call = _Call(method, "server_stream", context, request_id)
         try:
-            if request is _UNDECODABLE:
-                raise _undecodable()
-            async for item in behavior(request, context):
+            async for item in behavior(await admit(context), context):
                 yield item
             context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
         except grpc.aio.AbortError:
@@ -232,19 +243,32 @@ def _wrap_stream(
 
 
 class ServiceInterceptor(WrappingInterceptor):
-    """Applies the guard to every unary and server-streaming RPC."""
+    """Applies the guard to every unary and server-streaming RPC; with a gate, the guard
+    authenticates each call to a Runifold service before it reads the request."""
+
+    def __init__(self, gate: AuthGate | None = None) -> None:
+        super().__init__()
+        self.gate = gate
 
     def wrap(
         self, handler: grpc.RpcMethodHandler[Any, Any], method: str
     ) -> grpc.RpcMethodHandler[Any, Any]:
-        return _wrap(handler, method)
+        return _wrap(handler, method, self.gate)
 
 
-def _wrap(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
+def _wrap(
+    handler: grpc.RpcMethodHandler[Any, Any], method: str, gate: AuthGate | None
+) -> grpc.RpcMethodHandler[Any, Any]:
+    # Served as request-streaming handlers (the same bytes on the wire: one length-
+    # prefixed message, then the half-close), so that grpc reads no request before the
+    # guard asks for it: a unary handler gets its request read, in full, before any
+    # code of ours runs. An unauthenticated call is answered from its metadata while
+    # its request still waits in the transport, unread (at most a flow-control window).
+    admit = _admission(handler.request_deserializer, gate, method)
     if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(
-            _wrap_unary(handler.unary_unary, method),
-            request_deserializer=_tolerant(handler.request_deserializer),
+        return grpc.stream_unary_rpc_method_handler(
+            _wrap_unary(handler.unary_unary, admit, method),
+            request_deserializer=None,
             response_serializer=handler.response_serializer,
         )
     if handler.unary_stream is not None:
@@ -252,13 +276,13 @@ def _wrap(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMeth
         # or async generators.
         behavior: Any = handler.unary_stream
         wrapped: Any = (
-            _wrap_stream(behavior, method)
+            _wrap_stream(behavior, admit, method)
             if inspect.isasyncgenfunction(behavior)
-            else _wrap_unary(behavior, method, "server_stream")
+            else _wrap_unary(behavior, admit, method, "server_stream")
         )
-        return grpc.unary_stream_rpc_method_handler(
+        return grpc.stream_stream_rpc_method_handler(
             wrapped,
-            request_deserializer=_tolerant(handler.request_deserializer),
+            request_deserializer=None,
             response_serializer=handler.response_serializer,
         )
     return handler

@@ -32,16 +32,44 @@ _CHANNEL_OPTIONS = [
 ]
 
 
+class _Carry(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
+    """Adds one metadata pair to every call of a channel."""
+
+    def __init__(self, pair: tuple[str, str]) -> None:
+        self.pair = pair
+
+    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), self.pair)
+        return grpc.aio.ClientCallDetails(
+            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+        )
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+
 def open_channel(address: str, auth: AuthSettings | None = None) -> grpc.aio.Channel:
     """A channel to a peer service: TLS (with our client certificate for mutual TLS)
-    when configured, plaintext otherwise."""
+    when configured, plaintext otherwise. A channel from an all-in-one server to its
+    own address carries the server's internal credential (and no other does)."""
     credentials = channel_credentials(auth) if auth is not None else None
+    internal = auth.internal if auth is not None else None
+    interceptors = (
+        [_Carry(internal.metadata())]
+        if internal is not None and internal.address == address
+        else None
+    )
     if credentials is None:
-        return grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        return grpc.aio.insecure_channel(
+            address, options=_CHANNEL_OPTIONS, interceptors=interceptors
+        )
     options: list[tuple[str, int | str]] = list(_CHANNEL_OPTIONS)
     if auth is not None and auth.tls_server_name:
         options.append(("grpc.ssl_target_name_override", auth.tls_server_name))
-    return grpc.aio.secure_channel(address, credentials, options=options)
+    return grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
 
 
 class Peer:

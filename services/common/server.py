@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 from collections.abc import AsyncIterator, Sequence
@@ -24,8 +25,9 @@ from grpc_reflection.v1alpha import reflection
 
 from services.common import metrics
 from services.common.auth import (
-    AuthInterceptor,
+    AuthGate,
     AuthSettings,
+    InternalCredential,
     make_authenticator,
     server_credentials,
 )
@@ -155,13 +157,19 @@ async def start_server(
     """Bind, start the components and the server; return once serving.
 
     `auth` chooses authentication and TLS (default: none, plaintext: tests and
-    loopback development only).
+    loopback development only). An all-in-one server under mesh authenticates its
+    calls to itself with a secret minted here (no sidecar stands between it and
+    itself to assert an identity); its peer channels to its own address send it.
     """
     auth = auth or AuthSettings()
+    extras = dict(extras or {})
+    internal = (
+        InternalCredential.mint() if auth.mode == "mesh" and extras.get("all_in_one") else None
+    )
+    auth = dataclasses.replace(auth, internal=internal)
     authenticator = make_authenticator(auth)
-    interceptors: list[grpc.aio.ServerInterceptor] = [ServiceInterceptor()]
-    if authenticator is not None:
-        interceptors.append(AuthInterceptor(authenticator))
+    gate = AuthGate(authenticator) if authenticator is not None else None
+    interceptors: list[grpc.aio.ServerInterceptor] = [ServiceInterceptor(gate)]
     options = [
         ("grpc.max_receive_message_length", settings.max_receive_message_bytes),
         ("grpc.max_send_message_length", settings.max_receive_message_bytes),
@@ -179,11 +187,13 @@ async def start_server(
         raise OSError(f"cannot listen on {settings.listen_address}")
     host = settings.listen_address.rpartition(":")[0]
     address = f"{host}:{port}"
+    if internal is not None:
+        auth = dataclasses.replace(auth, internal=dataclasses.replace(internal, address=address))
     ctx = StartContext(
         settings=settings,
         self_address=address,
         database_url=database_url,
-        extras=dict(extras or {}),
+        extras=extras,
         auth=auth,
     )
     started: list[Component] = []
