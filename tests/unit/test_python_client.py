@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent import futures
 from typing import Any
 
 import grpc
 import grpc_testing
 import pytest
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from runifold.agent.v1 import agent_service_pb2 as agent_pb
@@ -18,11 +20,16 @@ from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold_client import (
     Client,
+    ConcurrencyMode,
+    ConversationBusy,
     ConversationContextPolicy,
     InvalidArgument,
+    ModelOutputInvalid,
     NotFound,
     SummaryRequired,
     TurnConflict,
+    TurnQueueFull,
+    Unavailable,
     VersionConflict,
 )
 
@@ -104,6 +111,53 @@ def test_turn_conflict_carries_the_outcome_and_current_version() -> None:
     assert requests[0].turn_id, "a turn id is always sent, so retries are idempotent"
 
 
+def _failing_turn(code: int, grpc_code: grpc.StatusCode, reason: str, *details: Any) -> Any:
+    def respond(request: Any, rpc: Any) -> None:
+        rpc.terminate(
+            None,
+            status_metadata(code, reason, {"running_turn_id": "t-0"}, *details),
+            grpc_code,
+            MESSAGE,
+        )
+
+    error, requests = scripted(
+        AGENT.methods_by_name["RunConversation"],
+        respond,
+        lambda c: c.run_conversation(
+            "hi", conversation_id="c1", concurrency=ConcurrencyMode.REJECT
+        ),
+    )
+    assert requests[0].concurrency == agent_pb.CONCURRENCY_MODE_REJECT
+    return error
+
+
+def test_turn_errors_of_the_concurrency_modes_are_typed() -> None:
+    busy = _failing_turn(code_pb2.ABORTED, grpc.StatusCode.ABORTED, "CONVERSATION_BUSY")
+    assert isinstance(busy, ConversationBusy) and busy.running_turn_id == "t-0"
+    assert busy.outcome.messages == []
+    delay = duration_pb2.Duration(seconds=1, nanos=500_000_000)
+    full = _failing_turn(
+        code_pb2.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "TURN_QUEUE_FULL",
+        error_details_pb2.RetryInfo(retry_delay=delay),
+    )
+    assert isinstance(full, TurnQueueFull) and full.retry_delay == 1.5
+    invalid = _failing_turn(
+        code_pb2.FAILED_PRECONDITION,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "MODEL_OUTPUT_INVALID",
+        agent_pb.ModelOutputInvalid(
+            outcome=agent_pb.TurnOutcome(
+                output=[common_pb2.Message(role=common_pb2.ROLE_ASSISTANT, text="kept")]
+            ),
+            violations=["output[0].tool_calls: too many"],
+        ),
+    )
+    assert isinstance(invalid, ModelOutputInvalid) and invalid.outcome.text == "kept"
+    assert invalid.violations == ["output[0].tool_calls: too many"]
+
+
 def test_summary_required_exposes_the_backlog() -> None:
     def respond(request: Any, rpc: Any) -> None:
         rpc.terminate(
@@ -142,46 +196,105 @@ def test_version_conflict_has_the_current_version() -> None:
     assert isinstance(error, VersionConflict) and error.current_version == 3
 
 
-def test_unavailable_is_retried_with_the_same_request_id() -> None:
-    answers = iter([grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.OK])
+class FlakyTranscripts:
+    """A real gRPC server on loopback whose AppendEntries and Summarize answer UNAVAILABLE
+    `failures` times, then succeed (or answer `final` when given)."""
 
-    def respond(request: Any, rpc: Any) -> None:
-        code = next(answers)
-        if code == grpc.StatusCode.OK:
-            rpc.terminate(
-                transcript_pb.AppendEntriesResponse(version=1, first_sequence=1, last_sequence=1),
-                (),
-                code,
-                "",
+    def __init__(self, failures: int, final: grpc.StatusCode | None = None) -> None:
+        self.failures = failures
+        self.final = final
+        self.requests: list[Any] = []
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        handlers = {
+            "AppendEntries": grpc.unary_unary_rpc_method_handler(
+                self._append,
+                request_deserializer=transcript_pb.AppendEntriesRequest.FromString,
+                response_serializer=transcript_pb.AppendEntriesResponse.SerializeToString,
             )
-        else:
-            rpc.terminate(None, (), code, "down")
-
-    value, requests = scripted(
-        TRANSCRIPT.methods_by_name["AppendEntries"],
-        respond,
-        lambda c: c.append("c1", "hi"),
-        times=2,
-    )
-    assert value.version == 1
-    assert requests[0].request_id and requests[0].request_id == requests[1].request_id
-
-
-def test_other_failures_are_not_retried() -> None:
-    def respond(request: Any, rpc: Any) -> None:
-        rpc.terminate(
-            None,
-            status_metadata(code_pb2.INVALID_ARGUMENT, "SYSTEM_ROLE_NOT_ALLOWED", {}),
-            grpc.StatusCode.INVALID_ARGUMENT,
-            MESSAGE,
+        }
+        summary = {
+            "Summarize": grpc.unary_unary_rpc_method_handler(
+                self._summarize,
+                request_deserializer=summary_pb.SummarizeRequest.FromString,
+                response_serializer=summary_pb.SummarizeResponse.SerializeToString,
+            )
+        }
+        self.server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(TRANSCRIPT.full_name, handlers),
+                grpc.method_handlers_generic_handler(SUMMARY.full_name, summary),
+            )
         )
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
 
-    error, requests = scripted(
-        TRANSCRIPT.methods_by_name["AppendEntries"], respond, lambda c: c.append("c1", "hi")
-    )
-    # One scripted answer only: a retry would leave the client waiting (see scripted).
-    assert isinstance(error, InvalidArgument) and error.reason == "SYSTEM_ROLE_NOT_ALLOWED"
-    assert requests[0].conversation_id == "c1" and requests[0].request_id
+    def _fail_first(self, request: Any, context: grpc.ServicerContext) -> None:
+        self.requests.append(request)
+        if len(self.requests) <= self.failures:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "down")
+        if self.final is not None:
+            context.abort(self.final, "refused")
+
+    def _append(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._fail_first(request, context)
+        return transcript_pb.AppendEntriesResponse(version=1, first_sequence=1, last_sequence=1)
+
+    def _summarize(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._fail_first(request, context)
+        return summary_pb.SummarizeResponse(passes=1)
+
+    def client(self, **options: Any) -> Client:
+        return Client(f"127.0.0.1:{self.port}", namespace="tenant-a", timeout=10, **options)
+
+    def stop(self) -> None:
+        self.server.stop(None)
+
+
+@pytest.fixture
+def flaky() -> Iterator[Callable[..., FlakyTranscripts]]:
+    made: list[FlakyTranscripts] = []
+
+    def make(failures: int, final: grpc.StatusCode | None = None) -> FlakyTranscripts:
+        made.append(FlakyTranscripts(failures, final))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.stop()
+
+
+def test_unavailable_is_retried_by_grpc_with_the_same_request_id(
+    flaky: Callable[..., FlakyTranscripts],
+) -> None:
+    server = flaky(failures=2)
+    with server.client(max_attempts=3) as client:
+        reply = client.append(str(uuid.uuid4()), "hi")
+    assert reply.version == 1
+    assert len(server.requests) == 3
+    ids = {request.request_id for request in server.requests}
+    assert len(ids) == 1 and ids != {""}, "every attempt carries the same request id"
+
+
+def test_retries_stop_at_max_attempts(flaky: Callable[..., FlakyTranscripts]) -> None:
+    server = flaky(failures=5)
+    with server.client(max_attempts=2) as client, pytest.raises(Unavailable):
+        client.append(str(uuid.uuid4()), "hi")
+    assert len(server.requests) == 2
+
+
+def test_other_failures_are_not_retried(flaky: Callable[..., FlakyTranscripts]) -> None:
+    server = flaky(failures=0, final=grpc.StatusCode.INVALID_ARGUMENT)
+    with server.client() as client, pytest.raises(InvalidArgument):
+        client.append(str(uuid.uuid4()), "hi")
+    assert len(server.requests) == 1
+
+
+def test_summarize_is_never_retried(flaky: Callable[..., FlakyTranscripts]) -> None:
+    """Its passes would spend model calls again."""
+    server = flaky(failures=1)
+    with server.client(max_attempts=5) as client, pytest.raises(Unavailable):
+        client.summarize(str(uuid.uuid4()), window=4, summary_batch=4)
+    assert len(server.requests) == 1
 
 
 def test_policy_helpers_validate() -> None:

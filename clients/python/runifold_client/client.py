@@ -1,16 +1,20 @@
 """Python clients of the Runifold services: `AsyncClient` (grpc.aio) and `Client` (blocking).
 
 Both speak to one address (the all-in-one server, or a gateway in front of
-the services), give every call a deadline, retry only on UNAVAILABLE (with
-backoff), and make writes safe to retry: `run_conversation` sends a `turn_id`
-and `append` a `request_id` (made for you when you pass none), so a retry
-after a lost answer returns the first result instead of writing twice.
+the services), give every call a deadline, and make writes safe to retry:
+`run_conversation` sends a `turn_id`, `append` and `remember` a `request_id`,
+`create_conversation` a conversation id (made for you when you pass none), so
+a retry after a lost answer returns the first result instead of writing
+twice. Retries are gRPC's own (a service-config `retryPolicy`: UNAVAILABLE
+only, exponential backoff, within the call's deadline), on every method but
+Summarize, whose passes would spend model calls again.
 """
 
 from __future__ import annotations
 
-import asyncio
-import random
+import enum
+import json
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
@@ -39,6 +43,69 @@ from runifold_client.policy import (
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 Response = TypeVar("Response")
+
+# The one method a retry is not safe for: its passes would spend model calls again.
+_NOT_RETRIED = {("runifold.summary.v1.SummaryService", "Summarize")}
+_SERVICES = (
+    agent_pb.DESCRIPTOR.services_by_name["AgentService"],
+    transcript_pb.DESCRIPTOR.services_by_name["TranscriptService"],
+    summary_pb.DESCRIPTOR.services_by_name["SummaryService"],
+    memory_pb.DESCRIPTOR.services_by_name["MemoryService"],
+)
+
+
+class ConcurrencyMode(enum.IntEnum):
+    """How a turn shares its conversation with other turns (runifold.agent.v1.ConcurrencyMode).
+
+    RACE: turns run side by side, the first to commit wins (the others get TurnConflict).
+    REJECT: a turn that finds another running fails at once with ConversationBusy.
+    ENQUEUE: a turn waits for the turns ahead of it, then runs on what they committed.
+    """
+
+    RACE = agent_pb.CONCURRENCY_MODE_RACE
+    REJECT = agent_pb.CONCURRENCY_MODE_REJECT
+    ENQUEUE = agent_pb.CONCURRENCY_MODE_ENQUEUE
+
+
+def channel_options(max_attempts: int) -> list[tuple[str, Any]]:
+    """gRPC channel options: its retry policy for every method but Summarize.
+
+    gRPC retries only UNAVAILABLE (the call never reached a server, or a store was
+    down), at most `max_attempts` (2..5) attempts in all, within the call's deadline.
+    """
+    if max_attempts < 2:
+        return [("grpc.enable_retries", 0)]
+    names = [
+        {"service": service.full_name, "method": method.name}
+        for service in _SERVICES
+        for method in service.methods
+        if (service.full_name, method.name) not in _NOT_RETRIED
+    ]
+    config = {
+        "methodConfig": [
+            {
+                "name": names,
+                "retryPolicy": {
+                    "maxAttempts": min(max_attempts, 5),
+                    "initialBackoff": "0.1s",
+                    "maxBackoff": "2s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+    return [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(config))]
+
+
+def new_conversation_id() -> str:
+    """A UUIDv7 (RFC 9562): time-ordered like the ids the server makes, and made here so
+    that a retried CreateConversation names the same conversation."""
+    millis = time.time_ns() // 1_000_000
+    value = (millis & (2**48 - 1)) << 80 | int.from_bytes(os.urandom(10), "big")
+    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
+    return str(uuid.UUID(int=value))
 
 
 @dataclass(frozen=True)
@@ -91,6 +158,7 @@ def _turn_request(
     system_instructions: str,
     create_if_missing: bool,
     tools: Sequence[Tool],
+    concurrency: ConcurrencyMode = ConcurrencyMode.RACE,
 ) -> TurnRequest:
     """A turn's request; RunConversation and StreamConversation take the same fields."""
     return kind(
@@ -103,23 +171,8 @@ def _turn_request(
         system_instructions=system_instructions,
         create_if_missing=create_if_missing,
         tools=[tool.to_proto() for tool in tools],
+        concurrency=int(concurrency),  # type: ignore[arg-type]
     )
-
-
-def _delays(attempts: int) -> Iterator[float]:
-    """Exponential backoff with jitter between attempts."""
-    for attempt in range(attempts - 1):
-        yield min(2.0, 0.1 * 2**attempt) * (0.5 + random.random())
-
-
-def _retry_delay(error: grpc.RpcError, delays: Iterator[float], deadline: float) -> float:
-    """How long to wait before retrying a failed call; raises its typed error when it is not
-    retried (only UNAVAILABLE is, while backoff delays remain and the deadline allows)."""
-    code = error.code()
-    delay = next(delays, None)
-    if code != grpc.StatusCode.UNAVAILABLE or delay is None or time.monotonic() + delay >= deadline:
-        raise from_rpc_error(error) from None
-    return delay
 
 
 def _metadata(token: str | None) -> tuple[tuple[str, str], ...]:
@@ -133,7 +186,7 @@ def _create(
     namespace: str, conversation_id: str, labels: Mapping[str, str] | None
 ) -> transcript_pb.CreateConversationRequest:
     return transcript_pb.CreateConversationRequest(
-        namespace=namespace, conversation_id=conversation_id, labels=labels
+        namespace=namespace, conversation_id=conversation_id or new_conversation_id(), labels=labels
     )
 
 
@@ -208,9 +261,11 @@ def _remember(
     from_sequence: int,
     through_sequence: int,
     metadata: Mapping[str, str] | None,
+    request_id: str | None = None,
 ) -> memory_pb.UpsertMemoryRequest:
     return memory_pb.UpsertMemoryRequest(
         namespace=namespace,
+        request_id=request_id or str(uuid.uuid4()),
         content=content,
         sources=[
             memory_pb.MemorySource(
@@ -265,10 +320,11 @@ class AsyncClient:
         self.timeout = timeout
         self.max_attempts = max_attempts
         self._metadata = _metadata(token)
+        options = channel_options(max_attempts)
         self.channel = (
-            grpc.aio.secure_channel(target, credentials)
+            grpc.aio.secure_channel(target, credentials, options=options)
             if credentials is not None
-            else grpc.aio.insecure_channel(target)
+            else grpc.aio.insecure_channel(target, options=options)
         )
         self.transcripts = transcript_grpc.TranscriptServiceStub(self.channel)
         self.summaries = summary_grpc.SummaryServiceStub(self.channel)
@@ -294,17 +350,10 @@ class AsyncClient:
         request: Any,
         timeout: float | None = None,
     ) -> Response:
-        deadline = time.monotonic() + (timeout or self.timeout)
-        delays = _delays(self.max_attempts)
-        while True:
-            try:
-                return await method(
-                    request,
-                    timeout=max(0.001, deadline - time.monotonic()),
-                    metadata=self._metadata,
-                )
-            except grpc.aio.AioRpcError as error:
-                await asyncio.sleep(_retry_delay(error, delays, deadline))
+        try:
+            return await method(request, timeout=timeout or self.timeout, metadata=self._metadata)
+        except grpc.aio.AioRpcError as error:
+            raise from_rpc_error(error) from None
 
     # -- turns ---------------------------------------------------------------
 
@@ -320,6 +369,7 @@ class AsyncClient:
         system_instructions: str = "",
         create_if_missing: bool = True,
         tools: Sequence[Tool] = (),
+        concurrency: ConcurrencyMode = ConcurrencyMode.RACE,
         timeout: float | None = None,
     ) -> TurnResult:
         """Run one agent turn; raises TurnConflict, SummaryRequired, ... on failure."""
@@ -334,6 +384,7 @@ class AsyncClient:
             system_instructions,
             create_if_missing,
             tools,
+            concurrency,
         )
         reply = await self._call(self.agent.RunConversation, request, timeout)
         return TurnResult.from_proto(reply)
@@ -350,6 +401,7 @@ class AsyncClient:
         system_instructions: str = "",
         create_if_missing: bool = True,
         tools: Sequence[Tool] = (),
+        concurrency: ConcurrencyMode = ConcurrencyMode.RACE,
         timeout: float | None = None,
     ) -> AsyncIterator[agent_pb.StreamConversationResponse]:
         """The same turn as a stream of events (progress, text deltas, then the result)."""
@@ -364,6 +416,7 @@ class AsyncClient:
             system_instructions,
             create_if_missing,
             tools,
+            concurrency,
         )
         call = self.agent.StreamConversation(
             request, timeout=timeout or self.timeout, metadata=self._metadata
@@ -501,8 +554,10 @@ class AsyncClient:
         through_sequence: int,
         namespace: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        request_id: str | None = None,
     ) -> memory_pb.Memory:
-        """Curate a fact from a transcript range."""
+        """Curate a fact from a transcript range (idempotent by `request_id`, made for you
+        when you pass none, so that a retry stores the fact once)."""
         reply = await self._call(
             self.memories.UpsertMemory,
             _remember(
@@ -512,6 +567,7 @@ class AsyncClient:
                 from_sequence,
                 through_sequence,
                 metadata,
+                request_id,
             ),
         )
         return reply.memory
@@ -565,10 +621,11 @@ class Client:
         self.max_attempts = max_attempts
         self._metadata = _metadata(token)
         if channel is None:
+            options = channel_options(max_attempts)
             channel = (
-                grpc.secure_channel(target, credentials)
+                grpc.secure_channel(target, credentials, options=options)
                 if credentials is not None
-                else grpc.insecure_channel(target)
+                else grpc.insecure_channel(target, options=options)
             )
         self.channel = channel
         self.transcripts = transcript_grpc.TranscriptServiceStub(channel)
@@ -592,17 +649,10 @@ class Client:
     def _call(
         self, method: Callable[..., Response], request: Any, timeout: float | None = None
     ) -> Response:
-        deadline = time.monotonic() + (timeout or self.timeout)
-        delays = _delays(self.max_attempts)
-        while True:
-            try:
-                return method(
-                    request,
-                    timeout=max(0.001, deadline - time.monotonic()),
-                    metadata=self._metadata,
-                )
-            except grpc.RpcError as error:
-                time.sleep(_retry_delay(error, delays, deadline))
+        try:
+            return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
 
     def run_conversation(
         self,
@@ -616,6 +666,7 @@ class Client:
         system_instructions: str = "",
         create_if_missing: bool = True,
         tools: Sequence[Tool] = (),
+        concurrency: ConcurrencyMode = ConcurrencyMode.RACE,
         timeout: float | None = None,
     ) -> TurnResult:
         """Run one agent turn; raises TurnConflict, SummaryRequired, ... on failure."""
@@ -630,6 +681,7 @@ class Client:
             system_instructions,
             create_if_missing,
             tools,
+            concurrency,
         )
         return TurnResult.from_proto(self._call(self.agent.RunConversation, request, timeout))
 
@@ -645,6 +697,7 @@ class Client:
         system_instructions: str = "",
         create_if_missing: bool = True,
         tools: Sequence[Tool] = (),
+        concurrency: ConcurrencyMode = ConcurrencyMode.RACE,
         timeout: float | None = None,
     ) -> Iterator[agent_pb.StreamConversationResponse]:
         """The same turn as a stream of events."""
@@ -659,6 +712,7 @@ class Client:
             system_instructions,
             create_if_missing,
             tools,
+            concurrency,
         )
         try:
             yield from self.agent.StreamConversation(
@@ -776,8 +830,10 @@ class Client:
         through_sequence: int,
         namespace: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        request_id: str | None = None,
     ) -> memory_pb.Memory:
-        """Curate a fact from a transcript range."""
+        """Curate a fact from a transcript range (idempotent by `request_id`, made for you
+        when you pass none, so that a retry stores the fact once)."""
         return self._call(
             self.memories.UpsertMemory,
             _remember(

@@ -90,7 +90,7 @@ class DeadlineExceeded(RunifoldError):
     """The call's deadline passed."""
 
 
-class BudgetExhausted(RunifoldError):
+class BudgetExhausted(RunifoldError):  # RESOURCE_EXHAUSTED / BUDGET_EXHAUSTED
     """The request's budget ran out (RESOURCE_EXHAUSTED)."""
 
 
@@ -128,6 +128,62 @@ class TurnConflict(Aborted):
         self.outcome = Outcome.from_proto(detail.outcome) if detail else Outcome()
 
 
+class TurnLeaseLost(TurnConflict):
+    """The turn stalled past its lease and another attempt took over (TURN_LEASE_LOST);
+    `outcome` holds what this attempt produced. Retrying the same turn_id returns what
+    the other attempt produced."""
+
+
+class ConversationBusy(Aborted):
+    """Another turn runs (or waits) on the conversation (CONVERSATION_BUSY).
+
+    With CONCURRENCY_MODE_REJECT nothing ran (`outcome` is empty); a RACE turn that met
+    an exclusive turn at its commit carries its completed `outcome`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        detail = next(
+            (d for d in self.details if isinstance(d, agent_service_pb2.TurnConflict)), None
+        )
+        self.outcome = Outcome.from_proto(detail.outcome) if detail else Outcome()
+
+    @property
+    def running_turn_id(self) -> str:
+        return self.metadata.get("running_turn_id", "")
+
+
+class ModelOutputInvalid(FailedPrecondition):
+    """The model's reply broke the transcript's limits and was not appended
+    (MODEL_OUTPUT_INVALID); `outcome` holds it and `violations` says what is wrong."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        detail = next(
+            (d for d in self.details if isinstance(d, agent_service_pb2.ModelOutputInvalid)),
+            None,
+        )
+        self.outcome = Outcome.from_proto(detail.outcome) if detail else Outcome()
+        self.violations = list(detail.violations) if detail else []
+
+
+class ResourceExhausted(RunifoldError):
+    """A limit was reached; `retry_delay` (seconds, from google.rpc.RetryInfo) says when
+    a retry may succeed, or None."""
+
+    @property
+    def retry_delay(self) -> float | None:
+        info = next((d for d in self.details if isinstance(d, error_details_pb2.RetryInfo)), None)
+        if info is None:
+            return None
+        return float(info.retry_delay.seconds + info.retry_delay.nanos / 1e9)
+
+
+class TurnQueueFull(ResourceExhausted):
+    """Too many turns wait on the conversation (CONCURRENCY_MODE_ENQUEUE); retry after
+    `retry_delay`."""
+
+
 class SummaryRequired(FailedPrecondition):
     """The conversation needs a summary first; a background job was enqueued.
 
@@ -153,6 +209,10 @@ _BY_REASON: dict[str, type[RunifoldError]] = {
     "SUMMARY_REQUIRED": SummaryRequired,
     "SUMMARY_BACKLOG": SummaryBacklog,
     "BUDGET_EXHAUSTED": BudgetExhausted,
+    "TURN_LEASE_LOST": TurnLeaseLost,
+    "CONVERSATION_BUSY": ConversationBusy,
+    "MODEL_OUTPUT_INVALID": ModelOutputInvalid,
+    "TURN_QUEUE_FULL": TurnQueueFull,
 }
 _BY_CODE: dict[grpc.StatusCode, type[RunifoldError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
@@ -162,11 +222,16 @@ _BY_CODE: dict[grpc.StatusCode, type[RunifoldError]] = {
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: BudgetExhausted,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
     grpc.StatusCode.ABORTED: Aborted,
 }
-_DETAIL_TYPES = (agent_service_pb2.TurnConflict, error_details_pb2.BadRequest)
+_DETAIL_TYPES = (
+    agent_service_pb2.TurnConflict,
+    agent_service_pb2.ModelOutputInvalid,
+    error_details_pb2.BadRequest,
+    error_details_pb2.RetryInfo,
+)
 
 
 def from_rpc_error(error: grpc.RpcError) -> RunifoldError:
