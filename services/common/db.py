@@ -117,6 +117,7 @@ def _recover(pgdata: Path, deadline: float, timeout: float) -> None:
       start ("pre-existing shared memory block is still in use").
     """
     _forget_dead_handles(pgdata)
+    hurried: set[int] = set()
     while True:
         pid, fields = _read_postmaster_pid(pgdata)
         if pid is None or not _is_postgres_of(pid, pgdata):
@@ -127,6 +128,18 @@ def _recover(pgdata: Path, deadline: float, timeout: float) -> None:
         status = fields[7].strip() if len(fields) > 7 else ""
         if status == "ready":
             return  # pgserver reuses it
+        if status == "stopping" and pid not in hurried:
+            # Someone asked it to stop; a smart shutdown (SIGTERM) waits for every
+            # client to leave, possibly for ever. Turn it into a fast one (SIGINT,
+            # what `pg_ctl stop` and pgserver's own stop use): sessions are ended
+            # and open transactions roll back. It is then started afresh.
+            log.warning(
+                "embedded postgresql: a server is stopping; hurrying it and waiting",
+                extra={"data_dir": str(pgdata), "pid": pid},
+            )
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).send_signal(signal.SIGINT)
+            hurried.add(pid)
         if time.monotonic() > deadline:
             raise EmbeddedPostgresError(
                 f"embedded PostgreSQL in {pgdata} (pid {pid}) is still {status or 'starting'!r} "
