@@ -8,9 +8,11 @@ adapter boundary, so that domain code and the transport never see psycopg.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import logging
+import os
 import signal
 import subprocess
 import time
@@ -96,9 +98,23 @@ def start_embedded_postgres(data_dir: Path, timeout: float = EMBEDDED_START_TIME
             f"embedded PostgreSQL in {pgdata} did not start ({exc}); "
             f"the end of its log ({pgdata / 'log'}):\n{_log_tail(pgdata)}"
         ) from exc
+    # Run before pgserver's stop at exit (atexit is last in, first out).
+    atexit.register(_reap_if_dead_child, int(server.get_pid()))
     url: str = server.get_uri()
     log.info("embedded postgresql started", extra={"data_dir": str(data_dir)})
     return url
+
+
+def _reap_if_dead_child(pid: int) -> None:
+    """Reap the postmaster if it died as this process's child.
+
+    In a container this server is PID 1 (the image runs no init), so the
+    postmaster pg_ctl leaves behind is its child, and one killed under it stays a
+    zombie: nothing else reaps it. pgserver's stop at exit takes the zombie for a
+    running server and waits out `pg_ctl stop` (a minute) before it gives up.
+    """
+    with contextlib.suppress(ChildProcessError):  # not our child: init reaps it
+        os.waitpid(pid, os.WNOHANG)  # a live child is left alone
 
 
 def _recover(pgdata: Path, deadline: float, timeout: float) -> None:
@@ -197,7 +213,7 @@ def _is_postgres_of(pid: int, pgdata: Path) -> bool:
     """True when `pid` is a live (not zombie) postgres process of this data directory."""
     try:
         process = psutil.Process(pid)
-        return _runs_in(process, pgdata) and process.status() != psutil.STATUS_ZOMBIE
+        return _runs_in(process, pgdata) and _alive(process)
     except psutil.Error:
         return False
 
@@ -233,16 +249,35 @@ def _end_orphans(pgdata: Path, deadline: float) -> None:
     for process in orphans:
         with contextlib.suppress(psutil.Error):
             process.send_signal(signal.SIGQUIT)
-    grace = max(0.0, min(_ORPHAN_KILL_AFTER_S, deadline - time.monotonic()))
-    _, alive = psutil.wait_procs(orphans, timeout=grace)
+    alive = _wait_gone(orphans, min(deadline, time.monotonic() + _ORPHAN_KILL_AFTER_S))
     for process in alive:
         with contextlib.suppress(psutil.Error):
             process.kill()
-    _, alive = psutil.wait_procs(alive, timeout=max(0.0, deadline - time.monotonic()))
+    alive = _wait_gone(alive, deadline)
     if alive:
         raise EmbeddedPostgresError(
             f"postgres processes {[p.pid for p in alive]} of {pgdata} do not exit"
         )
+
+
+def _wait_gone(processes: list[psutil.Process], until: float) -> list[psutil.Process]:
+    """Wait until the processes have exited (by `until`); return those still alive.
+
+    A zombie counts as gone: it holds no shared memory, and its parent (init, or
+    the nearest subreaper) may take a while to reap it.
+    """
+    while True:
+        alive = [p for p in processes if _alive(p)]
+        if not alive or time.monotonic() >= until:
+            return alive
+        time.sleep(_POLL_S)
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return bool(process.is_running() and process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
 
 
 def _remove_stale_lock_files(pgdata: Path, pid: int | None, fields: list[str]) -> None:

@@ -208,6 +208,31 @@ async def test_postmaster_sigkill_under_running_server_then_restart(
     await _none_left(pgdata)
 
 
+async def test_clean_shutdown_after_postmaster_died_as_its_zombie_child(
+    data_dir: Path, pgdata: Path
+) -> None:
+    """The server as a container's PID 1 (tests/faults/subreaper.py): the killed
+    postmaster stays its unreaped child. SIGTERM still ends the server cleanly
+    (pgserver would wait a minute on `pg_ctl stop` of the zombie), and the next
+    start serves."""
+    async with service_process("tests.faults.subreaper", ENV, data_dir) as first:
+        conversation = await _create(first)
+        postmaster = psutil.Process(int(_postmaster(pgdata)[0]))
+        assert postmaster.ppid() == first.process.pid
+        postmaster.kill()
+
+        async def zombie() -> bool:
+            return bool(postmaster.status() == psutil.STATUS_ZOMBIE)
+
+        await wait_for(zombie)
+    assert first.process.returncode == 0, "".join(first.output)[-3000:]
+
+    async with service_process("tests.faults.subreaper", ENV, data_dir) as second:
+        await _still_there(second, conversation)
+    assert second.process.returncode == 0
+    await _none_left(pgdata)
+
+
 async def test_restart_while_postgres_is_still_shutting_down(data_dir: Path, pgdata: Path) -> None:
     """A PostgreSQL left by a killed server is in a smart shutdown (SIGTERM) that a
     client's open session holds up: the next server does not take it for a running
