@@ -88,7 +88,7 @@ def start_embedded_postgres(data_dir: Path, timeout: float = EMBEDDED_START_TIME
     deadline = time.monotonic() + timeout
     # pgserver's own inter-process lock: the processes sharing a data directory
     # recover, start and register one at a time. Released before get_server,
-    # which takes it again (the lock is not reentrant).
+    # which takes it itself.
     with PostgresServer._lock:
         _recover(pgdata, deadline, timeout)
     try:
@@ -213,7 +213,9 @@ def _is_postgres_of(pid: int, pgdata: Path) -> bool:
     """True when `pid` is a live (not zombie) postgres process of this data directory."""
     try:
         process = psutil.Process(pid)
-        return _runs_in(process, pgdata) and _alive(process)
+        return _alive(process) and _runs_in(process, pgdata)
+    except psutil.AccessDenied:
+        return True  # cannot tell (another user's process): leave it to pgserver
     except psutil.Error:
         return False
 

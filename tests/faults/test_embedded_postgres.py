@@ -48,6 +48,8 @@ ENV = {
 }
 NAMESPACE = "embedded-pg"
 
+pytestmark = pytest.mark.slow
+
 
 def _postgres_of(pgdata: Path) -> list[psutil.Process]:
     """The live postgres processes working in `pgdata` (postmaster and backends)."""
