@@ -346,10 +346,12 @@ class Database:
         The pool itself cannot wait: with reconnect_timeout=0 a connection that
         fails while the pool fills is given up, and the pool then waits out its whole
         timeout ("pool initialization incomplete") even if PostgreSQL came up.
+        A pool with min_size 0 opens without connecting, as before.
         """
         budget = max(self._timeout, 10.0) if timeout is None else timeout
         deadline = time.monotonic() + budget
-        await self._until_accepting(deadline, budget)
+        if self.pool.min_size > 0:
+            await self._until_accepting(deadline, budget)
         try:
             await self.pool.open(wait=True, timeout=max(deadline - time.monotonic(), 1.0))
         except PoolTimeout as exc:
