@@ -7,17 +7,28 @@ adapter boundary, so that domain code and the transport never see psycopg.
 
 from __future__ import annotations
 
+import asyncio
+import atexit
+import contextlib
+import json
 import logging
+import os
+import signal
+import subprocess
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil  # type: ignore[import-untyped]  # pgserver's dependency; no type stubs
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from services.common.backoff import backoff
 from services.common.errors import StoreUnavailable
 from services.common.settings import Settings
 
@@ -43,18 +54,257 @@ def is_unavailable(error: BaseException) -> bool:
     return False
 
 
-def start_embedded_postgres(data_dir: Path) -> str:
+# How long the embedded PostgreSQL may take to come up after a crash: waiting for
+# a postmaster that is still starting or stopping, and for the orphaned backends of
+# a killed one to exit. pg_ctl's own default wait (PGCTLTIMEOUT) is the same.
+EMBEDDED_START_TIMEOUT_S = 60.0
+# Orphaned backends get SIGQUIT, then SIGKILL after this long: what a postmaster
+# does to its children after one of them crashed (SIGKILL_CHILDREN_AFTER_SECS).
+_ORPHAN_KILL_AFTER_S = 5.0
+# How often the start-up waits look again at the postmaster and the backends.
+_POLL_S = 0.05
+# pgserver keeps the ids of the processes using a data directory in this file
+# and stops PostgreSQL when the last one exits (pgserver/postgres_server.py).
+_HANDLES = ".handle_pids.json"
+
+
+class EmbeddedPostgresError(RuntimeError):
+    """The embedded PostgreSQL could not be started or recovered."""
+
+
+def start_embedded_postgres(data_dir: Path, timeout: float = EMBEDDED_START_TIMEOUT_S) -> str:
     """Start (or reuse) a real PostgreSQL from the pgserver package; return its URL.
 
-    The server keeps running while this process lives and stops with it.
+    The server keeps running while this process lives and stops with it (with
+    the last process using it, when several share the data directory). What a
+    killed process or a killed PostgreSQL left behind is cleared first, so that
+    a restart needs no manual step (`_recover`).
     """
     import pgserver
+    from pgserver.postgres_server import PostgresServer
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(str(data_dir.resolve()), cleanup_mode="stop")
+    pgdata = data_dir.resolve()
+    deadline = time.monotonic() + timeout
+    # pgserver's own inter-process lock: the processes sharing a data directory
+    # recover, start and register one at a time. Released before get_server,
+    # which takes it itself.
+    with PostgresServer._lock:
+        _recover(pgdata, deadline, timeout)
+    try:
+        server = pgserver.get_server(str(pgdata), cleanup_mode="stop")
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        raise EmbeddedPostgresError(
+            f"embedded PostgreSQL in {pgdata} did not start ({exc}); "
+            f"the end of its log ({pgdata / 'log'}):\n{_log_tail(pgdata)}"
+        ) from exc
+    # Run before pgserver's stop at exit (atexit is last in, first out).
+    atexit.register(_reap_if_dead_child, int(server.get_pid()))
     url: str = server.get_uri()
     log.info("embedded postgresql started", extra={"data_dir": str(data_dir)})
     return url
+
+
+def _reap_if_dead_child(pid: int) -> None:
+    """Reap the postmaster if it died as this process's child.
+
+    In a container this server is PID 1 (the image runs no init), so the
+    postmaster pg_ctl leaves behind is its child, and one killed under it stays a
+    zombie: nothing else reaps it. pgserver's stop at exit takes the zombie for a
+    running server and waits out `pg_ctl stop` (a minute) before it gives up.
+    """
+    with contextlib.suppress(ChildProcessError):  # not our child: init reaps it
+        os.waitpid(pid, os.WNOHANG)  # a live child is left alone
+
+
+def _recover(pgdata: Path, deadline: float, timeout: float) -> None:
+    """Leave the data directory as pgserver 0.1.4 expects it after a clean stop.
+
+    pgserver trusts its files, and a `kill -9` leaves them stale:
+    - `.handle_pids.json` keeps a killed process's id, so pgserver never sees the
+      last handle go and a later clean shutdown leaves PostgreSQL running;
+    - `postmaster.pid` of a killed postmaster whose id is still taken (a zombie
+      not reaped yet, or a reused id) reads as a running server, and pgserver
+      hands out the URL of a server that is not there;
+    - a postmaster that is still starting (crash recovery) or stopping fails
+      pgserver's `status == 'ready'` assertion;
+    - backends outliving their killed postmaster (busy in a query, they notice
+      late) keep its shared memory attached, and a new postmaster refuses to
+      start ("pre-existing shared memory block is still in use").
+    """
+    _forget_dead_handles(pgdata)
+    hurried: set[int] = set()
+    while True:
+        pid, fields = _read_postmaster_pid(pgdata)
+        if pid is None or not _is_postgres_of(pid, pgdata):
+            # No live postmaster: every postgres process of this directory is an orphan.
+            _end_orphans(pgdata, deadline)
+            _remove_stale_lock_files(pgdata, pid, fields)
+            return
+        status = fields[7].strip() if len(fields) > 7 else ""
+        if status == "ready":
+            return  # pgserver reuses it
+        if status == "stopping" and pid not in hurried:
+            # Someone asked it to stop; a smart shutdown (SIGTERM) waits for every
+            # client to leave, possibly for ever. Turn it into a fast one (SIGINT,
+            # what `pg_ctl stop` and pgserver's own stop use): sessions are ended
+            # and open transactions roll back. It is then started afresh.
+            log.warning(
+                "embedded postgresql: a server is stopping; hurrying it and waiting",
+                extra={"data_dir": str(pgdata), "pid": pid},
+            )
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).send_signal(signal.SIGINT)
+            hurried.add(pid)
+        if time.monotonic() > deadline:
+            raise EmbeddedPostgresError(
+                f"embedded PostgreSQL in {pgdata} (pid {pid}) is still {status or 'starting'!r} "
+                f"after {timeout:g} s; see its log ({pgdata / 'log'}):\n{_log_tail(pgdata)}"
+            )
+        time.sleep(_POLL_S)  # a synchronous start-up wait: nothing else runs yet
+
+
+def _forget_dead_handles(pgdata: Path) -> None:
+    """Drop the ids of processes that are gone from pgserver's handle list.
+
+    A process younger than the list's last write cannot be in it: its id was
+    reused after the registered process died.
+    """
+    path = pgdata / _HANDLES
+    try:
+        written = path.stat().st_mtime
+        pids = [int(pid) for pid in json.loads(path.read_text())]
+    except FileNotFoundError:
+        return
+    except (ValueError, TypeError):
+        pids, written = [], 0.0  # unreadable: pgserver would fail on it
+    alive = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            process = psutil.Process(pid)
+            # 1 s of slack: psutil derives create_time from clock ticks since boot.
+            if process.status() != psutil.STATUS_ZOMBIE and process.create_time() <= written + 1:
+                alive.append(pid)
+    if alive != pids or written == 0.0:
+        log.warning(
+            "embedded postgresql: forgetting handles of processes that are gone",
+            extra={"data_dir": str(pgdata), "gone": sorted(set(pids) - set(alive))},
+        )
+        path.write_text(json.dumps(alive))
+
+
+def _read_postmaster_pid(pgdata: Path) -> tuple[int | None, list[str]]:
+    """The postmaster's id and the lines of postmaster.pid (None, [] when absent).
+
+    Read here rather than with pgserver's PostmasterInfo, which asserts that the
+    file is complete (a postmaster killed while starting leaves it short).
+    """
+    try:
+        fields = (pgdata / "postmaster.pid").read_text().splitlines()
+    except FileNotFoundError:
+        return None, []
+    try:
+        return int(fields[0]), fields
+    except (IndexError, ValueError):
+        return None, fields
+
+
+def _is_postgres_of(pid: int, pgdata: Path) -> bool:
+    """True when `pid` is a live (not zombie) postgres process of this data directory."""
+    try:
+        process = psutil.Process(pid)
+        return _alive(process) and _runs_in(process, pgdata)
+    except psutil.AccessDenied:
+        return True  # cannot tell (another user's process): leave it to pgserver
+    except psutil.Error:
+        return False
+
+
+def _runs_in(process: psutil.Process, pgdata: Path) -> bool:
+    # Every postgres process works in its data directory (the postmaster changes
+    # to it; backends inherit it); their command lines do not name it.
+    return bool(process.name() == "postgres" and Path(process.cwd()) == pgdata)
+
+
+def _postgres_processes(pgdata: Path) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if _runs_in(process, pgdata):
+                found.append(process)
+    return found
+
+
+def _end_orphans(pgdata: Path, deadline: float) -> None:
+    """Stop the postgres processes left by a dead postmaster (SIGQUIT, then SIGKILL).
+
+    They do no useful work without it, and the write-ahead log makes stopping
+    them safe: the next postmaster runs crash recovery.
+    """
+    orphans = _postgres_processes(pgdata)
+    if not orphans:
+        return
+    log.warning(
+        "embedded postgresql: stopping backends left by a dead postmaster",
+        extra={"data_dir": str(pgdata), "pids": [p.pid for p in orphans]},
+    )
+    for process in orphans:
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(signal.SIGQUIT)
+    alive = _wait_gone(orphans, min(deadline, time.monotonic() + _ORPHAN_KILL_AFTER_S))
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    alive = _wait_gone(alive, deadline)
+    if alive:
+        raise EmbeddedPostgresError(
+            f"postgres processes {[p.pid for p in alive]} of {pgdata} do not exit"
+        )
+
+
+def _wait_gone(processes: list[psutil.Process], until: float) -> list[psutil.Process]:
+    """Wait until the processes have exited (by `until`); return those still alive.
+
+    A zombie counts as gone: it holds no shared memory, and its parent (init, or
+    the nearest subreaper) may take a while to reap it.
+    """
+    while True:
+        alive = [p for p in processes if _alive(p)]
+        if not alive or time.monotonic() >= until:
+            return alive
+        time.sleep(_POLL_S)
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return bool(process.is_running() and process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def _remove_stale_lock_files(pgdata: Path, pid: int | None, fields: list[str]) -> None:
+    """Remove the lock files of a postmaster that is gone (no postgres of this
+    directory runs now). PostgreSQL removes its own stale lock files only when
+    their pid is free; a zombie's or a reused pid makes it refuse to start."""
+    if not fields:
+        return
+    if len(fields) > 4 and fields[3].strip() and fields[4].strip():
+        lock = Path(fields[4].strip()) / f".s.PGSQL.{fields[3].strip()}.lock"
+        with contextlib.suppress(OSError, IndexError):
+            if lock.read_text().splitlines()[0].strip() == str(pid):
+                lock.unlink()
+    log.warning(
+        "embedded postgresql: removing the postmaster.pid of a server that is gone",
+        extra={"data_dir": str(pgdata), "pid": pid},
+    )
+    (pgdata / "postmaster.pid").unlink(missing_ok=True)
+
+
+def _log_tail(pgdata: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join((pgdata / "log").read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 class Database:
@@ -88,12 +338,67 @@ class Database:
             name=name,
         )
 
-    async def open(self) -> None:
-        """Open the pool, waiting for at least min_size connections."""
+    async def open(self, timeout: float | None = None) -> None:
+        """Open the pool once PostgreSQL accepts connections, waiting for one that is
+        still starting (crash recovery, a container started beside this one) for at
+        most `timeout` seconds (default: RUNIFOLD_DB_TIMEOUT_S, at least 10 s).
+
+        The pool itself cannot wait: with reconnect_timeout=0 a connection that
+        fails while the pool fills is given up, and the pool then waits out its whole
+        timeout ("pool initialization incomplete") even if PostgreSQL came up.
+        A pool with min_size 0 opens without connecting, as before.
+        """
+        budget = max(self._timeout, 10.0) if timeout is None else timeout
+        deadline = time.monotonic() + budget
+        if self.pool.min_size > 0:
+            await self._until_accepting(deadline, budget)
         try:
-            await self.pool.open(wait=True, timeout=max(self._timeout, 10.0))
+            await self.pool.open(wait=True, timeout=max(deadline - time.monotonic(), 1.0))
         except PoolTimeout as exc:
-            raise StoreUnavailable(self.name, "cannot connect to PostgreSQL") from exc
+            raise StoreUnavailable(
+                self.name,
+                f"{self.name}: PostgreSQL ({self._where()}) accepted a connection, but the "
+                f"pool did not open its {self.pool.min_size} connections within {budget:g} s",
+            ) from exc
+
+    async def _until_accepting(self, deadline: float, budget: float) -> None:
+        """Connect once (and close) as soon as PostgreSQL accepts; StoreUnavailable
+        naming the server and its last error at the deadline."""
+        attempt = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                probe = await psycopg.AsyncConnection.connect(
+                    self.url, autocommit=True, connect_timeout=max(1, int(remaining))
+                )
+            except psycopg.OperationalError as exc:
+                # Connection errors carry no SQLSTATE (libpq gives only a message):
+                # "starting up", a refused socket and a bad password look alike, so
+                # all are retried until the deadline and the last one is reported.
+                if attempt == 0:
+                    log.warning(
+                        "waiting for PostgreSQL to accept connections",
+                        extra={"store": self.name, "error": str(exc).strip()},
+                    )
+                if time.monotonic() + _POLL_S > deadline:
+                    raise StoreUnavailable(
+                        self.name,
+                        f"{self.name}: PostgreSQL ({self._where()}) did not accept "
+                        f"connections within {budget:g} s: {str(exc).strip()}",
+                    ) from exc
+                await asyncio.sleep(backoff(attempt, base_s=_POLL_S, max_s=0.5))
+                attempt += 1
+                continue
+            await probe.close()
+            return
+
+    def _where(self) -> str:
+        """The server's address from the URL, without its password."""
+        try:
+            params = conninfo_to_dict(self.url)
+        except psycopg.ProgrammingError:
+            return "an unparsable DATABASE_URL"
+        return " ".join(f"{k}={params[k]}" for k in ("host", "port", "dbname") if k in params)
 
     async def close(self) -> None:
         """Close the pool (idempotent)."""
