@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import psutil  # type: ignore[import-untyped]  # pgserver's dependency; no type stubs
+import psutil  # type: ignore[import-untyped]  # no type stubs
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict

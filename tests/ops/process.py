@@ -93,7 +93,8 @@ async def service_process(
                 if match and match["url"]:
                     break
     except BaseException as exc:
-        process.kill()
+        if process.returncode is None:  # it may have exited already (and said why)
+            process.kill()
         await process.wait()
         if isinstance(exc, TimeoutError):
             raise AssertionError(f"{module} did not serve in time:\n{''.join(output)}") from None
