@@ -23,7 +23,7 @@ from services.agent.model import (
     ViewState,
 )
 from services.common.domain import Budget, Entry, Message, Usage
-from services.common.errors import StoreUnavailable
+from services.common.errors import DomainError, StoreUnavailable
 from services.common.llm import ChatDelta, ChatRequest, ChatResponse, budget_exhausted
 from services.common.pagination import PageTokens
 from services.transcript.config import TranscriptLimits
@@ -137,8 +137,19 @@ class FakeTranscripts:
         )
         return list(page.entries)
 
-    async def delete_conversation(self, namespace: str, conversation_id: str) -> int:
-        return await self.service.delete_conversation(namespace, conversation_id) or 0
+    async def incarnation(self, namespace: str, conversation_id: str) -> int | None:
+        try:
+            found = await self.service.get_conversation(namespace, conversation_id)
+        except DomainError as error:
+            if error.reason == "CONVERSATION_NOT_FOUND":
+                return None
+            raise
+        return found.incarnation
+
+    async def delete_conversation(
+        self, namespace: str, conversation_id: str, incarnation: int
+    ) -> int:
+        return await self.service.delete_conversation(namespace, conversation_id, incarnation) or 0
 
     async def messages(self, namespace: str, conversation_id: str) -> list[Message]:
         page = await self.service.list_entries(namespace, conversation_id, 0, 0, 1000, "")
@@ -189,7 +200,7 @@ class FakeSummaries:
         self.jobs.append(conversation_id)
         return job
 
-    async def erase(self, namespace: str, conversation_id: str) -> int:
+    async def erase(self, namespace: str, conversation_id: str, incarnation: int) -> int:
         erased = int(self.summaries.pop(conversation_id, None) is not None)
         erased += self.jobs.count(conversation_id)
         self.jobs = [job for job in self.jobs if job != conversation_id]
@@ -206,7 +217,9 @@ class FakeMemories:
         self.queries.append((namespace, query, limit))
         return Recall(self.memories[:limit])
 
-    async def forget_conversation(self, namespace: str, conversation_id: str) -> int:
+    async def forget_conversation(
+        self, namespace: str, conversation_id: str, incarnation: int
+    ) -> int:
         if self.down:
             raise StoreUnavailable("memory")
         forgotten, self.memories = len(self.memories), []

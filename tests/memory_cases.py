@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -279,3 +280,74 @@ class MemoryCases:
         assert indexed >= 1 and (ns, mid) in fresh_index.points
         memory = await world.service.get(ns, str(mid))
         assert memory.embedding_model == "test/new-model"
+
+    async def test_a_request_id_stores_once_and_replays_the_first_result(
+        self, world: World
+    ) -> None:
+        ns = world.namespace
+
+        async def upsert(
+            content: str, request_id: str = "r-1", **kw: object
+        ) -> tuple[object, bool]:
+            return await world.service.upsert(
+                ns,
+                str(kw.pop("memory_id", "")),
+                content,
+                world.source(),
+                {},
+                kw.pop("expected_revision", None),  # type: ignore[arg-type]
+                ttl=timedelta(hours=1),
+                request_id_text=request_id,
+            )
+
+        first, created = await upsert("The user likes tea.")
+        # Racing and sequential retries of the same request: the same memory, one row.
+        again = await asyncio.gather(*(upsert("The user likes tea.") for _ in range(5)))
+        assert created and all(m == first and c for m, c in again)
+        page = await world.service.list_memories(ns, 0, "")
+        assert [m.memory_id for m in page.memories] == [first.memory_id]  # type: ignore[attr-defined]
+        with pytest.raises(DomainError) as reused:
+            await upsert("The user likes coffee.")
+        assert reason(reused) == (Code.INVALID_ARGUMENT, "REQUEST_ID_REUSED")
+        # A later change does not alter what the first request returns.
+        mid = str(first.memory_id)  # type: ignore[attr-defined]
+        await upsert("The user likes green tea.", "r-2", memory_id=mid, expected_revision=1)
+        replayed, created_again = await upsert("The user likes tea.")
+        assert replayed.content == "The user likes tea." and replayed.revision == 1  # type: ignore[attr-defined]
+        assert created_again
+        # Deleted: the replay finds nothing (and never brings the content back).
+        await world.service.delete(ns, mid, None)
+        with pytest.raises(DomainError) as gone:
+            await upsert("The user likes tea.")
+        assert reason(gone) == (Code.NOT_FOUND, "MEMORY_NOT_FOUND")
+        assert (await world.service.list_memories(ns, 0, "")).memories == []
+
+    async def test_an_erasure_fences_writes_checked_against_the_erased_incarnation(
+        self, world: World
+    ) -> None:
+        """The source check ran (incarnation 1), then the conversation was erased: the
+        write is refused, so nothing derived from the erased conversation survives."""
+        ns, cid = world.namespace, uuid.UUID(world.cid)
+        write = MemoryWrite(
+            ns,
+            uuid.uuid4(),
+            "Checked before the erasure.",
+            [MemorySource(cid, 1, 2)],
+            {},
+            None,
+            None,
+            "m",
+            1,
+            source_incarnations={cid: 1},
+        )
+        await world.service.forget_source(ns, world.cid, 0, 0, incarnation=1)
+        with pytest.raises(DomainError) as fenced:
+            await world.store.create(write)
+        assert reason(fenced) == (Code.NOT_FOUND, "SOURCE_NOT_FOUND")
+        assert await world.store.get(ns, write.memory_id) is None
+        # The id made again has another incarnation: its memories are stored.
+        made, created = await world.store.create(replace(write, source_incarnations={cid: 2}))
+        assert created and made.content == "Checked before the erasure."
+        with pytest.raises(DomainError) as range_too:
+            await world.service.forget_source(ns, world.cid, 1, 2, incarnation=2)
+        assert reason(range_too) == (Code.INVALID_ARGUMENT, "INVALID_INCARNATION")

@@ -30,6 +30,7 @@ from services.memory.index import (
     NamespacedQuery,
     VectorIndex,
 )
+from services.memory.model import SourceConversation
 from services.transcript.component import TranscriptComponent
 from tests.conftest import server_settings
 
@@ -132,7 +133,8 @@ class BruteForceIndex:
 
 
 class FixedSources:
-    """SourceChecker over a map of (namespace, conversation id) -> last sequence."""
+    """SourceChecker over a map of (namespace, conversation id) -> last sequence (each
+    conversation's incarnation is 1)."""
 
     def __init__(self) -> None:
         self.conversations: dict[tuple[str, uuid.UUID], int] = {}
@@ -142,8 +144,11 @@ class FixedSources:
         self.conversations[(namespace, cid)] = last_sequence
         return str(cid)
 
-    async def last_sequence(self, namespace: str, conversation_id: uuid.UUID) -> int | None:
-        return self.conversations.get((namespace, conversation_id))
+    async def conversation(
+        self, namespace: str, conversation_id: uuid.UUID
+    ) -> SourceConversation | None:
+        last = self.conversations.get((namespace, conversation_id))
+        return SourceConversation(last, 1) if last is not None else None
 
 
 async def outbox_drained(component: MemoryComponent) -> bool:

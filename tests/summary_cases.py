@@ -19,7 +19,13 @@ from services.common.domain import Entry, Message, Role, ToolCall
 from services.common.errors import Code, DomainError
 from services.common.pagination import PageTokens
 from services.summary.config import SummaryConfig
-from services.summary.model import JobState, NewJob, NewSummary, TranscriptView
+from services.summary.model import (
+    ConversationState,
+    JobState,
+    NewJob,
+    NewSummary,
+    TranscriptView,
+)
 from services.summary.service import SummaryService
 from services.summary.store import SummaryStore
 from services.summary.summarizers import OfflineSummarizer, Summarizer
@@ -36,9 +42,9 @@ class LocalTranscripts:
             InMemoryTranscriptStore(), TranscriptLimits(), PageTokens(b"secret-for-tests-0123")
         )
 
-    async def last_sequence(self, namespace: str, conversation_id: uuid.UUID) -> int:
+    async def conversation(self, namespace: str, conversation_id: uuid.UUID) -> ConversationState:
         conversation = await self.service.get_conversation(namespace, str(conversation_id))
-        return conversation.last_sequence
+        return ConversationState(conversation.last_sequence, conversation.incarnation)
 
     async def entry_after(
         self, namespace: str, conversation_id: uuid.UUID, sequence: int
@@ -57,7 +63,7 @@ class LocalTranscripts:
         view = await self.service.load_view(
             namespace, str(conversation_id), window, summary_batch, summarized_through
         )
-        return TranscriptView(view.summary_buffer, view.summary_backlog)
+        return TranscriptView(view.summary_buffer, view.summary_backlog, view.incarnation)
 
 
 def user(text: str) -> Message:
@@ -279,6 +285,36 @@ class SummaryStoreCases:
         again = await store.claim("w2", 30)
         assert again is not None and again.job_id == job.job_id and again.attempts == 1
 
+    async def test_an_erased_incarnation_refuses_commits_and_jobs(
+        self, store: SummaryStore, namespace: str
+    ) -> None:
+        cid = uuid.uuid4()
+        await store.commit_summary(NewSummary(namespace, cid, "a", 1, None, incarnation=7))
+        assert await store.erase_conversation(namespace, cid, 7) == 1
+        with pytest.raises(DomainError) as commit:
+            await store.commit_summary(NewSummary(namespace, cid, "late", 2, 0, incarnation=7))
+        assert (commit.value.code, commit.value.reason) == (Code.NOT_FOUND, "CONVERSATION_ERASED")
+        with pytest.raises(DomainError) as job:
+            await store.enqueue(replace(new_job(namespace, cid), incarnation=7))
+        assert job.value.reason == "CONVERSATION_ERASED"
+        assert await store.get_summary(namespace, cid) is None
+        # The id made again (another incarnation) is a conversation like any other.
+        made = await store.commit_summary(NewSummary(namespace, cid, "new", 1, 0, incarnation=8))
+        assert made.summary.incarnation == 8 and made.summary.revision == 1
+        _, created = await store.enqueue(replace(new_job(namespace, cid), incarnation=8))
+        assert created
+
+    async def test_a_summary_of_an_earlier_incarnation_is_replaced_not_extended(
+        self, store: SummaryStore, namespace: str
+    ) -> None:
+        cid = uuid.uuid4()
+        await store.commit_summary(NewSummary(namespace, cid, "old a", 5, None, incarnation=1))
+        await store.commit_summary(NewSummary(namespace, cid, "old b", 9, None, incarnation=1))
+        # Shorter than the old one, with a compare-and-swap on "no summary": accepted.
+        fresh = await store.commit_summary(NewSummary(namespace, cid, "new", 2, 0, incarnation=2))
+        assert (fresh.summary.through_sequence, fresh.summary.revision) == (2, 1)
+        assert await store.summary_history(namespace, cid) == []
+
     async def test_purge_erases_summaries_history_and_jobs(
         self, store: SummaryStore, namespace: str
     ) -> None:
@@ -286,7 +322,7 @@ class SummaryStoreCases:
         await store.commit_summary(NewSummary(namespace, cid, "a", 1, None))
         await store.commit_summary(NewSummary(namespace, cid, "b", 2, None))
         await store.enqueue(new_job(namespace, cid))
-        await store.purge_conversation(namespace, cid)
+        await store.erase_conversation(namespace, cid, 0)
         assert await store.get_summary(namespace, cid) is None
         assert await store.summary_history(namespace, cid) == []
         assert (await store.backlog(namespace)).depth == 0

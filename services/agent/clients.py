@@ -224,11 +224,27 @@ class GrpcTranscripts:
             if not token:
                 return found
 
-    async def delete_conversation(self, namespace: str, conversation_id: str) -> int:
+    async def incarnation(self, namespace: str, conversation_id: str) -> int | None:
+        try:
+            reply = await self.peer.call(
+                self.stub.GetConversation,
+                transcript_pb.GetConversationRequest(
+                    namespace=namespace, conversation_id=conversation_id
+                ),
+            )
+        except DomainError as error:
+            if error.reason == "CONVERSATION_NOT_FOUND":
+                return None
+            raise
+        return int(reply.conversation.incarnation)
+
+    async def delete_conversation(
+        self, namespace: str, conversation_id: str, incarnation: int
+    ) -> int:
         reply = await self.peer.call(
             self.stub.DeleteConversation,
             transcript_pb.DeleteConversationRequest(
-                namespace=namespace, conversation_id=conversation_id
+                namespace=namespace, conversation_id=conversation_id, incarnation=incarnation
             ),
         )
         return int(reply.entries_deleted)
@@ -292,10 +308,12 @@ class GrpcSummaries:
         )
         return reply.job.job_id
 
-    async def erase(self, namespace: str, conversation_id: str) -> int:
+    async def erase(self, namespace: str, conversation_id: str, incarnation: int) -> int:
         reply = await self.peer.call(
             self.stub.EraseSummaries,
-            summary_pb.EraseSummariesRequest(namespace=namespace, conversation_id=conversation_id),
+            summary_pb.EraseSummariesRequest(
+                namespace=namespace, conversation_id=conversation_id, incarnation=incarnation
+            ),
         )
         return int(reply.erased)
 
@@ -320,9 +338,13 @@ class GrpcMemories:
             degraded=reply.degraded,
         )
 
-    async def forget_conversation(self, namespace: str, conversation_id: str) -> int:
+    async def forget_conversation(
+        self, namespace: str, conversation_id: str, incarnation: int
+    ) -> int:
         reply = await self.peer.call(
             self.stub.ForgetSource,
-            memory_pb.ForgetSourceRequest(namespace=namespace, conversation_id=conversation_id),
+            memory_pb.ForgetSourceRequest(
+                namespace=namespace, conversation_id=conversation_id, incarnation=incarnation
+            ),
         )
         return int(reply.deleted_count)

@@ -1,4 +1,15 @@
-"""The erasure saga: a conversation and everything derived from it, across services."""
+"""The erasure saga: a conversation and everything derived from it, across services.
+
+Order matters. The derived data goes first, each part fenced by the
+conversation's incarnation (TranscriptService's Conversation.incarnation):
+SummaryService erases summaries, history and jobs and refuses any later
+commit or job for that incarnation; MemoryService deletes the memories derived
+from the conversation and refuses any later write whose sources were checked
+against it. Only then is the transcript deleted, so the id cannot be made
+again (a new incarnation) while derived data of the old one could still land:
+a summarizer inside its model call, or an UpsertMemory between its source
+check and its write, is refused by the fence whenever it finishes.
+"""
 
 from __future__ import annotations
 
@@ -17,13 +28,14 @@ async def erase(
     namespace: str,
     conversation_id: str,
 ) -> Erasure:
-    """Erase a conversation everywhere: transcript, summaries and jobs, derived memories.
+    """Erase a conversation everywhere: summaries and jobs, derived memories, then the
+    transcript.
 
-    Idempotent and resumable: each part is erased on its own; a part whose
-    service is unavailable is reported in `remaining` and a retry completes
-    it. The transcript goes first, so that nothing new can be derived from
-    it while the rest is erased (summaries and memories are only written for
-    conversations that exist).
+    Idempotent and resumable: a part whose service is unavailable is reported in
+    `remaining` and a retry completes it; the transcript is kept (and listed in
+    `remaining`) until every derived part is erased. A conversation that no longer
+    exists still has its derived parts erased (left over by an erasure from before
+    the fence, or by a plain DeleteConversation).
     """
     validation.namespace(namespace)
     validation.conversation_id(conversation_id)
@@ -38,9 +50,18 @@ async def erase(
                 return 0
             raise
 
-    entries = await part("transcript", transcripts.delete_conversation(namespace, conversation_id))
-    summaries_erased = await part("summary", summaries.erase(namespace, conversation_id)) > 0
+    incarnation = await transcripts.incarnation(namespace, conversation_id)
+    fence = incarnation or 0
+    summaries_erased = await part("summary", summaries.erase(namespace, conversation_id, fence)) > 0
     memories_deleted = await part(
-        "memory", memories.forget_conversation(namespace, conversation_id)
+        "memory", memories.forget_conversation(namespace, conversation_id, fence)
     )
+    entries = 0
+    if incarnation is not None:
+        if remaining:
+            remaining.append("transcript")  # after its derived parts, on the retry
+        else:
+            entries = await part(
+                "transcript", transcripts.delete_conversation(namespace, conversation_id, fence)
+            )
     return Erasure(entries, summaries_erased, memories_deleted, remaining)

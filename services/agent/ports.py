@@ -81,8 +81,14 @@ class Transcripts(Protocol):
     ) -> list[Entry]:
         """Entries first..last."""
 
-    async def delete_conversation(self, namespace: str, conversation_id: str) -> int:
-        """Erase the transcript; return the entries erased (0 when already gone)."""
+    async def incarnation(self, namespace: str, conversation_id: str) -> int | None:
+        """The conversation's incarnation, or None when it does not exist."""
+
+    async def delete_conversation(
+        self, namespace: str, conversation_id: str, incarnation: int
+    ) -> int:
+        """Erase the transcript (of that incarnation, when not 0); return the entries
+        erased (0 when already gone)."""
 
 
 class Summaries(Protocol):
@@ -107,8 +113,9 @@ class Summaries(Protocol):
     ) -> str:
         """Enqueue a background job; return its id."""
 
-    async def erase(self, namespace: str, conversation_id: str) -> int:
-        """Erase the conversation's summaries, history and jobs; return rows erased."""
+    async def erase(self, namespace: str, conversation_id: str, incarnation: int) -> int:
+        """Erase the conversation's summaries, history and jobs, and fence `incarnation`
+        (when not 0) against later commits and jobs; return rows erased."""
 
 
 class Memories(Protocol):
@@ -117,5 +124,8 @@ class Memories(Protocol):
     async def search(self, namespace: str, query: str, limit: int) -> Recall:
         """Memories relevant to the query, inside the namespace."""
 
-    async def forget_conversation(self, namespace: str, conversation_id: str) -> int:
-        """Delete every memory derived from the conversation; return how many."""
+    async def forget_conversation(
+        self, namespace: str, conversation_id: str, incarnation: int
+    ) -> int:
+        """Delete every memory derived from the conversation and fence `incarnation` (when
+        not 0) against later writes; return how many were deleted."""

@@ -96,6 +96,8 @@ class MemoryConfig:
     indexer_backoff_max_s: float = 30.0
     sweep_interval_s: float = 30.0
     sweep_batch: int = 500
+    # How long an UpsertMemory request id is remembered (a retry after that writes again).
+    request_id_retention_s: float = 24 * 3600.0
     limits: MemoryLimits = field(default_factory=MemoryLimits)
 
     def ttl_for(self, namespace: str) -> timedelta | None:
@@ -175,6 +177,9 @@ class MemoryConfig:
                 env, "RUNIFOLD_MEMORY_INDEXER_BACKOFF_MAX_S", 30.0, minimum=0.01
             ),
             sweep_interval_s=env_float(env, "RUNIFOLD_MEMORY_SWEEP_INTERVAL_S", 30.0, minimum=0.01),
+            request_id_retention_s=env_float(
+                env, "RUNIFOLD_MEMORY_REQUEST_ID_RETENTION_S", 24 * 3600.0, minimum=60.0
+            ),
             sweep_batch=env_int(
                 env, "RUNIFOLD_MEMORY_SWEEP_BATCH", 500, minimum=1, maximum=100_000
             ),

@@ -179,6 +179,7 @@ class Sweeper(_Background):
             total += erased
             if erased < self.config.sweep_batch:
                 break
+        await self.store.sweep_requests(self.config.request_id_retention_s)
         if total:
             self.on_erase()
             log.info("expired memories erased", extra={"count": total})

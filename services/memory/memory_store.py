@@ -14,7 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from services.memory.index import Key
 from services.memory.model import (
@@ -25,7 +25,13 @@ from services.memory.model import (
     RevisionRecord,
     ScoredMemory,
 )
-from services.memory.store import memory_exists, memory_not_found, revision_conflict
+from services.memory.store import (
+    memory_exists,
+    memory_not_found,
+    request_id_reused,
+    revision_conflict,
+    source_erased,
+)
 
 _WORD = re.compile(r"\w+")
 
@@ -51,6 +57,9 @@ class InMemoryMemoryStore:
         self._history: dict[Key, list[RevisionRecord]] = {}
         self._outbox: list[tuple[OutboxEntry, datetime]] = []
         self._seq = itertools.count(1)
+        self._erased: set[tuple[str, uuid.UUID, int]] = set()
+        # (namespace, request id) -> (payload hash, memory id, revision, created, recorded)
+        self._requests: dict[tuple[str, str], tuple[bytes, uuid.UUID, int, bool, datetime]] = {}
         self._lock = asyncio.Lock()
         self._indexer_lock = asyncio.Lock()
 
@@ -76,8 +85,52 @@ class InMemoryMemoryStore:
         self._enqueue(key)
         return self._live(memory)
 
-    async def create(self, write: MemoryWrite) -> Memory:
+    def _fence(self, write: MemoryWrite) -> tuple[Memory, bool] | None:
+        """The PostgreSQL store's `_fence`: refuse a fenced source, replay a request id."""
+        for cid, incarnation in write.source_incarnations.items():
+            if (write.namespace, cid, incarnation) in self._erased:
+                raise source_erased()
+        if write.request_id is None:
+            return None
+        recorded = self._requests.get((write.namespace, write.request_id))
+        if recorded is None:
+            return None
+        digest, memory_id, revision, created, _ = recorded
+        if digest != write.payload_hash:
+            raise request_id_reused()
+        memory = self._memories.get((write.namespace, memory_id))
+        if memory is not None and memory.revision == revision and self._live(memory):
+            return memory, created
+        old = next(
+            (
+                r
+                for r in self._history.get((write.namespace, memory_id), [])
+                if r.revision == revision and r.content is not None
+            ),
+            None,
+        )
+        if old is None or old.content is None or memory is None:
+            raise memory_not_found()
+        return replace(
+            memory, content=old.content, metadata=old.metadata, revision=revision
+        ), created
+
+    def _recorded(self, write: MemoryWrite, memory: Memory, created: bool) -> tuple[Memory, bool]:
+        if write.request_id is not None:
+            self._requests[(write.namespace, write.request_id)] = (
+                write.payload_hash,
+                memory.memory_id,
+                memory.revision,
+                created,
+                self.now(),
+            )
+        return memory, created
+
+    async def create(self, write: MemoryWrite) -> tuple[Memory, bool]:
         async with self._lock:
+            replayed = self._fence(write)
+            if replayed is not None:
+                return replayed
             key = (write.namespace, write.memory_id)
             existing = self._memories.get(key)
             if existing is not None:
@@ -101,10 +154,13 @@ class InMemoryMemoryStore:
             )
             self._memories[key] = memory
             self._record(memory, "create")
-            return memory
+            return self._recorded(write, memory, True)
 
-    async def update(self, write: MemoryWrite) -> Memory:
+    async def update(self, write: MemoryWrite) -> tuple[Memory, bool]:
         async with self._lock:
+            replayed = self._fence(write)
+            if replayed is not None:
+                return replayed
             key = (write.namespace, write.memory_id)
             existing = self._memories.get(key)
             if existing is None or not self._live(existing):
@@ -125,7 +181,7 @@ class InMemoryMemoryStore:
             )
             self._memories[key] = memory
             self._record(memory, "update")
-            return memory
+            return self._recorded(write, memory, False)
 
     async def get(self, namespace: str, memory_id: uuid.UUID) -> Memory | None:
         memory = self._memories.get((namespace, memory_id))
@@ -180,9 +236,11 @@ class InMemoryMemoryStore:
             return self._erase(key, "delete")
 
     async def forget_source(
-        self, namespace: str, conversation_id: uuid.UUID, low: int, high: int
+        self, namespace: str, conversation_id: uuid.UUID, low: int, high: int, incarnation: int = 0
     ) -> int:
         async with self._lock:
+            if incarnation:
+                self._erased.add((namespace, conversation_id, incarnation))
             victims = [
                 key
                 for key, m in self._memories.items()
@@ -197,6 +255,14 @@ class InMemoryMemoryStore:
             for key in victims:
                 self._erase(key, "forget_source")
             return len(victims)
+
+    async def sweep_requests(self, older_than_s: float) -> int:
+        async with self._lock:
+            cutoff = self.now() - timedelta(seconds=older_than_s)
+            old = [key for key, value in self._requests.items() if value[4] < cutoff]
+            for key in old:
+                del self._requests[key]
+            return len(old)
 
     async def sweep_expired(self, limit: int) -> int:
         async with self._lock:

@@ -51,6 +51,20 @@ class MemoryWrite:
     expire_time: datetime | None
     embedding_model: str
     embedding_dimension: int
+    # The incarnation of each source conversation, as the source check saw it: the
+    # store refuses the write if an erasure has fenced one of them since.
+    source_incarnations: Mapping[uuid.UUID, int] = field(default_factory=dict)
+    # AIP-155: the request id and a digest of the request, recorded with the write.
+    request_id: str | None = None
+    payload_hash: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceConversation:
+    """A source conversation as TranscriptService reports it."""
+
+    last_sequence: int
+    incarnation: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,8 @@ always the current, live revision, whatever the index still holds.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import math
 import uuid
@@ -21,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 import uuid_utils
 
 from services.common import metrics, validation
-from services.common.errors import invalid_argument, not_found
+from services.common.errors import DomainError, invalid_argument, not_found
 from services.common.pagination import PageTokens, page_size
 from services.common.validation import conversation_id
 from services.memory.config import MemoryConfig
@@ -67,6 +69,40 @@ def _check_expected_revision(expected_revision: int | None) -> None:
             "expected_revision must be at least 1",
             field="expected_revision",
         )
+
+
+def source_not_found(index: int) -> DomainError:
+    """NOT_FOUND: a source conversation is not in this namespace (or was erased)."""
+    return not_found(
+        "SOURCE_NOT_FOUND", f"the conversation of sources[{index}] does not exist in this namespace"
+    )
+
+
+def _request_digest(
+    memory_id_text: str,
+    content: str,
+    sources: Sequence[SourceInput],
+    metadata: Mapping[str, str],
+    expected_revision: int | None,
+    expire_time: datetime | None,
+    ttl: timedelta | None,
+) -> bytes:
+    """A digest of an UpsertMemory request as sent (a ttl, not the expiry it makes),
+    to tell a retry from another request under the same request id."""
+    document = json.dumps(
+        [
+            memory_id_text.lower(),
+            content,
+            [[s.conversation_id.lower(), s.from_sequence, s.through_sequence] for s in sources],
+            sorted(metadata.items()),
+            expected_revision,
+            expire_time.isoformat() if expire_time else None,
+            ttl.total_seconds() if ttl else None,
+        ],
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(document.encode("utf-8", "surrogatepass")).digest()
 
 
 def _dot(a: Sequence[float], b: Sequence[float]) -> float:
@@ -130,27 +166,29 @@ class MemoryService:
             parsed.append(MemorySource(cid, source.from_sequence, source.through_sequence))
         return parsed
 
-    async def _check_sources_exist(self, namespace: str, sources: Sequence[MemorySource]) -> None:
-        """Each conversation exists in this namespace and each range lies inside it."""
+    async def _check_sources_exist(
+        self, namespace: str, sources: Sequence[MemorySource]
+    ) -> dict[uuid.UUID, int]:
+        """Each conversation exists in this namespace and each range lies inside it.
+        Returns the incarnation of each source conversation (the write carries them, so
+        that an erasure between this check and the write still fences it)."""
         conversations = list(dict.fromkeys(s.conversation_id for s in sources))
-        lasts = await asyncio.gather(
-            *(self.sources.last_sequence(namespace, cid) for cid in conversations)
+        found = await asyncio.gather(
+            *(self.sources.conversation(namespace, cid) for cid in conversations)
         )
-        last_of = dict(zip(conversations, lasts, strict=True))
+        state_of = dict(zip(conversations, found, strict=True))
         for i, source in enumerate(sources):
-            last = last_of[source.conversation_id]
-            if last is None:
-                raise not_found(
-                    "SOURCE_NOT_FOUND",
-                    f"the conversation of sources[{i}] does not exist in this namespace",
-                )
-            if source.through_sequence > last:
+            state = state_of[source.conversation_id]
+            if state is None:
+                raise source_not_found(i)
+            if source.through_sequence > state.last_sequence:
                 raise invalid_argument(
                     "SOURCE_OUT_OF_RANGE",
                     f"sources[{i}] goes beyond the end of its transcript",
                     field=f"sources[{i}].through_sequence",
-                    last_sequence=last,
+                    last_sequence=state.last_sequence,
                 )
+        return {cid: state.incarnation for cid, state in state_of.items() if state is not None}
 
     def _expiry(
         self, namespace: str, expire_time: datetime | None, ttl: timedelta | None
@@ -188,15 +226,28 @@ class MemoryService:
         expected_revision: int | None,
         expire_time: datetime | None = None,
         ttl: timedelta | None = None,
+        request_id_text: str = "",
     ) -> tuple[Memory, bool]:
         """Create (no expected_revision) or compare-and-swap a memory.
 
         Create refuses a live id (ALREADY_EXISTS / MEMORY_ALREADY_EXISTS); a
         replace at a revision that is not current is ABORTED / REVISION_CONFLICT
-        with `current_revision`. Sources are checked against TranscriptService.
-        Returns the memory as stored and whether it was created.
+        with `current_revision`. Sources are checked against TranscriptService;
+        a source conversation erased meanwhile refuses the write
+        (SOURCE_NOT_FOUND), however late. With a request id, a repeat of the
+        same request returns the first result and writes nothing (another
+        request under that id is REQUEST_ID_REUSED). Returns the memory as
+        stored and whether it was created.
         """
         validation.namespace(namespace)
+        request_id = validation.request_id(request_id_text)
+        digest = (
+            _request_digest(
+                memory_id_text, content, sources, metadata, expected_revision, expire_time, ttl
+            )
+            if request_id is not None
+            else b""
+        )
         limits = self.config.limits
         if memory_id_text:
             mid = memory_id(memory_id_text)
@@ -217,7 +268,7 @@ class MemoryService:
         parsed_sources = self._validate_sources(sources)
         clean_metadata = validation.metadata(metadata)
         expires = self._expiry(namespace, expire_time, ttl)
-        await self._check_sources_exist(namespace, parsed_sources)
+        incarnations = await self._check_sources_exist(namespace, parsed_sources)
         write = MemoryWrite(
             namespace=namespace,
             memory_id=mid,
@@ -228,13 +279,16 @@ class MemoryService:
             expire_time=expires,
             embedding_model=self.embedder.model,
             embedding_dimension=self.embedder.dimension,
+            source_incarnations=incarnations,
+            request_id=request_id,
+            payload_hash=digest,
         )
         if expected_revision is None:
-            memory = await self.store.create(write)
+            memory, created = await self.store.create(write)
         else:
-            memory = await self.store.update(write)
+            memory, created = await self.store.update(write)
         self.on_write()
-        return memory, expected_revision is None
+        return memory, created
 
     async def delete(
         self, namespace: str, memory_id_text: str, expected_revision: int | None
@@ -252,16 +306,30 @@ class MemoryService:
         return deleted
 
     async def forget_source(
-        self, namespace: str, conversation_id_text: str, from_sequence: int, through_sequence: int
+        self,
+        namespace: str,
+        conversation_id_text: str,
+        from_sequence: int,
+        through_sequence: int,
+        incarnation: int = 0,
     ) -> int:
         """Delete every memory with a source overlapping a range of a conversation.
 
         from_sequence = through_sequence = 0 means the whole conversation. The
-        conversation need not exist any more (this is how an erased transcript's
-        memories are erased too).
+        conversation need not exist any more. With an `incarnation` (the erasure of
+        the whole conversation) the erasure is also fenced: a memory whose sources
+        were checked against that incarnation is refused from now on, even one
+        whose source check already ran.
         """
         validation.namespace(namespace)
         cid = conversation_id(conversation_id_text)
+        if incarnation < 0 or (incarnation and (from_sequence or through_sequence)):
+            raise invalid_argument(
+                "INVALID_INCARNATION",
+                "incarnation is not negative, and erases the whole conversation "
+                "(from_sequence = through_sequence = 0)",
+                field="incarnation",
+            )
         if from_sequence == 0 and through_sequence == 0:
             low, high = 1, FOREVER
         elif 1 <= from_sequence <= through_sequence:
@@ -273,7 +341,7 @@ class MemoryService:
                 "conversation",
                 field="from_sequence",
             )
-        count = await self.store.forget_source(namespace, cid, low, high)
+        count = await self.store.forget_source(namespace, cid, low, high, incarnation)
         if count:
             self.on_write()
         return count

@@ -66,6 +66,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             convert.timedelta_from_request(request.ttl, "ttl", "INVALID_EXPIRY")
             if request.HasField("ttl")
             else None,
+            request.request_id,
         )
         return pb.UpsertMemoryResponse(memory=memory_to_proto(memory), created=created)
 
@@ -122,5 +123,6 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             request.conversation_id,
             request.from_sequence,
             request.through_sequence,
+            request.incarnation,
         )
         return pb.ForgetSourceResponse(deleted_count=count)

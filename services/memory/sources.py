@@ -9,13 +9,17 @@ from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from services.common import stubs
 from services.common.errors import Code, DomainError
 from services.common.peers import Peer
+from services.memory.model import SourceConversation
 
 
 class SourceChecker(Protocol):
-    """Tells how far a conversation's transcript goes."""
+    """Tells how far a conversation's transcript goes, and which incarnation it is."""
 
-    async def last_sequence(self, namespace: str, conversation_id: uuid.UUID) -> int | None:
-        """The conversation's last sequence, or None when it is not in this namespace."""
+    async def conversation(
+        self, namespace: str, conversation_id: uuid.UUID
+    ) -> SourceConversation | None:
+        """The conversation's last sequence and incarnation, or None when it is not in
+        this namespace."""
 
 
 class TranscriptSources:
@@ -25,7 +29,9 @@ class TranscriptSources:
         self.peer = peer
         self.stub = stubs.transcript(peer.channel)
 
-    async def last_sequence(self, namespace: str, conversation_id: uuid.UUID) -> int | None:
+    async def conversation(
+        self, namespace: str, conversation_id: uuid.UUID
+    ) -> SourceConversation | None:
         try:
             response = await self.peer.call(
                 self.stub.GetConversation,
@@ -37,4 +43,5 @@ class TranscriptSources:
             if error.code is Code.NOT_FOUND:
                 return None
             raise
-        return int(response.conversation.last_sequence)
+        found = response.conversation
+        return SourceConversation(found.last_sequence, found.incarnation)

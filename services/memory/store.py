@@ -16,7 +16,13 @@ from typing import Any, Protocol
 from psycopg.types.json import Jsonb
 
 from services.common.db import AsyncConn, Database, fetch_one
-from services.common.errors import DomainError, aborted, already_exists, not_found
+from services.common.errors import (
+    DomainError,
+    aborted,
+    already_exists,
+    invalid_argument,
+    not_found,
+)
 from services.memory.index import Key
 from services.memory.model import (
     Backlog,
@@ -30,6 +36,25 @@ from services.memory.model import (
 
 # "Whole conversation" in ForgetSource: every range overlaps [1, FOREVER].
 FOREVER = 2**62
+# Erasure tombstones are kept this long: far longer than a source check and its write
+# can be apart (a request's deadline is minutes at most).
+ERASURE_RETENTION_S = 7 * 24 * 3600.0
+
+
+def request_id_reused() -> DomainError:
+    """INVALID_ARGUMENT: the request id was used for another UpsertMemory request."""
+    return invalid_argument(
+        "REQUEST_ID_REUSED",
+        "request_id was already used with a different request",
+        field="request_id",
+    )
+
+
+def source_erased() -> DomainError:
+    """NOT_FOUND: a source conversation was erased after its check (the write is refused)."""
+    return not_found(
+        "SOURCE_NOT_FOUND", "a source conversation was erased; nothing derived from it is stored"
+    )
 
 
 def memory_not_found() -> DomainError:
@@ -69,11 +94,17 @@ class OutboxClaim(Protocol):
 class MemoryStore(Protocol):
     """What the memory service needs from a store. Every method is atomic."""
 
-    async def create(self, write: MemoryWrite) -> Memory:
-        """Insert a memory; MEMORY_ALREADY_EXISTS if its id is live in the namespace."""
+    async def create(self, write: MemoryWrite) -> tuple[Memory, bool]:
+        """Insert a memory; MEMORY_ALREADY_EXISTS if its id is live in the namespace.
 
-    async def update(self, write: MemoryWrite) -> Memory:
-        """Replace a live memory at `write.expected_revision`; NOT_FOUND or REVISION_CONFLICT."""
+        Every write (create and update) is refused with SOURCE_NOT_FOUND when one of
+        `write.source_incarnations` was fenced by an erasure, and with a request id
+        it replays the request's first result (REQUEST_ID_REUSED for another
+        payload). Returns the memory and whether the (first) write created it."""
+
+    async def update(self, write: MemoryWrite) -> tuple[Memory, bool]:
+        """Replace a live memory at `write.expected_revision`; NOT_FOUND or REVISION_CONFLICT
+        (and the rules of `create` on fences and request ids)."""
 
     async def get(self, namespace: str, memory_id: uuid.UUID) -> Memory | None:
         """The live memory, or None (also when expired or in another namespace)."""
@@ -98,9 +129,14 @@ class MemoryStore(Protocol):
         """Erase a memory; False if it was not live; REVISION_CONFLICT on a stale revision."""
 
     async def forget_source(
-        self, namespace: str, conversation_id: uuid.UUID, low: int, high: int
+        self, namespace: str, conversation_id: uuid.UUID, low: int, high: int, incarnation: int = 0
     ) -> int:
-        """Erase every memory with a source range of the conversation overlapping [low, high]."""
+        """Erase every memory with a source range of the conversation overlapping [low, high];
+        with an `incarnation`, fence it first (later writes naming it are refused)."""
+
+    async def sweep_requests(self, older_than_s: float) -> int:
+        """Forget request ids recorded more than `older_than_s` ago, and erasure tombstones
+        older than ERASURE_RETENTION_S."""
 
     async def sweep_expired(self, limit: int) -> int:
         """Erase up to `limit` expired memories; return how many."""
@@ -251,6 +287,108 @@ SELECT {_COLUMNS}, ts_rank(content_tsv, q.query) AS score
 _INDEXER_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('runifold.memory.indexer'))"
 
 
+# Writes and erasures naming one conversation, one at a time (the same key as the
+# summary service's, in its own database or schema).
+_LOCK_CONVERSATION = "SELECT pg_advisory_xact_lock(hashtextextended(%s || '/' || %s, 0))"
+
+
+async def _fence(conn: AsyncConn, write: MemoryWrite) -> tuple[Memory, bool] | None:
+    """Inside the write's transaction: lock its source conversations (in a fixed order),
+    refuse the write if an erasure fenced one of them, and claim its request id (or return
+    the first result of that request). Runs before the write statement, whose snapshot
+    then sees every erasure that took the lock first."""
+    for cid in sorted(write.source_incarnations):
+        await conn.execute(_LOCK_CONVERSATION, (write.namespace, str(cid)))
+    if write.source_incarnations:
+        cids = sorted(write.source_incarnations)
+        erased = await fetch_one(
+            conn,
+            """SELECT 1 FROM memory.erasures
+                WHERE namespace = %s
+                  AND (conversation_id, incarnation) IN (
+                      SELECT * FROM unnest(%s::uuid[], %s::bigint[]))""",
+            (write.namespace, cids, [write.source_incarnations[c] for c in cids]),
+        )
+        if erased is not None:
+            raise source_erased()
+    if write.request_id is None:
+        return None
+    claimed = await fetch_one(
+        conn,
+        """INSERT INTO memory.requests (namespace, request_id, payload_hash)
+           VALUES (%s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1""",
+        (write.namespace, write.request_id, write.payload_hash),
+    )
+    if claimed is not None:
+        return None
+    row = await fetch_one(
+        conn,
+        """SELECT payload_hash, memory_id, revision, created FROM memory.requests
+            WHERE namespace = %s AND request_id = %s""",
+        (write.namespace, write.request_id),
+    )
+    assert row is not None  # a recorded request is only removed by the retention sweep
+    digest, memory_id, revision, created = row
+    if bytes(digest) != write.payload_hash:
+        raise request_id_reused()
+    return await _replayed(conn, write.namespace, memory_id, revision), bool(created)
+
+
+async def _recorded(
+    conn: AsyncConn, write: MemoryWrite, memory: Memory, *, created: bool
+) -> tuple[Memory, bool]:
+    """Record the write's result under its request id (claimed by `_fence`)."""
+    if write.request_id is not None:
+        await conn.execute(
+            """UPDATE memory.requests SET memory_id = %s, revision = %s, created = %s
+                WHERE namespace = %s AND request_id = %s""",
+            (memory.memory_id, memory.revision, created, write.namespace, write.request_id),
+        )
+    return memory, created
+
+
+async def _replayed(conn: AsyncConn, namespace: str, memory_id: uuid.UUID, revision: int) -> Memory:
+    """The memory as a recorded request wrote it: the live memory when it is still at that
+    revision, else that revision from the history; MEMORY_NOT_FOUND once deleted (its
+    history keeps no content)."""
+    row = await fetch_one(
+        conn,
+        f"""SELECT {_COLUMNS} FROM memory.memories
+             WHERE namespace = %s AND memory_id = %s AND revision = %s AND {_LIVE}""",
+        (namespace, memory_id, revision),
+    )
+    if row is not None:
+        return _memory(row)
+    old = await fetch_one(
+        conn,
+        """SELECT h.content, h.sources, h.metadata, h.expire_time, h.recorded_at,
+                  m.embedding_model, m.embedding_dimension
+             FROM memory.revisions AS h
+             LEFT JOIN memory.memories AS m USING (namespace, memory_id)
+            WHERE h.namespace = %s AND h.memory_id = %s AND h.revision = %s
+              AND h.content IS NOT NULL""",
+        (namespace, memory_id, revision),
+    )
+    if old is None:
+        raise memory_not_found()
+    content, sources, metadata, expire_time, recorded_at, model, dimension = old
+    return _memory(
+        (
+            namespace,
+            memory_id,
+            content,
+            sources,
+            metadata,
+            revision,
+            recorded_at,
+            recorded_at,
+            expire_time,
+            model or "",
+            dimension or 0,
+        )
+    )
+
+
 def sources_json(sources: Sequence[MemorySource]) -> list[dict[str, object]]:
     """The stored form of sources (short keys: it is repeated in every history row)."""
     return [
@@ -338,13 +476,16 @@ class PostgresMemoryStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    async def create(self, write: MemoryWrite) -> Memory:
+    async def create(self, write: MemoryWrite) -> tuple[Memory, bool]:
         params = _write_params(write)
-        async with self.db.connection() as conn:
+        async with self.db.connection() as conn, conn.transaction():
+            replayed = await _fence(conn, write)
+            if replayed is not None:
+                return replayed
             for _ in range(2):
                 row = await fetch_one(conn, _CREATE, params)
                 if row is not None:
-                    return _memory(row)
+                    return await _recorded(conn, write, _memory(row), created=True)
                 # The id is taken. A lapsed memory the sweeper has not reached
                 # yet is gone for every reader: erase it, then create again.
                 erased = await fetch_one(
@@ -356,12 +497,15 @@ class PostgresMemoryStore:
                     break
         raise memory_exists()
 
-    async def update(self, write: MemoryWrite) -> Memory:
+    async def update(self, write: MemoryWrite) -> tuple[Memory, bool]:
         params = _write_params(write)
-        async with self.db.connection() as conn:
+        async with self.db.connection() as conn, conn.transaction():
+            replayed = await _fence(conn, write)
+            if replayed is not None:
+                return replayed
             row = await fetch_one(conn, _UPDATE, params)
             if row is not None:
-                return _memory(row)
+                return await _recorded(conn, write, _memory(row), created=False)
             current = await fetch_one(conn, _CURRENT_REVISION, params)
         if current is None:
             raise memory_not_found()
@@ -446,9 +590,16 @@ class PostgresMemoryStore:
         raise revision_conflict(current[0], expected_revision)
 
     async def forget_source(
-        self, namespace: str, conversation_id: uuid.UUID, low: int, high: int
+        self, namespace: str, conversation_id: uuid.UUID, low: int, high: int, incarnation: int = 0
     ) -> int:
-        async with self.db.connection() as conn:
+        async with self.db.connection() as conn, conn.transaction():
+            if incarnation:
+                await conn.execute(_LOCK_CONVERSATION, (namespace, str(conversation_id)))
+                await conn.execute(
+                    """INSERT INTO memory.erasures (namespace, conversation_id, incarnation)
+                       VALUES (%s, %s, %s) ON CONFLICT DO NOTHING""",
+                    (namespace, conversation_id, incarnation),
+                )
             cursor = await conn.execute(
                 _ERASE.format(victims=_BY_SOURCE, extra=""),
                 {
@@ -461,6 +612,18 @@ class PostgresMemoryStore:
                 },
             )
             return len(await cursor.fetchall())
+
+    async def sweep_requests(self, older_than_s: float) -> int:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                "DELETE FROM memory.requests WHERE recorded_at < now() - make_interval(secs => %s)",
+                (older_than_s,),
+            )
+            await conn.execute(
+                "DELETE FROM memory.erasures WHERE erase_time < now() - make_interval(secs => %s)",
+                (ERASURE_RETENTION_S,),
+            )
+            return cursor.rowcount
 
     async def sweep_expired(self, limit: int) -> int:
         async with self.db.connection() as conn:

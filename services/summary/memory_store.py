@@ -21,7 +21,9 @@ from services.summary.model import (
     NewJob,
     NewSummary,
     Summary,
+    belongs,
     check_commit,
+    conversation_erased,
 )
 
 _ACTIVE = (JobState.PENDING, JobState.RUNNING)
@@ -44,6 +46,7 @@ class InMemorySummaryStore:
         self._summaries: dict[tuple[str, uuid.UUID], Summary] = {}
         self._history: dict[tuple[str, uuid.UUID], list[Summary]] = {}
         self._jobs: dict[uuid.UUID, _JobRow] = {}
+        self._erased: set[tuple[str, uuid.UUID, int]] = set()
         self._lock = asyncio.Lock()
 
     async def get_summary(self, namespace: str, conversation_id: uuid.UUID) -> Summary | None:
@@ -52,7 +55,13 @@ class InMemorySummaryStore:
     async def commit_summary(self, new: NewSummary) -> CommitResult:
         async with self._lock:
             key = (new.namespace, new.conversation_id)
-            current = self._summaries.get(key)
+            if (*key, new.incarnation) in self._erased:
+                raise conversation_erased()
+            stored = self._summaries.get(key)
+            current = belongs(stored, new)
+            if stored is not None and current is None:  # an earlier incarnation's
+                del self._summaries[key]
+                self._history.pop(key, None)
             replay = check_commit(current, new)
             if replay is not None:
                 return CommitResult(replay, written=False)
@@ -63,6 +72,7 @@ class InMemorySummaryStore:
                 new.through_sequence,
                 current.revision + 1 if current else 1,
                 datetime.now(UTC),
+                new.incarnation,
             )
             if current is not None:
                 history = self._history.setdefault(key, [])
@@ -74,22 +84,20 @@ class InMemorySummaryStore:
     async def summary_history(self, namespace: str, conversation_id: uuid.UUID) -> list[Summary]:
         return list(self._history.get((namespace, conversation_id), []))
 
-    async def purge_conversation(
-        self, namespace: str, conversation_id: uuid.UUID, *, jobs: bool = True
+    async def erase_conversation(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int
     ) -> int:
         key = (namespace, conversation_id)
         async with self._lock:
+            if incarnation:
+                self._erased.add((namespace, conversation_id, incarnation))
             erased = int(self._summaries.pop(key, None) is not None)
             erased += len(self._history.pop(key, []))
-            doomed = (
-                [
-                    j
-                    for j, row in self._jobs.items()
-                    if (row.job.namespace, row.job.conversation_id) == key
-                ]
-                if jobs
-                else []
-            )
+            doomed = [
+                j
+                for j, row in self._jobs.items()
+                if (row.job.namespace, row.job.conversation_id) == key
+            ]
             for job_id in doomed:
                 del self._jobs[job_id]
             return erased + len(doomed)
@@ -107,6 +115,8 @@ class InMemorySummaryStore:
 
     async def enqueue(self, job: NewJob) -> tuple[Job, bool]:
         async with self._lock:
+            if (job.namespace, job.conversation_id, job.incarnation) in self._erased:
+                raise conversation_erased()
             active = self._active(job.namespace, job.conversation_id)
             if active is not None:
                 if active.job.state == JobState.RUNNING and active.requested_again is None:
@@ -124,6 +134,7 @@ class InMemorySummaryStore:
                 0,
                 now,
                 now,
+                incarnation=job.incarnation,
             )
             self._jobs[job.job_id] = _JobRow(stored, run_after=time.monotonic())
             return stored, True

@@ -22,6 +22,23 @@ class Summary:
     through_sequence: int
     revision: int
     create_time: datetime
+    # The conversation incarnation it summarizes (0: recorded before incarnations were).
+    incarnation: int = 0
+
+    def describes(self, conversation: ConversationState) -> bool:
+        """True when this summary is about the conversation as it exists now: the same
+        incarnation (a summary from before incarnations: one that fits the transcript)."""
+        if self.incarnation == 0:
+            return self.through_sequence <= conversation.last_sequence
+        return self.incarnation == conversation.incarnation
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationState:
+    """What the summary service reads of a conversation from TranscriptService."""
+
+    last_sequence: int
+    incarnation: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +50,7 @@ class NewSummary:
     text: str
     through_sequence: int
     expected_through_sequence: int | None
+    incarnation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +67,7 @@ class TranscriptView:
 
     summary_buffer: Sequence[Entry]
     summary_backlog: int
+    incarnation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +110,7 @@ class Job:
     lease_token: uuid.UUID | None = None
     claimed_by: str = ""
     last_error: str = ""
+    incarnation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +122,7 @@ class NewJob:
     conversation_id: uuid.UUID
     window: int
     summary_batch: int
+    incarnation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,8 +169,26 @@ class SummaryNotNewer(DomainError):
         self.current_through_sequence = current_through_sequence
 
 
+def conversation_erased() -> DomainError:
+    """NOT_FOUND: the conversation (this incarnation of its id) was erased."""
+    return DomainError(
+        Code.NOT_FOUND,
+        "CONVERSATION_ERASED",
+        "the conversation was erased; nothing derived from it can be written",
+    )
+
+
+def belongs(current: Summary | None, new: NewSummary) -> Summary | None:
+    """The current summary if it is about the incarnation `new` is for, else None (a
+    summary of an earlier incarnation describes nothing that exists)."""
+    if current is None or current.incarnation in (0, new.incarnation):
+        return current
+    return None
+
+
 def check_commit(current: Summary | None, new: NewSummary) -> Summary | None:
-    """The monotonic rule, applied by a store while it holds the conversation's summary.
+    """The monotonic rule, applied by a store while it holds the conversation's summary
+    (`current`, already filtered by `belongs`).
 
     Returns the current summary when `new` is a replay of it (same range, same
     text: nothing to write), None when `new` may be written. Raises

@@ -26,12 +26,14 @@ from services.summary.config import SummaryConfig
 from services.summary.model import (
     Backlog,
     CommitResult,
+    ConversationState,
     Job,
     NewJob,
     NewSummary,
     SummarizeResult,
     Summary,
     TranscriptView,
+    conversation_erased,
 )
 from services.summary.store import SummaryStore
 from services.summary.summarizers import Summarizer, SummaryPrompt
@@ -43,8 +45,8 @@ class Transcripts(Protocol):
     Each method raises NOT_FOUND / CONVERSATION_NOT_FOUND when the conversation
     is not in the namespace."""
 
-    async def last_sequence(self, namespace: str, conversation_id: uuid.UUID) -> int:
-        """The sequence of the conversation's last entry (0 when empty)."""
+    async def conversation(self, namespace: str, conversation_id: uuid.UUID) -> ConversationState:
+        """The conversation's last sequence (0 when empty) and incarnation."""
 
     async def entry_after(
         self, namespace: str, conversation_id: uuid.UUID, sequence: int
@@ -59,7 +61,8 @@ class Transcripts(Protocol):
         summary_batch: int,
         summarized_through: int,
     ) -> TranscriptView:
-        """LoadView: the summary buffer after `summarized_through` and the backlog behind it."""
+        """LoadView: the summary buffer after `summarized_through`, the backlog behind it,
+        and the incarnation it was read from."""
 
 
 def is_not_found(error: DomainError) -> bool:
@@ -96,33 +99,23 @@ class SummaryService:
 
     # -- summaries ------------------------------------------------------------------
 
-    async def _last_sequence(self, namespace: str, cid: uuid.UUID) -> int:
-        """The transcript's last sequence; erases what was derived from a missing conversation."""
-        try:
-            return await self.transcripts.last_sequence(namespace, cid)
-        except DomainError as error:
-            if is_not_found(error):
-                await self.store.purge_conversation(namespace, cid)
-            raise
+    async def _current(
+        self, namespace: str, cid: uuid.UUID
+    ) -> tuple[Summary | None, ConversationState]:
+        """The summary of the conversation as it exists now, and the conversation. A stored
+        summary of an erased incarnation of the id describes nothing that exists: it is not
+        this conversation's (and an erasure removes it)."""
+        summary, state = await asyncio.gather(
+            self.store.get_summary(namespace, cid), self.transcripts.conversation(namespace, cid)
+        )
+        return (summary if summary is not None and summary.describes(state) else None), state
 
     async def get_summary(self, namespace: str, conversation_id_text: str) -> Summary | None:
         """The current summary; None when none was committed. NOT_FOUND when the
-        conversation does not exist in the namespace (its summaries are erased then)."""
+        conversation does not exist in the namespace."""
         validation.namespace(namespace)
-        cid = conversation_id(conversation_id_text)
-        summary, last = await asyncio.gather(
-            self.store.get_summary(namespace, cid), self._last_sequence(namespace, cid)
-        )
-        if summary is not None and summary.through_sequence > last:
-            await self._drop_stale(namespace, cid)
-            return None
+        summary, _ = await self._current(namespace, conversation_id(conversation_id_text))
         return summary
-
-    async def _drop_stale(self, namespace: str, cid: uuid.UUID) -> None:
-        """The summary covers entries the transcript does not have: the conversation
-        was erased and created again under the same id, so it describes nothing that
-        exists. Its jobs stay: they are about the conversation as it is now."""
-        await self.store.purge_conversation(namespace, cid, jobs=False)
 
     def _validate_text(self, text: str) -> None:
         limit = self.config.max_summary_bytes
@@ -163,10 +156,11 @@ class SummaryService:
                 "expected_through_sequence must not be negative",
                 field="expected_through_sequence",
             )
-        last, after = await asyncio.gather(
-            self._last_sequence(namespace, cid),
+        state, after = await asyncio.gather(
+            self.transcripts.conversation(namespace, cid),
             self.transcripts.entry_after(namespace, cid, through_sequence),
         )
+        last = state.last_sequence
         if through_sequence > last:
             raise invalid_argument(
                 "SEQUENCE_OUT_OF_RANGE",
@@ -181,7 +175,9 @@ class SummaryService:
                 field="through_sequence",
             )
         return await self.store.commit_summary(
-            NewSummary(namespace, cid, text, through_sequence, expected_through_sequence)
+            NewSummary(
+                namespace, cid, text, through_sequence, expected_through_sequence, state.incarnation
+            )
         )
 
     # -- the summarization workflow -----------------------------------------------
@@ -220,6 +216,7 @@ class SummaryService:
         summary_batch: int,
         max_summary_passes: int,
         budget: Budget,
+        incarnation: int | None = None,
     ) -> SummarizeResult:
         """Summarize the buffer in passes, up to `max_summary_passes` (0 means 1).
 
@@ -235,7 +232,10 @@ class SummaryService:
         committed passes are reported. Raises RESOURCE_EXHAUSTED /
         BUDGET_EXHAUSTED when the budget does not cover the next pass; passes
         committed before stay committed, and the error's metadata reports them
-        and the usage spent.
+        and the usage spent. Every commit names the conversation's incarnation:
+        one erased meanwhile refuses it (NOT_FOUND / CONVERSATION_ERASED), even
+        after the model call. With `incarnation` (a background job's), a
+        conversation of another incarnation is CONVERSATION_ERASED at once.
         """
         validation.namespace(namespace)
         cid = conversation_id(conversation_id_text)
@@ -251,19 +251,14 @@ class SummaryService:
         limits = with_defaults(budget, self.config.default_budget)
         usage = Usage()
         passes = 0
-        current = await self.store.get_summary(namespace, cid)
+        current, state = await self._current(namespace, cid)
+        if incarnation is not None and incarnation != state.incarnation:
+            raise conversation_erased()
         through = current.through_sequence if current else 0
         try:
-            try:
-                view = await self.transcripts.load_view(
-                    namespace, cid, window, summary_batch, through
-                )
-            except DomainError as error:
-                if current is None or error.reason != "SEQUENCE_OUT_OF_RANGE":
-                    raise
-                await self._drop_stale(namespace, cid)
-                current, through = None, 0
-                view = await self.transcripts.load_view(namespace, cid, window, summary_batch, 0)
+            view = await self.transcripts.load_view(namespace, cid, window, summary_batch, through)
+            if view.incarnation != state.incarnation:  # erased and made again meanwhile
+                raise conversation_erased()
             attempts = 0
             while view.summary_buffer:
                 if attempts == max_summary_passes:
@@ -281,7 +276,7 @@ class SummaryService:
                 new_through = view.summary_buffer[-1].sequence
                 try:
                     result = await self.store.commit_summary(
-                        NewSummary(namespace, cid, text, new_through, through)
+                        NewSummary(namespace, cid, text, new_through, through, state.incarnation)
                     )
                 except DomainError as error:
                     if error.reason != "SUMMARY_CONFLICT":
@@ -303,8 +298,6 @@ class SummaryService:
                     namespace, cid, window, summary_batch, through
                 )
         except DomainError as error:
-            if is_not_found(error):
-                await self.store.purge_conversation(namespace, cid)
             error.metadata.update(
                 passes=str(passes),
                 summarized_through=str(through),
@@ -328,22 +321,37 @@ class SummaryService:
         validation.namespace(namespace)
         cid = conversation_id(conversation_id_text)
         validation.view_bounds(window, summary_batch)
-        await self._last_sequence(namespace, cid)
+        state = await self.transcripts.conversation(namespace, cid)
         job, created = await self.store.enqueue(
-            NewJob(uuid.UUID(str(uuid_utils.uuid7())), namespace, cid, window, summary_batch)
+            NewJob(
+                uuid.UUID(str(uuid_utils.uuid7())),
+                namespace,
+                cid,
+                window,
+                summary_batch,
+                state.incarnation,
+            )
         )
         if self.on_enqueue is not None:
             self.on_enqueue()
         return job, created
 
-    async def erase(self, namespace: str, conversation_id_text: str) -> int:
+    async def erase(self, namespace: str, conversation_id_text: str, incarnation: int = 0) -> int:
         """Erase every summary, history row and job of a conversation (idempotent).
 
-        Used when a conversation is erased; the transcript is another service's.
-        A running job notices at its next step (its lease is gone) and stops.
+        Used when a conversation is erased, before its transcript is (the transcript
+        is another service's). With its `incarnation`, the erasure also fences it: a
+        commit or job for it is refused from now on, even one whose model call is in
+        flight. A running job notices at its next step (its lease is gone) and stops.
         """
         validation.namespace(namespace)
-        return await self.store.purge_conversation(namespace, conversation_id(conversation_id_text))
+        if incarnation < 0:
+            raise invalid_argument(
+                "INVALID_INCARNATION", "incarnation must not be negative", field="incarnation"
+            )
+        return await self.store.erase_conversation(
+            namespace, conversation_id(conversation_id_text), incarnation
+        )
 
     async def get_backlog(self, namespace: str) -> Backlog:
         """The job queue of a namespace: depth, oldest waiting age, parked and running jobs."""

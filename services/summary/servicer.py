@@ -111,5 +111,7 @@ class SummaryServicer(pb_grpc.SummaryServiceServicer):
     async def EraseSummaries(
         self, request: pb.EraseSummariesRequest, context: Context
     ) -> pb.EraseSummariesResponse:
-        erased = await self.service.erase(request.namespace, request.conversation_id)
+        erased = await self.service.erase(
+            request.namespace, request.conversation_id, request.incarnation
+        )
         return pb.EraseSummariesResponse(erased=erased)

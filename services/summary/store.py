@@ -2,7 +2,10 @@
 
 A commit holds the conversation's summary row (SELECT ... FOR UPDATE) while
 it applies the monotonic rule (`model.check_commit`), so racing commits are
-serialized by PostgreSQL and the rule sees the latest summary. Jobs are
+serialized by PostgreSQL and the rule sees the latest summary. Commits,
+enqueues and erasures of one conversation also take a transaction-scoped
+advisory lock on it, so a commit or job for an incarnation that an erasure has
+fenced is refused (CONVERSATION_ERASED) whatever the interleaving. Jobs are
 claimed with FOR UPDATE SKIP LOCKED under a lease: every later change of a
 claimed job names its lease token, so a worker that lost its lease (it was
 too slow, or presumed dead) can no longer change the job.
@@ -14,7 +17,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from services.common.db import Database, fetch_one
+from services.common.db import AsyncConn, Database, fetch_one
 from services.summary.model import (
     STATES_BY_NAME,
     Backlog,
@@ -24,8 +27,14 @@ from services.summary.model import (
     NewJob,
     NewSummary,
     Summary,
+    belongs,
     check_commit,
+    conversation_erased,
 )
+
+# Erasure tombstones are kept this long: far longer than any summarizer call or job
+# attempt can be in flight (their deadlines are minutes).
+ERASURE_RETENTION_S = 7 * 24 * 3600.0
 
 # A first commit can lose the race to insert the row; it then re-reads once.
 _COMMIT_ROUNDS = 3
@@ -46,11 +55,12 @@ class SummaryStore(Protocol):
     async def summary_history(self, namespace: str, conversation_id: uuid.UUID) -> list[Summary]:
         """The replaced summaries kept, oldest first."""
 
-    async def purge_conversation(
-        self, namespace: str, conversation_id: uuid.UUID, *, jobs: bool = True
+    async def erase_conversation(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int
     ) -> int:
-        """Erase what was derived from a conversation: summaries, history and (unless
-        `jobs` is False) its jobs. Returns the number of rows erased."""
+        """Erase what was derived from a conversation: summaries, history and jobs; with an
+        `incarnation`, fence it (later commits and jobs for it are CONVERSATION_ERASED).
+        Returns the number of rows erased."""
 
     async def enqueue(self, job: NewJob) -> tuple[Job, bool]:
         """Insert a pending job unless the conversation has a waiting or running one.
@@ -94,14 +104,18 @@ class SummaryStore(Protocol):
         """The queue of a namespace, or of every namespace when None."""
 
     async def prune_jobs(self, older_than_s: float) -> int:
-        """Delete DONE and FAILED jobs finished more than `older_than_s` ago."""
+        """Delete DONE and FAILED jobs finished more than `older_than_s` ago, and erasure
+        tombstones older than ERASURE_RETENTION_S."""
 
 
 # --- PostgreSQL -------------------------------------------------------------
 
-_SUMMARY_COLUMNS = "conversation_id, namespace, text, through_sequence, revision, create_time"
+_SUMMARY_COLUMNS = (
+    "conversation_id, namespace, text, through_sequence, revision, create_time, incarnation"
+)
 _JOB_COLUMNS = """job_id, namespace, conversation_id, window_size, summary_batch, state, attempts,
-                  failures, create_time, enqueue_time, lease_token, claimed_by, last_error"""
+                  failures, create_time, enqueue_time, lease_token, claimed_by, last_error,
+                  incarnation"""
 _ACTIVE = "('pending', 'running')"
 
 
@@ -120,6 +134,7 @@ def _job(row: Sequence[Any]) -> Job:
         lease_token,
         claimed_by,
         last_error,
+        incarnation,
     ) = row
     return Job(
         job_id,
@@ -135,8 +150,20 @@ def _job(row: Sequence[Any]) -> Job:
         lease_token,
         claimed_by,
         last_error,
+        incarnation,
     )
 
+
+# One conversation's commits, enqueues and erasures, one at a time.
+_LOCK_CONVERSATION = """
+SELECT pg_advisory_xact_lock(hashtextextended(%(namespace)s || '/' || %(conversation_id)s::text, 0))
+"""
+
+_ERASED = """
+SELECT 1 FROM summary.erasures
+ WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+   AND incarnation = %(incarnation)s
+"""
 
 _GET_SUMMARY = f"""
 SELECT {_SUMMARY_COLUMNS} FROM summary.summaries
@@ -144,8 +171,10 @@ SELECT {_SUMMARY_COLUMNS} FROM summary.summaries
 """
 
 _INSERT_FIRST_SUMMARY = f"""
-INSERT INTO summary.summaries (namespace, conversation_id, revision, through_sequence, text)
-VALUES (%(namespace)s, %(conversation_id)s, 1, %(through_sequence)s, %(text)s)
+INSERT INTO summary.summaries
+       (namespace, conversation_id, revision, through_sequence, text, incarnation)
+VALUES (%(namespace)s, %(conversation_id)s, 1, %(through_sequence)s, %(text)s,
+        %(incarnation)s)
 ON CONFLICT (namespace, conversation_id) DO NOTHING
 RETURNING {_SUMMARY_COLUMNS}
 """
@@ -155,8 +184,9 @@ RETURNING {_SUMMARY_COLUMNS}
 _REPLACE_SUMMARY = f"""
 WITH kept AS (
     INSERT INTO summary.summary_history
-           (namespace, conversation_id, revision, through_sequence, text, create_time)
-    SELECT namespace, conversation_id, revision, through_sequence, text, create_time
+           (namespace, conversation_id, revision, through_sequence, text, create_time,
+            incarnation)
+    SELECT namespace, conversation_id, revision, through_sequence, text, create_time, incarnation
       FROM summary.summaries
      WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
 ), trimmed AS (
@@ -166,14 +196,16 @@ WITH kept AS (
 )
 UPDATE summary.summaries
    SET revision = revision + 1, through_sequence = %(through_sequence)s, text = %(text)s,
-       create_time = now()
+       create_time = now(), incarnation = %(incarnation)s
  WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
 RETURNING {_SUMMARY_COLUMNS}
 """
 
 _INSERT_JOB = f"""
-INSERT INTO summary.jobs (job_id, namespace, conversation_id, window_size, summary_batch)
-VALUES (%(job_id)s, %(namespace)s, %(conversation_id)s, %(window)s, %(summary_batch)s)
+INSERT INTO summary.jobs
+       (job_id, namespace, conversation_id, window_size, summary_batch, incarnation)
+VALUES (%(job_id)s, %(namespace)s, %(conversation_id)s, %(window)s, %(summary_batch)s,
+        %(incarnation)s)
 ON CONFLICT (namespace, conversation_id) WHERE state IN {_ACTIVE} DO NOTHING
 RETURNING {_JOB_COLUMNS}
 """
@@ -285,12 +317,20 @@ class PostgresSummaryStore:
             "through_sequence": new.through_sequence,
             "text": new.text,
             "history_limit": self.history_limit,
+            "incarnation": new.incarnation,
         }
         async with self.db.connection() as conn:
             for _ in range(_COMMIT_ROUNDS):
                 async with conn.transaction():
+                    await conn.execute(_LOCK_CONVERSATION, params)
+                    if await fetch_one(conn, _ERASED, params):
+                        raise conversation_erased()
                     row = await fetch_one(conn, _GET_SUMMARY + " FOR UPDATE", params)
-                    current = Summary(*row) if row else None
+                    stored = Summary(*row) if row else None
+                    current = belongs(stored, new)
+                    if stored is not None and current is None:
+                        # An earlier incarnation's: it describes nothing that exists.
+                        await _delete_derived(conn, params, jobs=False)
                     replay = check_commit(current, new)
                     if replay is not None:
                         return CommitResult(replay, written=False)
@@ -316,21 +356,24 @@ class PostgresSummaryStore:
             )
             return [Summary(*row) for row in await cursor.fetchall()]
 
-    async def purge_conversation(
-        self, namespace: str, conversation_id: uuid.UUID, *, jobs: bool = True
+    async def erase_conversation(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int
     ) -> int:
-        tables = (
-            ("summaries", "summary_history", "jobs") if jobs else ("summaries", "summary_history")
-        )
-        erased = 0
+        params = {
+            "namespace": namespace,
+            "conversation_id": conversation_id,
+            "incarnation": incarnation,
+        }
         async with self.db.connection() as conn, conn.transaction():
-            for table in tables:
-                cursor = await conn.execute(
-                    f"DELETE FROM summary.{table} WHERE namespace = %s AND conversation_id = %s",
-                    (namespace, conversation_id),
+            await conn.execute(_LOCK_CONVERSATION, params)
+            if incarnation:
+                await conn.execute(
+                    """INSERT INTO summary.erasures (namespace, conversation_id, incarnation)
+                       VALUES (%(namespace)s, %(conversation_id)s, %(incarnation)s)
+                       ON CONFLICT DO NOTHING""",
+                    params,
                 )
-                erased += cursor.rowcount
-        return erased
+            return await _delete_derived(conn, params, jobs=True)
 
     async def enqueue(self, job: NewJob) -> tuple[Job, bool]:
         params = {
@@ -339,15 +382,20 @@ class PostgresSummaryStore:
             "conversation_id": job.conversation_id,
             "window": job.window,
             "summary_batch": job.summary_batch,
+            "incarnation": job.incarnation,
         }
         async with self.db.connection() as conn:
             for _ in range(_COMMIT_ROUNDS):
-                row = await fetch_one(conn, _INSERT_JOB, params)
-                if row is not None:
-                    return _job(row), True
-                row = await fetch_one(conn, _REPEAT_JOB, params)
-                if row is not None:
-                    return _job(row), False
+                async with conn.transaction():
+                    await conn.execute(_LOCK_CONVERSATION, params)
+                    if await fetch_one(conn, _ERASED, params):
+                        raise conversation_erased()
+                    row = await fetch_one(conn, _INSERT_JOB, params)
+                    if row is not None:
+                        return _job(row), True
+                    row = await fetch_one(conn, _REPEAT_JOB, params)
+                    if row is not None:
+                        return _job(row), False
                 # The active job finished between the two statements: insert again.
         raise RuntimeError("enqueue did not settle")  # pragma: no cover
 
@@ -428,4 +476,23 @@ class PostgresSummaryStore:
                       AND finish_time < now() - make_interval(secs => %s)""",
                 (older_than_s,),
             )
+            await conn.execute(
+                """DELETE FROM summary.erasures
+                    WHERE erase_time < now() - make_interval(secs => %s)""",
+                (ERASURE_RETENTION_S,),
+            )
             return cursor.rowcount
+
+
+async def _delete_derived(conn: AsyncConn, params: dict[str, Any], *, jobs: bool) -> int:
+    """Delete a conversation's summaries and history (and jobs); return the rows deleted."""
+    tables = ("summaries", "summary_history", "jobs") if jobs else ("summaries", "summary_history")
+    erased = 0
+    for table in tables:
+        cursor = await conn.execute(
+            f"""DELETE FROM summary.{table}
+                 WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s""",
+            params,
+        )
+        erased += cursor.rowcount
+    return erased

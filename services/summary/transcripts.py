@@ -14,7 +14,7 @@ from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import convert, stubs
 from services.common.domain import Entry
 from services.common.peers import Peer
-from services.summary.model import TranscriptView
+from services.summary.model import ConversationState, TranscriptView
 
 
 class GrpcTranscripts:
@@ -24,12 +24,13 @@ class GrpcTranscripts:
         self.peer = peer
         self.stub = stubs.transcript(peer.channel)
 
-    async def last_sequence(self, namespace: str, conversation_id: uuid.UUID) -> int:
+    async def conversation(self, namespace: str, conversation_id: uuid.UUID) -> ConversationState:
         response = await self.peer.call(
             self.stub.GetConversation,
             pb.GetConversationRequest(conversation_id=str(conversation_id), namespace=namespace),
         )
-        return response.conversation.last_sequence
+        conversation = response.conversation
+        return ConversationState(conversation.last_sequence, conversation.incarnation)
 
     async def entry_after(
         self, namespace: str, conversation_id: uuid.UUID, sequence: int
@@ -66,4 +67,5 @@ class GrpcTranscripts:
         return TranscriptView(
             [convert.entry_from_proto(e) for e in response.summary_buffer],
             response.summary_backlog,
+            response.incarnation,
         )

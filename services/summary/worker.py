@@ -12,7 +12,8 @@ Failures: UNAVAILABLE and DEADLINE_EXCEEDED (the model, TranscriptService or
 PostgreSQL is down or slow) are retried with exponential backoff and never
 park a job, so an outage loses nothing; any other failure counts, and a job
 is parked (FAILED) after RUNIFOLD_SUMMARY_JOB_MAX_FAILURES of them. A
-conversation that no longer exists ends its job (and what was derived from it).
+conversation that no longer exists (or was erased and made again: the job
+names the incarnation it was asked for) ends its job.
 """
 
 from __future__ import annotations
@@ -146,8 +147,9 @@ class SummaryWorkers:
                 log.warning("summary job lease lost", extra={"job_id": str(job.job_id)})
             return True
         if isinstance(error, DomainError) and is_not_found(error):
-            # The conversation was erased: Summarize erased its summaries and jobs.
+            # The conversation (this incarnation of it) is gone: the job has nothing to do.
             log.info("summary job ended: conversation not found", extra={"job_id": str(job.job_id)})
+            await self.store.complete(job.job_id, job.lease_token, requeue=False)
             return True
         if isinstance(error, DomainError):
             await self._record_failure(
@@ -201,6 +203,7 @@ class SummaryWorkers:
                 job.summary_batch,
                 self.config.worker_max_passes,
                 Budget(),
+                incarnation=job.incarnation or None,
             )
             if result.backlog == 0:
                 return False

@@ -209,10 +209,15 @@ class InMemoryTranscriptStore:
         )
         return [self._data[(namespace, cid)].conversation for cid in ids[:limit]]
 
-    async def delete_conversation(self, namespace: str, conversation_id: uuid.UUID) -> int | None:
+    async def delete_conversation(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int = 0
+    ) -> int | None:
         async with self._lock:
-            stored = self._data.pop((namespace, conversation_id), None)
-            return None if stored is None else len(stored.entries)
+            stored = self._data.get((namespace, conversation_id))
+            if stored is None or incarnation not in (0, stored.conversation.incarnation):
+                return None
+            del self._data[(namespace, conversation_id)]
+            return len(stored.entries)
 
     # -- turn leases (the same rule as the PostgreSQL store: model.decide_lease) ----
 

@@ -147,11 +147,18 @@ class TranscriptService:
         )
         return ConversationPage(page, next_token)
 
-    async def delete_conversation(self, namespace: str, conversation_id_text: str) -> int | None:
-        """Erase a conversation; None when there was nothing to erase."""
+    async def delete_conversation(
+        self, namespace: str, conversation_id_text: str, incarnation: int = 0
+    ) -> int | None:
+        """Erase a conversation (only that incarnation, when given: one erased and made
+        again meanwhile is left alone); None when there was nothing to erase."""
         validation.namespace(namespace)
+        if incarnation < 0:
+            raise invalid_argument(
+                "INVALID_INCARNATION", "incarnation must not be negative", field="incarnation"
+            )
         return await self.store.delete_conversation(
-            namespace, conversation_id(conversation_id_text)
+            namespace, conversation_id(conversation_id_text), incarnation
         )
 
     # -- appends ------------------------------------------------------------

@@ -169,7 +169,9 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
     async def DeleteConversation(
         self, request: pb.DeleteConversationRequest, context: Context
     ) -> pb.DeleteConversationResponse:
-        deleted = await self.service.delete_conversation(request.namespace, request.conversation_id)
+        deleted = await self.service.delete_conversation(
+            request.namespace, request.conversation_id, request.incarnation
+        )
         return pb.DeleteConversationResponse(
             deleted=deleted is not None, entries_deleted=deleted or 0
         )

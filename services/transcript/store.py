@@ -109,8 +109,11 @@ class TranscriptStore(Protocol):
     ) -> list[Conversation]:
         """Conversations of a namespace in id order, after a cursor."""
 
-    async def delete_conversation(self, namespace: str, conversation_id: uuid.UUID) -> int | None:
-        """Erase it; return the number of entries erased, or None if it did not exist."""
+    async def delete_conversation(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int = 0
+    ) -> int | None:
+        """Erase it (only that incarnation, when given); return the number of entries
+        erased, or None if it did not exist."""
 
     async def acquire_turn(self, request: LeaseRequest) -> LeaseAttempt:
         """Apply `decide_lease` with the conversation locked and carry out its decision."""
@@ -474,13 +477,16 @@ class PostgresTranscriptStore:
             )
             return [_conversation(row) for row in await cursor.fetchall()]
 
-    async def delete_conversation(self, namespace: str, conversation_id: uuid.UUID) -> int | None:
+    async def delete_conversation(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int = 0
+    ) -> int | None:
         async with self.db.connection() as conn, conn.transaction():
             cursor = await conn.execute(
                 """DELETE FROM transcript.conversations
                     WHERE namespace = %s AND conversation_id = %s
+                      AND (%s::bigint = 0 OR incarnation = %s::bigint)
                 RETURNING conversation_key""",
-                (namespace, conversation_id),
+                (namespace, conversation_id, incarnation, incarnation),
             )
             row = await cursor.fetchone()
             if row is None:

@@ -141,18 +141,18 @@ async def test_erase_removes_everything_and_resumes_after_an_outage(
                 )
             )
 
-        # MemoryService is down: everything else is erased, memory is reported as remaining.
+        # MemoryService is down: the summaries are erased (and fenced), memory is reported
+        # as remaining, and the transcript waits for it (the id cannot be made again while
+        # memories of this incarnation exist).
         first = await agent.EraseConversation(
             pb.EraseConversationRequest(namespace=namespace, conversation_id=cid), timeout=30
         )
-        assert not first.complete and list(first.remaining) == ["memory"]
-        assert first.entries_deleted == 30 and first.summaries_erased
-
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await transcript.GetConversation(
-                transcript_pb.GetConversationRequest(namespace=namespace, conversation_id=cid)
-            )
-        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        assert not first.complete and list(first.remaining) == ["memory", "transcript"]
+        assert first.entries_deleted == 0 and first.summaries_erased
+        still_there = await transcript.GetConversation(
+            transcript_pb.GetConversationRequest(namespace=namespace, conversation_id=cid)
+        )
+        assert still_there.conversation.last_sequence == 30
         backlog = await summary.GetBacklog(summary_pb.GetBacklogRequest(namespace=namespace))
         assert backlog.depth == 0
         async with database.connection() as conn:
@@ -180,7 +180,12 @@ async def test_erase_removes_everything_and_resumes_after_an_outage(
             await wait_for(erased, timeout=30, interval=0.2)
             assert list(retries[-1].remaining) == []
             assert sum(r.memories_deleted for r in retries) == 1
-            assert all(r.entries_deleted == 0 for r in retries)
+            assert [r.entries_deleted for r in retries if r.entries_deleted] == [30]
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await transcript.GetConversation(
+                    transcript_pb.GetConversationRequest(namespace=namespace, conversation_id=cid)
+                )
+            assert caught.value.code() == grpc.StatusCode.NOT_FOUND
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await memory.GetMemory(
                     memory_pb.GetMemoryRequest(namespace=namespace, memory_id=mine.memory.memory_id)

@@ -129,9 +129,10 @@ async def test_commit_checks_the_transcript(
     assert reason(elsewhere) == (Code.NOT_FOUND, "CONVERSATION_NOT_FOUND")
 
 
-async def test_erased_conversation_erases_its_summary(
+async def test_a_deleted_and_recreated_conversation_never_sees_the_old_summary(
     store: InMemorySummaryStore, transcripts: LocalTranscripts, namespace: str
 ) -> None:
+    """Whatever its length: the old summary is of another incarnation of the id."""
     service = make_service(store, transcripts)
     cid = await new_conversation(transcripts, namespace, chat(4))
     await service.commit_summary(namespace, cid, "s", 2, None)
@@ -139,7 +140,11 @@ async def test_erased_conversation_erases_its_summary(
     with pytest.raises(DomainError) as error:
         await service.get_summary(namespace, cid)
     assert error.value.code is Code.NOT_FOUND
-    assert await store.get_summary(namespace, uuid.UUID(cid)) is None
+    await transcripts.service.create_conversation(namespace, cid, {})
+    await transcripts.service.append(namespace, cid, None, chat(40), "")
+    assert await service.get_summary(namespace, cid) is None
+    committed = await service.commit_summary(namespace, cid, "new", 1, 0)
+    assert committed.summary.revision == 1
 
 
 # -- Summarize -------------------------------------------------------------------------
@@ -382,7 +387,8 @@ async def test_workers_finish_retry_park_and_end_jobs(
     job, _ = await service.request_summary(namespace, cid, 4, 8)
     await transcripts.service.delete_conversation(namespace, cid)
     assert await workers.run_once("w")
-    assert await store.get_job(job.job_id) is None
+    ended = await store.get_job(job.job_id)
+    assert ended is not None and ended.state is JobState.DONE
     assert not await workers.run_once("w")
     assert (await service.get_backlog(namespace)).depth == 0
 

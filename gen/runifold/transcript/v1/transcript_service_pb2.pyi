@@ -671,19 +671,26 @@ class DeleteConversationRequest(_message.Message):
 
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     NAMESPACE_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID of the conversation."""
     namespace: _builtins.str
     """Namespace that owns it."""
+    incarnation: _builtins.int
+    """Delete only this incarnation (Conversation.incarnation): a conversation
+    erased and made again meanwhile under the same id is left alone
+    (`deleted` false). 0: whatever incarnation exists.
+    """
     def __init__(
         self,
         *,
         conversation_id: _builtins.str = ...,
         namespace: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "namespace", b"namespace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "incarnation", b"incarnation", "namespace", b"namespace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
