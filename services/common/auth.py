@@ -56,7 +56,15 @@ import grpc
 import jwt
 
 from services.common.errors import Code, DomainError, invalid_argument
-from services.common.settings import Env, SettingsError, env_bool, env_choice, env_int, env_str
+from services.common.settings import (
+    Env,
+    SettingsError,
+    env_bool,
+    env_choice,
+    env_int,
+    env_str,
+    is_loopback,
+)
 from services.common.validation import NAMESPACE_PATTERN
 
 log = logging.getLogger(__name__)
@@ -195,12 +203,6 @@ class AuthSettings:
         ):
             if value and not Path(value).is_file():
                 raise SettingsError(f"{name} names a file that does not exist: {value}")
-
-
-def is_loopback(address: str) -> bool:
-    """True for a host:port on the loopback interface."""
-    host = address.rpartition(":")[0].strip("[]")
-    return host in {"127.0.0.1", "localhost", "::1"} or host.startswith("127.")
 
 
 def check_exposure(settings: AuthSettings, listen_address: str) -> str | None:

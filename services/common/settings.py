@@ -92,6 +92,12 @@ def env_address(env: Env, name: str, default: str) -> str:
     return value
 
 
+def is_loopback(address: str) -> bool:
+    """True for a host:port on the loopback interface."""
+    host = address.rpartition(":")[0].strip("[]")
+    return host in {"127.0.0.1", "localhost", "::1"} or host.startswith("127.")
+
+
 def default_listen(env: Env) -> str:
     """The listen address when RUNIFOLD_LISTEN is unset: loopback at PORT, else 50051."""
     port = env.get("PORT", "")
@@ -129,8 +135,17 @@ class Settings:
         secret = env.get("RUNIFOLD_PAGE_TOKEN_SECRET", "")
         if secret and len(secret) < 16:
             raise SettingsError("RUNIFOLD_PAGE_TOKEN_SECRET must be at least 16 characters")
+        listen = env_address(env, "RUNIFOLD_LISTEN", default_listen(env))
+        if not secret and not is_loopback(listen):
+            # A secret made up per process would make every page token of one replica
+            # invalid on the next: fail closed, as for authentication.
+            raise SettingsError(
+                f"RUNIFOLD_PAGE_TOKEN_SECRET must be set when listening on {listen}: every "
+                "replica signs and checks page tokens with it (at least 16 characters, the "
+                "same on every replica)"
+            )
         return cls(
-            listen_address=env_address(env, "RUNIFOLD_LISTEN", default_listen(env)),
+            listen_address=listen,
             metrics_address=None
             if metrics == "off"
             else env_address(env, "RUNIFOLD_METRICS_LISTEN", "127.0.0.1:9464"),
@@ -143,6 +158,7 @@ class Settings:
                 env, "RUNIFOLD_DB_STATEMENT_TIMEOUT_MS", 10_000, minimum=0
             ),
             migrate=env_choice(env, "RUNIFOLD_MIGRATE", "auto", ("auto", "check")),
+            # Loopback only (one process, development): a secret of its own is enough.
             page_token_secret=secret.encode() if secret else secrets.token_bytes(32),
             health_interval_s=env_float(env, "RUNIFOLD_HEALTH_INTERVAL_S", 1.0, minimum=0.05),
             shutdown_grace_s=env_float(env, "RUNIFOLD_SHUTDOWN_GRACE_S", 10.0),

@@ -7,7 +7,8 @@ outcomes. Every client sends every write twice at once (a hedged request) and
 retries after any error, as a client that timed out would. The test requires
 exactly-once effects: each request id and each turn id is committed once, in
 order, and every client is handed the same committed result, exactly one of them
-as the original and every other as a replay.
+as the original and every other as a replay; each turn id calls the model once
+(its duplicates wait for it); each UpsertMemory request id stores one memory.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import grpc
 import pytest
 
 from runifold.agent.v1 import agent_service_pb2 as agent_pb
+from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import stubs
 from tests.fakes.openai_server import FakeReply, fake_openai
@@ -33,6 +35,7 @@ from tests.ops.process import service_process
 
 if TYPE_CHECKING:
     from runifold.agent.v1.agent_service_pb2_grpc import AgentServiceAsyncStub
+    from runifold.memory.v1.memory_service_pb2_grpc import MemoryServiceAsyncStub
     from runifold.transcript.v1.transcript_service_pb2_grpc import TranscriptServiceAsyncStub
 
 pytestmark = pytest.mark.slow
@@ -40,6 +43,7 @@ pytestmark = pytest.mark.slow
 CLIENTS = 12
 APPEND_CONVERSATIONS, APPENDS = 4, 6
 TURN_CONVERSATIONS, TURNS = 3, 3
+MEMORIES = 4
 
 Reply = TypeVar("Reply")
 
@@ -85,6 +89,17 @@ async def test_a_retry_storm_has_exactly_once_effects(
                 agents = [stubs.agent(ch) for ch in channels]
                 failures: list[str] = []
                 append_replies, turn_replies = await _run(namespace, transcripts, agents, failures)
+                # Memories in a namespace of their own (their source append is not stormed).
+                memory_namespace = f"{namespace}-memory"
+                memory_replies = await _remember(
+                    memory_namespace,
+                    transcripts[0],
+                    [stubs.memory(ch) for ch in channels],
+                    failures,
+                )
+                listed = await stubs.memory(channels[0]).ListMemories(
+                    memory_pb.ListMemoriesRequest(namespace=memory_namespace, page_size=100)
+                )
             finally:
                 await asyncio.gather(*(ch.close() for ch in channels))
         model_calls = len(model.chat_requests)
@@ -110,8 +125,51 @@ async def test_a_retry_storm_has_exactly_once_effects(
         assert stored_turn.texts == (_turn_text(k), *outcomes.pop())
         assert {r.conversation_version for r in turn_replies_k} == {k + 1}
         assert sum(not r.replayed for r in turn_replies_k) == 1
-    # Racing duplicates each called the model; none called it twice.
-    assert TURN_CONVERSATIONS * TURNS <= model_calls <= 2 * CLIENTS * TURN_CONVERSATIONS * TURNS
+    # One model call per turn id: racing duplicates waited for the first and replayed it.
+    assert model_calls == TURN_CONVERSATIONS * TURNS
+    # One memory per UpsertMemory request id, the same one handed to every copy.
+    for stormed in memory_replies:
+        assert len({r.memory.memory_id for r in stormed}) == 1
+        assert all(r.memory.revision == 1 and r.created for r in stormed)
+    assert len(listed.memories) == MEMORIES
+    assert {m.memory_id for m in listed.memories} == {
+        stormed[0].memory.memory_id for stormed in memory_replies
+    }
+
+
+async def _remember(
+    namespace: str,
+    transcript: TranscriptServiceAsyncStub,
+    memories: list[MemoryServiceAsyncStub],
+    failures: list[str],
+) -> list[list[memory_pb.UpsertMemoryResponse]]:
+    """Each memory's UpsertMemory (no memory id: the server makes one) stormed by every
+    client with one request id."""
+    created = await transcript.CreateConversation(pb.CreateConversationRequest(namespace=namespace))
+    cid = created.conversation.conversation_id
+    await transcript.AppendEntries(
+        pb.AppendEntriesRequest(
+            namespace=namespace, conversation_id=cid, messages=[user("I moved to Berlin.")]
+        )
+    )
+    replies: list[list[memory_pb.UpsertMemoryResponse]] = []
+    for k in range(MEMORIES):
+        request = memory_pb.UpsertMemoryRequest(
+            namespace=namespace,
+            request_id=f"memory-{cid}-{k}",
+            content=f"Fact {k}: the user moved to Berlin.",
+            sources=[
+                memory_pb.MemorySource(conversation_id=cid, from_sequence=1, through_sequence=1)
+            ],
+        )
+
+        def send(
+            c: int, request: memory_pb.UpsertMemoryRequest = request
+        ) -> Awaitable[memory_pb.UpsertMemoryResponse]:
+            return memories[c].UpsertMemory(request, timeout=30)
+
+        replies.append(await asyncio.wait_for(_storm(CLIENTS, send, failures), 60))
+    return replies
 
 
 def _request_id(cid: str, k: int) -> str:
