@@ -245,6 +245,10 @@ class InMemoryTranscriptStore:
                 created = True
             stored = self._data[key]
             now = datetime.now(UTC)
+            for turn_id, turn in list(stored.turns.items()):
+                lapsed = turn.state in ("waiting", "running") and turn.until < now
+                if lapsed and turn_id != request.turn_id:
+                    del stored.turns[turn_id]
             own_turn = stored.turns.get(request.turn_id)
             own = own_turn.row(request.turn_id, now) if own_turn else None
             others = [

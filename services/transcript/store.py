@@ -528,6 +528,12 @@ class PostgresTranscriptStore:
                 raise conversation_not_found()
             params["key"] = row[0]
             await conn.execute(_LOCK_TURN_ID, params)
+            # Leases (and places) of other turns that lapsed: their holders are gone. The
+            # row goes, so a late append quoting its token finds nothing and is refused.
+            cursor = await conn.execute(_DROP_LAPSED, params)
+            metrics.TURN_LEASE_EXPIRIES.inc(
+                sum(1 for (state,) in await cursor.fetchall() if state == "running")
+            )
             cursor = await conn.execute(_TURN_ROWS, params)
             own: TurnRow | None = None
             others: list[TurnRow] = []
@@ -689,6 +695,13 @@ INSERT INTO transcript.conversations (namespace, conversation_id, provisional_tu
 VALUES (%(namespace)s, %(conversation_id)s, %(turn_id)s)
 ON CONFLICT (namespace, conversation_id) DO NOTHING
 RETURNING conversation_key
+"""
+
+_DROP_LAPSED = """
+DELETE FROM transcript.turns
+ WHERE conversation_key = %(key)s AND turn_id <> %(turn_id)s
+   AND state IN ('waiting', 'running') AND lease_until < now()
+RETURNING state
 """
 
 # The requested turn's row (any state), and every live waiting or running row.
