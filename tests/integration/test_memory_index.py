@@ -21,6 +21,7 @@ from services.memory.index import (
     IndexUnavailable,
     NamespacedQuery,
     Term,
+    Tombstone,
     VectorIndex,
     collection_name,
 )
@@ -126,7 +127,7 @@ async def test_upsert_replaces_and_delete_removes(make_index: Factory) -> None:
     assert await index.keys() == {("ns", p.memory_id)}
     # The same memory id in another namespace is another point.
     await index.upsert([IndexPoint("ns-2", p.memory_id, 1, first, {})])
-    await index.delete([("ns", p.memory_id), ("ns", uuid.uuid4())])
+    await index.delete([Tombstone("ns", p.memory_id, 3), Tombstone("ns", uuid.uuid4(), 1)])
     assert await index.keys() == {("ns-2", p.memory_id)}
     assert await index.search(NamespacedQuery.inside("ns", second, 5)) == []
 
