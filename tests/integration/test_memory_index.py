@@ -238,3 +238,75 @@ async def test_pgvector_hnsw_path_and_its_exact_fallback(fresh_database_url: str
             assert found / total >= 0.9, namespace
     finally:
         await index.close()
+
+
+async def test_an_older_revision_never_replaces_a_newer_one(make_index: Factory) -> None:
+    """The revision guard, in the engine's own write: a batch mixing newer and older
+    points applies only the newer ones, also after the index built its graph."""
+    index = await make_index(DIM)
+    rng = np.random.default_rng(7)
+    old, new, other = unit(rng), unit(rng), unit(rng)
+    a, b = uuid.uuid4(), uuid.uuid4()
+    await index.upsert([IndexPoint("ns", a, 3, new, {"v": "3"}), IndexPoint("ns", b, 1, old, {})])
+    await index.optimize()
+    # a: 2 and 3 are refused (older, same); b: 2 lands.
+    await index.upsert([IndexPoint("ns", a, 2, old, {"v": "2"}), IndexPoint("ns", b, 2, other, {})])
+    await index.upsert([IndexPoint("ns", a, 3, old, {"v": "3"})])
+    hits = await index.search(NamespacedQuery.inside("ns", new, 5, {"v": "3"}))
+    assert [(h.memory_id, h.revision) for h in hits] == [(a, 3)]
+    assert hits[0].score == pytest.approx(1.0, abs=1e-4)  # still the vector of revision 3
+    assert await index.search(NamespacedQuery.inside("ns", old, 5, {"v": "2"})) == []
+    hits = await index.search(NamespacedQuery.inside("ns", other, 1))
+    assert [(h.memory_id, h.revision) for h in hits] == [(b, 2)]
+    await index.upsert([IndexPoint("ns", a, 4, old, {"v": "4"})])
+    hits = await index.search(NamespacedQuery.inside("ns", old, 1))
+    assert [(h.memory_id, h.revision) for h in hits] == [(a, 4)]
+
+
+async def test_a_tombstone_blocks_older_writes_and_is_never_found(make_index: Factory) -> None:
+    index = await make_index(DIM)
+    rng = np.random.default_rng(8)
+    vector, again = unit(rng), unit(rng)
+    gone, early, kept = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    await index.upsert(
+        [IndexPoint("ns", gone, 1, vector, {}), IndexPoint("ns", kept, 5, again, {})]
+    )
+    await index.optimize()
+    # Deleted at revision 2; a tombstone also for a memory the index never held; a
+    # deletion older than what the index holds (kept is at 5) changes nothing.
+    await index.delete(
+        [Tombstone("ns", gone, 2), Tombstone("ns", early, 3), Tombstone("ns", kept, 4)]
+    )
+    # The late, older writes of the deleted memories: refused.
+    await index.upsert(
+        [IndexPoint("ns", gone, 1, vector, {}), IndexPoint("ns", early, 2, vector, {})]
+    )
+    assert await index.keys() == {("ns", kept)}
+    hits = await index.search(NamespacedQuery.inside("ns", vector, 10))
+    assert {h.memory_id for h in hits} == {kept}
+    # Nothing of a tombstone can be found from any namespace, with any filter.
+    for namespace in ("ns", "ns-2"):
+        for metadata in ({}, {"v": "1"}):
+            found = await index.search(NamespacedQuery.inside(namespace, vector, 10, metadata))
+            assert gone not in {h.memory_id for h in found}
+            assert early not in {h.memory_id for h in found}
+    # A re-created memory (its revisions keep counting) passes the tombstone.
+    await index.upsert([IndexPoint("ns", gone, 3, again, {})])
+    hits = await index.search(NamespacedQuery.inside("ns", again, 10))
+    assert {(h.memory_id, h.revision) for h in hits} == {(gone, 3), (kept, 5)}
+
+
+async def test_tombstones_are_pruned_after_their_retention(make_index: Factory) -> None:
+    index = await make_index(DIM)
+    rng = np.random.default_rng(9)
+    vector = unit(rng)
+    gone, live = uuid.uuid4(), uuid.uuid4()
+    await index.upsert([IndexPoint("ns", live, 1, unit(rng), {})])
+    await index.delete([Tombstone("ns", gone, 2)])
+    await index.prune_tombstones(3600)  # younger than the retention: kept
+    await index.upsert([IndexPoint("ns", gone, 1, vector, {})])
+    assert await index.keys() == {("ns", live)}
+    await index.prune_tombstones(0)
+    # Pruned: the tombstone no longer holds an older write back; points are untouched.
+    await index.upsert([IndexPoint("ns", gone, 1, vector, {})])
+    assert await index.keys() == {("ns", live), ("ns", gone)}
