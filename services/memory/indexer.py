@@ -101,7 +101,7 @@ class Indexer(_Background):
         lease_s = self.config.indexer_claim_s
         # Read before the claim is made, so the claim ends no earlier than this.
         deadline = time.monotonic() + lease_s
-        claim = await self.store.claim_outbox(self.config.indexer_batch, lease_s)
+        claim = await self._claim(lease_s)
         if claim is None:
             return 0
         try:
@@ -112,6 +112,21 @@ class Indexer(_Background):
                 await self.store.release_outbox(claim)
             raise
         return len(claim.entries)
+
+    async def _claim(self, lease_s: float) -> OutboxClaim | None:
+        """Claim a batch; cancelled meanwhile (a shutdown), the claim, if it was made,
+        is given back rather than left to hold its rows until the lease ends."""
+        claiming = asyncio.ensure_future(
+            self.store.claim_outbox(self.config.indexer_batch, lease_s)
+        )
+        try:
+            return await asyncio.shield(claiming)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                claim = await claiming
+                if claim is not None:
+                    await self.store.release_outbox(claim)
+            raise
 
     async def _apply(self, claim: OutboxClaim, deadline: float) -> None:
         keys: list[Key] = list(dict.fromkeys((e.namespace, e.memory_id) for e in claim.entries))
