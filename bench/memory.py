@@ -14,8 +14,10 @@
    also 2 processes of 1 indexer, in one run. The memory processes are up and
    idle when BENCH_MEMORY_INDEXING (default 2000) memories and their outbox
    rows are committed in one transaction; the time until the outbox is empty
-   is measured (the real model embeds every memory), and the index is checked
-   to hold them all.
+   is measured, and the index is checked to hold them all. The real model
+   embeds every memory; two more layouts use an OpenAI-compatible embeddings
+   endpoint that answers after REMOTE_EMBEDDING_S (tests/fakes/openai_server.py,
+   in the bench's process), where an indexer mostly waits on I/O.
 
 Corpus: embedding 100,000 texts with the real model takes ~5 minutes on 2
 CPUs, so the bench embeds BASE_TEXTS real sentences (built from templates)
@@ -62,6 +64,7 @@ from services.memory.embeddings import LocalEmbedder
 from services.memory.index import IndexPoint, VectorIndex, collection_name
 from services.memory.index.edge import EdgeIndex
 from services.memory.index.pgvector import PgvectorIndex
+from tests.fakes.openai_server import fake_openai
 
 NAMESPACES = 100
 BASE_TEXTS = 2000
@@ -276,27 +279,31 @@ async def upserts(postgres_url: str, folder: Path, texts: list[str]) -> list[str
     ]
 
 
-# (label, index back-end, memory processes, indexers per process)
+# (label, index back-end, memory processes, indexers per process, remote embeddings)
 INDEXING_LAYOUTS = [
-    ("edge, 1 indexer", "edge", 1, 1),
-    ("edge, 2 indexers", "edge", 1, 2),
-    ("pgvector, 1 indexer", "pgvector", 1, 1),
-    ("pgvector, 2 indexers", "pgvector", 1, 2),
-    ("pgvector, 2 processes x 1 indexer", "pgvector", 2, 1),
+    ("edge, 1 indexer", "edge", 1, 1, False),
+    ("edge, 2 indexers", "edge", 1, 2, False),
+    ("pgvector, 1 indexer", "pgvector", 1, 1, False),
+    ("pgvector, 2 indexers", "pgvector", 1, 2, False),
+    ("pgvector, 2 processes x 1 indexer", "pgvector", 2, 1, False),
+    ("pgvector, remote embeddings, 1 indexer", "pgvector", 1, 1, True),
+    ("pgvector, remote embeddings, 2 indexers", "pgvector", 1, 2, True),
 ]
 INDEXING_NAMESPACE = "bench-indexing"
+REMOTE_EMBEDDING_S = 0.1
+REMOTE_MODEL = "bench/remote-embedding"
 
 
-async def _indexed(backend: str, url: str, folder: Path) -> int:
+async def _indexed(backend: str, url: str, folder: Path, model: str) -> int:
     """How many memories of the bench's namespace the index holds (servers stopped)."""
     if backend == "edge":
-        index = EdgeIndex(folder, LOCAL_MODEL_NAME, LOCAL_MODEL_DIMENSION)
+        index = EdgeIndex(folder, model, LOCAL_MODEL_DIMENSION)
         await index.start()
         try:
             return sum(1 for k in await index.keys() if k[0] == INDEXING_NAMESPACE)
         finally:
             await index.close()
-    table = collection_name(LOCAL_MODEL_NAME, LOCAL_MODEL_DIMENSION)
+    table = collection_name(model, LOCAL_MODEL_DIMENSION)
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         cursor = await conn.execute(
             f"SELECT count(*) FROM memory.{table} WHERE namespace = %s AND deleted_at IS NULL",
@@ -307,9 +314,16 @@ async def _indexed(backend: str, url: str, folder: Path) -> int:
 
 
 async def _index_once(
-    postgres_url: str, folder: Path, texts: list[str], backend: str, processes: int, loops: int
+    postgres_url: str,
+    folder: Path,
+    texts: list[str],
+    backend: str,
+    processes: int,
+    loops: int,
+    remote: str | None,
 ) -> float:
-    """Seconds from committing len(texts) memories with their outbox rows to an empty outbox."""
+    """Seconds from committing len(texts) memories with their outbox rows to an empty
+    outbox; `remote`: the base URL of an OpenAI-compatible embeddings endpoint."""
     url = new_database(postgres_url)
     env = {
         "RUNIFOLD_MEMORY_INDEX": backend,
@@ -318,6 +332,15 @@ async def _index_once(
         "RUNIFOLD_MEMORY_INDEXER_POLL_S": "0.02",
         "TRANSCRIPT_SERVICE_ADDR": "127.0.0.1:1",  # no upserts through gRPC here
     }
+    model = LOCAL_MODEL_NAME
+    if remote is not None:
+        model = REMOTE_MODEL
+        env.update(
+            RUNIFOLD_EMBEDDINGS="openai",
+            RUNIFOLD_EMBEDDINGS_URL=remote,
+            RUNIFOLD_EMBEDDINGS_MODEL=model,
+            RUNIFOLD_EMBEDDINGS_DIMENSION=str(LOCAL_MODEL_DIMENSION),
+        )
     source = Jsonb([{"c": str(uuid.UUID(int=1)), "f": 1, "t": 1}])
     async with contextlib.AsyncExitStack() as stack:
         for _ in range(processes):
@@ -330,7 +353,7 @@ async def _index_once(
                                embedding_model, embedding_dimension)
                        SELECT %s, gen_random_uuid(), text, %s, 1, %s, %s
                          FROM unnest(%s::text[]) AS text""",
-                    (INDEXING_NAMESPACE, source, LOCAL_MODEL_NAME, LOCAL_MODEL_DIMENSION, texts),
+                    (INDEXING_NAMESPACE, source, model, LOCAL_MODEL_DIMENSION, texts),
                 )
                 await conn.execute(
                     "INSERT INTO memory.outbox (namespace, memory_id)"
@@ -339,7 +362,7 @@ async def _index_once(
             started = time.perf_counter()
             await outbox_drained(conn, interval=0.02)
             elapsed = time.perf_counter() - started
-    held = await _indexed(backend, url, folder)
+    held = await _indexed(backend, url, folder, model)
     if held != len(texts):
         raise RuntimeError(f"the index holds {held} of {len(texts)} memories")
     return elapsed
@@ -357,15 +380,25 @@ async def indexing(postgres_url: str) -> list[str]:
     ]
     rates: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="runifold-bench-indexing-") as tmp:
-        for i, (label, backend, processes, loops) in enumerate(INDEXING_LAYOUTS):
-            folder = Path(tmp) / str(i)
-            elapsed = await _index_once(postgres_url, folder, texts, backend, processes, loops)
-            rates[label] = count / elapsed
-            lines.append(f"{label:<36} {rates[label]:>8.0f} memories/s  ({elapsed:.2f} s)")
-    for label, backend, processes, loops in INDEXING_LAYOUTS:
+        async with fake_openai(embedding_dim=LOCAL_MODEL_DIMENSION) as endpoint:
+            endpoint.delay = REMOTE_EMBEDDING_S
+            for i, (label, backend, processes, loops, remote) in enumerate(INDEXING_LAYOUTS):
+                elapsed = await _index_once(
+                    postgres_url,
+                    Path(tmp) / str(i),
+                    texts,
+                    backend,
+                    processes,
+                    loops,
+                    endpoint.base_url if remote else None,
+                )
+                rates[label] = count / elapsed
+                lines.append(f"{label:<42} {rates[label]:>6.0f} memories/s  ({elapsed:.2f} s)")
+    lines.append(f"(remote embeddings: {REMOTE_EMBEDDING_S * 1000:.0f} ms a call of 64 texts)")
+    for label, backend, processes, loops, remote in INDEXING_LAYOUTS:
         if processes * loops > 1:
-            base = rates[f"{backend}, 1 indexer"]
-            lines.append(f"ratio {label} / 1 indexer: {rates[label] / base:.2f}")
+            one = f"{backend}, remote embeddings, 1 indexer" if remote else f"{backend}, 1 indexer"
+            lines.append(f"ratio {label} / 1 indexer: {rates[label] / rates[one]:.2f}")
     return lines
 
 
