@@ -24,6 +24,7 @@ from services.memory.index import (
     Tombstone,
     VectorIndex,
     collection_name,
+    point_id,
 )
 from services.memory.index.edge import EdgeIndex
 from services.memory.index.pgvector import PgvectorIndex
@@ -310,3 +311,41 @@ async def test_tombstones_are_pruned_after_their_retention(make_index: Factory) 
     # Pruned: the tombstone no longer holds an older write back; points are untouched.
     await index.upsert([IndexPoint("ns", gone, 1, vector, {})])
     assert await index.keys() == {("ns", live), ("ns", gone)}
+
+
+async def test_a_pgvector_table_made_before_tombstones_takes_them(
+    fresh_database_url: str,
+) -> None:
+    """A table of the earlier layout (embedding NOT NULL, no deleted_at) is changed in
+    place at start: its points stay, and a deletion leaves a tombstone."""
+    name = collection_name(MODEL, DIM)
+    rng = np.random.default_rng(10)
+    kept, gone = uuid.uuid4(), uuid.uuid4()
+    async with await psycopg.AsyncConnection.connect(fresh_database_url, autocommit=True) as conn:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        await conn.execute(
+            f"CREATE TABLE memory.{name} (point_id uuid PRIMARY KEY, namespace text NOT NULL,"
+            f" memory_id uuid NOT NULL, revision bigint NOT NULL,"
+            f" tags text[] NOT NULL DEFAULT '{{}}', embedding vector({DIM}) NOT NULL)"
+        )
+        await conn.execute(
+            f"CREATE INDEX {name}_hnsw ON memory.{name} USING hnsw (embedding vector_cosine_ops)"
+        )
+        vector = "[" + ",".join(str(x) for x in unit(rng)) + "]"
+        for memory_id in (kept, gone):
+            await conn.execute(
+                f"INSERT INTO memory.{name} (point_id, namespace, memory_id, revision, embedding)"
+                " VALUES (%s, 'ns', %s, 1, %s)",
+                (point_id("ns", memory_id), memory_id, vector),
+            )
+    index = PgvectorIndex(fresh_database_url, MODEL, DIM)
+    await index.start()
+    try:
+        assert await index.keys() == {("ns", kept), ("ns", gone)}
+        await index.close()
+        await index.start()  # the second start finds the table already changed
+        await index.delete([Tombstone("ns", gone, 2)])
+        await index.upsert([IndexPoint("ns", gone, 1, unit(rng), {})])
+        assert await index.keys() == {("ns", kept)}
+    finally:
+        await index.close()
