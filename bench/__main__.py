@@ -1,7 +1,8 @@
 """`make bench`: every benchmark suite against one real PostgreSQL; prints figures.
 
 No thresholds are asserted: goals are printed next to the measured ratios.
-`python -m bench transcript` runs one suite.
+`python -m bench transcript` runs one suite; `summary-claim` and `memory-indexing`
+run one part of the summary and memory suites alone.
 """
 
 from __future__ import annotations
@@ -21,11 +22,15 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "summary": summary.run,
     "memory": memory.run,
     "agent": agent.run,
+    # Parts of the suites above, to run alone.
+    "summary-claim": summary.claim_cost,
+    "memory-indexing": memory.indexing,
 }
+DEFAULT = ["transcript", "summary", "memory", "agent"]
 
 
 def main() -> None:
-    chosen = sys.argv[1:] or list(SUITES)
+    chosen = sys.argv[1:] or DEFAULT
     print(
         f"# Runifold benchmarks on {platform.node()} ({platform.machine()}, "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()})\n"

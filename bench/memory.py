@@ -9,6 +9,15 @@
 2. UpsertMemory throughput through gRPC (sources validated by a
    TranscriptService process), 1 and 16 calls in flight, and how fast the
    outbox indexer embeds and indexes them (batches of 64).
+3. Indexing rate (issue 12): memories/s from the outbox to the index, with
+   1 and 2 indexers in one process (RUNIFOLD_MEMORY_INDEXERS), and on pgvector
+   also 2 processes of 1 indexer, in one run. The memory processes are up and
+   idle when BENCH_MEMORY_INDEXING (default 2000) memories and their outbox
+   rows are committed in one transaction; the time until the outbox is empty
+   is measured, and the index is checked to hold them all. The real model
+   embeds every memory; two more layouts use an OpenAI-compatible embeddings
+   endpoint that answers after REMOTE_EMBEDDING_S (tests/fakes/openai_server.py,
+   in the bench's process), where an indexer mostly waits on I/O.
 
 Corpus: embedding 100,000 texts with the real model takes ~5 minutes on 2
 CPUs, so the bench embeds BASE_TEXTS real sentences (built from templates)
@@ -19,10 +28,12 @@ are real questions that the server embeds on every call.
 
 Sizes: BENCH_MEMORY_SIZES (default "10000,100000"), BENCH_MEMORY_QUERIES
 (default 200), BENCH_MEMORY_BACKENDS (default "edge,pgvector").
+`python -m bench memory-indexing` runs part 3 alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -50,9 +61,10 @@ from services.common.settings import Settings
 from services.memory.component import MIGRATIONS
 from services.memory.config import LOCAL_MODEL_DIMENSION, LOCAL_MODEL_NAME
 from services.memory.embeddings import LocalEmbedder
-from services.memory.index import IndexPoint, VectorIndex
+from services.memory.index import IndexPoint, VectorIndex, collection_name
 from services.memory.index.edge import EdgeIndex
 from services.memory.index.pgvector import PgvectorIndex
+from tests.fakes.openai_server import fake_openai
 
 NAMESPACES = 100
 BASE_TEXTS = 2000
@@ -267,6 +279,129 @@ async def upserts(postgres_url: str, folder: Path, texts: list[str]) -> list[str
     ]
 
 
+# (label, index back-end, memory processes, indexers per process, remote embeddings)
+INDEXING_LAYOUTS = [
+    ("edge, 1 indexer", "edge", 1, 1, False),
+    ("edge, 2 indexers", "edge", 1, 2, False),
+    ("pgvector, 1 indexer", "pgvector", 1, 1, False),
+    ("pgvector, 2 indexers", "pgvector", 1, 2, False),
+    ("pgvector, 2 processes x 1 indexer", "pgvector", 2, 1, False),
+    ("pgvector, remote embeddings, 1 indexer", "pgvector", 1, 1, True),
+    ("pgvector, remote embeddings, 2 indexers", "pgvector", 1, 2, True),
+]
+INDEXING_NAMESPACE = "bench-indexing"
+REMOTE_EMBEDDING_S = 0.1
+REMOTE_MODEL = "bench/remote-embedding"
+
+
+async def _indexed(backend: str, url: str, folder: Path, model: str) -> int:
+    """How many memories of the bench's namespace the index holds (servers stopped)."""
+    if backend == "edge":
+        index = EdgeIndex(folder, model, LOCAL_MODEL_DIMENSION)
+        await index.start()
+        try:
+            return sum(1 for k in await index.keys() if k[0] == INDEXING_NAMESPACE)
+        finally:
+            await index.close()
+    table = collection_name(model, LOCAL_MODEL_DIMENSION)
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cursor = await conn.execute(
+            f"SELECT count(*) FROM memory.{table} WHERE namespace = %s AND deleted_at IS NULL",
+            (INDEXING_NAMESPACE,),
+        )
+        row = await cursor.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _index_once(
+    postgres_url: str,
+    folder: Path,
+    texts: list[str],
+    backend: str,
+    processes: int,
+    loops: int,
+    remote: str | None,
+) -> float:
+    """Seconds from committing len(texts) memories with their outbox rows to an empty
+    outbox; `remote`: the base URL of an OpenAI-compatible embeddings endpoint."""
+    url = new_database(postgres_url)
+    env = {
+        "RUNIFOLD_MEMORY_INDEX": backend,
+        "RUNIFOLD_MEMORY_INDEX_DIR": str(folder),
+        "RUNIFOLD_MEMORY_INDEXERS": str(loops),
+        "RUNIFOLD_MEMORY_INDEXER_POLL_S": "0.02",
+        "TRANSCRIPT_SERVICE_ADDR": "127.0.0.1:1",  # no upserts through gRPC here
+    }
+    model = LOCAL_MODEL_NAME
+    if remote is not None:
+        model = REMOTE_MODEL
+        env.update(
+            RUNIFOLD_EMBEDDINGS="openai",
+            RUNIFOLD_EMBEDDINGS_URL=remote,
+            RUNIFOLD_EMBEDDINGS_MODEL=model,
+            RUNIFOLD_EMBEDDINGS_DIMENSION=str(LOCAL_MODEL_DIMENSION),
+        )
+    source = Jsonb([{"c": str(uuid.UUID(int=1)), "f": 1, "t": 1}])
+    async with contextlib.AsyncExitStack() as stack:
+        for _ in range(processes):
+            await stack.enter_async_context(server_process("services.memory", url, env))
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            async with conn.transaction():
+                await conn.execute(
+                    """INSERT INTO memory.memories
+                              (namespace, memory_id, content, sources, revision,
+                               embedding_model, embedding_dimension)
+                       SELECT %s, gen_random_uuid(), text, %s, 1, %s, %s
+                         FROM unnest(%s::text[]) AS text""",
+                    (INDEXING_NAMESPACE, source, model, LOCAL_MODEL_DIMENSION, texts),
+                )
+                await conn.execute(
+                    "INSERT INTO memory.outbox (namespace, memory_id)"
+                    " SELECT namespace, memory_id FROM memory.memories"
+                )
+            started = time.perf_counter()
+            await outbox_drained(conn, interval=0.02)
+            elapsed = time.perf_counter() - started
+    held = await _indexed(backend, url, folder, model)
+    if held != len(texts):
+        raise RuntimeError(f"the index holds {held} of {len(texts)} memories")
+    return elapsed
+
+
+async def indexing(postgres_url: str) -> list[str]:
+    """Indexing rate through the outbox with 1 and 2 indexers, in one run."""
+    count = int(os.environ.get("BENCH_MEMORY_INDEXING", "2000"))
+    texts = [f"{text} (note {i})" for i, text in enumerate(base_texts(BASE_TEXTS))]
+    texts = (texts * (count // len(texts) + 1))[:count]
+    lines = [
+        "## MemoryService indexing rate (outbox to index, real model)",
+        "",
+        f"{count} memories committed at once with their outbox rows; batches of 64",
+    ]
+    rates: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="runifold-bench-indexing-") as tmp:
+        async with fake_openai(embedding_dim=LOCAL_MODEL_DIMENSION) as endpoint:
+            endpoint.delay = REMOTE_EMBEDDING_S
+            for i, (label, backend, processes, loops, remote) in enumerate(INDEXING_LAYOUTS):
+                elapsed = await _index_once(
+                    postgres_url,
+                    Path(tmp) / str(i),
+                    texts,
+                    backend,
+                    processes,
+                    loops,
+                    endpoint.base_url if remote else None,
+                )
+                rates[label] = count / elapsed
+                lines.append(f"{label:<42} {rates[label]:>6.0f} memories/s  ({elapsed:.2f} s)")
+    lines.append(f"(remote embeddings: {REMOTE_EMBEDDING_S * 1000:.0f} ms a call of 64 texts)")
+    for label, backend, processes, loops, remote in INDEXING_LAYOUTS:
+        if processes * loops > 1:
+            one = f"{backend}, remote embeddings, 1 indexer" if remote else f"{backend}, 1 indexer"
+            lines.append(f"ratio {label} / 1 indexer: {rates[label] / rates[one]:.2f}")
+    return lines
+
+
 async def run(postgres_url: str) -> list[str]:
     sizes = [int(s) for s in os.environ.get("BENCH_MEMORY_SIZES", "10000,100000").split(",")]
     backends = os.environ.get("BENCH_MEMORY_BACKENDS", "edge,pgvector").split(",")
@@ -324,4 +459,6 @@ async def run(postgres_url: str) -> list[str]:
                 )
         lines.append("")
         lines += await upserts(postgres_url, folder, texts)
+    lines.append("")
+    lines += await indexing(postgres_url)
     return lines

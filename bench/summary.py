@@ -1,5 +1,12 @@
-"""SummaryService benchmark (issue 3): queue drain rate with the offline summarizer.
+"""SummaryService benchmarks: the cost of one job claim by queue depth (issue 12), and the
+queue drain rate with the offline summarizer (issue 3).
 
+Claim: the queue holds 100, then 100,000 due pending jobs (plus 1,000 finished
+ones); a worker's claim (`PostgresSummaryStore.claim`, one statement) is timed
+CLAIMS times at each depth, each claimed job given back (`release`) so the
+depth stays put. Goal: flat, the same cost at both depths.
+
+Drain:
 TranscriptService runs in its own process. For each worker layout, the same
 jobs (one per conversation; 40 entries, window 4, batch 8: 5 passes a job)
 are inserted into the queue in one statement while the worker processes are
@@ -19,11 +26,17 @@ import uuid
 import grpc
 import psycopg
 
-from bench.common import new_database, server_process
+from bench.common import Stats, new_database, server_process
 from runifold.common.v1 import common_pb2
 from runifold.transcript.v1 import transcript_service_pb2 as pb
-from services.common import stubs
+from services.common import migrations, stubs
+from services.common.db import Database
+from services.common.settings import Settings
+from services.summary.component import MIGRATIONS
+from services.summary.store import PostgresSummaryStore
 
+CLAIM_DEPTHS = (100, 100_000)
+CLAIMS = 500
 CONVERSATIONS = 200
 ENTRIES = 40
 WINDOW, BATCH = 4, 8
@@ -102,7 +115,67 @@ async def _drain(url: str, transcript: str, processes: int, workers: int, cids: 
     return elapsed
 
 
+async def claim_cost(postgres_url: str) -> list[str]:
+    """One claim's latency at each queue depth, in one run."""
+    url = new_database(postgres_url)
+    db = Database(url, Settings.from_env({"RUNIFOLD_METRICS_LISTEN": "off"}))
+    await db.open()
+    lines = ["## SummaryService job claim by queue depth", ""]
+    p50: dict[int, float] = {}
+    try:
+        await migrations.migrate(db, "summary", MIGRATIONS)
+        store = PostgresSummaryStore(db)
+        for depth in CLAIM_DEPTHS:
+            async with db.connection() as conn:
+                await conn.execute("TRUNCATE summary.jobs")
+                await conn.execute(
+                    """INSERT INTO summary.jobs
+                              (job_id, namespace, conversation_id, window_size, summary_batch,
+                               state, finish_time)
+                       SELECT gen_random_uuid(), %s, gen_random_uuid(), 4, 8, 'done', now()
+                         FROM generate_series(1, 1000)""",
+                    (NAMESPACE,),
+                )
+                await conn.execute(
+                    """INSERT INTO summary.jobs
+                              (job_id, namespace, conversation_id, window_size, summary_batch,
+                               run_after)
+                       SELECT gen_random_uuid(), %s, gen_random_uuid(), 4, 8,
+                              now() - make_interval(secs => s)
+                         FROM generate_series(1, %s) AS s""",
+                    (NAMESPACE, depth),
+                )
+                await conn.execute("ANALYZE summary.jobs")
+            latencies = []
+            for _ in range(CLAIMS):
+                t0 = time.perf_counter()
+                job = await store.claim("bench", 60)
+                latencies.append(time.perf_counter() - t0)
+                if job is None or job.lease_token is None:
+                    raise RuntimeError("the queue ran dry")
+                await store.release(job.job_id, job.lease_token)
+            # The rate counts claim time only (the releases are not timed).
+            stats = Stats(f"claim at {depth:,} pending jobs", latencies, sum(latencies))
+            p50[depth] = stats.p50
+            lines.append(stats.row())
+    finally:
+        await db.close()
+    low, high = CLAIM_DEPTHS
+    lines.append(
+        f"claim p50 at {high:,} / at {low:,} pending jobs: {p50[high] / p50[low]:.2f}"
+        " (goal: flat, about 1)"
+    )
+    return lines
+
+
 async def run(postgres_url: str) -> list[str]:
+    lines = await claim_cost(postgres_url)
+    lines.append("")
+    lines += await drain_rate(postgres_url)
+    return lines
+
+
+async def drain_rate(postgres_url: str) -> list[str]:
     url = new_database(postgres_url)
     lines = [
         "## SummaryService queue drain (offline summarizer)",

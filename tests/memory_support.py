@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -28,6 +29,7 @@ from services.memory.index import (
     IndexUnavailable,
     Key,
     NamespacedQuery,
+    Tombstone,
     VectorIndex,
 )
 from services.memory.model import SourceConversation
@@ -78,18 +80,27 @@ class HashEmbedder:
 
 
 class BruteForceIndex:
-    """An exact in-process index that can be switched off (an outage)."""
+    """An exact in-process index that can be switched off (an outage). It keeps the
+    adapters' revision guard: an older write never lands, a tombstone blocks older
+    points until pruned."""
 
     name = "brute-force"
 
     def __init__(self, dimension: int) -> None:
         self.dimension = dimension
         self.points: dict[Key, IndexPoint] = {}
+        # key -> (revision, when written: time.monotonic()).
+        self.tombstones: dict[Key, tuple[int, float]] = {}
         self.down = False
 
     def _check(self) -> None:
         if self.down:
             raise IndexUnavailable("switched off by the test")
+
+    def _held(self, key: Key) -> int:
+        if key in self.points:
+            return self.points[key].revision
+        return self.tombstones.get(key, (-1, 0.0))[0]  # -1: nothing held
 
     async def start(self) -> None:
         self._check()
@@ -99,12 +110,30 @@ class BruteForceIndex:
         for p in points:
             if len(p.vector) != self.dimension:
                 raise IndexMismatch("dimension")
-            self.points[(p.namespace, p.memory_id)] = p
+        for p in points:
+            key = (p.namespace, p.memory_id)
+            if self._held(key) < p.revision:
+                self.tombstones.pop(key, None)
+                self.points[key] = p
 
-    async def delete(self, keys: Sequence[Key]) -> None:
+    async def delete(self, tombstones: Sequence[Tombstone]) -> None:
+        self._check()
+        for t in tombstones:
+            key = (t.namespace, t.memory_id)
+            if self._held(key) <= t.revision:
+                self.points.pop(key, None)
+                self.tombstones[key] = (t.revision, time.monotonic())
+
+    async def purge(self, keys: Sequence[Key]) -> None:
         self._check()
         for key in keys:
             self.points.pop(key, None)
+            self.tombstones.pop(key, None)
+
+    async def prune_tombstones(self, older_than_s: float) -> None:
+        self._check()
+        cutoff = time.monotonic() - older_than_s
+        self.tombstones = {k: v for k, v in self.tombstones.items() if v[1] > cutoff}
 
     async def search(self, query: NamespacedQuery) -> list[IndexHit]:
         self._check()

@@ -95,7 +95,7 @@ class MemoryComponent:
             self.peer = Peer("transcript", open_channel(ctx.peer_address("transcript"), ctx.auth))
             self.sources = TranscriptSources(self.peer)
         self.indexer = Indexer(self.store, self.index, self.embedder, self.config)
-        self.sweeper = Sweeper(self.store, self.config, self.indexer.wake)
+        self.sweeper = Sweeper(self.store, self.config, self.indexer.wake, self.index)
         self.service = MemoryService(
             self.store,
             self.index,
@@ -106,7 +106,8 @@ class MemoryComponent:
             on_write=self.indexer.wake,
         )
         if self.background:
-            self.indexer.start()
+            if self.config.indexers:
+                self.indexer.start()
             self.sweeper.start()
 
     async def stop(self) -> None:

@@ -91,9 +91,16 @@ class MemoryConfig:
     # Search asks the index for limit * overfetch + 8 candidates: room for the
     # hits that the PostgreSQL re-read drops (deleted, expired, filtered).
     overfetch: int = 2
+    # Indexer loops in this process; each claims its own outbox batches.
+    indexers: int = 1
     indexer_batch: int = 64
+    # How long a claimed batch is an indexer's: past it, the rows are claimable again.
+    indexer_claim_s: float = 60.0
     indexer_poll_s: float = 1.0
     indexer_backoff_max_s: float = 30.0
+    # How long the index keeps the tombstone of a deleted memory (older writes of the
+    # memory are refused while it stands).
+    index_tombstone_retention: timedelta = timedelta(days=1)
     sweep_interval_s: float = 30.0
     sweep_batch: int = 500
     # How long an UpsertMemory request id is remembered (a retry after that writes again).
@@ -130,6 +137,18 @@ class MemoryConfig:
                     "RUNIFOLD_EMBEDDINGS_DIMENSION must be set when RUNIFOLD_EMBEDDINGS=openai"
                 )
         index_dir = env_str(env, "RUNIFOLD_MEMORY_INDEX_DIR", "")
+        indexer_claim_s = env_float(env, "RUNIFOLD_MEMORY_INDEXER_CLAIM_S", 60.0, minimum=1.0)
+        retention = parse_duration(
+            "RUNIFOLD_MEMORY_INDEX_TOMBSTONE_RETENTION",
+            env_str(env, "RUNIFOLD_MEMORY_INDEX_TOMBSTONE_RETENTION", "1d"),
+        )
+        # A tombstone must outlive every write that an indexer may still have in
+        # flight: that write was claimed at most one claim lease before.
+        if retention is None or retention.total_seconds() < 10 * indexer_claim_s:
+            raise SettingsError(
+                "RUNIFOLD_MEMORY_INDEX_TOMBSTONE_RETENTION must be at least 10 x "
+                f"RUNIFOLD_MEMORY_INDEXER_CLAIM_S ({10 * indexer_claim_s:.0f} s)"
+            )
         return cls(
             index=index,
             index_dir=Path(index_dir) if index_dir else None,
@@ -169,13 +188,16 @@ class MemoryConfig:
                 "RUNIFOLD_MEMORY_NAMESPACE_TTLS", env_str(env, "RUNIFOLD_MEMORY_NAMESPACE_TTLS", "")
             ),
             overfetch=env_int(env, "RUNIFOLD_MEMORY_OVERFETCH", 2, minimum=1, maximum=16),
+            indexers=env_int(env, "RUNIFOLD_MEMORY_INDEXERS", 1, minimum=0, maximum=64),
             indexer_batch=env_int(
                 env, "RUNIFOLD_MEMORY_INDEXER_BATCH", 64, minimum=1, maximum=4096
             ),
+            indexer_claim_s=indexer_claim_s,
             indexer_poll_s=env_float(env, "RUNIFOLD_MEMORY_INDEXER_POLL_S", 1.0, minimum=0.01),
             indexer_backoff_max_s=env_float(
                 env, "RUNIFOLD_MEMORY_INDEXER_BACKOFF_MAX_S", 30.0, minimum=0.01
             ),
+            index_tombstone_retention=retention,
             sweep_interval_s=env_float(env, "RUNIFOLD_MEMORY_SWEEP_INTERVAL_S", 30.0, minimum=0.01),
             request_id_retention_s=env_float(
                 env, "RUNIFOLD_MEMORY_REQUEST_ID_RETENTION_S", 24 * 3600.0, minimum=60.0

@@ -1,11 +1,21 @@
 """Background work: the outbox indexer, the expiry sweeper, and reindex.
 
-The indexer applies outbox rows in order. For each memory a batch names, it
-makes the index match the memory's state in PostgreSQL at that moment:
-present -> embed and upsert; gone -> delete. A batch leaves the outbox only
-after the index accepted it; on failure it stays, and the indexer retries
-with exponential backoff (with jitter), so an index outage loses nothing
-and the index catches up when it returns.
+An indexer claims a batch of the oldest outbox rows under a short lease (the
+claim is written on the rows; no transaction stays open), and for each
+memory the batch names makes the index match the memory's state in
+PostgreSQL, read after the claim: present -> embed and upsert at its
+revision; gone -> a tombstone at the revision of its deletion. Then it
+deletes the rows that still carry its claim. On failure the rows are given
+back, and the indexer retries with exponential backoff (with jitter), so an
+index outage loses nothing and the index catches up when it returns.
+
+Several indexers (RUNIFOLD_MEMORY_INDEXERS loops per process, any number of
+processes) take disjoint batches. Two batches may name the same memory, and
+an indexer whose lease ended may still write late: the index's revision
+guard (services/memory/index) keeps the newest revision whatever the order,
+and a tombstone keeps an older write from bringing a deleted memory back.
+An indexer whose lease ended before it wrote drops its batch (another
+indexer may hold the rows by then).
 """
 
 from __future__ import annotations
@@ -13,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -22,9 +33,9 @@ from services.common.backoff import backoff
 from services.common.errors import StoreUnavailable
 from services.memory.config import MemoryConfig
 from services.memory.embeddings import Embedder
-from services.memory.index import IndexPoint, Key, VectorIndex
+from services.memory.index import IndexPoint, Key, Tombstone, VectorIndex
 from services.memory.model import Memory
-from services.memory.store import MemoryStore
+from services.memory.store import MemoryStore, OutboxClaim
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +71,7 @@ class _Background:
 
 
 class Indexer(_Background):
-    """Drains the outbox into the vector index."""
+    """Drains the outbox into the vector index with `config.indexers` loops."""
 
     task_name = "memory-indexer"
 
@@ -84,26 +95,61 @@ class Indexer(_Background):
         self._wakeup.set()
 
     async def run_once(self) -> int:
-        """Apply one batch of the outbox; return how many rows it removed (0: empty or busy)."""
+        """Claim one batch of the outbox and apply it; return its size (0: nothing to claim)."""
         # Reopens the index after an outage (a no-op while it is open).
         await self.index.start()
-        async with self.store.claim_outbox(self.config.indexer_batch) as claim:
-            if claim is None or not claim.entries:
-                return 0
-            keys: list[Key] = list(dict.fromkeys((e.namespace, e.memory_id) for e in claim.entries))
-            present = [claim.current[k] for k in keys if k in claim.current]
-            gone = [k for k in keys if k not in claim.current]
-            vectors = await self.embedder.embed([m.content for m in present])
-            await self.index.upsert([to_point(m, v) for m, v in zip(present, vectors, strict=True)])
-            await self.index.delete(gone)
-            model, dimension = self.embedder.model, self.embedder.dimension
-            reembedded = [
-                (m.namespace, m.memory_id)
-                for m in present
-                if (m.embedding_model, m.embedding_dimension) != (model, dimension)
-            ]
-            await claim.complete(reembedded, model, dimension)
-            return len(claim.entries)
+        lease_s = self.config.indexer_claim_s
+        # Read before the claim is made, so the claim ends no earlier than this.
+        deadline = time.monotonic() + lease_s
+        claim = await self._claim(lease_s)
+        if claim is None:
+            return 0
+        try:
+            await self._apply(claim, deadline)
+        except BaseException:
+            # Give the rows back at once (else they wait for the lease to end).
+            with contextlib.suppress(Exception):
+                await self.store.release_outbox(claim)
+            raise
+        return len(claim.entries)
+
+    async def _claim(self, lease_s: float) -> OutboxClaim | None:
+        """Claim a batch; cancelled meanwhile (a shutdown), the claim, if it was made,
+        is given back rather than left to hold its rows until the lease ends."""
+        claiming = asyncio.ensure_future(
+            self.store.claim_outbox(self.config.indexer_batch, lease_s)
+        )
+        try:
+            return await asyncio.shield(claiming)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                claim = await claiming
+                if claim is not None:
+                    await self.store.release_outbox(claim)
+            raise
+
+    async def _apply(self, claim: OutboxClaim, deadline: float) -> None:
+        keys: list[Key] = list(dict.fromkeys((e.namespace, e.memory_id) for e in claim.entries))
+        present = [claim.current[k] for k in keys if k in claim.current]
+        gone = [Tombstone(k[0], k[1], claim.deleted[k]) for k in keys if k in claim.deleted]
+        vectors = await self.embedder.embed([m.content for m in present])
+        if time.monotonic() >= deadline:
+            # Another indexer may hold these rows now. Writing anyway would be safe
+            # (the index refuses older revisions), but it is its batch now.
+            log.warning(
+                "memory indexer claim expired before the index write; batch dropped",
+                extra={"rows": len(claim.entries), "claim_s": self.config.indexer_claim_s},
+            )
+            return
+        await self.index.upsert([to_point(m, v) for m, v in zip(present, vectors, strict=True)])
+        await self.index.delete(gone)
+        model, dimension = self.embedder.model, self.embedder.dimension
+        reembedded = [
+            (m.namespace, m.memory_id)
+            for m in present
+            if (m.embedding_model, m.embedding_dimension) != (model, dimension)
+        ]
+        await self.store.complete_outbox(claim, reembedded, model, dimension)
 
     async def update_backlog_metrics(self) -> None:
         """Publish the outbox depth and age."""
@@ -112,22 +158,28 @@ class Indexer(_Background):
         metrics.MEMORY_INDEX_OLDEST_AGE.set(backlog.oldest_age_s)
 
     async def run(self) -> None:
-        """Loop until cancelled: drain, then wait for a write or the poll interval."""
-        delay = 0.0
+        """Run `config.indexers` loops (at least one) until cancelled."""
+        loops = max(1, self.config.indexers)
+        await asyncio.gather(*(self._loop(publishes=i == 0) for i in range(loops)))
+
+    async def _loop(self, *, publishes: bool) -> None:
+        """Drain, then wait for a write or the poll interval; back off on failures."""
+        failures = 0
         while True:
             # Cleared before draining: a write during the drain sets it again.
             self._wakeup.clear()
+            delay = 0.0
             try:
                 while await self.run_once():
                     pass
                 if not self.index_healthy:
                     log.info("memory index reachable again; outbox drained")
                 self.index_healthy = True
-                self.failures = 0
-                delay = 0.0
+                failures = self.failures = 0
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                failures += 1
                 self.failures += 1
                 store = exc.store if isinstance(exc, StoreUnavailable) else "memory_index"
                 metrics.STORE_ERRORS.labels(store).inc()
@@ -143,14 +195,15 @@ class Indexer(_Background):
                     )
                 self.index_healthy = False
                 delay = backoff(
-                    self.failures,
+                    failures,
                     base_s=0.05,
                     max_s=self.config.indexer_backoff_max_s,
                     jitter=0.5,
                     max_exponent=20,
                 )
-            with contextlib.suppress(Exception):
-                await self.update_backlog_metrics()
+            if publishes:
+                with contextlib.suppress(Exception):
+                    await self.update_backlog_metrics()
             if delay:
                 # Backing off: a write must not cut the wait short.
                 await asyncio.sleep(delay)
@@ -160,16 +213,21 @@ class Indexer(_Background):
 
 
 class Sweeper(_Background):
-    """Erases expired memories in the background."""
+    """Erases expired memories, and index tombstones past their retention, in the background."""
 
     task_name = "memory-sweeper"
 
     def __init__(
-        self, store: MemoryStore, config: MemoryConfig, on_erase: Callable[[], None]
+        self,
+        store: MemoryStore,
+        config: MemoryConfig,
+        on_erase: Callable[[], None],
+        index: VectorIndex | None = None,
     ) -> None:
         self.store = store
         self.config = config
         self.on_erase = on_erase
+        self.index = index
 
     async def run_once(self) -> int:
         """Erase every expired memory, a batch at a time; return how many."""
@@ -185,14 +243,23 @@ class Sweeper(_Background):
             log.info("expired memories erased", extra={"count": total})
         return total
 
+    async def prune_tombstones(self) -> None:
+        """Remove the index's tombstones older than RUNIFOLD_MEMORY_INDEX_TOMBSTONE_RETENTION."""
+        if self.index is not None:
+            await self.index.prune_tombstones(self.config.index_tombstone_retention.total_seconds())
+
     async def run(self) -> None:
         while True:
-            try:
-                await self.run_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("memory expiry sweep failed", extra={"error": type(exc).__name__})
+            for work, what in (
+                (self.run_once, "memory expiry sweep failed"),
+                (self.prune_tombstones, "memory index tombstone pruning failed"),
+            ):
+                try:
+                    await work()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning(what, extra={"error": type(exc).__name__})
             await asyncio.sleep(self.config.sweep_interval_s)
 
 
@@ -237,6 +304,6 @@ async def reindex(
         for namespace, ids in by_namespace.items():
             live |= {(namespace, m.memory_id) for m in await store.get_many(namespace, ids, {})}
         orphans = [key for key in orphans if key not in live]
-    await index.delete(orphans)
+    await index.purge(orphans)
     await index.optimize()
     return indexed, len(orphans)

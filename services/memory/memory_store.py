@@ -11,9 +11,8 @@ import asyncio
 import itertools
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from services.memory.index import Key
@@ -26,6 +25,7 @@ from services.memory.model import (
     ScoredMemory,
 )
 from services.memory.store import (
+    OutboxClaim,
     memory_exists,
     memory_not_found,
     request_id_reused,
@@ -36,18 +36,6 @@ from services.memory.store import (
 _WORD = re.compile(r"\w+")
 
 
-@dataclass
-class _Claim:
-    store: InMemoryMemoryStore
-    entries: Sequence[OutboxEntry]
-    current: Mapping[Key, Memory]
-    done: bool = False
-
-    async def complete(self, reembedded: Sequence[Key], model: str, dimension: int) -> None:
-        self.done = True
-        await self.store.set_embedding(reembedded, model, dimension)
-
-
 class InMemoryMemoryStore:
     """MemoryStore held in dicts."""
 
@@ -56,12 +44,13 @@ class InMemoryMemoryStore:
         self._memories: dict[Key, Memory] = {}
         self._history: dict[Key, list[RevisionRecord]] = {}
         self._outbox: list[tuple[OutboxEntry, datetime]] = []
+        # seq -> (claim token, claim expiry) of the claimed outbox rows.
+        self._claims: dict[int, tuple[uuid.UUID, datetime]] = {}
         self._seq = itertools.count(1)
         self._erased: set[tuple[str, uuid.UUID, int]] = set()
         # (namespace, request id) -> (payload hash, memory id, revision, created, recorded)
         self._requests: dict[tuple[str, str], tuple[bytes, uuid.UUID, int, bool, datetime]] = {}
         self._lock = asyncio.Lock()
-        self._indexer_lock = asyncio.Lock()
 
     def _live(self, memory: Memory) -> bool:
         return memory.expire_time is None or memory.expire_time > self.now()
@@ -290,23 +279,49 @@ class InMemoryMemoryStore:
     async def history(self, namespace: str, memory_id: uuid.UUID) -> list[RevisionRecord]:
         return list(self._history.get((namespace, memory_id), []))
 
-    @asynccontextmanager
-    async def claim_outbox(self, limit: int) -> AsyncIterator[_Claim | None]:
-        if self._indexer_lock.locked():
-            yield None
-            return
-        async with self._indexer_lock:
-            entries = [entry for entry, _ in self._outbox[:limit]]
-            current = {}
+    async def claim_outbox(self, limit: int, lease_s: float) -> OutboxClaim | None:
+        async with self._lock:
+            now = self.now()
+            entries = [
+                entry
+                for entry, _ in self._outbox
+                if entry.seq not in self._claims or self._claims[entry.seq][1] < now
+            ][:limit]
+            if not entries:
+                return None
+            token = uuid.uuid4()
             for entry in entries:
-                memory = await self.get(entry.namespace, entry.memory_id)
-                if memory is not None:
-                    current[(entry.namespace, entry.memory_id)] = memory
-            claim = _Claim(self, entries, current)
-            yield claim
-            if claim.done:
-                taken = {e.seq for e in entries}
-                self._outbox = [(e, t) for e, t in self._outbox if e.seq not in taken]
+                self._claims[entry.seq] = (token, now + timedelta(seconds=lease_s))
+            current: dict[Key, Memory] = {}
+            deleted: dict[Key, int] = {}
+            for entry in entries:
+                key = (entry.namespace, entry.memory_id)
+                memory = self._memories.get(key)
+                if memory is not None and self._live(memory):
+                    current[key] = memory
+                else:
+                    history = self._history.get(key, [])
+                    deleted[key] = history[-1].revision if history else 0
+            return OutboxClaim(token, entries, current, deleted)
+
+    def _held(self, claim: OutboxClaim) -> set[int]:
+        return {s for s in claim.seqs if self._claims.get(s, (None,))[0] == claim.token}
+
+    async def complete_outbox(
+        self, claim: OutboxClaim, reembedded: Sequence[Key], model: str, dimension: int
+    ) -> int:
+        async with self._lock:
+            held = self._held(claim)
+            self._outbox = [(e, t) for e, t in self._outbox if e.seq not in held]
+            for seq in held:
+                del self._claims[seq]
+        await self.set_embedding(reembedded, model, dimension)
+        return len(held)
+
+    async def release_outbox(self, claim: OutboxClaim) -> None:
+        async with self._lock:
+            for seq in self._held(claim):
+                del self._claims[seq]
 
     async def backlog(self) -> Backlog:
         if not self._outbox:

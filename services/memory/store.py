@@ -9,8 +9,8 @@ statement wrote nothing do we look at why.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from psycopg.types.json import Jsonb
@@ -80,15 +80,26 @@ def memory_exists() -> DomainError:
     )
 
 
-class OutboxClaim(Protocol):
-    """A batch of outbox rows held by one indexer until it completes or fails."""
+@dataclass(frozen=True, slots=True)
+class OutboxClaim:
+    """A batch of outbox rows claimed by one indexer under `token` until its lease ends.
 
+    `current` and `deleted` are the state of the memories the batch names, read
+    after the claim in one snapshot: each is at least as new as the writes that
+    queued the rows.
+    """
+
+    token: uuid.UUID
     entries: Sequence[OutboxEntry]
-    # The current state of each memory named by the batch; absent: deleted or expired.
+    # Live memories.
     current: Mapping[Key, Memory]
+    # Memories gone (deleted, expired): the revision of their deletion.
+    deleted: Mapping[Key, int]
 
-    async def complete(self, reembedded: Sequence[Key], model: str, dimension: int) -> None:
-        """Remove the batch from the outbox; record `model` on re-embedded memories."""
+    @property
+    def seqs(self) -> list[int]:
+        """The outbox rows of the batch."""
+        return [e.seq for e in self.entries]
 
 
 class MemoryStore(Protocol):
@@ -149,10 +160,20 @@ class MemoryStore(Protocol):
     async def history(self, namespace: str, memory_id: uuid.UUID) -> list[RevisionRecord]:
         """Every revision of a memory id in the namespace, oldest first."""
 
-    def claim_outbox(self, limit: int) -> Any:
-        """`async with` a batch of the oldest outbox rows (an OutboxClaim), or None when
-        another indexer holds the outbox. The batch leaves the outbox only if
-        `complete` is called inside the block."""
+    async def claim_outbox(self, limit: int, lease_s: float) -> OutboxClaim | None:
+        """Claim up to `limit` of the oldest outbox rows that no live claim holds, under
+        a new token for `lease_s` seconds; None when there are none. An expired claim
+        is claimable again. No transaction stays open: the claim is on the rows."""
+
+    async def complete_outbox(
+        self, claim: OutboxClaim, reembedded: Sequence[Key], model: str, dimension: int
+    ) -> int:
+        """Remove the batch's rows that still carry its token (the others were claimed
+        again after the lease ended); record `model` on re-embedded memories. Returns
+        how many rows were removed."""
+
+    async def release_outbox(self, claim: OutboxClaim) -> None:
+        """Give the batch's rows that still carry its token back to the next claim."""
 
     async def backlog(self) -> Backlog:
         """Outbox depth and oldest age."""
@@ -284,7 +305,49 @@ SELECT {_COLUMNS}, ts_rank(content_tsv, q.query) AS score
  LIMIT %(limit)s
 """
 
-_INDEXER_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('runifold.memory.indexer'))"
+# Claim the oldest rows no live claim holds: the rows themselves carry the
+# claim (token, expiry), so no transaction stays open while the indexer embeds
+# and writes the index, and several indexers take disjoint batches. The scan
+# follows the primary key and passes over at most the rows of live claims
+# (indexers x batch); FOR UPDATE SKIP LOCKED keeps two claims from racing for
+# one row.
+_CLAIM_OUTBOX = """
+WITH c AS (
+    SELECT seq FROM memory.outbox
+     WHERE claim_until IS NULL OR claim_until < now()
+     ORDER BY seq
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE memory.outbox AS o
+   SET claim_token = %(token)s, claim_until = now() + make_interval(secs => %(lease_s)s)
+  FROM c
+ WHERE o.seq = c.seq
+RETURNING o.seq, o.namespace, o.memory_id
+"""
+
+# The state of the claimed memories in one snapshot: the live row, else the
+# last revision recorded (a deletion's tombstone, or the write of a memory
+# that expired and awaits the sweeper). Read apart, a re-create between the
+# two reads would pass as the revision of a deletion.
+_OUTBOX_STATE = f"""
+SELECT k.namespace, k.memory_id,
+       (SELECT max(r.revision) FROM memory.revisions AS r
+         WHERE r.namespace = k.namespace AND r.memory_id = k.memory_id),
+       {", ".join("m." + c.strip() for c in _COLUMNS.split(","))}
+  FROM unnest(%s::text[], %s::uuid[]) AS k(namespace, memory_id)
+  LEFT JOIN memory.memories AS m
+    ON m.namespace = k.namespace AND m.memory_id = k.memory_id AND {_LIVE_M}
+"""
+
+_COMPLETE_OUTBOX = """
+DELETE FROM memory.outbox WHERE seq = ANY(%(seqs)s) AND claim_token = %(token)s
+"""
+
+_RELEASE_OUTBOX = """
+UPDATE memory.outbox SET claim_token = NULL, claim_until = NULL
+ WHERE seq = ANY(%(seqs)s) AND claim_token = %(token)s
+"""
 
 
 # Writes and erasures naming one conversation, one at a time (the same key as the
@@ -438,24 +501,6 @@ def _write_params(write: MemoryWrite) -> dict[str, Any]:
         "model": write.embedding_model,
         "dimension": write.embedding_dimension,
     }
-
-
-class _PostgresClaim:
-    def __init__(
-        self,
-        conn: AsyncConn,
-        entries: Sequence[OutboxEntry],
-        current: Mapping[Key, Memory],
-    ) -> None:
-        self.conn = conn
-        self.entries = entries
-        self.current = current
-
-    async def complete(self, reembedded: Sequence[Key], model: str, dimension: int) -> None:
-        await self.conn.execute(
-            "DELETE FROM memory.outbox WHERE seq = ANY(%s)", ([e.seq for e in self.entries],)
-        )
-        await _set_embedding(self.conn, reembedded, model, dimension)
 
 
 async def _set_embedding(conn: AsyncConn, keys: Sequence[Key], model: str, dimension: int) -> None:
@@ -660,34 +705,42 @@ class PostgresMemoryStore:
                 for row in await cursor.fetchall()
             ]
 
-    @asynccontextmanager
-    async def claim_outbox(self, limit: int) -> AsyncIterator[_PostgresClaim | None]:
-        # One indexer at a time (a transaction-scoped advisory lock): two
-        # indexers applying the same memory's rows could reorder its writes.
-        async with self.db.connection() as conn, conn.transaction():
-            locked = await fetch_one(conn, _INDEXER_LOCK)
-            if not locked or not locked[0]:
-                yield None
-                return
+    async def claim_outbox(self, limit: int, lease_s: float) -> OutboxClaim | None:
+        token = uuid.uuid4()
+        async with self.db.connection() as conn:
             cursor = await conn.execute(
-                "SELECT seq, namespace, memory_id FROM memory.outbox ORDER BY seq LIMIT %s",
-                (limit,),
+                _CLAIM_OUTBOX, {"limit": limit, "lease_s": lease_s, "token": token}
             )
-            entries = [OutboxEntry(*row) for row in await cursor.fetchall()]
+            entries = sorted(
+                (OutboxEntry(*row) for row in await cursor.fetchall()), key=lambda e: e.seq
+            )
+            if not entries:
+                return None
             keys = list(dict.fromkeys((e.namespace, e.memory_id) for e in entries))
+            cursor = await conn.execute(_OUTBOX_STATE, ([k[0] for k in keys], [k[1] for k in keys]))
             current: dict[Key, Memory] = {}
-            if keys:
-                cursor = await conn.execute(
-                    f"""SELECT {_COLUMNS} FROM memory.memories AS m
-                         WHERE (namespace, memory_id) IN (
-                               SELECT * FROM unnest(%s::text[], %s::uuid[]))
-                           AND {_LIVE}""",
-                    ([k[0] for k in keys], [k[1] for k in keys]),
-                )
-                for row in await cursor.fetchall():
-                    memory = _memory(row)
-                    current[(memory.namespace, memory.memory_id)] = memory
-            yield _PostgresClaim(conn, entries, current)
+            deleted: dict[Key, int] = {}
+            for row in await cursor.fetchall():
+                namespace, memory_id, last_revision = row[:3]
+                if row[3] is None:  # no live row joined
+                    deleted[(namespace, memory_id)] = last_revision or 0
+                else:
+                    current[(namespace, memory_id)] = _memory(row[3:])
+        return OutboxClaim(token, entries, current, deleted)
+
+    async def complete_outbox(
+        self, claim: OutboxClaim, reembedded: Sequence[Key], model: str, dimension: int
+    ) -> int:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                _COMPLETE_OUTBOX, {"seqs": claim.seqs, "token": claim.token}
+            )
+            await _set_embedding(conn, reembedded, model, dimension)
+            return cursor.rowcount
+
+    async def release_outbox(self, claim: OutboxClaim) -> None:
+        async with self.db.connection() as conn:
+            await conn.execute(_RELEASE_OUTBOX, {"seqs": claim.seqs, "token": claim.token})
 
     async def backlog(self) -> Backlog:
         async with self.db.connection() as conn:

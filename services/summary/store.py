@@ -223,14 +223,31 @@ RETURNING {_JOB_COLUMNS}
 
 # The oldest due job, skipping rows other workers hold. A running job whose
 # lease expired is taken over; its dead attempt counts as a failure.
+#
+# Each kind of candidate is found through its own partial index (jobs_due,
+# jobs_leases), then the older of the two (by run_after) is taken: one
+# `WHERE (pending AND due) OR (running AND expired)` cannot use either index
+# and became a sequential scan plus a sort of every pending job. `due` reads
+# one index entry past any rows other workers hold; `expired` reads only the
+# expired leases, which are never more than the workers that held them. The
+# candidate not taken is locked only until this statement ends.
 _CLAIM = f"""
-WITH next AS (
-    SELECT job_id FROM summary.jobs
-     WHERE (state = 'pending' AND run_after <= now())
-        OR (state = 'running' AND lease_until < now())
+WITH due AS (
+    SELECT job_id, run_after FROM summary.jobs
+     WHERE state = 'pending' AND run_after <= now()
      ORDER BY run_after
      LIMIT 1
      FOR UPDATE SKIP LOCKED
+), expired AS (
+    SELECT job_id, run_after FROM summary.jobs
+     WHERE state = 'running' AND lease_until < now()
+     ORDER BY run_after
+     LIMIT 1
+     FOR UPDATE SKIP LOCKED
+), next AS (
+    SELECT job_id FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates
+     ORDER BY run_after
+     LIMIT 1
 )
 UPDATE summary.jobs AS j
    SET state = 'running',

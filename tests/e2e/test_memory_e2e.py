@@ -623,8 +623,8 @@ async def test_reindex_rebuilds_a_lost_index(
     # A ghost point that PostgreSQL does not back (as after a lost delete).
     ghost = (namespace, uuid.uuid4())
     await component.index.upsert([IndexPoint(ghost[0], ghost[1], 1, [0.1] * 384, {})])
-    for m in made:
-        await component.index.delete([(namespace, uuid.UUID(m.memory_id))])
+    # The points of the live memories lost (no tombstone: as after losing the index).
+    await component.index.purge([(namespace, uuid.UUID(m.memory_id)) for m in made])
     indexed, orphans = await reindex(component.store, component.index, component.embedder)
     keys = await component.index.keys()
     assert ghost not in keys and orphans >= 1

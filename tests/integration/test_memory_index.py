@@ -21,8 +21,10 @@ from services.memory.index import (
     IndexUnavailable,
     NamespacedQuery,
     Term,
+    Tombstone,
     VectorIndex,
     collection_name,
+    point_id,
 )
 from services.memory.index.edge import EdgeIndex
 from services.memory.index.pgvector import PgvectorIndex
@@ -126,7 +128,7 @@ async def test_upsert_replaces_and_delete_removes(make_index: Factory) -> None:
     assert await index.keys() == {("ns", p.memory_id)}
     # The same memory id in another namespace is another point.
     await index.upsert([IndexPoint("ns-2", p.memory_id, 1, first, {})])
-    await index.delete([("ns", p.memory_id), ("ns", uuid.uuid4())])
+    await index.delete([Tombstone("ns", p.memory_id, 3), Tombstone("ns", uuid.uuid4(), 1)])
     assert await index.keys() == {("ns-2", p.memory_id)}
     assert await index.search(NamespacedQuery.inside("ns", second, 5)) == []
 
@@ -235,5 +237,115 @@ async def test_pgvector_hnsw_path_and_its_exact_fallback(fresh_database_url: str
                 found += len({p.memory_id for p in exact} & {h.memory_id for h in hits})
                 total += 10
             assert found / total >= 0.9, namespace
+    finally:
+        await index.close()
+
+
+async def test_an_older_revision_never_replaces_a_newer_one(make_index: Factory) -> None:
+    """The revision guard, in the engine's own write: a batch mixing newer and older
+    points applies only the newer ones, also after the index built its graph."""
+    index = await make_index(DIM)
+    rng = np.random.default_rng(7)
+    old, new, other = unit(rng), unit(rng), unit(rng)
+    a, b = uuid.uuid4(), uuid.uuid4()
+    await index.upsert([IndexPoint("ns", a, 3, new, {"v": "3"}), IndexPoint("ns", b, 1, old, {})])
+    await index.optimize()
+    # a: 2 and 3 are refused (older, same); b: 2 lands.
+    await index.upsert([IndexPoint("ns", a, 2, old, {"v": "2"}), IndexPoint("ns", b, 2, other, {})])
+    await index.upsert([IndexPoint("ns", a, 3, old, {"v": "3"})])
+    hits = await index.search(NamespacedQuery.inside("ns", new, 5, {"v": "3"}))
+    assert [(h.memory_id, h.revision) for h in hits] == [(a, 3)]
+    assert hits[0].score == pytest.approx(1.0, abs=1e-4)  # still the vector of revision 3
+    assert await index.search(NamespacedQuery.inside("ns", old, 5, {"v": "2"})) == []
+    hits = await index.search(NamespacedQuery.inside("ns", other, 1))
+    assert [(h.memory_id, h.revision) for h in hits] == [(b, 2)]
+    await index.upsert([IndexPoint("ns", a, 4, old, {"v": "4"})])
+    hits = await index.search(NamespacedQuery.inside("ns", old, 1))
+    assert [(h.memory_id, h.revision) for h in hits] == [(a, 4)]
+
+
+async def test_a_tombstone_blocks_older_writes_and_is_never_found(make_index: Factory) -> None:
+    index = await make_index(DIM)
+    rng = np.random.default_rng(8)
+    vector, again = unit(rng), unit(rng)
+    gone, early, kept = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    await index.upsert(
+        [IndexPoint("ns", gone, 1, vector, {}), IndexPoint("ns", kept, 5, again, {})]
+    )
+    await index.optimize()
+    # Deleted at revision 2; a tombstone also for a memory the index never held; a
+    # deletion older than what the index holds (kept is at 5) changes nothing.
+    await index.delete(
+        [Tombstone("ns", gone, 2), Tombstone("ns", early, 3), Tombstone("ns", kept, 4)]
+    )
+    # The late, older writes of the deleted memories: refused.
+    await index.upsert(
+        [IndexPoint("ns", gone, 1, vector, {}), IndexPoint("ns", early, 2, vector, {})]
+    )
+    assert await index.keys() == {("ns", kept)}
+    hits = await index.search(NamespacedQuery.inside("ns", vector, 10))
+    assert {h.memory_id for h in hits} == {kept}
+    # Nothing of a tombstone can be found from any namespace, with any filter.
+    for namespace in ("ns", "ns-2"):
+        for metadata in ({}, {"v": "1"}):
+            found = await index.search(NamespacedQuery.inside(namespace, vector, 10, metadata))
+            assert gone not in {h.memory_id for h in found}
+            assert early not in {h.memory_id for h in found}
+    # A re-created memory (its revisions keep counting) passes the tombstone.
+    await index.upsert([IndexPoint("ns", gone, 3, again, {})])
+    hits = await index.search(NamespacedQuery.inside("ns", again, 10))
+    assert {(h.memory_id, h.revision) for h in hits} == {(gone, 3), (kept, 5)}
+
+
+async def test_tombstones_are_pruned_after_their_retention(make_index: Factory) -> None:
+    index = await make_index(DIM)
+    rng = np.random.default_rng(9)
+    vector = unit(rng)
+    gone, live = uuid.uuid4(), uuid.uuid4()
+    await index.upsert([IndexPoint("ns", live, 1, unit(rng), {})])
+    await index.delete([Tombstone("ns", gone, 2)])
+    await index.prune_tombstones(3600)  # younger than the retention: kept
+    await index.upsert([IndexPoint("ns", gone, 1, vector, {})])
+    assert await index.keys() == {("ns", live)}
+    await index.prune_tombstones(0)
+    # Pruned: the tombstone no longer holds an older write back; points are untouched.
+    await index.upsert([IndexPoint("ns", gone, 1, vector, {})])
+    assert await index.keys() == {("ns", live), ("ns", gone)}
+
+
+async def test_a_pgvector_table_made_before_tombstones_takes_them(
+    fresh_database_url: str,
+) -> None:
+    """A table of the earlier layout (embedding NOT NULL, no deleted_at) is changed in
+    place at start: its points stay, and a deletion leaves a tombstone."""
+    name = collection_name(MODEL, DIM)
+    rng = np.random.default_rng(10)
+    kept, gone = uuid.uuid4(), uuid.uuid4()
+    async with await psycopg.AsyncConnection.connect(fresh_database_url, autocommit=True) as conn:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        await conn.execute(
+            f"CREATE TABLE memory.{name} (point_id uuid PRIMARY KEY, namespace text NOT NULL,"
+            f" memory_id uuid NOT NULL, revision bigint NOT NULL,"
+            f" tags text[] NOT NULL DEFAULT '{{}}', embedding vector({DIM}) NOT NULL)"
+        )
+        await conn.execute(
+            f"CREATE INDEX {name}_hnsw ON memory.{name} USING hnsw (embedding vector_cosine_ops)"
+        )
+        vector = "[" + ",".join(str(x) for x in unit(rng)) + "]"
+        for memory_id in (kept, gone):
+            await conn.execute(
+                f"INSERT INTO memory.{name} (point_id, namespace, memory_id, revision, embedding)"
+                " VALUES (%s, 'ns', %s, 1, %s)",
+                (point_id("ns", memory_id), memory_id, vector),
+            )
+    index = PgvectorIndex(fresh_database_url, MODEL, DIM)
+    await index.start()
+    try:
+        assert await index.keys() == {("ns", kept), ("ns", gone)}
+        await index.close()
+        await index.start()  # the second start finds the table already changed
+        await index.delete([Tombstone("ns", gone, 2)])
+        await index.upsert([IndexPoint("ns", gone, 1, unit(rng), {})])
+        assert await index.keys() == {("ns", kept)}
     finally:
         await index.close()

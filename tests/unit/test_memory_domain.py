@@ -26,6 +26,8 @@ def test_configuration_defaults_and_errors_name_the_variable() -> None:
     config = MemoryConfig.from_env({})
     assert config.index == "edge" and config.embeddings == "local"
     assert config.embeddings_dimension == 384 and config.default_ttl is None
+    assert (config.indexers, config.indexer_claim_s) == (1, 60.0)
+    assert config.index_tombstone_retention == timedelta(days=1)
     config = MemoryConfig.from_env(
         {
             "RUNIFOLD_MEMORY_DEFAULT_TTL": "30d",
@@ -42,6 +44,17 @@ def test_configuration_defaults_and_errors_name_the_variable() -> None:
         ({"RUNIFOLD_MEMORY_NAMESPACE_TTLS": "a b=1h"}, "RUNIFOLD_MEMORY_NAMESPACE_TTLS"),
         ({"RUNIFOLD_EMBEDDINGS": "openai"}, "RUNIFOLD_EMBEDDINGS_URL"),
         ({"RUNIFOLD_MEMORY_OVERFETCH": "0"}, "RUNIFOLD_MEMORY_OVERFETCH"),
+        ({"RUNIFOLD_MEMORY_INDEXERS": "65"}, "RUNIFOLD_MEMORY_INDEXERS"),
+        ({"RUNIFOLD_MEMORY_INDEXER_CLAIM_S": "0.5"}, "RUNIFOLD_MEMORY_INDEXER_CLAIM_S"),
+        # A tombstone must outlive the writes still in flight (10 x the claim).
+        (
+            {"RUNIFOLD_MEMORY_INDEX_TOMBSTONE_RETENTION": "5m"},
+            "RUNIFOLD_MEMORY_INDEX_TOMBSTONE_RETENTION",
+        ),
+        (
+            {"RUNIFOLD_MEMORY_INDEX_TOMBSTONE_RETENTION": "0"},
+            "RUNIFOLD_MEMORY_INDEX_TOMBSTONE_RETENTION",
+        ),
     ):
         with pytest.raises(SettingsError, match=name):
             MemoryConfig.from_env(env)

@@ -5,6 +5,15 @@ small payload: namespace, memory id, revision, metadata tags; never the
 content). PostgreSQL stays the source of truth: search re-reads every hit
 from it.
 
+Every write is guarded by the memory's revision, inside the engine's own
+write: a point replaces what the index holds for its memory only when its
+revision is newer, and a deletion leaves a tombstone at the deletion's
+revision (revisions keep counting across a delete, see 0001_memory.sql)
+that no older point can pass. So indexers may apply a memory's writes in
+any order, or late, and the index still ends at the newest revision. A
+tombstone carries no namespace and no vector: no query can reach it. It is
+pruned after a retention period (`prune_tombstones`).
+
 Tenancy is enforced here, in one place. The only way to search is
 `VectorIndex.search(NamespacedQuery)`, and the only way to make a
 `NamespacedQuery` is `NamespacedQuery.inside(namespace, ...)`, which
@@ -37,6 +46,8 @@ NAMESPACE_FIELD = "namespace"
 MEMORY_ID_FIELD = "memory_id"
 REVISION_FIELD = "revision"
 TAGS_FIELD = "tags"
+# On tombstones only: when the deletion was indexed (Unix seconds), for pruning.
+DELETED_AT_FIELD = "deleted_at"
 # What a search reads back of each hit, and keys() of each point.
 HIT_FIELDS = (MEMORY_ID_FIELD, REVISION_FIELD)
 KEY_FIELDS = (NAMESPACE_FIELD, MEMORY_ID_FIELD)
@@ -149,6 +160,24 @@ class IndexHit:
     score: float
 
 
+@dataclass(frozen=True, slots=True)
+class Tombstone:
+    """A deleted memory as the index keeps it: `revision` is the deletion's revision."""
+
+    namespace: str
+    memory_id: uuid.UUID
+    revision: int
+
+    def payload(self, deleted_at: float) -> dict[str, object]:
+        """The payload of the tombstone point: no namespace and no tags, so that no
+        query (whose first term is always the namespace) can ever match it."""
+        return {
+            MEMORY_ID_FIELD: str(self.memory_id),
+            REVISION_FIELD: self.revision,
+            DELETED_AT_FIELD: deleted_at,
+        }
+
+
 # (namespace, memory id): what names one memory, in the store and in the index.
 Key = tuple[str, uuid.UUID]
 
@@ -165,16 +194,26 @@ class VectorIndex(Protocol):
         differ. May be called again after close() to reopen."""
 
     async def upsert(self, points: Sequence[IndexPoint]) -> None:
-        """Insert or replace points."""
+        """Insert or replace points. A point lands only if the index holds nothing of
+        its memory at the same or a newer revision (point or tombstone)."""
 
-    async def delete(self, keys: Sequence[Key]) -> None:
-        """Remove the points of these memories (absent ones are ignored)."""
+    async def delete(self, tombstones: Sequence[Tombstone]) -> None:
+        """Replace what the index holds of each memory by a tombstone at the deletion's
+        revision, unless it holds a newer revision (the memory was re-created)."""
+
+    async def purge(self, keys: Sequence[Key]) -> None:
+        """Remove the points and tombstones of these memories, whatever their revision
+        (reindex: points that no live memory backs)."""
+
+    async def prune_tombstones(self, older_than_s: float) -> None:
+        """Remove the tombstones written more than `older_than_s` seconds ago."""
 
     async def search(self, query: NamespacedQuery) -> list[IndexHit]:
         """Nearest neighbours inside the query's namespace, best first."""
 
     async def keys(self) -> set[Key]:
-        """Every (namespace, memory id) held: reindex and consistency checks only."""
+        """Every (namespace, memory id) with a point (tombstones are not memories):
+        reindex and consistency checks only."""
 
     async def optimize(self) -> None:
         """Build search structures after bulk loads (a no-op where the engine does it)."""
@@ -203,13 +242,20 @@ def point_ids(keys: Sequence[Key]) -> list[uuid.UUID]:
     return [point_id(namespace, memory_id) for namespace, memory_id in keys]
 
 
+def tombstone_points(tombstones: Sequence[Tombstone]) -> list[tuple[uuid.UUID, Tombstone]]:
+    """Each tombstone with the index id of its memory."""
+    return [(point_id(t.namespace, t.memory_id), t) for t in tombstones]
+
+
 def hit_from_payload(payload: Mapping[str, Any], score: float) -> IndexHit:
     """A hit from a payload read with HIT_FIELDS."""
     return IndexHit(uuid.UUID(payload[MEMORY_ID_FIELD]), int(payload[REVISION_FIELD]), float(score))
 
 
-def key_from_payload(payload: Mapping[str, Any]) -> Key:
-    """A key from a payload read with KEY_FIELDS."""
+def key_from_payload(payload: Mapping[str, Any]) -> Key | None:
+    """A key from a payload read with KEY_FIELDS; None for a tombstone (no namespace)."""
+    if NAMESPACE_FIELD not in payload:
+        return None
     return payload[NAMESPACE_FIELD], uuid.UUID(payload[MEMORY_ID_FIELD])
 
 

@@ -3,12 +3,21 @@
 The shard lives under `<directory>/<collection>`; one process opens it at a
 time. Its calls are synchronous and CPU-bound, so they run in worker threads
 off the event loop.
+
+Revision guard: qdrant-edge's conditional upsert (`upsert_points(points,
+condition=Filter)`) updates an existing point only when it matches the
+condition, and inserts absent points regardless; the engine evaluates it
+inside the update, under the shard's write lock. The condition names each
+point with its own revision bound (`has_id` AND `revision` below it), so one
+batch carries every point's guard. A tombstone is a vectorless point written
+the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,9 +25,11 @@ from typing import Any, TypeVar
 import qdrant_edge as qe
 
 from services.memory.index import (
+    DELETED_AT_FIELD,
     HIT_FIELDS,
     KEY_FIELDS,
     NAMESPACE_FIELD,
+    REVISION_FIELD,
     SCROLL_PAGE,
     TAGS_FIELD,
     IndexHit,
@@ -27,17 +38,40 @@ from services.memory.index import (
     IndexUnavailable,
     Key,
     NamespacedQuery,
+    Tombstone,
     check_vector,
     checked_points,
     collection_name,
     hit_from_payload,
     key_from_payload,
     point_ids,
+    tombstone_points,
 )
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+def _held_older(bounds: Sequence[tuple[str, int]], *, inclusive: bool) -> Any:
+    """Matches an existing point of `bounds` whose revision is below its bound (at or
+    below with `inclusive`): the points a conditional write may replace."""
+    return qe.Filter(
+        should=[
+            qe.Filter(
+                must=[
+                    qe.HasIdCondition({pid}),
+                    qe.FieldCondition(
+                        key=REVISION_FIELD,
+                        range=qe.RangeFloat(lte=revision)
+                        if inclusive
+                        else qe.RangeFloat(lt=revision),
+                    ),
+                ]
+            )
+            for pid, revision in bounds
+        ]
+    )
 
 
 class EdgeIndex:
@@ -64,7 +98,7 @@ class EdgeIndex:
         if (self.path / "edge_config.json").exists():
             try:
                 # With a config, load() checks it against the stored segments.
-                return qe.EdgeShard.load(str(self.path), self._config())
+                shard = qe.EdgeShard.load(str(self.path), self._config())
             except Exception as exc:
                 if "incompatible" in str(exc).lower():
                     raise IndexMismatch(
@@ -72,14 +106,19 @@ class EdgeIndex:
                         f"size or distance (want {self.dimension}, cosine): {exc}"
                     ) from None
                 raise
-        self.path.mkdir(parents=True, exist_ok=True)
-        shard = qe.EdgeShard.create(str(self.path), self._config())
-        shard.update(
-            qe.UpdateOperation.create_field_index(
-                NAMESPACE_FIELD, qe.KeywordIndexParams(is_tenant=True)
-            )
-        )
-        shard.update(qe.UpdateOperation.create_field_index(TAGS_FIELD, qe.KeywordIndexParams()))
+        else:
+            self.path.mkdir(parents=True, exist_ok=True)
+            shard = qe.EdgeShard.create(str(self.path), self._config())
+        indexes: dict[str, qe.KeywordIndexParams | qe.FloatIndexParams] = {
+            NAMESPACE_FIELD: qe.KeywordIndexParams(is_tenant=True),
+            TAGS_FIELD: qe.KeywordIndexParams(),
+            # The tombstone pruning's range filter (a shard made before tombstones gets it now).
+            DELETED_AT_FIELD: qe.FloatIndexParams(),
+        }
+        held = shard.info().payload_schema
+        for field, params in indexes.items():
+            if field not in held:
+                shard.update(qe.UpdateOperation.create_field_index(field, params))
         return shard
 
     async def start(self) -> None:
@@ -105,17 +144,38 @@ class EdgeIndex:
     async def upsert(self, points: Sequence[IndexPoint]) -> None:
         if not points:
             return
-        built = [
-            qe.Point(str(pid), list(p.vector), p.payload())
-            for pid, p in checked_points(points, self.dimension)
-        ]
-        await self._call(lambda shard: shard.update(qe.UpdateOperation.upsert_points(built)))
+        checked = checked_points(points, self.dimension)
+        built = [qe.Point(str(pid), list(p.vector), p.payload()) for pid, p in checked]
+        condition = _held_older([(str(pid), p.revision) for pid, p in checked], inclusive=False)
+        operation = qe.UpdateOperation.upsert_points(built, condition=condition)
+        await self._call(lambda shard: shard.update(operation))
 
-    async def delete(self, keys: Sequence[Key]) -> None:
+    async def delete(self, tombstones: Sequence[Tombstone]) -> None:
+        if not tombstones:
+            return
+        now = time.time()
+        entries = tombstone_points(tombstones)
+        built = [qe.Point(str(pid), {}, t.payload(now)) for pid, t in entries]
+        condition = _held_older([(str(pid), t.revision) for pid, t in entries], inclusive=True)
+        operation = qe.UpdateOperation.upsert_points(built, condition=condition)
+        await self._call(lambda shard: shard.update(operation))
+
+    async def purge(self, keys: Sequence[Key]) -> None:
         if not keys:
             return
         ids: list[qe.PointId] = [str(pid) for pid in point_ids(keys)]
         await self._call(lambda shard: shard.update(qe.UpdateOperation.delete_points(ids)))
+
+    async def prune_tombstones(self, older_than_s: float) -> None:
+        expired = qe.Filter(
+            must=[
+                qe.FieldCondition(
+                    key=DELETED_AT_FIELD, range=qe.RangeFloat(lte=time.time() - older_than_s)
+                )
+            ]
+        )
+        operation = qe.UpdateOperation.delete_points_by_filter(expired)
+        await self._call(lambda shard: shard.update(operation))
 
     async def search(self, query: NamespacedQuery) -> list[IndexHit]:
         check_vector(query.vector, self.dimension)
@@ -145,7 +205,7 @@ class EdgeIndex:
                         with_payload=list(KEY_FIELDS),
                     )
                 )
-                found.update(key_from_payload(r.payload) for r in records)
+                found.update(k for r in records if (k := key_from_payload(r.payload)))
                 if offset is None:
                     return found
 

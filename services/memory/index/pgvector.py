@@ -16,6 +16,14 @@ candidates, so plain filtered HNSW misses most of its true neighbours
   search costs what the namespace holds, a few milliseconds per 10,000 rows.
 
 Results of a relaxed scan may be slightly out of order; they are re-sorted.
+
+Revision guard: an upsert is `INSERT ... ON CONFLICT (point_id) DO UPDATE ...
+WHERE t.revision < excluded.revision`, so the row lock of the conflict
+serializes racing writers and an older write changes nothing. A tombstone is
+the same row with no embedding (not in the HNSW graph), an empty namespace
+(no query matches it) and `deleted_at`, written with `WHERE t.revision <=
+excluded.revision`. Each row is its own autocommit statement: no writer holds
+one row while waiting for another.
 """
 
 from __future__ import annotations
@@ -40,10 +48,12 @@ from services.memory.index import (
     IndexUnavailable,
     Key,
     NamespacedQuery,
+    Tombstone,
     check_vector,
     checked_points,
     collection_name,
     point_ids,
+    tombstone_points,
 )
 
 log = logging.getLogger(__name__)
@@ -75,15 +85,28 @@ _EXACT = sql.SQL(
 _COUNT = sql.SQL(
     "SELECT count(*) FROM (SELECT 1 FROM {} WHERE namespace = %(namespace)s LIMIT %(bound)s) AS n"
 )
+# A point replaces only an older revision of its memory (point or tombstone).
 _UPSERT = sql.SQL(
-    """INSERT INTO {} (point_id, namespace, memory_id, revision, tags, embedding)
+    """INSERT INTO {} AS t (point_id, namespace, memory_id, revision, tags, embedding)
        VALUES (%s, %s, %s, %s, %s, %s)
        ON CONFLICT (point_id) DO UPDATE
-          SET revision = excluded.revision, tags = excluded.tags,
-              embedding = excluded.embedding"""
+          SET namespace = excluded.namespace, revision = excluded.revision,
+              tags = excluded.tags, embedding = excluded.embedding, deleted_at = NULL
+        WHERE t.revision < excluded.revision"""
 )
-_DELETE = sql.SQL("DELETE FROM {} WHERE point_id = ANY(%s)")
-_KEYS = sql.SQL("SELECT namespace, memory_id FROM {}")
+# A tombstone replaces the same or an older revision (an expired memory is
+# deleted at the revision its point holds).
+_TOMBSTONE = sql.SQL(
+    """INSERT INTO {} AS t (point_id, namespace, memory_id, revision, tags, embedding, deleted_at)
+       VALUES (%s, '', %s, %s, '{{}}', NULL, now())
+       ON CONFLICT (point_id) DO UPDATE
+          SET namespace = '', revision = excluded.revision, tags = '{{}}', embedding = NULL,
+              deleted_at = excluded.deleted_at
+        WHERE t.revision <= excluded.revision"""
+)
+_PURGE = sql.SQL("DELETE FROM {} WHERE point_id = ANY(%s)")
+_PRUNE = sql.SQL("DELETE FROM {} WHERE deleted_at <= now() - make_interval(secs => %s)")
+_KEYS = sql.SQL("SELECT namespace, memory_id FROM {} WHERE deleted_at IS NULL")
 _POOL_MAX = 8
 
 
@@ -112,7 +135,9 @@ class PgvectorIndex:
         # The statements that name only the table, composed once.
         self._count = _COUNT.format(self._qualified)
         self._upsert = _UPSERT.format(self._qualified)
-        self._delete = _DELETE.format(self._qualified)
+        self._tombstone = _TOMBSTONE.format(self._qualified)
+        self._purge = _PURGE.format(self._qualified)
+        self._prune = _PRUNE.format(self._qualified)
         self._keys = _KEYS.format(self._qualified)
         self._timeout = timeout_s
         self._pool: AsyncConnectionPool[Any] | None = None
@@ -155,17 +180,20 @@ class PgvectorIndex:
                         f"pgvector table memory.{self.table} was made for another vector size "
                         f"or distance (want vector({self.dimension}), cosine)"
                     )
+                await self._add_tombstones(conn)
                 return
             async with conn.transaction():
                 await conn.execute(
                     sql.SQL(
                         """CREATE TABLE IF NOT EXISTS {table} (
-                               point_id  uuid PRIMARY KEY,
-                               namespace text NOT NULL,
-                               memory_id uuid NOT NULL,
-                               revision  bigint NOT NULL,
-                               tags      text[] NOT NULL DEFAULT '{{}}',
-                               embedding vector({dimension}) NOT NULL)"""
+                               point_id   uuid PRIMARY KEY,
+                               namespace  text NOT NULL,
+                               memory_id  uuid NOT NULL,
+                               revision   bigint NOT NULL,
+                               tags       text[] NOT NULL DEFAULT '{{}}',
+                               -- NULL on a tombstone, which also has namespace ''.
+                               embedding  vector({dimension}),
+                               deleted_at timestamptz)"""
                     ).format(table=self._qualified, dimension=sql.Literal(self.dimension))
                 )
                 await conn.execute(
@@ -179,6 +207,34 @@ class PgvectorIndex:
                         name=sql.Identifier(f"{self.table}_ns"), table=self._qualified
                     )
                 )
+                await self._tombstone_index(conn)
+
+    async def _tombstone_index(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """What the pruning of tombstones reads."""
+        await conn.execute(
+            sql.SQL(
+                "CREATE INDEX IF NOT EXISTS {name} ON {table} (deleted_at)"
+                " WHERE deleted_at IS NOT NULL"
+            ).format(name=sql.Identifier(f"{self.table}_tombstones"), table=self._qualified)
+        )
+
+    async def _add_tombstones(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """A table made before tombstones: let it hold them (metadata-only changes)."""
+        cursor = await conn.execute(
+            """SELECT 1 FROM pg_attribute
+                WHERE attrelid = to_regclass(%s) AND attname = 'deleted_at' AND NOT attisdropped""",
+            (f"memory.{self.table}",),
+        )
+        if await cursor.fetchone() is not None:
+            return
+        async with conn.transaction():
+            await conn.execute(
+                sql.SQL(
+                    "ALTER TABLE {} ALTER COLUMN embedding DROP NOT NULL,"
+                    " ADD COLUMN IF NOT EXISTS deleted_at timestamptz"
+                ).format(self._qualified)
+            )
+            await self._tombstone_index(conn)
 
     async def start(self) -> None:
         if self._pool is not None:
@@ -228,14 +284,31 @@ class PgvectorIndex:
         except (psycopg.Error, PoolTimeout) as exc:
             raise IndexUnavailable(f"pgvector upsert failed: {exc}") from exc
 
-    async def delete(self, keys: Sequence[Key]) -> None:
+    async def delete(self, tombstones: Sequence[Tombstone]) -> None:
+        if not tombstones:
+            return
+        rows = [(pid, t.memory_id, t.revision) for pid, t in tombstone_points(tombstones)]
+        try:
+            async with self._require().connection() as conn, conn.cursor() as cursor:
+                await cursor.executemany(self._tombstone, rows)
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise IndexUnavailable(f"pgvector delete failed: {exc}") from exc
+
+    async def purge(self, keys: Sequence[Key]) -> None:
         if not keys:
             return
         try:
             async with self._require().connection() as conn:
-                await conn.execute(self._delete, (point_ids(keys),))
+                await conn.execute(self._purge, (point_ids(keys),))
         except (psycopg.Error, PoolTimeout) as exc:
             raise IndexUnavailable(f"pgvector delete failed: {exc}") from exc
+
+    async def prune_tombstones(self, older_than_s: float) -> None:
+        try:
+            async with self._require().connection() as conn:
+                await conn.execute(self._prune, (older_than_s,))
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise IndexUnavailable(f"pgvector tombstone pruning failed: {exc}") from exc
 
     async def search(self, query: NamespacedQuery) -> list[IndexHit]:
         check_vector(query.vector, self.dimension)

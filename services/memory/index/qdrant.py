@@ -5,20 +5,33 @@ namespace; `namespace` is a keyword payload index marked `is_tenant`, so
 Qdrant co-locates each tenant's points and plans filtered searches per
 tenant. The same client API runs in qdrant-client's local mode (`path=`,
 or in memory when neither `url` nor `path` is given), which the tests use.
+
+Revision guard: an upsert carries `update_filter` (conditional updates,
+Qdrant server and qdrant-client 1.16 and newer, local mode included): an
+existing point is replaced only when it matches the filter, an absent one is
+inserted. The filter names each point with its own revision bound (`has_id`
+AND `revision` below it), so one request guards a whole batch; the server
+checks it on the request's own point ids only (no scan, no payload index
+needed). Writes go with `ordering=strong` (through the shard's permanent
+leader), so every replica evaluates the guards in the same order. A
+tombstone is a point with no vector (`vector={}`), written the same way.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from qdrant_client import AsyncQdrantClient, models
 
 from services.memory.index import (
+    DELETED_AT_FIELD,
     HIT_FIELDS,
     KEY_FIELDS,
     NAMESPACE_FIELD,
+    REVISION_FIELD,
     SCROLL_PAGE,
     TAGS_FIELD,
     IndexHit,
@@ -27,15 +40,42 @@ from services.memory.index import (
     IndexUnavailable,
     Key,
     NamespacedQuery,
+    Tombstone,
     check_vector,
     checked_points,
     collection_name,
     hit_from_payload,
     key_from_payload,
     point_ids,
+    tombstone_points,
 )
 
 log = logging.getLogger(__name__)
+
+# A conditional write goes through the shard's permanent leader: every replica
+# then sees the same order of writes, so a revision guard decides the same way.
+_ORDERING = models.WriteOrdering.STRONG
+
+
+def _held_older(bounds: Sequence[tuple[str, int]], *, inclusive: bool) -> models.Filter:
+    """Matches an existing point of `bounds` whose revision is below its bound (at or
+    below with `inclusive`): the points a conditional write may replace."""
+    return models.Filter(
+        should=[
+            models.Filter(
+                must=[
+                    models.HasIdCondition(has_id=[pid]),
+                    models.FieldCondition(
+                        key=REVISION_FIELD,
+                        range=models.Range(lte=revision)
+                        if inclusive
+                        else models.Range(lt=revision),
+                    ),
+                ]
+            )
+            for pid, revision in bounds
+        ]
+    )
 
 
 class QdrantIndex:
@@ -106,6 +146,12 @@ class QdrantIndex:
                 await client.create_payload_index(
                     self.collection, TAGS_FIELD, field_schema=models.PayloadSchemaType.KEYWORD
                 )
+            info = await client.get_collection(self.collection)
+            # The tombstone pruning filters on it (a collection made before tombstones gets it).
+            if DELETED_AT_FIELD not in (info.payload_schema or {}):
+                await client.create_payload_index(
+                    self.collection, DELETED_AT_FIELD, field_schema=models.PayloadSchemaType.FLOAT
+                )
         except IndexMismatch:
             raise
         except Exception as exc:
@@ -113,32 +159,65 @@ class QdrantIndex:
         self._ready = True
         log.info("memory index opened", extra={"index": "qdrant", "collection": self.collection})
 
+    async def _guarded_upsert(
+        self, structs: list[models.PointStruct], guard: models.Filter, what: str
+    ) -> None:
+        client = self._require()
+        try:
+            await client.upsert(
+                self.collection, points=structs, update_filter=guard, wait=True, ordering=_ORDERING
+            )
+        except Exception as exc:
+            self._ready = False
+            raise IndexUnavailable(f"Qdrant {what} failed: {exc}") from exc
+
     async def upsert(self, points: Sequence[IndexPoint]) -> None:
         if not points:
             return
+        checked = checked_points(points, self.dimension)
         structs = [
             models.PointStruct(id=str(pid), vector=list(p.vector), payload=p.payload())
-            for pid, p in checked_points(points, self.dimension)
+            for pid, p in checked
         ]
-        client = self._require()
-        try:
-            await client.upsert(self.collection, points=structs, wait=True)
-        except Exception as exc:
-            self._ready = False
-            raise IndexUnavailable(f"Qdrant upsert failed: {exc}") from exc
+        guard = _held_older([(str(pid), p.revision) for pid, p in checked], inclusive=False)
+        await self._guarded_upsert(structs, guard, "upsert")
 
-    async def delete(self, keys: Sequence[Key]) -> None:
-        if not keys:
+    async def delete(self, tombstones: Sequence[Tombstone]) -> None:
+        if not tombstones:
             return
+        now = time.time()
+        entries = tombstone_points(tombstones)
+        structs = [
+            models.PointStruct(id=str(pid), vector={}, payload=t.payload(now)) for pid, t in entries
+        ]
+        guard = _held_older([(str(pid), t.revision) for pid, t in entries], inclusive=True)
+        await self._guarded_upsert(structs, guard, "delete")
+
+    async def _delete(self, selector: models.PointIdsList | models.FilterSelector) -> None:
         client = self._require()
-        ids: list[Any] = [str(pid) for pid in point_ids(keys)]
         try:
             await client.delete(
-                self.collection, points_selector=models.PointIdsList(points=ids), wait=True
+                self.collection, points_selector=selector, wait=True, ordering=_ORDERING
             )
         except Exception as exc:
             self._ready = False
             raise IndexUnavailable(f"Qdrant delete failed: {exc}") from exc
+
+    async def purge(self, keys: Sequence[Key]) -> None:
+        if not keys:
+            return
+        ids: list[Any] = [str(pid) for pid in point_ids(keys)]
+        await self._delete(models.PointIdsList(points=ids))
+
+    async def prune_tombstones(self, older_than_s: float) -> None:
+        cutoff = models.Range(lte=time.time() - older_than_s)
+        await self._delete(
+            models.FilterSelector(
+                filter=models.Filter(
+                    must=[models.FieldCondition(key=DELETED_AT_FIELD, range=cutoff)]
+                )
+            )
+        )
 
     async def search(self, query: NamespacedQuery) -> list[IndexHit]:
         check_vector(query.vector, self.dimension)
@@ -174,7 +253,7 @@ class QdrantIndex:
                     offset=offset,
                     with_payload=list(KEY_FIELDS),
                 )
-                found.update(key_from_payload(r.payload or {}) for r in records)
+                found.update(k for r in records if (k := key_from_payload(r.payload or {})))
                 if offset is None:
                     return found
         except Exception as exc:
