@@ -6,11 +6,20 @@ model latency) and memory lookup on; a turn's window is 16. We time turns at
 (GetSummary, LoadView, SearchMemories with its query embedding, AppendEntries)
 so that the turn's p50 can be compared with the sum of theirs.
 Goal: turn p50 < sum of downstream p50s + 5 ms.
+
+The turn lease (issue 12): a turn takes a lease (AcquireTurnLease) and commits
+with a fenced append that ends it. A RACE turn (the default) takes the lease
+while its context (GetSummary, then LoadView) loads, so what the lease adds to
+its critical path is the fenced append's extra work plus whatever of the
+acquisition the context load does not cover; an exclusive turn (REJECT,
+ENQUEUE) takes the lease first. Both parts are timed directly, in the same run,
+interleaved with plain appends (goal: under 1 ms added at p50).
 """
 
 from __future__ import annotations
 
 import tempfile
+import time
 import uuid
 
 import grpc
@@ -150,12 +159,48 @@ async def run(postgres_url: str) -> list[str]:
                 )
                 versions["v"] = reply.version
 
+            acquired: list[float] = []
+            fenced: list[float] = []
+
+            async def leased_append(_: int, i: int) -> None:
+                turn_id = str(uuid.uuid4())
+                started = time.perf_counter()
+                lease = await transcript.AcquireTurnLease(
+                    transcript_pb.AcquireTurnLeaseRequest(
+                        namespace=NAMESPACE,
+                        conversation_id=probe,
+                        turn_id=turn_id,
+                        payload_hash=b"bench",
+                    )
+                )
+                leased = time.perf_counter()
+                reply = await transcript.AppendEntries(
+                    transcript_pb.AppendEntriesRequest(
+                        namespace=NAMESPACE,
+                        conversation_id=probe,
+                        expected_version=versions["v"],
+                        request_id=turn_id,
+                        fencing_token=lease.lease.fencing_token,
+                        messages=[user(QUESTION), assistant("an answer of some length")],
+                    )
+                )
+                if i >= 0:  # not a warm-up
+                    acquired.append(leased - started)
+                    fenced.append(time.perf_counter() - leased)
+                versions["v"] = reply.version
+
             parts: list[Stats] = [
                 await measure("  GetSummary", 1, 300, get_summary),
                 await measure("  LoadView (window 16)", 1, 300, load_view),
                 await measure("  SearchMemories (limit 4, embedding included)", 1, 300, search),
                 await measure("  AppendEntries (2 messages)", 1, 300, append),
             ]
+            # Interleaved rounds, so that drift on a busy machine hits both alike.
+            plain: list[Stats] = []
+            leased: list[Stats] = []
+            for _ in range(3):
+                plain.append(await measure("plain", 1, 200, append, warmup=10))
+                leased.append(await measure("leased", 1, 200, leased_append, warmup=10))
     lines += [turns1.row(), turns16.row(), "downstream RPCs alone, 1 in flight:"]
     lines += [part.row() for part in parts]
     budget = sum(part.p50 for part in parts)
@@ -163,4 +208,19 @@ async def run(postgres_url: str) -> list[str]:
         f"turn p50 {turns1.p50:.2f} ms vs sum of downstream p50 {budget:.2f} ms "
         f"+ 5 ms = {budget + 5:.2f} ms (goal: below)"
     )
+    plain_p50 = Stats("plain", [x for s in plain for x in s.latencies], 1.0).p50
+    acquire_p50 = Stats("acquire", acquired, 1.0).p50
+    fenced_p50 = Stats("fenced", fenced, 1.0).p50
+    context_p50 = parts[0].p50 + parts[1].p50  # GetSummary then LoadView, beside the lease
+    race_added = fenced_p50 - plain_p50 + max(0.0, acquire_p50 - context_p50)
+    exclusive_added = fenced_p50 - plain_p50 + acquire_p50
+    lines += [
+        "the turn lease, 1 in flight (3 interleaved rounds of 200):",
+        f"  AppendEntries, plain                             p50 {plain_p50:>7.2f} ms",
+        f"  AppendEntries, fenced (ends the lease)           p50 {fenced_p50:>7.2f} ms",
+        f"  AcquireTurnLease (shared, a new turn id)         p50 {acquire_p50:>7.2f} ms",
+        f"  context load beside it (GetSummary + LoadView)   p50 {context_p50:>7.2f} ms",
+        f"added to a RACE turn's critical path {race_added:.2f} ms at p50 (goal: under 1 ms); "
+        f"to a REJECT/ENQUEUE turn (lease first) {exclusive_added:.2f} ms",
+    ]
     return lines

@@ -27,6 +27,7 @@ import uuid_utils
 
 from services.agent.config import AgentConfig
 from services.agent.model import (
+    ConcurrencyMode,
     ContextReport,
     EndedState,
     LeaseState,
@@ -37,6 +38,7 @@ from services.agent.model import (
     Recall,
     Stage,
     SummaryMode,
+    SummaryState,
     TextDelta,
     Turn,
     TurnConflict,
@@ -229,6 +231,15 @@ class TurnRunner:
             if policy.memory_limit > 0
             else None
         )
+        # A RACE turn's context does not depend on the lease (its compare-and-swap decides
+        # at commit), so it loads while the lease is taken. An exclusive turn reads its
+        # context only once it holds the lease: it must see what the turns before it
+        # committed.
+        preloading = (
+            asyncio.ensure_future(self._context(turn, conversation_id, turn_id))
+            if turn.concurrency == ConcurrencyMode.RACE
+            else None
+        )
         try:
             acquiring = asyncio.ensure_future(
                 self.transcripts.acquire_lease(
@@ -257,14 +268,16 @@ class TurnRunner:
             if isinstance(acquired, EndedState):
                 raise ended_error(acquired)
             async for event in self._under_lease(
-                turn, conversation_id, turn_id, acquired, recalling, stream
+                turn, conversation_id, turn_id, acquired, recalling, preloading, stream
             ):
                 yield event
         finally:
-            if recalling is not None and not recalling.done():
-                recalling.cancel()
-                with contextlib.suppress(asyncio.CancelledError, DomainError):
-                    await recalling
+            for pending in (recalling, preloading):
+                if pending is not None and not pending.done():
+                    pending.cancel()
+                if pending is not None:
+                    with contextlib.suppress(asyncio.CancelledError, DomainError):
+                        await pending
 
     async def _under_lease(
         self,
@@ -273,6 +286,7 @@ class TurnRunner:
         turn_id: str,
         lease: LeaseState,
         recalling: asyncio.Future[Recall] | None,
+        preloading: asyncio.Future[tuple[SummaryState, ViewState]] | None,
         stream: bool,
     ) -> AsyncIterator[TurnEvent]:
         keeper = LeaseKeeper(self.transcripts, turn, conversation_id, turn_id, lease.fencing_token)
@@ -281,7 +295,7 @@ class TurnRunner:
         ended: EndedState | None = None
         try:
             async for event in self._turn(
-                turn, conversation_id, turn_id, lease, keeper, recalling, stream
+                turn, conversation_id, turn_id, lease, keeper, recalling, preloading, stream
             ):
                 committed = committed or isinstance(event, TurnResult)
                 yield event
@@ -312,18 +326,11 @@ class TurnRunner:
         lease: LeaseState,
         keeper: LeaseKeeper,
         recalling: asyncio.Future[Recall] | None,
+        preloading: asyncio.Future[tuple[SummaryState, ViewState]] | None,
         stream: bool,
     ) -> AsyncIterator[TurnEvent]:
         namespace, policy = turn.namespace, turn.policy
-        summary = await self.summaries.get(namespace, conversation_id)
-        view = await self.transcripts.load_view(
-            namespace,
-            conversation_id,
-            policy.window,
-            policy.summary_batch,
-            summary.through_sequence,
-            turn_id,
-        )
+        summary, view = await self._loaded(turn, conversation_id, turn_id, lease, preloading)
         if view.prior_append is not None:  # committed by a plain append with this id
             yield await self._replay(turn, conversation_id, view.prior_append)
             return
@@ -458,6 +465,36 @@ class TurnRunner:
             replayed=appended.replayed,
             created=lease.created,
         )
+
+    async def _context(
+        self, turn: Turn, conversation_id: str, turn_id: str
+    ) -> tuple[SummaryState, ViewState]:
+        """The summary, and the view after it."""
+        policy = turn.policy
+        summary = await self.summaries.get(turn.namespace, conversation_id)
+        view = await self.transcripts.load_view(
+            turn.namespace,
+            conversation_id,
+            policy.window,
+            policy.summary_batch,
+            summary.through_sequence,
+            turn_id,
+        )
+        return summary, view
+
+    async def _loaded(
+        self,
+        turn: Turn,
+        conversation_id: str,
+        turn_id: str,
+        lease: LeaseState,
+        preloading: asyncio.Future[tuple[SummaryState, ViewState]] | None,
+    ) -> tuple[SummaryState, ViewState]:
+        """The context loaded beside the lease (RACE), else (or when the lease just
+        created the conversation) loaded now."""
+        if preloading is not None and not lease.created:
+            return await preloading
+        return await self._context(turn, conversation_id, turn_id)
 
     def _check_reply(self, turn: Turn, reply: Message, outcome: Outcome) -> None:
         """The reply within the transcript's rules, or MODEL_OUTPUT_INVALID with the outcome."""

@@ -18,7 +18,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from services.common import metrics
-from services.common.db import Database, fetch_one
+from services.common.db import AsyncConn, Database, fetch_one
 from services.common.domain import Entry, Message, Role, ToolCall, Usage
 from services.common.errors import VersionConflict
 from services.transcript.model import (
@@ -516,7 +516,23 @@ class PostgresTranscriptStore:
         # lease decision; shared ones only against those (FOR KEY SHARE does not wait
         # for appends), and against their own turn id's (an advisory lock).
         lock = _LOCK_CONVERSATION if request.mode != LeaseMode.SHARED else _SHARE_CONVERSATION
-        async with self.db.connection() as conn, conn.transaction():
+        async with self.db.connection() as conn:
+            if request.mode == LeaseMode.SHARED and request.ticket is None:
+                # The common case in one statement: a turn id never seen here. The
+                # unique (conversation, turn id) index arbitrates racing duplicates;
+                # anything else (a known turn id, a missing conversation) takes the
+                # transaction below.
+                fast = await fetch_one(conn, _GRANT_NEW_SHARED, params)
+                if fast is not None:
+                    return TurnLease(
+                        request.conversation_id, request.turn_id, fast[0], fast[1], False
+                    )
+            return await self._acquire_turn(conn, request, params, lock)
+
+    async def _acquire_turn(
+        self, conn: AsyncConn, request: LeaseRequest, params: dict[str, Any], lock: str
+    ) -> LeaseAttempt:
+        async with conn.transaction():
             row = await fetch_one(conn, lock, params)
             created = False
             if row is None and request.create_if_missing:
@@ -565,9 +581,11 @@ class PostgresTranscriptStore:
             decision = decide_lease(request, own, others, prior)
             if isinstance(decision, AppendRecord | EndedTurn):
                 return decision
+            params["seen_ticket"] = own.ticket if own is not None else None
             if isinstance(decision, Enqueue):
                 ticket_row = await fetch_one(conn, _ENQUEUE, params)
-                assert ticket_row is not None
+                if ticket_row is None:  # a racing grant of this turn id: wait for it
+                    return Waiting(same_turn=True, ticket=None)
                 return Waiting(same_turn=False, ticket=ticket_row[0])
             if not isinstance(decision, Granted):
                 if not decision.same_turn:  # still in line: keep the place
@@ -577,7 +595,8 @@ class PostgresTranscriptStore:
                 metrics.TURN_LEASE_EXPIRIES.inc()
             params["exclusive"] = decision.exclusive
             granted = await fetch_one(conn, _GRANT, params)
-            assert granted is not None
+            if granted is None:  # a racing grant of this turn id: wait for it
+                return Waiting(same_turn=True, ticket=None)
             token, expire_time = granted
         return TurnLease(
             request.conversation_id,
@@ -678,6 +697,25 @@ SELECT conversation_key FROM transcript.conversations
    FOR UPDATE
 """
 
+# A shared lease for a turn id that has no row and no append yet, in one statement.
+_GRANT_NEW_SHARED = """
+WITH c AS (
+    SELECT conversation_key FROM transcript.conversations
+     WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+       FOR KEY SHARE
+)
+INSERT INTO transcript.turns
+       (conversation_key, turn_id, state, exclusive, ticket, payload_hash, lease_until)
+SELECT c.conversation_key, %(turn_id)s, 'running', false, transcript.random_token(),
+       %(payload_hash)s, now() + make_interval(secs => %(ttl_s)s)
+  FROM c
+ WHERE NOT EXISTS (SELECT 1 FROM transcript.appends AS a
+                    WHERE a.conversation_key = c.conversation_key
+                      AND a.request_id = %(turn_id)s)
+ON CONFLICT (conversation_key, turn_id) DO NOTHING
+RETURNING ticket, lease_until
+"""
+
 _SHARE_CONVERSATION = """
 SELECT conversation_key FROM transcript.conversations
  WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
@@ -729,6 +767,7 @@ ON CONFLICT (conversation_key, turn_id) DO UPDATE
    SET state = 'waiting', exclusive = true, ticket = excluded.ticket,
        payload_hash = excluded.payload_hash, lease_until = excluded.lease_until,
        outcome = NULL, end_time = NULL, create_time = now()
+ WHERE transcript.turns.ticket = %(seen_ticket)s::bigint
 RETURNING ticket
 """
 
@@ -741,24 +780,26 @@ UPDATE transcript.turns SET lease_until = now() + make_interval(secs => %(wait_s
 # The lease: the next fencing token, the turn's row (replacing a waiting place or
 # a lapsed lease) and, when exclusive, the fence on the conversation row.
 _GRANT = """
-WITH token AS (
-    SELECT transcript.random_token() AS token
+WITH granted AS (
+    INSERT INTO transcript.turns
+           (conversation_key, turn_id, state, exclusive, ticket, payload_hash, lease_until)
+    VALUES (%(key)s, %(turn_id)s, 'running', %(exclusive)s, transcript.random_token(),
+            %(payload_hash)s, now() + make_interval(secs => %(ttl_s)s))
+    ON CONFLICT (conversation_key, turn_id) DO UPDATE
+       SET state = 'running', exclusive = excluded.exclusive, ticket = excluded.ticket,
+           payload_hash = excluded.payload_hash, lease_until = excluded.lease_until,
+           outcome = NULL, end_time = NULL, create_time = now()
+     -- Only the row the decision saw (a lapsed lease, or this caller's place in line): a
+     -- row a racing one-statement grant inserted meanwhile is never overwritten.
+     WHERE transcript.turns.ticket = %(seen_ticket)s::bigint
+    RETURNING ticket, lease_until
 ), fence AS (
-    UPDATE transcript.conversations
-       SET lease_turn_id = %(turn_id)s, lease_token = (SELECT token FROM token),
-           lease_until = now() + make_interval(secs => %(ttl_s)s)
-     WHERE conversation_key = %(key)s AND %(exclusive)s
+    UPDATE transcript.conversations AS c
+       SET lease_turn_id = %(turn_id)s, lease_token = g.ticket, lease_until = g.lease_until
+      FROM granted AS g
+     WHERE c.conversation_key = %(key)s AND %(exclusive)s
 )
-INSERT INTO transcript.turns
-       (conversation_key, turn_id, state, exclusive, ticket, payload_hash, lease_until)
-SELECT %(key)s, %(turn_id)s, 'running', %(exclusive)s, token, %(payload_hash)s,
-       now() + make_interval(secs => %(ttl_s)s)
-  FROM token
-ON CONFLICT (conversation_key, turn_id) DO UPDATE
-   SET state = 'running', exclusive = excluded.exclusive, ticket = excluded.ticket,
-       payload_hash = excluded.payload_hash, lease_until = excluded.lease_until,
-       outcome = NULL, end_time = NULL, create_time = now()
-RETURNING ticket, lease_until
+SELECT ticket, lease_until FROM granted
 """
 
 _RENEW = f"""
