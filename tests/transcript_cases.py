@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 
@@ -33,7 +34,7 @@ def tool(call_id: str, text: str = "result") -> Message:
     return Message(Role.TOOL, text, tool_call_id=call_id)
 
 
-def make_service(store: TranscriptStore, **limits: int) -> TranscriptService:
+def make_service(store: TranscriptStore, **limits: Any) -> TranscriptService:
     return TranscriptService(
         store, TranscriptLimits(**limits), PageTokens(b"secret-for-tests-0123")
     )

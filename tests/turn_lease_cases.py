@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
+from services.common import metrics
 from services.common.domain import Usage
 from services.common.errors import DomainError
 from services.transcript.model import AppendRecord, EndedTurn, LeaseMode, TurnLease
@@ -56,6 +58,15 @@ async def commit(
         namespace, cid, None, [user(text), assistant("a")], turn_id, Usage(1, 1, 1), token
     )
     return result.record.version
+
+
+def in_line(gauge: Any, count: float) -> Callable[[], Awaitable[bool]]:
+    """A predicate: at least `count` turns wait in a queue in this process."""
+
+    async def check() -> bool:
+        return bool(gauge._value.get() >= count)
+
+    return check
 
 
 async def pending(task: asyncio.Task[object]) -> bool:
@@ -192,19 +203,17 @@ class TurnLeaseCases:
         self, service: TranscriptService, namespace: str
     ) -> None:
         cid = await new_conversation(service, namespace)
+        waiting = metrics.TURNS_WAITING.labels("queue")
+        before = waiting._value.get()
         first = await lease(service, namespace, cid, "q-1", mode=LeaseMode.QUEUED)
         second = asyncio.create_task(acquire(service, namespace, cid, "q-2", LeaseMode.QUEUED))
-        assert await pending(second)
+        await wait_for(in_line(waiting, before + 1))  # q-2 holds its place before q-3 asks
         third = asyncio.create_task(acquire(service, namespace, cid, "q-3", LeaseMode.QUEUED))
-        assert await pending(third)
-
-        async def queued_two() -> bool:
-            # Both waiting rows exist before the depth check below.
-            with pytest.raises(DomainError) as full:
-                await acquire(service, namespace, cid, "q-4", LeaseMode.QUEUED)
-            return full.value.reason == "TURN_QUEUE_FULL"
-
-        await wait_for(queued_two)
+        await wait_for(in_line(waiting, before + 2))
+        with pytest.raises(DomainError) as full:
+            await acquire(service, namespace, cid, "q-4", LeaseMode.QUEUED)
+        assert full.value.reason == "TURN_QUEUE_FULL"
+        assert full.value.retry_after_s is not None
         with pytest.raises(DomainError) as busy:  # REJECT never jumps the line
             await acquire(service, namespace, cid, "r", LeaseMode.EXCLUSIVE)
         assert busy.value.reason == "CONVERSATION_BUSY"
@@ -221,11 +230,13 @@ class TurnLeaseCases:
         self, service: TranscriptService, namespace: str
     ) -> None:
         cid = await new_conversation(service, namespace)
+        waiting = metrics.TURNS_WAITING.labels("queue")
+        before = waiting._value.get()
         first = await lease(service, namespace, cid, "q-1", mode=LeaseMode.QUEUED)
         leaving = asyncio.create_task(acquire(service, namespace, cid, "q-2", LeaseMode.QUEUED))
-        assert await pending(leaving)
+        await wait_for(in_line(waiting, before + 1))
         staying = asyncio.create_task(acquire(service, namespace, cid, "q-3", LeaseMode.QUEUED))
-        assert await pending(staying)
+        await wait_for(in_line(waiting, before + 2))
         leaving.cancel()
         with pytest.raises(asyncio.CancelledError):
             await leaving
@@ -309,3 +320,23 @@ class TurnLeaseCases:
         with pytest.raises(DomainError) as no_id:
             await service.append(namespace, cid, None, [user()], "", Usage(), held.fencing_token)
         assert no_id.value.reason == "INVALID_REQUEST_ID"
+
+    async def test_done_turns_are_swept_and_a_committed_turn_id_stays_committed(
+        self, store: TranscriptStore, namespace: str
+    ) -> None:
+        service = make_service(store, turn_outcome_retention_s=0.2)
+        cid = await new_conversation(service, namespace)
+        first = await lease(service, namespace, cid, "ended")
+        ended = EndedTurn([assistant("kept")], Usage(1, 1, 1), "TURN_CONFLICT")
+        await service.release_turn_lease(namespace, cid, "ended", first.fencing_token, ended)
+        done = await lease(service, namespace, cid, "done")
+        await commit(service, namespace, cid, "done", done.fencing_token)
+
+        async def outcome_forgotten() -> bool:
+            await store.sweep_turns(100)
+            return isinstance(await acquire(service, namespace, cid, "ended"), TurnLease)
+
+        await wait_for(outcome_forgotten, timeout=15, interval=0.1)
+        # A committed turn id is answered by its append, swept or not.
+        await store.sweep_turns(100)
+        assert isinstance(await acquire(service, namespace, cid, "done"), AppendRecord)

@@ -29,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from services.common import metrics
+from services.common.background import Background
 from services.common.backoff import backoff
 from services.common.errors import StoreUnavailable
 from services.memory.config import MemoryConfig
@@ -47,30 +48,7 @@ def to_point(memory: Memory, vector: Sequence[float]) -> IndexPoint:
     )
 
 
-class _Background:
-    """A `run()` loop started and stopped as one background task."""
-
-    task_name = "memory-background"
-    _task: asyncio.Task[None] | None = None
-
-    async def run(self) -> None:
-        raise NotImplementedError
-
-    def start(self) -> None:
-        """Run in the background."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self.run(), name=self.task_name)
-
-    async def stop(self) -> None:
-        """Cancel the background loop (idempotent)."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-
-class Indexer(_Background):
+class Indexer(Background):
     """Drains the outbox into the vector index with `config.indexers` loops."""
 
     task_name = "memory-indexer"
@@ -212,7 +190,7 @@ class Indexer(_Background):
                 await asyncio.wait_for(self._wakeup.wait(), timeout=self.config.indexer_poll_s)
 
 
-class Sweeper(_Background):
+class Sweeper(Background):
     """Erases expired memories, and index tombstones past their retention, in the background."""
 
     task_name = "memory-sweeper"

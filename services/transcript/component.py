@@ -1,13 +1,17 @@
-"""TranscriptService as a server component: its pool, migrations and servicer."""
+"""TranscriptService as a server component: its pool, migrations, servicer and the sweep
+of lapsed turn leases and kept turn outcomes."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
 
 import grpc
 
 from runifold.transcript.v1 import transcript_service_pb2, transcript_service_pb2_grpc
 from services.common import migrations
+from services.common.background import Background
 from services.common.db import Database
 from services.common.pagination import PageTokens
 from services.common.server import StartContext
@@ -17,6 +21,32 @@ from services.transcript.servicer import TranscriptServicer
 from services.transcript.store import PostgresTranscriptStore
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+log = logging.getLogger(__name__)
+
+# Lapsed leases and kept outcomes are swept this often, at most this many rows a statement.
+SWEEP_INTERVAL_S = 30.0
+SWEEP_BATCH = 1000
+
+
+class TurnSweeper(Background):
+    """Deletes the turn rows that are done: outcomes past their retention, committed
+    turns, leases whose holder vanished, and empty conversations such a turn made."""
+
+    task_name = "transcript-turn-sweeper"
+
+    def __init__(self, store: PostgresTranscriptStore) -> None:
+        self.store = store
+
+    async def run(self) -> None:
+        while True:
+            try:
+                while await self.store.sweep_turns(SWEEP_BATCH) >= SWEEP_BATCH:
+                    pass
+            except Exception as error:
+                log.warning("turn sweep failed", extra={"error_type": type(error).__name__})
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+
+
 SERVICE_NAME = transcript_service_pb2.DESCRIPTOR.services_by_name["TranscriptService"].full_name
 
 
@@ -30,6 +60,7 @@ class TranscriptComponent:
         self.limits = limits or TranscriptLimits.from_env()
         self.db: Database | None = None
         self.service: TranscriptService | None = None
+        self.sweeper: TurnSweeper | None = None
 
     def register(self, server: grpc.aio.Server) -> None:
         assert self.service is not None, "register after start"
@@ -41,13 +72,16 @@ class TranscriptComponent:
         self.db = await migrations.open_database(
             ctx.database_url, ctx.settings, self.name, MIGRATIONS
         )
+        store = PostgresTranscriptStore(self.db)
         self.service = TranscriptService(
-            PostgresTranscriptStore(self.db),
-            self.limits,
-            PageTokens(ctx.settings.page_token_secret),
+            store, self.limits, PageTokens(ctx.settings.page_token_secret)
         )
+        self.sweeper = TurnSweeper(store)
+        self.sweeper.start()
 
     async def stop(self) -> None:
+        if self.sweeper is not None:
+            await self.sweeper.stop()
         if self.db is not None:
             await self.db.close()
 

@@ -146,8 +146,9 @@ class InMemoryTranscriptStore:
             )
             if append.request_id is not None:
                 stored.appends[append.request_id] = record
-            if token is not None:
-                del stored.turns[append.request_id or ""]
+            if token is not None:  # kept a while as committed, as in PostgreSQL
+                committed = stored.turns[append.request_id or ""]
+                committed.state, committed.until = "committed", now + timedelta(minutes=1)
             stored.provisional = None
             return AppendResult(record, replayed=False)
 
@@ -368,7 +369,8 @@ class InMemoryTranscriptStore:
             swept = 0
             for stored in self._data.values():
                 for turn_id, turn in list(stored.turns.items()):
-                    if swept < limit and turn.state == "ended" and turn.until < now:
+                    done = turn.state in ("ended", "committed")
+                    if swept < limit and done and turn.until < now:
                         del stored.turns[turn_id]
                         swept += 1
             return swept

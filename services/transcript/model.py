@@ -146,7 +146,7 @@ class TurnRow:
     """A row of the turns table as the lease rule sees it."""
 
     turn_id: str
-    state: str  # "waiting", "running" or "ended"
+    state: str  # "waiting", "running", "ended" or "committed"
     exclusive: bool
     ticket: int
     payload_hash: bytes
@@ -283,6 +283,8 @@ def decide_lease(
         if own.state == "ended":
             assert own.ended is not None
             return own.ended
+        if own.state == "committed":  # its append is not visible to this read yet
+            return WAIT_SAME_TURN
         if own.live and not (own.state == "waiting" and own.ticket == request.ticket):
             return WAIT_SAME_TURN
         mine_waiting = own.live

@@ -184,9 +184,12 @@ WITH lease AS (
        AND (%(fencing_token)s::bigint IS NULL OR EXISTS (SELECT 1 FROM lease))
  RETURNING conversation_key, version, last_sequence, update_time
 ), finished AS (
-    -- The commit ends the turn's lease.
-    DELETE FROM transcript.turns AS t
-     USING bumped AS b
+    -- The commit ends the turn's lease. The row stays a while (the sweep removes it):
+    -- it keeps a one-statement grant whose snapshot predates this commit (and so does
+    -- not see the append below) from granting the committed turn id again.
+    UPDATE transcript.turns AS t
+       SET state = 'committed', lease_until = now() + interval '1 minute'
+      FROM bumped AS b
      WHERE t.conversation_key = b.conversation_key AND t.turn_id = %(request_id)s
        AND %(fencing_token)s::bigint IS NOT NULL
 ), recorded AS (
@@ -862,7 +865,7 @@ _SWEEP_TURNS = """
 DELETE FROM transcript.turns
  WHERE ctid = ANY(ARRAY(
        SELECT ctid FROM transcript.turns
-        WHERE lease_until < now() - CASE WHEN state = 'ended' THEN interval '0'
+        WHERE lease_until < now() - CASE WHEN state IN ('ended', 'committed') THEN interval '0'
                                          ELSE make_interval(secs => %(grace_s)s) END
         ORDER BY lease_until
         LIMIT %(limit)s))

@@ -30,12 +30,14 @@ ALTER TABLE transcript.conversations
 
 -- One row per turn that runs, waits, or ended without committing after its
 -- model work (its outcome kept for RUNIFOLD_TURN_OUTCOME_RETENTION_S). A turn
--- that commits loses its row in the append statement; the append record
--- (transcript.appends, request_id = turn_id) then answers repeats.
+-- that commits keeps its row a minute as 'committed' (the append record,
+-- transcript.appends with request_id = turn_id, answers repeats): while the row
+-- is there, the unique (conversation, turn id) index refuses a racing
+-- one-statement grant whose snapshot predates the commit.
 CREATE TABLE transcript.turns (
     conversation_key bigint      NOT NULL,
     turn_id          text        NOT NULL,
-    state            text        NOT NULL CHECK (state IN ('waiting', 'running', 'ended')),
+    state            text        NOT NULL CHECK (state IN ('waiting', 'running', 'ended', 'committed')),
     exclusive        boolean     NOT NULL,
     -- Waiting turns are served in ticket order (transcript.turn_tickets); a
     -- running turn's ticket is its fencing token (random: unique to the grant).
