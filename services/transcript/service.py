@@ -369,16 +369,28 @@ class TranscriptService:
                     raise deadline_exceeded("the turn waited until its deadline for a lease")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wakeup.wait(), min(left, self.limits.turn_wait_poll_s))
+        except DomainError as error:
+            if error.reason == "CONVERSATION_BUSY":
+                metrics.TURN_BUSY_REFUSALS.labels("lease").inc()
+            elif error.reason == "TURN_QUEUE_FULL":
+                metrics.TURN_QUEUE_FULL.inc()
+            await self._leave(namespace, cid, turn_id, ticket)
+            raise
         except BaseException:
-            if ticket is not None:
-                # The caller left (deadline, cancellation, failure): give up the place.
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self.store.leave_queue(namespace, cid, turn_id, ticket))
-                self._wake(key)
+            await self._leave(namespace, cid, turn_id, ticket)
             raise
         finally:
             if waiting is not None:
                 metrics.TURNS_WAITING.labels(waiting).dec()
+
+    async def _leave(
+        self, namespace: str, cid: uuid.UUID, turn_id: str, ticket: int | None
+    ) -> None:
+        """The caller left the queue (deadline, cancellation, failure): give up the place."""
+        if ticket is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.store.leave_queue(namespace, cid, turn_id, ticket))
+            self._wake((namespace, cid))
 
     async def renew_turn_lease(
         self,

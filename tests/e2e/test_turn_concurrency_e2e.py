@@ -144,6 +144,12 @@ async def test_one_turn_id_sent_twice_at_once_calls_the_model_once(
     assert await texts(stack, namespace, cid) == ["only once", "answer to only once"]
 
 
+def _counter(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 def _waiting_for_same_turn() -> bool:
     from prometheus_client import REGISTRY
 
@@ -155,6 +161,10 @@ async def test_reject_refuses_a_second_turn_before_any_model_call(
     stack: Stack, held: HeldModel, namespace: str
 ) -> None:
     cid = await conversation(stack, namespace)
+    refused = {
+        where: _counter("runifold_turn_busy_refusals_total", where=where)
+        for where in ("lease", "append")
+    }
     running = turn(namespace, cid, "first", REJECT)
     first = asyncio.ensure_future(stack.agent.RunConversation(running))
     await wait_for(holds(lambda: held.asked("first") == 1))
@@ -175,6 +185,8 @@ async def test_reject_refuses_a_second_turn_before_any_model_call(
             )
         )
     assert reason(fenced.value) == "CONVERSATION_BUSY"
+    assert _counter("runifold_turn_busy_refusals_total", where="lease") == refused["lease"] + 1
+    assert _counter("runifold_turn_busy_refusals_total", where="append") == refused["append"] + 1
     held.gate("first").set()
     assert (await first).conversation_version == 1
     # Done: the next REJECT turn runs.
@@ -200,6 +212,7 @@ async def test_enqueue_runs_turns_in_arrival_order_each_on_the_last_ones_version
 
         await wait_for(waiting)
     # The queue is full (depth 2): a third waiting turn is refused with a retry delay.
+    full_before = _counter("runifold_turn_queue_full_total")
     with pytest.raises(grpc.aio.AioRpcError) as full:
         await stack.agent.RunConversation(turn(namespace, cid, "four", ENQUEUE))
     assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -207,6 +220,7 @@ async def test_enqueue_runs_turns_in_arrival_order_each_on_the_last_ones_version
     from google.rpc import error_details_pb2
 
     assert status_detail(full.value, error_details_pb2.RetryInfo).retry_delay.seconds >= 1
+    assert _counter("runifold_turn_queue_full_total") == full_before + 1
     assert held.asked("two") == held.asked("three") == 0, "queued turns call no model yet"
 
     for text in ("one", "two", "three"):
