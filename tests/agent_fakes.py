@@ -27,9 +27,9 @@ from services.common.errors import DomainError, StoreUnavailable
 from services.common.llm import ChatDelta, ChatRequest, ChatResponse, budget_exhausted
 from services.common.pagination import PageTokens
 from services.transcript.config import TranscriptLimits
-from services.transcript.memory_store import InMemoryTranscriptStore
 from services.transcript.model import AppendRecord, EndedTurn, TurnLease
 from services.transcript.service import TranscriptService
+from tests.doubles.transcript_store import InMemoryTranscriptStore
 
 
 def _prior(record: AppendRecord) -> PriorAppend:

@@ -30,8 +30,8 @@ from services.summary.service import SummaryService
 from services.summary.store import SummaryStore
 from services.summary.summarizers import OfflineSummarizer, Summarizer
 from services.transcript.config import TranscriptLimits
-from services.transcript.memory_store import InMemoryTranscriptStore
 from services.transcript.service import TranscriptService
+from tests.doubles.transcript_store import InMemoryTranscriptStore
 
 
 class LocalTranscripts:

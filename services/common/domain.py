@@ -17,6 +17,10 @@ from typing import Any
 
 from services.common.errors import invalid_argument
 
+# Above every sequence a transcript can reach, and below int64 overflow when a batch
+# is added to it: the open upper bound of a sequence range ("to the end").
+SEQUENCE_MAX = 2**62
+
 
 class Role(enum.IntEnum):
     """Who said a message. Values equal the protobuf enum's."""

@@ -7,6 +7,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from services.common.errors import (
+    DomainError,
+    aborted,
+    already_exists,
+    invalid_argument,
+    not_found,
+)
+
 
 @dataclass(frozen=True, slots=True)
 class MemorySource:
@@ -110,3 +118,51 @@ class RevisionRecord:
     recorded_at: datetime
     content: str | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+# -- the errors of the memory domain ------------------------------------------------
+
+
+def request_id_reused() -> DomainError:
+    """INVALID_ARGUMENT: the request id was used for another UpsertMemory request."""
+    return invalid_argument(
+        "REQUEST_ID_REUSED",
+        "request_id was already used with a different request",
+        field="request_id",
+    )
+
+
+def source_not_found(index: int | None = None) -> DomainError:
+    """NOT_FOUND: a source conversation is not in this namespace, or was erased after its
+    check (the write is refused)."""
+    if index is None:
+        return not_found(
+            "SOURCE_NOT_FOUND",
+            "a source conversation was erased; nothing derived from it is stored",
+        )
+    return not_found(
+        "SOURCE_NOT_FOUND", f"the conversation of sources[{index}] does not exist in this namespace"
+    )
+
+
+def memory_not_found() -> DomainError:
+    """The one NOT_FOUND of this service; the same whether it never existed or is elsewhere."""
+    return not_found("MEMORY_NOT_FOUND", "memory not found")
+
+
+def revision_conflict(current: int, expected: int) -> DomainError:
+    """ABORTED: the compare-and-swap lost; `current_revision` tells the caller where it is."""
+    return aborted(
+        "REVISION_CONFLICT",
+        f"memory is at revision {current}, not {expected}",
+        current_revision=current,
+        expected_revision=expected,
+    )
+
+
+def memory_exists() -> DomainError:
+    """ALREADY_EXISTS: a create (no expected_revision) named a live memory."""
+    return already_exists(
+        "MEMORY_ALREADY_EXISTS",
+        "a memory with this id exists; send expected_revision to replace it",
+    )

@@ -23,15 +23,24 @@ from datetime import UTC, datetime, timedelta
 import uuid_utils
 
 from services.common import metrics, validation
-from services.common.errors import DomainError, invalid_argument, not_found
+from services.common.domain import SEQUENCE_MAX
+from services.common.errors import invalid_argument
 from services.common.pagination import PageTokens, page_size
 from services.common.validation import conversation_id
 from services.memory.config import MemoryConfig
 from services.memory.embeddings import Embedder, EmbeddingUnavailable
 from services.memory.index import IndexHit, IndexUnavailable, NamespacedQuery, VectorIndex
-from services.memory.model import Memory, MemorySource, MemoryWrite, ScoredMemory, SearchResult
+from services.memory.model import (
+    Memory,
+    MemorySource,
+    MemoryWrite,
+    ScoredMemory,
+    SearchResult,
+    memory_not_found,
+    source_not_found,
+)
 from services.memory.sources import SourceChecker
-from services.memory.store import FOREVER, MemoryStore, memory_not_found
+from services.memory.store import MemoryStore
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +78,6 @@ def _check_expected_revision(expected_revision: int | None) -> None:
             "expected_revision must be at least 1",
             field="expected_revision",
         )
-
-
-def source_not_found(index: int) -> DomainError:
-    """NOT_FOUND: a source conversation is not in this namespace (or was erased)."""
-    return not_found(
-        "SOURCE_NOT_FOUND", f"the conversation of sources[{index}] does not exist in this namespace"
-    )
 
 
 def _request_digest(
@@ -331,7 +333,7 @@ class MemoryService:
                 field="incarnation",
             )
         if from_sequence == 0 and through_sequence == 0:
-            low, high = 1, FOREVER
+            low, high = 1, SEQUENCE_MAX
         elif 1 <= from_sequence <= through_sequence:
             low, high = from_sequence, through_sequence
         else:

@@ -16,13 +16,6 @@ from typing import Any, Protocol
 from psycopg.types.json import Jsonb
 
 from services.common.db import AsyncConn, Database, fetch_one
-from services.common.errors import (
-    DomainError,
-    aborted,
-    already_exists,
-    invalid_argument,
-    not_found,
-)
 from services.memory.index import Key
 from services.memory.model import (
     Backlog,
@@ -32,52 +25,16 @@ from services.memory.model import (
     OutboxEntry,
     RevisionRecord,
     ScoredMemory,
+    memory_exists,
+    memory_not_found,
+    request_id_reused,
+    revision_conflict,
+    source_not_found,
 )
 
-# "Whole conversation" in ForgetSource: every range overlaps [1, FOREVER].
-FOREVER = 2**62
 # Erasure tombstones are kept this long: far longer than a source check and its write
 # can be apart (a request's deadline is minutes at most).
 ERASURE_RETENTION_S = 7 * 24 * 3600.0
-
-
-def request_id_reused() -> DomainError:
-    """INVALID_ARGUMENT: the request id was used for another UpsertMemory request."""
-    return invalid_argument(
-        "REQUEST_ID_REUSED",
-        "request_id was already used with a different request",
-        field="request_id",
-    )
-
-
-def source_erased() -> DomainError:
-    """NOT_FOUND: a source conversation was erased after its check (the write is refused)."""
-    return not_found(
-        "SOURCE_NOT_FOUND", "a source conversation was erased; nothing derived from it is stored"
-    )
-
-
-def memory_not_found() -> DomainError:
-    """The one NOT_FOUND of this service; the same whether it never existed or is elsewhere."""
-    return not_found("MEMORY_NOT_FOUND", "memory not found")
-
-
-def revision_conflict(current: int, expected: int) -> DomainError:
-    """ABORTED: the compare-and-swap lost; `current_revision` tells the caller where it is."""
-    return aborted(
-        "REVISION_CONFLICT",
-        f"memory is at revision {current}, not {expected}",
-        current_revision=current,
-        expected_revision=expected,
-    )
-
-
-def memory_exists() -> DomainError:
-    """ALREADY_EXISTS: a create (no expected_revision) named a live memory."""
-    return already_exists(
-        "MEMORY_ALREADY_EXISTS",
-        "a memory with this id exists; send expected_revision to replace it",
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,7 +330,7 @@ async def _fence(conn: AsyncConn, write: MemoryWrite) -> tuple[Memory, bool] | N
             (write.namespace, cids, [write.source_incarnations[c] for c in cids]),
         )
         if erased is not None:
-            raise source_erased()
+            raise source_not_found()
     if write.request_id is None:
         return None
     claimed = await fetch_one(

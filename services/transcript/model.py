@@ -12,10 +12,6 @@ from typing import Any
 from services.common.domain import Entry, Message, Usage
 from services.common.errors import Code, DomainError, aborted, resource_exhausted
 
-# Above every sequence a transcript can reach (and below int64 overflow when a
-# batch is added to it): the open upper bound of a range in SQL.
-SEQUENCE_CEILING = 2**62
-
 
 @dataclass(frozen=True, slots=True)
 class Conversation:

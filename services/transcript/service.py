@@ -21,6 +21,7 @@ from services.common import messages as message_rules
 from services.common import metrics, validation
 from services.common.deadlines import deadline_exceeded, deadline_var
 from services.common.domain import (
+    SEQUENCE_MAX,
     Entry,
     Message,
     Role,
@@ -35,7 +36,6 @@ from services.common.pagination import PageTokens, page_size
 from services.common.validation import conversation_id
 from services.transcript.config import TranscriptLimits
 from services.transcript.model import (
-    SEQUENCE_CEILING,
     AppendRecord,
     AppendResult,
     Conversation,
@@ -217,7 +217,7 @@ class TranscriptService:
             # One consistent read: the version, the tail that may hold the calls,
             # and a prior append of this request id.
             head = await self.store.read_view(
-                namespace, cid, self.limits.tool_group_bound, 1, SEQUENCE_CEILING, request_id
+                namespace, cid, self.limits.tool_group_bound, 1, SEQUENCE_MAX, request_id
             )
             if head is None:
                 raise conversation_not_found()
@@ -475,7 +475,7 @@ class TranscriptService:
         # No transcript reaches this sequence; capping what the store sees keeps its
         # range arithmetic (through + batch + 1) inside bigint. Beyond the transcript
         # is SEQUENCE_OUT_OF_RANGE below, as for any value past the last entry.
-        read_through = min(summarized_through, SEQUENCE_CEILING)
+        read_through = min(summarized_through, SEQUENCE_MAX)
         head = await self.store.read_view(
             namespace, cid, window, summary_batch, read_through, request_id
         )

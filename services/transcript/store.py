@@ -19,10 +19,9 @@ from psycopg.types.json import Jsonb
 
 from services.common import metrics
 from services.common.db import AsyncConn, Database, fetch_one
-from services.common.domain import Entry, Message, Role, ToolCall, Usage
+from services.common.domain import SEQUENCE_MAX, Entry, Message, Role, ToolCall, Usage
 from services.common.errors import VersionConflict
 from services.transcript.model import (
-    SEQUENCE_CEILING,
     AppendRecord,
     AppendResult,
     Conversation,
@@ -459,7 +458,7 @@ class PostgresTranscriptStore:
                     "conversation_id": conversation_id,
                     "after": after_sequence,
                     "limit": limit,
-                    "through": SEQUENCE_CEILING if through_sequence is None else through_sequence,
+                    "through": SEQUENCE_MAX if through_sequence is None else through_sequence,
                 },
             )
             rows = await cursor.fetchall()

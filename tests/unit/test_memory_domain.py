@@ -12,7 +12,7 @@ from services.common.settings import SettingsError
 from services.memory.config import MemoryConfig, parse_duration
 from services.memory.embeddings import EmbeddingUnavailable, OpenAIEmbedder
 from services.memory.index import collection_name, point_id
-from services.memory.memory_store import InMemoryMemoryStore
+from tests.doubles.memory_store import InMemoryMemoryStore
 from tests.memory_cases import MemoryCases
 
 

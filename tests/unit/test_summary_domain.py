@@ -17,7 +17,6 @@ from services.common.errors import Code, DomainError
 from services.common.llm import ModelTimeout, ModelUnavailable
 from services.common.peers import deadline_var
 from services.summary.config import SummaryConfig
-from services.summary.memory_store import InMemorySummaryStore
 from services.summary.model import JobState
 from services.summary.store import SummaryStore
 from services.summary.summarizers import (
@@ -27,6 +26,7 @@ from services.summary.summarizers import (
     offline_digest,
 )
 from services.summary.worker import SummaryWorkers
+from tests.doubles.summary_store import InMemorySummaryStore
 from tests.summary_cases import (
     LocalTranscripts,
     SummaryStoreCases,

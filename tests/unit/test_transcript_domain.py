@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.common.domain import Message, Role
-from services.transcript.memory_store import InMemoryTranscriptStore
 from services.transcript.store import TranscriptStore
+from tests.doubles.transcript_store import InMemoryTranscriptStore
 from tests.transcript_cases import TranscriptCases, assistant, make_service, tool, user
 from tests.turn_lease_cases import TurnLeaseCases
 

@@ -23,15 +23,13 @@ from services.memory.model import (
     OutboxEntry,
     RevisionRecord,
     ScoredMemory,
-)
-from services.memory.store import (
-    OutboxClaim,
     memory_exists,
     memory_not_found,
     request_id_reused,
     revision_conflict,
-    source_erased,
+    source_not_found,
 )
+from services.memory.store import OutboxClaim
 
 _WORD = re.compile(r"\w+")
 
@@ -78,7 +76,7 @@ class InMemoryMemoryStore:
         """The PostgreSQL store's `_fence`: refuse a fenced source, replay a request id."""
         for cid, incarnation in write.source_incarnations.items():
             if (write.namespace, cid, incarnation) in self._erased:
-                raise source_erased()
+                raise source_not_found()
         if write.request_id is None:
             return None
         recorded = self._requests.get((write.namespace, write.request_id))

@@ -1,4 +1,4 @@
-"""An in-memory SummaryStore: for domain unit tests and single-process use.
+"""An in-memory SummaryStore, for the domain unit tests.
 
 It obeys the same protocol and atomicity as the PostgreSQL store (one lock
 around every write, the same commit rule), so the domain tests exercise the
