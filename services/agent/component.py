@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 
 from runifold.agent.v1 import agent_service_pb2, agent_service_pb2_grpc
-from services.agent.clients import GrpcMemories, GrpcSummaries, GrpcTranscripts
 from services.agent.config import AgentConfig
 from services.agent.offline import OfflineChatModel
+from services.agent.peers import GrpcMemories, GrpcSummaries, GrpcTranscripts
 from services.agent.service import AgentService
 from services.agent.servicer import AgentServicer
 from services.common.llm import ChatModel

@@ -39,7 +39,7 @@ from services.memory.model import (
     memory_not_found,
     source_not_found,
 )
-from services.memory.sources import SourceChecker
+from services.memory.ports import SourceChecker
 from services.memory.store import MemoryStore
 
 log = logging.getLogger(__name__)

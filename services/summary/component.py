@@ -15,6 +15,7 @@ from services.common.openai_chat import OpenAIChatModel
 from services.common.peers import Peer, open_channel
 from services.common.server import StartContext
 from services.summary.config import SummaryConfig
+from services.summary.peers import GrpcTranscripts
 from services.summary.service import SummaryService
 from services.summary.servicer import SummaryServicer
 from services.summary.store import PostgresSummaryStore
@@ -24,7 +25,6 @@ from services.summary.summarizers import (
     OfflineSummarizer,
     Summarizer,
 )
-from services.summary.transcripts import GrpcTranscripts
 from services.summary.worker import SummaryWorkers
 
 MIGRATIONS = Path(__file__).parent / "migrations"

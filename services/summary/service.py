@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 import uuid_utils
 
@@ -32,37 +31,11 @@ from services.summary.model import (
     NewSummary,
     SummarizeResult,
     Summary,
-    TranscriptView,
     conversation_erased,
 )
+from services.summary.ports import Transcripts
 from services.summary.store import SummaryStore
 from services.summary.summarizers import Summarizer, SummaryPrompt
-
-
-class Transcripts(Protocol):
-    """What the summary service reads from TranscriptService (its API, never its tables).
-
-    Each method raises NOT_FOUND / CONVERSATION_NOT_FOUND when the conversation
-    is not in the namespace."""
-
-    async def conversation(self, namespace: str, conversation_id: uuid.UUID) -> ConversationState:
-        """The conversation's last sequence (0 when empty) and incarnation."""
-
-    async def entry_after(
-        self, namespace: str, conversation_id: uuid.UUID, sequence: int
-    ) -> Entry | None:
-        """The entry at `sequence + 1`, if there is one."""
-
-    async def load_view(
-        self,
-        namespace: str,
-        conversation_id: uuid.UUID,
-        window: int,
-        summary_batch: int,
-        summarized_through: int,
-    ) -> TranscriptView:
-        """LoadView: the summary buffer after `summarized_through`, the backlog behind it,
-        and the incarnation it was read from."""
 
 
 def is_not_found(error: DomainError) -> bool:

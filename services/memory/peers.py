@@ -1,25 +1,15 @@
-"""Source validation through TranscriptService's gRPC API (never its tables)."""
+"""TranscriptService as the memory service reads it: over gRPC, through a Peer (never its
+tables)."""
 
 from __future__ import annotations
 
 import uuid
-from typing import Protocol
 
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from services.common import stubs
 from services.common.errors import Code, DomainError
 from services.common.peers import Peer
 from services.memory.model import SourceConversation
-
-
-class SourceChecker(Protocol):
-    """Tells how far a conversation's transcript goes, and which incarnation it is."""
-
-    async def conversation(
-        self, namespace: str, conversation_id: uuid.UUID
-    ) -> SourceConversation | None:
-        """The conversation's last sequence and incarnation, or None when it is not in
-        this namespace."""
 
 
 class TranscriptSources:
