@@ -74,6 +74,22 @@ class ViewRead:
     incarnation: int = 0
 
 
+def view_ranges(
+    last: int, window: int, summary_batch: int, summarized_through: int
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The two sequence ranges a view reads at a transcript's `last` sequence: the window
+    [low, last] with low = max(1, last - window + 1), and the naive summary buffer
+    [summarized_through + 1, min(summarized_through + summary_batch + 1, low - 1)] (one
+    entry past the batch, to see whether its end cuts a tool group). An empty range has
+    low > high. The PostgreSQL store computes the same in SQL (store.VIEW_SQL), inside the
+    statement that reads `last`, so that a view stays one round trip."""
+    low = max(1, last - window + 1)
+    return (low, last), (
+        summarized_through + 1,
+        min(summarized_through + summary_batch + 1, low - 1),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class View:
     """The bounded context of a turn, consistent with `version`."""

@@ -49,6 +49,7 @@ from services.transcript.model import (
     Waiting,
     conversation_not_found,
     turn_lease_lost,
+    view_ranges,
 )
 from services.transcript.store import TranscriptStore
 
@@ -489,7 +490,7 @@ class TranscriptService:
                 field="summarized_through",
                 last_sequence=last,
             )
-        window_low = max(1, last - window + 1)
+        (window_low, _), _ = view_ranges(last, window, summary_batch, summarized_through)
         entries = head.entries
         roles = {entry.sequence: entry.message.role for entry in entries}
         naive_end = min(summarized_through + summary_batch, window_low - 1)

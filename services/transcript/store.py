@@ -905,8 +905,9 @@ SELECT {_ENTRY_COLUMNS}
 """
 
 # Everything a view needs in ONE statement and one snapshot: the counters, the
-# prior append of a request id, the window [low, last] and the naive summary
-# buffer [through + 1, min(through + batch + 1, low - 1)]. The conversation row
+# prior append of a request id, and the two ranges of model.view_ranges (the
+# window [low, last] and the naive summary buffer [through + 1, min(through +
+# batch + 1, low - 1)]), computed here from the `last` this statement reads. The conversation row
 # is an InitPlan, so each entry range is an index range scan on the
 # (conversation_key, sequence) primary key: the cost is the number of entries
 # returned, whatever the transcript's length (tests/integration checks the plan).

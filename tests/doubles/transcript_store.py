@@ -35,6 +35,7 @@ from services.transcript.model import (
     decide_lease,
     request_id_reused,
     turn_lease_lost,
+    view_ranges,
 )
 from services.transcript.store import WAIT_LEASE_S
 
@@ -177,11 +178,8 @@ class InMemoryTranscriptStore:
         if stored is None:
             return None
         last = stored.conversation.last_sequence
-        low = max(1, last - window + 1)
-        ranges = [
-            (summarized_through + 1, min(summarized_through + summary_batch + 1, low - 1)),
-            (low, last),
-        ]
+        window_range, buffer_range = view_ranges(last, window, summary_batch, summarized_through)
+        ranges = [buffer_range, window_range]
         entries = await self.read_entries(namespace, conversation_id, ranges)
         prior = stored.appends.get(request_id) if request_id is not None else None
         return ViewRead(
