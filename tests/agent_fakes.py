@@ -97,7 +97,7 @@ class FakeTranscripts:
         payload_hash: bytes,
         create_if_missing: bool,
     ) -> LeaseState | PriorAppend | EndedState:
-        got = await self.service.acquire_turn_lease(
+        got = await self.service.leases.acquire_turn_lease(
             namespace, conversation_id, turn_id, mode, ttl_s, payload_hash, create_if_missing
         )
         if isinstance(got, TurnLease):
@@ -109,7 +109,7 @@ class FakeTranscripts:
     async def renew_lease(
         self, namespace: str, conversation_id: str, turn_id: str, fencing_token: int, ttl_s: float
     ) -> None:
-        await self.service.renew_turn_lease(
+        await self.service.leases.renew_turn_lease(
             namespace, conversation_id, turn_id, fencing_token, ttl_s
         )
 
@@ -121,7 +121,7 @@ class FakeTranscripts:
         fencing_token: int,
         ended: EndedState | None,
     ) -> bool:
-        return await self.service.release_turn_lease(
+        return await self.service.leases.release_turn_lease(
             namespace,
             conversation_id,
             turn_id,

@@ -38,7 +38,7 @@ async def acquire(
     payload_hash: bytes = HASH,
     create: bool = False,
 ) -> TurnLease | AppendRecord | EndedTurn:
-    return await service.acquire_turn_lease(
+    return await service.leases.acquire_turn_lease(
         namespace, cid, turn_id, int(mode), ttl_s, payload_hash, create
     )
 
@@ -138,7 +138,9 @@ class TurnLeaseCases:
         duplicate = asyncio.create_task(acquire(service, namespace, cid, "t-1"))
         assert await pending(duplicate)
         ended = EndedTurn([assistant("kept")], Usage(9, 4, 1), "TURN_CONFLICT", {"x": "1"})
-        assert await service.release_turn_lease(namespace, cid, "t-1", first.fencing_token, ended)
+        assert await service.leases.release_turn_lease(
+            namespace, cid, "t-1", first.fencing_token, ended
+        )
         got = await asyncio.wait_for(duplicate, 10)
         assert isinstance(got, EndedTurn)
         assert got.output[0].text == "kept" and got.usage == Usage(9, 4, 1)
@@ -150,7 +152,9 @@ class TurnLeaseCases:
 
         # A turn that released without an outcome (no model work) may run again.
         second = await lease(service, namespace, cid, "t-2")
-        assert await service.release_turn_lease(namespace, cid, "t-2", second.fencing_token, None)
+        assert await service.leases.release_turn_lease(
+            namespace, cid, "t-2", second.fencing_token, None
+        )
         rerun = await lease(service, namespace, cid, "t-2")
         assert rerun.fencing_token != second.fencing_token
 
@@ -263,7 +267,7 @@ class TurnLeaseCases:
             await commit(service, namespace, cid, "t-1", stale.fencing_token)
         assert lost.value.reason == "TURN_LEASE_LOST"
         with pytest.raises(DomainError) as renew:
-            await service.renew_turn_lease(namespace, cid, "t-1", stale.fencing_token, 30.0)
+            await service.leases.renew_turn_lease(namespace, cid, "t-1", stale.fencing_token, 30.0)
         assert renew.value.reason == "TURN_LEASE_LOST"
         assert await commit(service, namespace, cid, "t-2", taken[0].fencing_token) == 1
 
@@ -287,7 +291,9 @@ class TurnLeaseCases:
     async def test_renewal_keeps_a_lease(self, service: TranscriptService, namespace: str) -> None:
         cid = await new_conversation(service, namespace)
         held = await lease(service, namespace, cid, "t-1", mode=LeaseMode.EXCLUSIVE, ttl_s=5.0)
-        renewed = await service.renew_turn_lease(namespace, cid, "t-1", held.fencing_token, 60.0)
+        renewed = await service.leases.renew_turn_lease(
+            namespace, cid, "t-1", held.fencing_token, 60.0
+        )
         assert renewed.expire_time > held.expire_time and renewed.exclusive
 
     async def test_create_if_missing_makes_a_conversation_a_failed_turn_removes(
@@ -300,7 +306,9 @@ class TurnLeaseCases:
         made = await lease(service, namespace, cid, "t-1", create=True)
         assert made.created
         assert (await service.get_conversation(namespace, cid)).version == 0
-        assert await service.release_turn_lease(namespace, cid, "t-1", made.fencing_token, None)
+        assert await service.leases.release_turn_lease(
+            namespace, cid, "t-1", made.fencing_token, None
+        )
         with pytest.raises(DomainError) as gone:
             await service.get_conversation(namespace, cid)
         assert gone.value.reason == "CONVERSATION_NOT_FOUND"
@@ -328,7 +336,7 @@ class TurnLeaseCases:
         cid = await new_conversation(service, namespace)
         first = await lease(service, namespace, cid, "ended")
         ended = EndedTurn([assistant("kept")], Usage(1, 1, 1), "TURN_CONFLICT")
-        await service.release_turn_lease(namespace, cid, "ended", first.fencing_token, ended)
+        await service.leases.release_turn_lease(namespace, cid, "ended", first.fencing_token, ended)
         done = await lease(service, namespace, cid, "done")
         await commit(service, namespace, cid, "done", done.fencing_token)
 

@@ -110,7 +110,7 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             convert.usage_from_proto(request.usage),
             request.fencing_token if request.HasField("fencing_token") else None,
         )
-        self.service.appended(request.namespace, request.conversation_id)
+        self.service.leases.appended(request.namespace, request.conversation_id)
         record = result.record
         return pb.AppendEntriesResponse(
             version=record.version,
@@ -179,7 +179,7 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
     async def AcquireTurnLease(
         self, request: pb.AcquireTurnLeaseRequest, context: Context
     ) -> pb.AcquireTurnLeaseResponse:
-        outcome = await self.service.acquire_turn_lease(
+        outcome = await self.service.leases.acquire_turn_lease(
             request.namespace,
             request.conversation_id,
             request.turn_id,
@@ -197,7 +197,7 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
     async def RenewTurnLease(
         self, request: pb.RenewTurnLeaseRequest, context: Context
     ) -> pb.RenewTurnLeaseResponse:
-        lease = await self.service.renew_turn_lease(
+        lease = await self.service.leases.renew_turn_lease(
             request.namespace,
             request.conversation_id,
             request.turn_id,
@@ -209,7 +209,7 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
     async def ReleaseTurnLease(
         self, request: pb.ReleaseTurnLeaseRequest, context: Context
     ) -> pb.ReleaseTurnLeaseResponse:
-        released = await self.service.release_turn_lease(
+        released = await self.service.leases.release_turn_lease(
             request.namespace,
             request.conversation_id,
             request.turn_id,

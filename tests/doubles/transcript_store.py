@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 from services.common.domain import Entry
 from services.common.errors import VersionConflict
+from services.transcript.lease_store import WAIT_LEASE_S
 from services.transcript.model import (
     AppendRecord,
     AppendResult,
@@ -37,7 +38,6 @@ from services.transcript.model import (
     turn_lease_lost,
     view_ranges,
 )
-from services.transcript.store import WAIT_LEASE_S
 
 # Queue tickets, one counter for every conversation (transcript.turn_tickets).
 _TICKETS = itertools.count(1)

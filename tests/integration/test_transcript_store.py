@@ -12,7 +12,8 @@ import pytest
 
 from services.common.db import Database
 from services.common.errors import Code, DomainError
-from services.transcript.store import VIEW_SQL, PostgresTranscriptStore, TranscriptStore
+from services.transcript.statements import VIEW_SQL
+from services.transcript.store import PostgresTranscriptStore, TranscriptStore
 from tests.conftest import wait_for
 from tests.transcript_cases import TranscriptCases, make_service, new_conversation, user
 from tests.turn_lease_cases import TurnLeaseCases

@@ -1,0 +1,299 @@
+"""Turn leases on PostgreSQL: the statements and the store methods (mixed into
+PostgresTranscriptStore; the protocol is TranscriptStore's in store.py).
+
+The exclusive fence lives on the conversation row (migrations/0002), so that an
+append waiting for that row is re-checked against a lease granted meanwhile.
+Every lease decision runs `model.decide_lease` with the conversation locked:
+FOR UPDATE for exclusive and queued leases, FOR sql.KEY SHARE (which appends do not
+wait for) and an advisory lock on the turn id for shared ones; a shared lease
+for a turn id never seen here is granted in one statement, arbitrated by the
+unique (conversation, turn id) index.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from psycopg.types.json import Jsonb
+
+from services.common import metrics
+from services.common.db import AsyncConn, Database, fetch_one
+from services.common.domain import Usage
+from services.transcript import statements as sql
+from services.transcript.model import (
+    AppendRecord,
+    EndedTurn,
+    Enqueue,
+    Granted,
+    LeaseAttempt,
+    LeaseMode,
+    LeaseRequest,
+    TurnLease,
+    TurnRow,
+    Waiting,
+    conversation_not_found,
+    decide_lease,
+    ended_from_json,
+    ended_to_json,
+)
+
+# A waiting turn's place in the queue lapses this long after its caller last
+# looked (the caller looks every RUNIFOLD_TURN_WAIT_POLL_S, at most 2 s): a
+# waiter whose process died stops holding up the turns behind it.
+WAIT_LEASE_S = 10.0
+# Expired leases and waiting places are swept this long after they lapsed (the
+# lease rule ignores them at once; the rows only tell a late holder it lost).
+_EXPIRED_GRACE_S = 60.0
+
+
+def record_from_row(row: Sequence[Any]) -> AppendRecord:
+    """An append record from its columns (version ... payload_hash)."""
+    version, first, last, input_tokens, output_tokens, model_calls, commit_time, digest = row
+    return AppendRecord(
+        version,
+        first,
+        last,
+        Usage(input_tokens, output_tokens, model_calls),
+        commit_time,
+        bytes(digest) if digest is not None else None,
+    )
+
+
+class TurnLeaseStore(Protocol):
+    """The turn-lease part of TranscriptStore (every method atomic)."""
+
+    async def acquire_turn(self, request: LeaseRequest) -> LeaseAttempt:
+        """Apply `decide_lease` with the conversation locked and carry out its decision."""
+
+    async def renew_turn(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        turn_id: str,
+        fencing_token: int,
+        ttl_s: float,
+    ) -> TurnLease | None:
+        """Extend a live lease; None when it expired or was taken over."""
+
+    async def release_turn(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        turn_id: str,
+        fencing_token: int,
+        ended: EndedTurn | None,
+        retention_s: float,
+    ) -> bool:
+        """End a lease without an append (recording `ended` when given); False when it
+        was no longer held. A conversation the turn created and never wrote goes too."""
+
+    async def leave_queue(
+        self, namespace: str, conversation_id: uuid.UUID, turn_id: str, ticket: int
+    ) -> None:
+        """Give up a place in the queue (the waiting caller left)."""
+
+    async def sweep_turns(self, limit: int) -> int:
+        """Delete up to `limit` lapsed rows: ended turns past retention, expired leases
+        and waiting places, and empty conversations whose creating turn vanished."""
+
+
+# --- PostgreSQL -------------------------------------------------------------
+
+
+class PostgresTurnLeases:
+    """The turn-lease methods of PostgresTranscriptStore."""
+
+    db: Database
+
+    async def acquire_turn(self, request: LeaseRequest) -> LeaseAttempt:
+        params: dict[str, Any] = {
+            "namespace": request.namespace,
+            "conversation_id": request.conversation_id,
+            "turn_id": request.turn_id,
+            "ticket": request.ticket,
+            "ttl_s": request.ttl_s,
+            "wait_s": WAIT_LEASE_S,
+            "payload_hash": request.payload_hash,
+        }
+        # Exclusive and queued leases lock the conversation row against every other
+        # lease decision; shared ones only against those (FOR sql.KEY SHARE does not wait
+        # for appends), and against their own turn id's (an advisory lock).
+        lock = sql.LOCK_CONVERSATION if request.mode != LeaseMode.SHARED else sql.SHARE_CONVERSATION
+        async with self.db.connection() as conn:
+            if request.mode == LeaseMode.SHARED and request.ticket is None:
+                # The common case in one statement: a turn id never seen here. The
+                # unique (conversation, turn id) index arbitrates racing duplicates;
+                # anything else (a known turn id, a missing conversation) takes the
+                # transaction below.
+                fast = await fetch_one(conn, sql.GRANT_NEW_SHARED, params)
+                if fast is not None:
+                    return TurnLease(
+                        request.conversation_id, request.turn_id, fast[0], fast[1], False
+                    )
+            return await self._acquire_turn(conn, request, params, lock)
+
+    async def _acquire_turn(
+        self, conn: AsyncConn, request: LeaseRequest, params: dict[str, Any], lock: str
+    ) -> LeaseAttempt:
+        async with conn.transaction():
+            row = await fetch_one(conn, lock, params)
+            created = False
+            if row is None and request.create_if_missing:
+                row = await fetch_one(conn, sql.INSERT_PROVISIONAL, params)
+                created = row is not None
+                if row is None:  # created by someone else meanwhile
+                    row = await fetch_one(conn, lock, params)
+            if row is None:
+                raise conversation_not_found()
+            params["key"] = row[0]
+            await conn.execute(sql.LOCK_TURN_ID, params)
+            # Leases (and places) of other turns that lapsed: their holders are gone. The
+            # row goes, so a late append quoting its token finds nothing and is refused.
+            cursor = await conn.execute(sql.DROP_LAPSED, params)
+            metrics.TURN_LEASE_EXPIRIES.inc(
+                sum(1 for (state,) in await cursor.fetchall() if state == "running")
+            )
+            cursor = await conn.execute(sql.TURN_ROWS, params)
+            own: TurnRow | None = None
+            others: list[TurnRow] = []
+            for (
+                turn_id,
+                state,
+                exclusive,
+                ticket,
+                digest,
+                live,
+                outcome,
+                end_time,
+            ) in await cursor.fetchall():
+                found = TurnRow(
+                    turn_id,
+                    state,
+                    exclusive,
+                    ticket,
+                    bytes(digest),
+                    live,
+                    ended_from_json(outcome, end_time) if state == "ended" else None,
+                )
+                if turn_id == request.turn_id:
+                    own = found
+                else:
+                    others.append(found)
+            prior_row = await fetch_one(conn, sql.PRIOR_APPEND, params)
+            prior = record_from_row(prior_row) if prior_row else None
+            decision = decide_lease(request, own, others, prior)
+            if isinstance(decision, AppendRecord | EndedTurn):
+                return decision
+            params["seen_ticket"] = own.ticket if own is not None else None
+            if isinstance(decision, Enqueue):
+                ticket_row = await fetch_one(conn, sql.ENQUEUE, params)
+                if ticket_row is None:  # a racing grant of this turn id: wait for it
+                    return Waiting(same_turn=True, ticket=None)
+                return Waiting(same_turn=False, ticket=ticket_row[0])
+            if not isinstance(decision, Granted):
+                if not decision.same_turn:  # still in line: keep the place
+                    await conn.execute(sql.KEEP_PLACE, params)
+                return Waiting(decision.same_turn, None if decision.same_turn else request.ticket)
+            if decision.takeover:
+                metrics.TURN_LEASE_EXPIRIES.inc()
+            params["exclusive"] = decision.exclusive
+            granted = await fetch_one(conn, sql.GRANT, params)
+            if granted is None:  # a racing grant of this turn id: wait for it
+                return Waiting(same_turn=True, ticket=None)
+            token, expire_time = granted
+        return TurnLease(
+            request.conversation_id,
+            request.turn_id,
+            token,
+            expire_time,
+            decision.exclusive,
+            created,
+        )
+
+    async def renew_turn(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        turn_id: str,
+        fencing_token: int,
+        ttl_s: float,
+    ) -> TurnLease | None:
+        async with self.db.connection() as conn:
+            row = await fetch_one(
+                conn,
+                sql.RENEW,
+                {
+                    "namespace": namespace,
+                    "conversation_id": conversation_id,
+                    "turn_id": turn_id,
+                    "fencing_token": fencing_token,
+                    "ttl_s": ttl_s,
+                },
+            )
+        if row is None:
+            return None
+        exclusive, expire_time = row
+        return TurnLease(conversation_id, turn_id, fencing_token, expire_time, exclusive)
+
+    async def release_turn(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        turn_id: str,
+        fencing_token: int,
+        ended: EndedTurn | None,
+        retention_s: float,
+    ) -> bool:
+        params: dict[str, Any] = {
+            "namespace": namespace,
+            "conversation_id": conversation_id,
+            "turn_id": turn_id,
+            "fencing_token": fencing_token,
+            "outcome": Jsonb(ended_to_json(ended)) if ended is not None else None,
+            "retention_s": retention_s,
+        }
+        async with self.db.connection() as conn, conn.transaction():
+            row = await fetch_one(conn, sql.LOCK_CONVERSATION, params)
+            if row is None:
+                return False
+            params["key"] = row[0]
+            held = await fetch_one(conn, sql.END_TURN, params)
+            if held is None:
+                return False
+            await conn.execute(sql.DROP_EXCLUSIVE, params)
+            if ended is None:
+                # A conversation this turn created and nobody wrote goes with it.
+                await conn.execute(sql.DROP_PROVISIONAL, params)
+        return True
+
+    async def leave_queue(
+        self, namespace: str, conversation_id: uuid.UUID, turn_id: str, ticket: int
+    ) -> None:
+        async with self.db.connection() as conn:
+            await conn.execute(
+                f"""DELETE FROM transcript.turns
+                     WHERE conversation_key = {sql.KEY} AND turn_id = %(turn_id)s
+                       AND ticket = %(ticket)s AND state = 'waiting'""",
+                {
+                    "namespace": namespace,
+                    "conversation_id": conversation_id,
+                    "turn_id": turn_id,
+                    "ticket": ticket,
+                },
+            )
+
+    async def sweep_turns(self, limit: int) -> int:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                sql.SWEEP_TURNS, {"limit": limit, "grace_s": _EXPIRED_GRACE_S}
+            )
+            turns = cursor.rowcount
+            cursor = await conn.execute(
+                sql.SWEEP_PROVISIONAL, {"limit": limit, "grace_s": _EXPIRED_GRACE_S}
+            )
+            return turns + cursor.rowcount
+
+
+# -- the statements of turn leases -------------------------------------------------

@@ -1,0 +1,420 @@
+"""The SQL of the transcript store (store.py) and of its turn leases (lease_store.py).
+
+Values always travel as bound parameters; the only interpolations are the
+column lists and subqueries defined here.
+"""
+
+from __future__ import annotations
+
+CONVERSATION_COLUMNS = (
+    "conversation_id, namespace, version, last_sequence, create_time, update_time, labels, "
+    "incarnation"
+)
+
+ENTRY_COLUMNS = "e.sequence, e.role, e.text, e.tool_calls, e.tool_call_id, e.metadata, e.created_at"
+
+KEY = """(SELECT conversation_key FROM transcript.conversations
+          WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s)"""
+
+NO_LIVE_TURN = """NOT EXISTS (
+    SELECT 1 FROM transcript.turns AS t
+     WHERE t.conversation_key = c.conversation_key
+       AND t.state IN ('waiting', 'running') AND t.lease_until >= now())"""
+
+
+APPEND = """
+WITH lease AS (
+    -- The turn lease the append commits under, locked: an UPDATE of the row by a
+    -- takeover that committed meanwhile is seen here, not an older snapshot.
+    SELECT t.turn_id FROM transcript.turns AS t
+     WHERE t.conversation_key = (SELECT conversation_key FROM transcript.conversations
+                                  WHERE namespace = %(namespace)s
+                                    AND conversation_id = %(conversation_id)s)
+       AND t.turn_id = %(request_id)s AND t.ticket = %(fencing_token)s::bigint
+       AND t.state = 'running' AND t.lease_until >= now()
+       FOR UPDATE
+), bumped AS (
+    UPDATE transcript.conversations
+       SET version = version + 1,
+           last_sequence = last_sequence + %(count)s,
+           update_time = now(),
+           provisional_turn_id = NULL,
+           lease_turn_id = CASE WHEN lease_token = %(fencing_token)s::bigint
+                                THEN NULL ELSE lease_turn_id END,
+           lease_until = CASE WHEN lease_token = %(fencing_token)s::bigint
+                              THEN NULL ELSE lease_until END,
+           lease_token = CASE WHEN lease_token = %(fencing_token)s::bigint
+                              THEN NULL ELSE lease_token END
+     WHERE namespace = %(namespace)s
+       AND conversation_id = %(conversation_id)s
+       AND (%(expected_version)s::bigint IS NULL OR version = %(expected_version)s::bigint)
+       -- No other turn holds the conversation exclusively (re-checked on the newest
+       -- row version when a lease was granted while this statement waited).
+       AND (lease_until IS NULL OR lease_until < now() OR lease_token = %(fencing_token)s::bigint)
+       AND (%(fencing_token)s::bigint IS NULL OR EXISTS (SELECT 1 FROM lease))
+ RETURNING conversation_key, version, last_sequence, update_time
+), finished AS (
+    -- The commit ends the turn's lease. The row stays a while (the sweep removes it):
+    -- it keeps a one-statement grant whose snapshot predates this commit (and so does
+    -- not see the append below) from granting the committed turn id again.
+    UPDATE transcript.turns AS t
+       SET state = 'committed', lease_until = now() + interval '1 minute'
+      FROM bumped AS b
+     WHERE t.conversation_key = b.conversation_key AND t.turn_id = %(request_id)s
+       AND %(fencing_token)s::bigint IS NOT NULL
+), recorded AS (
+    INSERT INTO transcript.appends
+           (conversation_key, version, first_sequence, last_sequence, request_id,
+            payload_hash, input_tokens, output_tokens, model_calls, commit_time)
+    SELECT conversation_key, version, last_sequence - %(count)s + 1, last_sequence,
+           %(request_id)s, %(payload_hash)s, %(input_tokens)s, %(output_tokens)s,
+           %(model_calls)s, update_time
+      FROM bumped
+), written AS (
+    INSERT INTO transcript.entries
+           (conversation_key, sequence, role, text, tool_calls, tool_call_id, metadata,
+            created_at)
+    SELECT b.conversation_key, b.last_sequence - %(count)s + m.ord, m.role, m.text,
+           NULLIF(m.tool_calls, '[]'), NULLIF(m.tool_call_id, ''), NULLIF(m.metadata, '{}'),
+           b.update_time
+      FROM bumped AS b,
+           ROWS FROM (jsonb_to_recordset(%(messages)s::jsonb)
+                      AS (role smallint, text text, tool_calls jsonb, tool_call_id text,
+                          metadata jsonb))
+               WITH ORDINALITY AS m(role, text, tool_calls, tool_call_id, metadata, ord)
+)
+SELECT version, last_sequence, update_time FROM bumped
+"""
+
+
+# Why an append wrote nothing: the version, a prior append of the request id, the
+
+
+# exclusive lease holder, and whether the quoted lease is still held.
+
+
+WHY_NOT_APPENDED = """
+SELECT c.version, a.version, a.first_sequence, a.last_sequence, a.input_tokens,
+       a.output_tokens, a.model_calls, a.commit_time, a.payload_hash,
+       c.lease_turn_id, coalesce(c.lease_until >= now(), false), c.lease_token,
+       EXISTS (SELECT 1 FROM transcript.turns AS t
+                WHERE t.conversation_key = c.conversation_key
+                  AND t.turn_id = %(request_id)s AND t.ticket = %(fencing_token)s::bigint
+                  AND t.state = 'running' AND t.lease_until >= now())
+  FROM transcript.conversations AS c
+  LEFT JOIN LATERAL (
+        SELECT * FROM transcript.appends AS a
+         WHERE a.conversation_key = c.conversation_key AND a.request_id = %(request_id)s
+  ) AS a ON true
+ WHERE c.namespace = %(namespace)s AND c.conversation_id = %(conversation_id)s
+"""
+
+
+# Entries of a conversation in two sequence ranges (the window and the summary
+
+
+# buffer; an empty range when they merged). The conversation key is an InitPlan
+
+
+# parameter, so each range is an index range scan on the (conversation_key,
+
+
+# sequence) primary key: the cost is the number of entries returned, whatever
+
+
+# the transcript's length (tests/integration checks the plan).
+
+
+VIEW_ENTRIES_SQL = f"""
+WITH c AS MATERIALIZED (
+    SELECT conversation_key FROM transcript.conversations
+     WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+)
+SELECT {ENTRY_COLUMNS}
+  FROM transcript.entries AS e
+ WHERE e.conversation_key = (SELECT conversation_key FROM c)
+   AND e.sequence BETWEEN %(low1)s AND %(high1)s
+UNION ALL
+SELECT {ENTRY_COLUMNS}
+  FROM transcript.entries AS e
+ WHERE e.conversation_key = (SELECT conversation_key FROM c)
+   AND e.sequence BETWEEN %(low2)s AND %(high2)s
+ ORDER BY 1
+"""
+
+
+# Everything a view needs in ONE statement and one snapshot: the counters, the
+
+
+# prior append of a request id, and the two ranges of model.view_ranges (the
+
+
+# window [low, last] and the naive summary buffer [through + 1, min(through +
+
+
+# batch + 1, low - 1)]), computed here from the `last` this statement reads. The conversation row
+
+
+# is an InitPlan, so each entry range is an index range scan on the
+
+
+# (conversation_key, sequence) primary key: the cost is the number of entries
+
+
+# returned, whatever the transcript's length (tests/integration checks the plan).
+
+
+VIEW_SQL = f"""
+WITH c AS MATERIALIZED (
+    SELECT conversation_key, version, last_sequence, incarnation,
+           greatest(1, last_sequence - %(window)s + 1) AS low
+      FROM transcript.conversations
+     WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+), a AS MATERIALIZED (
+    SELECT version, first_sequence, last_sequence, input_tokens, output_tokens, model_calls,
+           commit_time, payload_hash
+      FROM transcript.appends
+     WHERE conversation_key = (SELECT conversation_key FROM c)
+       AND request_id = %(request_id)s
+), e AS (
+    SELECT {ENTRY_COLUMNS}
+      FROM transcript.entries AS e
+     WHERE e.conversation_key = (SELECT conversation_key FROM c)
+       AND e.sequence BETWEEN (SELECT low FROM c) AND (SELECT last_sequence FROM c)
+    UNION ALL
+    SELECT {ENTRY_COLUMNS}
+      FROM transcript.entries AS e
+     WHERE e.conversation_key = (SELECT conversation_key FROM c)
+       AND e.sequence BETWEEN %(through)s + 1
+                          AND least(%(through)s + %(batch)s + 1, (SELECT low FROM c) - 1)
+)
+SELECT c.version, c.last_sequence, c.incarnation, a.*, e.*
+  FROM c LEFT JOIN a ON true LEFT JOIN e ON true
+ ORDER BY e.sequence
+"""
+
+
+# The conversation key as a scalar subquery: keeps every entry, append and turn lookup
+
+
+# an index scan on the child table's primary key (store.py uses it too).
+
+
+LOCK_CONVERSATION = """
+SELECT conversation_key FROM transcript.conversations
+ WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+   FOR UPDATE
+"""
+
+
+# A shared lease for a turn id that has no row and no append yet, in one statement.
+
+
+GRANT_NEW_SHARED = """
+WITH c AS (
+    SELECT conversation_key FROM transcript.conversations
+     WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+       FOR KEY SHARE
+)
+INSERT INTO transcript.turns
+       (conversation_key, turn_id, state, exclusive, ticket, payload_hash, lease_until)
+SELECT c.conversation_key, %(turn_id)s, 'running', false, transcript.random_token(),
+       %(payload_hash)s, now() + make_interval(secs => %(ttl_s)s)
+  FROM c
+ WHERE NOT EXISTS (SELECT 1 FROM transcript.appends AS a
+                    WHERE a.conversation_key = c.conversation_key
+                      AND a.request_id = %(turn_id)s)
+ON CONFLICT (conversation_key, turn_id) DO NOTHING
+RETURNING ticket, lease_until
+"""
+
+
+SHARE_CONVERSATION = """
+SELECT conversation_key FROM transcript.conversations
+ WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+   FOR KEY SHARE
+"""
+
+
+# Serializes the lease decisions of one turn id (shared ones run side by side).
+
+
+LOCK_TURN_ID = """
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s::text || '/' || %(turn_id)s, 0))
+"""
+
+
+# create_if_missing: the conversation, marked as made by this turn.
+
+
+INSERT_PROVISIONAL = """
+INSERT INTO transcript.conversations (namespace, conversation_id, provisional_turn_id)
+VALUES (%(namespace)s, %(conversation_id)s, %(turn_id)s)
+ON CONFLICT (namespace, conversation_id) DO NOTHING
+RETURNING conversation_key
+"""
+
+
+DROP_LAPSED = """
+DELETE FROM transcript.turns
+ WHERE conversation_key = %(key)s AND turn_id <> %(turn_id)s
+   AND state IN ('waiting', 'running') AND lease_until < now()
+RETURNING state
+"""
+
+
+# The requested turn's row (any state), and every live waiting or running row.
+
+
+TURN_ROWS = """
+SELECT turn_id, state, exclusive, ticket, payload_hash, lease_until >= now(), outcome, end_time
+  FROM transcript.turns
+ WHERE conversation_key = %(key)s
+   AND (turn_id = %(turn_id)s OR (state IN ('waiting', 'running') AND lease_until >= now()))
+"""
+
+
+PRIOR_APPEND = """
+SELECT version, first_sequence, last_sequence, input_tokens, output_tokens, model_calls,
+       commit_time, payload_hash
+  FROM transcript.appends
+ WHERE conversation_key = %(key)s AND request_id = %(turn_id)s
+"""
+
+
+# A place in the queue: the next ticket of the conversation.
+
+
+ENQUEUE = """
+INSERT INTO transcript.turns
+       (conversation_key, turn_id, state, exclusive, ticket, payload_hash, lease_until)
+VALUES (%(key)s, %(turn_id)s, 'waiting', true, nextval('transcript.turn_tickets'),
+        %(payload_hash)s, now() + make_interval(secs => %(wait_s)s))
+ON CONFLICT (conversation_key, turn_id) DO UPDATE
+   SET state = 'waiting', exclusive = true, ticket = excluded.ticket,
+       payload_hash = excluded.payload_hash, lease_until = excluded.lease_until,
+       outcome = NULL, end_time = NULL, create_time = now()
+ WHERE transcript.turns.ticket = %(seen_ticket)s::bigint
+RETURNING ticket
+"""
+
+
+KEEP_PLACE = """
+UPDATE transcript.turns SET lease_until = now() + make_interval(secs => %(wait_s)s)
+ WHERE conversation_key = %(key)s AND turn_id = %(turn_id)s AND ticket = %(ticket)s
+   AND state = 'waiting'
+"""
+
+
+# The lease: the next fencing token, the turn's row (replacing a waiting place or
+
+
+# a lapsed lease) and, when exclusive, the fence on the conversation row.
+
+
+GRANT = """
+WITH granted AS (
+    INSERT INTO transcript.turns
+           (conversation_key, turn_id, state, exclusive, ticket, payload_hash, lease_until)
+    VALUES (%(key)s, %(turn_id)s, 'running', %(exclusive)s, transcript.random_token(),
+            %(payload_hash)s, now() + make_interval(secs => %(ttl_s)s))
+    ON CONFLICT (conversation_key, turn_id) DO UPDATE
+       SET state = 'running', exclusive = excluded.exclusive, ticket = excluded.ticket,
+           payload_hash = excluded.payload_hash, lease_until = excluded.lease_until,
+           outcome = NULL, end_time = NULL, create_time = now()
+     -- Only the row the decision saw (a lapsed lease, or this caller's place in line): a
+     -- row a racing one-statement grant inserted meanwhile is never overwritten.
+     WHERE transcript.turns.ticket = %(seen_ticket)s::bigint
+    RETURNING ticket, lease_until
+), fence AS (
+    UPDATE transcript.conversations AS c
+       SET lease_turn_id = %(turn_id)s, lease_token = g.ticket, lease_until = g.lease_until
+      FROM granted AS g
+     WHERE c.conversation_key = %(key)s AND %(exclusive)s
+)
+SELECT ticket, lease_until FROM granted
+"""
+
+
+RENEW = f"""
+WITH renewed AS (
+    UPDATE transcript.turns
+       SET lease_until = now() + make_interval(secs => %(ttl_s)s)
+     WHERE conversation_key = {KEY} AND turn_id = %(turn_id)s
+       AND ticket = %(fencing_token)s AND state = 'running' AND lease_until >= now()
+ RETURNING conversation_key, exclusive, lease_until
+), fence AS (
+    UPDATE transcript.conversations AS c SET lease_until = r.lease_until
+      FROM renewed AS r
+     WHERE c.conversation_key = r.conversation_key AND r.exclusive
+       AND c.lease_token = %(fencing_token)s
+)
+SELECT exclusive, lease_until FROM renewed
+"""
+
+
+# Ends the turn's row if it still holds the lease (expired but not taken over
+
+
+# counts: nobody else holds it): kept as 'ended' with its outcome, or deleted.
+
+
+END_TURN = """
+WITH ended AS (
+    UPDATE transcript.turns
+       SET state = 'ended', outcome = %(outcome)s, end_time = now(),
+           lease_until = now() + make_interval(secs => %(retention_s)s)
+     WHERE conversation_key = %(key)s AND turn_id = %(turn_id)s
+       AND ticket = %(fencing_token)s AND state = 'running' AND %(outcome)s::jsonb IS NOT NULL
+ RETURNING 1
+), dropped AS (
+    DELETE FROM transcript.turns
+     WHERE conversation_key = %(key)s AND turn_id = %(turn_id)s
+       AND ticket = %(fencing_token)s AND state = 'running' AND %(outcome)s::jsonb IS NULL
+ RETURNING 1
+)
+SELECT 1 FROM ended UNION ALL SELECT 1 FROM dropped
+"""
+
+
+DROP_EXCLUSIVE = """
+UPDATE transcript.conversations
+   SET lease_turn_id = NULL, lease_token = NULL, lease_until = NULL
+ WHERE conversation_key = %(key)s AND lease_token = %(fencing_token)s
+"""
+
+
+DROP_PROVISIONAL = f"""
+WITH gone AS (
+    DELETE FROM transcript.conversations AS c
+     WHERE c.conversation_key = %(key)s AND c.provisional_turn_id = %(turn_id)s
+       AND c.version = 0 AND {NO_LIVE_TURN}
+ RETURNING conversation_key
+)
+DELETE FROM transcript.turns WHERE conversation_key IN (SELECT conversation_key FROM gone)
+"""
+
+
+SWEEP_TURNS = """
+DELETE FROM transcript.turns
+ WHERE ctid = ANY(ARRAY(
+       SELECT ctid FROM transcript.turns
+        WHERE lease_until < now() - CASE WHEN state IN ('ended', 'committed') THEN interval '0'
+                                         ELSE make_interval(secs => %(grace_s)s) END
+        ORDER BY lease_until
+        LIMIT %(limit)s))
+"""
+
+
+# Empty conversations whose creating turn vanished without appending or releasing.
+
+
+SWEEP_PROVISIONAL = f"""
+DELETE FROM transcript.conversations AS c
+ WHERE c.conversation_key = ANY(ARRAY(
+       SELECT c.conversation_key FROM transcript.conversations AS c
+        WHERE c.provisional_turn_id IS NOT NULL AND c.version = 0
+          AND c.create_time < now() - make_interval(secs => %(grace_s)s)
+          AND {NO_LIVE_TURN}
+        LIMIT %(limit)s))
+"""
