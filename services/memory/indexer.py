@@ -36,7 +36,8 @@ from services.memory.config import MemoryConfig
 from services.memory.embeddings import Embedder
 from services.memory.index import IndexPoint, Key, Tombstone, VectorIndex
 from services.memory.model import Memory
-from services.memory.store import MemoryStore, OutboxClaim
+from services.memory.outbox_store import OutboxClaim
+from services.memory.store import MemoryStore
 
 log = logging.getLogger(__name__)
 

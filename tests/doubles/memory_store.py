@@ -29,7 +29,7 @@ from services.memory.model import (
     revision_conflict,
     source_not_found,
 )
-from services.memory.store import OutboxClaim
+from services.memory.outbox_store import OutboxClaim
 
 _WORD = re.compile(r"\w+")
 
