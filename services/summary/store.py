@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from services.common.db import AsyncConn, Database, fetch_one
+from services.summary import statements as sql
 from services.summary.model import (
     STATES_BY_NAME,
     Backlog,
@@ -110,14 +111,6 @@ class SummaryStore(Protocol):
 
 # --- PostgreSQL -------------------------------------------------------------
 
-_SUMMARY_COLUMNS = (
-    "conversation_id, namespace, text, through_sequence, revision, create_time, incarnation"
-)
-_JOB_COLUMNS = """job_id, namespace, conversation_id, window_size, summary_batch, state, attempts,
-                  failures, create_time, enqueue_time, lease_token, claimed_by, last_error,
-                  incarnation"""
-_ACTIVE = "('pending', 'running')"
-
 
 def _job(row: Sequence[Any]) -> Job:
     (
@@ -154,165 +147,6 @@ def _job(row: Sequence[Any]) -> Job:
     )
 
 
-# One conversation's commits, enqueues and erasures, one at a time.
-_LOCK_CONVERSATION = """
-SELECT pg_advisory_xact_lock(hashtextextended(%(namespace)s || '/' || %(conversation_id)s::text, 0))
-"""
-
-_ERASED = """
-SELECT 1 FROM summary.erasures
- WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
-   AND incarnation = %(incarnation)s
-"""
-
-_GET_SUMMARY = f"""
-SELECT {_SUMMARY_COLUMNS} FROM summary.summaries
- WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
-"""
-
-_INSERT_FIRST_SUMMARY = f"""
-INSERT INTO summary.summaries
-       (namespace, conversation_id, revision, through_sequence, text, incarnation)
-VALUES (%(namespace)s, %(conversation_id)s, 1, %(through_sequence)s, %(text)s,
-        %(incarnation)s)
-ON CONFLICT (namespace, conversation_id) DO NOTHING
-RETURNING {_SUMMARY_COLUMNS}
-"""
-
-# Replace the locked current summary: the old row goes to the history, which
-# keeps the newest `history_limit` replaced revisions. One statement, one snapshot.
-_REPLACE_SUMMARY = f"""
-WITH kept AS (
-    INSERT INTO summary.summary_history
-           (namespace, conversation_id, revision, through_sequence, text, create_time,
-            incarnation)
-    SELECT namespace, conversation_id, revision, through_sequence, text, create_time, incarnation
-      FROM summary.summaries
-     WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
-), trimmed AS (
-    DELETE FROM summary.summary_history
-     WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
-       AND revision <= %(current_revision)s - %(history_limit)s
-)
-UPDATE summary.summaries
-   SET revision = revision + 1, through_sequence = %(through_sequence)s, text = %(text)s,
-       create_time = now(), incarnation = %(incarnation)s
- WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
-RETURNING {_SUMMARY_COLUMNS}
-"""
-
-_INSERT_JOB = f"""
-INSERT INTO summary.jobs
-       (job_id, namespace, conversation_id, window_size, summary_batch, incarnation)
-VALUES (%(job_id)s, %(namespace)s, %(conversation_id)s, %(window)s, %(summary_batch)s,
-        %(incarnation)s)
-ON CONFLICT (namespace, conversation_id) WHERE state IN {_ACTIVE} DO NOTHING
-RETURNING {_JOB_COLUMNS}
-"""
-
-# The repeat of a request: a running job is marked to run again when it
-# finishes (its last view may predate the entries this request is about).
-_REPEAT_JOB = f"""
-UPDATE summary.jobs
-   SET requested_again = CASE WHEN state = 'running' THEN coalesce(requested_again, now())
-                              ELSE requested_again END
- WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
-   AND state IN {_ACTIVE}
-RETURNING {_JOB_COLUMNS}
-"""
-
-# The oldest due job, skipping rows other workers hold. A running job whose
-# lease expired is taken over; its dead attempt counts as a failure.
-#
-# Each kind of candidate is found through its own partial index (jobs_due,
-# jobs_leases), then the older of the two (by run_after) is taken: one
-# `WHERE (pending AND due) OR (running AND expired)` cannot use either index
-# and became a sequential scan plus a sort of every pending job. `due` reads
-# one index entry past any rows other workers hold; `expired` reads only the
-# expired leases, which are never more than the workers that held them. The
-# candidate not taken is locked only until this statement ends.
-_CLAIM = f"""
-WITH due AS (
-    SELECT job_id, run_after FROM summary.jobs
-     WHERE state = 'pending' AND run_after <= now()
-     ORDER BY run_after
-     LIMIT 1
-     FOR UPDATE SKIP LOCKED
-), expired AS (
-    SELECT job_id, run_after FROM summary.jobs
-     WHERE state = 'running' AND lease_until < now()
-     ORDER BY run_after
-     LIMIT 1
-     FOR UPDATE SKIP LOCKED
-), next AS (
-    SELECT job_id FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates
-     ORDER BY run_after
-     LIMIT 1
-)
-UPDATE summary.jobs AS j
-   SET state = 'running',
-       attempts = j.attempts + 1,
-       failures = j.failures + (j.state = 'running')::int,
-       last_error = CASE WHEN j.state = 'running' THEN 'LEASE_EXPIRED' ELSE j.last_error END,
-       lease_token = %(lease_token)s,
-       lease_until = now() + make_interval(secs => %(lease_s)s),
-       claimed_by = %(worker)s
-  FROM next
- WHERE j.job_id = next.job_id
-RETURNING {", ".join("j." + c.strip() for c in _JOB_COLUMNS.split(","))}
-"""
-
-_EXTEND = """
-UPDATE summary.jobs SET lease_until = now() + make_interval(secs => %(lease_s)s)
- WHERE job_id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-"""
-
-_COMPLETE = """
-UPDATE summary.jobs
-   SET state = CASE WHEN %(requeue)s OR requested_again IS NOT NULL THEN 'pending' ELSE 'done' END,
-       finish_time = CASE WHEN %(requeue)s OR requested_again IS NOT NULL THEN NULL ELSE now() END,
-       enqueue_time = coalesce(requested_again, enqueue_time),
-       requested_again = NULL,
-       failures = 0,
-       last_error = '',
-       run_after = now(),
-       lease_token = NULL,
-       lease_until = NULL
- WHERE job_id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-RETURNING state
-"""
-
-_FAIL = """
-UPDATE summary.jobs
-   SET state = CASE WHEN %(park)s THEN 'failed' ELSE 'pending' END,
-       finish_time = CASE WHEN %(park)s THEN now() END,
-       failures = failures + %(counted)s::int,
-       last_error = %(reason)s,
-       run_after = now() + make_interval(secs => %(retry_in_s)s),
-       lease_token = NULL,
-       lease_until = NULL
- WHERE job_id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-RETURNING state
-"""
-
-_RELEASE = """
-UPDATE summary.jobs
-   SET state = 'pending', attempts = greatest(attempts - 1, 0), run_after = now(),
-       lease_token = NULL, lease_until = NULL
- WHERE job_id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-"""
-
-_BACKLOG = f"""
-SELECT count(*) FILTER (WHERE state IN {_ACTIVE}),
-       coalesce(extract(epoch FROM now() - min(enqueue_time) FILTER (WHERE state IN {_ACTIVE})),
-                0)::float8,
-       count(*) FILTER (WHERE state = 'failed'),
-       count(*) FILTER (WHERE state = 'running')
-  FROM summary.jobs
- WHERE state <> 'done' AND (%(namespace)s::text IS NULL OR namespace = %(namespace)s::text)
-"""
-
-
 class PostgresSummaryStore:
     """SummaryStore on PostgreSQL (schema `summary`)."""
 
@@ -323,7 +157,7 @@ class PostgresSummaryStore:
     async def get_summary(self, namespace: str, conversation_id: uuid.UUID) -> Summary | None:
         async with self.db.connection() as conn:
             row = await fetch_one(
-                conn, _GET_SUMMARY, {"namespace": namespace, "conversation_id": conversation_id}
+                conn, sql.GET_SUMMARY, {"namespace": namespace, "conversation_id": conversation_id}
             )
         return Summary(*row) if row else None
 
@@ -339,10 +173,10 @@ class PostgresSummaryStore:
         async with self.db.connection() as conn:
             for _ in range(_COMMIT_ROUNDS):
                 async with conn.transaction():
-                    await conn.execute(_LOCK_CONVERSATION, params)
-                    if await fetch_one(conn, _ERASED, params):
+                    await conn.execute(sql.LOCK_CONVERSATION, params)
+                    if await fetch_one(conn, sql.ERASED, params):
                         raise conversation_erased()
-                    row = await fetch_one(conn, _GET_SUMMARY + " FOR UPDATE", params)
+                    row = await fetch_one(conn, sql.GET_SUMMARY + " FOR UPDATE", params)
                     stored = Summary(*row) if row else None
                     current = belongs(stored, new)
                     if stored is not None and current is None:
@@ -352,12 +186,14 @@ class PostgresSummaryStore:
                     if replay is not None:
                         return CommitResult(replay, written=False)
                     if current is None:
-                        row = await fetch_one(conn, _INSERT_FIRST_SUMMARY, params)
+                        row = await fetch_one(conn, sql.INSERT_FIRST_SUMMARY, params)
                         if row is None:
                             continue  # a racing first commit won the insert: re-read it
                     else:
                         row = await fetch_one(
-                            conn, _REPLACE_SUMMARY, {**params, "current_revision": current.revision}
+                            conn,
+                            sql.REPLACE_SUMMARY,
+                            {**params, "current_revision": current.revision},
                         )
                     assert row is not None
                     return CommitResult(Summary(*row), written=True)
@@ -366,7 +202,7 @@ class PostgresSummaryStore:
     async def summary_history(self, namespace: str, conversation_id: uuid.UUID) -> list[Summary]:
         async with self.db.connection() as conn:
             cursor = await conn.execute(
-                f"""SELECT {_SUMMARY_COLUMNS} FROM summary.summary_history
+                f"""SELECT {sql.SUMMARY_COLUMNS} FROM summary.summary_history
                      WHERE namespace = %s AND conversation_id = %s
                      ORDER BY revision""",
                 (namespace, conversation_id),
@@ -382,7 +218,7 @@ class PostgresSummaryStore:
             "incarnation": incarnation,
         }
         async with self.db.connection() as conn, conn.transaction():
-            await conn.execute(_LOCK_CONVERSATION, params)
+            await conn.execute(sql.LOCK_CONVERSATION, params)
             if incarnation:
                 await conn.execute(
                     """INSERT INTO summary.erasures (namespace, conversation_id, incarnation)
@@ -404,13 +240,13 @@ class PostgresSummaryStore:
         async with self.db.connection() as conn:
             for _ in range(_COMMIT_ROUNDS):
                 async with conn.transaction():
-                    await conn.execute(_LOCK_CONVERSATION, params)
-                    if await fetch_one(conn, _ERASED, params):
+                    await conn.execute(sql.LOCK_CONVERSATION, params)
+                    if await fetch_one(conn, sql.ERASED, params):
                         raise conversation_erased()
-                    row = await fetch_one(conn, _INSERT_JOB, params)
+                    row = await fetch_one(conn, sql.INSERT_JOB, params)
                     if row is not None:
                         return _job(row), True
-                    row = await fetch_one(conn, _REPEAT_JOB, params)
+                    row = await fetch_one(conn, sql.REPEAT_JOB, params)
                     if row is not None:
                         return _job(row), False
                 # The active job finished between the two statements: insert again.
@@ -419,7 +255,7 @@ class PostgresSummaryStore:
     async def get_job(self, job_id: uuid.UUID) -> Job | None:
         async with self.db.connection() as conn:
             row = await fetch_one(
-                conn, f"SELECT {_JOB_COLUMNS} FROM summary.jobs WHERE job_id = %s", (job_id,)
+                conn, f"SELECT {sql.JOB_COLUMNS} FROM summary.jobs WHERE job_id = %s", (job_id,)
             )
         return _job(row) if row else None
 
@@ -427,7 +263,7 @@ class PostgresSummaryStore:
         async with self.db.connection() as conn:
             row = await fetch_one(
                 conn,
-                _CLAIM,
+                sql.CLAIM,
                 {"lease_token": uuid.uuid4(), "lease_s": lease_s, "worker": worker},
             )
         return _job(row) if row else None
@@ -435,7 +271,7 @@ class PostgresSummaryStore:
     async def extend_lease(self, job_id: uuid.UUID, lease_token: uuid.UUID, lease_s: float) -> bool:
         async with self.db.connection() as conn:
             cursor = await conn.execute(
-                _EXTEND, {"job_id": job_id, "lease_token": lease_token, "lease_s": lease_s}
+                sql.EXTEND, {"job_id": job_id, "lease_token": lease_token, "lease_s": lease_s}
             )
             return cursor.rowcount == 1
 
@@ -444,7 +280,9 @@ class PostgresSummaryStore:
     ) -> JobState | None:
         async with self.db.connection() as conn:
             row = await fetch_one(
-                conn, _COMPLETE, {"job_id": job_id, "lease_token": lease_token, "requeue": requeue}
+                conn,
+                sql.COMPLETE,
+                {"job_id": job_id, "lease_token": lease_token, "requeue": requeue},
             )
         return STATES_BY_NAME[row[0]] if row else None
 
@@ -461,7 +299,7 @@ class PostgresSummaryStore:
         async with self.db.connection() as conn:
             row = await fetch_one(
                 conn,
-                _FAIL,
+                sql.FAIL,
                 {
                     "job_id": job_id,
                     "lease_token": lease_token,
@@ -475,12 +313,12 @@ class PostgresSummaryStore:
 
     async def release(self, job_id: uuid.UUID, lease_token: uuid.UUID) -> bool:
         async with self.db.connection() as conn:
-            cursor = await conn.execute(_RELEASE, {"job_id": job_id, "lease_token": lease_token})
+            cursor = await conn.execute(sql.RELEASE, {"job_id": job_id, "lease_token": lease_token})
             return cursor.rowcount == 1
 
     async def backlog(self, namespace: str | None) -> Backlog:
         async with self.db.connection() as conn:
-            row = await fetch_one(conn, _BACKLOG, {"namespace": namespace})
+            row = await fetch_one(conn, sql.BACKLOG, {"namespace": namespace})
         assert row is not None
         depth, oldest, failed, running = row
         return Backlog(depth, max(0.0, float(oldest)), failed, running)

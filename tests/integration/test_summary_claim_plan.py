@@ -18,7 +18,8 @@ import pytest
 
 from services.common.db import Database
 from services.summary.model import JobState
-from services.summary.store import _CLAIM, PostgresSummaryStore
+from services.summary.statements import CLAIM
+from services.summary.store import PostgresSummaryStore
 from tests.conftest import server_settings
 
 # The indexes a claim may read the jobs table through.
@@ -78,7 +79,7 @@ async def _claim_plan(db: Database) -> dict[str, Any]:
     """EXPLAIN ANALYZE of one claim, rolled back (the queue is left as it was)."""
     async with db.connection() as conn, conn.transaction():
         cursor = await conn.execute(
-            b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + _CLAIM.encode(),
+            b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + CLAIM.encode(),
             {"lease_token": uuid.uuid4(), "lease_s": 30.0, "worker": "explain"},
         )
         row = await cursor.fetchone()
