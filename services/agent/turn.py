@@ -21,11 +21,12 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
 
 import uuid_utils
 
+from services.agent.budget import TurnBudget
 from services.agent.config import AgentConfig
+from services.agent.lease import LeaseKeeper, ended_error, ended_state, lease_lost
 from services.agent.model import (
     ConcurrencyMode,
     ContextReport,
@@ -49,15 +50,12 @@ from services.agent.model import (
 )
 from services.agent.ports import Memories, Summaries, Transcripts
 from services.agent.prompt import build_request, estimate_request_tokens
-from services.common import messages as message_rules
+from services.agent.reply import assistant_message, check_reply
 from services.common import metrics
 from services.common.deadlines import remaining
 from services.common.domain import (
-    Budget,
     Message,
     Role,
-    ToolCall,
-    Usage,
     canonical_json,
     check_tool_pairing,
     open_tool_calls,
@@ -66,7 +64,6 @@ from services.common.domain import (
 from services.common.errors import (
     DomainError,
     VersionConflict,
-    aborted,
     failed_precondition,
 )
 from services.common.errors import invalid_argument as _invalid_argument
@@ -76,9 +73,6 @@ from services.common.llm import (
     ChatRequest,
     ChatResponse,
     ModelFailed,
-    budget_exhausted,
-    budget_left,
-    require_call,
 )
 
 log = logging.getLogger(__name__)
@@ -89,113 +83,12 @@ _MAX_MEMORY_QUERY_BYTES = 4096
 _WAITING_AFTER_S = 0.1
 
 
-@dataclass
-class _Spend:
-    """What is left of a turn's budget."""
-
-    budget: Budget
-    used: Usage = field(default_factory=Usage)
-
-    def remaining(self) -> Budget:
-        return budget_left(self.budget, self.used)
-
-    def for_summary(self) -> Budget:
-        """What summarization may spend: everything but the turn's own model call.
-
-        One call and a share of the output tokens (half, at most 512) stay
-        reserved, so that a turn is never summarized into a budget it cannot
-        finish with.
-        """
-        left = self.require_call()
-        reserve_output = max(1, min(left.max_output_tokens // 2, 512))
-        if left.max_model_calls < 2:
-            raise budget_exhausted("max_model_calls", self.budget.max_model_calls)
-        if left.max_output_tokens - reserve_output < 1:
-            raise budget_exhausted("max_output_tokens", self.budget.max_output_tokens)
-        return Budget(
-            max_output_tokens=left.max_output_tokens - reserve_output,
-            max_model_calls=left.max_model_calls - 1,
-            max_input_tokens=left.max_input_tokens,
-        )
-
-    def require_call(self, input_tokens: int = 0) -> Budget:
-        """The budget left for one more model call, or RESOURCE_EXHAUSTED."""
-        return require_call(self.budget, self.used, input_tokens)
-
-
 def _first_user_text(messages: Sequence[Message]) -> str:
     texts = [m.text for m in messages if m.role == Role.USER and m.text.strip()]
     if not texts:
         texts = [m.text for m in messages if m.text.strip()]
     query = "\n".join(texts)
     return query.encode()[:_MAX_MEMORY_QUERY_BYTES].decode(errors="ignore")
-
-
-def ended_error(ended: EndedState) -> DomainError:
-    """The error a turn ended with, rebuilt from the outcome TranscriptService kept."""
-    outcome = Outcome(ended.output, ended.usage)
-    if ended.reason == "MODEL_OUTPUT_INVALID":
-        violations = ended.metadata.get("violations", "")
-        return ModelOutputInvalid(outcome, violations.split("\n") if violations else [])
-    if ended.reason == "TURN_CONFLICT":
-        return TurnConflict(
-            outcome,
-            int(ended.metadata.get("current_version", "0")),
-            int(ended.metadata.get("expected_version", "0")),
-        )
-    metadata = dict(ended.metadata)
-    current = int(metadata.pop("current_version", "0"))
-    expected = int(metadata.pop("expected_version", "0"))
-    return TurnNotCommitted(
-        ended.reason,
-        "the turn ended earlier without committing; its completed outcome is attached",
-        outcome,
-        current,
-        expected,
-        **metadata,
-    )
-
-
-def _ended(error: DomainError, outcome: Outcome) -> EndedState:
-    return EndedState(outcome.output, outcome.usage, error.reason, dict(error.metadata))
-
-
-class LeaseKeeper:
-    """Renews a turn lease every third of its duration until stopped or lost."""
-
-    def __init__(
-        self, transcripts: Transcripts, turn: Turn, conversation_id: str, turn_id: str, token: int
-    ) -> None:
-        self._transcripts = transcripts
-        self._lease = (turn.namespace, conversation_id, turn_id, token)
-        self.lost = False
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self, ttl_s: float) -> None:
-        self._task = asyncio.create_task(self._loop(ttl_s), name="turn-lease")
-
-    async def _loop(self, ttl_s: float) -> None:
-        while True:
-            await asyncio.sleep(ttl_s / 3)
-            try:
-                await self._transcripts.renew_lease(*self._lease, ttl_s)
-            except DomainError as error:
-                if error.reason == "TURN_LEASE_LOST":
-                    self.lost = True
-                    log.warning("turn lease lost")
-                    return
-                # A blip: the lease may still hold; the next renewal tries again.
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-
-def _lease_lost() -> DomainError:
-    return aborted("TURN_LEASE_LOST", "the turn's lease lapsed while it ran; it did not commit")
 
 
 class TurnRunner:
@@ -303,7 +196,7 @@ class TurnRunner:
             # The model ran: keep its outcome so that a repeat returns it (a lost
             # lease belongs to whoever took it over).
             if error.reason != "TURN_LEASE_LOST":
-                ended = _ended(error, error.outcome)
+                ended = ended_state(error, error.outcome)
             raise
         finally:
             await keeper.stop()
@@ -335,7 +228,7 @@ class TurnRunner:
             yield await self._replay(turn, conversation_id, view.prior_append)
             return
 
-        spend = _Spend(turn.budget)
+        spend = TurnBudget(turn.budget)
         passes = 0
         if view.summary_buffer:
             if policy.summary_mode == SummaryMode.REQUIRE:
@@ -399,7 +292,7 @@ class TurnRunner:
         )
         spend.require_call(estimate_request_tokens(request))
         if keeper.lost:  # never start model work the turn can no longer commit
-            raise _lease_lost()
+            raise lease_lost()
 
         yield Progress(Stage.CALLING_MODEL)
         response: ChatResponse | None = None
@@ -411,9 +304,9 @@ class TurnRunner:
         if response is None:
             raise ModelFailed("the model stream ended without an answer")
         spend.used += response.usage
-        reply = self._assistant_message(response)
+        reply = assistant_message(response)
         outcome = Outcome([reply], spend.used)
-        self._check_reply(turn, reply, outcome)
+        check_reply(turn, reply, outcome, self.config.messages)
 
         yield Progress(Stage.COMMITTING)
         try:
@@ -496,25 +389,6 @@ class TurnRunner:
             return await preloading
         return await self._context(turn, conversation_id, turn_id)
 
-    def _check_reply(self, turn: Turn, reply: Message, outcome: Outcome) -> None:
-        """The reply within the transcript's rules, or MODEL_OUTPUT_INVALID with the outcome."""
-        limits = self.config.messages
-        try:
-            size = message_rules.stored_message(reply, "output[0]", limits)
-            count = len(turn.input) + 1
-            if count > limits.max_messages_per_append:
-                raise _invalid_argument(
-                    "TOO_MANY_MESSAGES",
-                    f"input and output make {count} messages; an append carries at most "
-                    f"{limits.max_messages_per_append}",
-                    field="output",
-                )
-            size += sum(m.size_bytes() for m in turn.input)
-            message_rules.messages_size(size, "output", max_bytes=limits.max_append_bytes)
-        except DomainError as error:
-            metrics.MODEL_OUTPUT_INVALID.inc()
-            raise ModelOutputInvalid(outcome, [f"{error.field}: {error.message}"]) from None
-
     async def _summary_refused(
         self,
         turn: Turn,
@@ -539,21 +413,6 @@ class TurnRunner:
                 yield piece
         else:
             yield await self.model.complete(request, timeout=timeout)
-
-    def _assistant_message(self, response: ChatResponse) -> Message:
-        calls: list[ToolCall] = []
-        seen: set[str] = set()
-        for index, call in enumerate(response.tool_calls):
-            call_id = (
-                call.id
-                if call.id and call.id not in seen
-                else f"call_{uuid.uuid4().hex[:12]}_{index}"
-            )
-            seen.add(call_id)
-            calls.append(ToolCall(call_id, call.name, call.arguments_json))
-        if not response.text.strip() and not calls:
-            raise ModelFailed("the model returned neither text nor tool calls")
-        return Message(Role.ASSISTANT, response.text, tuple(calls))
 
     async def _replay(self, turn: Turn, conversation_id: str, prior: PriorAppend) -> TurnResult:
         """The stored outcome of a turn that already committed (no model call)."""
