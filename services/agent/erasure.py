@@ -52,7 +52,7 @@ async def erase(
 
     incarnation = await transcripts.incarnation(namespace, conversation_id)
     fence = incarnation or 0
-    summaries_erased = await part("summary", summaries.erase(namespace, conversation_id, fence)) > 0
+    summaries_deleted = await part("summary", summaries.erase(namespace, conversation_id, fence))
     memories_deleted = await part(
         "memory", memories.forget_conversation(namespace, conversation_id, fence)
     )
@@ -64,4 +64,4 @@ async def erase(
             entries = await part(
                 "transcript", transcripts.delete_conversation(namespace, conversation_id, fence)
             )
-    return Erasure(entries, summaries_erased, memories_deleted, remaining)
+    return Erasure(entries, summaries_deleted, memories_deleted, remaining)

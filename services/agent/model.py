@@ -178,9 +178,13 @@ class Erasure:
     """What EraseConversation did, and what is left when a service was unavailable."""
 
     entries_deleted: int
-    summaries_erased: bool
+    summaries_deleted: int  # summaries, their history and summary jobs
     memories_deleted: int
     remaining: Sequence[str] = ()
+
+    @property
+    def summaries_erased(self) -> bool:
+        return self.summaries_deleted > 0
 
     @property
     def complete(self) -> bool:

@@ -145,5 +145,6 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             memories_deleted=erased.memories_deleted,
             entries_deleted=erased.entries_deleted,
             summaries_erased=erased.summaries_erased,
+            summaries_deleted=erased.summaries_deleted,
             remaining=list(erased.remaining),
         )

@@ -105,7 +105,7 @@ SUMMARY_JOBS_OLDEST_AGE = Gauge(
     "runifold_summary_jobs_oldest_age_seconds",
     "Age of the oldest waiting or running summary job.",
 )
-SUMMARY_JOBS_PARKED = Gauge(
+SUMMARY_JOBS_FAILED = Gauge(
     "runifold_summary_jobs_failed",
     "Summary jobs parked after too many failed attempts.",
 )
@@ -124,9 +124,15 @@ SUMMARY_PASSES = Counter(
 )
 
 # -- memory ------------------------------------------------------------------------
+MEMORY_OUTBOX_DEPTH = Gauge(
+    "runifold_memory_outbox_depth",
+    "Memory index writes waiting in the outbox (rows).",
+)
+# The same value under its old name, kept for one release (docs/operations.md): it is a
+# row count, not a time. Deprecated series appear on no dashboard and in no rule.
 MEMORY_INDEX_LAG = Gauge(
     "runifold_memory_index_lag",
-    "Memory index writes waiting in the outbox.",
+    "Deprecated: runifold_memory_outbox_depth (memory index writes waiting in the outbox).",
 )
 MEMORY_INDEX_OLDEST_AGE = Gauge(
     "runifold_memory_index_oldest_age_seconds",
@@ -154,3 +160,6 @@ MODEL_ERRORS = Counter(
     "Failed model calls.",
     ["purpose", "provider"],
 )
+
+# Exported for compatibility only, each beside the metric that replaces it.
+DEPRECATED = frozenset({"runifold_memory_index_lag"})

@@ -133,6 +133,7 @@ class Indexer(Background):
     async def update_backlog_metrics(self) -> None:
         """Publish the outbox depth and age."""
         backlog = await self.store.backlog()
+        metrics.MEMORY_OUTBOX_DEPTH.set(backlog.depth)
         metrics.MEMORY_INDEX_LAG.set(backlog.depth)
         metrics.MEMORY_INDEX_OLDEST_AGE.set(backlog.oldest_age_s)
 

@@ -101,8 +101,8 @@ class OutboxEntry:
 
 
 @dataclass(frozen=True, slots=True)
-class Backlog:
-    """Depth of the outbox and the age of its oldest row (seconds)."""
+class OutboxDepth:
+    """The memory outbox: index writes waiting (rows), and the age of the oldest (seconds)."""
 
     depth: int
     oldest_age_s: float

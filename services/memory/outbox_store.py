@@ -12,7 +12,7 @@ from typing import Protocol
 from services.common.db import AsyncConn, Database, fetch_one
 from services.memory import statements as sql
 from services.memory.index import Key
-from services.memory.model import Backlog, Memory, OutboxEntry
+from services.memory.model import Memory, OutboxDepth, OutboxEntry
 from services.memory.rows import memory_from_row
 
 
@@ -56,7 +56,7 @@ class OutboxStore(Protocol):
     async def release_outbox(self, claim: OutboxClaim) -> None:
         """Give the batch's rows that still carry its token back to the next claim."""
 
-    async def backlog(self) -> Backlog:
+    async def backlog(self) -> OutboxDepth:
         """Outbox depth and oldest age."""
 
     async def scan(self, after: Key | None, limit: int) -> list[Memory]:
@@ -124,7 +124,7 @@ class PostgresOutbox:
         async with self.db.connection() as conn:
             await conn.execute(sql.RELEASE_OUTBOX, {"seqs": claim.seqs, "token": claim.token})
 
-    async def backlog(self) -> Backlog:
+    async def backlog(self) -> OutboxDepth:
         async with self.db.connection() as conn:
             row = await fetch_one(
                 conn,
@@ -132,7 +132,7 @@ class PostgresOutbox:
                      FROM memory.outbox""",
             )
         assert row is not None
-        return Backlog(int(row[0]), float(row[1]))
+        return OutboxDepth(int(row[0]), float(row[1]))
 
     async def scan(self, after: Key | None, limit: int) -> list[Memory]:
         namespace, memory_id = after if after else ("", uuid.UUID(int=0))

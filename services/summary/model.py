@@ -126,8 +126,9 @@ class NewJob:
 
 
 @dataclass(frozen=True, slots=True)
-class Backlog:
-    """The job queue of one namespace (or of all, for the gauges)."""
+class JobQueue:
+    """The summary job queue of one namespace (or of all, for the gauges): its depth,
+    the age of its oldest waiting job, and its failed (parked) and running jobs."""
 
     depth: int = 0
     oldest_pending_age_s: float = 0.0

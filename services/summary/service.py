@@ -23,10 +23,10 @@ from services.common.llm import require_call, with_defaults
 from services.common.validation import conversation_id
 from services.summary.config import SummaryConfig
 from services.summary.model import (
-    Backlog,
     CommitResult,
     ConversationState,
     Job,
+    JobQueue,
     NewJob,
     NewSummary,
     SummarizeResult,
@@ -326,7 +326,7 @@ class SummaryService:
             namespace, conversation_id(conversation_id_text), incarnation
         )
 
-    async def get_backlog(self, namespace: str) -> Backlog:
+    async def get_backlog(self, namespace: str) -> JobQueue:
         """The job queue of a namespace: depth, oldest waiting age, parked and running jobs."""
         validation.namespace(namespace)
         return await self.store.backlog(namespace)

@@ -21,9 +21,9 @@ from services.common.db import AsyncConn, Database, fetch_one
 from services.summary import statements as sql
 from services.summary.model import (
     STATES_BY_NAME,
-    Backlog,
     CommitResult,
     Job,
+    JobQueue,
     JobState,
     NewJob,
     NewSummary,
@@ -101,7 +101,7 @@ class SummaryStore(Protocol):
     async def release(self, job_id: uuid.UUID, lease_token: uuid.UUID) -> bool:
         """Give a claimed job back untouched (shutdown): PENDING, due now, attempt not counted."""
 
-    async def backlog(self, namespace: str | None) -> Backlog:
+    async def backlog(self, namespace: str | None) -> JobQueue:
         """The queue of a namespace, or of every namespace when None."""
 
     async def prune_jobs(self, older_than_s: float) -> int:
@@ -316,12 +316,12 @@ class PostgresSummaryStore:
             cursor = await conn.execute(sql.RELEASE, {"job_id": job_id, "lease_token": lease_token})
             return cursor.rowcount == 1
 
-    async def backlog(self, namespace: str | None) -> Backlog:
+    async def backlog(self, namespace: str | None) -> JobQueue:
         async with self.db.connection() as conn:
             row = await fetch_one(conn, sql.BACKLOG, {"namespace": namespace})
         assert row is not None
         depth, oldest, failed, running = row
-        return Backlog(depth, max(0.0, float(oldest)), failed, running)
+        return JobQueue(depth, max(0.0, float(oldest)), failed, running)
 
     async def prune_jobs(self, older_than_s: float) -> int:
         async with self.db.connection() as conn:

@@ -228,7 +228,7 @@ class SummaryWorkers:
         backlog = await self.store.backlog(None)
         metrics.SUMMARY_JOBS_DEPTH.set(backlog.depth)
         metrics.SUMMARY_JOBS_OLDEST_AGE.set(backlog.oldest_pending_age_s)
-        metrics.SUMMARY_JOBS_PARKED.set(backlog.failed_count)
+        metrics.SUMMARY_JOBS_FAILED.set(backlog.failed_count)
         now = time.monotonic()
         if now - self._last_prune >= _PRUNE_EVERY_S:
             self._last_prune = now

@@ -17,9 +17,9 @@ from datetime import UTC, datetime, timedelta
 
 from services.memory.index import Key
 from services.memory.model import (
-    Backlog,
     Memory,
     MemoryWrite,
+    OutboxDepth,
     OutboxEntry,
     RevisionRecord,
     ScoredMemory,
@@ -321,10 +321,10 @@ class InMemoryMemoryStore:
             for seq in self._held(claim):
                 del self._claims[seq]
 
-    async def backlog(self) -> Backlog:
+    async def backlog(self) -> OutboxDepth:
         if not self._outbox:
-            return Backlog(0, 0.0)
-        return Backlog(len(self._outbox), (self.now() - self._outbox[0][1]).total_seconds())
+            return OutboxDepth(0, 0.0)
+        return OutboxDepth(len(self._outbox), (self.now() - self._outbox[0][1]).total_seconds())
 
     async def scan(self, after: Key | None, limit: int) -> list[Memory]:
         keys = sorted(

@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from services.summary.model import (
-    Backlog,
     CommitResult,
     Job,
+    JobQueue,
     JobState,
     NewJob,
     NewSummary,
@@ -242,7 +242,7 @@ class InMemorySummaryStore:
             row.run_after = time.monotonic()
             return True
 
-    async def backlog(self, namespace: str | None) -> Backlog:
+    async def backlog(self, namespace: str | None) -> JobQueue:
         rows = [
             row.job
             for row in self._jobs.values()
@@ -251,7 +251,7 @@ class InMemorySummaryStore:
         active = [job for job in rows if job.state in _ACTIVE]
         oldest = min((job.enqueue_time for job in active), default=None)
         age = (datetime.now(UTC) - oldest) if oldest else timedelta(0)
-        return Backlog(
+        return JobQueue(
             depth=len(active),
             oldest_pending_age_s=max(0.0, age.total_seconds()),
             failed_count=sum(job.state == JobState.FAILED for job in rows),

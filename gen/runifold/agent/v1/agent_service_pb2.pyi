@@ -647,6 +647,7 @@ class EraseConversationResponse(_message.Message):
     ENTRIES_DELETED_FIELD_NUMBER: _builtins.int
     SUMMARIES_ERASED_FIELD_NUMBER: _builtins.int
     REMAINING_FIELD_NUMBER: _builtins.int
+    SUMMARIES_DELETED_FIELD_NUMBER: _builtins.int
     complete: _builtins.bool
     """True when every part is gone (a retry after a partial erase completes it)."""
     memories_deleted: _builtins.int
@@ -654,7 +655,13 @@ class EraseConversationResponse(_message.Message):
     entries_deleted: _builtins.int
     """Entries deleted by this call."""
     summaries_erased: _builtins.bool
-    """Whether summaries and summary jobs were erased by this call or earlier."""
+    """Whether summaries or summary jobs were erased by this call (the count is
+    `summaries_deleted`).
+    """
+    summaries_deleted: _builtins.int
+    """Summary rows (summaries, their history and summary jobs) deleted by this
+    call; `summaries_erased` is true when it is not 0.
+    """
     @_builtins.property
     def remaining(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Parts still to erase when `complete` is false ("memory", "summary",
@@ -669,10 +676,11 @@ class EraseConversationResponse(_message.Message):
         entries_deleted: _builtins.int = ...,
         summaries_erased: _builtins.bool = ...,
         remaining: _abc.Iterable[_builtins.str] | None = ...,
+        summaries_deleted: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete", b"complete", "entries_deleted", b"entries_deleted", "memories_deleted", b"memories_deleted", "remaining", b"remaining", "summaries_erased", b"summaries_erased"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete", b"complete", "entries_deleted", b"entries_deleted", "memories_deleted", b"memories_deleted", "remaining", b"remaining", "summaries_deleted", b"summaries_deleted", "summaries_erased", b"summaries_erased"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
