@@ -20,9 +20,10 @@ from services.common.pagination import PageTokens
 from services.memory.config import MemoryConfig
 from services.memory.index import IndexPoint
 from services.memory.indexer import Indexer, Sweeper, reindex
+from services.memory.inputs import SourceInput
 from services.memory.model import MemorySource, MemoryWrite
 from services.memory.outbox_store import OutboxClaim
-from services.memory.service import MemoryService, SourceInput
+from services.memory.service import MemoryService
 from services.memory.store import MemoryStore
 from tests.conftest import wait_for
 from tests.memory_support import BruteForceIndex, FixedSources, HashEmbedder

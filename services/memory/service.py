@@ -11,8 +11,6 @@ always the current, live revision, whatever the index still holds.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import math
 import uuid
@@ -30,6 +28,14 @@ from services.common.validation import conversation_id
 from services.memory.config import MemoryConfig
 from services.memory.embeddings import Embedder, EmbeddingUnavailable
 from services.memory.index import IndexHit, IndexUnavailable, NamespacedQuery, VectorIndex
+from services.memory.inputs import (
+    SourceInput,
+    check_expected_revision,
+    expiry,
+    memory_id,
+    parse_sources,
+    request_digest,
+)
 from services.memory.model import (
     Memory,
     MemorySource,
@@ -49,62 +55,11 @@ MAX_CANDIDATES = 2048
 
 
 @dataclass(frozen=True, slots=True)
-class SourceInput:
-    """A source as the caller sent it (validated by the service)."""
-
-    conversation_id: str
-    from_sequence: int
-    through_sequence: int
-
-
-@dataclass(frozen=True, slots=True)
 class MemoryPage:
     """A page of memories."""
 
     memories: Sequence[Memory]
     next_page_token: str
-
-
-def memory_id(value: str, field: str = "memory_id") -> uuid.UUID:
-    """A memory id: a UUID in canonical text form."""
-    return validation.uuid_id(value, field, "INVALID_MEMORY_ID")
-
-
-def _check_expected_revision(expected_revision: int | None) -> None:
-    """Revisions start at 1: an expected revision below that can never match."""
-    if expected_revision is not None and expected_revision < 1:
-        raise invalid_argument(
-            "INVALID_EXPECTED_REVISION",
-            "expected_revision must be at least 1",
-            field="expected_revision",
-        )
-
-
-def _request_digest(
-    memory_id_text: str,
-    content: str,
-    sources: Sequence[SourceInput],
-    metadata: Mapping[str, str],
-    expected_revision: int | None,
-    expire_time: datetime | None,
-    ttl: timedelta | None,
-) -> bytes:
-    """A digest of an UpsertMemory request as sent (a ttl, not the expiry it makes),
-    to tell a retry from another request under the same request id."""
-    document = json.dumps(
-        [
-            memory_id_text.lower(),
-            content,
-            [[s.conversation_id.lower(), s.from_sequence, s.through_sequence] for s in sources],
-            sorted(metadata.items()),
-            expected_revision,
-            expire_time.isoformat() if expire_time else None,
-            ttl.total_seconds() if ttl else None,
-        ],
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
-    return hashlib.sha256(document.encode("utf-8", "surrogatepass")).digest()
 
 
 def _dot(a: Sequence[float], b: Sequence[float]) -> float:
@@ -137,37 +92,6 @@ class MemoryService:
 
     # -- writes -------------------------------------------------------------
 
-    def _validate_sources(self, sources: Sequence[SourceInput]) -> list[MemorySource]:
-        limit = self.config.limits.max_sources
-        if not sources:
-            raise invalid_argument(
-                "NO_SOURCES",
-                "a memory needs at least one source range of a transcript",
-                field="sources",
-            )
-        if len(sources) > limit:
-            raise invalid_argument(
-                "TOO_MANY_SOURCES", f"a memory has at most {limit} sources", field="sources"
-            )
-        parsed = []
-        for i, source in enumerate(sources):
-            field = f"sources[{i}]"
-            cid = conversation_id(source.conversation_id, f"{field}.conversation_id")
-            if source.from_sequence < 1:
-                raise invalid_argument(
-                    "INVALID_SOURCE_RANGE",
-                    "from_sequence must be at least 1",
-                    field=f"{field}.from_sequence",
-                )
-            if source.through_sequence < source.from_sequence:
-                raise invalid_argument(
-                    "INVALID_SOURCE_RANGE",
-                    "through_sequence must not be before from_sequence",
-                    field=f"{field}.through_sequence",
-                )
-            parsed.append(MemorySource(cid, source.from_sequence, source.through_sequence))
-        return parsed
-
     async def _check_sources_exist(
         self, namespace: str, sources: Sequence[MemorySource]
     ) -> dict[uuid.UUID, int]:
@@ -191,32 +115,6 @@ class MemoryService:
                     last_sequence=state.last_sequence,
                 )
         return {cid: state.incarnation for cid, state in state_of.items() if state is not None}
-
-    def _expiry(
-        self, namespace: str, expire_time: datetime | None, ttl: timedelta | None
-    ) -> datetime | None:
-        now = self.now()
-        if expire_time is not None and ttl is not None:
-            raise invalid_argument(
-                "INVALID_EXPIRY", "set expire_time or ttl, not both", field="expire_time"
-            )
-        if expire_time is not None:
-            if expire_time <= now:
-                raise invalid_argument(
-                    "INVALID_EXPIRY", "expire_time must be in the future", field="expire_time"
-                )
-            return expire_time
-        if ttl is not None:
-            if ttl <= timedelta(0):
-                raise invalid_argument("INVALID_EXPIRY", "ttl must be positive", field="ttl")
-            try:
-                return now + ttl
-            except OverflowError:  # beyond year 9999
-                raise invalid_argument(
-                    "INVALID_EXPIRY", "ttl ends after the year 9999", field="ttl"
-                ) from None
-        default = self.config.ttl_for(namespace)
-        return now + default if default else None
 
     async def upsert(
         self,
@@ -244,7 +142,7 @@ class MemoryService:
         validation.namespace(namespace)
         request_id = validation.request_id(request_id_text)
         digest = (
-            _request_digest(
+            request_digest(
                 memory_id_text, content, sources, metadata, expected_revision, expire_time, ttl
             )
             if request_id is not None
@@ -259,7 +157,7 @@ class MemoryService:
             )
         else:
             mid = uuid.UUID(str(uuid_utils.uuid7()))
-        _check_expected_revision(expected_revision)
+        check_expected_revision(expected_revision)
         validation.text(
             content,
             "content",
@@ -267,9 +165,9 @@ class MemoryService:
             reason="INVALID_CONTENT",
             required=True,
         )
-        parsed_sources = self._validate_sources(sources)
+        parsed_sources = parse_sources(sources, self.config.limits.max_sources)
         clean_metadata = validation.metadata(metadata)
-        expires = self._expiry(namespace, expire_time, ttl)
+        expires = expiry(self.now(), expire_time, ttl, self.config.ttl_for(namespace))
         incarnations = await self._check_sources_exist(namespace, parsed_sources)
         write = MemoryWrite(
             namespace=namespace,
@@ -302,7 +200,7 @@ class MemoryService:
         """
         validation.namespace(namespace)
         mid = memory_id(memory_id_text)
-        _check_expected_revision(expected_revision)
+        check_expected_revision(expected_revision)
         deleted = await self.store.delete(namespace, mid, expected_revision)
         self.on_write()
         return deleted

@@ -11,8 +11,9 @@ from typing import Any
 from runifold.memory.v1 import memory_service_pb2 as pb
 from runifold.memory.v1 import memory_service_pb2_grpc as pb_grpc
 from services.common import convert
+from services.memory.inputs import SourceInput
 from services.memory.model import Memory
-from services.memory.service import MemoryService, SourceInput
+from services.memory.service import MemoryService
 
 Context = Any  # grpc.aio.ServicerContext; unused by these handlers
 
