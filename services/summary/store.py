@@ -173,9 +173,7 @@ class PostgresSummaryStore:
         async with self.db.connection() as conn:
             for _ in range(_COMMIT_ROUNDS):
                 async with conn.transaction():
-                    await conn.execute(sql.LOCK_CONVERSATION, params)
-                    if await fetch_one(conn, sql.ERASED, params):
-                        raise conversation_erased()
+                    await _fence(conn, params)
                     row = await fetch_one(conn, sql.GET_SUMMARY + " FOR UPDATE", params)
                     stored = Summary(*row) if row else None
                     current = belongs(stored, new)
@@ -240,9 +238,7 @@ class PostgresSummaryStore:
         async with self.db.connection() as conn:
             for _ in range(_COMMIT_ROUNDS):
                 async with conn.transaction():
-                    await conn.execute(sql.LOCK_CONVERSATION, params)
-                    if await fetch_one(conn, sql.ERASED, params):
-                        raise conversation_erased()
+                    await _fence(conn, params)
                     row = await fetch_one(conn, sql.INSERT_JOB, params)
                     if row is not None:
                         return _job(row), True
@@ -337,6 +333,15 @@ class PostgresSummaryStore:
                 (ERASURE_RETENTION_S,),
             )
             return cursor.rowcount
+
+
+async def _fence(conn: AsyncConn, params: dict[str, Any]) -> None:
+    """Inside a commit's or an enqueue's transaction: take the conversation's lock, then
+    refuse when an erasure fenced this incarnation (its statement sees every erasure that
+    took the lock first)."""
+    await conn.execute(sql.LOCK_CONVERSATION, params)
+    if await fetch_one(conn, sql.ERASED, params):
+        raise conversation_erased()
 
 
 async def _delete_derived(conn: AsyncConn, params: dict[str, Any], *, jobs: bool) -> int:
