@@ -92,6 +92,10 @@ CHAT_COMMANDS = """\
 A line that starts with // sends the rest of it, slash included."""
 
 
+# Listing columns that hold ids (UUIDs).
+_ID_COLUMNS = frozenset({"conversation", "memory"})
+
+
 class UsageError(Exception):
     """A mistake in the command line (exit status 2), said in one line."""
 
@@ -171,7 +175,10 @@ class Output:
         count = 0
         table = Table(title=title)
         for column in columns:
-            table.add_column(column)
+            if column in _ID_COLUMNS:  # ids are what people copy: never cut
+                table.add_column(column, no_wrap=True, min_width=36)
+            else:
+                table.add_column(column)
         for item in items:
             count += 1
             if self.json:
@@ -395,7 +402,10 @@ class Chat:
         if name in {"/quit", "/exit"}:
             return False
         if name == "/help":
-            self._say("commands", CHAT_COMMANDS)
+            if self.output.json:
+                self._say("commands", CHAT_COMMANDS)
+            else:
+                self.output.console.print(escape(CHAT_COMMANDS), highlight=False)
         elif name == "/retry":
             self.resend()
         elif name == "/summarize":
@@ -517,8 +527,8 @@ class Chat:
             return
         self._say(
             "summarized",
-            f"{reply.passes} passes; the summary covers 1..{reply.summary.through_sequence}, "
-            f"{reply.backlog} entries still wait",
+            f"{reply.passes} pass{'' if reply.passes == 1 else 'es'}; the summary covers "
+            f"1..{reply.summary.through_sequence}, {reply.backlog} older entries still wait",
         )
 
     def history(self, count: int) -> None:
@@ -572,7 +582,9 @@ def _conversation_row(conversation: Any) -> Sequence[str]:
         conversation.conversation_id,
         str(conversation.version),
         str(conversation.last_sequence),
-        conversation.update_time.ToJsonString() if conversation.HasField("update_time") else "",
+        f"{conversation.update_time.ToDatetime():%Y-%m-%d %H:%M:%S}"
+        if conversation.HasField("update_time")
+        else "",
     )
 
 
