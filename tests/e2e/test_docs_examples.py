@@ -30,7 +30,11 @@ import pytest
 from tests.stack import Stack, full_stack
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "clients").glob("*/README.md")),  # the node one's js blocks: its tests
+]
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 _NOT_RUN = re.compile(r"<!-- not run: (.+?) -->\s*$")
 DOCUMENTED_TARGET = "127.0.0.1:50051"
