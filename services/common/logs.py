@@ -84,7 +84,7 @@ _QUIET_LIBRARIES = ("pgserver", "sentence_transformers", "transformers", "httpx"
 
 
 def resolve_format(fmt: str, stream: object = None) -> str:
-    """ "json" or "text": `auto` is text when the stream (stderr) is a terminal."""
+    """The format to write, json or text: `auto` is text when the stream is a terminal."""
     if fmt != "auto":
         return fmt
     isatty = getattr(stream if stream is not None else sys.stderr, "isatty", None)
