@@ -25,10 +25,11 @@ ENV PATH=/opt/runifold/bin:$PATH
 RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY gen ./gen
 COPY services ./services
+# The client's own distribution (runifold-client, with the generated code) first
+# in the same command: the services depend on it by name.
 COPY clients/python ./clients/python
-RUN pip install . \
+RUN pip install ./clients/python . \
  && python -m compileall -q /opt/runifold/lib
 
 # -- runtime: the environment only; no compiler, no sources, not root ------------------

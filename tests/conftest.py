@@ -76,8 +76,9 @@ def postgres_url() -> Iterator[str]:
     if external:
         yield external
         return
-    import pgserver
+    from services.common.db import import_pgserver
 
+    pgserver = import_pgserver()
     with tempfile.TemporaryDirectory(prefix="runifold-pg-") as folder:
         server = pgserver.get_server(folder, cleanup_mode="stop")
         try:

@@ -23,7 +23,7 @@ from services.memory.indexer import Indexer, Sweeper, reindex
 from services.memory.inputs import SourceInput
 from services.memory.model import MemorySource, MemoryWrite
 from services.memory.outbox_store import OutboxClaim
-from services.memory.service import MemoryService
+from services.memory.service import DEFAULT_SEARCH_LIMIT, MemoryService
 from services.memory.store import MemoryStore
 from tests.conftest import wait_for
 from tests.memory_support import BruteForceIndex, FixedSources, HashEmbedder
@@ -133,6 +133,15 @@ class MemoryCases:
                 await world.service.upsert(ns, "", "A fact.", sources, {}, None)
             assert reason(error) == expected
         assert await world.store.list_memories(ns, None, None, 10) == []
+
+    async def test_a_source_beyond_the_transcript_says_where_it_ends(self, world: World) -> None:
+        with pytest.raises(DomainError) as error:
+            await world.service.upsert(
+                world.namespace, "", "A fact.", world.source(5, 11), {}, None
+            )
+        assert error.value.metadata["last_sequence"] == "10"
+        assert "through_sequence 11" in error.value.message
+        assert "last sequence is 10" in error.value.message
 
     async def test_delete_leaves_a_tombstone_and_erases_history_content(self, world: World) -> None:
         ns = world.namespace
@@ -259,7 +268,7 @@ class MemoryCases:
     async def test_search_validates_its_request(self, world: World) -> None:
         ns = world.namespace
         for kwargs, expected in (
-            ({"limit": 0}, "INVALID_LIMIT"),
+            ({"limit": -1}, "INVALID_LIMIT"),
             ({"limit": 257}, "INVALID_LIMIT"),
             ({"query": ""}, "INVALID_QUERY"),
             ({"min_score": 1.5}, "INVALID_MIN_SCORE"),
@@ -269,6 +278,14 @@ class MemoryCases:
             with pytest.raises(DomainError) as error:
                 await world.service.search(ns, **args)  # type: ignore[arg-type]
             assert reason(error) == (Code.INVALID_ARGUMENT, expected)
+
+    async def test_search_limit_zero_means_the_default(self, world: World) -> None:
+        """AIP-158: 0 is the field's default, not an error."""
+        for i in range(DEFAULT_SEARCH_LIMIT + 2):
+            await world.add(f"Fact number {i} about the kitchen.")
+        await world.drain()
+        found = await world.service.search(world.namespace, "kitchen fact", 0)
+        assert len(found.hits) == DEFAULT_SEARCH_LIMIT
 
     async def test_outbox_claims_are_disjoint_and_expire(self, world: World) -> None:
         """Two claims never share a row; an expired claim is claimable again, and the

@@ -72,6 +72,25 @@ class EmbeddedPostgresError(RuntimeError):
     """The embedded PostgreSQL could not be started or recovered."""
 
 
+def import_pgserver() -> Any:
+    """The pgserver module, imported without platformdirs' runtime-directory warning.
+
+    pgserver asks platformdirs for the user's runtime directory (for its inter-process
+    lock) when it is imported. Outside a desktop session XDG_RUNTIME_DIR is unset (or
+    a shared /tmp), and platformdirs warns, then falls back to a private directory
+    of its own, which is what the lock needs: the warning tells nobody anything.
+    """
+    import warnings
+
+    import platformdirs
+
+    category = getattr(platformdirs, "RuntimeDirWarning", UserWarning)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category)
+        import pgserver
+    return pgserver
+
+
 def start_embedded_postgres(data_dir: Path, timeout: float = EMBEDDED_START_TIMEOUT_S) -> str:
     """Start (or reuse) a real PostgreSQL from the pgserver package; return its URL.
 
@@ -80,7 +99,7 @@ def start_embedded_postgres(data_dir: Path, timeout: float = EMBEDDED_START_TIME
     killed process or a killed PostgreSQL left behind is cleared first, so that
     a restart needs no manual step (`_recover`).
     """
-    import pgserver
+    pgserver = import_pgserver()
     from pgserver.postgres_server import PostgresServer
 
     data_dir.mkdir(parents=True, exist_ok=True)

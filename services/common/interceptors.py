@@ -1,5 +1,5 @@
 """Server interceptor: request ids, authentication, error mapping, RPC metrics and the
-access log.
+access log (DEBUG; errors and slow calls at WARNING).
 
 Every handler runs inside the guard: a `DomainError` becomes its canonical
 status with ErrorInfo; any other exception becomes INTERNAL with a generic
@@ -121,16 +121,38 @@ def _handled(labels: tuple[str, str, str], code: str) -> Any:
     return metrics.RPC_HANDLED.labels(*labels, code)
 
 
+# Codes that answer the request as the contract says (a conflict, a missing resource, a
+# bad request): the caller learns from them, the operator has nothing to do. Their access
+# lines are DEBUG, with the OK ones; every other code is a WARNING.
+_EXPECTED_CODES = frozenset(
+    {
+        "OK",
+        "NOT_FOUND",
+        "ABORTED",
+        "ALREADY_EXISTS",
+        "FAILED_PRECONDITION",
+        "CANCELLED",
+        "INVALID_ARGUMENT",
+    }
+)
+
+
 class _Call:
     """Bookkeeping of one RPC: labels, timing, the final code."""
 
-    __slots__ = ("code", "labels", "method", "seconds", "span", "start")
+    __slots__ = ("code", "labels", "method", "seconds", "slow_s", "span", "start")
 
     def __init__(
-        self, method: str, grpc_type: str, context: grpc.aio.ServicerContext[Any, Any], rid: str
+        self,
+        method: str,
+        grpc_type: str,
+        context: grpc.aio.ServicerContext[Any, Any],
+        rid: str,
+        slow_s: float,
     ) -> None:
         started, self.labels, self.seconds = _children(method, grpc_type)
         self.method = method
+        self.slow_s = slow_s
         self.code = "OK"
         # None unless tracing is on (then the span is current while the handler runs).
         self.span = tracing.start_server_span(method, context, rid)
@@ -159,18 +181,11 @@ class _Call:
         elapsed = time.perf_counter() - self.start
         _handled(self.labels, self.code).inc()
         self.seconds.observe(elapsed)
+        # One line per RPC costs the busy paths a good share of their throughput: the
+        # access log is DEBUG; errors and calls slower than RUNIFOLD_SLOW_RPC_S warn.
         level = (
-            logging.INFO
-            if self.code
-            in {
-                "OK",
-                "NOT_FOUND",
-                "ABORTED",
-                "ALREADY_EXISTS",
-                "FAILED_PRECONDITION",
-                "CANCELLED",
-                "INVALID_ARGUMENT",
-            }
+            logging.DEBUG
+            if self.code in _EXPECTED_CODES and elapsed < self.slow_s
             else logging.WARNING
         )
         if log.isEnabledFor(level):
@@ -192,6 +207,7 @@ def _wrap_unary(
     behavior: Callable[[Any, Any], Awaitable[Any]],
     admit: Admit,
     method: str,
+    slow_s: float,
     grpc_type: str = "unary",
 ) -> Callable[[object, Context], Awaitable[Any]]:
     """Guard a coroutine handler (unary, or streaming through context.write)."""
@@ -199,7 +215,7 @@ def _wrap_unary(
     async def handler(requests: object, context: Context) -> Any:
         # `requests` goes unused: `admit` reads the one request through the context.
         request_id = _bind_context(context, method)
-        call = _Call(method, grpc_type, context, request_id)
+        call = _Call(method, grpc_type, context, request_id, slow_s)
         try:
             response = await behavior(await admit(context), context)
             context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
@@ -219,11 +235,11 @@ def _wrap_unary(
 
 
 def _wrap_stream(
-    behavior: Callable[[Any, Any], AsyncIterator[Any]], admit: Admit, method: str
+    behavior: Callable[[Any, Any], AsyncIterator[Any]], admit: Admit, method: str, slow_s: float
 ) -> Callable[[object, Context], AsyncIterator[Any]]:
     async def handler(requests: object, context: Context) -> AsyncIterator[Any]:
         request_id = _bind_context(context, method)
-        call = _Call(method, "server_stream", context, request_id)
+        call = _Call(method, "server_stream", context, request_id, slow_s)
         try:
             async for item in behavior(await admit(context), context):
                 yield item
@@ -246,18 +262,22 @@ class ServiceInterceptor(WrappingInterceptor):
     """Applies the guard to every unary and server-streaming RPC; with a gate, the guard
     authenticates each call to a Runifold service before it reads the request."""
 
-    def __init__(self, gate: AuthGate | None = None) -> None:
+    def __init__(self, gate: AuthGate | None = None, slow_rpc_s: float = 5.0) -> None:
         super().__init__()
         self.gate = gate
+        self.slow_rpc_s = slow_rpc_s
 
     def wrap(
         self, handler: grpc.RpcMethodHandler[Any, Any], method: str
     ) -> grpc.RpcMethodHandler[Any, Any]:
-        return _wrap(handler, method, self.gate)
+        return _wrap(handler, method, self.gate, self.slow_rpc_s)
 
 
 def _wrap(
-    handler: grpc.RpcMethodHandler[Any, Any], method: str, gate: AuthGate | None
+    handler: grpc.RpcMethodHandler[Any, Any],
+    method: str,
+    gate: AuthGate | None,
+    slow_s: float,
 ) -> grpc.RpcMethodHandler[Any, Any]:
     # Served as request-streaming handlers (the same bytes on the wire: one length-
     # prefixed message, then the half-close), so that grpc reads no request before the
@@ -267,7 +287,7 @@ def _wrap(
     admit = _admission(handler.request_deserializer, gate, method)
     if handler.unary_unary is not None:
         return grpc.stream_unary_rpc_method_handler(
-            _wrap_unary(handler.unary_unary, admit, method),
+            _wrap_unary(handler.unary_unary, admit, method, slow_s),
             request_deserializer=None,
             response_serializer=handler.response_serializer,
         )
@@ -276,9 +296,9 @@ def _wrap(
         # or async generators.
         behavior: Any = handler.unary_stream
         wrapped: Any = (
-            _wrap_stream(behavior, admit, method)
+            _wrap_stream(behavior, admit, method, slow_s)
             if inspect.isasyncgenfunction(behavior)
-            else _wrap_unary(behavior, admit, method, "server_stream")
+            else _wrap_unary(behavior, admit, method, slow_s, "server_stream")
         )
         return grpc.stream_stream_rpc_method_handler(
             wrapped,

@@ -1,4 +1,6 @@
-"""Structured logs: one JSON object per line, with the request context attached.
+"""Structured logs: one JSON object per line, with the request context attached, or
+readable lines for a person at a terminal (RUNIFOLD_LOG_FORMAT auto, the default:
+text when stderr is a terminal, JSON otherwise).
 
 Hand-written: a formatter of twenty lines over the standard library is
 simpler than a dependency. Log records never carry message, summary or
@@ -52,14 +54,52 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(document, default=str)
 
 
-def configure(service: str, level: str = "INFO", fmt: str = "json") -> None:
-    """Send logs to stderr in the chosen format (idempotent)."""
+class TextFormatter(logging.Formatter):
+    """One readable line: time, level, logger, message, then the `extra` fields as
+    key=value (what the JSON lines carry, for a person at a terminal)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extras = [
+            f"{key}={value}"
+            for key, value in record.__dict__.items()
+            if key not in _STANDARD and not key.startswith("_")
+        ]
+        if method := method_var.get():
+            extras.append(f"method={method}")
+        if request_id := request_id_var.get():
+            extras.append(f"request_id={request_id}")
+        if extras:
+            line, _, trace = line.partition("\n")
+            line = f"{line}  " + " ".join(extras) + (f"\n{trace}" if trace else "")
+        return line
+
+
+# Libraries whose INFO lines say nothing an operator acts on (a model file loaded, the
+# embedded PostgreSQL's own chatter): they log from WARNING up.
+_QUIET_LIBRARIES = ("pgserver", "sentence_transformers", "transformers", "httpx")
+
+
+def resolve_format(fmt: str, stream: object = None) -> str:
+    """The format to write, json or text: `auto` is text when the stream is a terminal."""
+    if fmt != "auto":
+        return fmt
+    isatty = getattr(stream if stream is not None else sys.stderr, "isatty", None)
+    return "text" if callable(isatty) and isatty() else "json"
+
+
+def configure(service: str, level: str = "INFO", fmt: str = "auto") -> None:
+    """Send logs to stderr in the chosen format, "json", "text" or "auto" (idempotent)."""
     handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
+    if resolve_format(fmt, sys.stderr) == "json":
         handler.setFormatter(JsonFormatter(service))
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    logging.getLogger("pgserver").setLevel(max(logging.WARNING, root.level))
+    for name in _QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))

@@ -15,7 +15,14 @@ from prometheus_client import start_http_server
 from services.common import logs, tracing
 from services.common.auth import AuthSettings, check_exposure
 from services.common.db import start_embedded_postgres
-from services.common.server import Component, serve_until_signal, start_server
+from services.common.server import (
+    Component,
+    ListenError,
+    bind_cause,
+    check_listen,
+    serve_until_signal,
+    start_server,
+)
 from services.common.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
@@ -28,6 +35,17 @@ async def _run(
     auth: AuthSettings,
     all_in_one: bool,
 ) -> None:
+    # The addresses first: a taken port fails in one line before anything starts.
+    check_listen(settings.listen_address, "RUNIFOLD_LISTEN")
+    metrics_address = settings.metrics_address
+    if metrics_address is not None:
+        host, _, port = metrics_address.rpartition(":")
+        try:
+            httpd, _ = start_http_server(int(port), addr=host.strip("[]"))
+        except OSError as exc:
+            raise ListenError(metrics_address, "RUNIFOLD_METRICS_LISTEN", bind_cause(exc)) from None
+        # The bound port (RUNIFOLD_METRICS_LISTEN may ask for port 0).
+        metrics_address = f"{host}:{httpd.server_port}"
     database_url = settings.database_url
     needs_database = any(getattr(c, "needs_database", True) for c in components)
     if database_url is None and needs_database:
@@ -37,12 +55,6 @@ async def _run(
             f"{settings.data_dir / 'postgres'}",
             file=sys.stderr,
         )
-    metrics_address = settings.metrics_address
-    if metrics_address is not None:
-        host, _, port = metrics_address.rpartition(":")
-        httpd, _ = start_http_server(int(port), addr=host.strip("[]"))
-        # The bound port (RUNIFOLD_METRICS_LISTEN may ask for port 0).
-        metrics_address = f"{host}:{httpd.server_port}"
     running = await start_server(
         components,
         settings,
@@ -66,8 +78,8 @@ def main(
     """Run a server process hosting the given components until SIGTERM/SIGINT.
 
     A configuration mistake (a bad or missing variable, an unauthenticated
-    listener on a non-loopback address) stops the process with exit code 2 and a
-    message that names the variable.
+    listener on a non-loopback address, an address already in use) stops the
+    process with exit code 2 and a one-line message that names the variable.
     """
     try:
         settings = Settings.from_env()
@@ -85,6 +97,9 @@ def main(
             asyncio.run(_run(label, components, settings, auth, all_in_one))
     except SettingsError as exc:
         configuration_error(exc)
+    except ListenError as exc:
+        print(f"runifold: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     finally:
         tracing.shutdown()  # flush the spans still batched
 

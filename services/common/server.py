@@ -13,8 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import logging
+import os
 import signal
+import socket
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -41,6 +44,50 @@ log = logging.getLogger(__name__)
 LIVENESS = "runifold.liveness"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class ListenError(OSError):
+    """An address the process cannot listen on, said in one line that names the variable
+    that sets it (a second `make run` on the same port, a host that is not this one's)."""
+
+    def __init__(self, address: str, variable: str, cause: str) -> None:
+        self.address = address
+        self.variable = variable
+        super().__init__(
+            f"cannot listen on {address} ({variable}): {cause}; stop what listens there, "
+            f"or set {variable} to another host:port"
+        )
+
+
+def check_listen(address: str, variable: str) -> None:
+    """Fail with ListenError now if `address` cannot be bound (port 0 always can).
+
+    Asked before gRPC binds, so that a taken port is one line here rather than gRPC's
+    own error log and a traceback; gRPC's bind failing anyway (a race) is mapped too.
+    """
+    host, _, port = address.rpartition(":")
+    if not port.isdigit() or int(port) == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ListenError(address, variable, f"unknown host ({exc.strerror})") from None
+    family, kind, proto, _, sockaddr = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        # As gRPC's own listener does: a port whose last connections linger in TIME_WAIT
+        # is free to take.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(sockaddr)
+        except OSError as exc:
+            raise ListenError(address, variable, bind_cause(exc)) from None
+
+
+def bind_cause(exc: OSError) -> str:
+    """Why a bind failed, in words."""
+    if exc.errno == errno.EADDRINUSE:
+        return "the address is already in use (another server?)"
+    return os.strerror(exc.errno) if exc.errno else str(exc)
 
 
 @dataclass
@@ -169,7 +216,7 @@ async def start_server(
     auth = dataclasses.replace(auth, internal=internal)
     authenticator = make_authenticator(auth)
     gate = AuthGate(authenticator) if authenticator is not None else None
-    interceptors: list[grpc.aio.ServerInterceptor] = [ServiceInterceptor(gate)]
+    interceptors: list[grpc.aio.ServerInterceptor] = [ServiceInterceptor(gate, settings.slow_rpc_s)]
     options = [
         ("grpc.max_receive_message_length", settings.max_receive_message_bytes),
         ("grpc.max_send_message_length", settings.max_receive_message_bytes),
@@ -179,12 +226,16 @@ async def start_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     credentials = server_credentials(auth)
-    if credentials is None:
-        port = server.add_insecure_port(settings.listen_address)
-    else:
-        port = server.add_secure_port(settings.listen_address, credentials)
+    check_listen(settings.listen_address, "RUNIFOLD_LISTEN")
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(settings.listen_address)
+        else:
+            port = server.add_secure_port(settings.listen_address, credentials)
+    except RuntimeError:  # grpc: "Failed to bind to address ..."
+        port = 0
     if port == 0:
-        raise OSError(f"cannot listen on {settings.listen_address}")
+        raise ListenError(settings.listen_address, "RUNIFOLD_LISTEN", "gRPC could not bind it")
     host = settings.listen_address.rpartition(":")[0]
     address = f"{host}:{port}"
     if internal is not None:

@@ -123,6 +123,7 @@ class Settings:
     max_receive_message_bytes: int
     log_level: str
     log_format: str
+    slow_rpc_s: float
     transcript_service_addr: str | None
     summary_service_addr: str | None
     memory_service_addr: str | None
@@ -172,7 +173,10 @@ class Settings:
             log_level=env_choice(
                 env, "RUNIFOLD_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR")
             ),
-            log_format=env_choice(env, "RUNIFOLD_LOG_FORMAT", "json", ("json", "text")),
+            # auto: readable lines at a terminal (`make run`), JSON everywhere else.
+            log_format=env_choice(env, "RUNIFOLD_LOG_FORMAT", "auto", ("auto", "json", "text")),
+            # An RPC that took longer is logged at WARNING (the others at DEBUG).
+            slow_rpc_s=env_float(env, "RUNIFOLD_SLOW_RPC_S", 5.0, minimum=0.0),
             transcript_service_addr=env.get("TRANSCRIPT_SERVICE_ADDR") or None,
             summary_service_addr=env.get("SUMMARY_SERVICE_ADDR") or None,
             memory_service_addr=env.get("MEMORY_SERVICE_ADDR") or None,

@@ -27,6 +27,13 @@ MEMORY_LIMIT_RANGE = (1, 256)
 
 def namespace(value: str, field: str = "namespace") -> str:
     """A namespace: 1..128 characters of [A-Za-z0-9_.-]."""
+    if value == "":
+        raise invalid_argument(
+            "INVALID_NAMESPACE",
+            f"{field} is missing: every request names its namespace "
+            "(1..128 characters of [A-Za-z0-9_.-])",
+            field=field,
+        )
     if not NAMESPACE_PATTERN.fullmatch(value):
         raise invalid_argument(
             "INVALID_NAMESPACE",
@@ -38,6 +45,8 @@ def namespace(value: str, field: str = "namespace") -> str:
 
 def uuid_id(value: str, field: str, reason: str) -> uuid.UUID:
     """A UUID in canonical text form (any version)."""
+    if value == "":
+        raise invalid_argument(reason, f"{field} is missing (a UUID)", field=field)
     try:
         parsed = uuid.UUID(value)
     except (ValueError, AttributeError, TypeError):

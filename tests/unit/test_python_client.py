@@ -1,7 +1,15 @@
-"""The Python client's error handling and retries against scripted responses (grpc_testing)."""
+"""The Python client against scripted answers: its typed errors, the requests it builds,
+gRPC's retries, and the blocking client as a thin form of the async one.
+
+The answers come from real gRPC servers on loopback (the client is grpc.aio inside);
+the error mapping alone is also driven over grpc_testing's channel with the
+generated blocking stubs, as an application with its own stubs would use it.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -11,14 +19,18 @@ from typing import Any
 import grpc
 import grpc_testing
 import pytest
-from google.protobuf import any_pb2, duration_pb2
+from google.protobuf import any_pb2, duration_pb2, message_factory
 from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.common.v1 import common_pb2
+from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
+from runifold.transcript.v1 import transcript_service_pb2_grpc as transcript_grpc
 from runifold_client import (
+    AsyncClient,
     Client,
     ConcurrencyMode,
     ConversationBusy,
@@ -26,22 +38,25 @@ from runifold_client import (
     InvalidArgument,
     ModelOutputInvalid,
     NotFound,
+    RevisionConflict,
+    RunifoldError,
     SummaryRequired,
     TurnConflict,
     TurnQueueFull,
     Unavailable,
     VersionConflict,
 )
+from runifold_client.errors import from_rpc_error
 
 MESSAGE = "scripted"
 AGENT = agent_pb.DESCRIPTOR.services_by_name["AgentService"]
 TRANSCRIPT = transcript_pb.DESCRIPTOR.services_by_name["TranscriptService"]
 SUMMARY = summary_pb.DESCRIPTOR.services_by_name["SummaryService"]
+MEMORY = memory_pb.DESCRIPTOR.services_by_name["MemoryService"]
 
 
-def status_metadata(
-    code: int, reason: str, metadata: dict[str, str], *details: Any
-) -> tuple[tuple[str, bytes], ...]:
+def status_of(code: int, reason: str, metadata: dict[str, str], *details: Any) -> status_pb2.Status:
+    """A google.rpc.Status with ErrorInfo first, as the servers send it."""
     packed = []
     for message in (
         error_details_pb2.ErrorInfo(reason=reason, domain="runifold.io", metadata=metadata),
@@ -50,36 +65,64 @@ def status_metadata(
         item = any_pb2.Any()
         item.Pack(message)
         packed.append(item)
-    status = status_pb2.Status(code=code, message=MESSAGE, details=packed)
-    return (("grpc-status-details-bin", status.SerializeToString()),)
+    return status_pb2.Status(code=code, message=MESSAGE, details=packed)
+
+
+def fail(
+    context: grpc.ServicerContext, code: int, reason: str, metadata: dict[str, str], *details: Any
+) -> None:
+    context.abort_with_status(rpc_status.to_status(status_of(code, reason, metadata, *details)))
+
+
+class ScriptedServer:
+    """A real gRPC server on loopback that answers every call of one method with
+    `respond(request, context)` (a response, or `fail(...)`), keeping the requests."""
+
+    def __init__(self, method: Any, respond: Callable[[Any, Any], Any]) -> None:
+        self.requests: list[Any] = []
+        request_type = message_factory.GetMessageClass(method.input_type)
+        response_type = message_factory.GetMessageClass(method.output_type)
+
+        def handle(request: Any, context: grpc.ServicerContext) -> Any:
+            self.requests.append(request)
+            return respond(request, context)
+
+        handler = grpc.unary_unary_rpc_method_handler(
+            handle,
+            request_deserializer=request_type.FromString,
+            response_serializer=response_type.SerializeToString,
+        )
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        self.server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    method.containing_service.full_name, {method.name: handler}
+                ),
+            )
+        )
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def __enter__(self) -> ScriptedServer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.server.stop(None)
 
 
 def scripted(
-    method: Any, respond: Callable[[Any, Any], None], call: Callable[[Client], Any], times: int = 1
+    method: Any, respond: Callable[[Any, Any], Any], call: Callable[[Client], Any]
 ) -> tuple[Any, list[Any]]:
-    """Run `call` on a client over a grpc_testing channel; answer each RPC with `respond`."""
-    channel = grpc_testing.channel([AGENT, TRANSCRIPT, SUMMARY], grpc_testing.strict_real_time())
-    client = Client(channel=channel, namespace="tenant-a", timeout=5)
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
+    """Run `call` on a blocking client against a server that answers with `respond`;
+    return what the call returned (or raised) and the requests the server received."""
+    with (
+        ScriptedServer(method, respond) as server,
+        Client(server.address, namespace="tenant-a", timeout=5, max_attempts=1) as client,
+    ):
         try:
-            outcome["value"] = call(client)
+            return call(client), server.requests
         except Exception as error:
-            outcome["error"] = error
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    requests = []
-    for _ in range(times):
-        _, request, rpc = channel.take_unary_unary(method)
-        requests.append(request)
-        respond(request, rpc)
-    thread.join(10)
-    assert not thread.is_alive(), "the client is still waiting for an answer: a retry?"
-    if "error" in outcome:
-        return outcome["error"], requests
-    return outcome.get("value"), requests
+            return error, server.requests
 
 
 def test_turn_conflict_carries_the_outcome_and_current_version() -> None:
@@ -92,13 +135,8 @@ def test_turn_conflict_carries_the_outcome_and_current_version() -> None:
         expected_version=4,
     )
 
-    def respond(request: Any, rpc: Any) -> None:
-        rpc.terminate(
-            None,
-            status_metadata(code_pb2.ABORTED, "TURN_CONFLICT", {"current_version": "5"}, detail),
-            grpc.StatusCode.ABORTED,
-            MESSAGE,
-        )
+    def respond(request: Any, context: Any) -> None:
+        fail(context, code_pb2.ABORTED, "TURN_CONFLICT", {"current_version": "5"}, detail)
 
     error, requests = scripted(
         AGENT.methods_by_name["RunConversation"],
@@ -111,14 +149,9 @@ def test_turn_conflict_carries_the_outcome_and_current_version() -> None:
     assert requests[0].turn_id, "a turn id is always sent, so retries are idempotent"
 
 
-def _failing_turn(code: int, grpc_code: grpc.StatusCode, reason: str, *details: Any) -> Any:
-    def respond(request: Any, rpc: Any) -> None:
-        rpc.terminate(
-            None,
-            status_metadata(code, reason, {"running_turn_id": "t-0"}, *details),
-            grpc_code,
-            MESSAGE,
-        )
+def _failing_turn(code: int, reason: str, *details: Any) -> Any:
+    def respond(request: Any, context: Any) -> None:
+        fail(context, code, reason, {"running_turn_id": "t-0"}, *details)
 
     error, requests = scripted(
         AGENT.methods_by_name["RunConversation"],
@@ -132,20 +165,18 @@ def _failing_turn(code: int, grpc_code: grpc.StatusCode, reason: str, *details: 
 
 
 def test_turn_errors_of_the_concurrency_modes_are_typed() -> None:
-    busy = _failing_turn(code_pb2.ABORTED, grpc.StatusCode.ABORTED, "CONVERSATION_BUSY")
+    busy = _failing_turn(code_pb2.ABORTED, "CONVERSATION_BUSY")
     assert isinstance(busy, ConversationBusy) and busy.running_turn_id == "t-0"
     assert busy.outcome.messages == []
     delay = duration_pb2.Duration(seconds=1, nanos=500_000_000)
     full = _failing_turn(
         code_pb2.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
         "TURN_QUEUE_FULL",
         error_details_pb2.RetryInfo(retry_delay=delay),
     )
     assert isinstance(full, TurnQueueFull) and full.retry_delay == 1.5
     invalid = _failing_turn(
         code_pb2.FAILED_PRECONDITION,
-        grpc.StatusCode.FAILED_PRECONDITION,
         "MODEL_OUTPUT_INVALID",
         agent_pb.ModelOutputInvalid(
             outcome=agent_pb.TurnOutcome(
@@ -159,14 +190,12 @@ def test_turn_errors_of_the_concurrency_modes_are_typed() -> None:
 
 
 def test_summary_required_exposes_the_backlog() -> None:
-    def respond(request: Any, rpc: Any) -> None:
-        rpc.terminate(
-            None,
-            status_metadata(
-                code_pb2.FAILED_PRECONDITION, "SUMMARY_REQUIRED", {"backlog": "84", "job_id": "j1"}
-            ),
-            grpc.StatusCode.FAILED_PRECONDITION,
-            MESSAGE,
+    def respond(request: Any, context: Any) -> None:
+        fail(
+            context,
+            code_pb2.FAILED_PRECONDITION,
+            "SUMMARY_REQUIRED",
+            {"backlog": "84", "job_id": "j1"},
         )
 
     policy = ConversationContextPolicy(window=16).with_semantic_memory(8)
@@ -180,13 +209,8 @@ def test_summary_required_exposes_the_backlog() -> None:
 
 
 def test_version_conflict_has_the_current_version() -> None:
-    def respond(request: Any, rpc: Any) -> None:
-        rpc.terminate(
-            None,
-            status_metadata(code_pb2.ABORTED, "VERSION_CONFLICT", {"current_version": "3"}),
-            grpc.StatusCode.ABORTED,
-            MESSAGE,
-        )
+    def respond(request: Any, context: Any) -> None:
+        fail(context, code_pb2.ABORTED, "VERSION_CONFLICT", {"current_version": "3"})
 
     error, _ = scripted(
         TRANSCRIPT.methods_by_name["AppendEntries"],
@@ -305,13 +329,8 @@ def test_policy_helpers_validate() -> None:
 
 
 def test_blocking_summarize_sends_the_window_and_passes() -> None:
-    def respond(request: Any, rpc: Any) -> None:
-        rpc.terminate(
-            summary_pb.SummarizeResponse(passes=2, backlog=7),
-            (),
-            grpc.StatusCode.OK,
-            "",
-        )
+    def respond(request: Any, context: Any) -> Any:
+        return summary_pb.SummarizeResponse(passes=2, backlog=7)
 
     reply, requests = scripted(
         SUMMARY.methods_by_name["Summarize"],
@@ -326,10 +345,8 @@ def test_blocking_summarize_sends_the_window_and_passes() -> None:
 
 
 def test_blocking_delete_conversation_and_its_not_found() -> None:
-    def deleted(request: Any, rpc: Any) -> None:
-        rpc.terminate(
-            transcript_pb.DeleteConversationResponse(deleted=True), (), grpc.StatusCode.OK, ""
-        )
+    def deleted(request: Any, context: Any) -> Any:
+        return transcript_pb.DeleteConversationResponse(deleted=True)
 
     reply, requests = scripted(
         TRANSCRIPT.methods_by_name["DeleteConversation"],
@@ -339,13 +356,8 @@ def test_blocking_delete_conversation_and_its_not_found() -> None:
     assert (requests[0].namespace, requests[0].conversation_id) == ("tenant-a", "c1")
     assert isinstance(reply, transcript_pb.DeleteConversationResponse) and reply.deleted
 
-    def missing(request: Any, rpc: Any) -> None:
-        rpc.terminate(
-            None,
-            status_metadata(code_pb2.NOT_FOUND, "CONVERSATION_NOT_FOUND", {}),
-            grpc.StatusCode.NOT_FOUND,
-            MESSAGE,
-        )
+    def missing(request: Any, context: Any) -> None:
+        fail(context, code_pb2.NOT_FOUND, "CONVERSATION_NOT_FOUND", {})
 
     error, requests = scripted(
         TRANSCRIPT.methods_by_name["DeleteConversation"],
@@ -354,3 +366,132 @@ def test_blocking_delete_conversation_and_its_not_found() -> None:
     )
     assert isinstance(error, NotFound) and error.reason == "CONVERSATION_NOT_FOUND"
     assert [r.namespace for r in requests] == ["tenant-b"]
+
+
+def test_the_blocking_client_has_every_method_of_the_async_client() -> None:
+    """One implementation: Client is AsyncClient's methods run to completion."""
+    public = {
+        name: member
+        for name, member in vars(AsyncClient).items()
+        if not name.startswith("_")
+        and (inspect.iscoroutinefunction(member) or inspect.isasyncgenfunction(member))
+    }
+    assert {"run_conversation", "list_memories", "acquire_turn_lease"} <= set(public)
+    for name, method in public.items():
+        if name == "close":
+            continue
+        blocking = getattr(Client, name)
+        assert blocking.__wrapped__ is method, name
+        assert blocking.__doc__ == method.__doc__, name
+
+
+def test_every_rpc_of_the_four_services_has_a_client_method() -> None:
+    source = inspect.getsource(AsyncClient)
+    for service in (AGENT, TRANSCRIPT, SUMMARY, MEMORY):
+        for method in service.methods:
+            assert f".{method.name}," in source or f".{method.name}(" in source, method.name
+
+
+def test_blocking_iterators_follow_the_pages() -> None:
+    def respond(request: Any, context: Any) -> Any:
+        if not request.page_token:
+            return transcript_pb.ListEntriesResponse(
+                entries=[common_pb2.Entry(sequence=1)], next_page_token="page-2"
+            )
+        return transcript_pb.ListEntriesResponse(entries=[common_pb2.Entry(sequence=2)])
+
+    sequences, requests = scripted(
+        TRANSCRIPT.methods_by_name["ListEntries"],
+        respond,
+        lambda c: [e.sequence for e in c.entries("c1", after_sequence=0)],
+    )
+    assert sequences == [1, 2]
+    assert [r.page_token for r in requests] == ["", "page-2"]
+    assert {r.namespace for r in requests} == {"tenant-a"}
+
+
+def test_a_blocking_iterator_left_early_is_closed() -> None:
+    def respond(request: Any, context: Any) -> Any:
+        return transcript_pb.ListConversationsResponse(
+            conversations=[transcript_pb.Conversation(conversation_id="a")],
+            next_page_token="more",
+        )
+
+    first, requests = scripted(
+        TRANSCRIPT.methods_by_name["ListConversations"],
+        respond,
+        lambda c: next(iter(c.list_conversations())).conversation_id,
+    )
+    assert first == "a" and len(requests) == 1
+
+
+async def test_the_async_client_raises_the_same_typed_errors() -> None:
+    def respond(request: Any, context: Any) -> None:
+        fail(context, code_pb2.ABORTED, "REVISION_CONFLICT", {"current_revision": "4"})
+
+    with ScriptedServer(MEMORY.methods_by_name["DeleteMemory"], respond) as server:
+        async with AsyncClient(server.address, namespace="tenant-a", timeout=5) as client:
+            with pytest.raises(RevisionConflict) as conflict:
+                await client.delete_memory("m1", expected_revision=3)
+    assert conflict.value.current_revision == 4
+    (request,) = server.requests
+    assert request.HasField("expected_revision") and request.expected_revision == 3
+
+
+def test_invalid_argument_names_the_field() -> None:
+    violation = error_details_pb2.BadRequest(
+        field_violations=[error_details_pb2.BadRequest.FieldViolation(field="namespace")]
+    )
+
+    def respond(request: Any, context: Any) -> None:
+        fail(context, code_pb2.INVALID_ARGUMENT, "INVALID_NAMESPACE", {}, violation)
+
+    error, _ = scripted(
+        TRANSCRIPT.methods_by_name["GetConversation"],
+        respond,
+        lambda c: c.get_conversation("c1", namespace=""),
+    )
+    assert isinstance(error, InvalidArgument) and error.field == "namespace"
+
+
+async def test_a_blocking_client_works_inside_a_running_event_loop() -> None:
+    """It runs on a loop of its own: calling it from async code blocks, but never
+    deadlocks on the caller's loop."""
+
+    def respond(request: Any, context: Any) -> Any:
+        return summary_pb.GetBacklogResponse(depth=3)
+
+    with (
+        ScriptedServer(SUMMARY.methods_by_name["GetBacklog"], respond) as server,
+        Client(server.address, namespace="tenant-a", timeout=5) as client,
+    ):
+        assert asyncio.get_running_loop().is_running()
+        assert client.backlog().depth == 3
+
+
+def test_errors_of_your_own_blocking_stubs_map_the_same_way() -> None:
+    """from_rpc_error over grpc_testing's scripted channel (no network)."""
+    channel = grpc_testing.channel([TRANSCRIPT], grpc_testing.strict_real_time())
+    stub = transcript_grpc.TranscriptServiceStub(channel)
+    outcome: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            stub.AppendEntries(transcript_pb.AppendEntriesRequest(conversation_id="c1"))
+        except grpc.RpcError as error:
+            outcome["error"] = from_rpc_error(error)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    _, _, rpc = channel.take_unary_unary(TRANSCRIPT.methods_by_name["AppendEntries"])
+    status = status_of(code_pb2.ABORTED, "VERSION_CONFLICT", {"current_version": "7"})
+    rpc.terminate(
+        None,
+        (("grpc-status-details-bin", status.SerializeToString()),),
+        grpc.StatusCode.ABORTED,
+        MESSAGE,
+    )
+    thread.join(10)
+    error = outcome["error"]
+    assert isinstance(error, VersionConflict) and isinstance(error, RunifoldError)
+    assert error.current_version == 7 and error.message == MESSAGE

@@ -9,9 +9,20 @@ result = client.run_conversation(
     policy=ConversationContextPolicy(window=16).with_semantic_memory(8),
 )
 print(result.text)
+
+`AsyncClient` has the same methods as coroutines; the `runifold` command
+(runifold_client.cli) talks to the same services from a terminal.
 """
 
-from runifold_client.client import AsyncClient, Client, ConcurrencyMode, TurnResult
+from runifold_client.client import (
+    AsyncClient,
+    Client,
+    ConcurrencyMode,
+    TurnLeaseMode,
+    TurnResult,
+    new_conversation_id,
+    source,
+)
 from runifold_client.errors import (
     Aborted,
     AlreadyExists,
@@ -25,8 +36,10 @@ from runifold_client.errors import (
     Outcome,
     PermissionDenied,
     ResourceExhausted,
+    RevisionConflict,
     RunifoldError,
     SummaryBacklog,
+    SummaryConflict,
     SummaryRequired,
     TurnConflict,
     TurnLeaseLost,
@@ -44,6 +57,9 @@ from runifold_client.policy import (
     tool_result,
     user,
 )
+
+# The version of the runifold-client distribution (clients/python/pyproject.toml reads it).
+__version__ = "0.1.0"
 
 __all__ = [
     "Aborted",
@@ -63,19 +79,25 @@ __all__ = [
     "Outcome",
     "PermissionDenied",
     "ResourceExhausted",
+    "RevisionConflict",
     "RunifoldError",
     "SummaryBacklog",
+    "SummaryConflict",
     "SummaryRequired",
     "Tool",
     "TurnConflict",
     "TurnLeaseLost",
+    "TurnLeaseMode",
     "TurnQueueFull",
     "TurnResult",
     "Unauthenticated",
     "Unavailable",
     "Usage",
     "VersionConflict",
+    "__version__",
     "assistant",
+    "new_conversation_id",
+    "source",
     "tool_result",
     "user",
 ]

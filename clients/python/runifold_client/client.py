@@ -1,27 +1,46 @@
 """Python clients of the Runifold services: `AsyncClient` (grpc.aio) and `Client` (blocking).
 
+`AsyncClient` is the one implementation: every RPC of the four services is a
+method of it. `Client` runs an `AsyncClient` on an event loop of its own, in a
+background thread, and turns each method into a blocking call (each
+async iterator into an iterator); it adds no logic of its own.
+
 Both speak to one address (the all-in-one server, or a gateway in front of
 the services), give every call a deadline, and make writes safe to retry:
-`run_conversation` sends a `turn_id`, `append` and `remember` a `request_id`,
-`create_conversation` a conversation id (made for you when you pass none), so
-a retry after a lost answer returns the first result instead of writing
-twice. Retries are gRPC's own (a service-config `retryPolicy`: UNAVAILABLE
-only, exponential backoff, within the call's deadline), on every method but
-Summarize, whose passes would spend model calls again.
+`run_conversation` sends a `turn_id`, `append` and the memory writes a
+`request_id`, `create_conversation` a conversation id (made for you when you
+pass none), so a retry after a lost answer returns the first result instead
+of writing twice. Retries are gRPC's own (a service-config `retryPolicy`:
+UNAVAILABLE only, exponential backoff, within the call's deadline), on every
+method but Summarize, whose passes would spend model calls again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import functools
 import json
 import os
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+import weakref
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from datetime import datetime, timedelta
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import grpc
+from google.protobuf import duration_pb2, timestamp_pb2
 
 from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.agent.v1 import agent_service_pb2_grpc as agent_grpc
@@ -42,7 +61,12 @@ from runifold_client.policy import (
 )
 
 DEFAULT_TARGET = "127.0.0.1:50051"
+# Page size of the listing iterators (the servers allow at most 1000).
+PAGE_SIZE = 500
 Response = TypeVar("Response")
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
 
 # The one method a retry is not safe for: its passes would spend model calls again.
 _NOT_RETRIED = {("runifold.summary.v1.SummaryService", "Summarize")}
@@ -65,6 +89,19 @@ class ConcurrencyMode(enum.IntEnum):
     RACE = agent_pb.CONCURRENCY_MODE_RACE
     REJECT = agent_pb.CONCURRENCY_MODE_REJECT
     ENQUEUE = agent_pb.CONCURRENCY_MODE_ENQUEUE
+
+
+class TurnLeaseMode(enum.IntEnum):
+    """How a turn lease shares the conversation (runifold.transcript.v1.TurnLeaseMode).
+
+    SHARED: other turns may run; the first to append wins.
+    EXCLUSIVE: the only running turn (ConversationBusy while another runs or waits).
+    QUEUED: exclusive, waiting in line for the turns ahead of it.
+    """
+
+    SHARED = transcript_pb.TURN_LEASE_MODE_SHARED
+    EXCLUSIVE = transcript_pb.TURN_LEASE_MODE_EXCLUSIVE
+    QUEUED = transcript_pb.TURN_LEASE_MODE_QUEUED
 
 
 def channel_options(max_attempts: int) -> list[tuple[str, Any]]:
@@ -141,6 +178,28 @@ class TurnResult:
             created=pb.created,
         )
 
+    def to_proto(self) -> agent_pb.RunConversationResponse:
+        """The RunConversationResponse this result came from."""
+        usage = self.outcome.usage
+        return agent_pb.RunConversationResponse(
+            conversation_id=self.conversation_id,
+            conversation_version=self.version,
+            first_sequence=self.first_sequence,
+            last_sequence=self.last_sequence,
+            outcome=agent_pb.TurnOutcome(
+                output=self.outcome.messages,
+                usage=common_pb2.Usage(
+                    input_tokens=usage.input_tokens,
+                    output_tokens=usage.output_tokens,
+                    model_calls=usage.model_calls,
+                ),
+            ),
+            tool_calls=self.tool_calls,
+            context=self.context,
+            replayed=self.replayed,
+            created=self.created,
+        )
+
 
 TurnRequest = TypeVar(
     "TurnRequest", agent_pb.RunConversationRequest, agent_pb.StreamConversationRequest
@@ -158,7 +217,7 @@ def _turn_request(
     system_instructions: str,
     create_if_missing: bool,
     tools: Sequence[Tool],
-    concurrency: ConcurrencyMode = ConcurrencyMode.RACE,
+    concurrency: ConcurrencyMode,
 ) -> TurnRequest:
     """A turn's request; RunConversation and StreamConversation take the same fields."""
     return kind(
@@ -175,135 +234,48 @@ def _turn_request(
     )
 
 
+def _duration(seconds: float | timedelta | None) -> duration_pb2.Duration | None:
+    if seconds is None:
+        return None
+    value = duration_pb2.Duration()
+    value.FromTimedelta(seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds))
+    return value
+
+
+def _timestamp(moment: datetime | None) -> timestamp_pb2.Timestamp | None:
+    if moment is None:
+        return None
+    value = timestamp_pb2.Timestamp()
+    value.FromDatetime(moment)
+    return value
+
+
 def _metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
-# -- requests, built once for both clients --------------------------------------------
-
-
-def _create(
-    namespace: str, conversation_id: str, labels: Mapping[str, str] | None
-) -> transcript_pb.CreateConversationRequest:
-    return transcript_pb.CreateConversationRequest(
-        namespace=namespace, conversation_id=conversation_id or new_conversation_id(), labels=labels
-    )
-
-
-def _get(namespace: str, conversation_id: str) -> transcript_pb.GetConversationRequest:
-    return transcript_pb.GetConversationRequest(
-        namespace=namespace, conversation_id=conversation_id
-    )
-
-
-def _append(
-    namespace: str,
-    conversation_id: str,
-    input: InputLike,
-    expected_version: int | None,
-    request_id: str | None,
-) -> transcript_pb.AppendEntriesRequest:
-    request = transcript_pb.AppendEntriesRequest(
-        namespace=namespace,
-        conversation_id=conversation_id,
-        messages=messages(input),
-        request_id=request_id or str(uuid.uuid4()),
-    )
-    if expected_version is not None:
-        request.expected_version = expected_version
-    return request
-
-
-def _page(
-    namespace: str, conversation_id: str, after_sequence: int, token: str
-) -> transcript_pb.ListEntriesRequest:
-    return transcript_pb.ListEntriesRequest(
-        namespace=namespace,
-        conversation_id=conversation_id,
-        after_sequence=after_sequence,
-        page_size=500,
-        page_token=token,
-    )
-
-
-def _delete(namespace: str, conversation_id: str) -> transcript_pb.DeleteConversationRequest:
-    return transcript_pb.DeleteConversationRequest(
-        namespace=namespace, conversation_id=conversation_id
-    )
-
-
-def _summary(namespace: str, conversation_id: str) -> summary_pb.GetSummaryRequest:
-    return summary_pb.GetSummaryRequest(namespace=namespace, conversation_id=conversation_id)
-
-
-def _summarize(
-    namespace: str,
-    conversation_id: str,
-    window: int,
-    summary_batch: int,
-    max_summary_passes: int,
-    budget: Budget | None,
-) -> summary_pb.SummarizeRequest:
-    return summary_pb.SummarizeRequest(
-        namespace=namespace,
-        conversation_id=conversation_id,
-        window=window,
-        summary_batch=summary_batch,
-        max_summary_passes=max_summary_passes,
-        budget=(budget or Budget()).to_proto(),
-    )
-
-
-def _remember(
-    namespace: str,
-    content: str,
-    conversation_id: str,
-    from_sequence: int,
-    through_sequence: int,
-    metadata: Mapping[str, str] | None,
-    request_id: str | None = None,
-) -> memory_pb.UpsertMemoryRequest:
-    return memory_pb.UpsertMemoryRequest(
-        namespace=namespace,
-        request_id=request_id or str(uuid.uuid4()),
-        content=content,
-        sources=[
-            memory_pb.MemorySource(
-                conversation_id=conversation_id,
-                from_sequence=from_sequence,
-                through_sequence=through_sequence,
-            )
-        ],
-        metadata=metadata,
-    )
-
-
-def _search(namespace: str, query: str, limit: int) -> memory_pb.SearchMemoriesRequest:
-    return memory_pb.SearchMemoriesRequest(namespace=namespace, query=query, limit=limit)
-
-
-def _forget(
-    namespace: str, conversation_id: str, from_sequence: int, through_sequence: int
-) -> memory_pb.ForgetSourceRequest:
-    return memory_pb.ForgetSourceRequest(
-        namespace=namespace,
+def source(
+    conversation_id: str, from_sequence: int, through_sequence: int
+) -> memory_pb.MemorySource:
+    """A transcript range a memory comes from (both ends inclusive, 1-based)."""
+    return memory_pb.MemorySource(
         conversation_id=conversation_id,
         from_sequence=from_sequence,
         through_sequence=through_sequence,
     )
 
 
-def _erase(namespace: str, conversation_id: str) -> agent_pb.EraseConversationRequest:
-    return agent_pb.EraseConversationRequest(conversation_id=conversation_id, namespace=namespace)
-
-
 class AsyncClient:
     """asyncio client of every Runifold service.
 
-    >>> async with AsyncClient("127.0.0.1:50051") as client:
+    >>> async with AsyncClient("127.0.0.1:50051", namespace="tenant-42") as client:
     ...     result = await client.run_conversation(
-    ...         "What did we decide?", conversation_id=cid, namespace="tenant-42",
+    ...         "What did we decide?", conversation_id=cid,
     ...         policy=ConversationContextPolicy(window=16).with_semantic_memory(8))
+
+    `namespace` is the default of every call (each method takes `namespace=` too);
+    `token` is sent as a bearer token; `timeout` (seconds) is each call's deadline
+    unless the call says otherwise; `max_attempts` bounds gRPC's retries of UNAVAILABLE.
     """
 
     def __init__(
@@ -316,6 +288,7 @@ class AsyncClient:
         timeout: float = 60.0,
         max_attempts: int = 3,
     ) -> None:
+        self.target = target
         self.namespace = namespace
         self.timeout = timeout
         self.max_attempts = max_attempts
@@ -355,7 +328,7 @@ class AsyncClient:
         except grpc.aio.AioRpcError as error:
             raise from_rpc_error(error) from None
 
-    # -- turns ---------------------------------------------------------------
+    # -- turns (AgentService) ----------------------------------------------------------
 
     async def run_conversation(
         self,
@@ -372,7 +345,11 @@ class AsyncClient:
         concurrency: ConcurrencyMode = ConcurrencyMode.RACE,
         timeout: float | None = None,
     ) -> TurnResult:
-        """Run one agent turn; raises TurnConflict, SummaryRequired, ... on failure."""
+        """Run one agent turn; raises TurnConflict, SummaryRequired, ... on failure.
+
+        A `turn_id` is made for you when you pass none: a retry of the same call
+        (gRPC's, or yours with the same id) returns the first outcome.
+        """
         request = _turn_request(
             agent_pb.RunConversationRequest,
             input,
@@ -433,10 +410,12 @@ class AsyncClient:
         """Erase a conversation everywhere (entries, summaries, jobs, derived memories)."""
         return await self._call(
             self.agent.EraseConversation,
-            _erase(self._ns(namespace), conversation_id),
+            agent_pb.EraseConversationRequest(
+                conversation_id=conversation_id, namespace=self._ns(namespace)
+            ),
         )
 
-    # -- transcripts -----------------------------------------------------------
+    # -- transcripts (TranscriptService) -------------------------------------------------
 
     async def create_conversation(
         self,
@@ -445,10 +424,15 @@ class AsyncClient:
         conversation_id: str = "",
         labels: Mapping[str, str] | None = None,
     ) -> transcript_pb.Conversation:
-        """Create (or get, when it exists) a conversation."""
+        """Create (or get, when it exists) a conversation; its id is made here (a UUIDv7)
+        when you pass none, so that a retry names the same conversation."""
         reply = await self._call(
             self.transcripts.CreateConversation,
-            _create(self._ns(namespace), conversation_id, labels),
+            transcript_pb.CreateConversationRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id or new_conversation_id(),
+                labels=labels,
+            ),
         )
         return reply.conversation
 
@@ -458,9 +442,29 @@ class AsyncClient:
         """A conversation's version and counters."""
         reply = await self._call(
             self.transcripts.GetConversation,
-            _get(self._ns(namespace), conversation_id),
+            transcript_pb.GetConversationRequest(
+                namespace=self._ns(namespace), conversation_id=conversation_id
+            ),
         )
         return reply.conversation
+
+    async def list_conversations(
+        self, *, namespace: str | None = None, page_size: int = PAGE_SIZE
+    ) -> AsyncIterator[transcript_pb.Conversation]:
+        """Every conversation of a namespace, in id order (oldest first), page by page."""
+        token = ""
+        while True:
+            reply = await self._call(
+                self.transcripts.ListConversations,
+                transcript_pb.ListConversationsRequest(
+                    namespace=self._ns(namespace), page_size=page_size, page_token=token
+                ),
+            )
+            for conversation in reply.conversations:
+                yield conversation
+            token = reply.next_page_token
+            if not token:
+                return
 
     async def append(
         self,
@@ -470,22 +474,45 @@ class AsyncClient:
         namespace: str | None = None,
         expected_version: int | None = None,
         request_id: str | None = None,
+        usage: common_pb2.Usage | None = None,
+        fencing_token: int | None = None,
     ) -> transcript_pb.AppendEntriesResponse:
-        """Append messages (compare-and-swap when expected_version is given)."""
-        return await self._call(
-            self.transcripts.AppendEntries,
-            _append(self._ns(namespace), conversation_id, input, expected_version, request_id),
+        """Append messages (compare-and-swap when expected_version is given; idempotent
+        by `request_id`, made for you when you pass none)."""
+        request = transcript_pb.AppendEntriesRequest(
+            namespace=self._ns(namespace),
+            conversation_id=conversation_id,
+            messages=messages(input),
+            request_id=request_id or str(uuid.uuid4()),
+            usage=usage,
         )
+        if expected_version is not None:
+            request.expected_version = expected_version
+        if fencing_token is not None:
+            request.fencing_token = fencing_token
+        return await self._call(self.transcripts.AppendEntries, request)
 
     async def entries(
-        self, conversation_id: str, *, namespace: str | None = None, after_sequence: int = 0
+        self,
+        conversation_id: str,
+        *,
+        namespace: str | None = None,
+        after_sequence: int = 0,
+        through_sequence: int = 0,
     ) -> AsyncIterator[common_pb2.Entry]:
-        """Every entry after a sequence, page by page."""
+        """Every entry after a sequence (up to `through_sequence`, 0: the end), page by page."""
         token = ""
         while True:
             reply = await self._call(
                 self.transcripts.ListEntries,
-                _page(self._ns(namespace), conversation_id, after_sequence, token),
+                transcript_pb.ListEntriesRequest(
+                    namespace=self._ns(namespace),
+                    conversation_id=conversation_id,
+                    after_sequence=after_sequence,
+                    through_sequence=through_sequence,
+                    page_size=PAGE_SIZE,
+                    page_token=token,
+                ),
             )
             for entry in reply.entries:
                 yield entry
@@ -493,16 +520,116 @@ class AsyncClient:
             if not token:
                 return
 
+    async def load_view(
+        self,
+        conversation_id: str,
+        *,
+        namespace: str | None = None,
+        window: int = 16,
+        summary_batch: int = 64,
+        summarized_through: int = 0,
+        request_id: str = "",
+    ) -> transcript_pb.LoadViewResponse:
+        """The bounded context of a turn: the recent window, the summary buffer, the backlog."""
+        return await self._call(
+            self.transcripts.LoadView,
+            transcript_pb.LoadViewRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id,
+                window=window,
+                summary_batch=summary_batch,
+                summarized_through=summarized_through,
+                request_id=request_id,
+            ),
+        )
+
     async def delete_conversation(
-        self, conversation_id: str, *, namespace: str | None = None
+        self, conversation_id: str, *, namespace: str | None = None, incarnation: int = 0
     ) -> transcript_pb.DeleteConversationResponse:
         """Erase a transcript (only the transcript: see erase_conversation)."""
         return await self._call(
             self.transcripts.DeleteConversation,
-            _delete(self._ns(namespace), conversation_id),
+            transcript_pb.DeleteConversationRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id,
+                incarnation=incarnation,
+            ),
         )
 
-    # -- summaries -----------------------------------------------------------------
+    async def acquire_turn_lease(
+        self,
+        conversation_id: str,
+        turn_id: str,
+        *,
+        namespace: str | None = None,
+        mode: TurnLeaseMode = TurnLeaseMode.SHARED,
+        ttl: float | timedelta | None = None,
+        payload_hash: bytes = b"",
+        create_if_missing: bool = False,
+        timeout: float | None = None,
+    ) -> transcript_pb.AcquireTurnLeaseResponse:
+        """Take a turn lease before model work (`lease`), or learn that the turn already
+        committed (`committed`) or ended (`ended`). `ttl` in seconds (server default 30)."""
+        return await self._call(
+            self.transcripts.AcquireTurnLease,
+            transcript_pb.AcquireTurnLeaseRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id,
+                turn_id=turn_id,
+                mode=int(mode),  # type: ignore[arg-type]
+                ttl=_duration(ttl),
+                payload_hash=payload_hash,
+                create_if_missing=create_if_missing,
+            ),
+            timeout,
+        )
+
+    async def renew_turn_lease(
+        self,
+        conversation_id: str,
+        turn_id: str,
+        fencing_token: int,
+        *,
+        namespace: str | None = None,
+        ttl: float | timedelta | None = None,
+    ) -> transcript_pb.TurnLease:
+        """Extend a lease still held (TurnLeaseLost otherwise)."""
+        reply = await self._call(
+            self.transcripts.RenewTurnLease,
+            transcript_pb.RenewTurnLeaseRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id,
+                turn_id=turn_id,
+                fencing_token=fencing_token,
+                ttl=_duration(ttl),
+            ),
+        )
+        return reply.lease
+
+    async def release_turn_lease(
+        self,
+        conversation_id: str,
+        turn_id: str,
+        fencing_token: int,
+        *,
+        namespace: str | None = None,
+        ended: transcript_pb.EndedTurn | None = None,
+    ) -> bool:
+        """End a turn that will not append (keeping its outcome when `ended` is given);
+        False when the lease was no longer held."""
+        reply = await self._call(
+            self.transcripts.ReleaseTurnLease,
+            transcript_pb.ReleaseTurnLeaseRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id,
+                turn_id=turn_id,
+                fencing_token=fencing_token,
+                ended=ended,
+            ),
+        )
+        return reply.released
+
+    # -- summaries (SummaryService) ------------------------------------------------------
 
     async def get_summary(
         self, conversation_id: str, *, namespace: str | None = None
@@ -510,9 +637,33 @@ class AsyncClient:
         """The current summary, or None."""
         reply = await self._call(
             self.summaries.GetSummary,
-            _summary(self._ns(namespace), conversation_id),
+            summary_pb.GetSummaryRequest(
+                namespace=self._ns(namespace), conversation_id=conversation_id
+            ),
         )
         return reply.summary if reply.HasField("summary") else None
+
+    async def commit_summary(
+        self,
+        conversation_id: str,
+        text: str,
+        through_sequence: int,
+        *,
+        namespace: str | None = None,
+        expected_through_sequence: int | None = None,
+    ) -> summary_pb.Summary:
+        """Commit a summary of 1..through_sequence (monotonic; compare-and-swap on
+        `expected_through_sequence` when given)."""
+        request = summary_pb.CommitSummaryRequest(
+            namespace=self._ns(namespace),
+            conversation_id=conversation_id,
+            text=text,
+            through_sequence=through_sequence,
+        )
+        if expected_through_sequence is not None:
+            request.expected_through_sequence = expected_through_sequence
+        reply = await self._call(self.summaries.CommitSummary, request)
+        return reply.summary
 
     async def summarize(
         self,
@@ -523,17 +674,38 @@ class AsyncClient:
         summary_batch: int = 64,
         max_summary_passes: int = 1,
         budget: Budget | None = None,
+        timeout: float | None = None,
     ) -> summary_pb.SummarizeResponse:
-        """Run the summarizer now."""
+        """Run the summarizer now (never retried: its passes would spend model calls again)."""
         return await self._call(
             self.summaries.Summarize,
-            _summarize(
-                self._ns(namespace),
-                conversation_id,
-                window,
-                summary_batch,
-                max_summary_passes,
-                budget,
+            summary_pb.SummarizeRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id,
+                window=window,
+                summary_batch=summary_batch,
+                max_summary_passes=max_summary_passes,
+                budget=(budget or Budget()).to_proto(),
+            ),
+            timeout,
+        )
+
+    async def request_summary(
+        self,
+        conversation_id: str,
+        *,
+        namespace: str | None = None,
+        window: int = 16,
+        summary_batch: int = 64,
+    ) -> summary_pb.RequestSummaryResponse:
+        """Enqueue background summarization (one pending job per conversation)."""
+        return await self._call(
+            self.summaries.RequestSummary,
+            summary_pb.RequestSummaryRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id,
+                window=window,
+                summary_batch=summary_batch,
             ),
         )
 
@@ -543,7 +715,50 @@ class AsyncClient:
             self.summaries.GetBacklog, summary_pb.GetBacklogRequest(namespace=self._ns(namespace))
         )
 
-    # -- memories --------------------------------------------------------------------
+    async def erase_summaries(
+        self, conversation_id: str, *, namespace: str | None = None, incarnation: int = 0
+    ) -> int:
+        """Erase every summary and summary job of a conversation; the rows erased."""
+        reply = await self._call(
+            self.summaries.EraseSummaries,
+            summary_pb.EraseSummariesRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id,
+                incarnation=incarnation,
+            ),
+        )
+        return int(reply.erased)
+
+    # -- memories (MemoryService) --------------------------------------------------------
+
+    async def upsert_memory(
+        self,
+        content: str,
+        *,
+        sources: Sequence[memory_pb.MemorySource],
+        namespace: str | None = None,
+        memory_id: str = "",
+        expected_revision: int | None = None,
+        metadata: Mapping[str, str] | None = None,
+        ttl: float | timedelta | None = None,
+        expire_time: datetime | None = None,
+        request_id: str | None = None,
+    ) -> memory_pb.UpsertMemoryResponse:
+        """Create a memory (no `expected_revision`) or replace it by compare-and-swap
+        (RevisionConflict). Idempotent by `request_id`, made for you when you pass none."""
+        request = memory_pb.UpsertMemoryRequest(
+            namespace=self._ns(namespace),
+            memory_id=memory_id,
+            request_id=request_id or str(uuid.uuid4()),
+            content=content,
+            sources=sources,
+            metadata=metadata,
+            ttl=_duration(ttl),
+            expire_time=_timestamp(expire_time),
+        )
+        if expected_revision is not None:
+            request.expected_revision = expected_revision
+        return await self._call(self.memories.UpsertMemory, request)
 
     async def remember(
         self,
@@ -556,30 +771,85 @@ class AsyncClient:
         metadata: Mapping[str, str] | None = None,
         request_id: str | None = None,
     ) -> memory_pb.Memory:
-        """Curate a fact from a transcript range (idempotent by `request_id`, made for you
+        """Curate a fact from one transcript range (idempotent by `request_id`, made for you
         when you pass none, so that a retry stores the fact once)."""
-        reply = await self._call(
-            self.memories.UpsertMemory,
-            _remember(
-                self._ns(namespace),
-                content,
-                conversation_id,
-                from_sequence,
-                through_sequence,
-                metadata,
-                request_id,
-            ),
+        reply = await self.upsert_memory(
+            content,
+            sources=[source(conversation_id, from_sequence, through_sequence)],
+            namespace=namespace,
+            metadata=metadata,
+            request_id=request_id,
         )
         return reply.memory
 
+    async def get_memory(self, memory_id: str, *, namespace: str | None = None) -> memory_pb.Memory:
+        """One memory."""
+        reply = await self._call(
+            self.memories.GetMemory,
+            memory_pb.GetMemoryRequest(namespace=self._ns(namespace), memory_id=memory_id),
+        )
+        return reply.memory
+
+    async def list_memories(
+        self,
+        *,
+        namespace: str | None = None,
+        conversation_id: str = "",
+        page_size: int = PAGE_SIZE,
+    ) -> AsyncIterator[memory_pb.Memory]:
+        """Every memory of a namespace (only those from one conversation when given)."""
+        token = ""
+        while True:
+            reply = await self._call(
+                self.memories.ListMemories,
+                memory_pb.ListMemoriesRequest(
+                    namespace=self._ns(namespace),
+                    conversation_id=conversation_id,
+                    page_size=page_size,
+                    page_token=token,
+                ),
+            )
+            for memory in reply.memories:
+                yield memory
+            token = reply.next_page_token
+            if not token:
+                return
+
     async def search_memories(
-        self, query: str, *, namespace: str | None = None, limit: int = 8
+        self,
+        query: str,
+        *,
+        namespace: str | None = None,
+        limit: int = 8,
+        metadata_filter: Mapping[str, str] | None = None,
+        min_score: float = 0.0,
     ) -> memory_pb.SearchMemoriesResponse:
-        """Semantic search inside one namespace."""
+        """Semantic search inside one namespace (`limit` 1..256)."""
         return await self._call(
             self.memories.SearchMemories,
-            _search(self._ns(namespace), query, limit),
+            memory_pb.SearchMemoriesRequest(
+                namespace=self._ns(namespace),
+                query=query,
+                limit=limit,
+                metadata_filter=metadata_filter,
+                min_score=min_score,
+            ),
         )
+
+    async def delete_memory(
+        self,
+        memory_id: str,
+        *,
+        namespace: str | None = None,
+        expected_revision: int | None = None,
+    ) -> bool:
+        """Delete a memory (compare-and-swap on its revision when given); False when it
+        was already gone."""
+        request = memory_pb.DeleteMemoryRequest(namespace=self._ns(namespace), memory_id=memory_id)
+        if expected_revision is not None:
+            request.expected_revision = expected_revision
+        reply = await self._call(self.memories.DeleteMemory, request)
+        return reply.deleted
 
     async def forget_source(
         self,
@@ -588,21 +858,69 @@ class AsyncClient:
         namespace: str | None = None,
         from_sequence: int = 0,
         through_sequence: int = 0,
+        incarnation: int = 0,
     ) -> int:
-        """Delete every memory derived from a conversation (or a range of it)."""
+        """Delete every memory derived from a conversation (or a range of it); the count."""
         reply = await self._call(
             self.memories.ForgetSource,
-            _forget(self._ns(namespace), conversation_id, from_sequence, through_sequence),
+            memory_pb.ForgetSourceRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id,
+                from_sequence=from_sequence,
+                through_sequence=through_sequence,
+                incarnation=incarnation,
+            ),
         )
         return int(reply.deleted_count)
 
 
+# -- the blocking client: the methods above, run on a loop of its own ---------------------
+
+
+def _blocking(
+    method: Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[Client, P], R]:
+    """The blocking form of an AsyncClient coroutine method."""
+
+    @functools.wraps(method)
+    def call(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._run(method(self.aio, *args, **kwargs))
+
+    return call
+
+
+def _iterating(
+    method: Callable[Concatenate[AsyncClient, P], AsyncIterator[T]],
+) -> Callable[Concatenate[Client, P], Iterator[T]]:
+    """The blocking form of an AsyncClient async-iterator method."""
+
+    @functools.wraps(method)
+    def call(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> Iterator[T]:
+        return self._iterate(method(self.aio, *args, **kwargs))
+
+    return call
+
+
+def _shutdown(loop: asyncio.AbstractEventLoop, thread: threading.Thread, aio: AsyncClient) -> None:
+    """Close the channel, stop the loop and its thread (close(), or a forgotten client)."""
+    if loop.is_closed():
+        return
+    if loop.is_running():
+        asyncio.run_coroutine_threadsafe(aio.close(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+    loop.close()
+
+
 class Client:
-    """Blocking client with the same methods as AsyncClient (grpc's sync stack).
+    """Blocking client with the methods of AsyncClient (and the same arguments).
 
     >>> client = Client("127.0.0.1:50051", namespace="tenant-42")
     >>> result = client.run_conversation("What did we decide?", conversation_id=cid,
     ...     policy=ConversationContextPolicy(window=16).with_semantic_memory(8))
+
+    It owns an AsyncClient (`aio`) on an event loop in a background thread: calls from
+    several threads share one channel, and a Client works inside an async program too.
     """
 
     def __init__(
@@ -614,24 +932,38 @@ class Client:
         credentials: grpc.ChannelCredentials | None = None,
         timeout: float = 60.0,
         max_attempts: int = 3,
-        channel: grpc.Channel | None = None,
     ) -> None:
-        self.namespace = namespace
-        self.timeout = timeout
-        self.max_attempts = max_attempts
-        self._metadata = _metadata(token)
-        if channel is None:
-            options = channel_options(max_attempts)
-            channel = (
-                grpc.secure_channel(target, credentials, options=options)
-                if credentials is not None
-                else grpc.insecure_channel(target, options=options)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="runifold-client", daemon=True
+        )
+        self._thread.start()
+
+        async def make() -> AsyncClient:  # grpc.aio binds a channel to the running loop
+            return AsyncClient(
+                target,
+                namespace=namespace,
+                token=token,
+                credentials=credentials,
+                timeout=timeout,
+                max_attempts=max_attempts,
             )
-        self.channel = channel
-        self.transcripts = transcript_grpc.TranscriptServiceStub(channel)
-        self.summaries = summary_grpc.SummaryServiceStub(channel)
-        self.memories = memory_grpc.MemoryServiceStub(channel)
-        self.agent = agent_grpc.AgentServiceStub(channel)
+
+        self.aio = self._run(make())
+        self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._thread, self.aio)
+
+    @property
+    def namespace(self) -> str:
+        """The default namespace of every call."""
+        return self.aio.namespace
+
+    @namespace.setter
+    def namespace(self, value: str) -> None:
+        self.aio.namespace = value
+
+    @property
+    def target(self) -> str:
+        return self.aio.target
 
     def __enter__(self) -> Client:
         return self
@@ -640,241 +972,57 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        """Close the channel."""
-        self.channel.close()
+        """Close the channel and stop the client's thread."""
+        self._finalizer()
 
-    def _ns(self, namespace: str | None) -> str:
-        return self.namespace if namespace is None else namespace
+    def _run(self, coroutine: Coroutine[Any, Any, R]) -> R:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
-    def _call(
-        self, method: Callable[..., Response], request: Any, timeout: float | None = None
-    ) -> Response:
+    def _iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
+        async def step() -> tuple[bool, T | None]:
+            try:
+                return True, await anext(items)
+            except StopAsyncIteration:
+                return False, None
+
+        async def close() -> None:
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
         try:
-            return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+            while True:
+                more, item = self._run(step())
+                if not more:
+                    return
+                yield item  # type: ignore[misc]
+        finally:
+            if not self._loop.is_closed():
+                self._run(close())
 
-    def run_conversation(
-        self,
-        input: InputLike,
-        *,
-        conversation_id: str = "",
-        namespace: str | None = None,
-        turn_id: str | None = None,
-        policy: ConversationContextPolicy | None = None,
-        budget: Budget | None = None,
-        system_instructions: str = "",
-        create_if_missing: bool = True,
-        tools: Sequence[Tool] = (),
-        concurrency: ConcurrencyMode = ConcurrencyMode.RACE,
-        timeout: float | None = None,
-    ) -> TurnResult:
-        """Run one agent turn; raises TurnConflict, SummaryRequired, ... on failure."""
-        request = _turn_request(
-            agent_pb.RunConversationRequest,
-            input,
-            conversation_id,
-            self._ns(namespace),
-            turn_id,
-            policy,
-            budget,
-            system_instructions,
-            create_if_missing,
-            tools,
-            concurrency,
-        )
-        return TurnResult.from_proto(self._call(self.agent.RunConversation, request, timeout))
-
-    def stream_conversation(
-        self,
-        input: InputLike,
-        *,
-        conversation_id: str = "",
-        namespace: str | None = None,
-        turn_id: str | None = None,
-        policy: ConversationContextPolicy | None = None,
-        budget: Budget | None = None,
-        system_instructions: str = "",
-        create_if_missing: bool = True,
-        tools: Sequence[Tool] = (),
-        concurrency: ConcurrencyMode = ConcurrencyMode.RACE,
-        timeout: float | None = None,
-    ) -> Iterator[agent_pb.StreamConversationResponse]:
-        """The same turn as a stream of events."""
-        request = _turn_request(
-            agent_pb.StreamConversationRequest,
-            input,
-            conversation_id,
-            self._ns(namespace),
-            turn_id,
-            policy,
-            budget,
-            system_instructions,
-            create_if_missing,
-            tools,
-            concurrency,
-        )
-        try:
-            yield from self.agent.StreamConversation(
-                request, timeout=timeout or self.timeout, metadata=self._metadata
-            )
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
-
-    def create_conversation(
-        self,
-        *,
-        namespace: str | None = None,
-        conversation_id: str = "",
-        labels: Mapping[str, str] | None = None,
-    ) -> transcript_pb.Conversation:
-        """Create (or get, when it exists) a conversation."""
-        return self._call(
-            self.transcripts.CreateConversation,
-            _create(self._ns(namespace), conversation_id, labels),
-        ).conversation
-
-    def get_conversation(
-        self, conversation_id: str, *, namespace: str | None = None
-    ) -> transcript_pb.Conversation:
-        """A conversation's version and counters."""
-        return self._call(
-            self.transcripts.GetConversation,
-            _get(self._ns(namespace), conversation_id),
-        ).conversation
-
-    def append(
-        self,
-        conversation_id: str,
-        input: InputLike,
-        *,
-        namespace: str | None = None,
-        expected_version: int | None = None,
-        request_id: str | None = None,
-    ) -> transcript_pb.AppendEntriesResponse:
-        """Append messages (compare-and-swap when expected_version is given)."""
-        return self._call(
-            self.transcripts.AppendEntries,
-            _append(self._ns(namespace), conversation_id, input, expected_version, request_id),
-        )
-
-    def entries(
-        self, conversation_id: str, *, namespace: str | None = None, after_sequence: int = 0
-    ) -> Iterator[common_pb2.Entry]:
-        """Every entry after a sequence, page by page."""
-        token = ""
-        while True:
-            reply = self._call(
-                self.transcripts.ListEntries,
-                _page(self._ns(namespace), conversation_id, after_sequence, token),
-            )
-            yield from reply.entries
-            token = reply.next_page_token
-            if not token:
-                return
-
-    def delete_conversation(
-        self, conversation_id: str, *, namespace: str | None = None
-    ) -> transcript_pb.DeleteConversationResponse:
-        """Erase a transcript (only the transcript: see erase_conversation)."""
-        return self._call(
-            self.transcripts.DeleteConversation,
-            _delete(self._ns(namespace), conversation_id),
-        )
-
-    def backlog(self, *, namespace: str | None = None) -> summary_pb.GetBacklogResponse:
-        """The summary job queue of a namespace."""
-        return self._call(
-            self.summaries.GetBacklog, summary_pb.GetBacklogRequest(namespace=self._ns(namespace))
-        )
-
-    def get_summary(
-        self, conversation_id: str, *, namespace: str | None = None
-    ) -> summary_pb.Summary | None:
-        """The current summary, or None."""
-        reply = self._call(
-            self.summaries.GetSummary,
-            _summary(self._ns(namespace), conversation_id),
-        )
-        return reply.summary if reply.HasField("summary") else None
-
-    def summarize(
-        self,
-        conversation_id: str,
-        *,
-        namespace: str | None = None,
-        window: int = 16,
-        summary_batch: int = 64,
-        max_summary_passes: int = 1,
-        budget: Budget | None = None,
-    ) -> summary_pb.SummarizeResponse:
-        """Run the summarizer now."""
-        return self._call(
-            self.summaries.Summarize,
-            _summarize(
-                self._ns(namespace),
-                conversation_id,
-                window,
-                summary_batch,
-                max_summary_passes,
-                budget,
-            ),
-        )
-
-    def remember(
-        self,
-        content: str,
-        *,
-        conversation_id: str,
-        from_sequence: int,
-        through_sequence: int,
-        namespace: str | None = None,
-        metadata: Mapping[str, str] | None = None,
-        request_id: str | None = None,
-    ) -> memory_pb.Memory:
-        """Curate a fact from a transcript range (idempotent by `request_id`, made for you
-        when you pass none, so that a retry stores the fact once)."""
-        return self._call(
-            self.memories.UpsertMemory,
-            _remember(
-                self._ns(namespace),
-                content,
-                conversation_id,
-                from_sequence,
-                through_sequence,
-                metadata,
-            ),
-        ).memory
-
-    def search_memories(
-        self, query: str, *, namespace: str | None = None, limit: int = 8
-    ) -> memory_pb.SearchMemoriesResponse:
-        """Semantic search inside one namespace."""
-        return self._call(
-            self.memories.SearchMemories,
-            _search(self._ns(namespace), query, limit),
-        )
-
-    def forget_source(
-        self,
-        conversation_id: str,
-        *,
-        namespace: str | None = None,
-        from_sequence: int = 0,
-        through_sequence: int = 0,
-    ) -> int:
-        """Delete every memory derived from a conversation (or a range of it)."""
-        reply = self._call(
-            self.memories.ForgetSource,
-            _forget(self._ns(namespace), conversation_id, from_sequence, through_sequence),
-        )
-        return int(reply.deleted_count)
-
-    def erase_conversation(
-        self, conversation_id: str, *, namespace: str | None = None
-    ) -> agent_pb.EraseConversationResponse:
-        """Erase a conversation everywhere (entries, summaries, jobs, derived memories)."""
-        return self._call(
-            self.agent.EraseConversation,
-            _erase(self._ns(namespace), conversation_id),
-        )
+    run_conversation = _blocking(AsyncClient.run_conversation)
+    stream_conversation = _iterating(AsyncClient.stream_conversation)
+    erase_conversation = _blocking(AsyncClient.erase_conversation)
+    create_conversation = _blocking(AsyncClient.create_conversation)
+    get_conversation = _blocking(AsyncClient.get_conversation)
+    list_conversations = _iterating(AsyncClient.list_conversations)
+    append = _blocking(AsyncClient.append)
+    entries = _iterating(AsyncClient.entries)
+    load_view = _blocking(AsyncClient.load_view)
+    delete_conversation = _blocking(AsyncClient.delete_conversation)
+    acquire_turn_lease = _blocking(AsyncClient.acquire_turn_lease)
+    renew_turn_lease = _blocking(AsyncClient.renew_turn_lease)
+    release_turn_lease = _blocking(AsyncClient.release_turn_lease)
+    get_summary = _blocking(AsyncClient.get_summary)
+    commit_summary = _blocking(AsyncClient.commit_summary)
+    summarize = _blocking(AsyncClient.summarize)
+    request_summary = _blocking(AsyncClient.request_summary)
+    backlog = _blocking(AsyncClient.backlog)
+    erase_summaries = _blocking(AsyncClient.erase_summaries)
+    upsert_memory = _blocking(AsyncClient.upsert_memory)
+    remember = _blocking(AsyncClient.remember)
+    get_memory = _blocking(AsyncClient.get_memory)
+    list_memories = _iterating(AsyncClient.list_memories)
+    search_memories = _blocking(AsyncClient.search_memories)
+    delete_memory = _blocking(AsyncClient.delete_memory)
+    forget_source = _blocking(AsyncClient.forget_source)

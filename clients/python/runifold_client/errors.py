@@ -44,7 +44,9 @@ class Outcome:
 
 
 class RunifoldError(Exception):
-    """A failed call. `code` is the gRPC status, `reason` the stable ErrorInfo reason."""
+    """A failed call. `code` is the gRPC status, `reason` the stable ErrorInfo reason,
+    `metadata` its metadata, `details` the other status details (BadRequest, RetryInfo,
+    TurnConflict, ...). Works for calls of your own stubs too: see `from_rpc_error`."""
 
     def __init__(
         self,
@@ -64,6 +66,15 @@ class RunifoldError(Exception):
 
 class InvalidArgument(RunifoldError):
     """The request can never succeed as sent (see `reason` and `field`)."""
+
+    @property
+    def field(self) -> str:
+        """The request field at fault ("namespace", "messages[2].role"), or ""."""
+        for detail in self.details:
+            if isinstance(detail, error_details_pb2.BadRequest):
+                for violation in detail.field_violations:
+                    return str(violation.field)
+        return ""
 
 
 class NotFound(RunifoldError):
@@ -108,6 +119,22 @@ class VersionConflict(Aborted):
     @property
     def current_version(self) -> int:
         return int(self.metadata.get("current_version", "0"))
+
+
+class RevisionConflict(Aborted):
+    """A memory write or delete at a stale `expected_revision` (REVISION_CONFLICT)."""
+
+    @property
+    def current_revision(self) -> int:
+        return int(self.metadata.get("current_revision", "0"))
+
+
+class SummaryConflict(Aborted):
+    """A summary commit at a stale `expected_through_sequence` (SUMMARY_CONFLICT)."""
+
+    @property
+    def current_through_sequence(self) -> int:
+        return int(self.metadata.get("current_through_sequence", "0"))
 
 
 class TurnConflict(Aborted):
@@ -205,6 +232,8 @@ class SummaryBacklog(SummaryRequired):
 
 _BY_REASON: dict[str, type[RunifoldError]] = {
     "VERSION_CONFLICT": VersionConflict,
+    "REVISION_CONFLICT": RevisionConflict,
+    "SUMMARY_CONFLICT": SummaryConflict,
     "TURN_CONFLICT": TurnConflict,
     "SUMMARY_REQUIRED": SummaryRequired,
     "SUMMARY_BACKLOG": SummaryBacklog,
@@ -235,7 +264,7 @@ _DETAIL_TYPES = (
 
 
 def from_rpc_error(error: grpc.RpcError) -> RunifoldError:
-    """The typed exception of a failed call."""
+    """The typed exception of a failed call (of grpc's blocking or asyncio stack)."""
     call: Any = error
     code: grpc.StatusCode = call.code()
     message: str = call.details() or ""

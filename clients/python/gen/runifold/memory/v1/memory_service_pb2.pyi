@@ -411,7 +411,7 @@ class SearchMemoriesRequest(_message.Message):
     query: _builtins.str
     """The question, 1 byte to 4 KiB."""
     limit: _builtins.int
-    """Maximum results, 1..256."""
+    """Maximum results, 1..256. 0 means 8."""
     min_score: _builtins.float
     """Only results scoring at least this (cosine similarity, -1..1)."""
     @_builtins.property
