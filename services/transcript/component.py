@@ -7,7 +7,7 @@ from pathlib import Path
 import grpc
 
 from runifold.transcript.v1 import transcript_service_pb2, transcript_service_pb2_grpc
-from services.common import migrations
+from services.common import messages, migrations
 from services.common.db import Database
 from services.common.pagination import PageTokens
 from services.common.server import StartContext
@@ -30,6 +30,11 @@ class TranscriptComponent:
         self.limits = limits or TranscriptLimits.from_env()
         self.db: Database | None = None
         self.service: TranscriptService | None = None
+
+    @property
+    def max_request_bytes(self) -> int:
+        """The largest request the limits allow (an AppendEntries): the transport cap."""
+        return messages.append_request_bytes(self.limits.messages)
 
     def register(self, server: grpc.aio.Server) -> None:
         assert self.service is not None, "register after start"
