@@ -23,6 +23,7 @@ from services.common import stubs
 from services.common.auth import AuthSettings
 from services.common.openai_chat import OpenAIChatModel
 from services.common.server import Component, RunningServer, serving
+from services.common.settings import Settings
 from services.memory.component import MemoryComponent
 from services.summary.component import SummaryComponent
 from services.summary.config import SummaryConfig
@@ -77,6 +78,7 @@ async def full_stack(
     auth: AuthSettings | None = None,
     agent_config: AgentConfig | None = None,
     transcript_limits: TranscriptLimits | None = None,
+    settings: Settings | None = None,
 ) -> AsyncIterator[Stack]:
     """Start every service in one server; the agent's model is the fake server, or the
     offline model (what `make run` uses) when `model` is None."""
@@ -103,7 +105,7 @@ async def full_stack(
     async with (
         serving(
             components,
-            server_settings(),
+            settings or server_settings(),
             database_url=database_url,
             extras={"all_in_one": True},
             auth=auth,
