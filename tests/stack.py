@@ -23,7 +23,6 @@ from services.common import stubs
 from services.common.auth import AuthSettings
 from services.common.openai_chat import OpenAIChatModel
 from services.common.server import Component, RunningServer, serving
-from services.common.settings import Settings
 from services.memory.component import MemoryComponent
 from services.summary.component import SummaryComponent
 from services.summary.config import SummaryConfig
@@ -78,7 +77,8 @@ async def full_stack(
     auth: AuthSettings | None = None,
     agent_config: AgentConfig | None = None,
     transcript_limits: TranscriptLimits | None = None,
-    settings: Settings | None = None,
+    summary_env: dict[str, str] | None = None,
+    settings: dict[str, str] | None = None,
 ) -> AsyncIterator[Stack]:
     """Start every service in one server; the agent's model is the fake server, or the
     offline model (what `make run` uses) when `model` is None."""
@@ -96,7 +96,11 @@ async def full_stack(
         TranscriptComponent(transcript_limits),
         SummaryComponent(
             SummaryConfig.from_env(
-                {"RUNIFOLD_SUMMARY_WORKERS": "1", "RUNIFOLD_SUMMARY_POLL_INTERVAL_S": "0.05"}
+                {
+                    "RUNIFOLD_SUMMARY_WORKERS": "1",
+                    "RUNIFOLD_SUMMARY_POLL_INTERVAL_S": "0.05",
+                    **(summary_env or {}),
+                }
             )
         ),
         MemoryComponent(memory_config(data_dir / "index")),
@@ -105,7 +109,7 @@ async def full_stack(
     async with (
         serving(
             components,
-            settings or server_settings(),
+            server_settings(**(settings or {})),
             database_url=database_url,
             extras={"all_in_one": True},
             auth=auth,

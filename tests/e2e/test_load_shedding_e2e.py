@@ -290,7 +290,7 @@ async def stack(
         shared_database_url,
         tmp_path_factory.mktemp("admission"),
         model,
-        settings=server_settings(RUNIFOLD_NAMESPACE_MAX_TURNS=str(TURN_LIMIT)),
+        settings={"RUNIFOLD_NAMESPACE_MAX_TURNS": str(TURN_LIMIT)},
     ) as running:
         yield running
 
