@@ -90,7 +90,7 @@ class MemoryConfig:
     # which cannot be stopped, short). The queue in front of the model: texts (local)
     # or requests (endpoint) waiting at most; beyond, OVERLOADED. The endpoint's
     # requests in flight at most.
-    embeddings_batch_tokens: int = 1024
+    embeddings_batch_tokens: int = 256
     embeddings_max_queued: int = 256
     embeddings_max_concurrent: int = 16
     default_ttl: timedelta | None = None
@@ -168,7 +168,7 @@ class MemoryConfig:
                 env, "RUNIFOLD_EMBEDDINGS_THREADS", 1, minimum=0, maximum=256
             ),
             embeddings_batch_tokens=env_int(
-                env, "RUNIFOLD_EMBEDDINGS_BATCH_TOKENS", 1024, minimum=16, maximum=1_000_000
+                env, "RUNIFOLD_EMBEDDINGS_BATCH_TOKENS", 256, minimum=16, maximum=1_000_000
             ),
             embeddings_max_queued=env_int(
                 env, "RUNIFOLD_EMBEDDINGS_MAX_QUEUED", 256, minimum=1, maximum=1_000_000

@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -126,8 +126,9 @@ class LocalEmbedder:
     - at most `max_queued` texts wait; beyond, OVERLOADED with a retry delay
       estimated from the model's recent speed;
     - namespaces take turns: each forward pass takes one caller of each namespace
-      in turn, so a namespace with many callers queued does not delay another's
-      search by more than a pass;
+      in turn, and a namespace with nothing queued goes to the front, so a
+      namespace with many callers queued delays another's search by no more than
+      the pass under way;
     - a pass takes at most `batch_size` texts and about `batch_tokens` tokens (long
       texts cost far more than short ones), so a pass, which cannot be stopped once
       started, stays short; a caller with more texts is served over several passes.
@@ -140,7 +141,7 @@ class LocalEmbedder:
         batch_size: int = 64,
         threads: int = 1,
         *,
-        batch_tokens: int = 1024,
+        batch_tokens: int = 256,
         max_queued: int = 256,
     ) -> None:
         # One intra-op thread by default: one query's forward pass is small,
@@ -155,7 +156,7 @@ class LocalEmbedder:
         self._transformer: Any = None
         self._max_tokens = 256  # the model's max_seq_length: longer texts are cut
         # Waiting callers by namespace, in the order namespaces take their turns.
-        self._lanes: dict[str, deque[_Pending]] = {}
+        self._lanes: OrderedDict[str, deque[_Pending]] = OrderedDict()
         self._queued = 0  # texts waiting, not yet in a pass
         self._per_text = Mean(0.02)  # seconds of model time per text, recently
         self._seconds = metrics.MODEL_SECONDS.labels("embedding", self.provider)
@@ -209,7 +210,14 @@ class LocalEmbedder:
         future: asyncio.Future[list[Vector]] = loop.create_future()
         item = _Pending(list(texts), future, deadline)
         # The caller's namespace (the guard records it); background work has its own lane.
-        self._lanes.setdefault(namespace_var.get() or "", deque()).append(item)
+        namespace = namespace_var.get() or ""
+        lane = self._lanes.get(namespace)
+        if lane is None:
+            # A namespace with nothing queued goes first (as a sparse flow does in
+            # fair queueing): its caller waits for the pass under way and no other.
+            lane = self._lanes[namespace] = deque()
+            self._lanes.move_to_end(namespace, last=False)
+        lane.append(item)
         self._count(len(item.texts))
         future.add_done_callback(lambda _: self._abandon(item, "cancelled"))
         if self._worker is None or self._worker.done():
@@ -260,15 +268,19 @@ class LocalEmbedder:
                 taken.append((item, start, end))
                 item.taken = end
                 self._count(start - end)
-            elif gone == "deadline":
+            else:
+                # Now, not in the future's callback (it runs later): every turn of this
+                # loop takes a text or removes a caller, so the loop ends.
                 self._abandon(item, gone)
-                item.future.set_exception(deadline_exceeded())
+                if gone == "deadline":
+                    item.future.set_exception(deadline_exceeded())
             if item.taken == len(item.texts):
                 lane.popleft()
             # The namespace goes to the back of the line (or leaves it when empty).
-            del self._lanes[namespace]
             if lane:
-                self._lanes[namespace] = lane
+                self._lanes.move_to_end(namespace)
+            else:
+                del self._lanes[namespace]
         return taken
 
     async def _drain(self) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import signal
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
 
 import pytest
 from prometheus_client import REGISTRY
@@ -22,10 +24,12 @@ from services.common.errors import DomainError
 from services.common.server import MIN_RECEIVE_MESSAGE_BYTES, receive_cap
 from services.common.settings import AdmissionLimits, Settings, SettingsError, TransportLimits
 from services.common.shedding import BoundedGate
+from services.memory.embeddings import LocalEmbedder
 from services.transcript.component import TranscriptComponent
 from services.transcript.config import TranscriptLimits
 from tests.conftest import wait_for
 
+T = TypeVar("T")
 SEARCH = "/runifold.memory.v1.MemoryService/SearchMemories"
 TURN = "/runifold.agent.v1.AgentService/RunConversation"
 STREAM = "/runifold.agent.v1.AgentService/StreamConversation"
@@ -283,3 +287,58 @@ def test_the_largest_turn_fits_the_agents_bound() -> None:
 def test_an_explicit_cap_wins_and_small_services_get_the_floor() -> None:
     assert receive_cap([], TransportLimits(max_receive_message_bytes=16 << 20)) == 16 << 20
     assert receive_cap([], TransportLimits()) == MIN_RECEIVE_MESSAGE_BYTES
+
+
+# -- the embedding queue's passes ---------------------------------------------------------
+
+
+def _within(seconds: float, run: Callable[[], T]) -> T:
+    """`run()` on this thread, interrupted with TimeoutError after `seconds` (a spin
+    would hang the suite otherwise)."""
+
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError("the call did not return")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return run()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+async def test_a_pass_drops_callers_cancelled_since_the_last_one() -> None:
+    embedder = LocalEmbedder()
+    # No worker: the test builds the pass itself (no model is loaded).
+    idle = asyncio.Event()
+
+    async def no_worker() -> None:
+        await idle.wait()
+
+    embedder._worker = asyncio.ensure_future(no_worker())
+    embedder._wakeup = asyncio.Event()
+    before = sample_abandoned("cancelled")
+    callers = [asyncio.ensure_future(embedder.embed([f"text {i}"])) for i in range(3)]
+    await wait_for(holds(lambda: embedder.queued == 3))
+    # Cancelled just now: their futures are done, their callbacks not yet run (they
+    # run on the loop's next turn, after the pass is built).
+    callers[0].cancel()
+    callers[2].cancel()
+    taken = _within(5, embedder._next_pass)
+    assert [(item.texts, start, end) for item, start, end in taken] == [(["text 1"], 0, 1)]
+    assert embedder.queued == 0
+    assert sample_abandoned("cancelled") == before + 2
+    embedder._worker.cancel()
+    callers[1].cancel()
+    await asyncio.gather(*callers, embedder._worker, return_exceptions=True)
+    assert sample_abandoned("cancelled") == before + 2, "counted once"
+
+
+def sample_abandoned(cause: str) -> float:
+    return (
+        REGISTRY.get_sample_value(
+            "runifold_work_abandoned_total", {"resource": "embeddings", "cause": cause}
+        )
+        or 0.0
+    )
