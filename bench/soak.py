@@ -109,6 +109,8 @@ class Settings:
     quiet_namespaces: int = 4
     flood_concurrency: int = 64
     flood_retry: str = "honour"
+    flood_kinds: tuple[str, ...] = ("search", "turn")
+    rounds: int = 3
 
 
 def parse_args(argv: list[str]) -> Settings:
@@ -162,7 +164,24 @@ def parse_args(argv: list[str]) -> Settings:
         default="honour",
         help="whether a refused flood caller waits the RetryInfo delay (default honour)",
     )
+    parser.add_argument(
+        "--flood-kinds",
+        default="search,turn",
+        help="what the flood calls: search, turn or both (default search,turn)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="--noisy alternates baseline and flood this many times, duration/rounds each "
+        "(a machine whose load drifts skews both alike; default 3)",
+    )
     args = parser.parse_args(argv)
+    kinds = tuple(k for k in args.flood_kinds.split(",") if k)
+    if not kinds or not set(kinds) <= {"search", "turn"}:
+        parser.error("--flood-kinds takes search, turn or search,turn")
+    if args.rounds < 1:
+        parser.error("--rounds must be positive")
     if args.concurrency < 1 or args.duration <= 0 or args.sample_interval <= 0:
         parser.error("concurrency, duration and sample interval must be positive")
     if args.quiet_namespaces < 1 or args.flood_concurrency < 1:
@@ -186,6 +205,8 @@ def parse_args(argv: list[str]) -> Settings:
         args.quiet_namespaces,
         args.flood_concurrency,
         args.flood_retry,
+        kinds,
+        args.rounds,
     )
 
 
@@ -469,17 +490,20 @@ class Flood:
     """One namespace's callers of the expensive calls, back to back, each with a 2 s
     deadline: searches with long queries and memory-enabled turns with long inputs."""
 
-    def __init__(self, channel: grpc.aio.Channel, honour_retry: bool) -> None:
+    def __init__(
+        self, channel: grpc.aio.Channel, honour_retry: bool, kinds: tuple[str, ...]
+    ) -> None:
         self.memory = stubs.memory(channel)
         self.agent = stubs.agent(channel)
         self.honour_retry = honour_retry
+        self.kinds = kinds
         self.outcomes: Counter[str] = Counter()
 
     async def caller(self, index: int, until: float) -> None:
         rng = random.Random(1000 + index)
         while (now := time.monotonic()) < until:
             try:
-                if rng.random() < 0.5:
+                if rng.choice(self.kinds) == "search":
                     await self.memory.SearchMemories(
                         memory_pb.SearchMemoriesRequest(
                             namespace=FLOOD_NAMESPACE, query=_long_text(rng), limit=5
@@ -554,14 +578,15 @@ async def noisy(settings: Settings, database_url: str) -> dict[str, object]:
             for client in clients:
                 for n in range(3):
                     await work.step(client, -1 - n)
-            runs: dict[str, dict[str, dict[str, object]]] = {}
-            rss: dict[str, list[float]] = {}
-            flood = Flood(flood_channel, settings.flood_retry == "honour")
-            for phase in ("baseline", "flood"):
+            records: dict[str, dict[str, Record]] = {"baseline": {}, "flood": {}}
+            seconds = {"baseline": 0.0, "flood": 0.0}
+            rss: dict[str, list[float]] = {"baseline": [], "flood": []}
+            flood = Flood(flood_channel, settings.flood_retry == "honour", settings.flood_kinds)
+            window = settings.duration_s / settings.rounds
+            for phase in ("baseline", "flood") * settings.rounds:
                 work.records.clear()
                 start = time.monotonic()
-                until = start + settings.duration_s
-                samples: list[float] = []
+                until = start + window
 
                 async def run(client: Client, until: float = until) -> None:
                     n = 0
@@ -569,21 +594,27 @@ async def noisy(settings: Settings, database_url: str) -> dict[str, object]:
                         await work.step(client, n)
                         n += 1
 
-                async def sample(until: float = until, into: list[float] = samples) -> None:
+                async def sample(until: float = until, into: list[float] = rss[phase]) -> None:
                     while time.monotonic() < until:
                         value = rss_mib(pid)
                         if value is not None:
                             into.append(value)
-                        await asyncio.sleep(min(settings.sample_s, settings.duration_s))
+                        await asyncio.sleep(min(settings.sample_s, window))
 
                 callers = (
                     [flood.caller(i, until) for i in range(settings.flood_concurrency)]
                     if phase == "flood"
                     else []
                 )
+                # Every call of the phase has returned when this does: the next phase
+                # starts clean (a flood call lasts at most its 2 s deadline).
                 await asyncio.gather(sample(), *(run(c) for c in clients), *callers)
-                runs[phase] = _summary(work.records, time.monotonic() - start)
-                rss[phase] = samples
+                seconds[phase] += time.monotonic() - start
+                for name, record in work.records.items():
+                    into = records[phase].setdefault(name, Record())
+                    into.latencies += record.latencies
+                    into.codes.update(record.codes)
+            runs = {phase: _summary(records[phase], seconds[phase]) for phase in records}
     ratios = {
         name: round(float(str(row["p99_ms"])) / float(str(base["p99_ms"])), 2)
         for name, row in runs["flood"].items()
@@ -596,6 +627,8 @@ async def noisy(settings: Settings, database_url: str) -> dict[str, object]:
         "quiet_namespaces": settings.quiet_namespaces,
         "flood_concurrency": settings.flood_concurrency,
         "flood_retry": settings.flood_retry,
+        "flood_kinds": list(settings.flood_kinds),
+        "rounds": settings.rounds,
         "mix": settings.mix,
         "duration_s": settings.duration_s,
         "baseline": runs["baseline"],
@@ -609,11 +642,14 @@ async def noisy(settings: Settings, database_url: str) -> dict[str, object]:
 def render_noisy(report: dict[str, object]) -> list[str]:
     baseline, flooded, ratios = report["baseline"], report["flood"], report["p99_ratio"]
     assert isinstance(baseline, dict) and isinstance(flooded, dict) and isinstance(ratios, dict)
+    assert isinstance(report["flood_kinds"], list)
+    kinds = "+".join(report["flood_kinds"])
     lines = [
         f"# Soak, noisy neighbour: {report['concurrency']} clients in "
-        f"{report['quiet_namespaces']} namespaces, {report['duration_s']:g} s alone, then "
-        f"{report['duration_s']:g} s with {report['flood_concurrency']} flood callers in one "
-        f"more namespace (RetryInfo: {report['flood_retry']}) on {report['machine']}",
+        f"{report['quiet_namespaces']} namespaces, {report['duration_s']:g} s alone and "
+        f"{report['duration_s']:g} s with {report['flood_concurrency']} flood callers "
+        f"({kinds}, RetryInfo: {report['flood_retry']}) in one more namespace, "
+        f"alternating in {report['rounds']} rounds, on {report['machine']}",
         "",
         f"{'RPC (quiet)':<18} {'OK':>6} {'p50 ms':>8} {'p99 ms':>8}   {'OK':>6} {'p50 ms':>8}"
         f" {'p99 ms':>8}  p99 x  errors (flood run)",

@@ -93,6 +93,9 @@ class MemoryConfig:
     embeddings_batch_tokens: int = 256
     embeddings_max_queued: int = 256
     embeddings_max_concurrent: int = 16
+    # While other namespaces use the local model too, one namespace may keep it busy
+    # at most this fraction of the time (1: no limit).
+    embeddings_namespace_share: float = 0.25
     default_ttl: timedelta | None = None
     namespace_ttls: Mapping[str, timedelta | None] = field(default_factory=dict)
     # Search asks the index for limit * overfetch + 8 candidates: room for the
@@ -175,6 +178,9 @@ class MemoryConfig:
             ),
             embeddings_max_concurrent=env_int(
                 env, "RUNIFOLD_EMBEDDINGS_MAX_CONCURRENT", 16, minimum=1, maximum=4096
+            ),
+            embeddings_namespace_share=env_float(
+                env, "RUNIFOLD_EMBEDDINGS_NAMESPACE_SHARE", 0.25, minimum=0.01, maximum=1.0
             ),
             default_ttl=parse_duration(
                 "RUNIFOLD_MEMORY_DEFAULT_TTL", env_str(env, "RUNIFOLD_MEMORY_DEFAULT_TTL", "0")

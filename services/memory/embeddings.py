@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -26,13 +27,18 @@ import httpx
 from services.common import metrics
 from services.common.admission import namespace_var
 from services.common.deadlines import deadline_exceeded, deadline_var, remaining
-from services.common.errors import StoreUnavailable
-from services.common.shedding import BoundedGate, Mean, caller_gone, overloaded
+from services.common.errors import Code, DomainError, StoreUnavailable
+from services.common.shedding import BoundedGate, Mean, caller_gone, overloaded, retry_delay
 from services.memory.config import LOCAL_MODEL_DIMENSION, LOCAL_MODEL_NAME, MemoryConfig
 
 log = logging.getLogger(__name__)
 
 Vector = list[float]
+
+# The span over which a namespace's share of the local model is measured, and the
+# figure below which a namespace counts as not using it.
+SHARE_WINDOW_S = 10.0
+_USAGE_FLOOR_S = 0.01
 
 
 class EmbeddingUnavailable(StoreUnavailable):
@@ -104,14 +110,19 @@ def load_local_model(threads: int = 0) -> Any:
 class _Pending:
     """One caller's texts in the queue, and the vectors encoded for them so far."""
 
-    __slots__ = ("deadline", "future", "taken", "texts", "vectors")
+    __slots__ = ("deadline", "future", "namespace", "taken", "texts", "vectors")
 
     def __init__(
-        self, texts: list[str], future: asyncio.Future[list[Vector]], deadline: float | None
+        self,
+        texts: list[str],
+        future: asyncio.Future[list[Vector]],
+        deadline: float | None,
+        namespace: str,
     ) -> None:
         self.texts = texts
         self.future = future
         self.deadline = deadline
+        self.namespace = namespace
         self.taken = 0  # texts handed to a forward pass so far
         self.vectors: list[Vector] = []
 
@@ -131,7 +142,14 @@ class LocalEmbedder:
       the pass under way;
     - a pass takes at most `batch_size` texts and about `batch_tokens` tokens (long
       texts cost far more than short ones), so a pass, which cannot be stopped once
-      started, stays short; a caller with more texts is served over several passes.
+      started, stays short; a caller with more texts is served over several passes;
+    - while other namespaces use the model too, one namespace may keep it busy at
+      most `namespace_share` of the time (measured over about `SHARE_WINDOW_S`);
+      beyond, its calls are refused with NAMESPACE_SHARE_EXCEEDED and a retry delay.
+      Turns alone do not make a share fair: the model runs on the same cores as
+      everything else in the process, and a namespace that keeps it busy with
+      long texts slows every other call down. Alone, a namespace may use it all.
+      Background work (the indexer) is not counted.
     """
 
     provider = "local"
@@ -143,6 +161,7 @@ class LocalEmbedder:
         *,
         batch_tokens: int = 256,
         max_queued: int = 256,
+        namespace_share: float = 0.25,
     ) -> None:
         # One intra-op thread by default: one query's forward pass is small,
         # and the process shares the cores with gRPC and PostgreSQL. Measured
@@ -152,6 +171,11 @@ class LocalEmbedder:
         self.threads = threads
         self.batch_tokens = batch_tokens
         self.max_queued = max_queued
+        self.namespace_share = namespace_share
+        # Seconds of model time each namespace used, decaying with SHARE_WINDOW_S:
+        # at a steady busy fraction f, a namespace's figure is f * SHARE_WINDOW_S.
+        self._usage: dict[str, float] = {}
+        self._usage_at = time.monotonic()
         # The shared model, held once loaded (loading takes the process-wide lock).
         self._transformer: Any = None
         self._max_tokens = 256  # the model's max_seq_length: longer texts are cut
@@ -206,11 +230,13 @@ class LocalEmbedder:
         # One caller larger than the whole bound still goes alone (a reindex batch).
         if self._queued and self._queued + len(texts) > self.max_queued:
             raise overloaded("embeddings", self._queued * self._per_text.value)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[Vector]] = loop.create_future()
-        item = _Pending(list(texts), future, deadline)
         # The caller's namespace (the guard records it); background work has its own lane.
         namespace = namespace_var.get() or ""
+        if namespace and self.namespace_share < 1.0:
+            self._check_share(namespace)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Vector]] = loop.create_future()
+        item = _Pending(list(texts), future, deadline, namespace)
         lane = self._lanes.get(namespace)
         if lane is None:
             # A namespace with nothing queued goes first (as a sparse flow does in
@@ -226,6 +252,47 @@ class LocalEmbedder:
         assert self._wakeup is not None
         self._wakeup.set()
         return await future
+
+    def _decay(self) -> None:
+        now = time.monotonic()
+        factor = math.exp(-(now - self._usage_at) / SHARE_WINDOW_S)
+        self._usage_at = now
+        for namespace, used in list(self._usage.items()):
+            if used * factor < _USAGE_FLOOR_S:
+                del self._usage[namespace]  # bounded: only namespaces active lately
+            else:
+                self._usage[namespace] = used * factor
+
+    def _check_share(self, namespace: str) -> None:
+        """NAMESPACE_SHARE_EXCEEDED when `namespace` kept the model busy more than its
+        share of the time lately while another namespace used it too."""
+        self._decay()
+        used = self._usage.get(namespace, 0.0)
+        allowed = self.namespace_share * SHARE_WINDOW_S
+        if used <= allowed or not any(n not in ("", namespace) for n in self._usage):
+            return
+        metrics.REQUESTS_SHED.labels("embeddings", "NAMESPACE_SHARE_EXCEEDED").inc()
+        raise DomainError(
+            Code.RESOURCE_EXHAUSTED,
+            "NAMESPACE_SHARE_EXCEEDED",
+            f"this namespace kept the embedding model busy more than {self.namespace_share:.0%} "
+            "of the time lately, while other namespaces use it too; retry after the delay "
+            "in RetryInfo",
+            metadata={"resource": "embeddings", "share": self.namespace_share},
+            # When its figure will have decayed to the share.
+            retry_after_s=retry_delay(SHARE_WINDOW_S * math.log(used / allowed)),
+        )
+
+    def _charge(self, batch: Sequence[tuple[_Pending, int, int]], seconds: float) -> None:
+        """Charge a pass's model time to its namespaces, by their texts' tokens."""
+        self._decay()
+        costs = [
+            (item.namespace, sum(self._cost(t) for t in item.texts[start:end]))
+            for item, start, end in batch
+        ]
+        total = sum(cost for _, cost in costs) or 1
+        for namespace, cost in costs:
+            self._usage[namespace] = self._usage.get(namespace, 0.0) + seconds * cost / total
 
     def _count(self, texts: int) -> None:
         self._queued += texts
@@ -304,6 +371,7 @@ class LocalEmbedder:
                 elapsed = time.perf_counter() - started
                 self._seconds.observe(elapsed)
                 self._per_text.add(elapsed / len(texts))
+                self._charge(batch, elapsed)
                 offset = 0
                 for item, start, end in batch:
                     item.vectors += vectors[offset : offset + end - start]
@@ -432,4 +500,5 @@ def make_embedder(config: MemoryConfig) -> LocalEmbedder | OpenAIEmbedder:
         config.embeddings_threads,
         batch_tokens=config.embeddings_batch_tokens,
         max_queued=config.embeddings_max_queued,
+        namespace_share=config.embeddings_namespace_share,
     )

@@ -7,8 +7,9 @@ from pathlib import Path
 import grpc
 
 from runifold.transcript.v1 import transcript_service_pb2, transcript_service_pb2_grpc
-from services.common import messages, migrations
+from services.common import migrations
 from services.common.db import Database
+from services.common.messages import append_request_bytes
 from services.common.pagination import PageTokens
 from services.common.server import StartContext
 from services.transcript.config import TranscriptLimits
@@ -30,11 +31,6 @@ class TranscriptComponent:
         self.limits = limits or TranscriptLimits.from_env()
         self.db: Database | None = None
         self.service: TranscriptService | None = None
-
-    @property
-    def max_request_bytes(self) -> int:
-        """The largest request the limits allow (an AppendEntries): the transport cap."""
-        return messages.append_request_bytes(self.limits.messages)
 
     def register(self, server: grpc.aio.Server) -> None:
         assert self.service is not None, "register after start"
@@ -58,3 +54,8 @@ class TranscriptComponent:
 
     async def healthy(self) -> bool:
         return await migrations.serving_schema(self.db, self.name, MIGRATIONS)
+
+    @property
+    def max_request_bytes(self) -> int:
+        """The largest request the limits allow (an AppendEntries): the transport cap."""
+        return append_request_bytes(self.limits.messages)
