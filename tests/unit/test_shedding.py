@@ -24,7 +24,7 @@ from services.common.errors import DomainError
 from services.common.server import MIN_RECEIVE_MESSAGE_BYTES, receive_cap
 from services.common.settings import AdmissionLimits, Settings, SettingsError, TransportLimits
 from services.common.shedding import BoundedGate
-from services.memory.embeddings import LocalEmbedder
+from services.memory.embeddings import LocalEmbedder, _Pending
 from services.transcript.component import TranscriptComponent
 from services.transcript.config import TranscriptLimits
 from tests.conftest import wait_for
@@ -342,3 +342,49 @@ def sample_abandoned(cause: str) -> float:
         )
         or 0.0
     )
+
+
+async def test_a_namespace_over_its_share_of_the_model_is_refused_only_while_others_use_it() -> (
+    None
+):
+    embedder = LocalEmbedder(namespace_share=0.25)
+    idle = asyncio.Event()
+
+    async def no_worker() -> None:
+        await idle.wait()
+
+    embedder._worker = asyncio.ensure_future(no_worker())
+    embedder._wakeup = asyncio.Event()
+
+    def busy(namespace: str, seconds: float) -> None:
+        # A pass that kept the model busy `seconds`, all of it for `namespace`.
+        item = pending(namespace)
+        embedder._charge([(item, 0, 1)], seconds)
+
+    def embed_as(namespace: str) -> asyncio.Future[list[list[float]]]:
+        context = contextvars.copy_context()
+        context.run(admission.namespace_var.set, namespace)
+        return context.run(asyncio.ensure_future, embedder.embed(["a query"]))
+
+    busy("flood", 5.0)  # half of the 10 s window: over a quarter
+    alone = embed_as("flood")  # alone, a namespace may use all of the model
+    await wait_for(holds(lambda: embedder.queued == 1))
+    busy("quiet", 0.2)
+    before = shed("embeddings", "NAMESPACE_SHARE_EXCEEDED")
+    with pytest.raises(DomainError) as refused:
+        await asyncio.wait_for(embed_as("flood"), 5)  # refused at once, not queued
+    assert refused.value.reason == "NAMESPACE_SHARE_EXCEEDED"
+    assert refused.value.code.value == "RESOURCE_EXHAUSTED"
+    assert refused.value.metadata == {"resource": "embeddings", "share": "0.25"}
+    assert refused.value.retry_after_s is not None and refused.value.retry_after_s > 0
+    assert shed("embeddings", "NAMESPACE_SHARE_EXCEEDED") == before + 1
+    served = embed_as("quiet")  # the other namespace is not refused
+    await wait_for(holds(lambda: embedder.queued == 2))
+    for task in (alone, served, embedder._worker):
+        task.cancel()
+    await asyncio.gather(alone, served, embedder._worker, return_exceptions=True)
+
+
+def pending(namespace: str) -> _Pending:
+    future: asyncio.Future[list[list[float]]] = asyncio.get_running_loop().create_future()
+    return _Pending(["x" * 1000], future, None, namespace)
