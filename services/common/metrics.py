@@ -160,8 +160,9 @@ REQUESTS_SHED = Counter(
     "runifold_requests_shed_total",
     "Calls refused with RESOURCE_EXHAUSTED before any work: a namespace at its "
     "concurrency limit for a kind of call (reason=NAMESPACE_CONCURRENCY_LIMIT, "
-    "resource=search|turn|summarize|upsert), or a full queue in front of a slow "
-    "resource (reason=OVERLOADED, resource=embeddings|model).",
+    "resource=search|turn|summarize|upsert), over its share of the embedding model "
+    "(reason=NAMESPACE_SHARE_EXCEEDED), or a full queue in front of a slow resource "
+    "(reason=OVERLOADED, resource=embeddings|model).",
     ["resource", "reason"],
 )
 WORK_ABANDONED = Counter(
