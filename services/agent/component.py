@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 
 from runifold.agent.v1 import agent_service_pb2, agent_service_pb2_grpc
-from services.agent import inputs
 from services.agent.clients import GrpcMemories, GrpcSummaries, GrpcTranscripts
 from services.agent.config import AgentConfig
+from services.agent.inputs import request_bytes
 from services.agent.offline import OfflineChatModel
 from services.agent.service import AgentService
 from services.agent.servicer import AgentServicer
@@ -53,7 +53,7 @@ class AgentComponent:
     @property
     def max_request_bytes(self) -> int:
         """The largest request the limits allow (a turn): the transport cap."""
-        return inputs.request_bytes(self.config)
+        return request_bytes(self.config)
 
     def register(self, server: grpc.aio.Server) -> None:
         assert self.service is not None, "register after start"

@@ -47,8 +47,9 @@ from services.agent.model import (
 )
 from services.agent.ports import Memories, Summaries, Transcripts
 from services.agent.prompt import build_request, estimate_request_tokens
-from services.common import admission, metrics
 from services.common import messages as message_rules
+from services.common import metrics
+from services.common.admission import released
 from services.common.deadlines import remaining
 from services.common.domain import (
     Budget,
@@ -247,7 +248,7 @@ class TurnRunner:
                     # A turn waiting for its lease holds no admission slot meanwhile: a
                     # queue of waiting turns must not starve the namespace's other
                     # conversations (services/common/admission.py).
-                    with admission.released():
+                    with released():
                         yield Progress(Stage.WAITING)
                         await asyncio.wait({acquiring})
                 acquired = await acquiring
