@@ -315,12 +315,16 @@ class LocalEmbedder:
 
     def _next_pass(self) -> list[tuple[_Pending, int, int]]:
         """The next forward pass: slices (caller, start, end) of the callers' texts, one
-        caller of each namespace in turn, skipping callers who left."""
+        caller of each namespace in turn, skipping callers who left. A namespace whose
+        next text does not fit what is left of the pass keeps its place at the front
+        of the line (it goes first in the next pass) while others' shorter texts fill
+        this one: a long text costs the namespaces behind it one pass, not two."""
         taken: list[tuple[_Pending, int, int]] = []
         count = tokens = 0
         now = time.monotonic()
-        while self._lanes and count < self.batch_size:
-            namespace, lane = next(iter(self._lanes.items()))
+        full: set[str] = set()  # namespaces whose next text does not fit this pass
+        while count < self.batch_size and len(full) < len(self._lanes):
+            namespace, lane = next((n, q) for n, q in self._lanes.items() if n not in full)
             item = lane[0]
             gone = caller_gone(item.future, item.deadline, now)
             if gone is None:
@@ -331,13 +335,15 @@ class LocalEmbedder:
                         break
                     count, tokens, end = count + 1, tokens + cost, end + 1
                 if end == start:
-                    break  # the pass is full
+                    full.add(namespace)
+                    continue
                 taken.append((item, start, end))
                 item.taken = end
                 self._count(start - end)
             else:
                 # Now, not in the future's callback (it runs later): every turn of this
-                # loop takes a text or removes a caller, so the loop ends.
+                # loop takes a text, removes a caller or sets a namespace aside, so the
+                # loop ends.
                 self._abandon(item, gone)
                 if gone == "deadline":
                     item.future.set_exception(deadline_exceeded())

@@ -388,3 +388,39 @@ async def test_a_namespace_over_its_share_of_the_model_is_refused_only_while_oth
 def pending(namespace: str) -> _Pending:
     future: asyncio.Future[list[list[float]]] = asyncio.get_running_loop().create_future()
     return _Pending(["x" * 1000], future, None, namespace)
+
+
+async def test_a_long_text_that_does_not_fit_a_pass_lets_shorter_ones_through() -> None:
+    embedder = LocalEmbedder(batch_tokens=256)
+    idle = asyncio.Event()
+
+    async def no_worker() -> None:
+        await idle.wait()
+
+    embedder._worker = asyncio.ensure_future(no_worker())
+    embedder._wakeup = asyncio.Event()
+
+    def embed_as(namespace: str, text: str) -> asyncio.Future[list[list[float]]]:
+        context = contextvars.copy_context()
+        context.run(admission.namespace_var.set, namespace)
+        return context.run(asyncio.ensure_future, embedder.embed([text]))
+
+    long, short = "x" * 4000, "where do we deploy?"
+    callers: list[asyncio.Future[list[list[float]]]] = []
+
+    def all_queued() -> bool:
+        return embedder.queued == len(callers)
+
+    # A namespace with nothing queued goes to the front: the line is q1, flood, q2.
+    for namespace, text in (("q2", short), ("flood", long), ("q1", short)):
+        callers.append(embed_as(namespace, text))
+        await wait_for(holds(all_queued))
+    first = [(item.namespace, item.texts[0]) for item, _, _ in embedder._next_pass()]
+    second = [(item.namespace, item.texts[0]) for item, _, _ in embedder._next_pass()]
+    # The long text waits one pass, at the front; the short ones behind it do not.
+    assert first == [("q1", short), ("q2", short)]
+    assert second == [("flood", long)]
+    for caller in callers:
+        caller.cancel()
+    embedder._worker.cancel()
+    await asyncio.gather(*callers, embedder._worker, return_exceptions=True)
