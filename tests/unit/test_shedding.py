@@ -8,7 +8,7 @@ import contextvars
 import signal
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from prometheus_client import REGISTRY
@@ -21,6 +21,8 @@ from services.agent.config import AgentConfig
 from services.common import admission, messages, validation
 from services.common.admission import Admission
 from services.common.errors import DomainError
+from services.common.llm import ChatMessage, ChatRequest
+from services.common.openai_chat import OpenAIChatModel
 from services.common.server import MIN_RECEIVE_MESSAGE_BYTES, receive_cap
 from services.common.settings import AdmissionLimits, Settings, SettingsError, TransportLimits
 from services.common.shedding import BoundedGate
@@ -28,6 +30,7 @@ from services.memory.embeddings import LocalEmbedder, _Pending
 from services.transcript.component import TranscriptComponent
 from services.transcript.config import TranscriptLimits
 from tests.conftest import wait_for
+from tests.fakes.openai_server import fake_openai
 
 T = TypeVar("T")
 SEARCH = "/runifold.memory.v1.MemoryService/SearchMemories"
@@ -424,3 +427,39 @@ async def test_a_long_text_that_does_not_fit_a_pass_lets_shorter_ones_through() 
         caller.cancel()
     embedder._worker.cancel()
     await asyncio.gather(*callers, embedder._worker, return_exceptions=True)
+
+
+async def test_chat_model_calls_beyond_the_queue_are_overloaded_and_waits_end_at_the_deadline() -> (
+    None
+):
+    release = asyncio.Event()
+
+    async def held(body: Any) -> str:
+        await release.wait()
+        return "done"
+
+    async with fake_openai() as server:
+        server.respond_with(held)
+        model = OpenAIChatModel(
+            server.base_url, "fake", max_retries=0, max_concurrent=1, max_queued=1
+        )
+        request = ChatRequest([ChatMessage("user", "hello")])
+        try:
+            running = asyncio.ensure_future(model.complete(request, timeout=30))
+            await wait_for(holds(lambda: len(server.chat_requests) == 1))
+            # One waits behind it; the wait ends at its deadline, its place given up.
+            with pytest.raises(DomainError) as late:
+                await model.complete(request, timeout=0.2)
+            assert late.value.reason == "DEADLINE_EXCEEDED"
+            waiting = asyncio.ensure_future(model.complete(request, timeout=30))
+            await wait_for(holds(lambda: model._gate.waiting == 1))
+            with pytest.raises(DomainError) as refused:
+                await model.complete(request, timeout=30)
+            assert refused.value.reason == "OVERLOADED"
+            assert refused.value.metadata == {"resource": "model"}
+            assert refused.value.retry_after_s is not None and refused.value.retry_after_s > 0
+            assert len(server.chat_requests) == 1, "neither reached the model"
+            release.set()
+            assert [r.text for r in await asyncio.gather(running, waiting)] == ["done", "done"]
+        finally:
+            await model.aclose()
