@@ -124,6 +124,10 @@ def server_options(cap: int, transport: TransportLimits) -> list[tuple[str, int]
         ("grpc.max_receive_message_length", cap),
         ("grpc.max_send_message_length", transport.max_send_message_bytes),
         ("grpc.so_reuseport", 0),
+        # No bandwidth-delay probing: it grows each stream's receive window to megabytes,
+        # so that a caller can park that much per call in the transport before any of our
+        # code refuses it (as on main: tests/security/test_preauth_reading.py).
+        ("grpc.http2.bdp_probe", 0),
         # A connection must finish its handshake (TLS, and the client's HTTP/2
         # SETTINGS) within this time, or it is closed: a socket that never speaks
         # costs a file descriptor for seconds, not for ever.
