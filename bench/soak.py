@@ -19,7 +19,20 @@ and counted when they happen. The report gives throughput, p50/p99 per RPC,
 errors by status code, and the server process's resident memory (RSS, from
 /proc) sampled over the run. No thresholds: the numbers are for reading.
 
+`--noisy` is the noisy-neighbour mix: the clients, spread over
+`--quiet-namespaces` namespaces, run the mix above twice for `--duration`
+each, first alone (the baseline), then while one more namespace floods the
+server with `--flood-concurrency` callers of the expensive calls (searches with
+4,000-character queries and memory-enabled turns with 4,000-character inputs,
+each with a 2 s deadline, back to back). The report gives the quiet namespaces'
+p50/p99 in both runs and their ratio (the goal: p99 within 2x), and what the
+flood got (OK, refused with NAMESPACE_CONCURRENCY_LIMIT or OVERLOADED, timed
+out). A refused flood caller waits the RetryInfo delay before its next call
+(`--flood-retry honour`, what the clients do) or calls again at once
+(`--flood-retry ignore`, a hostile caller).
+
     python -m bench.soak --concurrency 16 --duration 600
+    python -m bench.soak --noisy --duration 60                # baseline, then the flood
     python -m bench.soak --duration 3600 --mix upsert=0      # a kind left out
     make soak SOAK_ARGS="--concurrency 16 --duration 600"
     RUNIFOLD_SOAK_CONCURRENCY=16 RUNIFOLD_SOAK_DURATION_S=600 make soak
@@ -44,6 +57,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from bench.common import new_database, postgres, seed_conversation, server
 from bench.stats import median_ms, percentile_ms, rss_mib
@@ -53,6 +68,7 @@ from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold_client.policy import assistant, user
 from services.common import stubs
+from services.common.status import error_info
 
 NAMESPACE = "soak"
 # Operation -> weight in the mix.
@@ -76,6 +92,9 @@ TOPICS = [
     "the user's favourite editor is Helix",
 ]
 CONVERSATIONS_PER_CLIENT = 3
+FLOOD_NAMESPACE = "soak-flood"
+FLOOD_TEXT_CHARS = 4000
+FLOOD_DEADLINE_S = 2.0
 
 
 @dataclass
@@ -86,6 +105,12 @@ class Settings:
     seed: int
     json_path: Path | None
     mix: dict[str, int]
+    noisy: bool = False
+    quiet_namespaces: int = 4
+    flood_concurrency: int = 64
+    flood_retry: str = "honour"
+    flood_kinds: tuple[str, ...] = ("search", "turn")
+    rounds: int = 3
 
 
 def parse_args(argv: list[str]) -> Settings:
@@ -116,9 +141,51 @@ def parse_args(argv: list[str]) -> Settings:
         help="weights to change, e.g. upsert=0,search=40 (kinds: " + ", ".join(MIX) + ")",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the report as JSON")
+    parser.add_argument(
+        "--noisy",
+        action="store_true",
+        help="the noisy-neighbour mix: a baseline run, then a run with one namespace flooding",
+    )
+    parser.add_argument(
+        "--quiet-namespaces",
+        type=int,
+        default=4,
+        help="namespaces the clients are spread over in --noisy (default 4)",
+    )
+    parser.add_argument(
+        "--flood-concurrency",
+        type=int,
+        default=64,
+        help="callers of the flooding namespace in --noisy (default 64)",
+    )
+    parser.add_argument(
+        "--flood-retry",
+        choices=("honour", "ignore"),
+        default="honour",
+        help="whether a refused flood caller waits the RetryInfo delay (default honour)",
+    )
+    parser.add_argument(
+        "--flood-kinds",
+        default="search,turn",
+        help="what the flood calls: search, turn or both (default search,turn)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="--noisy alternates baseline and flood this many times, duration/rounds each "
+        "(a machine whose load drifts skews both alike; default 3)",
+    )
     args = parser.parse_args(argv)
+    kinds = tuple(k for k in args.flood_kinds.split(",") if k)
+    if not kinds or not set(kinds) <= {"search", "turn"}:
+        parser.error("--flood-kinds takes search, turn or search,turn")
+    if args.rounds < 1:
+        parser.error("--rounds must be positive")
     if args.concurrency < 1 or args.duration <= 0 or args.sample_interval <= 0:
         parser.error("concurrency, duration and sample interval must be positive")
+    if args.quiet_namespaces < 1 or args.flood_concurrency < 1:
+        parser.error("--quiet-namespaces and --flood-concurrency must be positive")
     mix = dict(MIX)
     for item in filter(None, args.mix.split(",")):
         kind, _, weight = item.partition("=")
@@ -128,7 +195,18 @@ def parse_args(argv: list[str]) -> Settings:
     if not any(mix.values()):
         parser.error("--mix leaves nothing to run")
     return Settings(
-        args.concurrency, args.duration, args.sample_interval, args.seed, args.json, mix
+        args.concurrency,
+        args.duration,
+        args.sample_interval,
+        args.seed,
+        args.json,
+        mix,
+        args.noisy,
+        args.quiet_namespaces,
+        args.flood_concurrency,
+        args.flood_retry,
+        kinds,
+        args.rounds,
     )
 
 
@@ -151,6 +229,7 @@ class Client:
     rng: random.Random
     conversations: list[str]
     versions: dict[str, int]
+    namespace: str = NAMESPACE
 
 
 class Workload:
@@ -160,7 +239,8 @@ class Workload:
         self.memory = stubs.memory(channel)
         self.agent = stubs.agent(channel)
         self.records: dict[str, Record] = defaultdict(Record)
-        self.facts_conversation = ""
+        # Per namespace: the conversation the seeded memories come from.
+        self.facts: dict[str, str] = {}
         self.kinds, self.weights = list(mix), list(mix.values())
 
     async def timed(self, name: str, call: Callable[[], Awaitable[object]]) -> object | None:
@@ -174,20 +254,20 @@ class Workload:
         self.records[name].codes["OK"] += 1
         return result
 
-    async def seed(self) -> None:
-        self.facts_conversation = await seed_conversation(self.transcript, NAMESPACE, TOPICS)
+    async def seed(self, namespace: str = NAMESPACE) -> None:
+        self.facts[namespace] = await seed_conversation(self.transcript, namespace, TOPICS)
         for i in range(len(TOPICS)):
-            await self.upsert_fact(i)
+            await self.upsert_fact(i, namespace)
 
-    async def upsert_fact(self, i: int) -> object | None:
+    async def upsert_fact(self, i: int, namespace: str = NAMESPACE) -> object | None:
         topic = i % len(TOPICS)
         return await self.memory.UpsertMemory(
             memory_pb.UpsertMemoryRequest(
-                namespace=NAMESPACE,
+                namespace=namespace,
                 content=f"Note {i}: {TOPICS[topic]}.",
                 sources=[
                     memory_pb.MemorySource(
-                        conversation_id=self.facts_conversation,
+                        conversation_id=self.facts[namespace],
                         from_sequence=topic + 1,
                         through_sequence=topic + 1,
                     )
@@ -196,18 +276,23 @@ class Workload:
             timeout=30,
         )
 
-    async def client(self, index: int, seed: int) -> Client:
+    async def client(self, index: int, seed: int, namespace: str = NAMESPACE) -> Client:
         conversations = []
         for _ in range(CONVERSATIONS_PER_CLIENT):
             created = await self.transcript.CreateConversation(
-                transcript_pb.CreateConversationRequest(namespace=NAMESPACE)
+                transcript_pb.CreateConversationRequest(namespace=namespace)
             )
             conversations.append(created.conversation.conversation_id)
         return Client(
-            index, random.Random(seed + index), conversations, dict.fromkeys(conversations, 0)
+            index,
+            random.Random(seed + index),
+            conversations,
+            dict.fromkeys(conversations, 0),
+            namespace,
         )
 
     async def step(self, client: Client, n: int) -> None:
+        ns = client.namespace
         kind = client.rng.choices(self.kinds, weights=self.weights)[0]
         cid = client.rng.choice(client.conversations)
         topic = TOPICS[client.rng.randrange(len(TOPICS))]
@@ -216,7 +301,7 @@ class Workload:
                 "RunConversation",
                 lambda: self.agent.RunConversation(
                     agent_pb.RunConversationRequest(
-                        namespace=NAMESPACE,
+                        namespace=ns,
                         conversation_id=cid,
                         turn_id=str(uuid.uuid4()),
                         input=[user(f"What do we know about {topic.split()[0]}?")],
@@ -238,7 +323,7 @@ class Workload:
                 "AppendEntries",
                 lambda: self.transcript.AppendEntries(
                     transcript_pb.AppendEntriesRequest(
-                        namespace=NAMESPACE,
+                        namespace=ns,
                         conversation_id=cid,
                         expected_version=client.versions[cid],
                         request_id=str(uuid.uuid4()),
@@ -254,7 +339,7 @@ class Workload:
                 client.versions[cid] = appended.version
             else:  # a conflict (a turn moved it): learn the version
                 got = await self.transcript.GetConversation(
-                    transcript_pb.GetConversationRequest(namespace=NAMESPACE, conversation_id=cid)
+                    transcript_pb.GetConversationRequest(namespace=ns, conversation_id=cid)
                 )
                 client.versions[cid] = got.conversation.version
         elif kind == "search":
@@ -262,19 +347,21 @@ class Workload:
                 "SearchMemories",
                 lambda: self.memory.SearchMemories(
                     memory_pb.SearchMemoriesRequest(
-                        namespace=NAMESPACE, query=f"when is {topic.split()[-1]}?", limit=5
+                        namespace=ns, query=f"when is {topic.split()[-1]}?", limit=5
                     ),
                     timeout=30,
                 ),
             )
         elif kind == "upsert":
-            await self.timed("UpsertMemory", lambda: self.upsert_fact(client.index * 100_000 + n))
+            await self.timed(
+                "UpsertMemory", lambda: self.upsert_fact(client.index * 100_000 + n, ns)
+            )
         elif kind == "summarize":
             await self.timed(
                 "Summarize",
                 lambda: self.summary.Summarize(
                     summary_pb.SummarizeRequest(
-                        namespace=NAMESPACE,
+                        namespace=ns,
                         conversation_id=cid,
                         window=16,
                         summary_batch=32,
@@ -288,7 +375,7 @@ class Workload:
                 "RequestSummary",
                 lambda: self.summary.RequestSummary(
                     summary_pb.RequestSummaryRequest(
-                        namespace=NAMESPACE, conversation_id=cid, window=16, summary_batch=32
+                        namespace=ns, conversation_id=cid, window=16, summary_batch=32
                     ),
                     timeout=30,
                 ),
@@ -298,7 +385,7 @@ class Workload:
                 "LoadView",
                 lambda: self.transcript.LoadView(
                     transcript_pb.LoadViewRequest(
-                        namespace=NAMESPACE, conversation_id=cid, window=16, summary_batch=32
+                        namespace=ns, conversation_id=cid, window=16, summary_batch=32
                     ),
                     timeout=30,
                 ),
@@ -379,6 +466,213 @@ async def soak(settings: Settings, database_url: str) -> dict[str, object]:
     }
 
 
+# -- the noisy neighbour ------------------------------------------------------------
+
+
+def _long_text(rng: random.Random) -> str:
+    words: list[str] = []
+    while sum(len(w) + 1 for w in words) < FLOOD_TEXT_CHARS:
+        words.append("".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(3, 9))))
+    return " ".join(words)[:FLOOD_TEXT_CHARS]
+
+
+def _retry_delay_s(error: grpc.aio.AioRpcError) -> float:
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    for detail in status.details if status is not None else ():
+        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            detail.Unpack(info)
+            return float(info.retry_delay.seconds + info.retry_delay.nanos / 1e9)
+    return 0.0
+
+
+class Flood:
+    """One namespace's callers of the expensive calls, back to back, each with a 2 s
+    deadline: searches with long queries and memory-enabled turns with long inputs."""
+
+    def __init__(
+        self, channel: grpc.aio.Channel, honour_retry: bool, kinds: tuple[str, ...]
+    ) -> None:
+        self.memory = stubs.memory(channel)
+        self.agent = stubs.agent(channel)
+        self.honour_retry = honour_retry
+        self.kinds = kinds
+        self.outcomes: Counter[str] = Counter()
+        # Made once: making a text per call cost the benchmark's own process more CPU
+        # than the server spent refusing the calls.
+        rng = random.Random(99)
+        self.texts = [_long_text(rng) for _ in range(256)]
+
+    async def caller(self, index: int, until: float) -> None:
+        rng = random.Random(1000 + index)
+        while (now := time.monotonic()) < until:
+            try:
+                if rng.choice(self.kinds) == "search":
+                    await self.memory.SearchMemories(
+                        memory_pb.SearchMemoriesRequest(
+                            namespace=FLOOD_NAMESPACE, query=rng.choice(self.texts), limit=5
+                        ),
+                        timeout=FLOOD_DEADLINE_S,
+                    )
+                    self.outcomes["search OK"] += 1
+                else:
+                    # A new conversation each time: the window never needs a summary.
+                    await self.agent.RunConversation(
+                        agent_pb.RunConversationRequest(
+                            namespace=FLOOD_NAMESPACE,
+                            create_if_missing=True,
+                            input=[user(rng.choice(self.texts))],
+                            policy=agent_pb.ContextPolicy(memory_limit=5),
+                        ),
+                        timeout=FLOOD_DEADLINE_S,
+                    )
+                    self.outcomes["turn OK"] += 1
+            except grpc.aio.AioRpcError as error:
+                info = error_info(error)
+                self.outcomes[f"{error.code().name} {info.reason if info else ''}".strip()] += 1
+                if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and self.honour_retry:
+                    await asyncio.sleep(max(0.0, min(_retry_delay_s(error), until - now)))
+
+
+def _summary(records: dict[str, Record], elapsed: float) -> dict[str, dict[str, object]]:
+    rows: dict[str, dict[str, object]] = {}
+    every: list[float] = []
+    for name, record in sorted(records.items()):
+        every += record.latencies
+        rows[name] = {
+            "ok": len(record.latencies),
+            "rate_per_s": len(record.latencies) / elapsed,
+            "p50_ms": median_ms(record.latencies),
+            "p99_ms": percentile_ms(record.latencies, 0.99),
+            "errors": {code: n for code, n in record.codes.items() if code != "OK"},
+        }
+    rows["all"] = {
+        "ok": len(every),
+        "rate_per_s": len(every) / elapsed,
+        "p50_ms": median_ms(every),
+        "p99_ms": percentile_ms(every, 0.99),
+        "errors": {},
+    }
+    return rows
+
+
+async def noisy(settings: Settings, database_url: str) -> dict[str, object]:
+    """The quiet namespaces' mix alone, then with one namespace flooding."""
+    with tempfile.TemporaryDirectory(prefix="runifold-soak-") as data:
+        env = {
+            "RUNIFOLD_LOG_LEVEL": "ERROR",
+            "RUNIFOLD_DATA_DIR": data,
+            "RUNIFOLD_DB_POOL_MAX": "32",
+            "RUNIFOLD_SUMMARY_WORKERS": "1",
+        }
+        async with (
+            server("services", database_url, env, start_timeout=120) as (address, pid),
+            grpc.aio.insecure_channel(address) as channel,
+            # The flood's own connection, as another tenant's process would have.
+            grpc.aio.insecure_channel(address) as flood_channel,
+        ):
+            work = Workload(channel, settings.mix)
+            namespaces = [f"{NAMESPACE}-{i}" for i in range(settings.quiet_namespaces)]
+            for namespace in namespaces:
+                await work.seed(namespace)
+            clients = [
+                await work.client(i, settings.seed, namespaces[i % len(namespaces)])
+                for i in range(settings.concurrency)
+            ]
+            for client in clients:
+                for n in range(3):
+                    await work.step(client, -1 - n)
+            records: dict[str, dict[str, Record]] = {"baseline": {}, "flood": {}}
+            seconds = {"baseline": 0.0, "flood": 0.0}
+            rss: dict[str, list[float]] = {"baseline": [], "flood": []}
+            flood = Flood(flood_channel, settings.flood_retry == "honour", settings.flood_kinds)
+            window = settings.duration_s / settings.rounds
+            for phase in ("baseline", "flood") * settings.rounds:
+                work.records.clear()
+                start = time.monotonic()
+                until = start + window
+
+                async def run(client: Client, until: float = until) -> None:
+                    n = 0
+                    while time.monotonic() < until:
+                        await work.step(client, n)
+                        n += 1
+
+                async def sample(until: float = until, into: list[float] = rss[phase]) -> None:
+                    while time.monotonic() < until:
+                        value = rss_mib(pid)
+                        if value is not None:
+                            into.append(value)
+                        await asyncio.sleep(min(settings.sample_s, window))
+
+                callers = (
+                    [flood.caller(i, until) for i in range(settings.flood_concurrency)]
+                    if phase == "flood"
+                    else []
+                )
+                # Every call of the phase has returned when this does: the next phase
+                # starts clean (a flood call lasts at most its 2 s deadline).
+                await asyncio.gather(sample(), *(run(c) for c in clients), *callers)
+                seconds[phase] += time.monotonic() - start
+                for name, record in work.records.items():
+                    into = records[phase].setdefault(name, Record())
+                    into.latencies += record.latencies
+                    into.codes.update(record.codes)
+            runs = {phase: _summary(records[phase], seconds[phase]) for phase in records}
+    ratios = {
+        name: round(float(str(row["p99_ms"])) / float(str(base["p99_ms"])), 2)
+        for name, row in runs["flood"].items()
+        if (base := runs["baseline"].get(name)) and float(str(base["p99_ms"]))
+    }
+    return {
+        "mode": "noisy",
+        "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)",
+        "concurrency": settings.concurrency,
+        "quiet_namespaces": settings.quiet_namespaces,
+        "flood_concurrency": settings.flood_concurrency,
+        "flood_retry": settings.flood_retry,
+        "flood_kinds": list(settings.flood_kinds),
+        "rounds": settings.rounds,
+        "mix": settings.mix,
+        "duration_s": settings.duration_s,
+        "baseline": runs["baseline"],
+        "flood": runs["flood"],
+        "p99_ratio": ratios,
+        "flood_outcomes": dict(flood.outcomes),
+        "rss_mib": {phase: (min(v), max(v)) for phase, v in rss.items() if v},
+    }
+
+
+def render_noisy(report: dict[str, object]) -> list[str]:
+    baseline, flooded, ratios = report["baseline"], report["flood"], report["p99_ratio"]
+    assert isinstance(baseline, dict) and isinstance(flooded, dict) and isinstance(ratios, dict)
+    assert isinstance(report["flood_kinds"], list)
+    kinds = "+".join(report["flood_kinds"])
+    lines = [
+        f"# Soak, noisy neighbour: {report['concurrency']} clients in "
+        f"{report['quiet_namespaces']} namespaces, {report['duration_s']:g} s alone and "
+        f"{report['duration_s']:g} s with {report['flood_concurrency']} flood callers "
+        f"({kinds}, RetryInfo: {report['flood_retry']}) in one more namespace, "
+        f"alternating in {report['rounds']} rounds, on {report['machine']}",
+        "",
+        f"{'RPC (quiet)':<18} {'OK':>6} {'p50 ms':>8} {'p99 ms':>8}   {'OK':>6} {'p50 ms':>8}"
+        f" {'p99 ms':>8}  p99 x  errors (flood run)",
+    ]
+    for name, row in flooded.items():
+        base = baseline.get(name, {})
+        lines.append(
+            f"{name:<18} {base.get('ok', 0):>6} {base.get('p50_ms', 0):>8.2f}"
+            f" {base.get('p99_ms', 0):>8.2f}   {row['ok']:>6} {row['p50_ms']:>8.2f}"
+            f" {row['p99_ms']:>8.2f}  {ratios.get(name, 0):>5.2f}  {row['errors'] or ''}"
+        )
+    lines += [
+        "",
+        f"flood outcomes: {report['flood_outcomes']}",
+        f"server RSS (MiB, min-max): {report['rss_mib']}",
+    ]
+    return lines
+
+
 def render(report: dict[str, object]) -> list[str]:
     rpcs = report["rpcs"]
     assert isinstance(rpcs, dict)
@@ -412,8 +706,9 @@ def render(report: dict[str, object]) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     settings = parse_args(sys.argv[1:] if argv is None else argv)
     with postgres() as url:
-        report = asyncio.run(soak(settings, new_database(url)))
-    for line in render(report):
+        run = noisy if settings.noisy else soak
+        report = asyncio.run(run(settings, new_database(url)))
+    for line in (render_noisy if settings.noisy else render)(report):
         print(line, flush=True)
     if settings.json_path is not None:
         settings.json_path.write_text(json.dumps(report, indent=2) + "\n")

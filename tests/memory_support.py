@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from services.common.server import RunningServer, serving
+from services.common.settings import Settings
 from services.memory.component import MemoryComponent
 from services.memory.config import MemoryConfig
 from services.memory.embeddings import Embedder
@@ -194,13 +195,14 @@ async def memory_server(
     index: VectorIndex | None = None,
     embedder: Embedder | None = None,
     background: bool = True,
+    settings: Settings | None = None,
 ) -> AsyncIterator[tuple[RunningServer, MemoryComponent]]:
     """TranscriptService and MemoryService in one real gRPC server on 127.0.0.1:0; memory
     validates sources through TranscriptService's gRPC API (all-in-one addressing)."""
     component = MemoryComponent(config, index=index, embedder=embedder, background=background)
     async with serving(
         [TranscriptComponent(), component],
-        server_settings(),
+        settings or server_settings(),
         database_url=database_url,
         extras={"all_in_one": True},
     ) as running:

@@ -6,6 +6,7 @@ import grpc
 
 from runifold.agent.v1 import agent_service_pb2, agent_service_pb2_grpc
 from services.agent.config import AgentConfig
+from services.agent.inputs import request_bytes
 from services.agent.offline import OfflineChatModel
 from services.agent.peers import GrpcMemories, GrpcSummaries, GrpcTranscripts
 from services.agent.service import AgentService
@@ -28,6 +29,8 @@ def make_model(config: AgentConfig) -> tuple[ChatModel, OpenAIChatModel | None]:
             timeout_s=config.model_timeout_s,
             max_retries=config.model_max_retries,
             purpose="agent",
+            max_concurrent=config.model_max_concurrent,
+            max_queued=config.model_max_queued,
         )
         return model, model
     return OfflineChatModel(config.model_name), None
@@ -46,6 +49,11 @@ class AgentComponent:
         self._owned: OpenAIChatModel | None = None
         self.peers: list[Peer] = []
         self.service: AgentService | None = None
+
+    @property
+    def max_request_bytes(self) -> int:
+        """The largest request the limits allow (a turn): the transport cap."""
+        return request_bytes(self.config)
 
     def register(self, server: grpc.aio.Server) -> None:
         assert self.service is not None, "register after start"

@@ -35,6 +35,9 @@ class AgentConfig:
     openai_api_key: str = ""
     model_timeout_s: float = 120.0
     model_max_retries: int = 2
+    # The queue in front of the model: calls in flight, and calls waiting, at most.
+    model_max_concurrent: int = 64
+    model_max_queued: int = 256
     # Turn leases: their duration (renewed every third of it while the turn runs).
     turn_lease_ttl_s: float = 30.0
     # The longest a turn waits for its lease (ENQUEUE) when the caller set no earlier
@@ -92,6 +95,12 @@ class AgentConfig:
             model_timeout_s=env_float(env, "RUNIFOLD_AGENT_MODEL_TIMEOUT_S", 120.0, minimum=0.1),
             model_max_retries=env_int(
                 env, "RUNIFOLD_AGENT_MODEL_MAX_RETRIES", 2, minimum=0, maximum=10
+            ),
+            model_max_concurrent=env_int(
+                env, "RUNIFOLD_AGENT_MODEL_MAX_CONCURRENT", 64, minimum=1, maximum=4096
+            ),
+            model_max_queued=env_int(
+                env, "RUNIFOLD_AGENT_MODEL_MAX_QUEUED", 256, minimum=0, maximum=1_000_000
             ),
             turn_lease_ttl_s=env_float(
                 env, "RUNIFOLD_AGENT_TURN_LEASE_TTL_S", 30.0, minimum=1.0, maximum=600.0

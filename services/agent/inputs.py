@@ -20,7 +20,36 @@ from services.common.domain import Role, ToolDefinition
 from services.common.errors import invalid_argument
 
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_\-]{1,64}")
+_MAX_TOOL_NAME_BYTES = 64
 _MAX_TOOL_DESCRIPTION_BYTES = 16 * 1024
+# Protobuf framing of one ToolDefinition: its tag and length, and those of its fields.
+_TOOL_FRAMING = 6 + 3 * 5
+
+
+def request_bytes(config: AgentConfig) -> int:
+    """The size of the largest turn request the limits allow (input, tools, system
+    instructions): what the transport must accept (services/common/server.py)."""
+    tool = (
+        _TOOL_FRAMING
+        + _MAX_TOOL_NAME_BYTES
+        + _MAX_TOOL_DESCRIPTION_BYTES
+        + config.max_tool_schema_bytes
+    )
+    return (
+        message_rules.REQUEST_FIELDS_BOUND
+        # Input holds user messages and tool results: no tool calls.
+        + message_rules.messages_wire_bytes(config.max_input_messages, config.max_input_bytes, 0)
+        + config.max_tools * tool
+        + 5
+        + config.max_system_instructions_bytes
+    )
+
+
+def check_counts(input_count: int, tool_count: int, config: AgentConfig) -> None:
+    """The counts of a turn request's repeated fields, checked before they are converted."""
+    message_rules.message_count(input_count, config.max_input_messages, "input")
+    if tool_count > config.max_tools:
+        raise invalid_argument("INVALID_TOOLS", f"at most {config.max_tools} tools", field="tools")
 
 
 def policy(

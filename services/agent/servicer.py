@@ -8,6 +8,7 @@ from typing import Any
 from runifold.agent.v1 import agent_service_pb2 as pb
 from runifold.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from runifold.common.v1 import common_pb2
+from services.agent import inputs
 from services.agent.model import (
     ContextReport,
     ModelOutputInvalid,
@@ -70,6 +71,8 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         self.service = service
 
     def _turn(self, request: TurnRequest) -> Turn:
+        # The counts before the conversion: an oversized turn costs no more than this.
+        inputs.check_counts(len(request.input), len(request.tools), self.service.config)
         policy = request.policy
         return Turn(
             namespace=request.namespace,

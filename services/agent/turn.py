@@ -52,6 +52,7 @@ from services.agent.ports import Memories, Summaries, Transcripts
 from services.agent.prompt import build_request, estimate_request_tokens
 from services.agent.reply import assistant_message, check_reply
 from services.common import metrics
+from services.common.admission import released
 from services.common.deadlines import remaining
 from services.common.domain import (
     Message,
@@ -148,7 +149,12 @@ class TurnRunner:
             try:
                 done, _ = await asyncio.wait({acquiring}, timeout=_WAITING_AFTER_S)
                 if not done:
-                    yield Progress(Stage.WAITING)
+                    # A turn waiting for its lease holds no admission slot meanwhile: a
+                    # queue of waiting turns must not starve the namespace's other
+                    # conversations (services/common/admission.py).
+                    with released():
+                        yield Progress(Stage.WAITING)
+                        await asyncio.wait({acquiring})
                 acquired = await acquiring
             finally:
                 if not acquiring.done():

@@ -13,6 +13,12 @@ keeps much of that afterwards). A request
 whose bytes are not a valid message of its type (corrupt wire format, invalid
 UTF-8 in a string field) is INVALID_ARGUMENT / INVALID_REQUEST: grpc would
 otherwise answer UNKNOWN with the parser's exception text.
+
+Once the request is read and authorized, its namespace is known, and the
+expensive calls pass admission (services/common/admission.py): a namespace at
+its concurrency limit for that kind of call is refused before the handler runs
+(RESOURCE_EXHAUSTED / NAMESPACE_CONCURRENCY_LIMIT with RetryInfo); the slot is
+given back when the call ends.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from services.common import metrics, tracing
+from services.common import admission, metrics, tracing
+from services.common.admission import Admission
 from services.common.auth import AuthGate
 from services.common.deadlines import deadline_var
 from services.common.errors import Code, DomainError, StoreUnavailable, invalid_argument
@@ -83,12 +90,17 @@ Admit = Callable[[Context], Awaitable[Any]]
 
 
 def _admission(
-    deserializer: Callable[[bytes], Any] | None, gate: AuthGate | None, method: str
+    deserializer: Callable[[bytes], Any] | None,
+    gate: AuthGate | None,
+    method: str,
+    limits: Admission | None = None,
 ) -> Admit:
     """What reads the call's request for the handler: authenticate from the metadata
     first (when the gate guards this method), then read the request bytes off the
-    stream and parse them, then authorize the parsed request's namespace."""
+    stream and parse them, then authorize the parsed request's namespace, then admit
+    the call against its namespace's limits."""
     guarded = gate if gate is not None and gate.applies(method) else None
+    limited = limits if limits is not None and method.startswith("/runifold.") else None
 
     async def admit(context: Context) -> Any:
         identity = guarded.authenticate(context) if guarded is not None else None
@@ -103,6 +115,8 @@ def _admission(
             raise _undecodable() from None
         if guarded is not None and identity is not None:
             guarded.admit(request, identity)
+        if limited is not None:
+            limited.enter(method, request)
         return request
 
     return admit
@@ -229,6 +243,7 @@ def _wrap_unary(
             call.code = "CANCELLED"
             raise
         finally:
+            admission.leave()
             call.finish()
 
     return handler
@@ -253,6 +268,7 @@ def _wrap_stream(
             call.code = "CANCELLED"
             raise
         finally:
+            admission.leave()
             call.finish()
 
     return handler
@@ -260,17 +276,24 @@ def _wrap_stream(
 
 class ServiceInterceptor(WrappingInterceptor):
     """Applies the guard to every unary and server-streaming RPC; with a gate, the guard
-    authenticates each call to a Runifold service before it reads the request."""
+    authenticates each call to a Runifold service before it reads the request; with
+    `limits`, it admits the expensive calls against their namespace's limits."""
 
-    def __init__(self, gate: AuthGate | None = None, slow_rpc_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        gate: AuthGate | None = None,
+        slow_rpc_s: float = 5.0,
+        limits: Admission | None = None,
+    ) -> None:
         super().__init__()
         self.gate = gate
         self.slow_rpc_s = slow_rpc_s
+        self.limits = limits
 
     def wrap(
         self, handler: grpc.RpcMethodHandler[Any, Any], method: str
     ) -> grpc.RpcMethodHandler[Any, Any]:
-        return _wrap(handler, method, self.gate, self.slow_rpc_s)
+        return _wrap(handler, method, self.gate, self.slow_rpc_s, self.limits)
 
 
 def _wrap(
@@ -278,13 +301,14 @@ def _wrap(
     method: str,
     gate: AuthGate | None,
     slow_s: float,
+    limits: Admission | None = None,
 ) -> grpc.RpcMethodHandler[Any, Any]:
     # Served as request-streaming handlers (the same bytes on the wire: one length-
     # prefixed message, then the half-close), so that grpc reads no request before the
     # guard asks for it: a unary handler gets its request read, in full, before any
     # code of ours runs. An unauthenticated call is answered from its metadata while
     # its request still waits in the transport, unread (at most a flow-control window).
-    admit = _admission(handler.request_deserializer, gate, method)
+    admit = _admission(handler.request_deserializer, gate, method, limits)
     if handler.unary_unary is not None:
         return grpc.stream_unary_rpc_method_handler(
             _wrap_unary(handler.unary_unary, admit, method, slow_s),

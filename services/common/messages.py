@@ -25,6 +25,16 @@ MESSAGE_BYTES_RANGE = (1024, 8 * 1024 * 1024)
 MAX_TOOL_ID_CHARS = 128
 MAX_TOOL_NAME_CHARS = 128
 
+# Protobuf framing of one Message beyond the bytes `Message.size_bytes` counts, at
+# most: its own tag and length, the role, the tags and lengths of text and
+# tool_call_id, and of every metadata entry (tag, length, key's and value's).
+_MESSAGE_FRAMING = 6 + 2 + 6 + 6 + validation.MAX_METADATA_ENTRIES * 8
+# The same for each tool call: its tag and length, and those of id, name and arguments.
+_TOOL_CALL_FRAMING = 15
+# Everything else one request carries besides its messages: ids, the namespace,
+# versions, usage, a fencing token (each bounded far below this).
+REQUEST_FIELDS_BOUND = 4096
+
 
 @dataclass(frozen=True)
 class MessageLimits:
@@ -59,6 +69,35 @@ class MessageLimits:
             max_tool_calls_per_message=env_int(
                 env, "RUNIFOLD_MAX_TOOL_CALLS_PER_MESSAGE", 64, minimum=1, maximum=512
             ),
+        )
+
+
+def messages_wire_bytes(count: int, size_bytes: int, max_tool_calls: int) -> int:
+    """The most bytes `count` messages of `size_bytes` in all (as `Message.size_bytes`
+    counts them, each with at most `max_tool_calls` tool calls) take on the wire."""
+    return size_bytes + count * (_MESSAGE_FRAMING + max_tool_calls * _TOOL_CALL_FRAMING)
+
+
+def append_request_bytes(limits: MessageLimits) -> int:
+    """The size of the largest AppendEntries request the limits allow: what the
+    transport must accept, and no more (services/common/server.py)."""
+    return REQUEST_FIELDS_BOUND + messages_wire_bytes(
+        limits.max_messages_per_append,
+        limits.max_append_bytes,
+        limits.max_tool_calls_per_message,
+    )
+
+
+def message_count(count: int, limit: int, field: str) -> None:
+    """At most `limit` messages (TOO_MANY_MESSAGES): checked on the request's repeated
+    field before any message is converted, so that an oversized request costs
+    nothing more than its count."""
+    if count > limit:
+        raise invalid_argument(
+            "TOO_MANY_MESSAGES",
+            f"{field} carries at most {limit} messages",
+            field=field,
+            limit=limit,
         )
 
 
@@ -172,13 +211,7 @@ def append_messages(
     """Every rule of one append: its count, each stored message, its total size."""
     if not messages:
         raise invalid_argument("NO_MESSAGES", f"{field} must not be empty", field=field)
-    if len(messages) > limits.max_messages_per_append:
-        raise invalid_argument(
-            "TOO_MANY_MESSAGES",
-            f"an append carries at most {limits.max_messages_per_append} messages",
-            field=field,
-            limit=limits.max_messages_per_append,
-        )
+    message_count(len(messages), limits.max_messages_per_append, field)
     total = sum(
         stored_message(value, f"{field}[{index}]", limits) for index, value in enumerate(messages)
     )

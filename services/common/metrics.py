@@ -43,6 +43,35 @@ STORE_ERRORS = Counter(
     ["store"],
 )
 
+# -- load shedding (services/common/admission.py, services/common/shedding.py) ------
+REQUESTS_SHED = Counter(
+    "runifold_requests_shed_total",
+    "Calls refused with RESOURCE_EXHAUSTED before any work: a namespace at its "
+    "concurrency limit for a kind of call (reason=NAMESPACE_CONCURRENCY_LIMIT, "
+    "resource=search|turn|summarize|upsert), over its share of the embedding model "
+    "(reason=NAMESPACE_SHARE_EXCEEDED), or a full queue in front of a slow resource "
+    "(reason=OVERLOADED, resource=embeddings|model).",
+    ["resource", "reason"],
+)
+WORK_ABANDONED = Counter(
+    "runifold_work_abandoned_total",
+    "Queued work dropped before it ran because its caller had left: cancelled "
+    "(cause=cancelled) or past its deadline (cause=deadline).",
+    ["resource", "cause"],
+)
+WORK_QUEUED = Gauge(
+    "runifold_work_queued",
+    "Work waiting in front of a slow resource: texts for the embedding model "
+    "(resource=embeddings), calls for a chat model (resource=model).",
+    ["resource"],
+)
+ADMITTED_IN_FLIGHT = Gauge(
+    "runifold_admitted_in_flight",
+    "Admission-controlled calls in flight, all namespaces together, by kind "
+    "(resource=search|turn|summarize|upsert).",
+    ["resource"],
+)
+
 # -- transcript --------------------------------------------------------------------
 APPEND_CONFLICTS = Counter(
     "runifold_append_conflicts_total",

@@ -11,6 +11,10 @@ Failures map to the model errors of services.common.llm:
 - any other HTTP error, or an answer that is not a chat completion, is
   ModelFailed (retrying would not help);
 - the deadline (`timeout`, capped by `timeout_s`) passing is ModelTimeout.
+At most `max_concurrent` calls are in flight (the connection pool is as large);
+further calls wait, first come first served, until their deadline, at most
+`max_queued` of them; beyond, RESOURCE_EXHAUSTED / OVERLOADED with a retry delay
+(services/common/shedding.py). A caller who cancels gives up its place.
 A stream that breaks after it started is ModelUnavailable and is not
 retried (the caller has seen deltas). Error messages carry status codes,
 never request or response content.
@@ -23,7 +27,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +47,7 @@ from services.common.llm import (
     ModelUnavailable,
     estimate_tokens,
 )
+from services.common.shedding import BoundedGate
 
 log = logging.getLogger(__name__)
 
@@ -208,14 +213,20 @@ class OpenAIChatModel:
         backoff_s: float = 0.25,
         backoff_max_s: float = 4.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_concurrent: int = 64,
+        max_queued: int = 256,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # The gate is the queue in front of the model (bounded, deadline-aware); the
+        # pool is as large, so a request never waits in it behind the gate's back.
+        self._gate = BoundedGate("model", max_concurrent, max_queued)
         # No I/O here: the client connects on the first request.
         self._client = httpx.AsyncClient(
             base_url=base_url.rstrip("/") + "/",
             headers=headers,
             transport=transport,
             timeout=timeout_s,
+            limits=httpx.Limits(max_connections=max_concurrent),
         )
         self._model = model
         self._provider = provider
@@ -342,8 +353,12 @@ class OpenAIChatModel:
         """One completion, within `timeout` seconds (capped by `timeout_s`)."""
         budget = min(timeout, self.timeout_s)
         deadline = time.monotonic() + budget
+        async with self._gate.slot(budget):
+            return await self._complete(request, deadline)
+
+    async def _complete(self, request: ChatRequest, deadline: float) -> ChatResponse:
         with self._answering("the model connection broke during the answer; retry later") as call:
-            async with asyncio.timeout(budget):
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                 response = await self._open(self._body(request, stream=False), deadline)
                 try:
                     raw = bytearray()
@@ -365,7 +380,18 @@ class OpenAIChatModel:
         self, request: ChatRequest, *, timeout: float
     ) -> AsyncIterator[ChatDelta | ChatResponse]:
         """Text deltas as they arrive, then one final ChatResponse (tool calls, usage)."""
-        deadline = time.monotonic() + min(timeout, self.timeout_s)
+        budget = min(timeout, self.timeout_s)
+        deadline = time.monotonic() + budget
+        async with (
+            self._gate.slot(budget),
+            contextlib.aclosing(self._stream(request, deadline)) as items,
+        ):
+            async for item in items:
+                yield item
+
+    async def _stream(
+        self, request: ChatRequest, deadline: float
+    ) -> AsyncGenerator[ChatDelta | ChatResponse]:
         with self._answering("the model stream broke; retry later") as call:
             response = await self._open(self._body(request, stream=True), deadline)
             state = _StreamState()

@@ -27,6 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.common import metrics
+from services.common.admission import Admission
 from services.common.auth import (
     AuthGate,
     AuthSettings,
@@ -35,7 +36,7 @@ from services.common.auth import (
     server_credentials,
 )
 from services.common.interceptors import ServiceInterceptor
-from services.common.settings import Settings, SettingsError
+from services.common.settings import Settings, SettingsError, TransportLimits
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,75 @@ class Component(Protocol):
     async def healthy(self) -> bool:
         """True when the component can serve (store reachable, schema current)."""
 
+    # Optional: `max_request_bytes`, the size of the largest request its limits allow
+    # (read with getattr; a component without it asks for no more than the floor).
+
+
+# The smallest transport cap: every small request (memories, summaries, leases) fits.
+MIN_RECEIVE_MESSAGE_BYTES = 1024 * 1024
+_CAP_GRANULE = 64 * 1024
+
+
+def receive_cap(components: Sequence[Component], transport: TransportLimits) -> int:
+    """`grpc.max_receive_message_length`: RUNIFOLD_MAX_RECEIVE_MESSAGE_BYTES when set,
+    else just above the largest request the hosted services allow (rounded up to
+    64 KiB), so that grpc refuses anything larger before reading it into memory."""
+    if transport.max_receive_message_bytes is not None:
+        return transport.max_receive_message_bytes
+    largest = max(
+        [MIN_RECEIVE_MESSAGE_BYTES, *(getattr(c, "max_request_bytes", 0) for c in components)]
+    )
+    return -(-largest // _CAP_GRANULE) * _CAP_GRANULE
+
+
+def server_options(cap: int, transport: TransportLimits) -> list[tuple[str, int]]:
+    """The grpc core options of the listener: message sizes, connection limits and
+    keepalive (docs/production.md, "Limits")."""
+
+    def ms(seconds: float) -> int:
+        return max(1, round(seconds * 1000))
+
+    # grpc takes INT_MAX as "no limit" for the connection ages.
+    never = 2**31 - 1
+    options = [
+        ("grpc.max_receive_message_length", cap),
+        ("grpc.max_send_message_length", transport.max_send_message_bytes),
+        ("grpc.so_reuseport", 0),
+        # No bandwidth-delay probing: it grows each stream's receive window to megabytes,
+        # so that a caller can park that much per call in the transport before any of our
+        # code refuses it (as on main: tests/security/test_preauth_reading.py).
+        ("grpc.http2.bdp_probe", 0),
+        # A connection must finish its handshake (TLS, and the client's HTTP/2
+        # SETTINGS) within this time, or it is closed: a socket that never speaks
+        # costs a file descriptor for seconds, not for ever.
+        ("grpc.server_handshake_timeout_ms", ms(transport.handshake_timeout_s)),
+        (
+            "grpc.max_connection_idle_ms",
+            ms(transport.max_connection_idle_s) if transport.max_connection_idle_s else never,
+        ),
+        (
+            "grpc.max_connection_age_ms",
+            ms(transport.max_connection_age_s) if transport.max_connection_age_s else never,
+        ),
+        (
+            "grpc.max_connection_age_grace_ms",
+            ms(transport.max_connection_age_grace_s)
+            if transport.max_connection_age_grace_s
+            else never,
+        ),
+        ("grpc.keepalive_time_ms", ms(transport.keepalive_time_s)),
+        ("grpc.keepalive_timeout_ms", ms(transport.keepalive_timeout_s)),
+        # Clients (the services' own peer channels ping every 30 s) may ping this often.
+        (
+            "grpc.http2.min_ping_interval_without_data_ms",
+            ms(transport.min_client_ping_interval_s),
+        ),
+    ]
+    if transport.max_connections:
+        # Enforced per listener before the handshake: a connection beyond it is closed.
+        options.append(("grpc.max_allowed_incoming_connections", transport.max_connections))
+    return options
+
 
 @dataclass
 class RunningServer:
@@ -216,20 +286,16 @@ async def start_server(
     auth = dataclasses.replace(auth, internal=internal)
     authenticator = make_authenticator(auth)
     gate = AuthGate(authenticator) if authenticator is not None else None
-    interceptors: list[grpc.aio.ServerInterceptor] = [ServiceInterceptor(gate, settings.slow_rpc_s)]
-    options = [
-        ("grpc.max_receive_message_length", settings.max_receive_message_bytes),
-        ("grpc.max_send_message_length", settings.max_receive_message_bytes),
-        ("grpc.so_reuseport", 0),
-        # No bandwidth-delay probing: it grows each stream's receive window to megabytes,
-        # so that a caller can park that much per call in the transport before any of our
-        # code refuses it (40 unauthenticated 16 MB requests raised the peak RSS by
-        # 60-190 MiB with it, 2 MiB without: tests/security/test_preauth_reading.py). The
-        # windows stay at grpc's 64 KiB: requests are small, and a large one pays round
-        # trips, not memory.
-        ("grpc.http2.bdp_probe", 0),
+    interceptors: list[grpc.aio.ServerInterceptor] = [
+        ServiceInterceptor(gate, settings.slow_rpc_s, Admission(settings.admission))
     ]
-    server = grpc.aio.server(interceptors=interceptors, options=options)
+    transport = settings.transport
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=server_options(receive_cap(components, transport), transport),
+        # Beyond this many calls in flight grpc answers RESOURCE_EXHAUSTED itself.
+        maximum_concurrent_rpcs=transport.max_concurrent_rpcs or None,
+    )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     credentials = server_credentials(auth)

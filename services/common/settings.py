@@ -105,6 +105,119 @@ def default_listen(env: Env) -> str:
 
 
 @dataclass(frozen=True)
+class AdmissionLimits:
+    """Per-namespace concurrency limits of the expensive calls (services/common/admission.py).
+
+    Each is the most calls of that kind one namespace may have in flight in one
+    process; 0 means no limit. The defaults keep a namespace well inside the
+    shared capacity: 16 searches against an embedding queue of 256 texts, 8 turns
+    against 64 concurrent model calls.
+    """
+
+    searches: int = 16
+    turns: int = 8
+    summarizes: int = 8
+    upserts: int = 16
+    # The retry hint before any call of a kind has finished (then: their mean duration).
+    retry_after_s: float = 1.0
+
+    def limit(self, kind: str) -> int:
+        """The limit of one kind of call: search, turn, summarize or upsert."""
+        return {
+            "search": self.searches,
+            "turn": self.turns,
+            "summarize": self.summarizes,
+            "upsert": self.upserts,
+        }[kind]
+
+    @classmethod
+    def from_env(cls, env: Env) -> AdmissionLimits:
+        def limit(name: str, default: int) -> int:
+            return env_int(env, name, default, minimum=0, maximum=1_000_000)
+
+        return cls(
+            searches=limit("RUNIFOLD_NAMESPACE_MAX_SEARCHES", 16),
+            turns=limit("RUNIFOLD_NAMESPACE_MAX_TURNS", 8),
+            summarizes=limit("RUNIFOLD_NAMESPACE_MAX_SUMMARIZE", 8),
+            upserts=limit("RUNIFOLD_NAMESPACE_MAX_UPSERTS", 16),
+            retry_after_s=env_float(
+                env, "RUNIFOLD_ADMISSION_RETRY_AFTER_S", 1.0, minimum=0.1, maximum=60.0
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class TransportLimits:
+    """What the gRPC server accepts before any of our code runs (services/common/server.py).
+
+    `max_receive_message_bytes` None: just above the largest request the hosted
+    services allow (each component reports its own; see `request_bytes_bound`).
+    Durations are seconds; 0 turns a connection limit off.
+    """
+
+    max_receive_message_bytes: int | None = None
+    max_send_message_bytes: int = 16 * 1024 * 1024
+    max_concurrent_rpcs: int = 1024
+    max_connections: int = 4096
+    handshake_timeout_s: float = 10.0
+    max_connection_idle_s: float = 300.0
+    max_connection_age_s: float = 1800.0
+    max_connection_age_grace_s: float = 300.0
+    keepalive_time_s: float = 300.0
+    keepalive_timeout_s: float = 20.0
+    min_client_ping_interval_s: float = 10.0
+
+    @classmethod
+    def from_env(cls, env: Env) -> TransportLimits:
+        raw_cap = env.get("RUNIFOLD_MAX_RECEIVE_MESSAGE_BYTES", "")
+        return cls(
+            max_receive_message_bytes=env_int(
+                env,
+                "RUNIFOLD_MAX_RECEIVE_MESSAGE_BYTES",
+                0,
+                minimum=1024 * 1024,
+                maximum=256 * 1024 * 1024,
+            )
+            if raw_cap
+            else None,
+            max_send_message_bytes=env_int(
+                env,
+                "RUNIFOLD_MAX_SEND_MESSAGE_BYTES",
+                16 * 1024 * 1024,
+                minimum=1024 * 1024,
+                maximum=256 * 1024 * 1024,
+            ),
+            max_concurrent_rpcs=env_int(
+                env, "RUNIFOLD_MAX_CONCURRENT_RPCS", 1024, minimum=0, maximum=1_000_000
+            ),
+            max_connections=env_int(
+                env, "RUNIFOLD_MAX_CONNECTIONS", 4096, minimum=0, maximum=1_000_000
+            ),
+            handshake_timeout_s=env_float(
+                env, "RUNIFOLD_HANDSHAKE_TIMEOUT_S", 10.0, minimum=0.1, maximum=300.0
+            ),
+            max_connection_idle_s=env_float(
+                env, "RUNIFOLD_MAX_CONNECTION_IDLE_S", 300.0, maximum=86_400.0
+            ),
+            max_connection_age_s=env_float(
+                env, "RUNIFOLD_MAX_CONNECTION_AGE_S", 1800.0, maximum=30 * 86_400.0
+            ),
+            max_connection_age_grace_s=env_float(
+                env, "RUNIFOLD_MAX_CONNECTION_AGE_GRACE_S", 300.0, maximum=86_400.0
+            ),
+            keepalive_time_s=env_float(
+                env, "RUNIFOLD_KEEPALIVE_TIME_S", 300.0, minimum=1.0, maximum=86_400.0
+            ),
+            keepalive_timeout_s=env_float(
+                env, "RUNIFOLD_KEEPALIVE_TIMEOUT_S", 20.0, minimum=1.0, maximum=3600.0
+            ),
+            min_client_ping_interval_s=env_float(
+                env, "RUNIFOLD_MIN_CLIENT_PING_INTERVAL_S", 10.0, minimum=1.0, maximum=3600.0
+            ),
+        )
+
+
+@dataclass(frozen=True)
 class Settings:
     """What every server process needs, whichever services it hosts."""
 
@@ -120,7 +233,8 @@ class Settings:
     page_token_secret: bytes
     health_interval_s: float
     shutdown_grace_s: float
-    max_receive_message_bytes: int
+    transport: TransportLimits
+    admission: AdmissionLimits
     log_level: str
     log_format: str
     slow_rpc_s: float
@@ -163,13 +277,8 @@ class Settings:
             page_token_secret=secret.encode() if secret else secrets.token_bytes(32),
             health_interval_s=env_float(env, "RUNIFOLD_HEALTH_INTERVAL_S", 1.0, minimum=0.05),
             shutdown_grace_s=env_float(env, "RUNIFOLD_SHUTDOWN_GRACE_S", 10.0),
-            max_receive_message_bytes=env_int(
-                env,
-                "RUNIFOLD_MAX_RECEIVE_MESSAGE_BYTES",
-                16 * 1024 * 1024,
-                minimum=1024 * 1024,
-                maximum=256 * 1024 * 1024,
-            ),
+            transport=TransportLimits.from_env(env),
+            admission=AdmissionLimits.from_env(env),
             log_level=env_choice(
                 env, "RUNIFOLD_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR")
             ),

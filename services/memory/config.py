@@ -86,6 +86,16 @@ class MemoryConfig:
     embeddings_batch: int = 64
     # torch intra-op threads for the local model; 0 leaves torch's default.
     embeddings_threads: int = 1
+    # The local model's forward passes: about this many tokens at most (keeps a pass,
+    # which cannot be stopped, short). The queue in front of the model: texts (local)
+    # or requests (endpoint) waiting at most; beyond, OVERLOADED. The endpoint's
+    # requests in flight at most.
+    embeddings_batch_tokens: int = 256
+    embeddings_max_queued: int = 256
+    embeddings_max_concurrent: int = 16
+    # While other namespaces use the local model too, one namespace may keep it busy
+    # at most this fraction of the time (1: no limit).
+    embeddings_namespace_share: float = 0.25
     default_ttl: timedelta | None = None
     namespace_ttls: Mapping[str, timedelta | None] = field(default_factory=dict)
     # Search asks the index for limit * overfetch + 8 candidates: room for the
@@ -180,6 +190,18 @@ class MemoryConfig:
             embeddings_batch=env_int(env, "RUNIFOLD_EMBEDDINGS_BATCH", 64, minimum=1, maximum=2048),
             embeddings_threads=env_int(
                 env, "RUNIFOLD_EMBEDDINGS_THREADS", 1, minimum=0, maximum=256
+            ),
+            embeddings_batch_tokens=env_int(
+                env, "RUNIFOLD_EMBEDDINGS_BATCH_TOKENS", 256, minimum=16, maximum=1_000_000
+            ),
+            embeddings_max_queued=env_int(
+                env, "RUNIFOLD_EMBEDDINGS_MAX_QUEUED", 256, minimum=1, maximum=1_000_000
+            ),
+            embeddings_max_concurrent=env_int(
+                env, "RUNIFOLD_EMBEDDINGS_MAX_CONCURRENT", 16, minimum=1, maximum=4096
+            ),
+            embeddings_namespace_share=env_float(
+                env, "RUNIFOLD_EMBEDDINGS_NAMESPACE_SHARE", 0.25, minimum=0.01, maximum=1.0
             ),
             default_ttl=parse_duration(
                 "RUNIFOLD_MEMORY_DEFAULT_TTL", env_str(env, "RUNIFOLD_MEMORY_DEFAULT_TTL", "0")

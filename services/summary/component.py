@@ -41,6 +41,8 @@ def build_summarizer(config: SummaryConfig) -> tuple[Summarizer, OpenAIChatModel
             config.model_timeout_s,
             config.model_max_retries,
             purpose="summary",
+            max_concurrent=config.model_max_concurrent,
+            max_queued=config.model_max_queued,
         )
         summarizer = ChatModelSummarizer(
             model,

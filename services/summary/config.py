@@ -24,6 +24,9 @@ class SummaryConfig:
     model_api_key: str = ""
     model_timeout_s: float = 60.0
     model_max_retries: int = 2
+    # The queue in front of the model: calls in flight, and calls waiting, at most.
+    model_max_concurrent: int = 64
+    model_max_queued: int = 256
     max_summary_bytes: int = MAX_SUMMARY_BYTES
     max_output_tokens_per_pass: int = 1024
     max_entry_chars: int = 4000
@@ -76,6 +79,12 @@ class SummaryConfig:
             model_timeout_s=env_float(env, "RUNIFOLD_SUMMARY_MODEL_TIMEOUT_S", 60.0, minimum=0.1),
             model_max_retries=env_int(
                 env, "RUNIFOLD_SUMMARY_MODEL_MAX_RETRIES", 2, minimum=0, maximum=10
+            ),
+            model_max_concurrent=env_int(
+                env, "RUNIFOLD_SUMMARY_MODEL_MAX_CONCURRENT", 64, minimum=1, maximum=4096
+            ),
+            model_max_queued=env_int(
+                env, "RUNIFOLD_SUMMARY_MODEL_MAX_QUEUED", 256, minimum=0, maximum=1_000_000
             ),
             max_summary_bytes=env_int(
                 env,

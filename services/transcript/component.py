@@ -13,6 +13,7 @@ from runifold.transcript.v1 import transcript_service_pb2, transcript_service_pb
 from services.common import migrations
 from services.common.background import Background
 from services.common.db import Database
+from services.common.messages import append_request_bytes
 from services.common.pagination import PageTokens
 from services.common.server import StartContext
 from services.transcript.config import TranscriptLimits
@@ -87,3 +88,8 @@ class TranscriptComponent:
 
     async def healthy(self) -> bool:
         return await migrations.serving_schema(self.db, self.name, MIGRATIONS)
+
+    @property
+    def max_request_bytes(self) -> int:
+        """The largest request the limits allow (an AppendEntries): the transport cap."""
+        return append_request_bytes(self.limits.messages)

@@ -11,6 +11,7 @@ from typing import Any
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from runifold.transcript.v1 import transcript_service_pb2_grpc as pb_grpc
 from services.common import convert
+from services.common import messages as message_rules
 from services.transcript.model import AppendRecord, Conversation, EndedTurn, TurnLease
 from services.transcript.service import TranscriptService
 
@@ -101,6 +102,10 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
     async def AppendEntries(
         self, request: pb.AppendEntriesRequest, context: Context
     ) -> pb.AppendEntriesResponse:
+        # The count before the conversion: an oversized append costs no more than this.
+        message_rules.message_count(
+            len(request.messages), self.service.limits.max_messages_per_append, "messages"
+        )
         result = await self.service.append(
             request.namespace,
             request.conversation_id,

@@ -81,6 +81,10 @@ async def test_a_retry_storm_has_exactly_once_effects(
             "RUNIFOLD_OPENAI_BASE_URL": model.base_url,
             "RUNIFOLD_AGENT_MODEL": "fake-model",
             "RUNIFOLD_AGENT_MODEL_MAX_RETRIES": "0",
+            # Every copy of the storm is one namespace's: its concurrency limits would
+            # refuse (and the clients retry) the very duplicates this test races.
+            "RUNIFOLD_NAMESPACE_MAX_TURNS": "0",
+            "RUNIFOLD_NAMESPACE_MAX_UPSERTS": "0",
         }
         async with service_process("services", env, tmp_path) as process:
             channels = [grpc.aio.insecure_channel(process.address) for _ in range(CLIENTS)]

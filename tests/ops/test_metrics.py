@@ -49,6 +49,8 @@ BOUNDED_LABELS = {
     "provider",
     "direction",
     "runifold_service",  # transcript, summary, memory, agent
+    "resource",  # search, turn, summarize, upsert, embeddings, model
+    "cause",  # cancelled, deadline
     "le",  # histogram buckets
     # prometheus_client's process and Python collectors
     "generation",

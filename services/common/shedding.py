@@ -1,0 +1,148 @@
+"""The rules of every queue between an RPC and a slow resource (the embedding model,
+a chat model): work for a caller who has left is dropped, and the queue is bounded.
+
+- A caller who cancelled, or whose deadline passed, is not served: its place in
+  the queue is given up, and work already queued for it is skipped before it runs
+  (`caller_gone`), so that a flood of abandoned calls costs the resource nothing.
+- A queue that is full refuses at once with RESOURCE_EXHAUSTED / `OVERLOADED`,
+  naming the resource, with a `google.rpc.RetryInfo` delay estimated from how
+  fast the queue drains: waiting longer than a caller's deadline helps nobody,
+  and an unbounded queue turns a burst into memory and latency for everyone.
+
+No transport import: the domain layers use this without knowing gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+from services.common import metrics
+from services.common.deadlines import deadline_exceeded
+from services.common.errors import Code, DomainError
+
+# Bounds of a retry hint: soon enough to be useful, never a reason to give up.
+MIN_RETRY_AFTER_S = 0.1
+MAX_RETRY_AFTER_S = 30.0
+
+
+def retry_delay(seconds: float) -> float:
+    """A retry hint within sensible bounds, rounded to a tenth of a second."""
+    return round(min(MAX_RETRY_AFTER_S, max(MIN_RETRY_AFTER_S, seconds)), 1)
+
+
+def overloaded(resource: str, retry_after_s: float) -> DomainError:
+    """RESOURCE_EXHAUSTED / OVERLOADED: the queue in front of `resource` is full (counted)."""
+    metrics.REQUESTS_SHED.labels(resource, "OVERLOADED").inc()
+    return DomainError(
+        Code.RESOURCE_EXHAUSTED,
+        "OVERLOADED",
+        f"the {resource} queue is full; retry after the delay in RetryInfo",
+        metadata={"resource": resource},
+        retry_after_s=retry_delay(retry_after_s),
+    )
+
+
+def caller_gone(future: asyncio.Future[Any], deadline: float | None, now: float) -> str | None:
+    """Why queued work should be skipped: "cancelled", "deadline", or None (still wanted)."""
+    if future.done():  # cancelled with its caller's task (a failed future is done too)
+        return "cancelled"
+    if deadline is not None and now >= deadline:
+        return "deadline"
+    return None
+
+
+class Mean:
+    """An exponentially weighted mean (of service times): the basis of retry hints."""
+
+    __slots__ = ("value", "weight")
+
+    def __init__(self, initial: float, weight: float = 0.2) -> None:
+        self.value = initial
+        self.weight = weight
+
+    def add(self, sample: float) -> None:
+        self.value += self.weight * (sample - self.value)
+
+
+class BoundedGate:
+    """At most `max_concurrent` callers at a time past the gate, at most `max_queued`
+    waiting (first come, first served); beyond that, OVERLOADED at once.
+
+    A wait ends with the caller: cancellation gives up its place, and `timeout`
+    (what is left of the caller's deadline) bounds it (DEADLINE_EXCEEDED). A slot
+    freed while waiters remain goes straight to the first of them.
+    """
+
+    def __init__(self, resource: str, max_concurrent: int, max_queued: int) -> None:
+        if max_concurrent < 1 or max_queued < 0:
+            raise ValueError("max_concurrent must be at least 1 and max_queued at least 0")
+        self.resource = resource
+        self.max_concurrent = max_concurrent
+        self.max_queued = max_queued
+        self.held = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._hold = Mean(1.0)
+        self._queued = metrics.WORK_QUEUED.labels(resource)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def _refuse(self) -> DomainError:
+        # A waiter gets a slot when one of the holders finishes: about the mean
+        # hold time for every max_concurrent callers ahead of it.
+        ahead = len(self._waiters) + 1
+        return overloaded(self.resource, self._hold.value * ahead / self.max_concurrent)
+
+    async def _acquire(self, timeout: float | None) -> None:
+        if self.held < self.max_concurrent and not self._waiters:
+            self.held += 1
+            return
+        if len(self._waiters) >= self.max_queued:
+            raise self._refuse()
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self._queued.inc()
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except TimeoutError:
+            self._give_up(waiter, "deadline")
+            raise deadline_exceeded(f"the {self.resource} stayed busy until the deadline") from None
+        except BaseException:
+            self._give_up(waiter, "cancelled")
+            raise
+        finally:
+            self._queued.dec()
+
+    def _give_up(self, waiter: asyncio.Future[None], cause: str) -> None:
+        if waiter.done() and not waiter.cancelled():
+            self._release()  # granted as the caller gave up: pass it on
+        else:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
+            metrics.WORK_ABANDONED.labels(self.resource, cause).inc()
+
+    def _release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot changes hands: `held` stays
+                return
+        self.held -= 1
+
+    @contextlib.asynccontextmanager
+    async def slot(self, timeout: float | None = None) -> AsyncIterator[None]:
+        """Hold one of the gate's slots for the block."""
+        await self._acquire(timeout)
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self._hold.add(time.monotonic() - started)
+            self._release()
