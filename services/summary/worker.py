@@ -10,7 +10,9 @@ its lease expires.
 
 Failures: UNAVAILABLE and DEADLINE_EXCEEDED (the model, TranscriptService or
 PostgreSQL is down or slow) are retried with exponential backoff and never
-park a job, so an outage loses nothing; any other failure counts, and a job
+park a job, so an outage loses nothing; so are refusals that carry a retry
+delay (load shedding: OVERLOADED, a namespace at its concurrency limit or share
+of the model), retried no sooner than that delay. Any other failure counts, and a job
 is parked (FAILED) after RUNIFOLD_SUMMARY_JOB_MAX_FAILURES of them. A
 conversation that no longer exists (or was erased and made again: the job
 names the incarnation it was asked for) ends its job.
@@ -152,8 +154,14 @@ class SummaryWorkers:
             await self.store.complete(job.job_id, job.lease_token, requeue=False)
             return True
         if isinstance(error, DomainError):
+            # A refusal with a retry delay is load shedding: "later", never "no".
+            shed = error.code is Code.RESOURCE_EXHAUSTED and error.retry_after_s is not None
             await self._record_failure(
-                job, error.reason, counted=error.code not in _TRANSIENT, code=error.code.value
+                job,
+                error.reason,
+                counted=error.code not in _TRANSIENT and not shed,
+                code=error.code.value,
+                not_before_s=error.retry_after_s or 0.0,
             )
         else:
             log.error("summary job crashed", exc_info=error, extra={"job_id": str(job.job_id)})
@@ -161,7 +169,13 @@ class SummaryWorkers:
         return True
 
     async def _record_failure(
-        self, job: Job, reason: str, *, counted: bool, code: str = "INTERNAL"
+        self,
+        job: Job,
+        reason: str,
+        *,
+        counted: bool,
+        code: str = "INTERNAL",
+        not_before_s: float = 0.0,
     ) -> None:
         assert job.lease_token is not None
         limit = self.config.max_failures
@@ -172,7 +186,7 @@ class SummaryWorkers:
             reason,
             counted=counted,
             park=park,
-            retry_in_s=retry_delay(self.config, job.attempts),
+            retry_in_s=max(not_before_s, retry_delay(self.config, job.attempts)),
         )
         if state is not None:
             metrics.SUMMARY_JOB_FAILURES.labels("parked" if park else "retried").inc()

@@ -393,6 +393,37 @@ async def test_workers_finish_retry_park_and_end_jobs(
     assert (await service.get_backlog(namespace)).depth == 0
 
 
+async def test_a_job_refused_by_load_shedding_waits_and_is_never_parked(
+    store: InMemorySummaryStore, transcripts: LocalTranscripts, namespace: str
+) -> None:
+    """A refusal that carries a retry delay (OVERLOADED, a namespace at its limit)
+    says "later", not "never": the job goes back without a counted failure, due
+    no sooner than the delay the refusal asked for."""
+    scripted = Scripted()
+    config = worker_config(max_failures=1)
+    service = make_service(store, transcripts, scripted, config)
+    workers = SummaryWorkers(service, config)
+
+    for reason in ("OVERLOADED", "NAMESPACE_CONCURRENCY_LIMIT", "NAMESPACE_SHARE_EXCEEDED"):
+        cid = await new_conversation(transcripts, namespace, chat(40))
+        job, _ = await service.request_summary(namespace, cid, 4, 8)
+        scripted.error = DomainError(Code.RESOURCE_EXHAUSTED, reason, "busy", retry_after_s=30.0)
+        assert await workers.run_once("w")
+        stored = await store.get_job(job.job_id)
+        assert stored is not None and stored.state is JobState.PENDING, reason
+        assert (stored.failures, stored.last_error) == (0, reason)
+        # Not due again before the delay asked for (the configured backoff here is 0).
+        assert not await workers.run_once("w"), reason
+
+    cid = await new_conversation(transcripts, namespace, chat(40))
+    job, _ = await service.request_summary(namespace, cid, 4, 8)
+    # Without a retry delay (a budget that does not cover the call) it counts.
+    scripted.error = DomainError(Code.RESOURCE_EXHAUSTED, "BUDGET_EXHAUSTED", "no budget")
+    assert await workers.run_once("w")
+    stored = await store.get_job(job.job_id)
+    assert stored is not None and stored.state is JobState.FAILED
+
+
 async def test_workers_run_in_the_background_and_stop_cleanly(
     store: InMemorySummaryStore, transcripts: LocalTranscripts, namespace: str
 ) -> None:
