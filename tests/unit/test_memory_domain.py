@@ -14,9 +14,16 @@ from services.memory.embeddings import EmbeddingUnavailable, OpenAIEmbedder
 from services.memory.index import collection_name, point_id
 from tests.doubles.memory_store import InMemoryMemoryStore
 from tests.memory_cases import MemoryCases
+from tests.memory_evolve_cases import EvolvingMemoryCases
 
 
 class TestInMemoryStore(MemoryCases):
+    @pytest.fixture
+    def store(self) -> InMemoryMemoryStore:
+        return InMemoryMemoryStore()
+
+
+class TestEvolvingInMemoryStore(EvolvingMemoryCases):
     @pytest.fixture
     def store(self) -> InMemoryMemoryStore:
         return InMemoryMemoryStore()
