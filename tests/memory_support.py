@@ -37,6 +37,7 @@ from services.memory.index import (
     VectorIndex,
 )
 from services.memory.model import SourceConversation
+from services.memory.proposals import Proposer
 from services.transcript.component import TranscriptComponent
 from tests.conftest import server_settings
 
@@ -228,10 +229,13 @@ async def memory_server(
     index: VectorIndex | None = None,
     embedder: Embedder | None = None,
     background: bool = True,
+    proposer: Proposer | None = None,
 ) -> AsyncIterator[tuple[RunningServer, MemoryComponent]]:
     """TranscriptService and MemoryService in one real gRPC server on 127.0.0.1:0; memory
     validates sources through TranscriptService's gRPC API (all-in-one addressing)."""
-    component = MemoryComponent(config, index=index, embedder=embedder, background=background)
+    component = MemoryComponent(
+        config, index=index, embedder=embedder, background=background, proposer=proposer
+    )
     async with serving(
         [TranscriptComponent(), component],
         server_settings(),
