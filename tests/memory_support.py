@@ -20,7 +20,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from services.common.domain import Entry, Message, Role
-
 from services.common.server import RunningServer, serving
 from services.memory.component import MemoryComponent
 from services.memory.config import MemoryConfig

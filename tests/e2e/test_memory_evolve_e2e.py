@@ -4,6 +4,7 @@ the chat-model proposer talking to the fake OpenAI-compatible server over real H
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import uuid
@@ -387,7 +388,7 @@ async def test_a_proposal_run_keeps_only_the_good_proposals_and_stores_nothing(
     # What the model was asked: the schema, the budget's output limit, the range only.
     (request,) = client.model.chat_requests
     body = request.body
-    assert body["response_format"] == {
+    assert request.response_format == {
         "type": "json_schema",
         "json_schema": {"name": "memory_proposals", "schema": PROPOSALS_SCHEMA, "strict": True},
     }
@@ -420,7 +421,7 @@ async def test_injection_in_the_transcript_does_not_alter_the_instructions(
     hostile = await client.conversation(namespace, "I like jazz.", INJECTION)
     await client.upsert(namespace, "The user likes " + INJECTION, clean, 1)
     await wait_for(client.drained)
-    client.model.respond_with(lambda body: FakeReply(text='{"proposals": []}'))
+    client.model.respond_with(lambda body: {"proposals": []})
     for cid, through in ((clean, 1), (hostile, 2)):
         await client.memory.ProposeMemories(
             pb.ProposeMemoriesRequest(
@@ -454,7 +455,7 @@ async def test_an_answer_that_is_not_the_json_asked_for_fails_and_stores_nothing
     cid = await client.conversation(namespace, "I like jazz.")
     before = await _rows(client, namespace)
     for text in ("Sure! Here are the facts: ...", '{"facts": []}', "[]"):
-        client.model.respond_with(lambda body, text=text: FakeReply(text=text))
+        client.model.respond_with(functools.partial(lambda text, body: text, text))
         with pytest.raises(grpc.aio.AioRpcError) as failed:
             await client.memory.ProposeMemories(
                 pb.ProposeMemoriesRequest(

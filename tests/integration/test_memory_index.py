@@ -23,6 +23,7 @@ from services.memory.index import (
     NamespacedQuery,
     Term,
     Tombstone,
+    ValidAt,
     VectorIndex,
     collection_name,
     point_id,
@@ -84,7 +85,10 @@ def test_a_query_cannot_be_built_without_a_valid_namespace() -> None:
         NamespacedQuery.inside("a b", [0.0], 1)
     query = NamespacedQuery.inside("ns", [0.0], 3, {"b": "2", "a": "1"})
     assert query.terms[0] == Term("namespace", "ns")
-    assert [t.field for t in query.terms] == ["namespace", "tags", "tags"]
+    assert [t.field for t in query.terms if isinstance(t, Term)] == ["namespace", "tags", "tags"]
+    # The valid time comes after the namespace (and never in its place).
+    timed = NamespacedQuery.inside("ns", [0.0], 3, valid_at=12.5)
+    assert timed.terms == (Term("namespace", "ns"), ValidAt(12.5))
 
 
 async def test_search_stays_inside_the_namespace(make_index: Factory) -> None:
