@@ -370,11 +370,12 @@ class MemoryService:
             raise invalid_validity(
                 "as_of_time and ignore_validity exclude each other", field="as_of_time"
             )
-        request = {
-            "conversation_id": str(cid) if cid else "",
-            "as_of": as_of.isoformat() if as_of else "",
-            "ignore_validity": ignore_validity,
-        }
+        request: dict[str, object] = {"conversation_id": str(cid) if cid else ""}
+        # Only when given: a token of a listing without them stays valid across an upgrade.
+        if as_of is not None:
+            request["as_of"] = as_of.isoformat()
+        if ignore_validity:
+            request["ignore_validity"] = True
         after = None
         at = None if ignore_validity else (as_of or self.now())
         if token:
