@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 
 from services.common.domain import Budget
 from services.common.errors import Code, DomainError
+from services.memory.index import IndexHit, NamespacedQuery, Term, ValidAt
 from services.memory.inputs import SourceInput, SupersedeInput, ValidityInput
 from services.memory.model import Memory
 from services.memory.proposals import ADD, DUPLICATE, SUPERSEDE
@@ -328,6 +330,43 @@ class EvolvingMemoryCases:
             )
         assert reason(looped) == (Code.INVALID_ARGUMENT, "SUPERSESSION_CYCLE")
         assert (await world.service.get(ns, str(paris))).revision == 2
+
+    async def test_search_asks_the_index_for_the_facts_valid_at_the_time_asked(
+        self, world: World
+    ) -> None:
+        """Forty facts no longer valid, nearer the query than the one that holds: the index
+        is asked once, with the valid-time term, and answers the fact that holds. With the
+        filter off the store's re-read alone drops the others: the same answer, after the
+        service widened its request to the index twice."""
+        ns = world.namespace
+        for i in range(40):
+            await world.add(
+                f"The user lives in Paris {i}.",
+                sources=world.source(1, 1),
+                validity=ValidityInput(valid_until_time=entry_time(2)),
+            )
+        holds = await world.add("The user lives in Rome.", sources=world.source(3, 3))
+        await world.drain()
+        asked: list[NamespacedQuery] = []
+        search = world.index.search
+
+        async def counted(query: NamespacedQuery) -> list[IndexHit]:
+            asked.append(query)
+            return await search(query)
+
+        world.index.search = counted  # type: ignore[method-assign]
+        found = await world.service.search(ns, "the user lives in paris", 1)
+        assert [h.memory.memory_id for h in found.hits] == [holds]
+        assert len(asked) == 1 and isinstance(asked[0].terms[-1], ValidAt)
+        assert asked[0].terms[0] == Term("namespace", ns)
+        earlier = await world.service.search(ns, "the user lives in paris", 1, as_of=entry_time(1))
+        assert earlier.hits[0].memory.memory_id != holds
+        assert asked[-1].terms[-1] == ValidAt(entry_time(1).timestamp())
+        asked.clear()
+        world.service.config = replace(world.config, index_validity_filter=False)
+        unfiltered = await world.service.search(ns, "the user lives in paris", 1)
+        assert [h.memory.memory_id for h in unfiltered.hits] == [holds]
+        assert len(asked) == 3 and not any(isinstance(t, ValidAt) for t in asked[0].terms)
 
     async def test_a_supersession_is_part_of_the_request_id(self, world: World) -> None:
         ns = world.namespace
