@@ -142,10 +142,6 @@ MEMORY_DEGRADED_SEARCHES = Counter(
     "runifold_memory_degraded_searches_total",
     "Searches answered from PostgreSQL full-text search because the vector index was down.",
 )
-MEMORY_PROPOSALS_DROPPED = Counter(
-    "runifold_memory_proposals_dropped_total",
-    "Memory proposals of a proposer dropped as malformed or out of range (never returned).",
-)
 
 # -- models (summarizer, agent model, embeddings) ----------------------------------
 MODEL_SECONDS = Histogram(

@@ -642,6 +642,9 @@ class MemoryService:
             related,
         )
         if dropped:
-            metrics.MEMORY_PROPOSALS_DROPPED.inc(dropped)
-            log.info("memory proposals dropped", extra={"dropped": dropped})
+            # Counted in the response; logged with the proposer, never with content.
+            log.info(
+                "memory proposals dropped",
+                extra={"dropped": dropped, "proposer": self.proposer.provider},
+            )
         return ProposeResult(proposals, output.usage, dropped, self.proposer.provider)
