@@ -6,6 +6,7 @@
     runifold memory add "fact" --conversation ID --from 1 --through 2 --namespace tenant-42
     runifold memory search "question" --namespace tenant-42
     runifold memory forget --conversation ID --namespace tenant-42
+    runifold memory propose ID --from 1 --through 40 --namespace tenant-42 [--yes] [--json]
     runifold backlog --namespace tenant-42
     runifold reindex
 
@@ -29,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from runifold.common.v1 import common_pb2
+from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold_client.client import DEFAULT_TARGET, Client
 from runifold_client.errors import RunifoldError, SummaryRequired
 from runifold_client.policy import ConversationContextPolicy
@@ -81,8 +83,104 @@ def cmd_transcript_show(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+_ACTIONS = {
+    memory_pb.PROPOSAL_ACTION_ADD: "add",
+    memory_pb.PROPOSAL_ACTION_SUPERSEDE: "supersede",
+    memory_pb.PROPOSAL_ACTION_DUPLICATE: "duplicate",
+}
+
+
+def _picked(answer: str, count: int) -> list[int]:
+    """The proposals a person picked: "all", "none" / "", or numbers like "1,3 4"."""
+    answer = answer.strip().lower()
+    if answer in {"all", "a", "y", "yes"}:
+        return list(range(count))
+    if answer in {"none", "n", "no"}:
+        return []
+    picked = []
+    for part in answer.replace(",", " ").split():
+        if not part.isdigit() or not 1 <= int(part) <= count:
+            raise ValueError(f"not a proposal number: {part}")
+        picked.append(int(part) - 1)
+    return sorted(set(picked))
+
+
+def cmd_memory_propose(args: argparse.Namespace, console: Console, client: Client) -> int:
+    """Show the proposals for a transcript range; store the ones a person picks (all of
+    them with --yes). A duplicate is never stored again."""
+    reply = client.propose_memories(
+        args.conversation_id,
+        from_sequence=args.from_sequence,
+        through_sequence=args.through_sequence,
+        max_proposals=args.max,
+    )
+    proposals = list(reply.proposals)
+    storable = [
+        i for i, p in enumerate(proposals) if p.action != memory_pb.PROPOSAL_ACTION_DUPLICATE
+    ]
+    if not args.json:
+        span = f"{args.from_sequence}..{args.through_sequence}"
+        table = Table(title=f"proposals from {args.conversation_id} {span}")
+        for column in ("#", "action", "content", "sources", "related", "reason"):
+            table.add_column(column)
+        for i, p in enumerate(proposals, 1):
+            sources = ", ".join(f"{s.from_sequence}..{s.through_sequence}" for s in p.sources)
+            table.add_row(
+                str(i),
+                _ACTIONS.get(p.action, "?"),
+                p.content,
+                sources,
+                ", ".join(p.related_memory_ids) or "-",
+                p.reason,
+            )
+        console.print(table)
+        if reply.dropped_count:
+            console.print(f"[dim]{reply.dropped_count} malformed proposals dropped[/dim]")
+    if args.yes:
+        chosen = storable
+    elif args.json or not storable or not sys.stdin.isatty():
+        # Nothing to ask, or no one to ask: show only (--yes stores them).
+        chosen = []
+    else:
+        try:
+            answer = console.input("store which? [dim](e.g. 1,3 / all / none)[/dim] ")
+        except (EOFError, KeyboardInterrupt):
+            answer = ""
+        try:
+            chosen = [i for i in _picked(answer, len(proposals)) if i in storable]
+        except ValueError as error:
+            console.print(f"[red]{error}[/red]")
+            return 2
+    stored = [client.confirm_proposal(proposals[i]) for i in chosen]
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "proposals": [
+                        MessageToDict(p, preserving_proto_field_name=True) for p in proposals
+                    ],
+                    "dropped_count": reply.dropped_count,
+                    "stored": [
+                        MessageToDict(r.memory, preserving_proto_field_name=True) for r in stored
+                    ],
+                },
+                indent=2,
+            )
+        )
+        return 0
+    for written in stored:
+        superseded = ", ".join(m.memory_id for m in written.superseded)
+        console.print(
+            f"stored {written.memory.memory_id}"
+            + (f" (supersedes {superseded})" if superseded else "")
+        )
+    return 0
+
+
 def cmd_memory(args: argparse.Namespace, console: Console) -> int:
     with _client(args) as client:
+        if args.memory_command == "propose":
+            return cmd_memory_propose(args, console, client)
         if args.memory_command == "add":
             memory = client.remember(
                 args.content,
@@ -233,6 +331,16 @@ def parser() -> argparse.ArgumentParser:
     forget.add_argument("--conversation", required=True)
     forget.add_argument("--from", dest="from_sequence", type=int, default=0)
     forget.add_argument("--through", dest="through_sequence", type=int, default=0)
+    propose = memory_commands.add_parser(
+        "propose",
+        parents=[common],
+        help="propose memories from a transcript range; store the ones you pick",
+    )
+    propose.add_argument("conversation_id")
+    propose.add_argument("--from", dest="from_sequence", type=int, required=True)
+    propose.add_argument("--through", dest="through_sequence", type=int, required=True)
+    propose.add_argument("--max", type=int, default=0, help="most proposals (0: the server's 8)")
+    propose.add_argument("--yes", action="store_true", help="store every proposal but duplicates")
 
     commands.add_parser("backlog", parents=[common], help="the summary job queue")
     commands.add_parser("reindex", help="rebuild the memory index from PostgreSQL")

@@ -293,6 +293,51 @@ def _forget(
     )
 
 
+def _propose(
+    namespace: str,
+    conversation_id: str,
+    from_sequence: int,
+    through_sequence: int,
+    max_proposals: int,
+    budget: Budget | None,
+) -> memory_pb.ProposeMemoriesRequest:
+    return memory_pb.ProposeMemoriesRequest(
+        namespace=namespace,
+        conversation_id=conversation_id,
+        from_sequence=from_sequence,
+        through_sequence=through_sequence,
+        max_proposals=max_proposals,
+        budget=(budget or Budget()).to_proto(),
+    )
+
+
+def _confirm(
+    namespace: str, proposal: memory_pb.MemoryProposal, request_id: str | None
+) -> memory_pb.UpsertMemoryRequest:
+    """The UpsertMemory that stores a proposal (a SUPERSEDE supersedes its memory)."""
+    if proposal.action == memory_pb.PROPOSAL_ACTION_DUPLICATE:
+        raise ValueError("a DUPLICATE proposal is already stored: there is nothing to confirm")
+    supersedes = (
+        [memory_pb.SupersededMemory(memory_id=proposal.related_memory_ids[0])]
+        if proposal.action == memory_pb.PROPOSAL_ACTION_SUPERSEDE
+        else []
+    )
+    return memory_pb.UpsertMemoryRequest(
+        namespace=namespace,
+        request_id=request_id or str(uuid.uuid4()),
+        content=proposal.content,
+        sources=proposal.sources,
+        valid_from_time=proposal.valid_from_time,
+        supersedes=supersedes,
+    )
+
+
+def _revisions(namespace: str, memory_id: str, token: str) -> memory_pb.ListMemoryRevisionsRequest:
+    return memory_pb.ListMemoryRevisionsRequest(
+        namespace=namespace, memory_id=memory_id, page_token=token
+    )
+
+
 def _erase(namespace: str, conversation_id: str) -> agent_pb.EraseConversationRequest:
     return agent_pb.EraseConversationRequest(conversation_id=conversation_id, namespace=namespace)
 
@@ -596,6 +641,58 @@ class AsyncClient:
         )
         return int(reply.deleted_count)
 
+    async def propose_memories(
+        self,
+        conversation_id: str,
+        *,
+        from_sequence: int,
+        through_sequence: int,
+        namespace: str | None = None,
+        max_proposals: int = 0,
+        budget: Budget | None = None,
+    ) -> memory_pb.ProposeMemoriesResponse:
+        """Proposals of memories from a transcript range; nothing is stored until you
+        confirm one (`confirm_proposal`)."""
+        return await self._call(
+            self.memories.ProposeMemories,
+            _propose(
+                self._ns(namespace),
+                conversation_id,
+                from_sequence,
+                through_sequence,
+                max_proposals,
+                budget,
+            ),
+        )
+
+    async def confirm_proposal(
+        self,
+        proposal: memory_pb.MemoryProposal,
+        *,
+        namespace: str | None = None,
+        request_id: str | None = None,
+    ) -> memory_pb.UpsertMemoryResponse:
+        """Store a proposal: UpsertMemory with its content, sources and valid time (and,
+        for a SUPERSEDE, superseding its memory). ValueError for a DUPLICATE."""
+        return await self._call(
+            self.memories.UpsertMemory, _confirm(self._ns(namespace), proposal, request_id)
+        )
+
+    async def memory_revisions(
+        self, memory_id: str, *, namespace: str | None = None
+    ) -> AsyncIterator[memory_pb.MemoryRevision]:
+        """Every revision of a memory, oldest first, page by page."""
+        token = ""
+        while True:
+            reply = await self._call(
+                self.memories.ListMemoryRevisions, _revisions(self._ns(namespace), memory_id, token)
+            )
+            for revision in reply.revisions:
+                yield revision
+            token = reply.next_page_token
+            if not token:
+                return
+
 
 class Client:
     """Blocking client with the same methods as AsyncClient (grpc's sync stack).
@@ -869,6 +966,57 @@ class Client:
             _forget(self._ns(namespace), conversation_id, from_sequence, through_sequence),
         )
         return int(reply.deleted_count)
+
+    def propose_memories(
+        self,
+        conversation_id: str,
+        *,
+        from_sequence: int,
+        through_sequence: int,
+        namespace: str | None = None,
+        max_proposals: int = 0,
+        budget: Budget | None = None,
+    ) -> memory_pb.ProposeMemoriesResponse:
+        """Proposals of memories from a transcript range; nothing is stored until you
+        confirm one (`confirm_proposal`)."""
+        return self._call(
+            self.memories.ProposeMemories,
+            _propose(
+                self._ns(namespace),
+                conversation_id,
+                from_sequence,
+                through_sequence,
+                max_proposals,
+                budget,
+            ),
+        )
+
+    def confirm_proposal(
+        self,
+        proposal: memory_pb.MemoryProposal,
+        *,
+        namespace: str | None = None,
+        request_id: str | None = None,
+    ) -> memory_pb.UpsertMemoryResponse:
+        """Store a proposal: UpsertMemory with its content, sources and valid time (and,
+        for a SUPERSEDE, superseding its memory). ValueError for a DUPLICATE."""
+        return self._call(
+            self.memories.UpsertMemory, _confirm(self._ns(namespace), proposal, request_id)
+        )
+
+    def memory_revisions(
+        self, memory_id: str, *, namespace: str | None = None
+    ) -> Iterator[memory_pb.MemoryRevision]:
+        """Every revision of a memory, oldest first, page by page."""
+        token = ""
+        while True:
+            reply = self._call(
+                self.memories.ListMemoryRevisions, _revisions(self._ns(namespace), memory_id, token)
+            )
+            yield from reply.revisions
+            token = reply.next_page_token
+            if not token:
+                return
 
     def erase_conversation(
         self, conversation_id: str, *, namespace: str | None = None
