@@ -1,8 +1,8 @@
 """`make bench`: every benchmark suite against one real PostgreSQL; prints figures.
 
 No thresholds are asserted: goals are printed next to the measured ratios.
-`python -m bench transcript` runs one suite; `summary-claim` and `memory-indexing`
-run one part of the summary and memory suites alone.
+`python -m bench transcript` runs one suite; `summary-claim`, `memory-indexing` and
+`memory-validity` run one part of the summary and memory suites alone.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     # Parts of the suites above, to run alone.
     "summary-claim": summary.claim_cost,
     "memory-indexing": memory.indexing,
+    "memory-validity": memory.validity,
 }
 DEFAULT = ["transcript", "summary", "memory", "agent", "embedding"]
 

@@ -9,6 +9,15 @@
 2. UpsertMemory throughput through gRPC (sources validated by a
    TranscriptService process), 1 and 16 calls in flight, and how fast the
    outbox indexer embeds and indexes them (batches of 64).
+   Each search run is made twice, in one run, before and after the validity
+   filter of issue 17 (RUNIFOLD_MEMORY_INDEX_VALIDITY_FILTER off / on, servers
+   alternating over BENCH_MEMORY_ROUNDS rounds, latencies pooled): off, the
+   store's re-read alone drops facts not valid now, as before valid time
+   existed; on, the engine filters on valid time too. At the biggest size a
+   second corpus crowds every namespace with facts no longer valid
+   (BENCH_MEMORY_SUPERSEDED, default 0.8, of the memories superseded, their
+   validity closed); recall@10 there is against the exact top-10 of the valid
+   facts. `python -m bench memory-validity` runs the biggest size alone.
 3. Indexing rate (issue 12): memories/s from the outbox to the index, with
    1 and 2 indexers in one process (RUNIFOLD_MEMORY_INDEXERS), and on pgvector
    also 2 processes of 1 indexer, in one run. The memory processes are up and
@@ -38,6 +47,8 @@ import os
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
@@ -61,7 +72,7 @@ from services.common.settings import Settings
 from services.memory.component import MIGRATIONS
 from services.memory.config import LOCAL_MODEL_DIMENSION, LOCAL_MODEL_NAME
 from services.memory.embeddings import LocalEmbedder
-from services.memory.index import IndexPoint, VectorIndex, collection_name
+from services.memory.index import IndexPoint, VectorIndex, collection_name, point_id
 from services.memory.index.edge import EdgeIndex
 from services.memory.index.pgvector import PgvectorIndex
 from tests.fakes.openai_server import fake_openai
@@ -118,10 +129,18 @@ def questions(count: int) -> list[str]:
     ]
 
 
-class Corpus:
-    """N memories: namespace, id, text and vector, derived from real base embeddings."""
+# Valid time of the corpus: superseded facts held from 2020 to 2021, the others since 2021.
+SUPERSEDED_FROM = datetime(2020, 1, 1, tzinfo=UTC)
+VALID_FROM = datetime(2021, 1, 1, tzinfo=UTC)
 
-    def __init__(self, size: int, texts: list[str], base: np.ndarray) -> None:
+
+class Corpus:
+    """N memories: namespace, id, text and vector, derived from real base embeddings;
+    a `superseded` fraction of them with their validity closed (no longer valid now)."""
+
+    def __init__(
+        self, size: int, texts: list[str], base: np.ndarray, superseded: float = 0.0
+    ) -> None:
         rng = np.random.default_rng(SEED + size)
         pick = rng.integers(len(texts), size=size)
         noisy = base[pick] + rng.normal(scale=SIGMA, size=(size, base.shape[1]))
@@ -129,13 +148,29 @@ class Corpus:
         self.namespaces = [f"bench-{i:03d}" for i in rng.integers(NAMESPACES, size=size)]
         self.ids = [uuid.UUID(int=int(rng.integers(2**62)) << 64 | i) for i in range(size)]
         self.texts = [f"{texts[p]} (note {i})" for i, p in enumerate(pick)]
+        self.superseded = rng.random(size) < superseded
         self.by_namespace: dict[str, np.ndarray] = {}
         order = np.array(self.namespaces)
         for ns in sorted(set(self.namespaces)):
             self.by_namespace[ns] = np.flatnonzero(order == ns)
+        # Each superseded fact names a valid fact of its namespace as its successor.
+        self.successor: dict[int, uuid.UUID] = {}
+        for rows in self.by_namespace.values():
+            valid = rows[~self.superseded[rows]]
+            for i in rows[self.superseded[rows]]:
+                if len(valid):
+                    self.successor[int(i)] = self.ids[int(valid[rng.integers(len(valid))])]
+
+    def validity(self, i: int) -> tuple[datetime, datetime | None, uuid.UUID | None]:
+        """(valid_from, valid_until, superseded_by) of memory i."""
+        if self.superseded[i]:
+            return SUPERSEDED_FROM, VALID_FROM, self.successor.get(i)
+        return VALID_FROM, None, None
 
     def exact_top(self, namespace: str, query: np.ndarray, k: int) -> set[uuid.UUID]:
+        """The k nearest facts valid now of the namespace."""
         rows = self.by_namespace[namespace]
+        rows = rows[~self.superseded[rows]]
         scores = self.vectors[rows] @ query
         best = rows[np.argsort(-scores)[:k]]
         return {self.ids[i] for i in best}
@@ -155,19 +190,34 @@ async def load_postgres(url: str, corpus: Corpus) -> None:
             conn.cursor() as cursor,
             cursor.copy(
                 "COPY memory.memories (namespace, memory_id, content, sources, revision,"
-                " embedding_model, embedding_dimension) FROM STDIN"
+                " embedding_model, embedding_dimension, valid_from_time, valid_until_time,"
+                " superseded_by) FROM STDIN"
             ) as copy,
         ):
-            for ns, mid, text in zip(corpus.namespaces, corpus.ids, corpus.texts, strict=True):
-                copy.write_row((ns, mid, text, source, 1, LOCAL_MODEL_NAME, LOCAL_MODEL_DIMENSION))
+            for i, (ns, mid, text) in enumerate(
+                zip(corpus.namespaces, corpus.ids, corpus.texts, strict=True)
+            ):
+                model = (LOCAL_MODEL_NAME, LOCAL_MODEL_DIMENSION)
+                copy.write_row((ns, mid, text, source, 1, *model, *corpus.validity(i)))
         conn.execute("ANALYZE memory.memories")
 
 
 def points(corpus: Corpus, start: int, stop: int) -> list[IndexPoint]:
-    return [
-        IndexPoint(corpus.namespaces[i], corpus.ids[i], 1, corpus.vectors[i].tolist(), {})
-        for i in range(start, stop)
-    ]
+    made = []
+    for i in range(start, stop):
+        valid_from, valid_until, _ = corpus.validity(i)
+        made.append(
+            IndexPoint(
+                corpus.namespaces[i],
+                corpus.ids[i],
+                1,
+                corpus.vectors[i].tolist(),
+                {},
+                valid_from=valid_from.timestamp(),
+                valid_until=valid_until.timestamp() if valid_until else None,
+            )
+        )
+    return made
 
 
 async def load_index(backend: str, url: str, folder: Path, corpus: Corpus) -> float:
@@ -193,15 +243,24 @@ async def load_index(backend: str, url: str, folder: Path, corpus: Corpus) -> fl
         with (
             conn.cursor() as cursor,
             cursor.copy(
-                f"COPY {table} (point_id, namespace, memory_id, revision, tags, embedding)"
-                " FROM STDIN"
+                f"COPY {table} (point_id, namespace, memory_id, revision, tags, embedding,"
+                " valid_from, valid_until) FROM STDIN"
             ) as copy,
         ):
-            from services.memory.index import point_id
-
-            for i, (ns, mid) in enumerate(zip(corpus.namespaces, corpus.ids, strict=True)):
-                vector = "[" + ",".join(f"{x:.6f}" for x in corpus.vectors[i]) + "]"
-                copy.write_row((point_id(ns, mid), ns, mid, 1, "{}", vector))
+            for point in points(corpus, 0, len(corpus.ids)):
+                vector = "[" + ",".join(f"{x:.6f}" for x in point.vector) + "]"
+                copy.write_row(
+                    (
+                        point_id(point.namespace, point.memory_id),
+                        point.namespace,
+                        point.memory_id,
+                        1,
+                        "{}",
+                        vector,
+                        point.valid_from,
+                        point.valid_end,
+                    )
+                )
         conn.execute("SET maintenance_work_mem = '1GB'")
         conn.execute("SET max_parallel_maintenance_workers = 2")
         conn.execute(
@@ -216,22 +275,115 @@ async def search_run(
 ) -> tuple[Stats, float]:
     rng = np.random.default_rng(SEED + 2)
     targets = [f"bench-{i:03d}" for i in rng.integers(NAMESPACES, size=len(queries))]
-    found = 0
+    found = expected = 0
     async with grpc.aio.insecure_channel(address) as channel:
         stub = stubs.memory(channel)
 
         async def op(_: int, i: int) -> None:
-            nonlocal found
+            nonlocal found, expected
             j = i % len(queries) if i >= 0 else (-i) % len(queries)
             reply = await stub.SearchMemories(
                 pb.SearchMemoriesRequest(namespace=targets[j], query=queries[j], limit=10)
             )
             if i >= 0:
                 got = {uuid.UUID(r.memory.memory_id) for r in reply.results}
-                found += len(got & corpus.exact_top(targets[j], query_vectors[j], 10))
+                exact = corpus.exact_top(targets[j], query_vectors[j], 10)
+                found += len(got & exact)
+                expected += len(exact)  # fewer than 10 where a namespace holds fewer
 
         stats = await measure("search", 1, len(queries), op, warmup=20)
-    return stats, found / (10 * len(queries))
+    return stats, found / expected
+
+
+@dataclass
+class FilterComparison:
+    """Search runs of one corpus and index, before and after the validity filter."""
+
+    before: Stats
+    before_recall: float
+    after: Stats
+    after_recall: float
+
+    def rows(self, label: str) -> list[str]:
+        lines = []
+        for when, stats, recall in (
+            ("before (filter off)", self.before, self.before_recall),
+            ("after (filter on)", self.after, self.after_recall),
+        ):
+            stats.name = f"{label}, {when}"
+            lines.append(f"{stats.row()}  recall@10 {recall:.3f}")
+        lines.append(
+            f"  validity filter: p50 after / before = {self.after.p50 / self.before.p50:.2f}, "
+            f"recall@10 {self.before_recall:.3f} -> {self.after_recall:.3f}"
+        )
+        return lines
+
+
+async def compare_filter(
+    url: str,
+    backend: str,
+    shard_dir: Path,
+    corpus: Corpus,
+    queries: list[str],
+    query_vectors: np.ndarray,
+) -> FilterComparison:
+    """The same searches against the same data, with the validity filter off and on:
+    servers alternate over BENCH_MEMORY_ROUNDS rounds (so drift hits both), latencies
+    pooled per setting."""
+    rounds = int(os.environ.get("BENCH_MEMORY_ROUNDS", "2"))
+    latencies: dict[str, list[float]] = {"off": [], "on": []}
+    elapsed = {"off": 0.0, "on": 0.0}
+    recalls: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(rounds):
+        for setting in ("off", "on"):
+            env = {
+                "RUNIFOLD_MEMORY_INDEX": backend,
+                "RUNIFOLD_MEMORY_INDEX_DIR": str(shard_dir),
+                "RUNIFOLD_MEMORY_INDEX_VALIDITY_FILTER": setting,
+                "TRANSCRIPT_SERVICE_ADDR": "127.0.0.1:1",  # searches need no transcript
+            }
+            async with server_process("services.memory", url, env) as address:
+                stats, recall = await search_run(address, corpus, queries, query_vectors)
+            latencies[setting] += stats.latencies
+            elapsed[setting] += stats.elapsed
+            recalls[setting].append(recall)
+    return FilterComparison(
+        Stats("before", latencies["off"], elapsed["off"]),
+        sum(recalls["off"]) / rounds,
+        Stats("after", latencies["on"], elapsed["on"]),
+        sum(recalls["on"]) / rounds,
+    )
+
+
+async def crowded(
+    postgres_url: str,
+    folder: Path,
+    size: int,
+    backends: list[str],
+    texts: list[str],
+    base: np.ndarray,
+    queries: list[str],
+    query_vectors: np.ndarray,
+) -> list[str]:
+    """Before and after the validity filter on a corpus crowded with superseded facts."""
+    fraction = float(os.environ.get("BENCH_MEMORY_SUPERSEDED", "0.8"))
+    if fraction <= 0:
+        return []
+    corpus = Corpus(size, texts, base, superseded=fraction)
+    lines = [
+        "",
+        f"{size:,} memories, {corpus.superseded.mean():.0%} of them superseded (validity "
+        "closed, still stored and indexed); recall@10 against the exact top-10 of the "
+        "valid facts",
+    ]
+    for backend in backends:
+        url = new_database(postgres_url)
+        await load_postgres(url, corpus)
+        shard_dir = folder / f"{backend}-{size}-crowded"
+        await load_index(backend, url, shard_dir, corpus)
+        comparison = await compare_filter(url, backend, shard_dir, corpus, queries, query_vectors)
+        lines += comparison.rows(f"SearchMemories {backend}, crowded")
+    return lines
 
 
 async def upserts(postgres_url: str, folder: Path, texts: list[str]) -> list[str]:
@@ -402,8 +554,18 @@ async def indexing(postgres_url: str) -> list[str]:
     return lines
 
 
-async def run(postgres_url: str) -> list[str]:
-    sizes = [int(s) for s in os.environ.get("BENCH_MEMORY_SIZES", "10000,100000").split(",")]
+async def validity(postgres_url: str) -> list[str]:
+    """Only the search runs at the biggest size, before and after the validity filter."""
+    sizes = os.environ.get("BENCH_MEMORY_SIZES", "10000,100000").split(",")
+    return await run(postgres_url, sizes=[max(int(s) for s in sizes)], others=False)
+
+
+async def run(
+    postgres_url: str, *, sizes: list[int] | None = None, others: bool = True
+) -> list[str]:
+    sizes = sizes or [
+        int(s) for s in os.environ.get("BENCH_MEMORY_SIZES", "10000,100000").split(",")
+    ]
     backends = os.environ.get("BENCH_MEMORY_BACKENDS", "edge,pgvector").split(",")
     query_count = int(os.environ.get("BENCH_MEMORY_QUERIES", "200"))
     lines = ["## MemoryService", ""]
@@ -435,19 +597,18 @@ async def run(postgres_url: str) -> list[str]:
                 await load_postgres(url, corpus)
                 shard_dir = folder / f"{backend}-{size}"
                 load_s = await load_index(backend, url, shard_dir, corpus)
-                env = {
-                    "RUNIFOLD_MEMORY_INDEX": backend,
-                    "RUNIFOLD_MEMORY_INDEX_DIR": str(shard_dir),
-                    "TRANSCRIPT_SERVICE_ADDR": "127.0.0.1:1",  # searches need no transcript
-                }
-                async with server_process("services.memory", url, env) as address:
-                    stats, recall = await search_run(address, corpus, queries, query_vectors)
-                p50_at[(backend, size)] = stats.p50
-                stats.name = f"gRPC SearchMemories {backend}, {size:,} memories"
-                lines.append(stats.row())
-                lines.append(
-                    f"  recall@10 vs exact {recall:.3f} (goal >= 0.95); index load {load_s:.0f} s"
+                comparison = await compare_filter(
+                    url, backend, shard_dir, corpus, queries, query_vectors
                 )
+                p50_at[(backend, size)] = comparison.after.p50
+                lines += comparison.rows(f"gRPC SearchMemories {backend}, {size:,} memories")
+                lines.append(
+                    f"  recall@10 vs exact {comparison.after_recall:.3f} (goal >= 0.95); "
+                    f"index load {load_s:.0f} s"
+                )
+        lines += await crowded(
+            postgres_url, folder, max(sizes), backends, texts, base, queries, query_vectors
+        )
         lines.append("")
         biggest = max(sizes)
         for backend in backends:
@@ -457,8 +618,10 @@ async def run(postgres_url: str) -> list[str]:
                     f"{backend}: search p50 at {biggest:,} / embedding p50 = {ratio:.2f}"
                     " (goal <= 2)"
                 )
+        if others:
+            lines.append("")
+            lines += await upserts(postgres_url, folder, texts)
+    if others:
         lines.append("")
-        lines += await upserts(postgres_url, folder, texts)
-    lines.append("")
-    lines += await indexing(postgres_url)
+        lines += await indexing(postgres_url)
     return lines

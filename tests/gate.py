@@ -47,7 +47,10 @@ class GatedProxy:
         try:
             reply: bytes = await call(request, metadata=metadata, timeout=context.time_remaining())
         except grpc.aio.AioRpcError as error:
-            await context.abort(error.code(), error.details() or "", error.trailing_metadata())
+            # abort takes a tuple of pairs (aio's trailing_metadata() is a Metadata); the
+            # ErrorInfo travels in it (grpc-status-details-bin).
+            trailers = tuple(error.trailing_metadata() or ())
+            await context.abort(error.code(), error.details() or "", trailers)
             raise  # unreachable: abort raises
         if gate is not None:
             held, release = gate

@@ -54,16 +54,17 @@ class World:
         return [SourceInput(cid or self.cid, low, high)]
 
     async def add(self, content: str, **kw: object) -> uuid.UUID:
-        memory, created = await self.service.upsert(
+        written = await self.service.upsert(
             self.namespace,
             str(kw.pop("memory_id", "")),
             content,
             kw.pop("sources", None) or self.source(),  # type: ignore[arg-type]
             kw.pop("metadata", {}),  # type: ignore[arg-type]
             None,
+            validity=kw.pop("validity", None),  # type: ignore[arg-type]
         )
-        assert created
-        return memory.memory_id
+        assert written.created
+        return written.memory.memory_id
 
     async def drain(self) -> None:
         while await self.indexer.run_once():
@@ -83,15 +84,17 @@ class MemoryCases:
 
     async def test_create_then_compare_and_swap(self, world: World) -> None:
         ns = world.namespace
-        memory, created = await world.service.upsert(
+        written = await world.service.upsert(
             ns, "", "Likes jazz.", world.source(), {"k": "v"}, None
         )
-        assert created and memory.revision == 1 and memory.memory_id.version == 7
+        memory = written.memory
+        assert written.created and memory.revision == 1 and memory.memory_id.version == 7
         assert memory.embedding_model == "test/hash-words" and memory.embedding_dimension == 64
-        updated, created = await world.service.upsert(
+        replaced = await world.service.upsert(
             ns, str(memory.memory_id), "Likes bebop.", world.source(), {}, 1
         )
-        assert not created and updated.revision == 2 and updated.metadata == {}
+        updated = replaced.memory
+        assert not replaced.created and updated.revision == 2 and updated.metadata == {}
         with pytest.raises(DomainError) as conflict:
             await world.service.upsert(ns, str(memory.memory_id), "x", world.source(), {}, 1)
         assert reason(conflict) == (Code.ABORTED, "REVISION_CONFLICT")
@@ -226,9 +229,11 @@ class MemoryCases:
         ttl_ns = f"{world.namespace}-ttl"
         cid = world.sources.add(ttl_ns, 2)
         before = datetime.now(UTC)
-        memory, _ = await world.service.upsert(
-            ttl_ns, "", "Short-lived.", [SourceInput(cid, 1, 1)], {}, None
-        )
+        memory = (
+            await world.service.upsert(
+                ttl_ns, "", "Short-lived.", [SourceInput(cid, 1, 1)], {}, None
+            )
+        ).memory
         after = datetime.now(UTC)
         assert memory.expire_time is not None
         # The namespace's TTL counted from the moment of the write, wherever it fell.
@@ -376,7 +381,7 @@ class MemoryCases:
         async def upsert(
             content: str, request_id: str = "r-1", **kw: object
         ) -> tuple[object, bool]:
-            return await world.service.upsert(
+            written = await world.service.upsert(
                 ns,
                 str(kw.pop("memory_id", "")),
                 content,
@@ -386,6 +391,7 @@ class MemoryCases:
                 ttl=timedelta(hours=1),
                 request_id_text=request_id,
             )
+            return written.memory, written.created
 
         first, created = await upsert("The user likes tea.")
         # Racing and sequential retries of the same request: the same memory, one row.
@@ -433,8 +439,8 @@ class MemoryCases:
         assert reason(fenced) == (Code.NOT_FOUND, "SOURCE_NOT_FOUND")
         assert await world.store.get(ns, write.memory_id) is None
         # The id made again has another incarnation: its memories are stored.
-        made, created = await world.store.create(replace(write, source_incarnations={cid: 2}))
-        assert created and made.content == "Checked before the erasure."
+        made = await world.store.create(replace(write, source_incarnations={cid: 2}))
+        assert made.created and made.memory.content == "Checked before the erasure."
         with pytest.raises(DomainError) as range_too:
             await world.service.forget_source(ns, world.cid, 1, 2, incarnation=2)
         assert reason(range_too) == (Code.INVALID_ARGUMENT, "INVALID_INCARNATION")

@@ -16,8 +16,10 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from services.common.domain import Entry, Message, Role
 from services.common.server import RunningServer, serving
 from services.common.settings import Settings
 from services.memory.component import MemoryComponent
@@ -31,9 +33,11 @@ from services.memory.index import (
     Key,
     NamespacedQuery,
     Tombstone,
+    ValidAt,
     VectorIndex,
 )
 from services.memory.model import SourceConversation
+from services.memory.proposals import Proposer
 from services.transcript.component import TranscriptComponent
 from tests.conftest import server_settings
 
@@ -142,7 +146,9 @@ class BruteForceIndex:
         for p in self.points.values():
             payload = p.payload()
             if all(
-                payload[t.field] == t.value
+                t.matches(p.valid_from, p.valid_end)
+                if isinstance(t, ValidAt)
+                else payload[t.field] == t.value
                 or (isinstance(payload[t.field], list) and t.value in payload[t.field])  # type: ignore[operator]
                 for t in query.terms
             ):
@@ -162,16 +168,28 @@ class BruteForceIndex:
         return None
 
 
+# When the entries of FixedSources were written: entry n at EPOCH + n hours.
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def entry_time(sequence: int) -> datetime:
+    """The create time of entry `sequence` of every FixedSources conversation."""
+    return EPOCH + timedelta(hours=sequence)
+
+
 class FixedSources:
     """SourceChecker over a map of (namespace, conversation id) -> last sequence (each
-    conversation's incarnation is 1)."""
+    conversation's incarnation is 1). Entry n says `texts[n]` if given (else
+    "message n"), from the user, written at `entry_time(n)`."""
 
     def __init__(self) -> None:
         self.conversations: dict[tuple[str, uuid.UUID], int] = {}
+        self.texts: dict[tuple[str, uuid.UUID], list[str]] = {}
 
-    def add(self, namespace: str, last_sequence: int) -> str:
+    def add(self, namespace: str, last_sequence: int, texts: Sequence[str] = ()) -> str:
         cid = uuid.uuid4()
-        self.conversations[(namespace, cid)] = last_sequence
+        self.conversations[(namespace, cid)] = max(last_sequence, len(texts))
+        self.texts[(namespace, cid)] = list(texts)
         return str(cid)
 
     async def conversation(
@@ -179,6 +197,22 @@ class FixedSources:
     ) -> SourceConversation | None:
         last = self.conversations.get((namespace, conversation_id))
         return SourceConversation(last, 1) if last is not None else None
+
+    async def entries(
+        self, namespace: str, conversation_id: uuid.UUID, from_sequence: int, through_sequence: int
+    ) -> Sequence[Entry]:
+        last = self.conversations.get((namespace, conversation_id))
+        if last is None:
+            return []
+        texts = self.texts[(namespace, conversation_id)]
+        return [
+            Entry(
+                n,
+                Message(Role.USER, texts[n - 1] if n <= len(texts) else f"message {n}"),
+                entry_time(n),
+            )
+            for n in range(max(1, from_sequence), min(last, through_sequence) + 1)
+        ]
 
 
 async def outbox_drained(component: MemoryComponent) -> bool:
@@ -196,10 +230,13 @@ async def memory_server(
     embedder: Embedder | None = None,
     background: bool = True,
     settings: Settings | None = None,
+    proposer: Proposer | None = None,
 ) -> AsyncIterator[tuple[RunningServer, MemoryComponent]]:
     """TranscriptService and MemoryService in one real gRPC server on 127.0.0.1:0; memory
     validates sources through TranscriptService's gRPC API (all-in-one addressing)."""
-    component = MemoryComponent(config, index=index, embedder=embedder, background=background)
+    component = MemoryComponent(
+        config, index=index, embedder=embedder, background=background, proposer=proposer
+    )
     async with serving(
         [TranscriptComponent(), component],
         settings or server_settings(),

@@ -12,9 +12,9 @@ transcript.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from services.common.domain import Budget, Role, ToolCall, ToolDefinition, Usage
 from services.common.errors import Code, DomainError
@@ -46,6 +46,17 @@ class ChatMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class JsonSchemaFormat:
+    """Structured output: the answer must be a JSON document of `schema` (OpenAI's
+    `response_format` of type `json_schema`; `strict` asks the provider to enforce it).
+    The caller still checks what comes back: not every provider enforces a schema."""
+
+    name: str
+    schema: Mapping[str, Any]
+    strict: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class ChatRequest:
     """A model request. `max_output_tokens` None means the provider's default."""
 
@@ -53,6 +64,7 @@ class ChatRequest:
     max_output_tokens: int | None = None
     tools: Sequence[ToolDefinition] = ()
     temperature: float | None = None
+    response_format: JsonSchemaFormat | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -263,6 +263,12 @@ class OpenAIChatModel:
             body["temperature"] = request.temperature
         if request.tools:
             body["tools"] = [_tool(t) for t in request.tools]
+        if request.response_format is not None:
+            fmt = request.response_format
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": fmt.name, "schema": dict(fmt.schema), "strict": fmt.strict},
+            }
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}

@@ -11,6 +11,7 @@ import grpc
 from runifold.memory.v1 import memory_service_pb2, memory_service_pb2_grpc
 from services.common import migrations
 from services.common.db import Database
+from services.common.openai_chat import OpenAIChatModel
 from services.common.pagination import PageTokens
 from services.common.peers import Peer, open_channel
 from services.common.server import StartContext
@@ -20,6 +21,7 @@ from services.memory.index import IndexUnavailable, VectorIndex, make_index
 from services.memory.indexer import Indexer, Sweeper
 from services.memory.peers import TranscriptSources
 from services.memory.ports import SourceChecker
+from services.memory.proposals import ChatModelProposer, OfflineProposer, Proposer
 from services.memory.service import MemoryService
 from services.memory.servicer import MemoryServicer
 from services.memory.store import PostgresMemoryStore
@@ -30,11 +32,26 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = memory_service_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
 
 
+def build_proposer(config: MemoryConfig) -> tuple[Proposer, OpenAIChatModel | None]:
+    """The proposer the configuration names (and the HTTP client to close, if any)."""
+    if config.proposer == "openai":
+        model = OpenAIChatModel(
+            config.proposer_model_url,
+            config.proposer_model,
+            config.proposer_model_api_key,
+            config.proposer_timeout_s,
+            config.proposer_max_retries,
+            purpose="memory_proposal",
+        )
+        return ChatModelProposer(model, max_entry_chars=config.propose_max_entry_chars), model
+    return OfflineProposer(max_entry_chars=config.propose_max_entry_chars), None
+
+
 class MemoryComponent:
     """Hosts MemoryService in a server process.
 
-    `index`, `embedder` and `sources` may be given (tests, tools); otherwise
-    they come from the configuration.
+    `index`, `embedder`, `sources` and `proposer` may be given (tests, tools);
+    otherwise they come from the configuration.
     """
 
     name = "memory"
@@ -47,12 +64,15 @@ class MemoryComponent:
         index: VectorIndex | None = None,
         embedder: Embedder | None = None,
         sources: SourceChecker | None = None,
+        proposer: Proposer | None = None,
         background: bool = True,
     ) -> None:
         self.config = config or MemoryConfig.from_env()
         self.index = index
         self.embedder = embedder
         self.sources = sources
+        self.proposer = proposer
+        self._model: OpenAIChatModel | None = None
         self.background = background
         self.db: Database | None = None
         self.peer: Peer | None = None
@@ -97,6 +117,8 @@ class MemoryComponent:
             self.sources = TranscriptSources(self.peer)
         self.indexer = Indexer(self.store, self.index, self.embedder, self.config)
         self.sweeper = Sweeper(self.store, self.config, self.indexer.wake, self.index)
+        if self.proposer is None:
+            self.proposer, self._model = build_proposer(self.config)
         self.service = MemoryService(
             self.store,
             self.index,
@@ -105,6 +127,7 @@ class MemoryComponent:
             self.config,
             PageTokens(ctx.settings.page_token_secret),
             on_write=self.indexer.wake,
+            proposer=self.proposer,
         )
         if self.background:
             if self.config.indexers:
@@ -121,6 +144,8 @@ class MemoryComponent:
                 await self.index.close()
         if self.embedder is not None:
             await self.embedder.close()
+        if self._model is not None:
+            await self._model.aclose()
         if self.peer is not None:
             await self.peer.close()
         if self.db is not None:

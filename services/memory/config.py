@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from services.common.domain import Budget
 from services.common.settings import (
     Env,
     SettingsError,
+    env_bool,
     env_choice,
     env_float,
     env_int,
@@ -103,6 +105,23 @@ class MemoryConfig:
     # Search asks the index for limit * overfetch + 8 candidates: room for the
     # hits that the PostgreSQL re-read drops (deleted, expired, filtered).
     overfetch: int = 2
+    # Search filters on valid time inside the index as well as in the store's re-read
+    # (off: the store alone drops facts not valid at the time asked, as before issue 17;
+    # for comparison, and an escape hatch should an engine's filtered search misbehave).
+    index_validity_filter: bool = True
+    # -- ProposeMemories -----------------------------------------------------------
+    proposer: str = "offline"  # "offline" or "openai"
+    proposer_model_url: str = "https://api.openai.com/v1"
+    proposer_model: str = "gpt-4o-mini"
+    proposer_model_api_key: str = ""
+    proposer_timeout_s: float = 60.0
+    proposer_max_retries: int = 2
+    # The longest range one call reads, and how much of each entry the model sees.
+    propose_max_entries: int = 200
+    propose_max_entry_chars: int = 4000
+    # The budget a ProposeMemories gets where its Budget fields are 0 (one model call).
+    propose_max_output_tokens: int = 4096
+    propose_max_input_tokens: int = 200_000
     # Indexer loops in this process; each claims its own outbox batches.
     indexers: int = 1
     indexer_batch: int = 64
@@ -118,6 +137,15 @@ class MemoryConfig:
     # How long an UpsertMemory request id is remembered (a retry after that writes again).
     request_id_retention_s: float = 24 * 3600.0
     limits: MemoryLimits = field(default_factory=MemoryLimits)
+
+    @property
+    def propose_budget(self) -> Budget:
+        """The budget a ProposeMemories gets where its Budget fields are 0."""
+        return Budget(
+            max_output_tokens=self.propose_max_output_tokens,
+            max_model_calls=1,
+            max_input_tokens=self.propose_max_input_tokens,
+        )
 
     def ttl_for(self, namespace: str) -> timedelta | None:
         """The default TTL of a namespace: its own entry, else the global default."""
@@ -149,6 +177,14 @@ class MemoryConfig:
                     "RUNIFOLD_EMBEDDINGS_DIMENSION must be set when RUNIFOLD_EMBEDDINGS=openai"
                 )
         index_dir = env_str(env, "RUNIFOLD_MEMORY_INDEX_DIR", "")
+        proposer = env_choice(env, "RUNIFOLD_MEMORY_PROPOSER", "offline", ("offline", "openai"))
+        proposer_url = env_str(
+            env, "RUNIFOLD_MEMORY_PROPOSER_MODEL_URL", "https://api.openai.com/v1"
+        )
+        if not proposer_url.startswith(("http://", "https://")):
+            raise SettingsError(
+                f"RUNIFOLD_MEMORY_PROPOSER_MODEL_URL must be an http(s) URL, got {proposer_url!r}"
+            )
         indexer_claim_s = env_float(env, "RUNIFOLD_MEMORY_INDEXER_CLAIM_S", 60.0, minimum=1.0)
         retention = parse_duration(
             "RUNIFOLD_MEMORY_INDEX_TOMBSTONE_RETENTION",
@@ -215,6 +251,31 @@ class MemoryConfig:
                 "RUNIFOLD_MEMORY_NAMESPACE_TTLS", env_str(env, "RUNIFOLD_MEMORY_NAMESPACE_TTLS", "")
             ),
             overfetch=env_int(env, "RUNIFOLD_MEMORY_OVERFETCH", 2, minimum=1, maximum=16),
+            index_validity_filter=env_bool(env, "RUNIFOLD_MEMORY_INDEX_VALIDITY_FILTER", True),
+            proposer=proposer,
+            proposer_model_url=proposer_url,
+            proposer_model=env_str(env, "RUNIFOLD_MEMORY_PROPOSER_MODEL", "gpt-4o-mini"),
+            proposer_model_api_key=env_str(
+                env, "RUNIFOLD_MEMORY_PROPOSER_MODEL_API_KEY", env_str(env, "OPENAI_API_KEY", "")
+            ),
+            proposer_timeout_s=env_float(
+                env, "RUNIFOLD_MEMORY_PROPOSER_MODEL_TIMEOUT_S", 60.0, minimum=0.1
+            ),
+            proposer_max_retries=env_int(
+                env, "RUNIFOLD_MEMORY_PROPOSER_MODEL_MAX_RETRIES", 2, minimum=0, maximum=10
+            ),
+            propose_max_entries=env_int(
+                env, "RUNIFOLD_MEMORY_PROPOSE_MAX_ENTRIES", 200, minimum=1, maximum=1000
+            ),
+            propose_max_entry_chars=env_int(
+                env, "RUNIFOLD_MEMORY_PROPOSE_MAX_ENTRY_CHARS", 4000, minimum=64, maximum=1_000_000
+            ),
+            propose_max_output_tokens=env_int(
+                env, "RUNIFOLD_MEMORY_PROPOSE_MAX_OUTPUT_TOKENS", 4096, minimum=64, maximum=65_536
+            ),
+            propose_max_input_tokens=env_int(
+                env, "RUNIFOLD_MEMORY_PROPOSE_MAX_INPUT_TOKENS", 200_000, minimum=256
+            ),
             indexers=env_int(env, "RUNIFOLD_MEMORY_INDEXERS", 1, minimum=0, maximum=64),
             indexer_batch=env_int(
                 env, "RUNIFOLD_MEMORY_INDEXER_BATCH", 64, minimum=1, maximum=4096

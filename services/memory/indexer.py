@@ -43,9 +43,17 @@ log = logging.getLogger(__name__)
 
 
 def to_point(memory: Memory, vector: Sequence[float]) -> IndexPoint:
-    """The index form of a memory."""
+    """The index form of a memory (its valid time in Unix seconds)."""
+    start = memory.valid_from_time or memory.create_time
+    end = memory.valid_until_time
     return IndexPoint(
-        memory.namespace, memory.memory_id, memory.revision, vector, dict(memory.metadata)
+        memory.namespace,
+        memory.memory_id,
+        memory.revision,
+        vector,
+        dict(memory.metadata),
+        valid_from=start.timestamp(),
+        valid_until=end.timestamp() if end is not None else None,
     )
 
 

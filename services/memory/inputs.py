@@ -10,9 +10,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from services.common import validation
-from services.common.errors import invalid_argument
+from services.common.errors import DomainError, invalid_argument
 from services.common.validation import conversation_id
-from services.memory.model import MemorySource
+from services.memory.model import MemorySource, Supersession, supersession_cycle
+
+# The most memories one write supersedes.
+MAX_SUPERSEDES = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +25,69 @@ class SourceInput:
     conversation_id: str
     from_sequence: int
     through_sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class SupersedeInput:
+    """A superseded memory as the caller named it (validated by the service)."""
+
+    memory_id: str
+    expected_revision: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ValidityInput:
+    """The valid time of an UpsertMemory as sent; None where a field is absent."""
+
+    valid_from_time: datetime | None = None
+    valid_until_time: datetime | None = None
+    supersedes: Sequence[SupersedeInput] = ()
+
+
+def invalid_validity(
+    message: str = "valid_until_time must be after valid_from_time",
+    field: str = "valid_until_time",
+) -> DomainError:
+    """INVALID_ARGUMENT: a validity that ends before it starts, or a bad valid time."""
+    return invalid_argument("INVALID_VALIDITY", message, field=field)
+
+
+def check_validity(valid_from: datetime | None, valid_until: datetime | None) -> None:
+    """A validity given in full must end after it starts."""
+    if valid_from is not None and valid_until is not None and valid_until <= valid_from:
+        raise invalid_validity()
+
+
+def parse_supersedes(
+    items: Sequence[SupersedeInput], own_id: uuid.UUID | None
+) -> list[Supersession]:
+    """The memories a write supersedes: canonical ids, each once, never the memory itself
+    (a one-memory cycle), at most MAX_SUPERSEDES."""
+    if len(items) > MAX_SUPERSEDES:
+        raise invalid_argument(
+            "INVALID_SUPERSEDES",
+            f"a write supersedes at most {MAX_SUPERSEDES} memories",
+            field="supersedes",
+        )
+    parsed: list[Supersession] = []
+    for i, item in enumerate(items):
+        mid = memory_id(item.memory_id, f"supersedes[{i}].memory_id")
+        if item.expected_revision is not None and item.expected_revision < 1:
+            raise invalid_argument(
+                "INVALID_EXPECTED_REVISION",
+                "expected_revision must be at least 1",
+                field=f"supersedes[{i}].expected_revision",
+            )
+        if mid == own_id:
+            raise supersession_cycle(i)
+        if any(p.memory_id == mid for p in parsed):
+            raise invalid_argument(
+                "INVALID_SUPERSEDES",
+                f"supersedes[{i}] names a memory already named",
+                field=f"supersedes[{i}].memory_id",
+            )
+        parsed.append(Supersession(mid, item.expected_revision))
+    return parsed
 
 
 def memory_id(value: str, field: str = "memory_id") -> uuid.UUID:
@@ -47,19 +113,32 @@ def request_digest(
     expected_revision: int | None,
     expire_time: datetime | None,
     ttl: timedelta | None,
+    validity: ValidityInput | None = None,
 ) -> bytes:
     """A digest of an UpsertMemory request as sent (a ttl, not the expiry it makes),
     to tell a retry from another request under the same request id."""
+    fields: list[object] = [
+        memory_id_text.lower(),
+        content,
+        [[s.conversation_id.lower(), s.from_sequence, s.through_sequence] for s in sources],
+        sorted(metadata.items()),
+        expected_revision,
+        expire_time.isoformat() if expire_time else None,
+        ttl.total_seconds() if ttl else None,
+    ]
+    if validity is not None and (
+        validity.valid_from_time or validity.valid_until_time or validity.supersedes
+    ):
+        # Only when given: a request without them keeps the digest it had before them.
+        fields.append(
+            [
+                validity.valid_from_time.isoformat() if validity.valid_from_time else None,
+                validity.valid_until_time.isoformat() if validity.valid_until_time else None,
+                [[s.memory_id.lower(), s.expected_revision] for s in validity.supersedes],
+            ]
+        )
     document = json.dumps(
-        [
-            memory_id_text.lower(),
-            content,
-            [[s.conversation_id.lower(), s.from_sequence, s.through_sequence] for s in sources],
-            sorted(metadata.items()),
-            expected_revision,
-            expire_time.isoformat() if expire_time else None,
-            ttl.total_seconds() if ttl else None,
-        ],
+        fields,
         ensure_ascii=False,
         separators=(",", ":"),
     )

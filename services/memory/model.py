@@ -11,6 +11,7 @@ from services.common.errors import (
     DomainError,
     aborted,
     already_exists,
+    failed_precondition,
     invalid_argument,
     not_found,
 )
@@ -27,7 +28,13 @@ class MemorySource:
 
 @dataclass(frozen=True, slots=True)
 class Memory:
-    """The current revision of a curated fact."""
+    """The current revision of a curated fact.
+
+    Two times: `valid_from_time` / `valid_until_time` say when the fact holds in
+    the world (valid time); `create_time` / `update_time` when the store learned
+    it (revision time). A superseded memory has its validity closed and names its
+    successor in `superseded_by`.
+    """
 
     namespace: str
     memory_id: uuid.UUID
@@ -40,6 +47,22 @@ class Memory:
     expire_time: datetime | None
     embedding_model: str = ""
     embedding_dimension: int = 0
+    valid_from_time: datetime | None = None
+    valid_until_time: datetime | None = None
+    superseded_by: uuid.UUID | None = None
+
+    def valid_at(self, when: datetime) -> bool:
+        """Whether the fact holds at `when` (valid time)."""
+        start = self.valid_from_time or self.create_time
+        return start <= when and (self.valid_until_time is None or when < self.valid_until_time)
+
+
+@dataclass(frozen=True, slots=True)
+class Supersession:
+    """A memory that a write supersedes, optionally at an expected revision."""
+
+    memory_id: uuid.UUID
+    expected_revision: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +88,23 @@ class MemoryWrite:
     # AIP-155: the request id and a digest of the request, recorded with the write.
     request_id: str | None = None
     payload_hash: bytes = b""
+    # Valid time. None: on a create, the store's default (now; the service passes the
+    # create time of the earliest source entry); on an update, unchanged.
+    valid_from_time: datetime | None = None
+    # None: open on a create, unchanged on an update.
+    valid_until_time: datetime | None = None
+    # The memories this one supersedes (validity closed at its valid_from_time).
+    supersedes: Sequence[Supersession] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What a write stored: the memory, whether it created it, and the memories it
+    superseded (at their new revision)."""
+
+    memory: Memory
+    created: bool
+    superseded: Sequence[Memory] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,10 +154,21 @@ class RevisionRecord:
 
     revision: int
     kind: str  # "write" or "delete"
-    reason: str  # "create", "update", "delete", "forget_source", "expired"
+    # "create", "update", "superseded", "reopened", "delete", "forget_source", "expired"
+    reason: str
     recorded_at: datetime
     content: str | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)
+    sources: Sequence[MemorySource] = ()
+    expire_time: datetime | None = None
+    valid_from_time: datetime | None = None
+    valid_until_time: datetime | None = None
+    superseded_by: uuid.UUID | None = None
+
+    @property
+    def erased(self) -> bool:
+        """The memory was deleted (or this is its tombstone): nothing of the fact remains."""
+        return self.content is None
 
 
 # -- the errors of the memory domain ------------------------------------------------
@@ -145,6 +196,12 @@ def source_not_found(index: int | None = None) -> DomainError:
     )
 
 
+def conversation_not_found() -> DomainError:
+    """NOT_FOUND: the conversation to read is not in this namespace (TranscriptService's
+    reason, the same whether it never existed or is elsewhere)."""
+    return not_found("CONVERSATION_NOT_FOUND", "conversation not found")
+
+
 def memory_not_found() -> DomainError:
     """The one NOT_FOUND of this service; the same whether it never existed or is elsewhere."""
     return not_found("MEMORY_NOT_FOUND", "memory not found")
@@ -165,4 +222,54 @@ def memory_exists() -> DomainError:
     return already_exists(
         "MEMORY_ALREADY_EXISTS",
         "a memory with this id exists; send expected_revision to replace it",
+    )
+
+
+def supersession_cycle(index: int) -> DomainError:
+    """INVALID_ARGUMENT: superseding this memory would make a cycle of supersessions."""
+    return invalid_argument(
+        "SUPERSESSION_CYCLE",
+        f"supersedes[{index}] is this memory or one that it (through its successors) "
+        "superseded: a supersession cannot make a cycle",
+        field=f"supersedes[{index}].memory_id",
+    )
+
+
+def superseded_not_found(index: int) -> DomainError:
+    """NOT_FOUND: a superseded memory is not live in this namespace (or not at all)."""
+    return not_found(
+        "MEMORY_NOT_FOUND",
+        f"the memory of supersedes[{index}] was not found",
+        field=f"supersedes[{index}].memory_id",
+    )
+
+
+def superseded_conflict(index: int, current: int, expected: int) -> DomainError:
+    """ABORTED: a superseded memory is not at the revision the caller expected."""
+    return aborted(
+        "REVISION_CONFLICT",
+        f"the memory of supersedes[{index}] is at revision {current}, not {expected}",
+        current_revision=current,
+        expected_revision=expected,
+        field=f"supersedes[{index}].expected_revision",
+    )
+
+
+def validity_ended(index: int, superseded_by: uuid.UUID | None) -> DomainError:
+    """FAILED_PRECONDITION: only an open fact can be superseded."""
+    return failed_precondition(
+        "VALIDITY_ENDED",
+        f"the memory of supersedes[{index}] has already ended"
+        + (" (superseded)" if superseded_by else ""),
+        superseded_by=str(superseded_by) if superseded_by else "",
+        field=f"supersedes[{index}].memory_id",
+    )
+
+
+def supersedes_later_fact(index: int) -> DomainError:
+    """FAILED_PRECONDITION: a memory can only supersede one that became valid before it."""
+    return failed_precondition(
+        "SUPERSEDES_LATER_FACT",
+        f"the memory of supersedes[{index}] became valid at or after this memory's valid_from_time",
+        field=f"supersedes[{index}].memory_id",
     )

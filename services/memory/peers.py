@@ -4,16 +4,21 @@ tables)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
-from services.common import stubs
+from services.common import convert, stubs
+from services.common.domain import Entry
 from services.common.errors import Code, DomainError
 from services.common.peers import Peer
 from services.memory.model import SourceConversation
 
+# ListEntries' largest page.
+_PAGE = 1000
+
 
 class TranscriptSources:
-    """SourceChecker that asks TranscriptService.GetConversation."""
+    """SourceChecker that asks TranscriptService.GetConversation and ListEntries."""
 
     def __init__(self, peer: Peer) -> None:
         self.peer = peer
@@ -35,3 +40,30 @@ class TranscriptSources:
             raise
         found = response.conversation
         return SourceConversation(found.last_sequence, found.incarnation)
+
+    async def entries(
+        self, namespace: str, conversation_id: uuid.UUID, from_sequence: int, through_sequence: int
+    ) -> Sequence[Entry]:
+        found: list[Entry] = []
+        after = from_sequence - 1
+        while after < through_sequence:
+            try:
+                response = await self.peer.call(
+                    self.stub.ListEntries,
+                    transcript_pb.ListEntriesRequest(
+                        namespace=namespace,
+                        conversation_id=str(conversation_id),
+                        after_sequence=after,
+                        through_sequence=through_sequence,
+                        page_size=min(_PAGE, through_sequence - after),
+                    ),
+                )
+            except DomainError as error:
+                if error.code is Code.NOT_FOUND:
+                    return []
+                raise
+            if not response.entries:
+                break
+            found += [convert.entry_from_proto(e) for e in response.entries]
+            after = found[-1].sequence
+        return found

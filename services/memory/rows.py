@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from services.memory.model import Memory, MemorySource
@@ -17,7 +17,12 @@ def sources_json(sources: Sequence[MemorySource]) -> list[dict[str, object]]:
     ]
 
 
+# The columns of statements.COLUMNS, in order.
+COLUMN_COUNT = 14
+
+
 def memory_from_row(row: Sequence[Any]) -> Memory:
+    """A memory from the first COLUMN_COUNT values of a row selected with sql.COLUMNS."""
     (
         namespace,
         memory_id,
@@ -30,12 +35,15 @@ def memory_from_row(row: Sequence[Any]) -> Memory:
         expire_time,
         model,
         dimension,
-    ) = row[:11]
+        valid_from_time,
+        valid_until_time,
+        superseded_by,
+    ) = row[:COLUMN_COUNT]
     return Memory(
         namespace=namespace,
         memory_id=memory_id,
         content=content,
-        sources=tuple(MemorySource(uuid.UUID(s["c"]), s["f"], s["t"]) for s in sources),
+        sources=sources_from_json(sources),
         metadata=metadata or {},
         revision=revision,
         create_time=create_time,
@@ -43,4 +51,12 @@ def memory_from_row(row: Sequence[Any]) -> Memory:
         expire_time=expire_time,
         embedding_model=model,
         embedding_dimension=dimension,
+        valid_from_time=valid_from_time,
+        valid_until_time=valid_until_time,
+        superseded_by=superseded_by,
     )
+
+
+def sources_from_json(sources: Sequence[Mapping[str, Any]] | None) -> tuple[MemorySource, ...]:
+    """Sources as stored back to the domain's records (None: erased)."""
+    return tuple(MemorySource(uuid.UUID(s["c"]), s["f"], s["t"]) for s in sources or ())

@@ -6,16 +6,48 @@ them to status codes with ErrorInfo.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from runifold.memory.v1 import memory_service_pb2 as pb
 from runifold.memory.v1 import memory_service_pb2_grpc as pb_grpc
 from services.common import convert
-from services.memory.inputs import SourceInput
-from services.memory.model import Memory
+from services.memory.inputs import SourceInput, SupersedeInput, ValidityInput
+from services.memory.model import Memory, MemorySource, RevisionRecord
+from services.memory.proposals import ADD, DUPLICATE, SUPERSEDE, Proposal
 from services.memory.service import MemoryService
 
 Context = Any  # grpc.aio.ServicerContext; unused by these handlers
+
+_ACTIONS = {
+    ADD: pb.PROPOSAL_ACTION_ADD,
+    SUPERSEDE: pb.PROPOSAL_ACTION_SUPERSEDE,
+    DUPLICATE: pb.PROPOSAL_ACTION_DUPLICATE,
+}
+_KINDS = {"write": pb.REVISION_KIND_WRITE, "delete": pb.REVISION_KIND_DELETE}
+
+
+def sources_to_proto(sources: Sequence[MemorySource]) -> list[pb.MemorySource]:
+    """The wire form of sources."""
+    return [
+        pb.MemorySource(
+            conversation_id=str(s.conversation_id),
+            from_sequence=s.from_sequence,
+            through_sequence=s.through_sequence,
+        )
+        for s in sources
+    ]
+
+
+def _time(request: Any, field: str, reason: str) -> datetime | None:
+    """An optional timestamp of a request (None when absent)."""
+    if not request.HasField(field):
+        return None
+    stamp: Timestamp = getattr(request, field)
+    return convert.datetime_from_request(stamp, field, reason)
 
 
 def memory_to_proto(memory: Memory) -> pb.Memory:
@@ -24,14 +56,7 @@ def memory_to_proto(memory: Memory) -> pb.Memory:
         memory_id=str(memory.memory_id),
         namespace=memory.namespace,
         content=memory.content,
-        sources=[
-            pb.MemorySource(
-                conversation_id=str(s.conversation_id),
-                from_sequence=s.from_sequence,
-                through_sequence=s.through_sequence,
-            )
-            for s in memory.sources
-        ],
+        sources=sources_to_proto(memory.sources),
         metadata=dict(memory.metadata),
         revision=memory.revision,
         create_time=convert.timestamp(memory.create_time),
@@ -39,6 +64,39 @@ def memory_to_proto(memory: Memory) -> pb.Memory:
         expire_time=convert.timestamp(memory.expire_time),
         embedding_model=memory.embedding_model,
         embedding_dimension=memory.embedding_dimension,
+        valid_from_time=convert.timestamp(memory.valid_from_time or memory.create_time),
+        valid_until_time=convert.timestamp(memory.valid_until_time),
+        superseded_by=str(memory.superseded_by) if memory.superseded_by else "",
+    )
+
+
+def revision_to_proto(record: RevisionRecord) -> pb.MemoryRevision:
+    """The wire form of one revision of a memory's history."""
+    return pb.MemoryRevision(
+        revision=record.revision,
+        kind=_KINDS.get(record.kind, pb.REVISION_KIND_UNSPECIFIED),
+        reason=record.reason,
+        record_time=convert.timestamp(record.recorded_at),
+        erased=record.erased,
+        content=record.content or "",
+        sources=sources_to_proto(record.sources),
+        metadata=dict(record.metadata),
+        expire_time=convert.timestamp(record.expire_time),
+        valid_from_time=convert.timestamp(record.valid_from_time),
+        valid_until_time=convert.timestamp(record.valid_until_time),
+        superseded_by=str(record.superseded_by) if record.superseded_by else "",
+    )
+
+
+def proposal_to_proto(proposal: Proposal) -> pb.MemoryProposal:
+    """The wire form of a proposal."""
+    return pb.MemoryProposal(
+        content=proposal.content,
+        sources=sources_to_proto(proposal.sources),
+        valid_from_time=convert.timestamp(proposal.valid_from_time),
+        action=_ACTIONS[proposal.action],
+        related_memory_ids=[str(m) for m in proposal.related_memory_ids],
+        reason=proposal.reason,
     )
 
 
@@ -51,7 +109,18 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     async def UpsertMemory(
         self, request: pb.UpsertMemoryRequest, context: Context
     ) -> pb.UpsertMemoryResponse:
-        memory, created = await self.service.upsert(
+        validity = ValidityInput(
+            _time(request, "valid_from_time", "INVALID_VALIDITY"),
+            _time(request, "valid_until_time", "INVALID_VALIDITY"),
+            [
+                SupersedeInput(
+                    s.memory_id,
+                    s.expected_revision if s.HasField("expected_revision") else None,
+                )
+                for s in request.supersedes
+            ],
+        )
+        result = await self.service.upsert(
             request.namespace,
             request.memory_id,
             request.content,
@@ -68,8 +137,13 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             if request.HasField("ttl")
             else None,
             request.request_id,
+            validity,
         )
-        return pb.UpsertMemoryResponse(memory=memory_to_proto(memory), created=created)
+        return pb.UpsertMemoryResponse(
+            memory=memory_to_proto(result.memory),
+            created=result.created,
+            superseded=[memory_to_proto(m) for m in result.superseded],
+        )
 
     async def GetMemory(
         self, request: pb.GetMemoryRequest, context: Context
@@ -81,7 +155,12 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.ListMemoriesRequest, context: Context
     ) -> pb.ListMemoriesResponse:
         page = await self.service.list_memories(
-            request.namespace, request.page_size, request.page_token, request.conversation_id
+            request.namespace,
+            request.page_size,
+            request.page_token,
+            request.conversation_id,
+            _time(request, "as_of_time", "INVALID_VALIDITY"),
+            request.ignore_validity,
         )
         return pb.ListMemoriesResponse(
             memories=[memory_to_proto(m) for m in page.memories],
@@ -97,6 +176,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             request.limit,
             dict(request.metadata_filter),
             request.min_score,
+            _time(request, "as_of_time", "INVALID_VALIDITY"),
         )
         return pb.SearchMemoriesResponse(
             results=[
@@ -127,3 +207,32 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             request.incarnation,
         )
         return pb.ForgetSourceResponse(deleted_count=count)
+
+    async def ListMemoryRevisions(
+        self, request: pb.ListMemoryRevisionsRequest, context: Context
+    ) -> pb.ListMemoryRevisionsResponse:
+        page = await self.service.list_revisions(
+            request.namespace, request.memory_id, request.page_size, request.page_token
+        )
+        return pb.ListMemoryRevisionsResponse(
+            revisions=[revision_to_proto(r) for r in page.revisions],
+            next_page_token=page.next_page_token,
+        )
+
+    async def ProposeMemories(
+        self, request: pb.ProposeMemoriesRequest, context: Context
+    ) -> pb.ProposeMemoriesResponse:
+        result = await self.service.propose(
+            request.namespace,
+            request.conversation_id,
+            request.from_sequence,
+            request.through_sequence,
+            convert.budget_from_proto(request.budget),
+            request.max_proposals,
+        )
+        return pb.ProposeMemoriesResponse(
+            proposals=[proposal_to_proto(p) for p in result.proposals],
+            usage=convert.usage_to_proto(result.usage),
+            dropped_count=result.dropped,
+            proposer=result.proposer,
+        )

@@ -16,6 +16,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from services.memory.index import Key
+from services.memory.inputs import invalid_validity
 from services.memory.model import (
     Memory,
     MemoryWrite,
@@ -23,11 +24,17 @@ from services.memory.model import (
     OutboxEntry,
     RevisionRecord,
     ScoredMemory,
+    WriteResult,
     memory_exists,
     memory_not_found,
     request_id_reused,
     revision_conflict,
     source_not_found,
+    superseded_conflict,
+    superseded_not_found,
+    supersedes_later_fact,
+    supersession_cycle,
+    validity_ended,
 )
 from services.memory.outbox_store import OutboxClaim
 
@@ -56,23 +63,112 @@ class InMemoryMemoryStore:
     def _enqueue(self, key: Key) -> None:
         self._outbox.append((OutboxEntry(next(self._seq), key[0], key[1]), self.now()))
 
+    def _valid(self, memory: Memory, valid_at: datetime | None) -> bool:
+        return valid_at is None or memory.valid_at(valid_at)
+
     def _record(self, memory: Memory, reason: str) -> None:
         self._history.setdefault((memory.namespace, memory.memory_id), []).append(
             RevisionRecord(
-                memory.revision, "write", reason, self.now(), memory.content, memory.metadata
+                memory.revision,
+                "write",
+                reason,
+                memory.update_time,
+                memory.content,
+                memory.metadata,
+                tuple(memory.sources),
+                memory.expire_time,
+                memory.valid_from_time,
+                memory.valid_until_time,
+                memory.superseded_by,
             )
         )
         self._enqueue((memory.namespace, memory.memory_id))
 
     def _erase(self, key: Key, reason: str) -> bool:
+        """The PostgreSQL ERASE: delete, blank the history, tombstone, and reopen what the
+        erased memory superseded."""
         memory = self._memories.pop(key)
         history = self._history.setdefault(key, [])
-        history[:] = [replace(r, content=None, metadata={}) for r in history]
+        history[:] = [
+            replace(
+                r,
+                content=None,
+                metadata={},
+                sources=(),
+                valid_from_time=None,
+                valid_until_time=None,
+                superseded_by=None,
+            )
+            for r in history
+        ]
         history.append(RevisionRecord(memory.revision + 1, "delete", reason, self.now()))
         self._enqueue(key)
+        for other_key, other in list(self._memories.items()):
+            if other_key[0] == key[0] and other.superseded_by == memory.memory_id:
+                reopened = replace(
+                    other,
+                    valid_until_time=None,
+                    superseded_by=None,
+                    revision=other.revision + 1,
+                    update_time=self.now(),
+                )
+                self._memories[other_key] = reopened
+                self._history[other_key] = [
+                    replace(r, valid_until_time=None, superseded_by=None)
+                    if r.superseded_by == memory.memory_id
+                    else r
+                    for r in self._history.get(other_key, [])
+                ]
+                self._record(reopened, "reopened")
         return self._live(memory)
 
-    def _fence(self, write: MemoryWrite) -> tuple[Memory, bool] | None:
+    def _check_supersedes(self, write: MemoryWrite, memory: Memory) -> list[Key]:
+        """The PostgreSQL store's checks of a supersession; the keys to supersede."""
+        assert memory.valid_from_time is not None
+        keys = []
+        for i, wanted in enumerate(write.supersedes):
+            key = (write.namespace, wanted.memory_id)
+            other = self._memories.get(key)
+            if other is None or not self._live(other) or wanted.memory_id == memory.memory_id:
+                raise superseded_not_found(i)
+            if wanted.expected_revision is not None and other.revision != wanted.expected_revision:
+                raise superseded_conflict(i, other.revision, wanted.expected_revision)
+            if other.valid_until_time is not None:
+                raise validity_ended(i, other.superseded_by)
+            assert other.valid_from_time is not None
+            if other.valid_from_time >= memory.valid_from_time:
+                raise supersedes_later_fact(i)
+            keys.append(key)
+        successor, seen = memory.superseded_by, set()
+        ids = [k[1] for k in keys]
+        while successor is not None and successor not in seen:
+            if successor in ids:
+                raise supersession_cycle(ids.index(successor))
+            seen.add(successor)
+            found = self._memories.get((write.namespace, successor))
+            successor = found.superseded_by if found else None
+        return keys
+
+    def _write(self, write: MemoryWrite, memory: Memory, reason: str, created: bool) -> WriteResult:
+        """Check the supersession, then store the memory and close what it supersedes."""
+        keys = self._check_supersedes(write, memory)
+        self._memories[(memory.namespace, memory.memory_id)] = memory
+        self._record(memory, reason)
+        superseded = []
+        for key in keys:
+            closed = replace(
+                self._memories[key],
+                valid_until_time=memory.valid_from_time,
+                superseded_by=memory.memory_id,
+                revision=self._memories[key].revision + 1,
+                update_time=self.now(),
+            )
+            self._memories[key] = closed
+            self._record(closed, "superseded")
+            superseded.append(closed)
+        return self._recorded(write, WriteResult(memory, created, superseded))
+
+    def _fence(self, write: MemoryWrite) -> WriteResult | None:
         """The PostgreSQL store's `_fence`: refuse a fenced source, replay a request id."""
         for cid, incarnation in write.source_incarnations.items():
             if (write.namespace, cid, incarnation) in self._erased:
@@ -87,7 +183,7 @@ class InMemoryMemoryStore:
             raise request_id_reused()
         memory = self._memories.get((write.namespace, memory_id))
         if memory is not None and memory.revision == revision and self._live(memory):
-            return memory, created
+            return WriteResult(memory, created)
         old = next(
             (
                 r
@@ -98,22 +194,31 @@ class InMemoryMemoryStore:
         )
         if old is None or old.content is None or memory is None:
             raise memory_not_found()
-        return replace(
-            memory, content=old.content, metadata=old.metadata, revision=revision
-        ), created
+        return WriteResult(
+            replace(
+                memory,
+                content=old.content,
+                metadata=old.metadata,
+                revision=revision,
+                valid_from_time=old.valid_from_time,
+                valid_until_time=old.valid_until_time,
+                superseded_by=old.superseded_by,
+            ),
+            created,
+        )
 
-    def _recorded(self, write: MemoryWrite, memory: Memory, created: bool) -> tuple[Memory, bool]:
+    def _recorded(self, write: MemoryWrite, result: WriteResult) -> WriteResult:
         if write.request_id is not None:
             self._requests[(write.namespace, write.request_id)] = (
                 write.payload_hash,
-                memory.memory_id,
-                memory.revision,
-                created,
+                result.memory.memory_id,
+                result.memory.revision,
+                result.created,
                 self.now(),
             )
-        return memory, created
+        return result
 
-    async def create(self, write: MemoryWrite) -> tuple[Memory, bool]:
+    async def create(self, write: MemoryWrite) -> WriteResult:
         async with self._lock:
             replayed = self._fence(write)
             if replayed is not None:
@@ -138,12 +243,12 @@ class InMemoryMemoryStore:
                 write.expire_time,
                 write.embedding_model,
                 write.embedding_dimension,
+                valid_from_time=write.valid_from_time or now,
+                valid_until_time=write.valid_until_time,
             )
-            self._memories[key] = memory
-            self._record(memory, "create")
-            return self._recorded(write, memory, True)
+            return self._write(write, memory, "create", True)
 
-    async def update(self, write: MemoryWrite) -> tuple[Memory, bool]:
+    async def update(self, write: MemoryWrite) -> WriteResult:
         async with self._lock:
             replayed = self._fence(write)
             if replayed is not None:
@@ -165,22 +270,35 @@ class InMemoryMemoryStore:
                 expire_time=write.expire_time,
                 embedding_model=write.embedding_model,
                 embedding_dimension=write.embedding_dimension,
+                valid_from_time=write.valid_from_time or existing.valid_from_time,
+                valid_until_time=write.valid_until_time or existing.valid_until_time,
             )
-            self._memories[key] = memory
-            self._record(memory, "update")
-            return self._recorded(write, memory, False)
+            assert memory.valid_from_time is not None
+            if memory.valid_until_time is not None and (
+                memory.valid_until_time <= memory.valid_from_time
+            ):
+                raise invalid_validity()
+            return self._write(write, memory, "update", False)
 
     async def get(self, namespace: str, memory_id: uuid.UUID) -> Memory | None:
         memory = self._memories.get((namespace, memory_id))
         return memory if memory is not None and self._live(memory) else None
 
     async def get_many(
-        self, namespace: str, memory_ids: Sequence[uuid.UUID], metadata: Mapping[str, str]
+        self,
+        namespace: str,
+        memory_ids: Sequence[uuid.UUID],
+        metadata: Mapping[str, str],
+        valid_at: datetime | None = None,
     ) -> list[Memory]:
         found = []
         for memory_id in dict.fromkeys(memory_ids):
             memory = await self.get(namespace, memory_id)
-            if memory is not None and all(memory.metadata.get(k) == v for k, v in metadata.items()):
+            if (
+                memory is not None
+                and all(memory.metadata.get(k) == v for k, v in metadata.items())
+                and self._valid(memory, valid_at)
+            ):
                 found.append(memory)
         return found
 
@@ -190,6 +308,7 @@ class InMemoryMemoryStore:
         conversation_id: uuid.UUID | None,
         after: uuid.UUID | None,
         limit: int,
+        valid_at: datetime | None = None,
     ) -> list[Memory]:
         rows = sorted(
             (
@@ -197,6 +316,7 @@ class InMemoryMemoryStore:
                 for (ns, _), m in self._memories.items()
                 if ns == namespace
                 and self._live(m)
+                and self._valid(m, valid_at)
                 and (after is None or m.memory_id > after)
                 and (
                     conversation_id is None
@@ -259,12 +379,17 @@ class InMemoryMemoryStore:
             return len(victims)
 
     async def text_search(
-        self, namespace: str, query: str, metadata: Mapping[str, str], limit: int
+        self,
+        namespace: str,
+        query: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        valid_at: datetime | None = None,
     ) -> list[ScoredMemory]:
         words = set(_WORD.findall(query.lower()))
         hits = []
         for (ns, _), memory in self._memories.items():
-            if ns != namespace or not self._live(memory):
+            if ns != namespace or not self._live(memory) or not self._valid(memory, valid_at):
                 continue
             if any(memory.metadata.get(k) != v for k, v in metadata.items()):
                 continue
@@ -274,8 +399,17 @@ class InMemoryMemoryStore:
         hits.sort(key=lambda h: (-h.score, h.memory.memory_id))
         return hits[:limit]
 
-    async def history(self, namespace: str, memory_id: uuid.UUID) -> list[RevisionRecord]:
-        return list(self._history.get((namespace, memory_id), []))
+    async def history(
+        self,
+        namespace: str,
+        memory_id: uuid.UUID,
+        after_revision: int = 0,
+        limit: int | None = None,
+    ) -> list[RevisionRecord]:
+        rows = [
+            r for r in self._history.get((namespace, memory_id), []) if r.revision > after_revision
+        ]
+        return rows if limit is None else rows[:limit]
 
     async def claim_outbox(self, limit: int, lease_s: float) -> OutboxClaim | None:
         async with self._lock:

@@ -19,8 +19,12 @@ Endpoints:
   derived from a hash of each input.
 
 The responder receives the parsed request body and returns a FakeReply, a
-plain string (the text), or an awaitable of either. Without one, the server
-answers a short deterministic text naming how many messages it received.
+plain string (the text), a dict or list (a JSON document, as a model answers
+a `response_format` of type `json_schema`: the text is its JSON), or an
+awaitable of any of them. Without one, the server answers a short
+deterministic text naming how many messages it received. The server does not
+enforce a schema (not every provider does): what it answers is what the test
+scripted, malformed or not.
 The server runs inside the test's event loop; it needs no thread.
 """
 
@@ -80,8 +84,15 @@ class ReceivedRequest:
         value = self.body.get("messages", []) if isinstance(self.body, dict) else []
         return list(value)
 
+    @property
+    def response_format(self) -> dict[str, Any] | None:
+        """The structured-output request of a chat completion (`response_format`), if any."""
+        value = self.body.get("response_format") if isinstance(self.body, dict) else None
+        return value if isinstance(value, dict) else None
 
-Responder = Callable[[Any], "FakeReply | str | Awaitable[FakeReply | str]"]
+
+Reply = FakeReply | str | dict[str, Any] | list[Any]
+Responder = Callable[[Any], "Reply | Awaitable[Reply]"]
 
 
 def _default_reply(body: Any) -> FakeReply:
@@ -202,6 +213,8 @@ class FakeOpenAI:
         answer = self._responder(body)
         if inspect.isawaitable(answer):
             answer = await answer
+        if isinstance(answer, dict | list):
+            return FakeReply(text=json.dumps(answer))
         return FakeReply(text=answer) if isinstance(answer, str) else answer
 
     @staticmethod

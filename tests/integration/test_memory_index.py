@@ -4,6 +4,7 @@ pgvector (real PostgreSQL with HNSW and iterative scan)."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ from services.memory.index import (
     NamespacedQuery,
     Term,
     Tombstone,
+    ValidAt,
     VectorIndex,
     collection_name,
     point_id,
@@ -83,7 +85,10 @@ def test_a_query_cannot_be_built_without_a_valid_namespace() -> None:
         NamespacedQuery.inside("a b", [0.0], 1)
     query = NamespacedQuery.inside("ns", [0.0], 3, {"b": "2", "a": "1"})
     assert query.terms[0] == Term("namespace", "ns")
-    assert [t.field for t in query.terms] == ["namespace", "tags", "tags"]
+    assert [t.field for t in query.terms if isinstance(t, Term)] == ["namespace", "tags", "tags"]
+    # The valid time comes after the namespace (and never in its place).
+    timed = NamespacedQuery.inside("ns", [0.0], 3, valid_at=12.5)
+    assert timed.terms == (Term("namespace", "ns"), ValidAt(12.5))
 
 
 async def test_search_stays_inside_the_namespace(make_index: Factory) -> None:
@@ -349,3 +354,112 @@ async def test_a_pgvector_table_made_before_tombstones_takes_them(
         assert await index.keys() == {("ns", kept)}
     finally:
         await index.close()
+
+
+async def test_valid_time_filters_inside_the_engine(make_index: Factory) -> None:
+    """`ValidAt(t)` matches `valid_from <= t < valid_until` (open: always after its
+    start), so facts no longer valid crowding a namespace never take the places of the
+    valid ones: with 40 closed points nearer the query than the one open fact, a top-1
+    asked as of now is that fact."""
+    index = await make_index(DIM)
+    rng = np.random.default_rng(11)
+    query = unit(rng)
+    near = [list(np.asarray(query) + rng.normal(scale=0.01, size=DIM)) for _ in range(40)]
+    closed = [
+        IndexPoint("ns", uuid.uuid4(), 2, v, {}, valid_from=100.0, valid_until=200.0) for v in near
+    ]
+    current = IndexPoint("ns", uuid.uuid4(), 1, unit(rng), {}, valid_from=200.0)
+    future = IndexPoint("ns", uuid.uuid4(), 1, query, {}, valid_from=900.0)
+    await index.upsert([*closed, current, future])
+
+    async def found(at: float, limit: int = 50) -> set[uuid.UUID]:
+        hits = await index.search(NamespacedQuery.inside("ns", query, limit, valid_at=at))
+        return {h.memory_id for h in hits}
+
+    assert await found(500.0, 1) == {current.memory_id}
+    assert await found(150.0) == {p.memory_id for p in closed}
+    assert await found(200.0) == {current.memory_id}  # a closed fact ends where the next starts
+    assert await found(99.0) == set()
+    assert await found(1000.0) == {current.memory_id, future.memory_id}
+    # Without the term, every point of the namespace is a candidate.
+    everything = await index.search(NamespacedQuery.inside("ns", query, 50))
+    assert len(everything) == 42
+    # A supersession reaches the index as a newer revision with its validity closed.
+    await index.upsert(
+        [IndexPoint("ns", current.memory_id, 2, current.vector, {}, 200.0, valid_until=600.0)]
+    )
+    assert await found(700.0) == set()
+    assert await found(950.0) == {future.memory_id}
+    assert await found(500.0) == {current.memory_id}
+
+
+async def test_an_index_made_before_valid_time_keeps_its_points_searchable(
+    make_index: Factory,
+) -> None:
+    """Points written before valid time was indexed (no valid_from / valid_until) are
+    valid always as far as the index knows (the store's re-read decides), so a query with
+    a valid-time term still finds them after the upgrade."""
+    kind = make_index.kind  # type: ignore[attr-defined]
+    name = collection_name(MODEL, DIM)
+    rng = np.random.default_rng(12)
+    vector = unit(rng)
+    old = uuid.uuid4()
+    payload = {"namespace": "ns", "memory_id": str(old), "revision": 1, "tags": []}
+    index: VectorIndex
+    if kind == "edge":
+        path = make_index.path / "edge-legacy"  # type: ignore[attr-defined]
+        shard = qe.EdgeShard.create(
+            str(path / name),
+            qe.EdgeConfig(vectors=qe.EdgeVectorParams(DIM, qe.Distance.Cosine)),
+        )
+        shard.update(
+            qe.UpdateOperation.upsert_points([qe.Point(str(point_id("ns", old)), vector, payload)])
+        )
+        shard.update(
+            qe.UpdateOperation.create_field_index(
+                "namespace", qe.KeywordIndexParams(is_tenant=True)
+            )
+        )
+        shard.close()
+        index = EdgeIndex(path, MODEL, DIM)
+    elif kind == "qdrant":
+        path = make_index.path / "qdrant-legacy"  # type: ignore[attr-defined]
+        client = AsyncQdrantClient(path=str(path))
+        await client.create_collection(
+            name, vectors_config=models.VectorParams(size=DIM, distance=models.Distance.COSINE)
+        )
+        await client.upsert(
+            name,
+            points=[
+                models.PointStruct(id=str(point_id("ns", old)), vector=vector, payload=payload)
+            ],
+        )
+        await client.close()
+        index = QdrantIndex(MODEL, DIM, path=str(path))
+    else:
+        url = make_index.url  # type: ignore[attr-defined]
+        first = PgvectorIndex(url, MODEL, DIM)
+        await first.start()
+        await first.close()
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute(
+                f"ALTER TABLE memory.{name} DROP COLUMN valid_from, DROP COLUMN valid_until"
+            )
+            await conn.execute(
+                f"INSERT INTO memory.{name} (point_id, namespace, memory_id, revision, embedding)"
+                " VALUES (%s, 'ns', %s, 1, %s)",
+                (point_id("ns", old), old, "[" + ",".join(str(x) for x in vector) + "]"),
+            )
+        index = PgvectorIndex(url, MODEL, DIM)
+    new = IndexPoint("ns", uuid.uuid4(), 1, vector, {}, valid_from=10.0, valid_until=20.0)
+    for _ in range(2):  # the second start finds the index already upgraded
+        await index.start()
+        try:
+            now = NamespacedQuery.inside("ns", vector, 5, valid_at=time.time())
+            assert [h.memory_id for h in await index.search(now)] == [old]
+            # A point written now carries its validity.
+            await index.upsert([new])
+            then = NamespacedQuery.inside("ns", vector, 5, valid_at=15.0)
+            assert {h.memory_id for h in await index.search(then)} == {old, new.memory_id}
+        finally:
+            await index.close()

@@ -337,6 +337,21 @@ CASES: dict[str, Case] = {
                     )
                 ],
             ),
+            # A memory of A superseding B's memory.
+            lambda ns, t, own: memory_pb.UpsertMemoryRequest(
+                namespace=ns,
+                content="supersedes",
+                sources=[
+                    memory_pb.MemorySource(
+                        conversation_id=own.conversation_id, from_sequence=1, through_sequence=1
+                    )
+                ],
+                supersedes=[
+                    memory_pb.SupersededMemory(
+                        memory_id=t.memory_id, expected_revision=t.memory_revision
+                    )
+                ],
+            ),
             # Create under B's memory id (creates A's own memory of that id).
             lambda ns, t, own: memory_pb.UpsertMemoryRequest(
                 namespace=ns,
@@ -388,6 +403,29 @@ CASES: dict[str, Case] = {
             ),
             lambda ns, t, own: memory_pb.ForgetSourceRequest(
                 namespace=ns, conversation_id=t.conversation_id
+            ),
+        )
+    ),
+    "MemoryService.ListMemoryRevisions": Case(
+        (
+            lambda ns, t, own: memory_pb.ListMemoryRevisionsRequest(
+                namespace=ns, memory_id=t.memory_id
+            ),
+            lambda ns, t, own: memory_pb.ListMemoryRevisionsRequest(
+                namespace=ns, memory_id=t.memory_id, page_size=1
+            ),
+        )
+    ),
+    "MemoryService.ProposeMemories": Case(
+        (
+            lambda ns, t, own: memory_pb.ProposeMemoriesRequest(
+                namespace=ns,
+                conversation_id=t.conversation_id,
+                from_sequence=1,
+                through_sequence=t.last_sequence,
+            ),
+            lambda ns, t, own: memory_pb.ProposeMemoriesRequest(
+                namespace=ns, conversation_id=t.conversation_id, from_sequence=1, through_sequence=1
             ),
         )
     ),

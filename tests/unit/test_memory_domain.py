@@ -14,9 +14,16 @@ from services.memory.embeddings import EmbeddingUnavailable, OpenAIEmbedder
 from services.memory.index import collection_name, point_id
 from tests.doubles.memory_store import InMemoryMemoryStore
 from tests.memory_cases import MemoryCases
+from tests.memory_evolve_cases import EvolvingMemoryCases
 
 
 class TestInMemoryStore(MemoryCases):
+    @pytest.fixture
+    def store(self) -> InMemoryMemoryStore:
+        return InMemoryMemoryStore()
+
+
+class TestEvolvingInMemoryStore(EvolvingMemoryCases):
     @pytest.fixture
     def store(self) -> InMemoryMemoryStore:
         return InMemoryMemoryStore()
@@ -28,6 +35,18 @@ def test_configuration_defaults_and_errors_name_the_variable() -> None:
     assert config.embeddings_dimension == 384 and config.default_ttl is None
     assert (config.indexers, config.indexer_claim_s) == (1, 60.0)
     assert config.index_tombstone_retention == timedelta(days=1)
+    assert config.index_validity_filter and config.proposer == "offline"
+    assert (config.propose_max_entries, config.propose_budget.max_model_calls) == (200, 1)
+    proposing = MemoryConfig.from_env(
+        {
+            "RUNIFOLD_MEMORY_PROPOSER": "openai",
+            "RUNIFOLD_MEMORY_PROPOSER_MODEL_URL": "http://127.0.0.1:9/v1",
+            "OPENAI_API_KEY": "sk-test",
+            "RUNIFOLD_MEMORY_INDEX_VALIDITY_FILTER": "off",
+        }
+    )
+    assert (proposing.proposer, proposing.proposer_model_api_key) == ("openai", "sk-test")
+    assert not proposing.index_validity_filter
     config = MemoryConfig.from_env(
         {
             "RUNIFOLD_MEMORY_DEFAULT_TTL": "30d",
@@ -46,6 +65,13 @@ def test_configuration_defaults_and_errors_name_the_variable() -> None:
         ({"RUNIFOLD_MEMORY_OVERFETCH": "0"}, "RUNIFOLD_MEMORY_OVERFETCH"),
         ({"RUNIFOLD_MEMORY_INDEXERS": "65"}, "RUNIFOLD_MEMORY_INDEXERS"),
         ({"RUNIFOLD_MEMORY_INDEXER_CLAIM_S": "0.5"}, "RUNIFOLD_MEMORY_INDEXER_CLAIM_S"),
+        ({"RUNIFOLD_MEMORY_PROPOSER": "gpt"}, "RUNIFOLD_MEMORY_PROPOSER"),
+        ({"RUNIFOLD_MEMORY_PROPOSER_MODEL_URL": "ftp://x"}, "RUNIFOLD_MEMORY_PROPOSER_MODEL_URL"),
+        (
+            {"RUNIFOLD_MEMORY_INDEX_VALIDITY_FILTER": "maybe"},
+            "RUNIFOLD_MEMORY_INDEX_VALIDITY_FILTER",
+        ),
+        ({"RUNIFOLD_MEMORY_PROPOSE_MAX_ENTRIES": "0"}, "RUNIFOLD_MEMORY_PROPOSE_MAX_ENTRIES"),
         # A tombstone must outlive the writes still in flight (10 x the claim).
         (
             {"RUNIFOLD_MEMORY_INDEX_TOMBSTONE_RETENTION": "5m"},

@@ -10,7 +10,7 @@
 // Writes are safe to retry: a turn carries a `turn_id`, appends and memory writes a
 // `request_id`, createConversation a conversation id, each made here when you pass
 // none, so a retry returns the first result. gRPC retries UNAVAILABLE itself (a
-// service-config retryPolicy), on every method but Summarize.
+// service-config retryPolicy), on every method but Summarize and ProposeMemories.
 
 import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
@@ -37,7 +37,10 @@ import type { ToolDefinition } from "./gen/runifold/common/v1/ToolDefinition.js"
 import type { Usage } from "./gen/runifold/common/v1/Usage.js";
 import type { Memory__Output } from "./gen/runifold/memory/v1/Memory.js";
 import type { MemoryServiceClient } from "./gen/runifold/memory/v1/MemoryService.js";
+import type { MemoryProposal__Output } from "./gen/runifold/memory/v1/MemoryProposal.js";
+import type { MemoryRevision__Output } from "./gen/runifold/memory/v1/MemoryRevision.js";
 import type { MemorySource } from "./gen/runifold/memory/v1/MemorySource.js";
+import type { ProposeMemoriesResponse__Output } from "./gen/runifold/memory/v1/ProposeMemoriesResponse.js";
 import type { SearchMemoriesResponse__Output } from "./gen/runifold/memory/v1/SearchMemoriesResponse.js";
 import type { UpsertMemoryResponse__Output } from "./gen/runifold/memory/v1/UpsertMemoryResponse.js";
 import type { GetBacklogResponse__Output } from "./gen/runifold/summary/v1/GetBacklogResponse.js";
@@ -169,7 +172,11 @@ const GOOGLE_RPC = {
 };
 
 // The one method a retry is not safe for: its passes would spend model calls again.
-const NOT_RETRIED = new Set(["runifold.summary.v1.SummaryService/Summarize"]);
+// Calls that spend model calls again when retried (nothing is stored twice either way).
+const NOT_RETRIED = new Set([
+  "runifold.summary.v1.SummaryService/Summarize",
+  "runifold.memory.v1.MemoryService/ProposeMemories",
+]);
 
 export interface ClientOptions {
   /** host:port of the server (default 127.0.0.1:50051). */
@@ -751,6 +758,12 @@ export class RunifoldClient {
       ttlSeconds?: number;
       expireTime?: Date;
       requestId?: string;
+      /** When the fact became true (default: the create time of its earliest source entry). */
+      validFrom?: Date;
+      /** When it stops being true (default: open-ended). */
+      validUntil?: Date;
+      /** Memories this one replaces: each ends where this one begins, kept in its history. */
+      supersedes?: { memoryId: string; expectedRevision?: number }[];
     },
   ): Promise<UpsertMemoryResponse__Output> {
     return this.unary(
@@ -765,6 +778,12 @@ export class RunifoldClient {
         expected_revision: options.expectedRevision,
         ttl: duration(options.ttlSeconds),
         expire_time: timestamp(options.expireTime),
+        valid_from_time: timestamp(options.validFrom),
+        valid_until_time: timestamp(options.validUntil),
+        supersedes: (options.supersedes ?? []).map((s) => ({
+          memory_id: s.memoryId,
+          expected_revision: s.expectedRevision,
+        })),
       },
       options,
     );
@@ -806,7 +825,14 @@ export class RunifoldClient {
 
   /** Every memory of a namespace (only those from one conversation when given). */
   listMemories(
-    options: CallOptions & { conversationId?: string; pageSize?: number } = {},
+    options: CallOptions & {
+      conversationId?: string;
+      pageSize?: number;
+      /** The memories valid at this time (default: now). */
+      asOf?: Date;
+      /** Every memory not deleted or expired, whatever its validity. */
+      ignoreValidity?: boolean;
+    } = {},
   ): AsyncGenerator<Memory__Output> {
     return this.pages(
       (token) =>
@@ -817,6 +843,8 @@ export class RunifoldClient {
             conversation_id: options.conversationId ?? "",
             page_size: options.pageSize ?? PAGE_SIZE,
             page_token: token,
+            as_of_time: timestamp(options.asOf),
+            ignore_validity: options.ignoreValidity ?? false,
           },
           options,
         ),
@@ -832,6 +860,8 @@ export class RunifoldClient {
       limit?: number;
       metadataFilter?: Record<string, string>;
       minScore?: number;
+      /** The facts valid at this time (default: now). */
+      asOf?: Date;
     } = {},
   ): Promise<SearchMemoriesResponse__Output> {
     return this.unary(
@@ -842,6 +872,7 @@ export class RunifoldClient {
         limit: options.limit ?? 8,
         metadata_filter: options.metadataFilter ?? {},
         min_score: options.minScore ?? 0,
+        as_of_time: timestamp(options.asOf),
       },
       options,
     );
@@ -883,9 +914,77 @@ export class RunifoldClient {
     );
     return reply.deleted_count;
   }
+
+  /** Every revision of a memory, oldest first (erased ones keep only number, kind, time). */
+  listMemoryRevisions(
+    memoryId: string,
+    options: CallOptions & { pageSize?: number } = {},
+  ): AsyncGenerator<MemoryRevision__Output> {
+    return this.pages(
+      (token) =>
+        this.unary(
+          this.memories.ListMemoryRevisions.bind(this.memories),
+          {
+            namespace: this.ns(options),
+            memory_id: memoryId,
+            page_size: options.pageSize ?? PAGE_SIZE,
+            page_token: token,
+          },
+          options,
+        ),
+      (page) => page.revisions,
+      (page) => page.next_page_token,
+    );
+  }
+
+  /** Proposals of memories from a transcript range (both ends inclusive); nothing is
+   * stored until you confirm one (`confirmProposal`). Not retried: it spends model calls. */
+  proposeMemories(
+    conversationId: string,
+    options: CallOptions & {
+      fromSequence: number;
+      throughSequence: number;
+      maxProposals?: number;
+      budget?: Budget;
+    },
+  ): Promise<ProposeMemoriesResponse__Output> {
+    return this.unary(
+      this.memories.ProposeMemories.bind(this.memories),
+      {
+        namespace: this.ns(options),
+        conversation_id: conversationId,
+        from_sequence: options.fromSequence,
+        through_sequence: options.throughSequence,
+        max_proposals: options.maxProposals ?? 0,
+        budget: options.budget ?? {},
+      },
+      options,
+    );
+  }
+
+  /** Store a proposal: UpsertMemory with its content, sources and valid time (a SUPERSEDE
+   * supersedes its related memory). A DUPLICATE is already stored: it throws. */
+  confirmProposal(
+    proposal: MemoryProposal__Output,
+    options: CallOptions & { requestId?: string } = {},
+  ): Promise<UpsertMemoryResponse__Output> {
+    if (proposal.action === "PROPOSAL_ACTION_DUPLICATE") {
+      throw new Error("a DUPLICATE proposal is already stored: there is nothing to confirm");
+    }
+    const from = proposal.valid_from_time;
+    return this.upsertMemory(proposal.content, {
+      ...options,
+      sources: proposal.sources,
+      validFrom: from ? new Date(Number(from.seconds) * 1000 + Math.floor(from.nanos / 1e6)) : undefined,
+      supersedes:
+        proposal.action === "PROPOSAL_ACTION_SUPERSEDE"
+          ? [{ memoryId: proposal.related_memory_ids[0] }]
+          : [],
+    });
+  }
 }
 
-/** Channel options: gRPC's retry policy (UNAVAILABLE only) for every method but Summarize. */
+/** Channel options: gRPC's retry policy (UNAVAILABLE only) for every method but Summarize and ProposeMemories. */
 function serviceConfig(definition: protoLoader.PackageDefinition, maxAttempts: number): grpc.ChannelOptions {
   if (maxAttempts < 2) return { "grpc.enable_retries": 0 };
   const names = Object.values(definition)

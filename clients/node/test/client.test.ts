@@ -86,7 +86,7 @@ describe("the contract", () => {
     const rpcs = Object.values(definition)
       .filter((value) => !("format" in value) && !("type" in value))
       .flatMap((service) => Object.keys(service as object));
-    assert.equal(rpcs.length, 25);
+    assert.equal(rpcs.length, 27);
     const methods = new Set(Object.getOwnPropertyNames(RunifoldClient.prototype));
     for (const rpc of rpcs) {
       const name = rpc[0].toLowerCase() + rpc.slice(1);
@@ -360,6 +360,53 @@ describe("MemoryService", () => {
     await assert.rejects(client.getMemory(memory.memory_id), NotFound);
     await client.remember("Another fact.", { conversationId: id, fromSequence: 2, throughSequence: 2 });
     assert.equal(await client.forgetSource(id), 1);
+  });
+
+  test("propose, confirm, supersede with history, search as of a time", async () => {
+    const turn = await client.runConversation("I live in Lisbon.");
+    const id = turn.conversation_id;
+    const proposed = await client.proposeMemories(id, { fromSequence: 1, throughSequence: 1 });
+    const add = proposed.proposals.find((p) => p.action === "PROPOSAL_ACTION_ADD");
+    assert.ok(add, `an ADD proposal among ${JSON.stringify(proposed.proposals)}`);
+    assert.match(add.content, /Lisbon/);
+    assert.deepEqual(await collect(client.listMemories({ conversationId: id })), [], "nothing stored yet");
+    const lisbon = (await client.confirmProposal(add)).memory!;
+    assert.deepEqual(
+      lisbon.sources.map((s) => [s.from_sequence, s.through_sequence]),
+      [[1, 1]],
+    );
+    const porto = await client.upsertMemory("The user lives in Porto.", {
+      sources: [{ conversation_id: id, from_sequence: 1, through_sequence: 1 }],
+      validFrom: new Date(Date.now() + 3_600_000),
+      supersedes: [{ memoryId: lisbon.memory_id, expectedRevision: 1 }],
+    });
+    assert.deepEqual(
+      porto.superseded.map((m) => m.memory_id),
+      [lisbon.memory_id],
+    );
+    const history = await collect(client.listMemoryRevisions(lisbon.memory_id));
+    assert.deepEqual(
+      history.map((r) => [r.revision, r.superseded_by]),
+      [
+        [1, ""],
+        [2, porto.memory!.memory_id],
+      ],
+    );
+    // Now (before Porto's valid time) only Lisbon's fact holds; later, only Porto's.
+    const now = await collect(client.listMemories({ conversationId: id }));
+    assert.deepEqual(
+      now.map((m) => m.memory_id),
+      [lisbon.memory_id],
+    );
+    const later = await collect(
+      client.listMemories({ conversationId: id, asOf: new Date(Date.now() + 7_200_000) }),
+    );
+    assert.deepEqual(
+      later.map((m) => m.memory_id),
+      [porto.memory!.memory_id],
+    );
+    assert.throws(() => client.confirmProposal({ ...add, action: "PROPOSAL_ACTION_DUPLICATE" }));
+    await client.forgetSource(id);
   });
 
   test("limit 0 means the default", async () => {

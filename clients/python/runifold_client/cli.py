@@ -26,6 +26,7 @@ from rich.table import Table
 
 import runifold_client
 from runifold.common.v1 import common_pb2
+from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold_client.client import DEFAULT_TARGET, Client, ConcurrencyMode, TurnResult
 from runifold_client.errors import (
     InvalidArgument,
@@ -52,6 +53,7 @@ examples:
   runifold transcript list --namespace tenant-42
   runifold transcript show ID --namespace tenant-42
   runifold memory search "when do we ship" --namespace tenant-42 --json
+  runifold memory propose ID --from 1 --through 40 --namespace tenant-42
   runifold backlog --namespace tenant-42"""
 
 # What to change when the server names a field at fault (google.rpc.BadRequest).
@@ -674,9 +676,101 @@ def _memory_row(memory: Any) -> Sequence[str]:
     return (memory.memory_id, str(memory.revision), memory.content, sources)
 
 
+_ACTIONS = {
+    memory_pb.PROPOSAL_ACTION_ADD: "add",
+    memory_pb.PROPOSAL_ACTION_SUPERSEDE: "supersede",
+    memory_pb.PROPOSAL_ACTION_DUPLICATE: "duplicate",
+}
+
+
+def _picked(answer: str, count: int) -> list[int]:
+    """The proposals a person picked: "all", "none" / "", or numbers like "1,3 4"."""
+    answer = answer.strip().lower()
+    if answer in {"all", "a", "y", "yes"}:
+        return list(range(count))
+    if answer in {"", "none", "n", "no"}:
+        return []
+    picked = []
+    for part in answer.replace(",", " ").split():
+        if not part.isdigit() or not 1 <= int(part) <= count:
+            raise UsageError(f"not a proposal number: {part} (1..{count}, all or none)")
+        picked.append(int(part) - 1)
+    return sorted(set(picked))
+
+
+def _proposal_row(numbered: tuple[int, Any]) -> Sequence[str]:
+    number, proposal = numbered
+    return (
+        str(number),
+        _ACTIONS.get(proposal.action, "?"),
+        proposal.content,
+        ", ".join(f"{s.from_sequence}..{s.through_sequence}" for s in proposal.sources),
+        ", ".join(proposal.related_memory_ids) or "-",
+        proposal.reason,
+    )
+
+
+def cmd_memory_propose(args: argparse.Namespace, output: Output, client: Client) -> int:
+    """Show the proposals for a transcript range; store the ones a person picks (all but
+    duplicates with --yes; nothing without --yes when no one can be asked). A duplicate is
+    never stored again."""
+    reply = client.propose_memories(
+        args.conversation_id,
+        from_sequence=args.from_sequence,
+        through_sequence=args.through_sequence,
+        max_proposals=args.max,
+    )
+    proposals = list(reply.proposals)
+    storable = [
+        i for i, p in enumerate(proposals) if p.action != memory_pb.PROPOSAL_ACTION_DUPLICATE
+    ]
+    if not output.json:
+        span = f"{args.from_sequence}..{args.through_sequence}"
+        table = Table(title=f"proposals from {args.conversation_id} {span}")
+        for column in ("#", "action", "content", "sources", "related", "reason"):
+            table.add_column(column)
+        for number, proposal in enumerate(proposals, 1):
+            table.add_row(*(escape(cell) for cell in _proposal_row((number, proposal))))
+        if proposals:
+            output.console.print(table)
+        else:
+            output.line(f"no proposals from {args.conversation_id} {span}")
+        if reply.dropped_count:
+            output.line(f"[dim]{reply.dropped_count} malformed proposals dropped[/dim]")
+    if args.yes:
+        chosen = storable
+    elif output.json or not storable or not sys.stdin.isatty():
+        chosen = []  # nothing to ask, or no one to ask: show only (--yes stores them)
+    else:
+        try:
+            answer = output.console.input("store which? [dim](e.g. 1,3 / all / none)[/dim] ")
+        except (EOFError, KeyboardInterrupt):
+            answer = ""
+        chosen = [i for i in _picked(answer, len(proposals)) if i in storable]
+    stored = [client.confirm_proposal(proposals[i]) for i in chosen]
+    if output.json:
+        output.document(
+            {
+                "proposals": [plain(p) for p in proposals],
+                "dropped_count": reply.dropped_count,
+                "stored": [plain(r.memory) for r in stored],
+            }
+        )
+        return 0
+    for written in stored:
+        superseded = ", ".join(m.memory_id for m in written.superseded)
+        output.line(
+            f"stored {written.memory.memory_id}"
+            + (f" (supersedes {superseded})" if superseded else "")
+        )
+    return 0
+
+
 def cmd_memory(args: argparse.Namespace, output: Output) -> int:
     with _client(args) as client:
         command = args.memory_command
+        if command == "propose":
+            return cmd_memory_propose(args, output, client)
         if command == "add":
             memory = client.remember(
                 args.content,
@@ -1048,6 +1142,32 @@ def parser() -> argparse.ArgumentParser:
         default=0,
         metavar="SEQ",
         help="last sequence of the range",
+    )
+    propose = _add(
+        memory, "propose", "propose memories from a transcript range; store those you pick", common
+    )
+    propose.add_argument("conversation_id", metavar="ID", help="the conversation")
+    propose.add_argument(
+        "--from",
+        dest="from_sequence",
+        type=int,
+        required=True,
+        metavar="SEQ",
+        help="first sequence of the range",
+    )
+    propose.add_argument(
+        "--through",
+        dest="through_sequence",
+        type=int,
+        required=True,
+        metavar="SEQ",
+        help="last sequence of the range",
+    )
+    propose.add_argument(
+        "--max", type=int, default=0, metavar="N", help="proposals at most (0: the server's 8)"
+    )
+    propose.add_argument(
+        "--yes", action="store_true", help="store every proposal but duplicates, without asking"
     )
     for choice in memory.choices.values():
         choice.set_defaults(handler=cmd_memory)

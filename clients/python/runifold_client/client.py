@@ -12,7 +12,7 @@ the services), give every call a deadline, and make writes safe to retry:
 pass none), so a retry after a lost answer returns the first result instead
 of writing twice. Retries are gRPC's own (a service-config `retryPolicy`:
 UNAVAILABLE only, exponential backoff, within the call's deadline), on every
-method but Summarize, whose passes would spend model calls again.
+method but Summarize and ProposeMemories, which would spend model calls again.
 """
 
 from __future__ import annotations
@@ -68,8 +68,11 @@ P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 
-# The one method a retry is not safe for: its passes would spend model calls again.
-_NOT_RETRIED = {("runifold.summary.v1.SummaryService", "Summarize")}
+# The methods a retry would spend model calls again for (nothing is stored twice either way).
+_NOT_RETRIED = {
+    ("runifold.summary.v1.SummaryService", "Summarize"),
+    ("runifold.memory.v1.MemoryService", "ProposeMemories"),
+}
 _SERVICES = (
     agent_pb.DESCRIPTOR.services_by_name["AgentService"],
     transcript_pb.DESCRIPTOR.services_by_name["TranscriptService"],
@@ -105,7 +108,7 @@ class TurnLeaseMode(enum.IntEnum):
 
 
 def channel_options(max_attempts: int) -> list[tuple[str, Any]]:
-    """gRPC channel options: its retry policy for every method but Summarize.
+    """gRPC channel options: its retry policy for every method but Summarize and ProposeMemories.
 
     gRPC retries only UNAVAILABLE (the call never reached a server, or a store was
     down), at most `max_attempts` (2..5) attempts in all, within the call's deadline.
@@ -262,6 +265,51 @@ def source(
         conversation_id=conversation_id,
         from_sequence=from_sequence,
         through_sequence=through_sequence,
+    )
+
+
+def _propose(
+    namespace: str,
+    conversation_id: str,
+    from_sequence: int,
+    through_sequence: int,
+    max_proposals: int,
+    budget: Budget | None,
+) -> memory_pb.ProposeMemoriesRequest:
+    return memory_pb.ProposeMemoriesRequest(
+        namespace=namespace,
+        conversation_id=conversation_id,
+        from_sequence=from_sequence,
+        through_sequence=through_sequence,
+        max_proposals=max_proposals,
+        budget=(budget or Budget()).to_proto(),
+    )
+
+
+def _confirm(
+    namespace: str, proposal: memory_pb.MemoryProposal, request_id: str | None
+) -> memory_pb.UpsertMemoryRequest:
+    """The UpsertMemory that stores a proposal (a SUPERSEDE supersedes its memory)."""
+    if proposal.action == memory_pb.PROPOSAL_ACTION_DUPLICATE:
+        raise ValueError("a DUPLICATE proposal is already stored: there is nothing to confirm")
+    supersedes = (
+        [memory_pb.SupersededMemory(memory_id=proposal.related_memory_ids[0])]
+        if proposal.action == memory_pb.PROPOSAL_ACTION_SUPERSEDE
+        else []
+    )
+    return memory_pb.UpsertMemoryRequest(
+        namespace=namespace,
+        request_id=request_id or str(uuid.uuid4()),
+        content=proposal.content,
+        sources=proposal.sources,
+        valid_from_time=proposal.valid_from_time,
+        supersedes=supersedes,
+    )
+
+
+def _revisions(namespace: str, memory_id: str, token: str) -> memory_pb.ListMemoryRevisionsRequest:
+    return memory_pb.ListMemoryRevisionsRequest(
+        namespace=namespace, memory_id=memory_id, page_token=token
     )
 
 
@@ -873,6 +921,58 @@ class AsyncClient:
         )
         return int(reply.deleted_count)
 
+    async def propose_memories(
+        self,
+        conversation_id: str,
+        *,
+        from_sequence: int,
+        through_sequence: int,
+        namespace: str | None = None,
+        max_proposals: int = 0,
+        budget: Budget | None = None,
+    ) -> memory_pb.ProposeMemoriesResponse:
+        """Proposals of memories from a transcript range; nothing is stored until you
+        confirm one (`confirm_proposal`)."""
+        return await self._call(
+            self.memories.ProposeMemories,
+            _propose(
+                self._ns(namespace),
+                conversation_id,
+                from_sequence,
+                through_sequence,
+                max_proposals,
+                budget,
+            ),
+        )
+
+    async def confirm_proposal(
+        self,
+        proposal: memory_pb.MemoryProposal,
+        *,
+        namespace: str | None = None,
+        request_id: str | None = None,
+    ) -> memory_pb.UpsertMemoryResponse:
+        """Store a proposal: UpsertMemory with its content, sources and valid time (and,
+        for a SUPERSEDE, superseding its memory). ValueError for a DUPLICATE."""
+        return await self._call(
+            self.memories.UpsertMemory, _confirm(self._ns(namespace), proposal, request_id)
+        )
+
+    async def memory_revisions(
+        self, memory_id: str, *, namespace: str | None = None
+    ) -> AsyncIterator[memory_pb.MemoryRevision]:
+        """Every revision of a memory, oldest first, page by page."""
+        token = ""
+        while True:
+            reply = await self._call(
+                self.memories.ListMemoryRevisions, _revisions(self._ns(namespace), memory_id, token)
+            )
+            for revision in reply.revisions:
+                yield revision
+            token = reply.next_page_token
+            if not token:
+                return
+
 
 # -- the blocking client: the methods above, run on a loop of its own ---------------------
 
@@ -1026,3 +1126,6 @@ class Client:
     search_memories = _blocking(AsyncClient.search_memories)
     delete_memory = _blocking(AsyncClient.delete_memory)
     forget_source = _blocking(AsyncClient.forget_source)
+    propose_memories = _blocking(AsyncClient.propose_memories)
+    confirm_proposal = _blocking(AsyncClient.confirm_proposal)
+    memory_revisions = _iterating(AsyncClient.memory_revisions)

@@ -1,9 +1,9 @@
 """The vector index: one interface, three adapters (Qdrant Edge, Qdrant server, pgvector).
 
 The index holds a rebuildable copy of the live memories (a vector and a
-small payload: namespace, memory id, revision, metadata tags; never the
-content). PostgreSQL stays the source of truth: search re-reads every hit
-from it.
+small payload: namespace, memory id, revision, metadata tags, valid time;
+never the content). PostgreSQL stays the source of truth: search re-reads
+every hit from it.
 
 Every write is guarded by the memory's revision, inside the engine's own
 write: a point replaces what the index holds for its memory only when its
@@ -18,8 +18,15 @@ Tenancy is enforced here, in one place. The only way to search is
 `VectorIndex.search(NamespacedQuery)`, and the only way to make a
 `NamespacedQuery` is `NamespacedQuery.inside(namespace, ...)`, which
 validates the namespace and puts it first in `terms`. Adapters turn every
-term into an exact-match condition of their engine and never add or drop
-one: a search without the namespace condition cannot be expressed.
+term into a condition of their engine (a `Term` an exact match, a `ValidAt`
+two ranges on the valid time) and never add or drop one: a search without
+the namespace condition cannot be expressed.
+
+Valid time filters inside the engine, so that superseded facts crowding a
+namespace do not push the valid ones out of the candidates: a point stores
+`valid_from` and `valid_until` (Unix seconds; OPEN_END while the fact holds),
+and `ValidAt(t)` matches `valid_from <= t < valid_until`. The store's re-read
+stays the authority (the index may lag a supersession).
 """
 
 from __future__ import annotations
@@ -48,6 +55,11 @@ REVISION_FIELD = "revision"
 TAGS_FIELD = "tags"
 # On tombstones only: when the deletion was indexed (Unix seconds), for pruning.
 DELETED_AT_FIELD = "deleted_at"
+# Valid time (Unix seconds): from, and until (OPEN_END while the fact holds).
+VALID_FROM_FIELD = "valid_from"
+VALID_UNTIL_FIELD = "valid_until"
+# The end of an open validity: the year 10000 (a payload holds finite numbers only).
+OPEN_END = 253_402_300_800.0
 # What a search reads back of each hit, and keys() of each point.
 HIT_FIELDS = (MEMORY_ID_FIELD, REVISION_FIELD)
 KEY_FIELDS = (NAMESPACE_FIELD, MEMORY_ID_FIELD)
@@ -94,13 +106,24 @@ class Term:
 
 
 @dataclass(frozen=True, slots=True)
+class ValidAt:
+    """Valid at `at` (Unix seconds): `valid_from <= at < valid_until`."""
+
+    at: float
+
+    def matches(self, valid_from: float, valid_until: float) -> bool:
+        """The condition, as every engine evaluates it."""
+        return valid_from <= self.at < valid_until
+
+
+@dataclass(frozen=True, slots=True)
 class NamespacedQuery:
     """A nearest-neighbour query confined to one namespace. Build it with `inside`."""
 
     namespace: str
     vector: Sequence[float]
     limit: int
-    terms: tuple[Term, ...]
+    terms: tuple[Term | ValidAt, ...]
     _token: object
 
     def __post_init__(self) -> None:
@@ -114,13 +137,18 @@ class NamespacedQuery:
         vector: Sequence[float],
         limit: int,
         metadata: Mapping[str, str] | None = None,
+        *,
+        valid_at: float | None = None,
     ) -> NamespacedQuery:
-        """The query; its first term is always the namespace."""
+        """The query; its first term is always the namespace. With `valid_at` (Unix
+        seconds), only points valid at that time match."""
         validation.namespace(namespace)
         if limit < 1:
             raise ValueError("limit must be positive")
-        terms = [Term(NAMESPACE_FIELD, namespace)]
+        terms: list[Term | ValidAt] = [Term(NAMESPACE_FIELD, namespace)]
         terms += [Term(TAGS_FIELD, metadata_tag(k, v)) for k, v in sorted((metadata or {}).items())]
+        if valid_at is not None:
+            terms.append(ValidAt(valid_at))
         return cls(namespace, vector, limit, tuple(terms), _BUILDER)
 
 
@@ -136,10 +164,18 @@ class IndexPoint:
     revision: int
     vector: Sequence[float]
     metadata: Mapping[str, str]
+    # Valid time, Unix seconds; None: open (OPEN_END).
+    valid_from: float = 0.0
+    valid_until: float | None = None
 
     def tags(self) -> list[str]:
         """The metadata as exact-match keywords, in key order."""
         return [metadata_tag(k, v) for k, v in sorted(self.metadata.items())]
+
+    @property
+    def valid_end(self) -> float:
+        """`valid_until` as stored: OPEN_END while the fact holds."""
+        return OPEN_END if self.valid_until is None else self.valid_until
 
     def payload(self) -> dict[str, object]:
         """The payload stored next to the vector (no content)."""
@@ -148,6 +184,8 @@ class IndexPoint:
             MEMORY_ID_FIELD: str(self.memory_id),
             REVISION_FIELD: self.revision,
             TAGS_FIELD: self.tags(),
+            VALID_FROM_FIELD: self.valid_from,
+            VALID_UNTIL_FIELD: self.valid_end,
         }
 
 

@@ -29,16 +29,21 @@ from services.memory.index import (
     HIT_FIELDS,
     KEY_FIELDS,
     NAMESPACE_FIELD,
+    OPEN_END,
     REVISION_FIELD,
     SCROLL_PAGE,
     TAGS_FIELD,
+    VALID_FROM_FIELD,
+    VALID_UNTIL_FIELD,
     IndexHit,
     IndexMismatch,
     IndexPoint,
     IndexUnavailable,
     Key,
     NamespacedQuery,
+    Term,
     Tombstone,
+    ValidAt,
     check_vector,
     checked_points,
     collection_name,
@@ -72,6 +77,24 @@ def _held_older(bounds: Sequence[tuple[str, int]], *, inclusive: bool) -> Any:
             for pid, revision in bounds
         ]
     )
+
+
+def _condition(term: Term | ValidAt) -> list[Any]:
+    """The engine's conditions of one query term."""
+    if isinstance(term, ValidAt):
+        return [
+            qe.FieldCondition(key=VALID_FROM_FIELD, range=qe.RangeFloat(lte=term.at)),
+            qe.FieldCondition(key=VALID_UNTIL_FIELD, range=qe.RangeFloat(gt=term.at)),
+        ]
+    return [qe.FieldCondition(key=term.field, match=qe.MatchValue(term.value))]
+
+
+# Points written before valid time was indexed (no `valid_until`; tombstones have no
+# namespace): valid always, as far as the index knows (the store's re-read decides).
+_BEFORE_VALIDITY = qe.Filter(
+    must=[qe.IsEmptyCondition(VALID_UNTIL_FIELD)],
+    must_not=[qe.IsEmptyCondition(NAMESPACE_FIELD)],
+)
 
 
 class EdgeIndex:
@@ -114,8 +137,19 @@ class EdgeIndex:
             TAGS_FIELD: qe.KeywordIndexParams(),
             # The tombstone pruning's range filter (a shard made before tombstones gets it now).
             DELETED_AT_FIELD: qe.FloatIndexParams(),
+            # The valid-time ranges of every search.
+            VALID_FROM_FIELD: qe.FloatIndexParams(),
+            VALID_UNTIL_FIELD: qe.FloatIndexParams(),
         }
         held = shard.info().payload_schema
+        if VALID_UNTIL_FIELD not in held:
+            # A shard made before valid time: give its points an open validity first
+            # (the field index, made after, says this was done).
+            shard.update(
+                qe.UpdateOperation.set_payload_by_filter(
+                    _BEFORE_VALIDITY, {VALID_FROM_FIELD: 0.0, VALID_UNTIL_FIELD: OPEN_END}
+                )
+            )
         for field, params in indexes.items():
             if field not in held:
                 shard.update(qe.UpdateOperation.create_field_index(field, params))
@@ -182,12 +216,7 @@ class EdgeIndex:
         request = qe.QueryRequest(
             limit=query.limit,
             query=qe.Query.Nearest(list(query.vector)),
-            filter=qe.Filter(
-                must=[
-                    qe.FieldCondition(key=t.field, match=qe.MatchValue(t.value))
-                    for t in query.terms
-                ]
-            ),
+            filter=qe.Filter(must=[c for t in query.terms for c in _condition(t)]),
             with_payload=list(HIT_FIELDS),
         )
         points = await self._call(lambda shard: shard.query(request))

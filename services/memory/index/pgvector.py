@@ -17,6 +17,9 @@ candidates, so plain filtered HNSW misses most of its true neighbours
 
 Results of a relaxed scan may be slightly out of order; they are re-sorted.
 
+Valid time: `valid_from` and `valid_until` columns (Unix seconds; OPEN_END
+while a fact holds), filtered with the other conditions of the query.
+
 Revision guard: an upsert is `INSERT ... ON CONFLICT (point_id) DO UPDATE ...
 WHERE t.revision < excluded.revision`, so the row lock of the conflict
 serializes racing writers and an older write changes nothing. A tombstone is
@@ -41,6 +44,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from services.memory.index import (
     NAMESPACE_FIELD,
+    OPEN_END,
     TAGS_FIELD,
     IndexHit,
     IndexMismatch,
@@ -48,7 +52,9 @@ from services.memory.index import (
     IndexUnavailable,
     Key,
     NamespacedQuery,
+    Term,
     Tombstone,
+    ValidAt,
     check_vector,
     checked_points,
     collection_name,
@@ -64,6 +70,19 @@ _TERM_SQL = {
     NAMESPACE_FIELD: sql.SQL("namespace = {}"),
     TAGS_FIELD: sql.SQL("tags @> ARRAY[{}]::text[]"),
 }
+_VALID_AT_SQL = sql.SQL("valid_from <= {0} AND valid_until > {0}")
+
+
+def _condition(term: Term | ValidAt, placeholder: sql.Placeholder) -> sql.Composed:
+    """The SQL condition of one query term, its value bound to `placeholder`."""
+    if isinstance(term, ValidAt):
+        return _VALID_AT_SQL.format(placeholder)
+    return _TERM_SQL[term.field].format(placeholder)
+
+
+def _value(term: Term | ValidAt) -> object:
+    return term.at if isinstance(term, ValidAt) else term.value
+
 
 # The HNSW index orders the scan; the filter applies to what it yields.
 _HNSW = sql.SQL(
@@ -87,11 +106,13 @@ _COUNT = sql.SQL(
 )
 # A point replaces only an older revision of its memory (point or tombstone).
 _UPSERT = sql.SQL(
-    """INSERT INTO {} AS t (point_id, namespace, memory_id, revision, tags, embedding)
-       VALUES (%s, %s, %s, %s, %s, %s)
+    """INSERT INTO {} AS t
+              (point_id, namespace, memory_id, revision, tags, embedding, valid_from, valid_until)
+       VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
        ON CONFLICT (point_id) DO UPDATE
           SET namespace = excluded.namespace, revision = excluded.revision,
-              tags = excluded.tags, embedding = excluded.embedding, deleted_at = NULL
+              tags = excluded.tags, embedding = excluded.embedding, deleted_at = NULL,
+              valid_from = excluded.valid_from, valid_until = excluded.valid_until
         WHERE t.revision < excluded.revision"""
 )
 # A tombstone replaces the same or an older revision (an expired memory is
@@ -181,6 +202,7 @@ class PgvectorIndex:
                         f"or distance (want vector({self.dimension}), cosine)"
                     )
                 await self._add_tombstones(conn)
+                await self._add_validity(conn)
                 return
             async with conn.transaction():
                 await conn.execute(
@@ -193,8 +215,14 @@ class PgvectorIndex:
                                tags       text[] NOT NULL DEFAULT '{{}}',
                                -- NULL on a tombstone, which also has namespace ''.
                                embedding  vector({dimension}),
-                               deleted_at timestamptz)"""
-                    ).format(table=self._qualified, dimension=sql.Literal(self.dimension))
+                               deleted_at timestamptz,
+                               valid_from double precision NOT NULL DEFAULT 0,
+                               valid_until double precision NOT NULL DEFAULT {open_end})"""
+                    ).format(
+                        table=self._qualified,
+                        dimension=sql.Literal(self.dimension),
+                        open_end=sql.Literal(OPEN_END),
+                    )
                 )
                 await conn.execute(
                     sql.SQL(
@@ -236,6 +264,25 @@ class PgvectorIndex:
             )
             await self._tombstone_index(conn)
 
+    async def _add_validity(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """A table made before valid time: its rows become valid always, as far as the index
+        knows (constant defaults: metadata-only changes; the store's re-read decides)."""
+        cursor = await conn.execute(
+            """SELECT 1 FROM pg_attribute
+                WHERE attrelid = to_regclass(%s) AND attname = 'valid_until'
+                  AND NOT attisdropped""",
+            (f"memory.{self.table}",),
+        )
+        if await cursor.fetchone() is not None:
+            return  # no ALTER (its lock) at every start
+        await conn.execute(
+            sql.SQL(
+                "ALTER TABLE {} ADD COLUMN IF NOT EXISTS valid_from double precision"
+                " NOT NULL DEFAULT 0, ADD COLUMN IF NOT EXISTS valid_until double precision"
+                " NOT NULL DEFAULT {}"
+            ).format(self._qualified, sql.Literal(OPEN_END))
+        )
+
     async def start(self) -> None:
         if self._pool is not None:
             return
@@ -275,6 +322,8 @@ class PgvectorIndex:
                 p.revision,
                 p.tags(),
                 np.asarray(p.vector, dtype=np.float32),
+                p.valid_from,
+                p.valid_end,
             )
             for pid, p in checked_points(points, self.dimension)
         ]
@@ -313,15 +362,14 @@ class PgvectorIndex:
     async def search(self, query: NamespacedQuery) -> list[IndexHit]:
         check_vector(query.vector, self.dimension)
         conditions = sql.SQL(" AND ").join(
-            _TERM_SQL[t.field].format(sql.Placeholder(f"term{i}"))
-            for i, t in enumerate(query.terms)
+            _condition(t, sql.Placeholder(f"term{i}")) for i, t in enumerate(query.terms)
         )
         params = {
             "vector": np.asarray(query.vector, dtype=np.float32),
             "limit": query.limit,
             "namespace": query.namespace,
             "bound": self.exact_below + 1,
-            **{f"term{i}": t.value for i, t in enumerate(query.terms)},
+            **{f"term{i}": _value(t) for i, t in enumerate(query.terms)},
         }
         try:
             async with self._require().connection() as conn:

@@ -31,16 +31,21 @@ from services.memory.index import (
     HIT_FIELDS,
     KEY_FIELDS,
     NAMESPACE_FIELD,
+    OPEN_END,
     REVISION_FIELD,
     SCROLL_PAGE,
     TAGS_FIELD,
+    VALID_FROM_FIELD,
+    VALID_UNTIL_FIELD,
     IndexHit,
     IndexMismatch,
     IndexPoint,
     IndexUnavailable,
     Key,
     NamespacedQuery,
+    Term,
     Tombstone,
+    ValidAt,
     check_vector,
     checked_points,
     collection_name,
@@ -76,6 +81,24 @@ def _held_older(bounds: Sequence[tuple[str, int]], *, inclusive: bool) -> models
             for pid, revision in bounds
         ]
     )
+
+
+def _condition(term: Term | ValidAt) -> list[models.FieldCondition]:
+    """The engine's conditions of one query term."""
+    if isinstance(term, ValidAt):
+        return [
+            models.FieldCondition(key=VALID_FROM_FIELD, range=models.Range(lte=term.at)),
+            models.FieldCondition(key=VALID_UNTIL_FIELD, range=models.Range(gt=term.at)),
+        ]
+    return [models.FieldCondition(key=term.field, match=models.MatchValue(value=term.value))]
+
+
+# Points written before valid time was indexed (no `valid_until`; tombstones have no
+# namespace): valid always, as far as the index knows (the store's re-read decides).
+_BEFORE_VALIDITY = models.Filter(
+    must=[models.IsEmptyCondition(is_empty=models.PayloadField(key=VALID_UNTIL_FIELD))],
+    must_not=[models.IsEmptyCondition(is_empty=models.PayloadField(key=NAMESPACE_FIELD))],
+)
 
 
 class QdrantIndex:
@@ -147,11 +170,24 @@ class QdrantIndex:
                     self.collection, TAGS_FIELD, field_schema=models.PayloadSchemaType.KEYWORD
                 )
             info = await client.get_collection(self.collection)
-            # The tombstone pruning filters on it (a collection made before tombstones gets it).
-            if DELETED_AT_FIELD not in (info.payload_schema or {}):
-                await client.create_payload_index(
-                    self.collection, DELETED_AT_FIELD, field_schema=models.PayloadSchemaType.FLOAT
+            schema = info.payload_schema or {}
+            if VALID_UNTIL_FIELD not in schema:
+                # A collection made before valid time: give its points an open validity
+                # first (the field index, made after, says this was done).
+                await client.set_payload(
+                    self.collection,
+                    {VALID_FROM_FIELD: 0.0, VALID_UNTIL_FIELD: OPEN_END},
+                    points=_BEFORE_VALIDITY,
+                    wait=True,
+                    ordering=_ORDERING,
                 )
+            # The tombstone pruning filters on one, every search on the others (a
+            # collection made before them gets them now).
+            for field in (DELETED_AT_FIELD, VALID_FROM_FIELD, VALID_UNTIL_FIELD):
+                if field not in schema:
+                    await client.create_payload_index(
+                        self.collection, field, field_schema=models.PayloadSchemaType.FLOAT
+                    )
         except IndexMismatch:
             raise
         except Exception as exc:
@@ -222,12 +258,7 @@ class QdrantIndex:
     async def search(self, query: NamespacedQuery) -> list[IndexHit]:
         check_vector(query.vector, self.dimension)
         client = self._require()
-        query_filter = models.Filter(
-            must=[
-                models.FieldCondition(key=t.field, match=models.MatchValue(value=t.value))
-                for t in query.terms
-            ]
-        )
+        query_filter = models.Filter(must=[c for t in query.terms for c in _condition(t)])
         try:
             response = await client.query_points(
                 self.collection,

@@ -24,9 +24,10 @@ _sym_db = _symbol_database.Default()
 
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from runifold.common.v1 import common_pb2 as runifold_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'runifold/memory/v1/memory_service.proto\x12\x12runifold.memory.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"X\n\x0cMemorySource\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x15\n\rfrom_sequence\x18\x02 \x01(\x03\x12\x18\n\x10through_sequence\x18\x03 \x01(\x03\"\xba\x03\n\x06Memory\x12\x11\n\tmemory_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\t\x12\x31\n\x07sources\x18\x04 \x03(\x0b\x32 .runifold.memory.v1.MemorySource\x12:\n\x08metadata\x18\x05 \x03(\x0b\x32(.runifold.memory.v1.Memory.MetadataEntry\x12\x10\n\x08revision\x18\x06 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0f\x65mbedding_model\x18\n \x01(\t\x12\x1b\n\x13\x65mbedding_dimension\x18\x0b \x01(\x05\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x9c\x03\n\x13UpsertMemoryRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\t\x12\x31\n\x07sources\x18\x04 \x03(\x0b\x32 .runifold.memory.v1.MemorySource\x12G\n\x08metadata\x18\x05 \x03(\x0b\x32\x35.runifold.memory.v1.UpsertMemoryRequest.MetadataEntry\x12\x1e\n\x11\x65xpected_revision\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12/\n\x0b\x65xpire_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x03ttl\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nrequest_id\x18\t \x01(\t\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x14\n\x12_expected_revision\"S\n\x14UpsertMemoryResponse\x12*\n\x06memory\x18\x01 \x01(\x0b\x32\x1a.runifold.memory.v1.Memory\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"8\n\x10GetMemoryRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tmemory_id\x18\x02 \x01(\t\"?\n\x11GetMemoryResponse\x12*\n\x06memory\x18\x01 \x01(\x0b\x32\x1a.runifold.memory.v1.Memory\"h\n\x13ListMemoriesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x04 \x01(\t\"]\n\x14ListMemoriesResponse\x12,\n\x08memories\x18\x01 \x03(\x0b\x32\x1a.runifold.memory.v1.Memory\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xea\x01\n\x15SearchMemoriesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\x12V\n\x0fmetadata_filter\x18\x04 \x03(\x0b\x32=.runifold.memory.v1.SearchMemoriesRequest.MetadataFilterEntry\x12\x11\n\tmin_score\x18\x05 \x01(\x02\x1a\x35\n\x13MetadataFilterEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"I\n\x0cScoredMemory\x12*\n\x06memory\x18\x01 \x01(\x0b\x32\x1a.runifold.memory.v1.Memory\x12\r\n\x05score\x18\x02 \x01(\x02\"]\n\x16SearchMemoriesResponse\x12\x31\n\x07results\x18\x01 \x03(\x0b\x32 .runifold.memory.v1.ScoredMemory\x12\x10\n\x08\x64\x65graded\x18\x02 \x01(\x08\"q\n\x13\x44\x65leteMemoryRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12\x1e\n\x11\x65xpected_revision\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\x14\n\x12_expected_revision\"\'\n\x14\x44\x65leteMemoryResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"\x87\x01\n\x13\x46orgetSourceRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x15\n\rfrom_sequence\x18\x03 \x01(\x03\x12\x18\n\x10through_sequence\x18\x04 \x01(\x03\x12\x13\n\x0bincarnation\x18\x05 \x01(\x03\"-\n\x14\x46orgetSourceResponse\x12\x15\n\rdeleted_count\x18\x01 \x01(\x03\x32\xde\x04\n\rMemoryService\x12\x61\n\x0cUpsertMemory\x12\'.runifold.memory.v1.UpsertMemoryRequest\x1a(.runifold.memory.v1.UpsertMemoryResponse\x12X\n\tGetMemory\x12$.runifold.memory.v1.GetMemoryRequest\x1a%.runifold.memory.v1.GetMemoryResponse\x12\x61\n\x0cListMemories\x12\'.runifold.memory.v1.ListMemoriesRequest\x1a(.runifold.memory.v1.ListMemoriesResponse\x12g\n\x0eSearchMemories\x12).runifold.memory.v1.SearchMemoriesRequest\x1a*.runifold.memory.v1.SearchMemoriesResponse\x12\x61\n\x0c\x44\x65leteMemory\x12\'.runifold.memory.v1.DeleteMemoryRequest\x1a(.runifold.memory.v1.DeleteMemoryResponse\x12\x61\n\x0c\x46orgetSource\x12\'.runifold.memory.v1.ForgetSourceRequest\x1a(.runifold.memory.v1.ForgetSourceResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'runifold/memory/v1/memory_service.proto\x12\x12runifold.memory.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1frunifold/common/v1/common.proto\"X\n\x0cMemorySource\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x15\n\rfrom_sequence\x18\x02 \x01(\x03\x12\x18\n\x10through_sequence\x18\x03 \x01(\x03\"\xbc\x04\n\x06Memory\x12\x11\n\tmemory_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\t\x12\x31\n\x07sources\x18\x04 \x03(\x0b\x32 .runifold.memory.v1.MemorySource\x12:\n\x08metadata\x18\x05 \x03(\x0b\x32(.runifold.memory.v1.Memory.MetadataEntry\x12\x10\n\x08revision\x18\x06 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0f\x65mbedding_model\x18\n \x01(\t\x12\x1b\n\x13\x65mbedding_dimension\x18\x0b \x01(\x05\x12\x33\n\x0fvalid_from_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10valid_until_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rsuperseded_by\x18\x0e \x01(\t\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"[\n\x10SupersededMemory\x12\x11\n\tmemory_id\x18\x01 \x01(\t\x12\x1e\n\x11\x65xpected_revision\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x14\n\x12_expected_revision\"\xc1\x04\n\x13UpsertMemoryRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\t\x12\x31\n\x07sources\x18\x04 \x03(\x0b\x32 .runifold.memory.v1.MemorySource\x12G\n\x08metadata\x18\x05 \x03(\x0b\x32\x35.runifold.memory.v1.UpsertMemoryRequest.MetadataEntry\x12\x1e\n\x11\x65xpected_revision\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12/\n\x0b\x65xpire_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x03ttl\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nrequest_id\x18\t \x01(\t\x12\x33\n\x0fvalid_from_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10valid_until_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x38\n\nsupersedes\x18\x0c \x03(\x0b\x32$.runifold.memory.v1.SupersededMemory\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x14\n\x12_expected_revision\"\x83\x01\n\x14UpsertMemoryResponse\x12*\n\x06memory\x18\x01 \x01(\x0b\x32\x1a.runifold.memory.v1.Memory\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12.\n\nsuperseded\x18\x03 \x03(\x0b\x32\x1a.runifold.memory.v1.Memory\"8\n\x10GetMemoryRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tmemory_id\x18\x02 \x01(\t\"?\n\x11GetMemoryResponse\x12*\n\x06memory\x18\x01 \x01(\x0b\x32\x1a.runifold.memory.v1.Memory\"\xb1\x01\n\x13ListMemoriesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x04 \x01(\t\x12.\n\nas_of_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fignore_validity\x18\x06 \x01(\x08\"]\n\x14ListMemoriesResponse\x12,\n\x08memories\x18\x01 \x03(\x0b\x32\x1a.runifold.memory.v1.Memory\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x9a\x02\n\x15SearchMemoriesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\x12V\n\x0fmetadata_filter\x18\x04 \x03(\x0b\x32=.runifold.memory.v1.SearchMemoriesRequest.MetadataFilterEntry\x12\x11\n\tmin_score\x18\x05 \x01(\x02\x12.\n\nas_of_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x35\n\x13MetadataFilterEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"I\n\x0cScoredMemory\x12*\n\x06memory\x18\x01 \x01(\x0b\x32\x1a.runifold.memory.v1.Memory\x12\r\n\x05score\x18\x02 \x01(\x02\"]\n\x16SearchMemoriesResponse\x12\x31\n\x07results\x18\x01 \x03(\x0b\x32 .runifold.memory.v1.ScoredMemory\x12\x10\n\x08\x64\x65graded\x18\x02 \x01(\x08\"q\n\x13\x44\x65leteMemoryRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12\x1e\n\x11\x65xpected_revision\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\x14\n\x12_expected_revision\"\'\n\x14\x44\x65leteMemoryResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"\x87\x01\n\x13\x46orgetSourceRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x15\n\rfrom_sequence\x18\x03 \x01(\x03\x12\x18\n\x10through_sequence\x18\x04 \x01(\x03\x12\x13\n\x0bincarnation\x18\x05 \x01(\x03\"-\n\x14\x46orgetSourceResponse\x12\x15\n\rdeleted_count\x18\x01 \x01(\x03\"i\n\x1aListMemoryRevisionsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tmemory_id\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"\x8f\x04\n\x0eMemoryRevision\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12.\n\x04kind\x18\x02 \x01(\x0e\x32 .runifold.memory.v1.RevisionKind\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12/\n\x0brecord_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x65rased\x18\x05 \x01(\x08\x12\x0f\n\x07\x63ontent\x18\x06 \x01(\t\x12\x31\n\x07sources\x18\x07 \x03(\x0b\x32 .runifold.memory.v1.MemorySource\x12\x42\n\x08metadata\x18\x08 \x03(\x0b\x32\x30.runifold.memory.v1.MemoryRevision.MetadataEntry\x12/\n\x0b\x65xpire_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x33\n\x0fvalid_from_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10valid_until_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rsuperseded_by\x18\x0c \x01(\t\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"m\n\x1bListMemoryRevisionsResponse\x12\x35\n\trevisions\x18\x01 \x03(\x0b\x32\".runifold.memory.v1.MemoryRevision\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xb8\x01\n\x16ProposeMemoriesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x15\n\rfrom_sequence\x18\x03 \x01(\x03\x12\x18\n\x10through_sequence\x18\x04 \x01(\x03\x12*\n\x06\x62udget\x18\x05 \x01(\x0b\x32\x1a.runifold.common.v1.Budget\x12\x15\n\rmax_proposals\x18\x06 \x01(\x05\"\xe9\x01\n\x0eMemoryProposal\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\t\x12\x31\n\x07sources\x18\x02 \x03(\x0b\x32 .runifold.memory.v1.MemorySource\x12\x33\n\x0fvalid_from_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x06\x61\x63tion\x18\x04 \x01(\x0e\x32\".runifold.memory.v1.ProposalAction\x12\x1a\n\x12related_memory_ids\x18\x05 \x03(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\"\xa3\x01\n\x17ProposeMemoriesResponse\x12\x35\n\tproposals\x18\x01 \x03(\x0b\x32\".runifold.memory.v1.MemoryProposal\x12(\n\x05usage\x18\x02 \x01(\x0b\x32\x19.runifold.common.v1.Usage\x12\x15\n\rdropped_count\x18\x03 \x01(\x05\x12\x10\n\x08proposer\x18\x04 \x01(\t*`\n\x0cRevisionKind\x12\x1d\n\x19REVISION_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13REVISION_KIND_WRITE\x10\x01\x12\x18\n\x14REVISION_KIND_DELETE\x10\x02*\x88\x01\n\x0eProposalAction\x12\x1f\n\x1bPROPOSAL_ACTION_UNSPECIFIED\x10\x00\x12\x17\n\x13PROPOSAL_ACTION_ADD\x10\x01\x12\x1d\n\x19PROPOSAL_ACTION_SUPERSEDE\x10\x02\x12\x1d\n\x19PROPOSAL_ACTION_DUPLICATE\x10\x03\x32\xc2\x06\n\rMemoryService\x12\x61\n\x0cUpsertMemory\x12\'.runifold.memory.v1.UpsertMemoryRequest\x1a(.runifold.memory.v1.UpsertMemoryResponse\x12X\n\tGetMemory\x12$.runifold.memory.v1.GetMemoryRequest\x1a%.runifold.memory.v1.GetMemoryResponse\x12\x61\n\x0cListMemories\x12\'.runifold.memory.v1.ListMemoriesRequest\x1a(.runifold.memory.v1.ListMemoriesResponse\x12g\n\x0eSearchMemories\x12).runifold.memory.v1.SearchMemoriesRequest\x1a*.runifold.memory.v1.SearchMemoriesResponse\x12\x61\n\x0c\x44\x65leteMemory\x12\'.runifold.memory.v1.DeleteMemoryRequest\x1a(.runifold.memory.v1.DeleteMemoryResponse\x12\x61\n\x0c\x46orgetSource\x12\'.runifold.memory.v1.ForgetSourceRequest\x1a(.runifold.memory.v1.ForgetSourceResponse\x12v\n\x13ListMemoryRevisions\x12..runifold.memory.v1.ListMemoryRevisionsRequest\x1a/.runifold.memory.v1.ListMemoryRevisionsResponse\x12j\n\x0fProposeMemories\x12*.runifold.memory.v1.ProposeMemoriesRequest\x1a+.runifold.memory.v1.ProposeMemoriesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,42 +40,64 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_UPSERTMEMORYREQUEST_METADATAENTRY']._serialized_options = b'8\001'
   _globals['_SEARCHMEMORIESREQUEST_METADATAFILTERENTRY']._loaded_options = None
   _globals['_SEARCHMEMORIESREQUEST_METADATAFILTERENTRY']._serialized_options = b'8\001'
-  _globals['_MEMORYSOURCE']._serialized_start=128
-  _globals['_MEMORYSOURCE']._serialized_end=216
-  _globals['_MEMORY']._serialized_start=219
-  _globals['_MEMORY']._serialized_end=661
-  _globals['_MEMORY_METADATAENTRY']._serialized_start=614
-  _globals['_MEMORY_METADATAENTRY']._serialized_end=661
-  _globals['_UPSERTMEMORYREQUEST']._serialized_start=664
-  _globals['_UPSERTMEMORYREQUEST']._serialized_end=1076
-  _globals['_UPSERTMEMORYREQUEST_METADATAENTRY']._serialized_start=614
-  _globals['_UPSERTMEMORYREQUEST_METADATAENTRY']._serialized_end=661
-  _globals['_UPSERTMEMORYRESPONSE']._serialized_start=1078
-  _globals['_UPSERTMEMORYRESPONSE']._serialized_end=1161
-  _globals['_GETMEMORYREQUEST']._serialized_start=1163
-  _globals['_GETMEMORYREQUEST']._serialized_end=1219
-  _globals['_GETMEMORYRESPONSE']._serialized_start=1221
-  _globals['_GETMEMORYRESPONSE']._serialized_end=1284
-  _globals['_LISTMEMORIESREQUEST']._serialized_start=1286
-  _globals['_LISTMEMORIESREQUEST']._serialized_end=1390
-  _globals['_LISTMEMORIESRESPONSE']._serialized_start=1392
-  _globals['_LISTMEMORIESRESPONSE']._serialized_end=1485
-  _globals['_SEARCHMEMORIESREQUEST']._serialized_start=1488
-  _globals['_SEARCHMEMORIESREQUEST']._serialized_end=1722
-  _globals['_SEARCHMEMORIESREQUEST_METADATAFILTERENTRY']._serialized_start=1669
-  _globals['_SEARCHMEMORIESREQUEST_METADATAFILTERENTRY']._serialized_end=1722
-  _globals['_SCOREDMEMORY']._serialized_start=1724
-  _globals['_SCOREDMEMORY']._serialized_end=1797
-  _globals['_SEARCHMEMORIESRESPONSE']._serialized_start=1799
-  _globals['_SEARCHMEMORIESRESPONSE']._serialized_end=1892
-  _globals['_DELETEMEMORYREQUEST']._serialized_start=1894
-  _globals['_DELETEMEMORYREQUEST']._serialized_end=2007
-  _globals['_DELETEMEMORYRESPONSE']._serialized_start=2009
-  _globals['_DELETEMEMORYRESPONSE']._serialized_end=2048
-  _globals['_FORGETSOURCEREQUEST']._serialized_start=2051
-  _globals['_FORGETSOURCEREQUEST']._serialized_end=2186
-  _globals['_FORGETSOURCERESPONSE']._serialized_start=2188
-  _globals['_FORGETSOURCERESPONSE']._serialized_end=2233
-  _globals['_MEMORYSERVICE']._serialized_start=2236
-  _globals['_MEMORYSERVICE']._serialized_end=2842
+  _globals['_MEMORYREVISION_METADATAENTRY']._loaded_options = None
+  _globals['_MEMORYREVISION_METADATAENTRY']._serialized_options = b'8\001'
+  _globals['_REVISIONKIND']._serialized_start=4164
+  _globals['_REVISIONKIND']._serialized_end=4260
+  _globals['_PROPOSALACTION']._serialized_start=4263
+  _globals['_PROPOSALACTION']._serialized_end=4399
+  _globals['_MEMORYSOURCE']._serialized_start=161
+  _globals['_MEMORYSOURCE']._serialized_end=249
+  _globals['_MEMORY']._serialized_start=252
+  _globals['_MEMORY']._serialized_end=824
+  _globals['_MEMORY_METADATAENTRY']._serialized_start=777
+  _globals['_MEMORY_METADATAENTRY']._serialized_end=824
+  _globals['_SUPERSEDEDMEMORY']._serialized_start=826
+  _globals['_SUPERSEDEDMEMORY']._serialized_end=917
+  _globals['_UPSERTMEMORYREQUEST']._serialized_start=920
+  _globals['_UPSERTMEMORYREQUEST']._serialized_end=1497
+  _globals['_UPSERTMEMORYREQUEST_METADATAENTRY']._serialized_start=777
+  _globals['_UPSERTMEMORYREQUEST_METADATAENTRY']._serialized_end=824
+  _globals['_UPSERTMEMORYRESPONSE']._serialized_start=1500
+  _globals['_UPSERTMEMORYRESPONSE']._serialized_end=1631
+  _globals['_GETMEMORYREQUEST']._serialized_start=1633
+  _globals['_GETMEMORYREQUEST']._serialized_end=1689
+  _globals['_GETMEMORYRESPONSE']._serialized_start=1691
+  _globals['_GETMEMORYRESPONSE']._serialized_end=1754
+  _globals['_LISTMEMORIESREQUEST']._serialized_start=1757
+  _globals['_LISTMEMORIESREQUEST']._serialized_end=1934
+  _globals['_LISTMEMORIESRESPONSE']._serialized_start=1936
+  _globals['_LISTMEMORIESRESPONSE']._serialized_end=2029
+  _globals['_SEARCHMEMORIESREQUEST']._serialized_start=2032
+  _globals['_SEARCHMEMORIESREQUEST']._serialized_end=2314
+  _globals['_SEARCHMEMORIESREQUEST_METADATAFILTERENTRY']._serialized_start=2261
+  _globals['_SEARCHMEMORIESREQUEST_METADATAFILTERENTRY']._serialized_end=2314
+  _globals['_SCOREDMEMORY']._serialized_start=2316
+  _globals['_SCOREDMEMORY']._serialized_end=2389
+  _globals['_SEARCHMEMORIESRESPONSE']._serialized_start=2391
+  _globals['_SEARCHMEMORIESRESPONSE']._serialized_end=2484
+  _globals['_DELETEMEMORYREQUEST']._serialized_start=2486
+  _globals['_DELETEMEMORYREQUEST']._serialized_end=2599
+  _globals['_DELETEMEMORYRESPONSE']._serialized_start=2601
+  _globals['_DELETEMEMORYRESPONSE']._serialized_end=2640
+  _globals['_FORGETSOURCEREQUEST']._serialized_start=2643
+  _globals['_FORGETSOURCEREQUEST']._serialized_end=2778
+  _globals['_FORGETSOURCERESPONSE']._serialized_start=2780
+  _globals['_FORGETSOURCERESPONSE']._serialized_end=2825
+  _globals['_LISTMEMORYREVISIONSREQUEST']._serialized_start=2827
+  _globals['_LISTMEMORYREVISIONSREQUEST']._serialized_end=2932
+  _globals['_MEMORYREVISION']._serialized_start=2935
+  _globals['_MEMORYREVISION']._serialized_end=3462
+  _globals['_MEMORYREVISION_METADATAENTRY']._serialized_start=777
+  _globals['_MEMORYREVISION_METADATAENTRY']._serialized_end=824
+  _globals['_LISTMEMORYREVISIONSRESPONSE']._serialized_start=3464
+  _globals['_LISTMEMORYREVISIONSRESPONSE']._serialized_end=3573
+  _globals['_PROPOSEMEMORIESREQUEST']._serialized_start=3576
+  _globals['_PROPOSEMEMORIESREQUEST']._serialized_end=3760
+  _globals['_MEMORYPROPOSAL']._serialized_start=3763
+  _globals['_MEMORYPROPOSAL']._serialized_end=3996
+  _globals['_PROPOSEMEMORIESRESPONSE']._serialized_start=3999
+  _globals['_PROPOSEMEMORIESRESPONSE']._serialized_end=4162
+  _globals['_MEMORYSERVICE']._serialized_start=4402
+  _globals['_MEMORYSERVICE']._serialized_end=5236
 # @@protoc_insertion_point(module_scope)

@@ -9,6 +9,8 @@ from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from runifold.common.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -19,6 +21,62 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _RevisionKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RevisionKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RevisionKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    REVISION_KIND_UNSPECIFIED: _RevisionKind.ValueType  # 0
+    """Not used."""
+    REVISION_KIND_WRITE: _RevisionKind.ValueType  # 1
+    """A write (create, replace, supersession)."""
+    REVISION_KIND_DELETE: _RevisionKind.ValueType  # 2
+    """A deletion's tombstone."""
+
+class RevisionKind(_RevisionKind, metaclass=_RevisionKindEnumTypeWrapper):
+    """What a revision of a memory's history records."""
+
+REVISION_KIND_UNSPECIFIED: RevisionKind.ValueType  # 0
+"""Not used."""
+REVISION_KIND_WRITE: RevisionKind.ValueType  # 1
+"""A write (create, replace, supersession)."""
+REVISION_KIND_DELETE: RevisionKind.ValueType  # 2
+"""A deletion's tombstone."""
+Global___RevisionKind: _TypeAlias = RevisionKind  # noqa: Y015
+
+class _ProposalAction:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ProposalActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ProposalAction.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PROPOSAL_ACTION_UNSPECIFIED: _ProposalAction.ValueType  # 0
+    """Not used."""
+    PROPOSAL_ACTION_ADD: _ProposalAction.ValueType  # 1
+    """A new fact: UpsertMemory with it."""
+    PROPOSAL_ACTION_SUPERSEDE: _ProposalAction.ValueType  # 2
+    """A newer fact replacing `related_memory_ids[0]`: UpsertMemory with it and
+    `supersedes` naming that memory.
+    """
+    PROPOSAL_ACTION_DUPLICATE: _ProposalAction.ValueType  # 3
+    """Already stored as `related_memory_ids[0]`: nothing to write."""
+
+class ProposalAction(_ProposalAction, metaclass=_ProposalActionEnumTypeWrapper):
+    """What a proposal would do if the application confirms it."""
+
+PROPOSAL_ACTION_UNSPECIFIED: ProposalAction.ValueType  # 0
+"""Not used."""
+PROPOSAL_ACTION_ADD: ProposalAction.ValueType  # 1
+"""A new fact: UpsertMemory with it."""
+PROPOSAL_ACTION_SUPERSEDE: ProposalAction.ValueType  # 2
+"""A newer fact replacing `related_memory_ids[0]`: UpsertMemory with it and
+`supersedes` naming that memory.
+"""
+PROPOSAL_ACTION_DUPLICATE: ProposalAction.ValueType  # 3
+"""Already stored as `related_memory_ids[0]`: nothing to write."""
+Global___ProposalAction: _TypeAlias = ProposalAction  # noqa: Y015
 
 @_typing.final
 class MemorySource(_message.Message):
@@ -87,6 +145,9 @@ class Memory(_message.Message):
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     EMBEDDING_MODEL_FIELD_NUMBER: _builtins.int
     EMBEDDING_DIMENSION_FIELD_NUMBER: _builtins.int
+    VALID_FROM_TIME_FIELD_NUMBER: _builtins.int
+    VALID_UNTIL_TIME_FIELD_NUMBER: _builtins.int
+    SUPERSEDED_BY_FIELD_NUMBER: _builtins.int
     memory_id: _builtins.str
     """UUID of the memory."""
     namespace: _builtins.str
@@ -99,6 +160,8 @@ class Memory(_message.Message):
     """Embedding model that indexed it."""
     embedding_dimension: _builtins.int
     """Dimension of that model's vectors."""
+    superseded_by: _builtins.str
+    """UUID of the memory that superseded this one; empty when none did."""
     @_builtins.property
     def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemorySource]:
         """Where it came from (1..32 ranges)."""
@@ -119,6 +182,16 @@ class Memory(_message.Message):
     def expire_time(self) -> _timestamp_pb2.Timestamp:
         """When it expires; absent when it does not."""
 
+    @_builtins.property
+    def valid_from_time(self) -> _timestamp_pb2.Timestamp:
+        """When the fact became true (valid time). Defaults to the create time of
+        its earliest source entry.
+        """
+
+    @_builtins.property
+    def valid_until_time(self) -> _timestamp_pb2.Timestamp:
+        """When the fact stopped being true; absent while it holds."""
+
     def __init__(
         self,
         *,
@@ -133,14 +206,45 @@ class Memory(_message.Message):
         expire_time: _timestamp_pb2.Timestamp | None = ...,
         embedding_model: _builtins.str = ...,
         embedding_dimension: _builtins.int = ...,
+        valid_from_time: _timestamp_pb2.Timestamp | None = ...,
+        valid_until_time: _timestamp_pb2.Timestamp | None = ...,
+        superseded_by: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "expire_time", b"expire_time", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "expire_time", b"expire_time", "update_time", b"update_time", "valid_from_time", b"valid_from_time", "valid_until_time", b"valid_until_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "create_time", b"create_time", "embedding_dimension", b"embedding_dimension", "embedding_model", b"embedding_model", "expire_time", b"expire_time", "memory_id", b"memory_id", "metadata", b"metadata", "namespace", b"namespace", "revision", b"revision", "sources", b"sources", "update_time", b"update_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "create_time", b"create_time", "embedding_dimension", b"embedding_dimension", "embedding_model", b"embedding_model", "expire_time", b"expire_time", "memory_id", b"memory_id", "metadata", b"metadata", "namespace", b"namespace", "revision", b"revision", "sources", b"sources", "superseded_by", b"superseded_by", "update_time", b"update_time", "valid_from_time", b"valid_from_time", "valid_until_time", b"valid_until_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Memory: _TypeAlias = Memory  # noqa: Y015
+
+@_typing.final
+class SupersededMemory(_message.Message):
+    """A memory that an UpsertMemory supersedes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMORY_ID_FIELD_NUMBER: _builtins.int
+    EXPECTED_REVISION_FIELD_NUMBER: _builtins.int
+    memory_id: _builtins.str
+    """UUID of the memory, in the same namespace, whose validity is open."""
+    expected_revision: _builtins.int
+    """Supersede only if it is at this revision (ABORTED / REVISION_CONFLICT)."""
+    def __init__(
+        self,
+        *,
+        memory_id: _builtins.str = ...,
+        expected_revision: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision", "memory_id", b"memory_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__expected_revision: _TypeAlias = _typing.Literal["expected_revision"]  # noqa: Y015
+    _WhichOneofArgType__expected_revision: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_revision) -> _WhichOneofReturnType__expected_revision | None: ...
+
+Global___SupersededMemory: _TypeAlias = SupersededMemory  # noqa: Y015
 
 @_typing.final
 class UpsertMemoryRequest(_message.Message):
@@ -177,6 +281,9 @@ class UpsertMemoryRequest(_message.Message):
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     TTL_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    VALID_FROM_TIME_FIELD_NUMBER: _builtins.int
+    VALID_UNTIL_TIME_FIELD_NUMBER: _builtins.int
+    SUPERSEDES_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     """Namespace that owns the memory."""
     memory_id: _builtins.str
@@ -212,6 +319,27 @@ class UpsertMemoryRequest(_message.Message):
         from configuration applies (if any).
         """
 
+    @_builtins.property
+    def valid_from_time(self) -> _timestamp_pb2.Timestamp:
+        """When the fact became true. Absent: on a create, the create time of the
+        earliest source entry; on a replace, the memory's current one.
+        """
+
+    @_builtins.property
+    def valid_until_time(self) -> _timestamp_pb2.Timestamp:
+        """When the fact stopped being true (a fact known to have ended); after
+        `valid_from_time`. Absent: open on a create; unchanged on a replace.
+        """
+
+    @_builtins.property
+    def supersedes(self) -> _containers.RepeatedCompositeFieldContainer[Global___SupersededMemory]:
+        """Memories this one replaces as of its `valid_from_time` (at most 32): each
+        gets `valid_until_time` = this memory's `valid_from_time` and
+        `superseded_by` = this memory, in the same transaction. Each must be in
+        this namespace (else NOT_FOUND), open, and valid from before this memory;
+        a supersession that would make a cycle is refused.
+        """
+
     def __init__(
         self,
         *,
@@ -224,10 +352,13 @@ class UpsertMemoryRequest(_message.Message):
         expire_time: _timestamp_pb2.Timestamp | None = ...,
         ttl: _duration_pb2.Duration | None = ...,
         request_id: _builtins.str = ...,
+        valid_from_time: _timestamp_pb2.Timestamp | None = ...,
+        valid_until_time: _timestamp_pb2.Timestamp | None = ...,
+        supersedes: _abc.Iterable[Global___SupersededMemory] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision", "expire_time", b"expire_time", "ttl", b"ttl"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision", "expire_time", b"expire_time", "ttl", b"ttl", "valid_from_time", b"valid_from_time", "valid_until_time", b"valid_until_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "content", b"content", "expected_revision", b"expected_revision", "expire_time", b"expire_time", "memory_id", b"memory_id", "metadata", b"metadata", "namespace", b"namespace", "request_id", b"request_id", "sources", b"sources", "ttl", b"ttl"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "content", b"content", "expected_revision", b"expected_revision", "expire_time", b"expire_time", "memory_id", b"memory_id", "metadata", b"metadata", "namespace", b"namespace", "request_id", b"request_id", "sources", b"sources", "supersedes", b"supersedes", "ttl", b"ttl", "valid_from_time", b"valid_from_time", "valid_until_time", b"valid_until_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_revision: _TypeAlias = _typing.Literal["expected_revision"]  # noqa: Y015
     _WhichOneofArgType__expected_revision: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision"]  # noqa: Y015
@@ -243,21 +374,27 @@ class UpsertMemoryResponse(_message.Message):
 
     MEMORY_FIELD_NUMBER: _builtins.int
     CREATED_FIELD_NUMBER: _builtins.int
+    SUPERSEDED_FIELD_NUMBER: _builtins.int
     created: _builtins.bool
     """True when the memory was created by this call."""
     @_builtins.property
     def memory(self) -> Global___Memory:
         """The memory as stored."""
 
+    @_builtins.property
+    def superseded(self) -> _containers.RepeatedCompositeFieldContainer[Global___Memory]:
+        """The memories it superseded, as stored (validity closed, new revision)."""
+
     def __init__(
         self,
         *,
         memory: Global___Memory | None = ...,
         created: _builtins.bool = ...,
+        superseded: _abc.Iterable[Global___Memory] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "memory", b"memory"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "memory", b"memory", "superseded", b"superseded"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -323,6 +460,8 @@ class ListMemoriesRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    AS_OF_TIME_FIELD_NUMBER: _builtins.int
+    IGNORE_VALIDITY_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     """Namespace to list."""
     page_size: _builtins.int
@@ -331,6 +470,14 @@ class ListMemoriesRequest(_message.Message):
     """Opaque token from a previous response."""
     conversation_id: _builtins.str
     """Only memories with a source in this conversation."""
+    ignore_validity: _builtins.bool
+    """Every live memory, whatever its validity (superseded, ended, not yet
+    valid); `as_of_time` must then be absent.
+    """
+    @_builtins.property
+    def as_of_time(self) -> _timestamp_pb2.Timestamp:
+        """Only memories valid at this time; absent: now."""
+
     def __init__(
         self,
         *,
@@ -338,10 +485,12 @@ class ListMemoriesRequest(_message.Message):
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
         conversation_id: _builtins.str = ...,
+        as_of_time: _timestamp_pb2.Timestamp | None = ...,
+        ignore_validity: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["as_of_time", b"as_of_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["as_of_time", b"as_of_time", "conversation_id", b"conversation_id", "ignore_validity", b"ignore_validity", "namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -406,6 +555,7 @@ class SearchMemoriesRequest(_message.Message):
     LIMIT_FIELD_NUMBER: _builtins.int
     METADATA_FILTER_FIELD_NUMBER: _builtins.int
     MIN_SCORE_FIELD_NUMBER: _builtins.int
+    AS_OF_TIME_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     """Namespace to search; the only one searched."""
     query: _builtins.str
@@ -418,6 +568,12 @@ class SearchMemoriesRequest(_message.Message):
     def metadata_filter(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Only memories whose metadata holds every one of these pairs."""
 
+    @_builtins.property
+    def as_of_time(self) -> _timestamp_pb2.Timestamp:
+        """Only memories valid at this time (as the store knows them now); absent:
+        now. Expired and deleted memories are never returned.
+        """
+
     def __init__(
         self,
         *,
@@ -426,10 +582,11 @@ class SearchMemoriesRequest(_message.Message):
         limit: _builtins.int = ...,
         metadata_filter: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         min_score: _builtins.float = ...,
+        as_of_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["as_of_time", b"as_of_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "metadata_filter", b"metadata_filter", "min_score", b"min_score", "namespace", b"namespace", "query", b"query"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["as_of_time", b"as_of_time", "limit", b"limit", "metadata_filter", b"metadata_filter", "min_score", b"min_score", "namespace", b"namespace", "query", b"query"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -615,3 +772,306 @@ class ForgetSourceResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ForgetSourceResponse: _TypeAlias = ForgetSourceResponse  # noqa: Y015
+
+@_typing.final
+class ListMemoryRevisionsRequest(_message.Message):
+    """Request of ListMemoryRevisions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    MEMORY_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace that owns the memory."""
+    memory_id: _builtins.str
+    """UUID of the memory."""
+    page_size: _builtins.int
+    """Maximum revisions per page: 0 means 100, at most 1000."""
+    page_token: _builtins.str
+    """Opaque token from a previous response."""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        memory_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["memory_id", b"memory_id", "namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListMemoryRevisionsRequest: _TypeAlias = ListMemoryRevisionsRequest  # noqa: Y015
+
+@_typing.final
+class MemoryRevision(_message.Message):
+    """One revision of a memory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetadataEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    RECORD_TIME_FIELD_NUMBER: _builtins.int
+    ERASED_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    SOURCES_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    VALID_FROM_TIME_FIELD_NUMBER: _builtins.int
+    VALID_UNTIL_TIME_FIELD_NUMBER: _builtins.int
+    SUPERSEDED_BY_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    """The revision number."""
+    kind: Global___RevisionKind.ValueType
+    """A write or a deletion's tombstone."""
+    reason: _builtins.str
+    """Why it was written: "create", "update", "superseded", "reopened" (the
+    memory that superseded it was deleted), "delete", "forget_source",
+    "expired".
+    """
+    erased: _builtins.bool
+    """True when the memory was deleted: content, sources, metadata and
+    validity of every revision are erased (and for a tombstone).
+    """
+    content: _builtins.str
+    """The fact as of this revision."""
+    superseded_by: _builtins.str
+    """The memory that superseded it, as of this revision."""
+    @_builtins.property
+    def record_time(self) -> _timestamp_pb2.Timestamp:
+        """When the store recorded it (revision time)."""
+
+    @_builtins.property
+    def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemorySource]:
+        """Its sources."""
+
+    @_builtins.property
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Its annotations."""
+
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """Its expiry."""
+
+    @_builtins.property
+    def valid_from_time(self) -> _timestamp_pb2.Timestamp:
+        """Valid time, as of this revision."""
+
+    @_builtins.property
+    def valid_until_time(self) -> _timestamp_pb2.Timestamp:
+        """End of validity, as of this revision."""
+
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+        kind: Global___RevisionKind.ValueType = ...,
+        reason: _builtins.str = ...,
+        record_time: _timestamp_pb2.Timestamp | None = ...,
+        erased: _builtins.bool = ...,
+        content: _builtins.str = ...,
+        sources: _abc.Iterable[Global___MemorySource] | None = ...,
+        metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+        valid_from_time: _timestamp_pb2.Timestamp | None = ...,
+        valid_until_time: _timestamp_pb2.Timestamp | None = ...,
+        superseded_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time", "record_time", b"record_time", "valid_from_time", b"valid_from_time", "valid_until_time", b"valid_until_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "erased", b"erased", "expire_time", b"expire_time", "kind", b"kind", "metadata", b"metadata", "reason", b"reason", "record_time", b"record_time", "revision", b"revision", "sources", b"sources", "superseded_by", b"superseded_by", "valid_from_time", b"valid_from_time", "valid_until_time", b"valid_until_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MemoryRevision: _TypeAlias = MemoryRevision  # noqa: Y015
+
+@_typing.final
+class ListMemoryRevisionsResponse(_message.Message):
+    """Response of ListMemoryRevisions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISIONS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token of the next page; empty on the last page."""
+    @_builtins.property
+    def revisions(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemoryRevision]:
+        """Revisions, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        revisions: _abc.Iterable[Global___MemoryRevision] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "revisions", b"revisions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListMemoryRevisionsResponse: _TypeAlias = ListMemoryRevisionsResponse  # noqa: Y015
+
+@_typing.final
+class ProposeMemoriesRequest(_message.Message):
+    """Request of ProposeMemories."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    FROM_SEQUENCE_FIELD_NUMBER: _builtins.int
+    THROUGH_SEQUENCE_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
+    MAX_PROPOSALS_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace of the conversation, and of the memories matched."""
+    conversation_id: _builtins.str
+    """UUID of the conversation to read."""
+    from_sequence: _builtins.int
+    """First sequence of the range (1-based, inclusive)."""
+    through_sequence: _builtins.int
+    """Last sequence of the range (inclusive, at most
+    RUNIFOLD_MEMORY_PROPOSE_MAX_ENTRIES entries after `from_sequence`).
+    """
+    max_proposals: _builtins.int
+    """Most proposals returned: 0 means 8, at most 32."""
+    @_builtins.property
+    def budget(self) -> _common_pb2.Budget:
+        """Limits on the proposer's model calls; zero fields take the server's defaults."""
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        from_sequence: _builtins.int = ...,
+        through_sequence: _builtins.int = ...,
+        budget: _common_pb2.Budget | None = ...,
+        max_proposals: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "conversation_id", b"conversation_id", "from_sequence", b"from_sequence", "max_proposals", b"max_proposals", "namespace", b"namespace", "through_sequence", b"through_sequence"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProposeMemoriesRequest: _TypeAlias = ProposeMemoriesRequest  # noqa: Y015
+
+@_typing.final
+class MemoryProposal(_message.Message):
+    """A fact the proposer found. Untrusted: it was derived from transcript text."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTENT_FIELD_NUMBER: _builtins.int
+    SOURCES_FIELD_NUMBER: _builtins.int
+    VALID_FROM_TIME_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    RELATED_MEMORY_IDS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    content: _builtins.str
+    """The fact, 1 byte to 16 KiB."""
+    action: Global___ProposalAction.ValueType
+    """ADD, SUPERSEDE or DUPLICATE."""
+    reason: _builtins.str
+    """Why the proposer proposes it (at most 512 bytes)."""
+    @_builtins.property
+    def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemorySource]:
+        """Where it came from: ranges inside the asked range of the conversation."""
+
+    @_builtins.property
+    def valid_from_time(self) -> _timestamp_pb2.Timestamp:
+        """When it became true: the proposer's reading, else the create time of its
+        earliest source entry.
+        """
+
+    @_builtins.property
+    def related_memory_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The existing memories it relates to (the one it supersedes or
+        duplicates first), found by the namespace's own search.
+        """
+
+    def __init__(
+        self,
+        *,
+        content: _builtins.str = ...,
+        sources: _abc.Iterable[Global___MemorySource] | None = ...,
+        valid_from_time: _timestamp_pb2.Timestamp | None = ...,
+        action: Global___ProposalAction.ValueType = ...,
+        related_memory_ids: _abc.Iterable[_builtins.str] | None = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["valid_from_time", b"valid_from_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "content", b"content", "reason", b"reason", "related_memory_ids", b"related_memory_ids", "sources", b"sources", "valid_from_time", b"valid_from_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MemoryProposal: _TypeAlias = MemoryProposal  # noqa: Y015
+
+@_typing.final
+class ProposeMemoriesResponse(_message.Message):
+    """Response of ProposeMemories."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROPOSALS_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    DROPPED_COUNT_FIELD_NUMBER: _builtins.int
+    PROPOSER_FIELD_NUMBER: _builtins.int
+    dropped_count: _builtins.int
+    """Proposals of the model that were malformed or out of range: dropped,
+    never returned.
+    """
+    proposer: _builtins.str
+    """Which proposer answered ("offline", or the model's provider)."""
+    @_builtins.property
+    def proposals(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemoryProposal]:
+        """The proposals, in transcript order. Nothing was stored."""
+
+    @_builtins.property
+    def usage(self) -> _common_pb2.Usage:
+        """What the proposer's model calls consumed."""
+
+    def __init__(
+        self,
+        *,
+        proposals: _abc.Iterable[Global___MemoryProposal] | None = ...,
+        usage: _common_pb2.Usage | None = ...,
+        dropped_count: _builtins.int = ...,
+        proposer: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped_count", b"dropped_count", "proposals", b"proposals", "proposer", b"proposer", "usage", b"usage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProposeMemoriesResponse: _TypeAlias = ProposeMemoriesResponse  # noqa: Y015

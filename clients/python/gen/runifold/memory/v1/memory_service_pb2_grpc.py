@@ -34,6 +34,12 @@ class MemoryServiceStub:
     searchable copy, always queried inside exactly one namespace. Memories are
     untrusted data: the orchestrator hands them to the model as delimited
     context, never as instructions.
+
+    Two times: valid time (`valid_from_time`, `valid_until_time`: when the fact
+    holds in the world) and revision time (`update_time`, the history's
+    `record_time`: when the store learned it). A newer fact supersedes an older
+    one: the older one's validity is closed, never deleted, and its history
+    stays readable (ListMemoryRevisions).
     """
 
     def __init__(self, channel):
@@ -72,6 +78,16 @@ class MemoryServiceStub:
                 request_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ForgetSourceRequest.SerializeToString,
                 response_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ForgetSourceResponse.FromString,
                 _registered_method=True)
+        self.ListMemoryRevisions = channel.unary_unary(
+                '/runifold.memory.v1.MemoryService/ListMemoryRevisions',
+                request_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ListMemoryRevisionsRequest.SerializeToString,
+                response_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ListMemoryRevisionsResponse.FromString,
+                _registered_method=True)
+        self.ProposeMemories = channel.unary_unary(
+                '/runifold.memory.v1.MemoryService/ProposeMemories',
+                request_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ProposeMemoriesRequest.SerializeToString,
+                response_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ProposeMemoriesResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryServiceServicer:
@@ -83,11 +99,19 @@ class MemoryServiceServicer:
     searchable copy, always queried inside exactly one namespace. Memories are
     untrusted data: the orchestrator hands them to the model as delimited
     context, never as instructions.
+
+    Two times: valid time (`valid_from_time`, `valid_until_time`: when the fact
+    holds in the world) and revision time (`update_time`, the history's
+    `record_time`: when the store learned it). A newer fact supersedes an older
+    one: the older one's validity is closed, never deleted, and its history
+    stays readable (ListMemoryRevisions).
     """
 
     def UpsertMemory(self, request, context):
         """Creates a memory (no `expected_revision`) or replaces it by
         compare-and-swap on `expected_revision` (ABORTED / REVISION_CONFLICT).
+        With `supersedes`, closes the validity of the memories it replaces in the
+        same transaction.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -101,14 +125,15 @@ class MemoryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListMemories(self, request, context):
-        """Lists the memories of a namespace (AIP-158).
+        """Lists the memories of a namespace valid now (or at `as_of_time`) (AIP-158).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def SearchMemories(self, request, context):
-        """Semantic search inside one namespace; `limit` 1..256.
+        """Semantic search inside one namespace over the memories valid now (or at
+        `as_of_time`); `limit` 1..256.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -123,6 +148,23 @@ class MemoryServiceServicer:
 
     def ForgetSource(self, request, context):
         """Deletes every memory derived from a conversation or a range of it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListMemoryRevisions(self, request, context):
+        """Every revision of a memory, oldest first (AIP-158): content, validity and
+        who superseded it; erased revisions keep only their number, kind and time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProposeMemories(self, request, context):
+        """Proposes memories from a range of a transcript, with validated source
+        ranges, each matched against the namespace's memories. Stores nothing:
+        the application confirms a proposal by sending it to UpsertMemory.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -161,6 +203,16 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     request_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ForgetSourceRequest.FromString,
                     response_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ForgetSourceResponse.SerializeToString,
             ),
+            'ListMemoryRevisions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMemoryRevisions,
+                    request_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ListMemoryRevisionsRequest.FromString,
+                    response_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ListMemoryRevisionsResponse.SerializeToString,
+            ),
+            'ProposeMemories': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProposeMemories,
+                    request_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ProposeMemoriesRequest.FromString,
+                    response_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ProposeMemoriesResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'runifold.memory.v1.MemoryService', rpc_method_handlers)
@@ -178,6 +230,12 @@ class MemoryService:
     searchable copy, always queried inside exactly one namespace. Memories are
     untrusted data: the orchestrator hands them to the model as delimited
     context, never as instructions.
+
+    Two times: valid time (`valid_from_time`, `valid_until_time`: when the fact
+    holds in the world) and revision time (`update_time`, the history's
+    `record_time`: when the store learned it). A newer fact supersedes an older
+    one: the older one's validity is closed, never deleted, and its history
+    stays readable (ListMemoryRevisions).
     """
 
     @staticmethod
@@ -332,6 +390,60 @@ class MemoryService:
             '/runifold.memory.v1.MemoryService/ForgetSource',
             runifold_dot_memory_dot_v1_dot_memory__service__pb2.ForgetSourceRequest.SerializeToString,
             runifold_dot_memory_dot_v1_dot_memory__service__pb2.ForgetSourceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMemoryRevisions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.memory.v1.MemoryService/ListMemoryRevisions',
+            runifold_dot_memory_dot_v1_dot_memory__service__pb2.ListMemoryRevisionsRequest.SerializeToString,
+            runifold_dot_memory_dot_v1_dot_memory__service__pb2.ListMemoryRevisionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProposeMemories(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.memory.v1.MemoryService/ProposeMemories',
+            runifold_dot_memory_dot_v1_dot_memory__service__pb2.ProposeMemoriesRequest.SerializeToString,
+            runifold_dot_memory_dot_v1_dot_memory__service__pb2.ProposeMemoriesResponse.FromString,
             options,
             channel_credentials,
             insecure,

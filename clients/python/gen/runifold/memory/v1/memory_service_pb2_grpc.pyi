@@ -35,6 +35,12 @@ class MemoryServiceStub:
     searchable copy, always queried inside exactly one namespace. Memories are
     untrusted data: the orchestrator hands them to the model as delimited
     context, never as instructions.
+
+    Two times: valid time (`valid_from_time`, `valid_until_time`: when the fact
+    holds in the world) and revision time (`update_time`, the history's
+    `record_time`: when the store learned it). A newer fact supersedes an older
+    one: the older one's validity is closed, never deleted, and its history
+    stays readable (ListMemoryRevisions).
     """
 
     @_typing.overload
@@ -44,17 +50,30 @@ class MemoryServiceStub:
     UpsertMemory: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.UpsertMemoryRequest, _memory_service_pb2.UpsertMemoryResponse]
     """Creates a memory (no `expected_revision`) or replaces it by
     compare-and-swap on `expected_revision` (ABORTED / REVISION_CONFLICT).
+    With `supersedes`, closes the validity of the memories it replaces in the
+    same transaction.
     """
     GetMemory: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryRequest, _memory_service_pb2.GetMemoryResponse]
     """Returns one memory."""
     ListMemories: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.ListMemoriesRequest, _memory_service_pb2.ListMemoriesResponse]
-    """Lists the memories of a namespace (AIP-158)."""
+    """Lists the memories of a namespace valid now (or at `as_of_time`) (AIP-158)."""
     SearchMemories: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.SearchMemoriesRequest, _memory_service_pb2.SearchMemoriesResponse]
-    """Semantic search inside one namespace; `limit` 1..256."""
+    """Semantic search inside one namespace over the memories valid now (or at
+    `as_of_time`); `limit` 1..256.
+    """
     DeleteMemory: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.DeleteMemoryRequest, _memory_service_pb2.DeleteMemoryResponse]
     """Deletes a memory, optionally by compare-and-swap on its revision."""
     ForgetSource: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.ForgetSourceRequest, _memory_service_pb2.ForgetSourceResponse]
     """Deletes every memory derived from a conversation or a range of it."""
+    ListMemoryRevisions: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.ListMemoryRevisionsRequest, _memory_service_pb2.ListMemoryRevisionsResponse]
+    """Every revision of a memory, oldest first (AIP-158): content, validity and
+    who superseded it; erased revisions keep only their number, kind and time.
+    """
+    ProposeMemories: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.ProposeMemoriesRequest, _memory_service_pb2.ProposeMemoriesResponse]
+    """Proposes memories from a range of a transcript, with validated source
+    ranges, each matched against the namespace's memories. Stores nothing:
+    the application confirms a proposal by sending it to UpsertMemory.
+    """
 
 @_typing.type_check_only
 class MemoryServiceAsyncStub(MemoryServiceStub):
@@ -66,23 +85,42 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     searchable copy, always queried inside exactly one namespace. Memories are
     untrusted data: the orchestrator hands them to the model as delimited
     context, never as instructions.
+
+    Two times: valid time (`valid_from_time`, `valid_until_time`: when the fact
+    holds in the world) and revision time (`update_time`, the history's
+    `record_time`: when the store learned it). A newer fact supersedes an older
+    one: the older one's validity is closed, never deleted, and its history
+    stays readable (ListMemoryRevisions).
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     UpsertMemory: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.UpsertMemoryRequest, _memory_service_pb2.UpsertMemoryResponse]  # type: ignore[assignment]
     """Creates a memory (no `expected_revision`) or replaces it by
     compare-and-swap on `expected_revision` (ABORTED / REVISION_CONFLICT).
+    With `supersedes`, closes the validity of the memories it replaces in the
+    same transaction.
     """
     GetMemory: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryRequest, _memory_service_pb2.GetMemoryResponse]  # type: ignore[assignment]
     """Returns one memory."""
     ListMemories: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.ListMemoriesRequest, _memory_service_pb2.ListMemoriesResponse]  # type: ignore[assignment]
-    """Lists the memories of a namespace (AIP-158)."""
+    """Lists the memories of a namespace valid now (or at `as_of_time`) (AIP-158)."""
     SearchMemories: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.SearchMemoriesRequest, _memory_service_pb2.SearchMemoriesResponse]  # type: ignore[assignment]
-    """Semantic search inside one namespace; `limit` 1..256."""
+    """Semantic search inside one namespace over the memories valid now (or at
+    `as_of_time`); `limit` 1..256.
+    """
     DeleteMemory: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.DeleteMemoryRequest, _memory_service_pb2.DeleteMemoryResponse]  # type: ignore[assignment]
     """Deletes a memory, optionally by compare-and-swap on its revision."""
     ForgetSource: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.ForgetSourceRequest, _memory_service_pb2.ForgetSourceResponse]  # type: ignore[assignment]
     """Deletes every memory derived from a conversation or a range of it."""
+    ListMemoryRevisions: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.ListMemoryRevisionsRequest, _memory_service_pb2.ListMemoryRevisionsResponse]  # type: ignore[assignment]
+    """Every revision of a memory, oldest first (AIP-158): content, validity and
+    who superseded it; erased revisions keep only their number, kind and time.
+    """
+    ProposeMemories: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.ProposeMemoriesRequest, _memory_service_pb2.ProposeMemoriesResponse]  # type: ignore[assignment]
+    """Proposes memories from a range of a transcript, with validated source
+    ranges, each matched against the namespace's memories. Stores nothing:
+    the application confirms a proposal by sending it to UpsertMemory.
+    """
 
 class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     """Curated semantic memory with provenance.
@@ -93,6 +131,12 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     searchable copy, always queried inside exactly one namespace. Memories are
     untrusted data: the orchestrator hands them to the model as delimited
     context, never as instructions.
+
+    Two times: valid time (`valid_from_time`, `valid_until_time`: when the fact
+    holds in the world) and revision time (`update_time`, the history's
+    `record_time`: when the store learned it). A newer fact supersedes an older
+    one: the older one's validity is closed, never deleted, and its history
+    stays readable (ListMemoryRevisions).
     """
 
     @_abc_1.abstractmethod
@@ -103,6 +147,8 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_memory_service_pb2.UpsertMemoryResponse, _abc.Awaitable[_memory_service_pb2.UpsertMemoryResponse]]:
         """Creates a memory (no `expected_revision`) or replaces it by
         compare-and-swap on `expected_revision` (ABORTED / REVISION_CONFLICT).
+        With `supersedes`, closes the validity of the memories it replaces in the
+        same transaction.
         """
 
     @_abc_1.abstractmethod
@@ -119,7 +165,7 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _memory_service_pb2.ListMemoriesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_memory_service_pb2.ListMemoriesResponse, _abc.Awaitable[_memory_service_pb2.ListMemoriesResponse]]:
-        """Lists the memories of a namespace (AIP-158)."""
+        """Lists the memories of a namespace valid now (or at `as_of_time`) (AIP-158)."""
 
     @_abc_1.abstractmethod
     def SearchMemories(
@@ -127,7 +173,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _memory_service_pb2.SearchMemoriesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_memory_service_pb2.SearchMemoriesResponse, _abc.Awaitable[_memory_service_pb2.SearchMemoriesResponse]]:
-        """Semantic search inside one namespace; `limit` 1..256."""
+        """Semantic search inside one namespace over the memories valid now (or at
+        `as_of_time`); `limit` 1..256.
+        """
 
     @_abc_1.abstractmethod
     def DeleteMemory(
@@ -144,5 +192,26 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_memory_service_pb2.ForgetSourceResponse, _abc.Awaitable[_memory_service_pb2.ForgetSourceResponse]]:
         """Deletes every memory derived from a conversation or a range of it."""
+
+    @_abc_1.abstractmethod
+    def ListMemoryRevisions(
+        self,
+        request: _memory_service_pb2.ListMemoryRevisionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_service_pb2.ListMemoryRevisionsResponse, _abc.Awaitable[_memory_service_pb2.ListMemoryRevisionsResponse]]:
+        """Every revision of a memory, oldest first (AIP-158): content, validity and
+        who superseded it; erased revisions keep only their number, kind and time.
+        """
+
+    @_abc_1.abstractmethod
+    def ProposeMemories(
+        self,
+        request: _memory_service_pb2.ProposeMemoriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_service_pb2.ProposeMemoriesResponse, _abc.Awaitable[_memory_service_pb2.ProposeMemoriesResponse]]:
+        """Proposes memories from a range of a transcript, with validated source
+        ranges, each matched against the namespace's memories. Stores nothing:
+        the application confirms a proposal by sending it to UpsertMemory.
+        """
 
 def add_MemoryServiceServicer_to_server(servicer: MemoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
