@@ -255,6 +255,12 @@ class OnnxMiniLM:
         if threads > 0:
             options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+        # No CPU memory arena (nor memory pattern, useless with shapes that vary): the
+        # arena keeps the peak of the largest batch for ever. Measured: three batches of
+        # 64 texts of 256 tokens left the process at 1,143 MiB with it, 242 MiB without
+        # (194 MiB loaded), batch-1 latency within the run's noise either way.
+        options.enable_cpu_mem_arena = False
+        options.enable_mem_pattern = False
         self._session = onnxruntime.InferenceSession(
             _model_source(cache_dir or default_cache_dir(), directory),
             sess_options=options,
