@@ -8,7 +8,10 @@ all-in-one server's cold start.
   the service runs it), interleaved rounds;
 - agreement: the lowest cosine between the two over the benchmark's texts;
 - cold start: `python -m services` on an existing PostgreSQL (a new database, so
-  migrations run) from the spawn to gRPC health SERVING, model load included.
+  migrations run) from the spawn to gRPC health SERVING, model load included;
+  before and after, interleaved: "before" is the last commit serving with
+  sentence-transformers on torch (BEFORE_ONNX), checked out into a temporary git
+  worktree (skipped, and said, where git or that commit is missing).
 
     python -m bench embedding
 """
@@ -16,11 +19,15 @@ all-in-one server's cold start.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -68,10 +75,39 @@ def _p50_ms(encode: object, texts: list[str], rounds: int) -> list[float]:
     return times
 
 
-async def _cold_start(postgres_url: str) -> float:
+# The last commit whose local embedder ran sentence-transformers on torch.
+BEFORE_ONNX = "7246a95"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def _checkout(ref: str) -> Iterator[Path | None]:
+    """A temporary detached worktree of `ref`, or None when git cannot make one."""
+    with tempfile.TemporaryDirectory(prefix="runifold-before-") as parent:
+        tree = Path(parent) / "tree"
+        made = subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), ref],
+            capture_output=True,
+            check=False,
+        )
+        try:
+            yield tree if made.returncode == 0 else None
+        finally:
+            if made.returncode == 0:
+                subprocess.run(
+                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                    capture_output=True,
+                    check=False,
+                )
+
+
+async def _cold_start(postgres_url: str, tree: Path = ROOT) -> float:
     port = free_port()
     env = {
         **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            str(tree / part) for part in ("clients/python/gen", "gen", ".", "clients/python")
+        ),
         "DATABASE_URL": new_database(postgres_url),
         "RUNIFOLD_LISTEN": f"127.0.0.1:{port}",
         "RUNIFOLD_METRICS_LISTEN": "off",
@@ -79,7 +115,7 @@ async def _cold_start(postgres_url: str) -> float:
     }
     started = time.perf_counter()
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services", env=env, stdout=subprocess.DEVNULL
+        sys.executable, "-m", "services", env=env, cwd=tree, stdout=subprocess.DEVNULL
     )
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -165,13 +201,30 @@ async def run(postgres_url: str) -> list[str]:
         f"(goal >= 0.9999), median {float(np.median(cosines)):.6f}"
     )
 
-    starts = [await _cold_start(postgres_url) for _ in range(3)]
     lines += [
         "",
         "## All-in-one server cold start (spawn to SERVING, model load and migrations)",
         "",
-        "runs: "
-        + ", ".join(f"{s:.2f} s" for s in starts)
-        + f"; median {statistics.median(starts):.2f} s",
     ]
+    with _checkout(BEFORE_ONNX) as before_tree:
+        after: list[float] = []
+        before: list[float] = []
+        for _ in range(3):  # interleaved, so that both meet the same machine
+            after.append(await _cold_start(postgres_url))
+            if before_tree is not None:
+                before.append(await _cold_start(postgres_url, before_tree))
+    lines.append(_starts("after (ONNX Runtime)", after))
+    if before:
+        lines.append(_starts(f"before ({BEFORE_ONNX}, torch)", before))
+        lines.append(f"before/after: {statistics.median(before) / statistics.median(after):.2f}x")
+    else:
+        lines.append(f"before: skipped (no git worktree of {BEFORE_ONNX} here)")
     return lines
+
+
+def _starts(label: str, runs: list[float]) -> str:
+    return (
+        f"{label:<28} "
+        + ", ".join(f"{s:.2f} s" for s in runs)
+        + f"; median {statistics.median(runs):.2f} s"
+    )
