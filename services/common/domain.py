@@ -65,20 +65,29 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str = ""
     metadata: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    # The writer's own representation (a JSON document kept verbatim); never read here.
+    native_json: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.metadata, MappingProxyType):
             object.__setattr__(self, "metadata", _frozen_map(self.metadata))
 
     def canonical(self) -> dict[str, object]:
-        """A JSON-ready form with a stable key order, for hashing and storage."""
-        return {
+        """A JSON-ready form with a stable key order, for hashing and storage.
+
+        `native_json` only when set: the digests of messages without one stay what
+        they were before the field existed (recorded request ids still replay).
+        """
+        form: dict[str, object] = {
             "role": int(self.role),
             "text": self.text,
             "tool_calls": [[c.id, c.name, c.arguments_json] for c in self.tool_calls],
             "tool_call_id": self.tool_call_id,
             "metadata": dict(sorted(self.metadata.items())),
         }
+        if self.native_json:
+            form["native_json"] = self.native_json
+        return form
 
     @classmethod
     def from_canonical(cls, value: Mapping[str, Any]) -> Message:
@@ -89,11 +98,13 @@ class Message:
             tool_calls=tuple(ToolCall(*call) for call in value.get("tool_calls") or ()),
             tool_call_id=value.get("tool_call_id") or "",
             metadata=value.get("metadata") or {},
+            native_json=value.get("native_json") or "",
         )
 
     def size_bytes(self) -> int:
         """UTF-8 size of everything the message carries."""
         size = len(self.text.encode()) + len(self.tool_call_id.encode())
+        size += len(self.native_json.encode())
         for call in self.tool_calls:
             size += len(call.id.encode()) + len(call.name.encode())
             size += len(call.arguments_json.encode())
@@ -161,6 +172,9 @@ class Entry:
     sequence: int
     message: Message
     created_at: datetime
+    # The version of the write that retracted it (0: it stands), and when.
+    retracted_version: int = 0
+    retract_time: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,9 +26,10 @@ MAX_TOOL_ID_CHARS = 128
 MAX_TOOL_NAME_CHARS = 128
 
 # Protobuf framing of one Message beyond the bytes `Message.size_bytes` counts, at
-# most: its own tag and length, the role, the tags and lengths of text and
-# tool_call_id, and of every metadata entry (tag, length, key's and value's).
-_MESSAGE_FRAMING = 6 + 2 + 6 + 6 + validation.MAX_METADATA_ENTRIES * 8
+# most: its own tag and length, the role, the tags and lengths of text,
+# tool_call_id and native_json, and of every metadata entry (tag, length, key's
+# and value's).
+_MESSAGE_FRAMING = 6 + 2 + 6 + 6 + 6 + validation.MAX_METADATA_ENTRIES * 8
 # The same for each tool call: its tag and length, and those of id, name and arguments.
 _TOOL_CALL_FRAMING = 15
 # Everything else one request carries besides its messages: ids, the namespace,
@@ -105,8 +106,9 @@ def message(value: Message, field: str, *, max_bytes: int) -> int:
     """The rules of every message, whatever its role and whichever service receives it.
 
     No system role (SYSTEM_ROLE_NOT_ALLOWED), no NUL in the text, metadata within
-    its limits, at most `max_bytes` in all (MESSAGE_TOO_LARGE), text in a user
-    message. Returns the message's size in bytes.
+    its limits, `native_json` a JSON document when set (INVALID_NATIVE_JSON), at
+    most `max_bytes` in all (MESSAGE_TOO_LARGE), text in a user message. Returns the
+    message's size in bytes.
     """
     if value.role == Role.SYSTEM:
         raise invalid_argument(
@@ -119,6 +121,8 @@ def message(value: Message, field: str, *, max_bytes: int) -> int:
             "INVALID_MESSAGE", "text must not contain NUL characters", field=f"{field}.text"
         )
     validation.metadata(value.metadata, f"{field}.metadata")
+    if value.native_json:
+        validation.json_document(value.native_json, f"{field}.native_json", "INVALID_NATIVE_JSON")
     size = value.size_bytes()
     if size > max_bytes:
         raise invalid_argument(
@@ -206,10 +210,14 @@ def stored_message(value: Message, field: str, limits: MessageLimits) -> int:
 
 
 def append_messages(
-    messages: Sequence[Message], limits: MessageLimits, field: str = "messages"
+    messages: Sequence[Message],
+    limits: MessageLimits,
+    field: str = "messages",
+    allow_empty: bool = False,
 ) -> None:
-    """Every rule of one append: its count, each stored message, its total size."""
-    if not messages:
+    """Every rule of one append: its count, each stored message, its total size (no
+    message at all only when `allow_empty`: a write that retracts or changes state)."""
+    if not messages and not allow_empty:
         raise invalid_argument("NO_MESSAGES", f"{field} must not be empty", field=field)
     message_count(len(messages), limits.max_messages_per_append, field)
     total = sum(

@@ -6,9 +6,11 @@ cannot store them), so every stored string is checked here.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Mapping
+from typing import Any
 
 from services.common.errors import invalid_argument
 
@@ -130,3 +132,27 @@ def metadata(values: Mapping[str, str], field: str = "metadata") -> dict[str, st
             value, f"{field} values", max_bytes=MAX_METADATA_VALUE_BYTES, reason="INVALID_METADATA"
         )
     return dict(values)
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def json_document(value: str, field: str, reason: str) -> Any:
+    """A JSON document (RFC 8259: no NaN or Infinity, no NUL character); its parsed value."""
+    if "\x00" in value:
+        raise invalid_argument(reason, f"{field} must not contain NUL characters", field=field)
+    try:
+        return json.loads(value, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        raise invalid_argument(reason, f"{field} must be a JSON document", field=field) from None
+
+
+def json_object(value: str, field: str, reason: str) -> dict[str, Any]:
+    """A JSON object that PostgreSQL's jsonb can hold (no \\u0000 escape); its parsed value."""
+    parsed = json_document(value, field, reason)
+    if not isinstance(parsed, dict):
+        raise invalid_argument(reason, f"{field} must be a JSON object", field=field)
+    if "\\u0000" in value:
+        raise invalid_argument(reason, f"{field} must not hold the character U+0000", field=field)
+    return parsed

@@ -240,7 +240,10 @@ class SummaryService:
                     )
                 attempts += 1
                 previous = current.text if current else None
-                prompt = self._prepare(limits, usage, previous, view.summary_buffer)
+                # A retracted entry stays in the range the summary covers (contiguous),
+                # but its text is not the conversation's any more: the model never sees it.
+                standing = [e for e in view.summary_buffer if not e.retracted_version]
+                prompt = self._prepare(limits, usage, previous, standing)
                 output = await self.summarizer.summarize(
                     prompt, timeout=remaining(self.config.model_timeout_s)
                 )

@@ -92,4 +92,4 @@ class TranscriptComponent:
     @property
     def max_request_bytes(self) -> int:
         """The largest request the limits allow (an AppendEntries): the transport cap."""
-        return append_request_bytes(self.limits.messages)
+        return append_request_bytes(self.limits.messages) + self.limits.write_extras_bytes

@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 from services.common.messages import MAX_MESSAGE_BYTES, MessageLimits
 from services.common.settings import Env, env_float, env_int
 
+# RUNIFOLD_MAX_STATE_BYTES: one state document's limit.
+DEFAULT_STATE_BYTES = 64 * 1024
+# Entries one write may retract.
+MAX_RETRACTIONS = 256
+
 
 @dataclass(frozen=True)
 class TranscriptLimits:
@@ -26,6 +31,8 @@ class TranscriptLimits:
     turn_wait_poll_s: float = 0.05
     # The longest a turn waits for a lease when its caller set no earlier deadline.
     turn_wait_max_s: float = 600.0
+    # Each state document (a conversation's, a user's, a namespace's) once changed.
+    max_state_bytes: int = DEFAULT_STATE_BYTES
     messages: MessageLimits = field(init=False)
 
     def __post_init__(self) -> None:
@@ -39,6 +46,12 @@ class TranscriptLimits:
                 self.max_tool_calls_per_message,
             ),
         )
+
+    @property
+    def write_extras_bytes(self) -> int:
+        """The most a write carries beside its messages: three state deltas (each at
+        most a state document) and the retracted sequences (tag and varint each)."""
+        return 3 * (self.max_state_bytes + 8) + MAX_RETRACTIONS * 11
 
     @property
     def tool_group_bound(self) -> int:
@@ -63,5 +76,12 @@ class TranscriptLimits:
             ),
             turn_wait_max_s=env_float(
                 env, "RUNIFOLD_TURN_WAIT_MAX_S", 600.0, minimum=1.0, maximum=3600.0
+            ),
+            max_state_bytes=env_int(
+                env,
+                "RUNIFOLD_MAX_STATE_BYTES",
+                DEFAULT_STATE_BYTES,
+                minimum=1024,
+                maximum=1024 * 1024,
             ),
         )

@@ -26,6 +26,35 @@ class Conversation:
     labels: Mapping[str, str] = field(default_factory=dict)
     # Identifies this creation of the id (erasure fencing); grows across re-creation.
     incarnation: int = 0
+    # The user it belongs to (None: none), and its state as JSON text ("" when not read).
+    user_id: str | None = None
+    state_json: str = "{}"
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    """The state changes of a write: each a JSON object's text, already validated (its
+    top-level keys replace the stored ones), or None for no change of that scope."""
+
+    conversation: str | None = None
+    user: str | None = None
+    namespace: str | None = None
+
+    def __bool__(self) -> bool:
+        return any(part is not None for part in (self.conversation, self.user, self.namespace))
+
+
+NO_STATE_CHANGE = StateChange()
+
+
+@dataclass(frozen=True, slots=True)
+class ScopedState:
+    """The state of a namespace (user_id "") or of one of its users."""
+
+    user_id: str
+    state_json: str = "{}"
+    version: int = 0
+    update_time: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +70,9 @@ class NewAppend:
     usage: Usage
     encoded: str  # canonical JSON of `messages` (domain.canonical_json)
     fencing_token: int | None = None  # the turn lease it commits under (request_id = turn id)
+    state: StateChange = NO_STATE_CHANGE
+    retract: tuple[int, ...] = ()  # sequences of standing entries (with expected_version)
+    max_state_bytes: int = 64 * 1024  # each state document once changed
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +93,10 @@ class AppendResult:
 
     record: AppendRecord
     replayed: bool
+    # The versions of the user's and the namespace's state after the write (0: unchanged,
+    # or a replay, which does not read them).
+    user_state_version: int = 0
+    namespace_state_version: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +108,7 @@ class ViewRead:
     entries: Sequence[Entry]
     prior_append: AppendRecord | None
     incarnation: int = 0
+    conversation: Conversation | None = None
 
 
 def view_ranges(
@@ -101,6 +138,7 @@ class View:
     summary_backlog: int
     prior_append: AppendRecord | None
     incarnation: int = 0
+    conversation: Conversation | None = None
 
 
 # -- turn leases -------------------------------------------------------------------------
@@ -258,6 +296,40 @@ def turn_queue_full(depth: int, retry_after_s: float) -> DomainError:
 def conversation_not_found() -> DomainError:
     """The one NOT_FOUND of this service; the same whether it never existed or is elsewhere."""
     return DomainError(Code.NOT_FOUND, "CONVERSATION_NOT_FOUND", "conversation not found")
+
+
+def no_user() -> DomainError:
+    """FAILED_PRECONDITION: a write changes the user's state of a conversation without one."""
+    return DomainError(
+        Code.FAILED_PRECONDITION,
+        "NO_USER",
+        "the conversation has no user_id, so a write to it cannot change a user's state",
+        field="state_delta.user_json",
+    )
+
+
+def entry_not_retractable(sequence: int) -> DomainError:
+    """FAILED_PRECONDITION: a retraction names an entry that is missing, already
+    retracted, or part of a tool call group."""
+    return DomainError(
+        Code.FAILED_PRECONDITION,
+        "ENTRY_NOT_RETRACTABLE",
+        f"entry {sequence} cannot be retracted: it does not exist, is already retracted, "
+        "or holds tool calls or a tool result",
+        metadata={"sequence": sequence},
+        field="retract_sequences",
+    )
+
+
+def state_too_large(scope: str, limit: int) -> DomainError:
+    """INVALID_ARGUMENT: a state document would exceed its limit once changed."""
+    return DomainError(
+        Code.INVALID_ARGUMENT,
+        "STATE_TOO_LARGE",
+        f"the {scope} state would exceed {limit} bytes",
+        metadata={"limit_bytes": limit, "scope": scope},
+        field=f"state_delta.{scope}_json",
+    )
 
 
 def request_id_reused(field_name: str = "request_id") -> DomainError:

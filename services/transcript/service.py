@@ -7,6 +7,7 @@ results, and computes the bounded view of a turn.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,13 +30,16 @@ from services.common.domain import (
 from services.common.errors import VersionConflict, invalid_argument
 from services.common.pagination import PageTokens, page_size
 from services.common.validation import conversation_id
-from services.transcript.config import TranscriptLimits
+from services.transcript.config import MAX_RETRACTIONS, TranscriptLimits
 from services.transcript.leases import TurnLeases
 from services.transcript.model import (
+    NO_STATE_CHANGE,
     AppendRecord,
     AppendResult,
     Conversation,
     NewAppend,
+    ScopedState,
+    StateChange,
     View,
     conversation_not_found,
     view_ranges,
@@ -46,6 +50,60 @@ from services.transcript.store import TranscriptStore
 # tool results) is retried this often when another writer moves the tail.
 _TAIL_RETRIES = 5
 NO_USAGE = Usage()
+# A user id: like a label value, short and without NUL.
+MAX_USER_ID_CHARS = 128
+# Users one GetState reads; a page of conversations with their state (CONVERSATION_VIEW_FULL).
+MAX_STATE_USERS = 100
+MAX_FULL_PAGE = 50
+
+
+def user_id(value: str, field: str = "user_id") -> str:
+    """A user id: 1..128 characters without NUL (USER_ID_INVALID)."""
+    if not 1 <= len(value) <= MAX_USER_ID_CHARS or "\x00" in value:
+        raise invalid_argument(
+            "INVALID_USER_ID",
+            f"{field} must be 1..{MAX_USER_ID_CHARS} characters without NUL",
+            field=field,
+        )
+    return value
+
+
+def state_change(
+    conversation_json: str, user_json: str, namespace_json: str, max_bytes: int, field: str
+) -> StateChange:
+    """A write's state changes: each a JSON object of at most `max_bytes` (empty: none)."""
+    parts: list[str | None] = []
+    for scope, text in (
+        ("conversation", conversation_json),
+        ("user", user_json),
+        ("namespace", namespace_json),
+    ):
+        if not text:
+            parts.append(None)
+            continue
+        name = f"{field}.{scope}_json"
+        if len(text.encode("utf-8", "surrogatepass")) > max_bytes:
+            raise invalid_argument(
+                "STATE_TOO_LARGE",
+                f"{name} exceeds {max_bytes} bytes",
+                field=name,
+                limit_bytes=max_bytes,
+                scope=scope,
+            )
+        validation.json_object(text, name, "INVALID_STATE")
+        parts.append(text)
+    return StateChange(*parts)
+
+
+def _write_digest(encoded: str, state: StateChange, retract: Sequence[int]) -> bytes:
+    """What a request id's payload is: the messages, and the state changes and
+    retractions when there are any (a write with neither hashes as it always did)."""
+    if not state and not retract:
+        return payload_hash(encoded)
+    extras = json.dumps(
+        [state.conversation, state.user, state.namespace, list(retract)], separators=(",", ":")
+    )
+    return payload_hash(encoded + "\n" + extras)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,17 +148,57 @@ class TranscriptService:
     # -- conversations ------------------------------------------------------
 
     async def create_conversation(
-        self, namespace: str, conversation_id_text: str, labels: Mapping[str, str]
+        self,
+        namespace: str,
+        conversation_id_text: str,
+        labels: Mapping[str, str],
+        user_id_text: str = "",
+        state: StateChange = NO_STATE_CHANGE,
     ) -> tuple[Conversation, bool]:
-        """Create a conversation; a repeat in the same namespace returns it with False."""
+        """Create a conversation (of a user, with an initial state); a repeat in the same
+        namespace returns it with False and changes nothing."""
         validation.namespace(namespace)
         if conversation_id_text:
             cid = conversation_id(conversation_id_text)
         else:
             cid = uuid.UUID(str(uuid_utils.uuid7()))
+        user = user_id(user_id_text) if user_id_text else None
+        if state.user is not None and user is None:
+            raise invalid_argument(
+                "INVALID_STATE",
+                "state.user_json needs a user_id",
+                field="state.user_json",
+            )
         return await self.store.create_conversation(
-            namespace, cid, validation.metadata(labels, "labels")
+            namespace,
+            cid,
+            validation.metadata(labels, "labels"),
+            user,
+            state,
+            self.limits.max_state_bytes,
         )
+
+    def state_change(
+        self, conversation_json: str, user_json: str, namespace_json: str, field: str
+    ) -> StateChange:
+        """A request's state changes, validated against this service's limits."""
+        return state_change(
+            conversation_json, user_json, namespace_json, self.limits.max_state_bytes, field
+        )
+
+    async def get_state(self, namespace: str, user_ids: Sequence[str]) -> list[ScopedState]:
+        """The namespace's state, then each user's, in the order asked."""
+        validation.namespace(namespace)
+        if len(user_ids) > MAX_STATE_USERS:
+            raise invalid_argument(
+                "TOO_MANY_USERS",
+                f"user_ids holds at most {MAX_STATE_USERS} users",
+                field="user_ids",
+                limit=MAX_STATE_USERS,
+            )
+        users = [user_id(u, f"user_ids[{i}]") for i, u in enumerate(user_ids)]
+        found = {s.user_id: s for s in await self.store.read_states(namespace, ["", *users])}
+        return [found.get(u) or ScopedState(u) for u in ["", *users]]
 
     async def get_conversation(self, namespace: str, conversation_id_text: str) -> Conversation:
         """The conversation; NOT_FOUND if it is not in this namespace."""
@@ -110,19 +208,33 @@ class TranscriptService:
             raise conversation_not_found()
         return found
 
-    async def list_conversations(self, namespace: str, size: int, token: str) -> ConversationPage:
-        """A page of the namespace's conversations in id order."""
+    async def list_conversations(
+        self,
+        namespace: str,
+        size: int,
+        token: str,
+        user_id_text: str = "",
+        with_state: bool = False,
+    ) -> ConversationPage:
+        """A page of the namespace's conversations in id order (only a user's, when
+        given; with their state when asked, at most MAX_FULL_PAGE a page)."""
         validation.namespace(namespace)
         limit = page_size(size)
+        if with_state:
+            limit = min(limit, MAX_FULL_PAGE)
+        user = user_id(user_id_text) if user_id_text else None
+        # The filter is part of what a token continues (a token of another listing is
+        # refused); the unfiltered listing's request stays {} as before.
+        request: dict[str, object] = {"user_id": user} if user is not None else {}
         after = None
         if token:
-            cursor = self.page_tokens.decode(token, "conversations", namespace, {})
+            cursor = self.page_tokens.decode(token, "conversations", namespace, request)
             after = uuid.UUID(cursor["after"])
-        rows = await self.store.list_conversations(namespace, after, limit + 1)
+        rows = await self.store.list_conversations(namespace, after, limit + 1, user, with_state)
         page, more = rows[:limit], len(rows) > limit
         next_token = (
             self.page_tokens.encode(
-                "conversations", namespace, {}, {"after": str(page[-1].conversation_id)}
+                "conversations", namespace, request, {"after": str(page[-1].conversation_id)}
             )
             if more
             else ""
@@ -145,9 +257,11 @@ class TranscriptService:
 
     # -- appends ------------------------------------------------------------
 
-    def validate_messages(self, messages: Sequence[Message], field: str = "messages") -> None:
+    def validate_messages(
+        self, messages: Sequence[Message], field: str = "messages", allow_empty: bool = False
+    ) -> None:
         """Check every message rule and the append's size limits."""
-        message_rules.append_messages(messages, self.limits.messages, field)
+        message_rules.append_messages(messages, self.limits.messages, field, allow_empty)
 
     async def append(
         self,
@@ -158,12 +272,16 @@ class TranscriptService:
         request_id_text: str,
         usage: Usage = NO_USAGE,
         fencing_token: int | None = None,
+        state: StateChange = NO_STATE_CHANGE,
+        retract: Sequence[int] = (),
     ) -> AppendResult:
         """Append messages atomically; see the proto for the full contract.
 
         With `fencing_token` the append commits under that turn lease (its
         request id is the lease's turn id) and ends it; without, it is refused
-        while another turn holds the conversation exclusively.
+        while another turn holds the conversation exclusively. The same write
+        may change state and retract standing entries (a retraction is decided
+        on what the writer read, so it needs `expected_version`).
         """
         validation.namespace(namespace)
         cid = conversation_id(conversation_id_text)
@@ -180,16 +298,28 @@ class TranscriptService:
                 "expected_version must not be negative",
                 field="expected_version",
             )
-        self.validate_messages(messages)
+        retracted = _retractions(retract, expected_version)
+        self.validate_messages(messages, allow_empty=bool(state or retracted))
         encoded = canonical_json(messages)
-        digest = payload_hash(encoded)
+        digest = _write_digest(encoded, state, retracted)
 
         def command(version: int | None) -> NewAppend:
             return NewAppend(
-                namespace, cid, version, messages, request_id, digest, usage, encoded, fencing_token
+                namespace,
+                cid,
+                version,
+                messages,
+                request_id,
+                digest,
+                usage,
+                encoded,
+                fencing_token,
+                state,
+                retracted,
+                self.limits.max_state_bytes,
             )
 
-        if messages[0].role != Role.TOOL:
+        if not messages or messages[0].role != Role.TOOL:
             check_tool_pairing(messages, None)
             return await self.store.append(command(expected_version))
 
@@ -345,7 +475,35 @@ class TranscriptService:
             summarized_through,
             self.limits.tool_group_bound,
             head.prior_append,
+            head.conversation,
         )
+
+
+def _retractions(retract: Sequence[int], expected_version: int | None) -> tuple[int, ...]:
+    """The sequences a write retracts, checked: distinct, positive, at most
+    MAX_RETRACTIONS, and only with an expected version."""
+    if not retract:
+        return ()
+    if len(retract) > MAX_RETRACTIONS:
+        raise invalid_argument(
+            "TOO_MANY_RETRACTIONS",
+            f"retract_sequences holds at most {MAX_RETRACTIONS} sequences",
+            field="retract_sequences",
+            limit=MAX_RETRACTIONS,
+        )
+    if min(retract) < 1 or len(set(retract)) != len(retract):
+        raise invalid_argument(
+            "INVALID_SEQUENCE",
+            "retract_sequences must be distinct sequences of the transcript (1-based)",
+            field="retract_sequences",
+        )
+    if expected_version is None:
+        raise invalid_argument(
+            "EXPECTED_VERSION_REQUIRED",
+            "a write that retracts entries names the version it read (expected_version)",
+            field="expected_version",
+        )
+    return tuple(sorted(retract))
 
 
 def _split_view(
@@ -359,8 +517,14 @@ def _split_view(
     summarized_through: int,
     bound: int,
     prior: AppendRecord | None,
+    conversation: Conversation | None = None,
 ) -> View:
-    """Cut the entries read into window, buffer and backlog, keeping tool groups whole."""
+    """Cut the entries read into window, buffer and backlog, keeping tool groups whole.
+
+    Retracted entries take part in the cut like any other (they never hold tool
+    calls or results), then leave the window; the buffer keeps them, marked, so
+    that what a summary covers stays one contiguous range.
+    """
     by_sequence = {entry.sequence: entry for entry in entries}
     start = window_low
     if last and roles[start] == Role.TOOL:
@@ -372,7 +536,11 @@ def _split_view(
             if after_results <= last
             else _tool_group_start(roles, start, max(1, window_low - bound))
         )
-    window_entries = [by_sequence[s] for s in range(start, last + 1)] if last else []
+    window_entries = (
+        [by_sequence[s] for s in range(start, last + 1) if not by_sequence[s].retracted_version]
+        if last
+        else []
+    )
 
     region_end = start - 1 if last else 0
     buffer: list[Entry] = []
@@ -388,7 +556,7 @@ def _split_view(
                     end += 1
         buffer = [by_sequence[s] for s in range(summarized_through + 1, end + 1)]
         backlog = region_end - end
-    return View(version, last, window_entries, buffer, backlog, prior, incarnation)
+    return View(version, last, window_entries, buffer, backlog, prior, incarnation, conversation)
 
 
 def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

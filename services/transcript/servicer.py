@@ -12,7 +12,13 @@ from runifold.transcript.v1 import transcript_service_pb2 as pb
 from runifold.transcript.v1 import transcript_service_pb2_grpc as pb_grpc
 from services.common import convert
 from services.common import messages as message_rules
-from services.transcript.model import AppendRecord, Conversation, EndedTurn, TurnLease
+from services.transcript.model import (
+    AppendRecord,
+    Conversation,
+    EndedTurn,
+    ScopedState,
+    TurnLease,
+)
 from services.transcript.service import TranscriptService
 
 Context = Any  # grpc.aio.ServicerContext; unused by these handlers
@@ -29,6 +35,18 @@ def conversation_to_proto(conversation: Conversation) -> pb.Conversation:
         update_time=convert.timestamp(conversation.update_time),
         labels=dict(conversation.labels),
         incarnation=conversation.incarnation,
+        user_id=conversation.user_id or "",
+        state_json=conversation.state_json,
+    )
+
+
+def scoped_state_to_proto(state: ScopedState) -> pb.ScopedState:
+    """The wire form of a namespace's or a user's state."""
+    return pb.ScopedState(
+        user_id=state.user_id,
+        state_json=state.state_json,
+        version=state.version,
+        update_time=convert.timestamp(state.update_time),
     )
 
 
@@ -84,8 +102,14 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
     async def CreateConversation(
         self, request: pb.CreateConversationRequest, context: Context
     ) -> pb.CreateConversationResponse:
+        state = self.service.state_change(
+            request.state.conversation_json,
+            request.state.user_json,
+            request.state.namespace_json,
+            "state",
+        )
         conversation, created = await self.service.create_conversation(
-            request.namespace, request.conversation_id, dict(request.labels)
+            request.namespace, request.conversation_id, dict(request.labels), request.user_id, state
         )
         return pb.CreateConversationResponse(
             conversation=conversation_to_proto(conversation), created=created
@@ -114,6 +138,13 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             request.request_id,
             convert.usage_from_proto(request.usage),
             request.fencing_token if request.HasField("fencing_token") else None,
+            self.service.state_change(
+                request.state_delta.conversation_json,
+                request.state_delta.user_json,
+                request.state_delta.namespace_json,
+                "state_delta",
+            ),
+            list(request.retract_sequences),
         )
         self.service.leases.appended(request.namespace, request.conversation_id)
         record = result.record
@@ -123,6 +154,8 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             last_sequence=record.last_sequence,
             replayed=result.replayed,
             usage=convert.usage_to_proto(record.usage),
+            user_state_version=result.user_state_version,
+            namespace_state_version=result.namespace_state_version,
         )
 
     async def ListEntries(
@@ -155,6 +188,7 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             summary_backlog=view.summary_backlog,
             prior_append=append_record_to_proto(view.prior_append) if view.prior_append else None,
             incarnation=view.incarnation,
+            conversation=conversation_to_proto(view.conversation) if view.conversation else None,
         )
         convert.add_entries(response.window, view.window)
         convert.add_entries(response.summary_buffer, view.summary_buffer)
@@ -164,7 +198,11 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
         self, request: pb.ListConversationsRequest, context: Context
     ) -> pb.ListConversationsResponse:
         page = await self.service.list_conversations(
-            request.namespace, request.page_size, request.page_token
+            request.namespace,
+            request.page_size,
+            request.page_token,
+            request.user_id,
+            request.view == pb.CONVERSATION_VIEW_FULL,
         )
         return pb.ListConversationsResponse(
             conversations=[conversation_to_proto(c) for c in page.conversations],
@@ -179,6 +217,13 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
         )
         return pb.DeleteConversationResponse(
             deleted=deleted is not None, entries_deleted=deleted or 0
+        )
+
+    async def GetState(self, request: pb.GetStateRequest, context: Context) -> pb.GetStateResponse:
+        states = await self.service.get_state(request.namespace, list(request.user_ids))
+        return pb.GetStateResponse(
+            namespace_state=scoped_state_to_proto(states[0]),
+            user_states=[scoped_state_to_proto(s) for s in states[1:]],
         )
 
     async def AcquireTurnLease(

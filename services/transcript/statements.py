@@ -8,10 +8,53 @@ from __future__ import annotations
 
 CONVERSATION_COLUMNS = (
     "conversation_id, namespace, version, last_sequence, create_time, update_time, labels, "
-    "incarnation"
+    "incarnation, user_id, state::text"
+)
+# The same without the state (CONVERSATION_VIEW_BASIC listings): '' in its place.
+CONVERSATION_BASIC_COLUMNS = (
+    "conversation_id, namespace, version, last_sequence, create_time, update_time, labels, "
+    "incarnation, user_id, ''"
 )
 
-ENTRY_COLUMNS = "e.sequence, e.role, e.text, e.tool_calls, e.tool_call_id, e.metadata, e.created_at"
+ENTRY_COLUMNS = (
+    "e.sequence, e.role, e.text, e.tool_calls, e.tool_call_id, e.metadata, e.created_at, "
+    "e.native_json, e.retracted_version, e.retract_time"
+)
+
+# The state a write would leave in a user's (user_id = the conversation's) or the
+# namespace's (user_id '') document: its current one with the delta's keys replaced.
+_SCOPED_AFTER = """(coalesce((SELECT s.state FROM transcript.scoped_states AS s
+                  WHERE s.namespace = %(namespace)s AND s.user_id = {user}), '{{}}'::jsonb)
+         || %({delta})s::jsonb)"""
+USER_STATE_AFTER = _SCOPED_AFTER.format(user="c.user_id", delta="user_state")
+NAMESPACE_STATE_AFTER = _SCOPED_AFTER.format(user="''", delta="namespace_state")
+
+# Whether every sequence a write retracts names a standing entry without tool calls
+# or a tool result (role 3) of conversation `c`.
+RETRACTABLE = """(%(retract)s::bigint[] IS NULL OR cardinality(%(retract)s::bigint[]) = (
+    SELECT count(*) FROM transcript.entries AS r
+     WHERE r.conversation_key = c.conversation_key
+       AND r.sequence = ANY(%(retract)s::bigint[])
+       AND r.retracted_version IS NULL AND r.role <> 3 AND r.tool_calls IS NULL))"""
+
+# Whether each state document the write changes stays within its limit.
+STATE_FITS = f"""(%(conversation_state)s::jsonb IS NULL
+       OR octet_length((c.state || %(conversation_state)s::jsonb)::text) <= %(max_state_bytes)s)
+   AND (%(user_state)s::jsonb IS NULL
+       OR octet_length({USER_STATE_AFTER}::text) <= %(max_state_bytes)s)
+   AND (%(namespace_state)s::jsonb IS NULL
+       OR octet_length({NAMESPACE_STATE_AFTER}::text) <= %(max_state_bytes)s)"""
+
+# Adds a write's delta to a user's or the namespace's document (made at version 1).
+_UPSERT_SCOPED = """
+    INSERT INTO transcript.scoped_states AS s (namespace, user_id, state, version, update_time)
+    SELECT %(namespace)s, {user}, %({delta})s::jsonb, 1, b.update_time
+      FROM {source} AS b
+     WHERE %({delta})s::jsonb IS NOT NULL
+    ON CONFLICT (namespace, user_id) DO UPDATE
+       SET state = s.state || excluded.state, version = s.version + 1,
+           update_time = excluded.update_time
+    RETURNING s.version"""
 
 KEY = """(SELECT conversation_key FROM transcript.conversations
           WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s)"""
@@ -22,7 +65,7 @@ NO_LIVE_TURN = """NOT EXISTS (
        AND t.state IN ('waiting', 'running') AND t.lease_until >= now())"""
 
 
-APPEND = """
+APPEND = f"""
 WITH lease AS (
     -- The turn lease the append commits under, locked: an UPDATE of the row by a
     -- takeover that committed meanwhile is seen here, not an older snapshot.
@@ -34,10 +77,12 @@ WITH lease AS (
        AND t.state = 'running' AND t.lease_until >= now()
        FOR UPDATE
 ), bumped AS (
-    UPDATE transcript.conversations
+    UPDATE transcript.conversations AS c
        SET version = version + 1,
            last_sequence = last_sequence + %(count)s,
            update_time = now(),
+           state = CASE WHEN %(conversation_state)s::jsonb IS NULL THEN state
+                        ELSE state || %(conversation_state)s::jsonb END,
            provisional_turn_id = NULL,
            lease_turn_id = CASE WHEN lease_token = %(fencing_token)s::bigint
                                 THEN NULL ELSE lease_turn_id END,
@@ -52,7 +97,12 @@ WITH lease AS (
        -- row version when a lease was granted while this statement waited).
        AND (lease_until IS NULL OR lease_until < now() OR lease_token = %(fencing_token)s::bigint)
        AND (%(fencing_token)s::bigint IS NULL OR EXISTS (SELECT 1 FROM lease))
- RETURNING conversation_key, version, last_sequence, update_time
+       -- A change of the user's state needs a user; retractions name standing
+       -- entries; every changed state document stays within its limit.
+       AND (%(user_state)s::jsonb IS NULL OR c.user_id IS NOT NULL)
+       AND {RETRACTABLE}
+       AND {STATE_FITS}
+ RETURNING c.conversation_key, c.version, c.last_sequence, c.update_time, c.user_id
 ), finished AS (
     -- The commit ends the turn's lease. The row stays a while (the sweep removes it):
     -- it keeps a one-statement grant whose snapshot predates this commit (and so does
@@ -73,17 +123,28 @@ WITH lease AS (
 ), written AS (
     INSERT INTO transcript.entries
            (conversation_key, sequence, role, text, tool_calls, tool_call_id, metadata,
-            created_at)
+            created_at, native_json)
     SELECT b.conversation_key, b.last_sequence - %(count)s + m.ord, m.role, m.text,
-           NULLIF(m.tool_calls, '[]'), NULLIF(m.tool_call_id, ''), NULLIF(m.metadata, '{}'),
-           b.update_time
+           NULLIF(m.tool_calls, '[]'), NULLIF(m.tool_call_id, ''), NULLIF(m.metadata, '{{}}'),
+           b.update_time, m.native_json
       FROM bumped AS b,
            ROWS FROM (jsonb_to_recordset(%(messages)s::jsonb)
                       AS (role smallint, text text, tool_calls jsonb, tool_call_id text,
-                          metadata jsonb))
-               WITH ORDINALITY AS m(role, text, tool_calls, tool_call_id, metadata, ord)
+                          metadata jsonb, native_json text))
+               WITH ORDINALITY AS m(role, text, tool_calls, tool_call_id, metadata, native_json,
+                                    ord)
+), retracted AS (
+    UPDATE transcript.entries AS e
+       SET retracted_version = b.version, retract_time = b.update_time
+      FROM bumped AS b
+     WHERE e.conversation_key = b.conversation_key
+       AND e.sequence = ANY(%(retract)s::bigint[]) AND e.retracted_version IS NULL
+), user_state AS ({_UPSERT_SCOPED.format(user="b.user_id", delta="user_state", source="bumped")}
+), namespace_state AS ({_UPSERT_SCOPED.format(user="''", delta="namespace_state", source="bumped")}
 )
-SELECT version, last_sequence, update_time FROM bumped
+SELECT version, last_sequence, update_time,
+       (SELECT version FROM user_state), (SELECT version FROM namespace_state)
+  FROM bumped
 """
 
 
@@ -93,14 +154,28 @@ SELECT version, last_sequence, update_time FROM bumped
 # exclusive lease holder, and whether the quoted lease is still held.
 
 
-WHY_NOT_APPENDED = """
+WHY_NOT_APPENDED = f"""
 SELECT c.version, a.version, a.first_sequence, a.last_sequence, a.input_tokens,
        a.output_tokens, a.model_calls, a.commit_time, a.payload_hash,
        c.lease_turn_id, coalesce(c.lease_until >= now(), false), c.lease_token,
        EXISTS (SELECT 1 FROM transcript.turns AS t
                 WHERE t.conversation_key = c.conversation_key
                   AND t.turn_id = %(request_id)s AND t.ticket = %(fencing_token)s::bigint
-                  AND t.state = 'running' AND t.lease_until >= now())
+                  AND t.state = 'running' AND t.lease_until >= now()),
+       c.user_id IS NULL,
+       -- The first retracted sequence that names no standing, retractable entry.
+       (SELECT min(q) FROM unnest(%(retract)s::bigint[]) AS q
+         WHERE NOT EXISTS (SELECT 1 FROM transcript.entries AS r
+                            WHERE r.conversation_key = c.conversation_key AND r.sequence = q
+                              AND r.retracted_version IS NULL AND r.role <> 3
+                              AND r.tool_calls IS NULL)),
+       %(conversation_state)s::jsonb IS NOT NULL
+           AND octet_length((c.state || %(conversation_state)s::jsonb)::text)
+               > %(max_state_bytes)s,
+       %(user_state)s::jsonb IS NOT NULL AND c.user_id IS NOT NULL
+           AND octet_length({USER_STATE_AFTER}::text) > %(max_state_bytes)s,
+       %(namespace_state)s::jsonb IS NOT NULL
+           AND octet_length({NAMESPACE_STATE_AFTER}::text) > %(max_state_bytes)s
   FROM transcript.conversations AS c
   LEFT JOIN LATERAL (
         SELECT * FROM transcript.appends AS a
@@ -167,7 +242,9 @@ SELECT {ENTRY_COLUMNS}
 VIEW_SQL = f"""
 WITH c AS MATERIALIZED (
     SELECT conversation_key, version, last_sequence, incarnation,
-           greatest(1, last_sequence - %(window)s + 1) AS low
+           greatest(1, last_sequence - %(window)s + 1) AS low,
+           conversation_id, namespace, create_time, update_time, labels, user_id,
+           state::text AS state_text
       FROM transcript.conversations
      WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
 ), a AS MATERIALIZED (
@@ -188,7 +265,9 @@ WITH c AS MATERIALIZED (
        AND e.sequence BETWEEN %(through)s + 1
                           AND least(%(through)s + %(batch)s + 1, (SELECT low FROM c) - 1)
 )
-SELECT c.version, c.last_sequence, c.incarnation, a.*, e.*
+SELECT c.version, c.last_sequence, c.incarnation, a.*, e.*,
+       c.conversation_id, c.namespace, c.version, c.last_sequence, c.create_time,
+       c.update_time, c.labels, c.incarnation, c.user_id, c.state_text
   FROM c LEFT JOIN a ON true LEFT JOIN e ON true
  ORDER BY e.sequence
 """
@@ -417,4 +496,36 @@ DELETE FROM transcript.conversations AS c
           AND c.create_time < now() - make_interval(secs => %(grace_s)s)
           AND {NO_LIVE_TURN}
         LIMIT %(limit)s))
+"""
+
+
+# A conversation with its initial state, and the changes of its user's and the
+# namespace's state, in one statement: nothing is written when it exists (or a
+# changed document would exceed its limit: CREATED_STATE_TOO_LARGE tells which).
+CREATE_CONVERSATION = f"""
+WITH created AS (
+    INSERT INTO transcript.conversations AS c
+           (namespace, conversation_id, labels, user_id, state)
+    SELECT %(namespace)s, %(conversation_id)s, %(labels)s, %(user_id)s,
+           coalesce(%(conversation_state)s::jsonb, '{{}}')
+     WHERE (%(user_state)s::jsonb IS NULL
+            OR octet_length({_SCOPED_AFTER.format(user="%(user_id)s", delta="user_state")}::text)
+               <= %(max_state_bytes)s)
+       AND (%(namespace_state)s::jsonb IS NULL
+            OR octet_length({NAMESPACE_STATE_AFTER}::text) <= %(max_state_bytes)s)
+    ON CONFLICT (namespace, conversation_id) DO NOTHING
+    RETURNING {CONVERSATION_COLUMNS}
+), user_state AS ({_UPSERT_SCOPED.format(user="%(user_id)s", delta="user_state", source="created")}
+), namespace_state AS ({_UPSERT_SCOPED.format(user="''", delta="namespace_state", source="created")}
+)
+SELECT {CONVERSATION_COLUMNS} FROM created
+"""
+
+
+CREATED_STATE_TOO_LARGE = f"""
+SELECT %(user_state)s::jsonb IS NOT NULL
+           AND octet_length({_SCOPED_AFTER.format(user="%(user_id)s", delta="user_state")}::text)
+               > %(max_state_bytes)s,
+       %(namespace_state)s::jsonb IS NOT NULL
+           AND octet_length({NAMESPACE_STATE_AFTER}::text) > %(max_state_bytes)s
 """

@@ -24,14 +24,20 @@ from services.common.errors import VersionConflict
 from services.transcript import statements as sql
 from services.transcript.lease_store import PostgresTurnLeases, TurnLeaseStore, record_from_row
 from services.transcript.model import (
+    NO_STATE_CHANGE,
     AppendRecord,
     AppendResult,
     Conversation,
     NewAppend,
+    ScopedState,
+    StateChange,
     ViewRead,
     conversation_busy,
     conversation_not_found,
+    entry_not_retractable,
+    no_user,
     request_id_reused,
+    state_too_large,
     turn_lease_lost,
 )
 
@@ -40,9 +46,17 @@ class TranscriptStore(TurnLeaseStore, Protocol):
     """What the transcript service needs from a store. Every method is atomic."""
 
     async def create_conversation(
-        self, namespace: str, conversation_id: uuid.UUID, labels: Mapping[str, str]
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        labels: Mapping[str, str],
+        user_id: str | None = None,
+        state: StateChange = NO_STATE_CHANGE,
+        max_state_bytes: int = 64 * 1024,
     ) -> tuple[Conversation, bool]:
-        """Insert unless it exists; return it and whether it was created."""
+        """Insert unless it exists, with the initial state (and the user's and the
+        namespace's changes, all in one transaction); return it and whether it was
+        created. STATE_TOO_LARGE when a changed document would exceed the limit."""
 
     async def get_conversation(
         self, namespace: str, conversation_id: uuid.UUID
@@ -86,9 +100,18 @@ class TranscriptStore(TurnLeaseStore, Protocol):
         """Up to `limit` entries after a sequence; None when the conversation is missing."""
 
     async def list_conversations(
-        self, namespace: str, after: uuid.UUID | None, limit: int
+        self,
+        namespace: str,
+        after: uuid.UUID | None,
+        limit: int,
+        user_id: str | None = None,
+        with_state: bool = False,
     ) -> list[Conversation]:
-        """Conversations of a namespace in id order, after a cursor."""
+        """Conversations of a namespace (of one user, when given) in id order, after a
+        cursor; their state only when asked (else state_json is "")."""
+
+    async def read_states(self, namespace: str, user_ids: Sequence[str]) -> list[ScopedState]:
+        """The stored state documents among these users' ("" for the namespace's)."""
 
     async def delete_conversation(
         self, namespace: str, conversation_id: uuid.UUID, incarnation: int = 0
@@ -98,11 +121,24 @@ class TranscriptStore(TurnLeaseStore, Protocol):
 
 
 def _conversation(row: Sequence[Any]) -> Conversation:
-    return Conversation(row[0], row[1], row[2], row[3], row[4], row[5], row[6] or {}, row[7])
+    return Conversation(
+        row[0], row[1], row[2], row[3], row[4], row[5], row[6] or {}, row[7], row[8], row[9]
+    )
 
 
 def _entry(row: Sequence[Any]) -> Entry:
-    sequence, role, text, tool_calls, tool_call_id, metadata, created_at = row
+    (
+        sequence,
+        role,
+        text,
+        tool_calls,
+        tool_call_id,
+        metadata,
+        created_at,
+        native_json,
+        retracted_version,
+        retract_time,
+    ) = row
     return Entry(
         sequence=sequence,
         message=Message(
@@ -111,9 +147,21 @@ def _entry(row: Sequence[Any]) -> Entry:
             tool_calls=tuple(ToolCall(*call) for call in tool_calls or ()),
             tool_call_id=tool_call_id or "",
             metadata=metadata or {},
+            native_json=native_json or "",
         ),
         created_at=created_at,
+        retracted_version=retracted_version or 0,
+        retract_time=retract_time,
     )
+
+
+def state_parameters(state: StateChange) -> dict[str, Any]:
+    """A write's state changes as statement parameters (JSON text, cast to jsonb there)."""
+    return {
+        "conversation_state": state.conversation,
+        "user_state": state.user,
+        "namespace_state": state.namespace,
+    }
 
 
 def append_parameters(append: NewAppend) -> dict[str, Any]:
@@ -136,6 +184,9 @@ def append_parameters(append: NewAppend) -> dict[str, Any]:
         "model_calls": append.usage.model_calls,
         "messages": append.encoded,
         "fencing_token": append.fencing_token,
+        "retract": list(append.retract) or None,
+        "max_state_bytes": append.max_state_bytes,
+        **state_parameters(append.state),
     }
 
 
@@ -146,20 +197,35 @@ class PostgresTranscriptStore(PostgresTurnLeases):
         self.db = db
 
     async def create_conversation(
-        self, namespace: str, conversation_id: uuid.UUID, labels: Mapping[str, str]
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        labels: Mapping[str, str],
+        user_id: str | None = None,
+        state: StateChange = NO_STATE_CHANGE,
+        max_state_bytes: int = 64 * 1024,
     ) -> tuple[Conversation, bool]:
+        params = {
+            "namespace": namespace,
+            "conversation_id": conversation_id,
+            "labels": Jsonb(dict(labels)),
+            "user_id": user_id,
+            "max_state_bytes": max_state_bytes,
+            **state_parameters(state),
+        }
         async with self.db.connection() as conn:
-            cursor = await conn.execute(
-                f"""INSERT INTO transcript.conversations (namespace, conversation_id, labels)
-                    VALUES (%s, %s, %s)
-                    ON CONFLICT (namespace, conversation_id) DO NOTHING
-                    RETURNING {sql.CONVERSATION_COLUMNS}""",
-                (namespace, conversation_id, Jsonb(dict(labels))),
-            )
+            cursor = await conn.execute(sql.CREATE_CONVERSATION, params)
             row = await cursor.fetchone()
             if row is not None:
                 return _conversation(row), True
             existing = await self._get(conn, namespace, conversation_id)
+            if existing is None and state:
+                cursor = await conn.execute(sql.CREATED_STATE_TOO_LARGE, params)
+                too_large = await cursor.fetchone()
+                if too_large is not None and too_large[0]:
+                    raise state_too_large("user", max_state_bytes)
+                if too_large is not None and too_large[1]:
+                    raise state_too_large("namespace", max_state_bytes)
         if existing is None:  # deleted between the two statements
             raise conversation_not_found()
         return existing, False
@@ -190,7 +256,7 @@ class PostgresTranscriptStore(PostgresTurnLeases):
             except psycopg.errors.UniqueViolation:
                 row = None  # the request id is recorded: nothing was written; replay below
             if row is not None:
-                version, last, commit_time = row
+                version, last, commit_time, user_version, namespace_version = row
                 return AppendResult(
                     AppendRecord(
                         version,
@@ -201,6 +267,8 @@ class PostgresTranscriptStore(PostgresTurnLeases):
                         append.payload_hash,
                     ),
                     replayed=False,
+                    user_state_version=user_version or 0,
+                    namespace_state_version=namespace_version or 0,
                 )
             cursor = await conn.execute(sql.WHY_NOT_APPENDED, params)
             why = await cursor.fetchone()
@@ -218,6 +286,17 @@ class PostgresTranscriptStore(PostgresTurnLeases):
         if lease_live and lease_token != append.fencing_token:
             metrics.TURN_BUSY_REFUSALS.labels("append").inc()
             raise conversation_busy(holder)
+        if append.expected_version is None or why[0] == append.expected_version:
+            # At the version the write expected (or at any): a rule of its own refused it.
+            no_user_set, unretractable, *too_large = why[13:18]
+            if append.state.user is not None and no_user_set:
+                raise no_user()
+            if unretractable is not None:
+                raise entry_not_retractable(unretractable)
+            scopes = ("conversation", "user", "namespace")
+            for scope, exceeded in zip(scopes, too_large, strict=True):
+                if exceeded:
+                    raise state_too_large(scope, append.max_state_bytes)
         metrics.APPEND_CONFLICTS.inc()
         if append.expected_version is None:
             # Only a racing duplicate of a request id can get here; it has committed by now.
@@ -272,8 +351,8 @@ class PostgresTranscriptStore(PostgresTurnLeases):
             return None
         first = rows[0]
         prior = record_from_row(first[3:11]) if first[3] is not None else None
-        entries = [_entry(row[11:]) for row in rows if row[11] is not None]
-        return ViewRead(first[0], first[1], entries, prior, first[2])
+        entries = [_entry(row[11:21]) for row in rows if row[11] is not None]
+        return ViewRead(first[0], first[1], entries, prior, first[2], _conversation(first[21:]))
 
     async def list_entries(
         self,
@@ -305,17 +384,39 @@ class PostgresTranscriptStore(PostgresTurnLeases):
         return [_entry(row) for row in rows]
 
     async def list_conversations(
-        self, namespace: str, after: uuid.UUID | None, limit: int
+        self,
+        namespace: str,
+        after: uuid.UUID | None,
+        limit: int,
+        user_id: str | None = None,
+        with_state: bool = False,
     ) -> list[Conversation]:
+        columns = sql.CONVERSATION_COLUMNS if with_state else sql.CONVERSATION_BASIC_COLUMNS
+        # Two statements rather than an `IS NULL OR` filter: each is one index range
+        # scan in id order (the user's the partial index conversations_user).
+        where = "namespace = %(namespace)s"
+        if user_id is not None:
+            where += " AND user_id = %(user_id)s"
         async with self.db.connection() as conn:
             cursor = await conn.execute(
-                f"""SELECT {sql.CONVERSATION_COLUMNS} FROM transcript.conversations
-                     WHERE namespace = %s AND (%s::uuid IS NULL OR conversation_id > %s::uuid)
+                f"""SELECT {columns} FROM transcript.conversations
+                     WHERE {where}
+                       AND (%(after)s::uuid IS NULL OR conversation_id > %(after)s::uuid)
                      ORDER BY conversation_id
-                     LIMIT %s""",
-                (namespace, after, after, limit),
+                     LIMIT %(limit)s""",
+                {"namespace": namespace, "user_id": user_id, "after": after, "limit": limit},
             )
             return [_conversation(row) for row in await cursor.fetchall()]
+
+    async def read_states(self, namespace: str, user_ids: Sequence[str]) -> list[ScopedState]:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                """SELECT user_id, state::text, version, update_time
+                     FROM transcript.scoped_states
+                    WHERE namespace = %s AND user_id = ANY(%s::text[])""",
+                (namespace, list(user_ids)),
+            )
+            return [ScopedState(*row) for row in await cursor.fetchall()]
 
     async def delete_conversation(
         self, namespace: str, conversation_id: uuid.UUID, incarnation: int = 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import secrets
 import uuid
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,7 @@ from services.common.domain import Entry
 from services.common.errors import VersionConflict
 from services.transcript.lease_store import WAIT_LEASE_S
 from services.transcript.model import (
+    NO_STATE_CHANGE,
     AppendRecord,
     AppendResult,
     Conversation,
@@ -27,6 +29,8 @@ from services.transcript.model import (
     LeaseAttempt,
     LeaseRequest,
     NewAppend,
+    ScopedState,
+    StateChange,
     TurnLease,
     TurnRow,
     ViewRead,
@@ -34,7 +38,10 @@ from services.transcript.model import (
     conversation_busy,
     conversation_not_found,
     decide_lease,
+    entry_not_retractable,
+    no_user,
     request_id_reused,
+    state_too_large,
     turn_lease_lost,
     view_ranges,
 )
@@ -85,26 +92,82 @@ class _Stored:
         return None
 
 
+def _merged(stored: str, delta: str | None) -> str:
+    """A state document with a delta's top-level keys replaced (jsonb ||)."""
+    if delta is None:
+        return stored
+    return json.dumps({**json.loads(stored), **json.loads(delta)})
+
+
 class InMemoryTranscriptStore:
     """TranscriptStore held in a dict."""
 
     def __init__(self) -> None:
         self._data: dict[tuple[str, uuid.UUID], _Stored] = {}
+        # (namespace, user_id or "" for the namespace's own) -> its state document.
+        self._states: dict[tuple[str, str], ScopedState] = {}
         self._lock = asyncio.Lock()
 
+    def _scoped_after(
+        self, namespace: str, user: str, delta: str | None, limit: int, scope: str
+    ) -> str | None:
+        """The state a write would leave in a scoped document (None: unchanged)."""
+        if delta is None:
+            return None
+        current = self._states.get((namespace, user))
+        after = _merged(current.state_json if current else "{}", delta)
+        if len(after.encode()) > limit:
+            raise state_too_large(scope, limit)
+        return after
+
+    def _commit_scoped(self, namespace: str, user: str, after: str | None, now: datetime) -> int:
+        if after is None:
+            return 0
+        current = self._states.get((namespace, user))
+        version = (current.version if current else 0) + 1
+        self._states[(namespace, user)] = ScopedState(user, after, version, now)
+        return version
+
     async def create_conversation(
-        self, namespace: str, conversation_id: uuid.UUID, labels: Mapping[str, str]
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        labels: Mapping[str, str],
+        user_id: str | None = None,
+        state: StateChange = NO_STATE_CHANGE,
+        max_state_bytes: int = 64 * 1024,
     ) -> tuple[Conversation, bool]:
         async with self._lock:
             key = (namespace, conversation_id)
             if key in self._data:
                 return self._data[key].conversation, False
+            user_after = self._scoped_after(
+                namespace, user_id or "", state.user, max_state_bytes, "user"
+            )
+            namespace_after = self._scoped_after(
+                namespace, "", state.namespace, max_state_bytes, "namespace"
+            )
             now = datetime.now(UTC)
             conversation = Conversation(
-                conversation_id, namespace, 0, 0, now, now, dict(labels), _random_token()
+                conversation_id,
+                namespace,
+                0,
+                0,
+                now,
+                now,
+                dict(labels),
+                _random_token(),
+                user_id,
+                _merged("{}", state.conversation),
             )
             self._data[key] = _Stored(conversation)
+            if user_id is not None:
+                self._commit_scoped(namespace, user_id, user_after, now)
+            self._commit_scoped(namespace, "", namespace_after, now)
             return conversation, True
+
+    async def read_states(self, namespace: str, user_ids: Sequence[str]) -> list[ScopedState]:
+        return [self._states[(namespace, u)] for u in user_ids if (namespace, u) in self._states]
 
     async def get_conversation(
         self, namespace: str, conversation_id: uuid.UUID
@@ -134,24 +197,57 @@ class InMemoryTranscriptStore:
             current = stored.conversation
             if append.expected_version is not None and current.version != append.expected_version:
                 raise VersionConflict(current.version, append.expected_version)
+            # The rules of state and retractions, checked before anything is written.
+            limit = append.max_state_bytes
+            if append.state.user is not None and current.user_id is None:
+                raise no_user()
+            for sequence in append.retract:
+                if sequence > len(stored.entries):
+                    raise entry_not_retractable(sequence)
+                entry = stored.entries[sequence - 1]
+                held = entry.message
+                if entry.retracted_version or held.tool_calls or held.role == 3:
+                    raise entry_not_retractable(sequence)
+            conversation_state = _merged(current.state_json, append.state.conversation)
+            if len(conversation_state.encode()) > limit:
+                raise state_too_large("conversation", limit)
+            user_after = self._scoped_after(
+                append.namespace, current.user_id or "", append.state.user, limit, "user"
+            )
+            namespace_after = self._scoped_after(
+                append.namespace, "", append.state.namespace, limit, "namespace"
+            )
             now = datetime.now(UTC)
+            version = current.version + 1
             first = current.last_sequence + 1
             for offset, message in enumerate(append.messages):
                 stored.entries.append(Entry(first + offset, message, now))
+            for sequence in append.retract:
+                stored.entries[sequence - 1] = replace(
+                    stored.entries[sequence - 1], retracted_version=version, retract_time=now
+                )
             last = current.last_sequence + len(append.messages)
             stored.conversation = replace(
-                current, version=current.version + 1, last_sequence=last, update_time=now
+                current,
+                version=version,
+                last_sequence=last,
+                update_time=now,
+                state_json=conversation_state,
             )
-            record = AppendRecord(
-                current.version + 1, first, last, append.usage, now, append.payload_hash
+            user_version = (
+                self._commit_scoped(append.namespace, current.user_id, user_after, now)
+                if current.user_id is not None
+                else 0
             )
+            namespace_version = self._commit_scoped(append.namespace, "", namespace_after, now)
+            record = AppendRecord(version, first, last, append.usage, now, append.payload_hash)
             if append.request_id is not None:
                 stored.appends[append.request_id] = record
             if token is not None:  # kept a while as committed, as in PostgreSQL
                 committed = stored.turns[append.request_id or ""]
                 committed.state, committed.until = "committed", now + timedelta(minutes=1)
             stored.provisional = None
-            return AppendResult(record, replayed=False)
+            return AppendResult(record, False, user_version, namespace_version)
 
     async def read_entries(
         self, namespace: str, conversation_id: uuid.UUID, ranges: Sequence[tuple[int, int]]
@@ -183,7 +279,12 @@ class InMemoryTranscriptStore:
         entries = await self.read_entries(namespace, conversation_id, ranges)
         prior = stored.appends.get(request_id) if request_id is not None else None
         return ViewRead(
-            stored.conversation.version, last, entries, prior, stored.conversation.incarnation
+            stored.conversation.version,
+            last,
+            entries,
+            prior,
+            stored.conversation.incarnation,
+            stored.conversation,
         )
 
     async def list_entries(
@@ -201,12 +302,22 @@ class InMemoryTranscriptStore:
         return stored.entries[after_sequence:high][:limit]
 
     async def list_conversations(
-        self, namespace: str, after: uuid.UUID | None, limit: int
+        self,
+        namespace: str,
+        after: uuid.UUID | None,
+        limit: int,
+        user_id: str | None = None,
+        with_state: bool = False,
     ) -> list[Conversation]:
         ids = sorted(
-            cid for ns, cid in self._data if ns == namespace and (after is None or cid > after)
+            cid
+            for (ns, cid), stored in self._data.items()
+            if ns == namespace
+            and (after is None or cid > after)
+            and (user_id is None or stored.conversation.user_id == user_id)
         )
-        return [self._data[(namespace, cid)].conversation for cid in ids[:limit]]
+        found = [self._data[(namespace, cid)].conversation for cid in ids[:limit]]
+        return found if with_state else [replace(c, state_json="") for c in found]
 
     async def delete_conversation(
         self, namespace: str, conversation_id: uuid.UUID, incarnation: int = 0

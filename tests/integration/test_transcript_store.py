@@ -16,10 +16,17 @@ from services.transcript.statements import VIEW_SQL
 from services.transcript.store import PostgresTranscriptStore, TranscriptStore
 from tests.conftest import wait_for
 from tests.transcript_cases import TranscriptCases, make_service, new_conversation, user
+from tests.transcript_state_cases import TranscriptStateCases
 from tests.turn_lease_cases import TurnLeaseCases
 
 
 class TestTranscriptOnPostgres(TranscriptCases):
+    @pytest.fixture
+    def store(self, database: Database) -> TranscriptStore:
+        return PostgresTranscriptStore(database)
+
+
+class TestTranscriptStateOnPostgres(TranscriptStateCases):
     @pytest.fixture
     def store(self, database: Database) -> TranscriptStore:
         return PostgresTranscriptStore(database)

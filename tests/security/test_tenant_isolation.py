@@ -231,6 +231,12 @@ CASES: dict[str, Case] = {
             ),
         )
     ),
+    "TranscriptService.GetState": Case(
+        (
+            # The user B's conversation belongs to: A sees its own (empty) state of it.
+            lambda ns, t, own: transcript_pb.GetStateRequest(namespace=ns, user_ids=["owner"]),
+        )
+    ),
     "TranscriptService.AcquireTurnLease": Case(
         (
             # B's conversation and B's turn id: neither B's lease nor its outcome.

@@ -8,6 +8,7 @@ world's marker, so a leak of any of it is one substring search away.
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 
@@ -74,7 +75,10 @@ async def build_world(
         channel,
         "TranscriptService.CreateConversation",
         transcript_pb.CreateConversationRequest(
-            namespace=namespace, conversation_id=conversation_id, labels={"owner": marker}
+            namespace=namespace,
+            conversation_id=conversation_id,
+            labels={"owner": marker},
+            user_id="owner",
         ),
         metadata,
     )
@@ -90,6 +94,12 @@ async def build_world(
             expected_version=0,
             messages=messages,
             request_id=request_id,
+            # State of every scope, so that GetState has something of B's to hide.
+            state_delta=transcript_pb.StateDelta(
+                conversation_json=json.dumps({"note": f"{marker} conversation state"}),
+                user_json=json.dumps({"note": f"{marker} user state"}),
+                namespace_json=json.dumps({"note": f"{marker} namespace state"}),
+            ),
         ),
         metadata,
     )

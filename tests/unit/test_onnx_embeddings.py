@@ -125,9 +125,11 @@ def test_the_runtime_dependencies_have_no_torch() -> None:
 
 
 def test_memory_taken_by_a_large_batch_is_given_back(tmp_path: Path) -> None:
-    """A batch of long texts needs hundreds of MiB of activations; the process holds
-    them only while it runs (no memory arena keeping the peak for ever). Measured in a
-    fresh interpreter: resident memory after the batch against after loading."""
+    """A batch of 64 texts of 256 tokens needs about a GiB of activations; the process
+    holds them only while it runs (no memory arena keeping the peak for ever). Measured
+    in a fresh interpreter: resident memory after two such batches against after
+    loading (with ONNX Runtime's arena: about 970 MiB kept; without: 170 to 460 MiB,
+    as the allocator trims)."""
     code = (
         "from pathlib import Path\n"
         "from services.memory.onnx_minilm import OnnxMiniLM\n"
@@ -138,11 +140,12 @@ def test_memory_taken_by_a_large_batch_is_given_back(tmp_path: Path) -> None:
         f"model = OnnxMiniLM(Path({str(tmp_path)!r}))\n"
         "model.encode(['warm up'])\n"
         "loaded = rss()\n"
-        "model.encode(['we ship the release on friday with the whole team ' * 30] * 32)\n"
+        "for _ in range(2):\n"
+        "    model.encode(['we ship the release on friday with the whole team ' * 30] * 64)\n"
         "print(loaded, rss())\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
     )
     loaded, after = map(int, result.stdout.split())
-    assert after - loaded < 128, f"{after - loaded} MiB kept after one batch"
+    assert after - loaded < 600, f"{after - loaded} MiB kept after two batches"

@@ -524,3 +524,18 @@ async def test_a_job_whose_workers_keep_dying_is_parked(
     stored = await store.get_job(job.job_id)
     assert stored is not None and stored.state is JobState.FAILED
     assert stored.last_error == "LEASE_EXPIRED"
+
+
+async def test_a_retracted_entry_is_covered_but_never_summarized(namespace: str) -> None:
+    """The summary's range stays contiguous over a retracted entry; its text never
+    reaches the summarizer."""
+    transcripts = LocalTranscripts()
+    messages = [user("keep this"), assistant("forget THIS-SECRET"), *chat(8, start=3)]
+    cid = await new_conversation(transcripts, namespace, messages)
+    version = (await transcripts.service.get_conversation(namespace, cid)).version
+    await transcripts.service.append(namespace, cid, version, [], "pop", retract=[2])
+    service = make_service(InMemorySummaryStore(), transcripts)
+    result = await service.summarize(namespace, cid, 2, 8, 3, Budget())
+    assert result.summary is not None and result.summary.through_sequence == 8
+    assert "keep this" in result.summary.text
+    assert "THIS-SECRET" not in result.summary.text

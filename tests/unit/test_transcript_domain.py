@@ -13,6 +13,7 @@ from services.common.domain import Message, Role
 from services.transcript.store import TranscriptStore
 from tests.doubles.transcript_store import InMemoryTranscriptStore
 from tests.transcript_cases import TranscriptCases, assistant, make_service, tool, user
+from tests.transcript_state_cases import TranscriptStateCases
 from tests.turn_lease_cases import TurnLeaseCases
 
 
@@ -93,3 +94,9 @@ def test_view_invariants(
             assert buffer, "progress is always possible"
 
     _run(scenario())
+
+
+class TestTranscriptStateOnMemoryStore(TranscriptStateCases):
+    @pytest.fixture
+    def store(self) -> TranscriptStore:
+        return InMemoryTranscriptStore()

@@ -53,6 +53,8 @@ import type { AppendEntriesResponse__Output } from "./gen/runifold/transcript/v1
 import type { Conversation__Output } from "./gen/runifold/transcript/v1/Conversation.js";
 import type { DeleteConversationResponse__Output } from "./gen/runifold/transcript/v1/DeleteConversationResponse.js";
 import type { EndedTurn } from "./gen/runifold/transcript/v1/EndedTurn.js";
+import type { GetStateResponse__Output } from "./gen/runifold/transcript/v1/GetStateResponse.js";
+import type { StateDelta } from "./gen/runifold/transcript/v1/StateDelta.js";
 import type { LoadViewResponse__Output } from "./gen/runifold/transcript/v1/LoadViewResponse.js";
 import type { TranscriptServiceClient } from "./gen/runifold/transcript/v1/TranscriptService.js";
 import type { TurnLease__Output } from "./gen/runifold/transcript/v1/TurnLease.js";
@@ -439,7 +441,14 @@ export class RunifoldClient {
 
   /** Create (or get, when it exists) a conversation; its id is made here when absent. */
   async createConversation(
-    options: CallOptions & { conversationId?: string; labels?: Record<string, string> } = {},
+    options: CallOptions & {
+      conversationId?: string;
+      labels?: Record<string, string>;
+      /** The conversation's user (its user state, ListConversations' filter). */
+      userId?: string;
+      /** Initial state, as JSON objects of keys (conversation, user, namespace). */
+      state?: StateDelta;
+    } = {},
   ): Promise<Conversation__Output> {
     const reply = await this.unary(
       this.transcripts.CreateConversation.bind(this.transcripts),
@@ -447,6 +456,8 @@ export class RunifoldClient {
         namespace: this.ns(options),
         conversation_id: options.conversationId || newConversationId(),
         labels: options.labels ?? {},
+        user_id: options.userId ?? "",
+        state: options.state ?? null,
       },
       options,
     );
@@ -464,12 +475,26 @@ export class RunifoldClient {
   }
 
   /** Every conversation of a namespace, in id order, page by page. */
-  listConversations(options: CallOptions & { pageSize?: number } = {}): AsyncGenerator<Conversation__Output> {
+  listConversations(
+    options: CallOptions & {
+      pageSize?: number;
+      /** Only this user's conversations. */
+      userId?: string;
+      /** With each conversation's state (pages of at most 50). */
+      withState?: boolean;
+    } = {},
+  ): AsyncGenerator<Conversation__Output> {
     return this.pages(
       (token) =>
         this.unary(
           this.transcripts.ListConversations.bind(this.transcripts),
-          { namespace: this.ns(options), page_size: options.pageSize ?? PAGE_SIZE, page_token: token },
+          {
+            namespace: this.ns(options),
+            page_size: options.pageSize ?? (options.withState ? 50 : PAGE_SIZE),
+            page_token: token,
+            user_id: options.userId ?? "",
+            view: options.withState ? "CONVERSATION_VIEW_FULL" : "CONVERSATION_VIEW_BASIC",
+          },
           options,
         ),
       (page) => page.conversations,
@@ -487,6 +512,11 @@ export class RunifoldClient {
       requestId?: string;
       usage?: Usage;
       fencingToken?: number;
+      /** State changes committed with the append, under its version. */
+      stateDelta?: StateDelta;
+      /** Entries to retract (recorded; views and summaries leave them out); needs
+       * expectedVersion. */
+      retractSequences?: number[];
     } = {},
   ): Promise<AppendEntriesResponse__Output> {
     return this.unary(
@@ -499,7 +529,18 @@ export class RunifoldClient {
         usage: options.usage ?? null,
         expected_version: options.expectedVersion,
         fencing_token: options.fencingToken,
+        state_delta: options.stateDelta ?? null,
+        retract_sequences: options.retractSequences ?? [],
       },
+      options,
+    );
+  }
+
+  /** The namespace's state and, for each user asked, that user's state (JSON). */
+  getState(options: CallOptions & { userIds?: string[] } = {}): Promise<GetStateResponse__Output> {
+    return this.unary(
+      this.transcripts.GetState.bind(this.transcripts),
+      { namespace: this.ns(options), user_ids: options.userIds ?? [] },
       options,
     );
   }

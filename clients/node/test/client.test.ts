@@ -86,7 +86,7 @@ describe("the contract", () => {
     const rpcs = Object.values(definition)
       .filter((value) => !("format" in value) && !("type" in value))
       .flatMap((service) => Object.keys(service as object));
-    assert.equal(rpcs.length, 27);
+    assert.equal(rpcs.length, 28);
     const methods = new Set(Object.getOwnPropertyNames(RunifoldClient.prototype));
     for (const rpc of rpcs) {
       const name = rpc[0].toLowerCase() + rpc.slice(1);
@@ -322,6 +322,43 @@ describe("SummaryService", () => {
     await waitFor(async () => (await client.getBacklog()).depth === 0);
     assert.ok((await client.eraseSummaries(id)) > 0);
     assert.equal(await client.getSummary(id), null);
+  });
+});
+
+describe("state and retractions", () => {
+  test("state committed with appends, read back; a retracted entry stays listed", async () => {
+    const mine = fresh();
+    const conversation = await mine.createConversation({
+      userId: "user-1",
+      state: { conversation_json: '{"step": 1}', user_json: '{"lang": "pt"}' },
+    });
+    const id = conversation.conversation_id;
+    const first = await mine.append(id, "Hello", {
+      expectedVersion: 0,
+      stateDelta: { conversation_json: '{"step": 2}', namespace_json: '{"plan": "pro"}' },
+    });
+    const state = await mine.getState({ userIds: ["user-1"] });
+    assert.deepEqual(JSON.parse(state.namespace_state!.state_json), { plan: "pro" });
+    assert.deepEqual(
+      state.user_states.map((u) => [u.user_id, JSON.parse(u.state_json)]),
+      [["user-1", { lang: "pt" }]],
+    );
+    const listed = await collect(mine.listConversations({ userId: "user-1", withState: true }));
+    assert.deepEqual(
+      listed.map((c) => [c.conversation_id, JSON.parse(c.state_json)]),
+      [[id, { step: 2 }]],
+    );
+    assert.deepEqual(await collect(mine.listConversations({ userId: "someone-else" })), []);
+    await mine.append(id, "Second", { expectedVersion: first.version, retractSequences: [1] });
+    const entries = await collect(mine.listEntries(id));
+    assert.deepEqual(
+      entries.map((e) => [e.sequence, Number(e.retracted_version) > 0]),
+      [
+        [1, true],
+        [2, false],
+      ],
+    );
+    mine.close();
   });
 });
 

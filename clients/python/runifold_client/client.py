@@ -287,7 +287,10 @@ def _propose(
 
 
 def _confirm(
-    namespace: str, proposal: memory_pb.MemoryProposal, request_id: str | None
+    namespace: str,
+    proposal: memory_pb.MemoryProposal,
+    request_id: str | None,
+    metadata: Mapping[str, str] | None = None,
 ) -> memory_pb.UpsertMemoryRequest:
     """The UpsertMemory that stores a proposal (a SUPERSEDE supersedes its memory)."""
     if proposal.action == memory_pb.PROPOSAL_ACTION_DUPLICATE:
@@ -304,6 +307,7 @@ def _confirm(
         sources=proposal.sources,
         valid_from_time=proposal.valid_from_time,
         supersedes=supersedes,
+        metadata=metadata,
     )
 
 
@@ -471,18 +475,50 @@ class AsyncClient:
         namespace: str | None = None,
         conversation_id: str = "",
         labels: Mapping[str, str] | None = None,
+        user_id: str = "",
+        state: transcript_pb.StateDelta | None = None,
     ) -> transcript_pb.Conversation:
         """Create (or get, when it exists) a conversation; its id is made here (a UUIDv7)
-        when you pass none, so that a retry names the same conversation."""
-        reply = await self._call(
+        when you pass none, so that a retry names the same conversation. `user_id` and
+        the initial `state` apply only when this call creates it."""
+        reply = await self.create_conversation_reply(
+            namespace=namespace,
+            conversation_id=conversation_id,
+            labels=labels,
+            user_id=user_id,
+            state=state,
+        )
+        return reply.conversation
+
+    async def create_conversation_reply(
+        self,
+        *,
+        namespace: str | None = None,
+        conversation_id: str = "",
+        labels: Mapping[str, str] | None = None,
+        user_id: str = "",
+        state: transcript_pb.StateDelta | None = None,
+    ) -> transcript_pb.CreateConversationResponse:
+        """create_conversation's whole reply: the conversation and whether this call made it."""
+        return await self._call(
             self.transcripts.CreateConversation,
             transcript_pb.CreateConversationRequest(
                 namespace=self._ns(namespace),
                 conversation_id=conversation_id or new_conversation_id(),
                 labels=labels,
+                user_id=user_id,
+                state=state,
             ),
         )
-        return reply.conversation
+
+    async def get_state(
+        self, user_ids: Sequence[str] = (), *, namespace: str | None = None
+    ) -> transcript_pb.GetStateResponse:
+        """The namespace's state and these users' (at most 100), without a conversation."""
+        return await self._call(
+            self.transcripts.GetState,
+            transcript_pb.GetStateRequest(namespace=self._ns(namespace), user_ids=user_ids),
+        )
 
     async def get_conversation(
         self, conversation_id: str, *, namespace: str | None = None
@@ -497,15 +533,30 @@ class AsyncClient:
         return reply.conversation
 
     async def list_conversations(
-        self, *, namespace: str | None = None, page_size: int = PAGE_SIZE
+        self,
+        *,
+        namespace: str | None = None,
+        page_size: int = PAGE_SIZE,
+        user_id: str = "",
+        with_state: bool = False,
     ) -> AsyncIterator[transcript_pb.Conversation]:
-        """Every conversation of a namespace, in id order (oldest first), page by page."""
+        """Every conversation of a namespace (only a user's, with `user_id`), in id order
+        (oldest first), page by page; with their state when asked (at most 50 a page)."""
         token = ""
+        view = (
+            transcript_pb.CONVERSATION_VIEW_FULL
+            if with_state
+            else transcript_pb.CONVERSATION_VIEW_BASIC
+        )
         while True:
             reply = await self._call(
                 self.transcripts.ListConversations,
                 transcript_pb.ListConversationsRequest(
-                    namespace=self._ns(namespace), page_size=page_size, page_token=token
+                    namespace=self._ns(namespace),
+                    page_size=page_size,
+                    page_token=token,
+                    user_id=user_id,
+                    view=view,
                 ),
             )
             for conversation in reply.conversations:
@@ -524,15 +575,20 @@ class AsyncClient:
         request_id: str | None = None,
         usage: common_pb2.Usage | None = None,
         fencing_token: int | None = None,
+        state_delta: transcript_pb.StateDelta | None = None,
+        retract_sequences: Sequence[int] = (),
     ) -> transcript_pb.AppendEntriesResponse:
         """Append messages (compare-and-swap when expected_version is given; idempotent
-        by `request_id`, made for you when you pass none)."""
+        by `request_id`, made for you when you pass none), with state changes and
+        retractions committed in the same write (`input` may then be empty)."""
         request = transcript_pb.AppendEntriesRequest(
             namespace=self._ns(namespace),
             conversation_id=conversation_id,
             messages=messages(input),
             request_id=request_id or str(uuid.uuid4()),
             usage=usage,
+            state_delta=state_delta,
+            retract_sequences=retract_sequences,
         )
         if expected_version is not None:
             request.expected_version = expected_version
@@ -791,9 +847,17 @@ class AsyncClient:
         ttl: float | timedelta | None = None,
         expire_time: datetime | None = None,
         request_id: str | None = None,
+        valid_from: datetime | None = None,
+        valid_until: datetime | None = None,
+        supersedes: Sequence[str | memory_pb.SupersededMemory] = (),
     ) -> memory_pb.UpsertMemoryResponse:
         """Create a memory (no `expected_revision`) or replace it by compare-and-swap
-        (RevisionConflict). Idempotent by `request_id`, made for you when you pass none."""
+        (RevisionConflict). Idempotent by `request_id`, made for you when you pass none.
+
+        `valid_from` / `valid_until`: when the fact became (stops being) true; the
+        default is the create time of its earliest source entry, open-ended.
+        `supersedes`: memories this one replaces as of its `valid_from` (ids, or
+        SupersededMemory with an expected revision), in the same transaction."""
         request = memory_pb.UpsertMemoryRequest(
             namespace=self._ns(namespace),
             memory_id=memory_id,
@@ -803,6 +867,12 @@ class AsyncClient:
             metadata=metadata,
             ttl=_duration(ttl),
             expire_time=_timestamp(expire_time),
+            valid_from_time=_timestamp(valid_from),
+            valid_until_time=_timestamp(valid_until),
+            supersedes=[
+                memory_pb.SupersededMemory(memory_id=s) if isinstance(s, str) else s
+                for s in supersedes
+            ],
         )
         if expected_revision is not None:
             request.expected_revision = expected_revision
@@ -951,11 +1021,13 @@ class AsyncClient:
         *,
         namespace: str | None = None,
         request_id: str | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> memory_pb.UpsertMemoryResponse:
         """Store a proposal: UpsertMemory with its content, sources and valid time (and,
         for a SUPERSEDE, superseding its memory). ValueError for a DUPLICATE."""
         return await self._call(
-            self.memories.UpsertMemory, _confirm(self._ns(namespace), proposal, request_id)
+            self.memories.UpsertMemory,
+            _confirm(self._ns(namespace), proposal, request_id, metadata),
         )
 
     async def memory_revisions(
@@ -1104,6 +1176,8 @@ class Client:
     stream_conversation = _iterating(AsyncClient.stream_conversation)
     erase_conversation = _blocking(AsyncClient.erase_conversation)
     create_conversation = _blocking(AsyncClient.create_conversation)
+    create_conversation_reply = _blocking(AsyncClient.create_conversation_reply)
+    get_state = _blocking(AsyncClient.get_state)
     get_conversation = _blocking(AsyncClient.get_conversation)
     list_conversations = _iterating(AsyncClient.list_conversations)
     append = _blocking(AsyncClient.append)

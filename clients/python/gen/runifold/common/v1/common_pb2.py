@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1frunifold/common/v1/common.proto\x12\x12runifold.common.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"<\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"S\n\x0eToolDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x1e\n\x16parameters_json_schema\x18\x03 \x01(\t\"\xf5\x01\n\x07Message\x12&\n\x04role\x18\x01 \x01(\x0e\x32\x18.runifold.common.v1.Role\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x30\n\ntool_calls\x18\x03 \x03(\x0b\x32\x1c.runifold.common.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12;\n\x08metadata\x18\x05 \x03(\x0b\x32).runifold.common.v1.Message.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"w\n\x05\x45ntry\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12,\n\x07message\x18\x02 \x01(\x0b\x32\x1b.runifold.common.v1.Message\x12.\n\ncreated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"I\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x03\x12\x15\n\routput_tokens\x18\x02 \x01(\x03\x12\x13\n\x0bmodel_calls\x18\x03 \x01(\x03\"V\n\x06\x42udget\x12\x19\n\x11max_output_tokens\x18\x01 \x01(\x03\x12\x17\n\x0fmax_model_calls\x18\x02 \x01(\x03\x12\x18\n\x10max_input_tokens\x18\x03 \x01(\x03*_\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tROLE_USER\x10\x01\x12\x12\n\x0eROLE_ASSISTANT\x10\x02\x12\r\n\tROLE_TOOL\x10\x03\x12\x0f\n\x0bROLE_SYSTEM\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1frunifold/common/v1/common.proto\x12\x12runifold.common.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"<\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"S\n\x0eToolDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x1e\n\x16parameters_json_schema\x18\x03 \x01(\t\"\x8a\x02\n\x07Message\x12&\n\x04role\x18\x01 \x01(\x0e\x32\x18.runifold.common.v1.Role\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x30\n\ntool_calls\x18\x03 \x03(\x0b\x32\x1c.runifold.common.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12;\n\x08metadata\x18\x05 \x03(\x0b\x32).runifold.common.v1.Message.MetadataEntry\x12\x13\n\x0bnative_json\x18\x06 \x01(\t\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc4\x01\n\x05\x45ntry\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12,\n\x07message\x18\x02 \x01(\x0b\x32\x1b.runifold.common.v1.Message\x12.\n\ncreated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x11retracted_version\x18\x04 \x01(\x03\x12\x30\n\x0cretract_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"I\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x03\x12\x15\n\routput_tokens\x18\x02 \x01(\x03\x12\x13\n\x0bmodel_calls\x18\x03 \x01(\x03\"V\n\x06\x42udget\x12\x19\n\x11max_output_tokens\x18\x01 \x01(\x03\x12\x17\n\x0fmax_model_calls\x18\x02 \x01(\x03\x12\x18\n\x10max_input_tokens\x18\x03 \x01(\x03*_\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tROLE_USER\x10\x01\x12\x12\n\x0eROLE_ASSISTANT\x10\x02\x12\r\n\tROLE_TOOL\x10\x03\x12\x0f\n\x0bROLE_SYSTEM\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,20 +34,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MESSAGE_METADATAENTRY']._loaded_options = None
   _globals['_MESSAGE_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_ROLE']._serialized_start=767
-  _globals['_ROLE']._serialized_end=862
+  _globals['_ROLE']._serialized_start=866
+  _globals['_ROLE']._serialized_end=961
   _globals['_TOOLCALL']._serialized_start=88
   _globals['_TOOLCALL']._serialized_end=148
   _globals['_TOOLDEFINITION']._serialized_start=150
   _globals['_TOOLDEFINITION']._serialized_end=233
   _globals['_MESSAGE']._serialized_start=236
-  _globals['_MESSAGE']._serialized_end=481
-  _globals['_MESSAGE_METADATAENTRY']._serialized_start=434
-  _globals['_MESSAGE_METADATAENTRY']._serialized_end=481
-  _globals['_ENTRY']._serialized_start=483
-  _globals['_ENTRY']._serialized_end=602
-  _globals['_USAGE']._serialized_start=604
-  _globals['_USAGE']._serialized_end=677
-  _globals['_BUDGET']._serialized_start=679
-  _globals['_BUDGET']._serialized_end=765
+  _globals['_MESSAGE']._serialized_end=502
+  _globals['_MESSAGE_METADATAENTRY']._serialized_start=455
+  _globals['_MESSAGE_METADATAENTRY']._serialized_end=502
+  _globals['_ENTRY']._serialized_start=505
+  _globals['_ENTRY']._serialized_end=701
+  _globals['_USAGE']._serialized_start=703
+  _globals['_USAGE']._serialized_end=776
+  _globals['_BUDGET']._serialized_start=778
+  _globals['_BUDGET']._serialized_end=864
 # @@protoc_insertion_point(module_scope)

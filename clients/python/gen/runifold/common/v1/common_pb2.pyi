@@ -158,6 +158,7 @@ class Message(_message.Message):
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
+    NATIVE_JSON_FIELD_NUMBER: _builtins.int
     role: Global___Role.ValueType
     """Who said it. ROLE_SYSTEM is never persisted."""
     text: _builtins.str
@@ -167,6 +168,12 @@ class Message(_message.Message):
     tool_call_id: _builtins.str
     """For ROLE_TOOL: the `ToolCall.id` this message answers. It must answer an
     unanswered call of the assistant message right before it.
+    """
+    native_json: _builtins.str
+    """The message as the framework that wrote it represents it (an OpenAI Agents
+    SDK input item, an ADK event, ...): a JSON document, stored verbatim and
+    returned exactly as written. Runifold never reads it: views, summaries and
+    models see role, text and tool calls. Counted in the message's size.
     """
     @_builtins.property
     def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]:
@@ -184,10 +191,11 @@ class Message(_message.Message):
         tool_calls: _abc.Iterable[Global___ToolCall] | None = ...,
         tool_call_id: _builtins.str = ...,
         metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        native_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata", "role", b"role", "text", b"text", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata", "native_json", b"native_json", "role", b"role", "text", b"text", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -202,8 +210,16 @@ class Entry(_message.Message):
     SEQUENCE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
+    RETRACTED_VERSION_FIELD_NUMBER: _builtins.int
+    RETRACT_TIME_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """1-based position in the transcript; contiguous, never reused."""
+    retracted_version: _builtins.int
+    """The version of the write that retracted it (AppendEntriesRequest.retract_sequences);
+    0 while it stands. A retracted entry keeps its sequence and its content (the
+    transcript is an audit record), ListEntries still returns it, and views leave
+    it out of what a model sees.
+    """
     @_builtins.property
     def message(self) -> Global___Message:
         """The stored message."""
@@ -212,16 +228,22 @@ class Entry(_message.Message):
     def created_at(self) -> _timestamp_pb2.Timestamp:
         """When the append that wrote it committed."""
 
+    @_builtins.property
+    def retract_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was retracted."""
+
     def __init__(
         self,
         *,
         sequence: _builtins.int = ...,
         message: Global___Message | None = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
+        retracted_version: _builtins.int = ...,
+        retract_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "message", b"message"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "message", b"message", "retract_time", b"retract_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "message", b"message", "sequence", b"sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "message", b"message", "retract_time", b"retract_time", "retracted_version", b"retracted_version", "sequence", b"sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -22,6 +22,30 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _ConversationView:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConversationViewEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConversationView.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONVERSATION_VIEW_UNSPECIFIED: _ConversationView.ValueType  # 0
+    """Same as CONVERSATION_VIEW_BASIC."""
+    CONVERSATION_VIEW_BASIC: _ConversationView.ValueType  # 1
+    """Everything but the state."""
+    CONVERSATION_VIEW_FULL: _ConversationView.ValueType  # 2
+    """With the state (`state_json`); a page holds at most 50 conversations."""
+
+class ConversationView(_ConversationView, metaclass=_ConversationViewEnumTypeWrapper):
+    """How much of a conversation ListConversations returns (AIP-157)."""
+
+CONVERSATION_VIEW_UNSPECIFIED: ConversationView.ValueType  # 0
+"""Same as CONVERSATION_VIEW_BASIC."""
+CONVERSATION_VIEW_BASIC: ConversationView.ValueType  # 1
+"""Everything but the state."""
+CONVERSATION_VIEW_FULL: ConversationView.ValueType  # 2
+"""With the state (`state_json`); a page holds at most 50 conversations."""
+Global___ConversationView: _TypeAlias = ConversationView  # noqa: Y015
+
 class _TurnLeaseMode:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -102,6 +126,8 @@ class Conversation(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    USER_ID_FIELD_NUMBER: _builtins.int
+    STATE_JSON_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID in canonical text form."""
     namespace: _builtins.str
@@ -115,6 +141,15 @@ class Conversation(_message.Message):
     erased and created again under the same id has another incarnation.
     Summaries and memories derived from an erased incarnation can never be
     written again.
+    """
+    user_id: _builtins.str
+    """The user the conversation belongs to, given at creation (empty: none).
+    ListConversations filters by it; writes to the conversation change this
+    user's state.
+    """
+    state_json: _builtins.str
+    """The conversation's state, a JSON object ("{}" when nothing was set), at
+    `version`. Empty in ListConversations unless CONVERSATION_VIEW_FULL.
     """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
@@ -139,14 +174,53 @@ class Conversation(_message.Message):
         update_time: _timestamp_pb2.Timestamp | None = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         incarnation: _builtins.int = ...,
+        user_id: _builtins.str = ...,
+        state_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "incarnation", b"incarnation", "labels", b"labels", "last_sequence", b"last_sequence", "namespace", b"namespace", "update_time", b"update_time", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "incarnation", b"incarnation", "labels", b"labels", "last_sequence", b"last_sequence", "namespace", b"namespace", "state_json", b"state_json", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Conversation: _TypeAlias = Conversation  # noqa: Y015
+
+@_typing.final
+class StateDelta(_message.Message):
+    """Changes of state committed with a write, each a JSON object whose top-level
+    keys replace the stored ones (a nested object replaces the stored value whole;
+    null is stored as null; keys are never removed). Empty strings change nothing.
+    Each state document is at most RUNIFOLD_MAX_STATE_BYTES once changed
+    (INVALID_ARGUMENT / STATE_TOO_LARGE).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_JSON_FIELD_NUMBER: _builtins.int
+    USER_JSON_FIELD_NUMBER: _builtins.int
+    NAMESPACE_JSON_FIELD_NUMBER: _builtins.int
+    conversation_json: _builtins.str
+    """Keys of the conversation's state."""
+    user_json: _builtins.str
+    """Keys of the state of the conversation's user (Conversation.user_id); a
+    conversation without a user is FAILED_PRECONDITION / NO_USER.
+    """
+    namespace_json: _builtins.str
+    """Keys of the namespace's state."""
+    def __init__(
+        self,
+        *,
+        conversation_json: _builtins.str = ...,
+        user_json: _builtins.str = ...,
+        namespace_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_json", b"conversation_json", "namespace_json", b"namespace_json", "user_json", b"user_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StateDelta: _TypeAlias = StateDelta  # noqa: Y015
 
 @_typing.final
 class CreateConversationRequest(_message.Message):
@@ -177,13 +251,23 @@ class CreateConversationRequest(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     NAMESPACE_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    USER_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID in canonical text form. When empty the server makes a UUIDv7."""
     namespace: _builtins.str
     """Namespace that will own the conversation."""
+    user_id: _builtins.str
+    """The user it belongs to: 1..128 characters without NUL, or empty for none."""
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Free-form labels (at most 32; keys 1..64 characters, values up to 1 KiB)."""
+
+    @_builtins.property
+    def state(self) -> Global___StateDelta:
+        """Initial state, applied only when this call creates the conversation: the
+        conversation's, and changes of its user's and of the namespace's state.
+        """
 
     def __init__(
         self,
@@ -191,10 +275,12 @@ class CreateConversationRequest(_message.Message):
         conversation_id: _builtins.str = ...,
         namespace: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        user_id: _builtins.str = ...,
+        state: Global___StateDelta | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "labels", b"labels", "namespace", b"namespace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "labels", b"labels", "namespace", b"namespace", "state", b"state", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -291,6 +377,8 @@ class AppendEntriesRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
     FENCING_TOKEN_FIELD_NUMBER: _builtins.int
+    STATE_DELTA_FIELD_NUMBER: _builtins.int
+    RETRACT_SEQUENCES_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID of the conversation. It must exist."""
     namespace: _builtins.str
@@ -316,12 +404,28 @@ class AppendEntriesRequest(_message.Message):
     """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]:
-        """Messages to append, 1..256 of them. ROLE_SYSTEM is rejected."""
+        """Messages to append, at most 256 (at least one unless the write retracts
+        entries or changes state). ROLE_SYSTEM is rejected. Every write, with or
+        without messages, raises the version by one.
+        """
 
     @_builtins.property
     def usage(self) -> _common_pb2.Usage:
         """Model usage that produced these messages, stored with the append record
         and returned when the append is replayed.
+        """
+
+    @_builtins.property
+    def state_delta(self) -> Global___StateDelta:
+        """State changes committed with this write, at its version."""
+
+    @_builtins.property
+    def retract_sequences(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Entries this write retracts (at most 256 distinct sequences): each must
+        stand (not retracted yet) and hold neither tool calls nor a tool result
+        (FAILED_PRECONDITION / ENTRY_NOT_RETRACTABLE otherwise). A retraction is
+        recorded, not a deletion: the entry keeps its sequence and content, and
+        ListEntries shows it with `retracted_version`.
         """
 
     def __init__(
@@ -334,10 +438,12 @@ class AppendEntriesRequest(_message.Message):
         request_id: _builtins.str = ...,
         usage: _common_pb2.Usage | None = ...,
         fencing_token: _builtins.int | None = ...,
+        state_delta: Global___StateDelta | None = ...,
+        retract_sequences: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "_fencing_token", b"_fencing_token", "expected_version", b"expected_version", "fencing_token", b"fencing_token", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "_fencing_token", b"_fencing_token", "expected_version", b"expected_version", "fencing_token", b"fencing_token", "state_delta", b"state_delta", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "_fencing_token", b"_fencing_token", "conversation_id", b"conversation_id", "expected_version", b"expected_version", "fencing_token", b"fencing_token", "messages", b"messages", "namespace", b"namespace", "request_id", b"request_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "_fencing_token", b"_fencing_token", "conversation_id", b"conversation_id", "expected_version", b"expected_version", "fencing_token", b"fencing_token", "messages", b"messages", "namespace", b"namespace", "request_id", b"request_id", "retract_sequences", b"retract_sequences", "state_delta", b"state_delta", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_version: _TypeAlias = _typing.Literal["expected_version"]  # noqa: Y015
     _WhichOneofArgType__expected_version: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version"]  # noqa: Y015
@@ -361,6 +467,8 @@ class AppendEntriesResponse(_message.Message):
     LAST_SEQUENCE_FIELD_NUMBER: _builtins.int
     REPLAYED_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
+    USER_STATE_VERSION_FIELD_NUMBER: _builtins.int
+    NAMESPACE_STATE_VERSION_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """Version after the append."""
     first_sequence: _builtins.int
@@ -371,6 +479,10 @@ class AppendEntriesResponse(_message.Message):
     """True when this is the stored result of an earlier append with the same
     request id (nothing was written by this call).
     """
+    user_state_version: _builtins.int
+    """The version of the user's state after this write (0: it changed none)."""
+    namespace_state_version: _builtins.int
+    """The version of the namespace's state after this write (0: it changed none)."""
     @_builtins.property
     def usage(self) -> _common_pb2.Usage:
         """Usage recorded with the append."""
@@ -383,10 +495,12 @@ class AppendEntriesResponse(_message.Message):
         last_sequence: _builtins.int = ...,
         replayed: _builtins.bool = ...,
         usage: _common_pb2.Usage | None = ...,
+        user_state_version: _builtins.int = ...,
+        namespace_state_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_sequence", b"first_sequence", "last_sequence", b"last_sequence", "replayed", b"replayed", "usage", b"usage", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_sequence", b"first_sequence", "last_sequence", b"last_sequence", "namespace_state_version", b"namespace_state_version", "replayed", b"replayed", "usage", b"usage", "user_state_version", b"user_state_version", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -561,6 +675,7 @@ class LoadViewResponse(_message.Message):
     SUMMARY_BACKLOG_FIELD_NUMBER: _builtins.int
     PRIOR_APPEND_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    CONVERSATION_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """Conversation version the view was read at."""
     last_sequence: _builtins.int
@@ -572,19 +687,26 @@ class LoadViewResponse(_message.Message):
     @_builtins.property
     def window(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Entry]:
         """The recent suffix, at most `window` entries, in sequence order. It never
-        starts with a tool result whose tool call it cut off.
+        starts with a tool result whose tool call it cut off. Retracted entries are
+        left out (they count towards `window`, so the window may hold fewer).
         """
 
     @_builtins.property
     def summary_buffer(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Entry]:
         """The oldest unsummarized entries outside the window, at most
         `summary_batch` (exceeded only to keep one tool call and its results
-        together when the batch would otherwise be empty).
+        together when the batch would otherwise be empty). Retracted entries stay
+        in it, marked, so that a summary covers a contiguous range; the
+        summarizer leaves their text out.
         """
 
     @_builtins.property
     def prior_append(self) -> Global___AppendRecord:
         """The earlier append with the requested `request_id`, if it committed."""
+
+    @_builtins.property
+    def conversation(self) -> Global___Conversation:
+        """The conversation at `version`, with its state."""
 
     def __init__(
         self,
@@ -596,10 +718,11 @@ class LoadViewResponse(_message.Message):
         summary_backlog: _builtins.int = ...,
         prior_append: Global___AppendRecord | None = ...,
         incarnation: _builtins.int = ...,
+        conversation: Global___Conversation | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["prior_append", b"prior_append"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation", "prior_append", b"prior_append"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "last_sequence", b"last_sequence", "prior_append", b"prior_append", "summary_backlog", b"summary_backlog", "summary_buffer", b"summary_buffer", "version", b"version", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation", "incarnation", b"incarnation", "last_sequence", b"last_sequence", "prior_append", b"prior_append", "summary_backlog", b"summary_backlog", "summary_buffer", b"summary_buffer", "version", b"version", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -614,22 +737,30 @@ class ListConversationsRequest(_message.Message):
     NAMESPACE_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    USER_ID_FIELD_NUMBER: _builtins.int
+    VIEW_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     """Namespace to list."""
     page_size: _builtins.int
     """Maximum conversations per page: 0 means 100, at most 1000."""
     page_token: _builtins.str
     """Opaque token from a previous response."""
+    user_id: _builtins.str
+    """Only the conversations of this user (Conversation.user_id); empty: all."""
+    view: Global___ConversationView.ValueType
+    """How much of each conversation to return."""
     def __init__(
         self,
         *,
         namespace: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        user_id: _builtins.str = ...,
+        view: Global___ConversationView.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id", "view", b"view"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -721,6 +852,100 @@ class DeleteConversationResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteConversationResponse: _TypeAlias = DeleteConversationResponse  # noqa: Y015
+
+@_typing.final
+class GetStateRequest(_message.Message):
+    """Request of GetState."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    USER_IDS_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace whose state to read."""
+    @_builtins.property
+    def user_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Users whose state to read as well (at most 100, each 1..128 characters)."""
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        user_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "user_ids", b"user_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetStateRequest: _TypeAlias = GetStateRequest  # noqa: Y015
+
+@_typing.final
+class ScopedState(_message.Message):
+    """One state document: the namespace's or a user's."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    STATE_JSON_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The user; empty for the namespace's own state."""
+    state_json: _builtins.str
+    """The state, a JSON object ("{}" when never changed)."""
+    version: _builtins.int
+    """Counts the writes that changed it; 0 when never changed."""
+    @_builtins.property
+    def update_time(self) -> _timestamp_pb2.Timestamp:
+        """When it last changed (absent when never changed)."""
+
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        state_json: _builtins.str = ...,
+        version: _builtins.int = ...,
+        update_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["update_time", b"update_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["state_json", b"state_json", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScopedState: _TypeAlias = ScopedState  # noqa: Y015
+
+@_typing.final
+class GetStateResponse(_message.Message):
+    """Response of GetState."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_STATE_FIELD_NUMBER: _builtins.int
+    USER_STATES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def namespace_state(self) -> Global___ScopedState:
+        """The namespace's state."""
+
+    @_builtins.property
+    def user_states(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScopedState]:
+        """The users' states, in the order asked."""
+
+    def __init__(
+        self,
+        *,
+        namespace_state: Global___ScopedState | None = ...,
+        user_states: _abc.Iterable[Global___ScopedState] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["namespace_state", b"namespace_state"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace_state", b"namespace_state", "user_states", b"user_states"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetStateResponse: _TypeAlias = GetStateResponse  # noqa: Y015
 
 @_typing.final
 class TurnLease(_message.Message):

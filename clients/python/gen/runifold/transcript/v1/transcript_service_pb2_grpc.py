@@ -35,6 +35,13 @@ class TranscriptServiceStub:
     Every resource lives in one namespace (1..128 characters of
     [A-Za-z0-9_.-]). A conversation asked for under another namespace is
     NOT_FOUND: its existence is never revealed across namespaces.
+
+    State: beside its transcript, a conversation holds a state (a JSON object),
+    and so do each of its namespace's users and the namespace itself. A write
+    changes them atomically with its entries (AppendEntriesRequest.state_delta):
+    the conversation's state under the conversation's version, the user's and
+    the namespace's each under a version of its own. State is not transcript
+    text: views never hand it to a model.
     """
 
     def __init__(self, channel):
@@ -78,6 +85,11 @@ class TranscriptServiceStub:
                 request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.DeleteConversationRequest.SerializeToString,
                 response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.DeleteConversationResponse.FromString,
                 _registered_method=True)
+        self.GetState = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/GetState',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetStateRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetStateResponse.FromString,
+                _registered_method=True)
         self.AcquireTurnLease = channel.unary_unary(
                 '/runifold.transcript.v1.TranscriptService/AcquireTurnLease',
                 request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.AcquireTurnLeaseRequest.SerializeToString,
@@ -105,6 +117,13 @@ class TranscriptServiceServicer:
     Every resource lives in one namespace (1..128 characters of
     [A-Za-z0-9_.-]). A conversation asked for under another namespace is
     NOT_FOUND: its existence is never revealed across namespaces.
+
+    State: beside its transcript, a conversation holds a state (a JSON object),
+    and so do each of its namespace's users and the namespace itself. A write
+    changes them atomically with its entries (AppendEntriesRequest.state_delta):
+    the conversation's state under the conversation's version, the user's and
+    the namespace's each under a version of its own. State is not transcript
+    text: views never hand it to a model.
     """
 
     def CreateConversation(self, request, context):
@@ -156,6 +175,14 @@ class TranscriptServiceServicer:
 
     def DeleteConversation(self, request, context):
         """Erases a conversation and every entry of it. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetState(self, request, context):
+        """Returns the state of the namespace and of some of its users, without a
+        conversation.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -227,6 +254,11 @@ def add_TranscriptServiceServicer_to_server(servicer, server):
                     request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.DeleteConversationRequest.FromString,
                     response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.DeleteConversationResponse.SerializeToString,
             ),
+            'GetState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetState,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetStateRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetStateResponse.SerializeToString,
+            ),
             'AcquireTurnLease': grpc.unary_unary_rpc_method_handler(
                     servicer.AcquireTurnLease,
                     request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.AcquireTurnLeaseRequest.FromString,
@@ -260,6 +292,13 @@ class TranscriptService:
     Every resource lives in one namespace (1..128 characters of
     [A-Za-z0-9_.-]). A conversation asked for under another namespace is
     NOT_FOUND: its existence is never revealed across namespaces.
+
+    State: beside its transcript, a conversation holds a state (a JSON object),
+    and so do each of its namespace's users and the namespace itself. A write
+    changes them atomically with its entries (AppendEntriesRequest.state_delta):
+    the conversation's state under the conversation's version, the user's and
+    the namespace's each under a version of its own. State is not transcript
+    text: views never hand it to a model.
     """
 
     @staticmethod
@@ -441,6 +480,33 @@ class TranscriptService:
             '/runifold.transcript.v1.TranscriptService/DeleteConversation',
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.DeleteConversationRequest.SerializeToString,
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.DeleteConversationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/GetState',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetStateRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetStateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,6 +36,13 @@ class TranscriptServiceStub:
     Every resource lives in one namespace (1..128 characters of
     [A-Za-z0-9_.-]). A conversation asked for under another namespace is
     NOT_FOUND: its existence is never revealed across namespaces.
+
+    State: beside its transcript, a conversation holds a state (a JSON object),
+    and so do each of its namespace's users and the namespace itself. A write
+    changes them atomically with its entries (AppendEntriesRequest.state_delta):
+    the conversation's state under the conversation's version, the user's and
+    the namespace's each under a version of its own. State is not transcript
+    text: views never hand it to a model.
     """
 
     @_typing.overload
@@ -64,6 +71,10 @@ class TranscriptServiceStub:
     """Lists the conversations of a namespace, newest id last (AIP-158)."""
     DeleteConversation: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.DeleteConversationRequest, _transcript_service_pb2.DeleteConversationResponse]
     """Erases a conversation and every entry of it. Idempotent."""
+    GetState: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.GetStateRequest, _transcript_service_pb2.GetStateResponse]
+    """Returns the state of the namespace and of some of its users, without a
+    conversation.
+    """
     AcquireTurnLease: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.AcquireTurnLeaseRequest, _transcript_service_pb2.AcquireTurnLeaseResponse]
     """Takes a turn lease before model work. The lease names one `turn_id` and
     carries a fencing token that the turn's append quotes; an append under a
@@ -91,6 +102,13 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     Every resource lives in one namespace (1..128 characters of
     [A-Za-z0-9_.-]). A conversation asked for under another namespace is
     NOT_FOUND: its existence is never revealed across namespaces.
+
+    State: beside its transcript, a conversation holds a state (a JSON object),
+    and so do each of its namespace's users and the namespace itself. A write
+    changes them atomically with its entries (AppendEntriesRequest.state_delta):
+    the conversation's state under the conversation's version, the user's and
+    the namespace's each under a version of its own. State is not transcript
+    text: views never hand it to a model.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -116,6 +134,10 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     """Lists the conversations of a namespace, newest id last (AIP-158)."""
     DeleteConversation: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.DeleteConversationRequest, _transcript_service_pb2.DeleteConversationResponse]  # type: ignore[assignment]
     """Erases a conversation and every entry of it. Idempotent."""
+    GetState: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.GetStateRequest, _transcript_service_pb2.GetStateResponse]  # type: ignore[assignment]
+    """Returns the state of the namespace and of some of its users, without a
+    conversation.
+    """
     AcquireTurnLease: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.AcquireTurnLeaseRequest, _transcript_service_pb2.AcquireTurnLeaseResponse]  # type: ignore[assignment]
     """Takes a turn lease before model work. The lease names one `turn_id` and
     carries a fencing token that the turn's append quotes; an append under a
@@ -142,6 +164,13 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
     Every resource lives in one namespace (1..128 characters of
     [A-Za-z0-9_.-]). A conversation asked for under another namespace is
     NOT_FOUND: its existence is never revealed across namespaces.
+
+    State: beside its transcript, a conversation holds a state (a JSON object),
+    and so do each of its namespace's users and the namespace itself. A write
+    changes them atomically with its entries (AppendEntriesRequest.state_delta):
+    the conversation's state under the conversation's version, the user's and
+    the namespace's each under a version of its own. State is not transcript
+    text: views never hand it to a model.
     """
 
     @_abc_1.abstractmethod
@@ -207,6 +236,16 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_transcript_service_pb2.DeleteConversationResponse, _abc.Awaitable[_transcript_service_pb2.DeleteConversationResponse]]:
         """Erases a conversation and every entry of it. Idempotent."""
+
+    @_abc_1.abstractmethod
+    def GetState(
+        self,
+        request: _transcript_service_pb2.GetStateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.GetStateResponse, _abc.Awaitable[_transcript_service_pb2.GetStateResponse]]:
+        """Returns the state of the namespace and of some of its users, without a
+        conversation.
+        """
 
     @_abc_1.abstractmethod
     def AcquireTurnLease(
