@@ -4,6 +4,7 @@ pgvector (real PostgreSQL with HNSW and iterative scan)."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -463,3 +464,33 @@ async def test_an_index_made_before_valid_time_keeps_its_points_searchable(
             assert {h.memory_id for h in await index.search(then)} == {old, new.memory_id}
         finally:
             await index.close()
+
+
+async def test_the_edge_shard_keeps_full_vectors_on_disk_and_an_int8_copy_in_memory(
+    tmp_path: Path,
+) -> None:
+    """Bounded memory (docs/memory.md): the full vectors are cold (memory-mapped), an
+    int8 copy stays in RAM, the HNSW graph is cached; a shard made with the vectors held
+    in memory takes this placement when it is opened, and its points stay searchable."""
+    name = collection_name(MODEL, DIM)
+    shard = qe.EdgeShard.create(
+        str(tmp_path / name), qe.EdgeConfig(vectors=qe.EdgeVectorParams(DIM, qe.Distance.Cosine))
+    )
+    shard.close()
+    index = EdgeIndex(tmp_path, MODEL, DIM)
+    await index.start()
+    try:
+        vector = unit(np.random.default_rng(3))
+        await index.upsert([IndexPoint("ns", uuid.uuid4(), 1, vector, {})])
+        hits = await index.search(NamespacedQuery.inside("ns", vector, 1, valid_at=time.time()))
+        assert len(hits) == 1
+    finally:
+        await index.close()
+    placement = json.loads((tmp_path / name / "edge_config.json").read_text())["vectors"][""]
+    assert placement["memory"] == "cold"
+    assert placement["quantization_config"]["scalar"] == {
+        "type": "int8",
+        "quantile": 0.99,
+        "memory": "pinned",
+    }
+    assert placement["hnsw_config"]["memory"] == "cached"

@@ -97,6 +97,12 @@ _BEFORE_VALIDITY = qe.Filter(
 )
 
 
+# Candidates found on the int8 copy, twice as many as asked, rescored on the full vectors.
+_RESCORED = qe.SearchParams(
+    quantization=qe.QuantizationSearchParams(rescore=True, oversampling=2.0)
+)
+
+
 class EdgeIndex:
     """VectorIndex on a Qdrant Edge shard."""
 
@@ -108,12 +114,26 @@ class EdgeIndex:
         self._shard: Any = None
 
     def _config(self) -> Any:
+        # Bounded memory: the full vectors stay cold on disk (memory-mapped, read
+        # only to rescore a query's candidates), an int8 copy (384 bytes a point)
+        # is what stays in RAM, the HNSW graph is cached. Measured at 100,000
+        # points: 105 MiB anonymous + 449 MiB file-backed (reclaimable) resident,
+        # against 68 + 721 MiB with the vectors cached, filtered top-10 0.76 ms
+        # against 0.39 ms, recall@10 1.000 both (with rescoring; 0.963 without).
         # Payloads are small (ids, revision, tags) and read on every hit: keep
-        # them cached in memory rather than cold on disk (at 100,000 optimized
-        # points, a filtered top-28 measured 1.9 ms with cold payloads, 0.2 ms
-        # without payloads).
+        # them cached rather than cold (at 100,000 optimized points, a filtered
+        # top-28 measured 1.9 ms with cold payloads, 0.2 ms without payloads).
+        # A shard made with another placement takes this one when it is loaded.
         return qe.EdgeConfig(
-            vectors=qe.EdgeVectorParams(self.dimension, qe.Distance.Cosine),
+            vectors=qe.EdgeVectorParams(
+                self.dimension,
+                qe.Distance.Cosine,
+                memory=qe.Memory.Cold,
+                quantization_config=qe.ScalarQuantizationConfig(
+                    qe.ScalarType.Int8, quantile=0.99, memory=qe.Memory.Pinned
+                ),
+                hnsw_config=qe.HnswIndexConfig(16, 100, 10_000, memory=qe.Memory.Cached),
+            ),
             payload_memory=qe.Memory.Cached,
         )
 
@@ -218,6 +238,7 @@ class EdgeIndex:
             query=qe.Query.Nearest(list(query.vector)),
             filter=qe.Filter(must=[c for t in query.terms for c in _condition(t)]),
             with_payload=list(HIT_FIELDS),
+            params=_RESCORED,
         )
         points = await self._call(lambda shard: shard.query(request))
         return [hit_from_payload(p.payload, p.score) for p in points]
