@@ -28,7 +28,7 @@ from services.agent.turn import TurnRunner
 from services.common import metrics
 from services.common.domain import Budget
 from services.common.errors import DomainError
-from services.common.llm import ChatModel, with_defaults
+from services.llm.model import ChatModel, with_defaults
 
 
 class AgentService:

@@ -68,7 +68,7 @@ from services.common.errors import (
     failed_precondition,
 )
 from services.common.errors import invalid_argument as _invalid_argument
-from services.common.llm import (
+from services.llm.model import (
     ChatDelta,
     ChatModel,
     ChatRequest,

@@ -30,9 +30,9 @@ from services.common import metrics, validation
 from services.common.deadlines import remaining
 from services.common.domain import SEQUENCE_MAX, Budget, Entry, Usage
 from services.common.errors import invalid_argument
-from services.common.llm import require_call, with_defaults
 from services.common.pagination import PageTokens, page_size
 from services.common.validation import conversation_id
+from services.llm.model import require_call, with_defaults
 from services.memory.config import MemoryConfig
 from services.memory.embeddings import Embedder, EmbeddingUnavailable
 from services.memory.index import IndexHit, IndexUnavailable, NamespacedQuery, VectorIndex

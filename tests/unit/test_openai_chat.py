@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 
 from services.common.domain import ToolCall, ToolDefinition
 from services.common.errors import Code, DomainError
-from services.common.llm import (
+from services.llm.model import (
     ChatDelta,
     ChatMessage,
     ChatRequest,
@@ -22,7 +22,7 @@ from services.common.llm import (
     ModelTimeout,
     ModelUnavailable,
 )
-from services.common.openai_chat import OpenAIChatModel
+from services.llm.openai import OpenAIChatModel
 from tests.fakes.openai_server import DISCONNECT, FakeOpenAI, FakeReply, FakeToolCall, fake_openai
 
 REQUEST = ChatRequest(

@@ -4,7 +4,7 @@ Speaks `POST {base_url}/chat/completions` as OpenAI, vLLM, Ollama and LiteLLM
 serve it, plain or streamed (server-sent events with `stream_options.
 include_usage`), with tools. Shared by the summarizer and the agent.
 
-Failures map to the model errors of services.common.llm:
+Failures map to the model errors of services.llm.model:
 - connect errors, timeouts before a response, HTTP 429 and 5xx are retried
   with exponential backoff (at most `max_retries` times, never past the
   deadline), then ModelUnavailable;
@@ -37,7 +37,8 @@ from services.common import metrics
 from services.common.backoff import backoff
 from services.common.domain import ToolCall, ToolDefinition, Usage
 from services.common.errors import DomainError, invalid_argument
-from services.common.llm import (
+from services.common.shedding import BoundedGate
+from services.llm.model import (
     ChatDelta,
     ChatMessage,
     ChatRequest,
@@ -47,7 +48,6 @@ from services.common.llm import (
     ModelUnavailable,
     estimate_tokens,
 )
-from services.common.shedding import BoundedGate
 
 log = logging.getLogger(__name__)
 
