@@ -1,8 +1,10 @@
 """An OpenAI-compatible chat-completions client: `OpenAIChatModel` implements ChatModel.
 
-Speaks `POST {base_url}/chat/completions` as OpenAI, vLLM, Ollama and LiteLLM
-serve it, plain or streamed (server-sent events with `stream_options.
-include_usage`), with tools. Shared by the summarizer and the agent.
+The openai SDK's `AsyncOpenAI` speaks `POST {base_url}/chat/completions` (OpenAI,
+vLLM, Ollama and LiteLLM serve it), plain or streamed (server-sent events with
+`stream_options.include_usage`), with tools and `response_format`; this module is
+the thin adapter around it: the gate, the deadline, the retries, the size cap, the
+error mapping and the model metrics.
 
 Failures map to the model errors of services.llm.model:
 - connect errors, timeouts before a response, HTTP 429 and 5xx are retried
@@ -17,7 +19,8 @@ further calls wait, first come first served, until their deadline, at most
 (services/common/shedding.py). A caller who cancels gives up its place.
 A stream that breaks after it started is ModelUnavailable and is not
 retried (the caller has seen deltas). Error messages carry status codes,
-never request or response content.
+never request or response content (the SDK's errors quote the provider's
+message: they are mapped, never passed on or logged).
 """
 
 from __future__ import annotations
@@ -27,163 +30,38 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-import httpx
+import httpx2
+import openai
 
 from services.common import metrics
 from services.common.backoff import backoff
-from services.common.domain import ToolCall, ToolDefinition, Usage
-from services.common.errors import DomainError, invalid_argument
+from services.common.domain import Usage
+from services.common.errors import DomainError
 from services.common.shedding import BoundedGate
 from services.llm.model import (
     ChatDelta,
-    ChatMessage,
     ChatRequest,
     ChatResponse,
     ModelFailed,
     ModelTimeout,
     ModelUnavailable,
-    estimate_tokens,
 )
+from services.llm.wire import StreamState, chat_arguments, parse_completion
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # A completion larger than this is not a chat answer we can use.
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 _CONNECT_TIMEOUT_S = 10.0
-
-
-def _message(message: ChatMessage) -> dict[str, Any]:
-    wire: dict[str, Any] = {"role": message.role, "content": message.content}
-    if message.role == "assistant" and message.tool_calls:
-        wire["content"] = message.content or None
-        wire["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments_json or "{}"},
-            }
-            for call in message.tool_calls
-        ]
-    if message.role == "tool":
-        wire["tool_call_id"] = message.tool_call_id
-    return wire
-
-
-def _tool(tool: ToolDefinition) -> dict[str, Any]:
-    try:
-        parameters = (
-            json.loads(tool.parameters_json_schema)
-            if tool.parameters_json_schema
-            else {"type": "object", "properties": {}}
-        )
-    except ValueError:
-        raise invalid_argument(
-            "INVALID_TOOL", "a tool's parameters_json_schema is not valid JSON", field="tools"
-        ) from None
-    function: dict[str, Any] = {"name": tool.name, "parameters": parameters}
-    if tool.description:
-        function["description"] = tool.description
-    return {"type": "function", "function": function}
-
-
-def _usage(raw: Any, request: ChatRequest, text: str) -> Usage:
-    """Usage as reported, or estimated when the provider sent none (budgets need a figure)."""
-    if isinstance(raw, Mapping) and isinstance(raw.get("prompt_tokens"), int):
-        completion = raw.get("completion_tokens")
-        return Usage(raw["prompt_tokens"], completion if isinstance(completion, int) else 0, 1)
-    prompt = sum(estimate_tokens(m.content) for m in request.messages)
-    return Usage(prompt, estimate_tokens(text), 1)
-
-
-def _tool_calls(raw: Any) -> tuple[ToolCall, ...]:
-    if not raw:
-        return ()
-    if not isinstance(raw, list):
-        raise ModelFailed("the model answered malformed tool calls")
-    calls = []
-    for item in raw:
-        function = item.get("function") if isinstance(item, Mapping) else None
-        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
-            raise ModelFailed("the model answered malformed tool calls")
-        arguments = function.get("arguments") or ""
-        calls.append(ToolCall(str(item.get("id") or ""), function["name"], str(arguments)))
-    return tuple(calls)
-
-
-def parse_completion(document: Any, request: ChatRequest) -> ChatResponse:
-    """A ChatResponse from a non-streamed chat.completion document."""
-    try:
-        choice = document["choices"][0]
-        message = choice["message"]
-    except (KeyError, IndexError, TypeError):
-        raise ModelFailed("the model answered something that is not a chat completion") from None
-    content = message.get("content") or ""
-    if not isinstance(content, str):
-        raise ModelFailed("the model answered non-text content")
-    return ChatResponse(
-        text=content,
-        tool_calls=_tool_calls(message.get("tool_calls")),
-        usage=_usage(document.get("usage"), request, content),
-        finish_reason=str(choice.get("finish_reason") or "stop"),
-    )
-
-
-class _StreamState:
-    """Accumulates the chunks of a streamed completion."""
-
-    def __init__(self) -> None:
-        self.text: list[str] = []
-        self.calls: dict[int, dict[str, Any]] = {}
-        self.usage: Any = None
-        self.finish_reason = ""
-        self.done = False
-
-    def feed(self, chunk: Any) -> str:
-        """Take one chunk; return its text delta."""
-        if not isinstance(chunk, Mapping):
-            raise ModelFailed("the model streamed a malformed chunk")
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        delta_text = ""
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
-            content = delta.get("content")
-            if isinstance(content, str) and content:
-                delta_text += content
-            for piece in delta.get("tool_calls") or ():
-                call = self.calls.setdefault(
-                    int(piece.get("index", 0)), {"id": "", "name": "", "arguments": []}
-                )
-                if piece.get("id"):
-                    call["id"] = piece["id"]
-                function = piece.get("function") or {}
-                if function.get("name") and not call["name"]:
-                    call["name"] = function["name"]
-                if function.get("arguments"):
-                    call["arguments"].append(function["arguments"])
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-        self.text.append(delta_text)
-        return delta_text
-
-    def response(self, request: ChatRequest) -> ChatResponse:
-        text = "".join(self.text)
-        calls = tuple(
-            ToolCall(call["id"], call["name"], "".join(call["arguments"]))
-            for _, call in sorted(self.calls.items())
-        )
-        if any(not call.name for call in calls):
-            raise ModelFailed("the model streamed a tool call without a name")
-        return ChatResponse(
-            text=text,
-            tool_calls=calls,
-            usage=_usage(self.usage, request, text),
-            finish_reason=self.finish_reason or "stop",
-        )
+# The SDK refuses to start without a key; an endpoint that needs none (a local vLLM or
+# Ollama) gets this one, never sent: each request omits the Authorization header.
+_NO_KEY = "no-key"
 
 
 @dataclass
@@ -194,7 +72,7 @@ class _Answer:
 
 
 class OpenAIChatModel:
-    """ChatModel over an OpenAI-compatible chat-completions endpoint (httpx, async).
+    """ChatModel over an OpenAI-compatible chat-completions endpoint (the openai SDK).
 
     `base_url` ends before `/chat/completions` (e.g. `https://api.openai.com/v1`).
     `purpose` labels the model metrics ("summary", "agent"). Close with `aclose()`.
@@ -212,22 +90,27 @@ class OpenAIChatModel:
         provider: str = "openai",
         backoff_s: float = 0.25,
         backoff_max_s: float = 4.0,
-        transport: httpx.AsyncBaseTransport | None = None,
         max_concurrent: int = 64,
         max_queued: int = 256,
     ) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # The gate is the queue in front of the model (bounded, deadline-aware); the
         # pool is as large, so a request never waits in it behind the gate's back.
         self._gate = BoundedGate("model", max_concurrent, max_queued)
-        # No I/O here: the client connects on the first request.
-        self._client = httpx.AsyncClient(
-            base_url=base_url.rstrip("/") + "/",
-            headers=headers,
-            transport=transport,
+        # The SDK's own retries are off (max_retries=0): its loop gives every attempt
+        # the timeout the call started with and sleeps its own backoff (0.5-8 s, or a
+        # Retry-After of up to two minutes) without a deadline, so a retry could run
+        # past the caller's. `_open` retries instead, on the SDK's errors, each attempt
+        # given what is left of the deadline. No I/O here: it connects on first use.
+        self._client = openai.AsyncOpenAI(
+            base_url=base_url.rstrip("/"),
+            api_key=api_key or _NO_KEY,
+            max_retries=0,
             timeout=timeout_s,
-            limits=httpx.Limits(max_connections=max_concurrent),
+            http_client=httpx2.AsyncClient(
+                timeout=timeout_s, limits=httpx2.Limits(max_connections=max_concurrent)
+            ),
         )
+        self._headers: dict[str, Any] = {} if api_key else {"Authorization": openai.omit}
         self._model = model
         self._provider = provider
         self.purpose = purpose
@@ -250,29 +133,7 @@ class OpenAIChatModel:
 
     async def aclose(self) -> None:
         """Close the connection pool."""
-        await self._client.aclose()
-
-    def _body(self, request: ChatRequest, stream: bool) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "model": self._model,
-            "messages": [_message(m) for m in request.messages],
-        }
-        if request.max_output_tokens is not None:
-            body["max_tokens"] = request.max_output_tokens
-        if request.temperature is not None:
-            body["temperature"] = request.temperature
-        if request.tools:
-            body["tools"] = [_tool(t) for t in request.tools]
-        if request.response_format is not None:
-            fmt = request.response_format
-            body["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": fmt.name, "schema": dict(fmt.schema), "strict": fmt.strict},
-            }
-        if stream:
-            body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
-        return body
+        await self._client.close()
 
     def _record(self, started: float, usage: Usage | None, error: BaseException | None) -> None:
         self._seconds.observe(time.perf_counter() - started)
@@ -288,9 +149,9 @@ class OpenAIChatModel:
             delay = max(delay, min(float(retry_after), self.backoff_max_s))
         return delay
 
-    async def _open(self, body: Mapping[str, Any], deadline: float) -> httpx.Response:
-        """Send the request until a 2xx response's headers arrive (body unread), retrying
-        what may succeed on a second try."""
+    async def _open(self, send: Callable[[httpx2.Timeout], Awaitable[T]], deadline: float) -> T:
+        """`send(timeout)` until the SDK has a 2xx response's headers (the body unread),
+        retrying what may succeed on a second try."""
         attempt = 0
         while True:
             left = deadline - time.monotonic()
@@ -298,31 +159,22 @@ class OpenAIChatModel:
                 raise ModelTimeout()
             retry_after = None
             try:
-                request = self._client.build_request(
-                    "POST",
-                    "chat/completions",
-                    json=body,
-                    timeout=httpx.Timeout(left, connect=min(left, _CONNECT_TIMEOUT_S)),
-                )
-                response = await self._client.send(request, stream=True)
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-                cause = type(exc).__name__
-            except httpx.TimeoutException:
+                return await send(httpx2.Timeout(left, connect=min(left, _CONNECT_TIMEOUT_S)))
+            except openai.APITimeoutError:
                 if deadline - time.monotonic() <= 0.001:
                     raise ModelTimeout() from None
                 cause = "timeout"
-            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-                # The connection closed before any response: nothing was answered.
-                cause = type(exc).__name__
-            else:
-                status = response.status_code
-                if status < 400:
-                    return response
-                await response.aclose()
+            except openai.APIConnectionError as exc:
+                # Refused, reset, or closed before any response: nothing was answered.
+                cause = type(exc.__cause__).__name__ if exc.__cause__ else "connection error"
+            except openai.APIStatusError as exc:
+                status = exc.status_code
                 if status != 429 and status < 500:
-                    raise ModelFailed(f"the model endpoint refused the request (HTTP {status})")
+                    raise ModelFailed(
+                        f"the model endpoint refused the request (HTTP {status})"
+                    ) from None
                 cause = f"HTTP {status}"
-                retry_after = response.headers.get("retry-after")
+                retry_after = exc.response.headers.get("retry-after")
             attempt += 1
             if attempt > self.max_retries:
                 raise ModelUnavailable(f"the model is unavailable ({cause}); retry later")
@@ -346,7 +198,8 @@ class OpenAIChatModel:
         except TimeoutError:
             error = ModelTimeout()
             raise error from None
-        except (httpx.TransportError, httpx.StreamError):
+        except (httpx2.TransportError, httpx2.StreamError, openai.APIError):
+            # After the headers: the body broke off, or the stream sent an error event.
             error = ModelUnavailable(broken)
             raise error from None
         except DomainError as exc:
@@ -364,16 +217,25 @@ class OpenAIChatModel:
 
     async def _complete(self, request: ChatRequest, deadline: float) -> ChatResponse:
         with self._answering("the model connection broke during the answer; retry later") as call:
-            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                response = await self._open(self._body(request, stream=False), deadline)
-                try:
-                    raw = bytearray()
-                    async for piece in response.aiter_bytes():
-                        raw += piece
-                        if len(raw) > MAX_RESPONSE_BYTES:
-                            raise ModelFailed("the model's answer is too large")
-                finally:
-                    await response.aclose()
+            params = chat_arguments(self._model, request) | {"extra_headers": self._headers}
+            async with (
+                asyncio.timeout(max(0.0, deadline - time.monotonic())),
+                contextlib.AsyncExitStack() as stack,
+            ):
+                # Streamed from the SDK (headers first) so that the body is read under the cap.
+                response = await self._open(
+                    lambda timeout: stack.enter_async_context(
+                        self._client.chat.completions.with_streaming_response.create(
+                            **params, timeout=timeout
+                        )
+                    ),
+                    deadline,
+                )
+                raw = bytearray()
+                async for piece in response.iter_bytes():
+                    raw += piece
+                    if len(raw) > MAX_RESPONSE_BYTES:
+                        raise ModelFailed("the model's answer is too large")
             try:
                 document = json.loads(raw)
             except ValueError:
@@ -399,52 +261,31 @@ class OpenAIChatModel:
         self, request: ChatRequest, deadline: float
     ) -> AsyncGenerator[ChatDelta | ChatResponse]:
         with self._answering("the model stream broke; retry later") as call:
-            response = await self._open(self._body(request, stream=True), deadline)
-            state = _StreamState()
-            try:
-                async for event in self._events(response, deadline):
-                    if event == "[DONE]":
-                        state.done = True
-                        break
+            params = chat_arguments(self._model, request) | {"extra_headers": self._headers}
+            chunks = await self._open(
+                lambda timeout: self._client.chat.completions.create(
+                    **params, stream=True, stream_options={"include_usage": True}, timeout=timeout
+                ),
+                deadline,
+            )
+            state = StreamState()
+            async with chunks:
+                while True:
                     try:
-                        chunk = json.loads(event)
-                    except ValueError:
+                        # Each chunk before the deadline; the timeout spans no `yield`.
+                        async with asyncio.timeout(deadline - time.monotonic()):
+                            chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
+                    except json.JSONDecodeError:
                         raise ModelFailed("the model streamed a chunk that is not JSON") from None
                     delta = state.feed(chunk)
                     if delta:
                         yield ChatDelta(delta)
-            finally:
-                await response.aclose()
-            if not state.done and not state.finish_reason:
+            # The SDK ends the iteration at `[DONE]` and at the end of the body alike: a
+            # stream is whole when a choice finished.
+            if not state.finish_reason:
                 raise ModelUnavailable("the model stream ended early; retry later")
             final = state.response(request)
             call.usage = final.usage
             yield final
-
-    @staticmethod
-    async def _events(response: httpx.Response, deadline: float) -> AsyncIterator[str]:
-        """The `data` payloads of a server-sent event stream, each read before the deadline."""
-        lines = response.aiter_lines()
-        data: list[str] = []
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            try:
-                line = await asyncio.wait_for(anext(lines), left)
-            except StopAsyncIteration:
-                break
-            if line == "":
-                if data:
-                    yield "\n".join(data)
-                    data = []
-                continue
-            if line.startswith(":"):
-                continue  # a comment (keep-alive)
-            field, _, value = line.partition(":")
-            if field == "data":
-                data.append(value[1:] if value.startswith(" ") else value)
-        if data:
-            yield "\n".join(data)
-        with contextlib.suppress(Exception):
-            await lines.aclose()  # type: ignore[attr-defined]
