@@ -37,11 +37,11 @@ from typing import Any, TypeVar
 import httpx2
 import openai
 
-from services.common import metrics
 from services.common.backoff import backoff
 from services.common.domain import Usage
 from services.common.errors import DomainError
 from services.common.shedding import BoundedGate
+from services.llm import metrics
 from services.llm.model import (
     ChatDelta,
     ChatRequest,

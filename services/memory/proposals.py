@@ -30,8 +30,8 @@ from datetime import datetime
 from typing import Any, Protocol
 from xml.sax.saxutils import escape
 
-from services.common import metrics
 from services.common.domain import Entry, Role, Usage
+from services.llm import metrics
 from services.llm.model import (
     CHAT_ROLES,
     ChatMessage,

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from xml.sax.saxutils import escape
 
-from services.common import metrics
 from services.common.domain import Entry, Role, Usage
+from services.llm import metrics
 from services.llm.model import CHAT_ROLES, ChatMessage, ChatModel, ChatRequest, estimate_tokens
 
 SYSTEM_PROMPT = (
