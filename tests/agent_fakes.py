@@ -24,8 +24,8 @@ from services.agent.model import (
 )
 from services.common.domain import Budget, Entry, Message, Usage
 from services.common.errors import DomainError, StoreUnavailable
-from services.common.llm import ChatDelta, ChatRequest, ChatResponse, budget_exhausted
 from services.common.pagination import PageTokens
+from services.llm.model import ChatDelta, ChatRequest, ChatResponse, budget_exhausted
 from services.transcript.config import TranscriptLimits
 from services.transcript.model import AppendRecord, EndedTurn, TurnLease
 from services.transcript.service import TranscriptService

@@ -21,8 +21,8 @@ from services.agent.component import AgentComponent
 from services.agent.config import AgentConfig
 from services.common import stubs
 from services.common.auth import AuthSettings
-from services.common.openai_chat import OpenAIChatModel
 from services.common.server import Component, RunningServer, serving
+from services.llm.openai import OpenAIChatModel
 from services.memory.component import MemoryComponent
 from services.summary.component import SummaryComponent
 from services.summary.config import SummaryConfig

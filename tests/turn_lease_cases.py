@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from services.common import metrics
 from services.common.domain import Usage
 from services.common.errors import DomainError
+from services.transcript import metrics
 from services.transcript.model import AppendRecord, EndedTurn, LeaseMode, TurnLease
 from services.transcript.service import TranscriptService
 from services.transcript.store import TranscriptStore

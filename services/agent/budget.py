@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.common.domain import Budget, Usage
-from services.common.llm import budget_exhausted, budget_left, require_call
+from services.llm.model import budget_exhausted, budget_left, require_call
 
 
 @dataclass

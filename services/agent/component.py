@@ -11,10 +11,10 @@ from services.agent.offline import OfflineChatModel
 from services.agent.peers import GrpcMemories, GrpcSummaries, GrpcTranscripts
 from services.agent.service import AgentService
 from services.agent.servicer import AgentServicer
-from services.common.llm import ChatModel
-from services.common.openai_chat import OpenAIChatModel
 from services.common.peers import Peer, open_channel
 from services.common.server import StartContext
+from services.llm.model import ChatModel
+from services.llm.openai import OpenAIChatModel
 
 SERVICE_NAME = agent_service_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
 

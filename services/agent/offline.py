@@ -14,7 +14,7 @@ import re
 from collections.abc import AsyncIterator
 
 from services.common.domain import ToolCall, Usage
-from services.common.llm import (
+from services.llm.model import (
     ChatDelta,
     ChatMessage,
     ChatRequest,

@@ -13,7 +13,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from services.agent.model import Recalled, SummaryState
 from services.common.domain import Entry, Message, ToolDefinition
-from services.common.llm import CHAT_ROLES, ChatMessage, ChatRequest, estimate_tokens
+from services.llm.model import CHAT_ROLES, ChatMessage, ChatRequest, estimate_tokens
 
 UNTRUSTED_PREAMBLE = (
     "The block below is reference data retrieved for this conversation: an earlier "

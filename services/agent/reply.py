@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import uuid
 
+from services.agent import metrics
 from services.agent.model import ModelOutputInvalid, Outcome, Turn
 from services.common import messages as message_rules
-from services.common import metrics
 from services.common.domain import Message, Role, ToolCall
 from services.common.errors import DomainError, invalid_argument
-from services.common.llm import ChatResponse, ModelFailed
 from services.common.messages import MessageLimits
+from services.llm.model import ChatResponse, ModelFailed
 
 
 def assistant_message(response: ChatResponse) -> Message:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from services.agent import inputs
+from services.agent import inputs, metrics
 from services.agent.config import AgentConfig
 from services.agent.erasure import erase
 from services.agent.model import (
@@ -25,10 +25,9 @@ from services.agent.model import (
 )
 from services.agent.ports import Memories, Summaries, Transcripts
 from services.agent.turn import TurnRunner
-from services.common import metrics
 from services.common.domain import Budget
 from services.common.errors import DomainError
-from services.common.llm import ChatModel, with_defaults
+from services.llm.model import ChatModel, with_defaults
 
 
 class AgentService:

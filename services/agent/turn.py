@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import uuid_utils
 
+from services.agent import metrics
 from services.agent.budget import TurnBudget
 from services.agent.config import AgentConfig
 from services.agent.lease import LeaseKeeper, ended_error, ended_state, lease_lost
@@ -51,7 +52,6 @@ from services.agent.model import (
 from services.agent.ports import Memories, Summaries, Transcripts
 from services.agent.prompt import build_request, estimate_request_tokens
 from services.agent.reply import assistant_message, check_reply
-from services.common import metrics
 from services.common.admission import released
 from services.common.deadlines import remaining
 from services.common.domain import (
@@ -68,7 +68,7 @@ from services.common.errors import (
     failed_precondition,
 )
 from services.common.errors import invalid_argument as _invalid_argument
-from services.common.llm import (
+from services.llm.model import (
     ChatDelta,
     ChatModel,
     ChatRequest,

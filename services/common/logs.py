@@ -80,7 +80,7 @@ class TextFormatter(logging.Formatter):
 
 # Libraries whose INFO lines say nothing an operator acts on (a model file loaded, the
 # embedded PostgreSQL's own chatter): they log from WARNING up.
-_QUIET_LIBRARIES = ("pgserver", "httpx")
+_QUIET_LIBRARIES = ("pgserver", "httpx", "httpx2", "openai")
 
 
 def resolve_format(fmt: str, stream: object = None) -> str:

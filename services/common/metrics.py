@@ -1,9 +1,13 @@
-"""Prometheus metrics: the standard gRPC server metrics and every domain metric.
+"""Prometheus metrics of the floor: the standard gRPC server metrics, health, stores and
+load shedding, which every process exports.
 
-All metrics are defined here, in one place, so that dashboards and alert rules
-(deploy/prometheus/) have one source of names. Label values are bounded:
-service and method names, status codes, store names, fixed enums. Never a
-namespace, a conversation id or any content.
+Each service's domain metrics live with it (services/<service>/metrics.py, the model
+calls' in services/llm/metrics.py): a metric is registered, and exported on /metrics,
+in every process that imports its service, the all-in-one server included. The names
+are what dashboards and alert rules (deploy/) query; tests/ops checks them against
+every metrics module. Label values are bounded: service and method names, status
+codes, store names, fixed enums. Never a namespace, a conversation id or any content.
+A module's DEPRECATED set names the series it exports for compatibility only.
 """
 
 from __future__ import annotations
@@ -71,124 +75,3 @@ ADMITTED_IN_FLIGHT = Gauge(
     "(resource=search|turn|summarize|upsert).",
     ["resource"],
 )
-
-# -- transcript --------------------------------------------------------------------
-APPEND_CONFLICTS = Counter(
-    "runifold_append_conflicts_total",
-    "Appends rejected because their expected version was not current.",
-)
-
-# -- turn leases (transcript) --------------------------------------------------------
-TURN_BUSY_REFUSALS = Counter(
-    "runifold_turn_busy_refusals_total",
-    "Refused with CONVERSATION_BUSY: a turn asking for an exclusive lease while another "
-    "ran (where=lease), or an append without the holder's fencing token (where=append).",
-    ["where"],
-)
-TURN_QUEUE_FULL = Counter(
-    "runifold_turn_queue_full_total",
-    "Queued turns refused with TURN_QUEUE_FULL (the conversation's queue was full).",
-)
-TURNS_WAITING = Gauge(
-    "runifold_turns_waiting",
-    "Turns waiting in this process for a lease: in a conversation's queue (why=queue) or "
-    "for a running turn with the same turn_id (why=same_turn).",
-    ["why"],
-)
-TURN_LEASE_EXPIRIES = Counter(
-    "runifold_turn_lease_expiries_total",
-    "Turn leases that lapsed and were taken over (the holder died or stalled).",
-)
-TURN_FENCE_REFUSALS = Counter(
-    "runifold_turn_fence_refusals_total",
-    "Appends refused because the turn lease they quoted expired or was taken over "
-    "(TURN_LEASE_LOST): a turn that lost its lease tried to commit.",
-)
-
-# -- agent -------------------------------------------------------------------------
-TURN_CONFLICTS = Counter(
-    "runifold_turn_conflicts_total",
-    "Turns whose append lost the race after the model call (TURN_CONFLICT).",
-)
-SUMMARY_REQUIRED = Counter(
-    "runifold_summary_required_total",
-    "Turns refused with SUMMARY_REQUIRED or SUMMARY_BACKLOG.",
-    ["reason"],
-)
-TURNS = Counter(
-    "runifold_turns_total",
-    "Turns run, by outcome.",
-    ["outcome"],
-)
-MODEL_OUTPUT_INVALID = Counter(
-    "runifold_model_output_invalid_total",
-    "Turns whose model reply broke the transcript's limits (MODEL_OUTPUT_INVALID).",
-)
-
-# -- summary -----------------------------------------------------------------------
-SUMMARY_JOBS_DEPTH = Gauge(
-    "runifold_summary_jobs_depth",
-    "Summary jobs waiting or running.",
-)
-SUMMARY_JOBS_OLDEST_AGE = Gauge(
-    "runifold_summary_jobs_oldest_age_seconds",
-    "Age of the oldest waiting or running summary job.",
-)
-SUMMARY_JOBS_FAILED = Gauge(
-    "runifold_summary_jobs_failed",
-    "Summary jobs parked after too many failed attempts.",
-)
-SUMMARY_JOB_FAILURES = Counter(
-    "runifold_summary_job_failures_total",
-    "Failed summary job attempts (retried, or parked after the last attempt).",
-    ["outcome"],
-)
-SUMMARY_JOBS_COMPLETED = Counter(
-    "runifold_summary_jobs_completed_total",
-    "Summary jobs completed by the background workers.",
-)
-SUMMARY_PASSES = Counter(
-    "runifold_summary_passes_total",
-    "Summarizer passes that committed a summary.",
-)
-
-# -- memory ------------------------------------------------------------------------
-MEMORY_OUTBOX_DEPTH = Gauge(
-    "runifold_memory_outbox_depth",
-    "Memory index writes waiting in the outbox (rows).",
-)
-# The same value under its old name, kept for one release (docs/operations.md): it is a
-# row count, not a time. Deprecated series appear on no dashboard and in no rule.
-MEMORY_INDEX_LAG = Gauge(
-    "runifold_memory_index_lag",
-    "Deprecated: runifold_memory_outbox_depth (memory index writes waiting in the outbox).",
-)
-MEMORY_INDEX_OLDEST_AGE = Gauge(
-    "runifold_memory_index_oldest_age_seconds",
-    "Age of the oldest memory index write waiting in the outbox.",
-)
-MEMORY_DEGRADED_SEARCHES = Counter(
-    "runifold_memory_degraded_searches_total",
-    "Searches answered from PostgreSQL full-text search because the vector index was down.",
-)
-
-# -- models (summarizer, agent model, embeddings) ----------------------------------
-MODEL_SECONDS = Histogram(
-    "runifold_model_request_seconds",
-    "Latency of calls to models.",
-    ["purpose", "provider"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-)
-MODEL_TOKENS = Counter(
-    "runifold_model_tokens_total",
-    "Tokens sent to and received from models.",
-    ["purpose", "provider", "direction"],
-)
-MODEL_ERRORS = Counter(
-    "runifold_model_errors_total",
-    "Failed model calls.",
-    ["purpose", "provider"],
-)
-
-# Exported for compatibility only, each beside the metric that replaces it.
-DEPRECATED = frozenset({"runifold_memory_index_lag"})

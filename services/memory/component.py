@@ -11,10 +11,10 @@ import grpc
 from runifold.memory.v1 import memory_service_pb2, memory_service_pb2_grpc
 from services.common import migrations
 from services.common.db import Database
-from services.common.openai_chat import OpenAIChatModel
 from services.common.pagination import PageTokens
 from services.common.peers import Peer, open_channel
 from services.common.server import StartContext
+from services.llm.openai import OpenAIChatModel
 from services.memory.config import MemoryConfig
 from services.memory.embeddings import Embedder, make_embedder
 from services.memory.index import IndexUnavailable, VectorIndex, make_index

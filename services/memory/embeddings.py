@@ -25,11 +25,12 @@ from typing import Protocol
 
 import httpx
 
-from services.common import metrics
+from services.common import metrics as common_metrics
 from services.common.admission import namespace_var
 from services.common.deadlines import deadline_exceeded, deadline_var, remaining
 from services.common.errors import Code, DomainError, StoreUnavailable
 from services.common.shedding import BoundedGate, Mean, caller_gone, overloaded, retry_delay
+from services.llm import metrics
 from services.memory.config import LOCAL_MODEL_DIMENSION, LOCAL_MODEL_NAME, MemoryConfig
 from services.memory.onnx_minilm import OnnxMiniLM
 
@@ -187,7 +188,7 @@ class LocalEmbedder:
         self._per_text = Mean(0.02)  # seconds of model time per text, recently
         self._seconds = metrics.MODEL_SECONDS.labels("embedding", self.provider)
         self._errors = metrics.MODEL_ERRORS.labels("embedding", self.provider)
-        self._queued_gauge = metrics.WORK_QUEUED.labels("embeddings")
+        self._queued_gauge = common_metrics.WORK_QUEUED.labels("embeddings")
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
 
@@ -266,7 +267,7 @@ class LocalEmbedder:
         allowed = self.namespace_share * SHARE_WINDOW_S
         if used <= allowed or not any(n not in ("", namespace) for n in self._usage):
             return
-        metrics.REQUESTS_SHED.labels("embeddings", "NAMESPACE_SHARE_EXCEEDED").inc()
+        common_metrics.REQUESTS_SHED.labels("embeddings", "NAMESPACE_SHARE_EXCEEDED").inc()
         raise DomainError(
             Code.RESOURCE_EXHAUSTED,
             "NAMESPACE_SHARE_EXCEEDED",
@@ -301,7 +302,7 @@ class LocalEmbedder:
             item.taken = len(item.texts)
             self._count(-left)
             if cause is not None:
-                metrics.WORK_ABANDONED.labels("embeddings", cause).inc()
+                common_metrics.WORK_ABANDONED.labels("embeddings", cause).inc()
 
     def _cost(self, text: str) -> int:
         # About four characters a token, cut at the model's sequence length: enough

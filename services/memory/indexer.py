@@ -28,10 +28,11 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from services.common import metrics
+from services.common import metrics as common_metrics
 from services.common.background import Background
 from services.common.backoff import backoff
 from services.common.errors import StoreUnavailable
+from services.memory import metrics
 from services.memory.config import MemoryConfig
 from services.memory.embeddings import Embedder
 from services.memory.index import IndexPoint, Key, Tombstone, VectorIndex
@@ -170,7 +171,7 @@ class Indexer(Background):
                 failures += 1
                 self.failures += 1
                 store = exc.store if isinstance(exc, StoreUnavailable) else "memory_index"
-                metrics.STORE_ERRORS.labels(store).inc()
+                common_metrics.STORE_ERRORS.labels(store).inc()
                 if self.index_healthy or self.failures % 20 == 0:
                     log.warning(
                         "memory indexer failed; retrying with backoff",

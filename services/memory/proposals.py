@@ -30,9 +30,9 @@ from datetime import datetime
 from typing import Any, Protocol
 from xml.sax.saxutils import escape
 
-from services.common import metrics
 from services.common.domain import Entry, Role, Usage
-from services.common.llm import (
+from services.llm import metrics
+from services.llm.model import (
     CHAT_ROLES,
     ChatMessage,
     ChatModel,
@@ -174,7 +174,7 @@ class Proposer(Protocol):
         """The prompt of the call and the tokens it sends (checked against the budget first)."""
 
     async def propose(self, prompt: ProposalPrompt, *, timeout: float) -> ProposerOutput:
-        """The proposals. Raises the model errors of services.common.llm."""
+        """The proposals. Raises the model errors of services.llm.model."""
 
 
 # --- the prompt ---------------------------------------------------------------------

@@ -26,13 +26,15 @@ from datetime import UTC, datetime, timedelta
 
 import uuid_utils
 
-from services.common import metrics, validation
+from services.common import metrics as common_metrics
+from services.common import validation
 from services.common.deadlines import remaining
 from services.common.domain import SEQUENCE_MAX, Budget, Entry, Usage
 from services.common.errors import invalid_argument
-from services.common.llm import require_call, with_defaults
 from services.common.pagination import PageTokens, page_size
 from services.common.validation import conversation_id
+from services.llm.model import require_call, with_defaults
+from services.memory import metrics
 from services.memory.config import MemoryConfig
 from services.memory.embeddings import Embedder, EmbeddingUnavailable
 from services.memory.index import IndexHit, IndexUnavailable, NamespacedQuery, VectorIndex
@@ -475,7 +477,7 @@ class MemoryService:
     @staticmethod
     def _degraded(exc: IndexUnavailable | EmbeddingUnavailable) -> None:
         metrics.MEMORY_DEGRADED_SEARCHES.inc()
-        metrics.STORE_ERRORS.labels(exc.store).inc()
+        common_metrics.STORE_ERRORS.labels(exc.store).inc()
         log.warning(
             "memory search degraded to full-text",
             extra={"store": exc.store, "detail": getattr(exc, "detail", "")},

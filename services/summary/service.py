@@ -15,12 +15,13 @@ from collections.abc import Callable, Sequence
 
 import uuid_utils
 
-from services.common import metrics, validation
+from services.common import validation
 from services.common.deadlines import remaining
 from services.common.domain import Budget, Entry, Role, Usage
 from services.common.errors import Code, DomainError, invalid_argument
-from services.common.llm import require_call, with_defaults
 from services.common.validation import conversation_id
+from services.llm.model import require_call, with_defaults
+from services.summary import metrics
 from services.summary.config import SummaryConfig
 from services.summary.model import (
     CommitResult,

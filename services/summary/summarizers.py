@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from xml.sax.saxutils import escape
 
-from services.common import metrics
 from services.common.domain import Entry, Role, Usage
-from services.common.llm import CHAT_ROLES, ChatMessage, ChatModel, ChatRequest, estimate_tokens
+from services.llm import metrics
+from services.llm.model import CHAT_ROLES, ChatMessage, ChatModel, ChatRequest, estimate_tokens
 
 SYSTEM_PROMPT = (
     "You maintain the running summary of a conversation between a user, an assistant and "
@@ -64,7 +64,7 @@ class Summarizer(Protocol):
         """The prompt of a call and the tokens it sends (checked against the budget first)."""
 
     async def summarize(self, prompt: SummaryPrompt, *, timeout: float) -> SummaryOutput:
-        """The next summary. Raises the model errors of services.common.llm."""
+        """The next summary. Raises the model errors of services.llm.model."""
 
 
 def _role_name(role: Role) -> str:

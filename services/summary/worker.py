@@ -28,12 +28,12 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 
-from services.common import metrics
 from services.common.auth import Identity, identity_var
 from services.common.backoff import backoff
 from services.common.deadlines import deadline_var
 from services.common.domain import Budget
 from services.common.errors import Code, DomainError
+from services.summary import metrics
 from services.summary.config import SummaryConfig
 from services.summary.model import Job, JobState
 from services.summary.service import SummaryService, is_not_found

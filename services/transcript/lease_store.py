@@ -18,9 +18,9 @@ from typing import Any, Protocol
 
 from psycopg.types.json import Jsonb
 
-from services.common import metrics
 from services.common.db import AsyncConn, Database, fetch_one
 from services.common.domain import Usage
+from services.transcript import metrics
 from services.transcript import statements as sql
 from services.transcript.model import (
     AppendRecord,

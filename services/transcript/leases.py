@@ -16,10 +16,11 @@ import uuid
 import weakref
 from dataclasses import replace
 
-from services.common import metrics, validation
+from services.common import validation
 from services.common.deadlines import deadline_exceeded, deadline_var
 from services.common.errors import DomainError, invalid_argument
 from services.common.validation import conversation_id
+from services.transcript import metrics
 from services.transcript.config import TranscriptLimits
 from services.transcript.model import (
     AppendRecord,

@@ -21,7 +21,7 @@ from runifold.common.v1 import common_pb2
 from runifold.memory.v1 import memory_service_pb2 as pb
 from runifold.transcript.v1 import transcript_service_pb2 as tpb
 from services.common import stubs
-from services.common.openai_chat import OpenAIChatModel
+from services.llm.openai import OpenAIChatModel
 from services.memory.component import MemoryComponent
 from services.memory.index import NamespacedQuery
 from services.memory.proposals import PROPOSALS_SCHEMA, SYSTEM_PROMPT, ChatModelProposer

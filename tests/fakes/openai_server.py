@@ -6,6 +6,7 @@ Usage::
         model = OpenAIChatModel(server.base_url, "fake-model")
         server.respond_with(lambda body: FakeReply(text="hello", usage=(12, 3)))
         server.fail(503, times=2)        # the next two requests get HTTP 503
+        server.fail(429, retry_after="30")  # with a Retry-After header
         server.fail(DISCONNECT)          # every request: connection closed, no response
         server.recover()                 # answer normally again
         server.delay = 0.5               # wait before each answer (interrupted on close)
@@ -20,8 +21,9 @@ Endpoints:
 
 The responder receives the parsed request body and returns a FakeReply, a
 plain string (the text), a dict or list (a JSON document, as a model answers
-a `response_format` of type `json_schema`: the text is its JSON), or an
-awaitable of any of them. Without one, the server answers a short
+a `response_format` of type `json_schema`: the text is its JSON), a RawReply
+(bytes sent as they are with HTTP 200: an unusable answer, a stream that breaks
+off), or an awaitable of any of them. Without one, the server answers a short
 deterministic text naming how many messages it received. The server does not
 enforce a schema (not every provider does): what it answers is what the test
 scripted, malformed or not.
@@ -68,6 +70,14 @@ class FakeReply:
 
 
 @dataclass
+class RawReply:
+    """Bytes the server answers as they are (HTTP 200), whatever the request asked for."""
+
+    body: bytes
+    content_type: str = "application/json"
+
+
+@dataclass
 class ReceivedRequest:
     """One request the server received, with when it started and finished (monotonic)."""
 
@@ -91,7 +101,7 @@ class ReceivedRequest:
         return value if isinstance(value, dict) else None
 
 
-Reply = FakeReply | str | dict[str, Any] | list[Any]
+Reply = FakeReply | RawReply | str | dict[str, Any] | list[Any]
 Responder = Callable[[Any], "Reply | Awaitable[Reply]"]
 
 
@@ -115,6 +125,7 @@ class FakeOpenAI:
         self._responder: Responder = _default_reply
         self._fail_status: int | None = None
         self._fail_left: int | None = None
+        self._retry_after: str | None = None
         self._closing = asyncio.Event()
         self._runner: web.AppRunner | None = None
 
@@ -124,16 +135,21 @@ class FakeOpenAI:
         """Answer chat completions with `responder(parsed_body)`."""
         self._responder = responder
 
-    def fail(self, status: int = 503, times: int | None = None) -> None:
+    def fail(
+        self, status: int = 503, times: int | None = None, *, retry_after: str | None = None
+    ) -> None:
         """Fail the next `times` requests (all of them until `recover()` when None)
-        with HTTP `status`, or by closing the connection when status is DISCONNECT."""
+        with HTTP `status` (and a `Retry-After: retry_after` header when given), or by
+        closing the connection when status is DISCONNECT."""
         self._fail_status = status
         self._fail_left = times
+        self._retry_after = retry_after
 
     def recover(self) -> None:
         """Stop failing."""
         self._fail_status = None
         self._fail_left = None
+        self._retry_after = None
 
     @property
     def chat_requests(self) -> list[ReceivedRequest]:
@@ -197,6 +213,7 @@ class FakeOpenAI:
     async def _fail_or_none(
         self, request: web.Request, received: ReceivedRequest
     ) -> web.StreamResponse | None:
+        retry_after = self._retry_after  # read first: the last injected failure recovers
         status = self._injected_failure()
         if status is None:
             return None
@@ -205,11 +222,14 @@ class FakeOpenAI:
             if request.transport is not None:
                 request.transport.close()
             return web.Response()
+        headers = {"Retry-After": retry_after} if retry_after is not None else None
         return web.json_response(
-            {"error": {"message": "injected failure", "type": "server_error"}}, status=status
+            {"error": {"message": "injected failure", "type": "server_error"}},
+            status=status,
+            headers=headers,
         )
 
-    async def _reply(self, body: Any) -> FakeReply:
+    async def _reply(self, body: Any) -> FakeReply | RawReply:
         answer = self._responder(body)
         if inspect.isawaitable(answer):
             answer = await answer
@@ -239,6 +259,9 @@ class FakeOpenAI:
             return failure
         body = received.body if isinstance(received.body, dict) else {}
         reply = await self._reply(body)
+        if isinstance(reply, RawReply):
+            self._finish(received, 200)
+            return web.Response(body=reply.body, headers={"Content-Type": reply.content_type})
         calls = [
             {
                 "id": call.id or f"call_{index}",

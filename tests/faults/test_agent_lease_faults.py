@@ -25,10 +25,11 @@ import pytest
 
 from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.transcript.v1 import transcript_service_pb2 as pb
-from services.common import metrics, stubs
+from services.common import stubs
 from services.common.server import Component, RunningServer, serving
 from services.summary.component import SummaryComponent
 from services.summary.config import SummaryConfig
+from services.transcript import metrics
 from services.transcript.component import TranscriptComponent
 from tests.conftest import server_settings, wait_for
 from tests.fakes.openai_server import FakeOpenAI, FakeReply, fake_openai

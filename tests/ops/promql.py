@@ -1,12 +1,19 @@
-"""Metric names in PromQL expressions, and the names services/common/metrics.py exports."""
+"""Metric names in PromQL expressions, and the names the metrics modules export: the
+floor's (services/common/metrics.py), each service's (services/<name>/metrics.py) and the
+model calls' (services/llm/metrics.py)."""
 
 from __future__ import annotations
 
+import importlib
 import re
+from collections.abc import Iterator
+from types import ModuleType
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.common import metrics
+from tests.ops.tools import ROOT
+
+Metric = Counter | Gauge | Histogram
 
 # Series Prometheus makes itself for every scrape target.
 SCRAPE_SERIES = frozenset({"up"})
@@ -43,10 +50,35 @@ def metric_names(expression: str) -> set[str]:
     return names
 
 
-def exported_names() -> set[str]:
-    """Every series name the metric objects of services/common/metrics.py expose."""
+def metrics_modules(*packages: str) -> list[ModuleType]:
+    """The metrics modules of `packages` ("common", "transcript", "llm", ...), or of every
+    package under services/ that has one."""
+    found = sorted(path.parent.name for path in (ROOT / "services").glob("*/metrics.py"))
+    chosen = packages or tuple(found)
+    assert set(chosen) <= set(found), f"no metrics module in {set(chosen) - set(found)}"
+    return [importlib.import_module(f"services.{package}.metrics") for package in chosen]
+
+
+def metric_objects(*packages: str) -> Iterator[Metric]:
+    """The metric objects the metrics modules of `packages` (every one when none) define."""
+    for module in metrics_modules(*packages):
+        for attribute in vars(module).values():
+            if isinstance(attribute, Counter | Gauge | Histogram):
+                yield attribute
+
+
+def deprecated_names() -> frozenset[str]:
+    """The series every metrics module exports for compatibility only (its DEPRECATED)."""
     names: set[str] = set()
-    for attribute in vars(metrics).values():
+    for module in metrics_modules():
+        names |= getattr(module, "DEPRECATED", frozenset())
+    return frozenset(names)
+
+
+def exported_names() -> set[str]:
+    """Every series name the metric objects of the metrics modules expose."""
+    names: set[str] = set()
+    for attribute in metric_objects():
         if isinstance(attribute, Counter):
             base = attribute._name  # without the _total suffix
             names |= {f"{base}_total", f"{base}_created"}

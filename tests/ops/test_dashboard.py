@@ -1,4 +1,4 @@
-"""The Grafana dashboard: valid PromQL over the metrics services/common/metrics.py defines."""
+"""The Grafana dashboard: valid PromQL over the metrics the metrics modules define."""
 
 from __future__ import annotations
 
@@ -9,8 +9,13 @@ from typing import Any
 
 import yaml
 
-from services.common import metrics
-from tests.ops.promql import SCRAPE_SERIES, exported_names, metric_names
+from tests.ops.promql import (
+    SCRAPE_SERIES,
+    deprecated_names,
+    exported_names,
+    metric_names,
+    metric_objects,
+)
 from tests.ops.test_prometheus_rules import alerting_rules
 from tests.ops.tools import ROOT, promtool, run
 
@@ -55,13 +60,13 @@ def test_every_metric_and_every_alerted_signal_has_a_panel() -> None:
     used = set().union(*(metric_names(e) for e in expressions()))
     bases = {name.removesuffix("_total").removesuffix("_bucket") for name in used}
     bases |= {name.removesuffix("_count") for name in used}
-    for attribute in vars(metrics).values():
-        name = getattr(attribute, "_name", None)
-        if isinstance(name, str) and hasattr(attribute, "describe"):
-            if name in metrics.DEPRECATED:
-                assert name not in bases, f"a panel still shows the deprecated {name}"
-                continue
-            assert name in bases, f"no panel shows {name}"
+    deprecated = deprecated_names()
+    for attribute in metric_objects():
+        name = attribute._name
+        if name in deprecated:
+            assert name not in bases, f"a panel still shows the deprecated {name}"
+            continue
+        assert name in bases, f"no panel shows {name}"
     for rule in alerting_rules():
         missing = metric_names(rule["expr"]) - used
         assert not missing, f"{rule['alert']} watches {missing}, which no panel shows"

@@ -2,11 +2,14 @@
 
 TranscriptService runs as `python -m services.transcript` with its metrics
 endpoint on an ephemeral port. A workload with version conflicts (ABORTED)
-must move exactly the counters it should, every metric of
-services/common/metrics.py must be exported with bounded labels only, and
-`promtool check metrics` must accept the real output. SummaryService runs as
-its own process for the backlog, and the all-in-one process (`python -m
-services`) for agent turns racing on one conversation.
+must move exactly the counters it should, every metric of the floor
+(services/common/metrics.py) and of services/transcript/metrics.py must be
+exported with bounded labels only, and `promtool check metrics` must accept the
+real output. SummaryService runs as its own process for the backlog (and
+exports the floor's, its own and the model calls' metrics), and the all-in-one
+process (`python -m services`) for agent turns racing on one conversation (and
+exports every metrics module's). Each service's entry module, imported alone,
+registers the metrics its process serves.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as pb
-from services.common import metrics, stubs
+from services.common import stubs
 from tests.conftest import wait_for
 from tests.grpc_support import user
 from tests.ops.process import ServiceProcess, service_process, value
+from tests.ops.promql import metric_objects
 from tests.ops.tools import ROOT, check_metrics, run
 
 TRANSCRIPT = "runifold.transcript.v1.TranscriptService"
@@ -62,14 +66,46 @@ BOUNDED_LABELS = {
 }
 
 
-def defined_metrics() -> dict[str, Counter | Gauge | Histogram]:
-    """The metric objects of services/common/metrics.py, by exposition name."""
+# The metrics modules whose metrics each service's process serves (the floor's in every
+# one); the all-in-one process serves every module's.
+SERVED = {
+    "transcript": ("common", "transcript"),
+    "summary": ("common", "summary", "llm"),
+    "memory": ("common", "memory", "llm"),
+    "agent": ("common", "agent", "llm"),
+}
+
+
+def defined_metrics(*packages: str) -> dict[str, Counter | Gauge | Histogram]:
+    """The metric objects of the metrics modules of `packages` (every one when none), by
+    exposition name."""
     found = {}
-    for attribute in vars(metrics).values():
-        if isinstance(attribute, Counter | Gauge | Histogram):
-            for family in attribute.describe():
-                found[family.name] = attribute
+    for attribute in metric_objects(*packages):
+        for family in attribute.describe():
+            found[family.name] = attribute
     return found
+
+
+def assert_exported(exposition: str, *packages: str) -> None:
+    """Every metric of the metrics modules of `packages` is in the exposition."""
+    families = {family.name for family in text_string_to_metric_families(exposition)}
+    for name in defined_metrics(*packages):
+        assert name in families, f"{name} is defined in a metrics module but not exported"
+
+
+@pytest.mark.parametrize("service", sorted(SERVED))
+def test_each_service_registers_the_metrics_it_serves(service: str) -> None:
+    # A fresh interpreter imports what `python -m services.<service>` runs, as it does.
+    listing = (
+        "import importlib, sys; from prometheus_client import REGISTRY; "
+        "importlib.import_module(sys.argv[1]); "
+        "print('\\n'.join(m.name for m in REGISTRY.collect()))"
+    )
+    listed = run(sys.executable, "-c", listing, f"services.{service}.__main__", cwd=ROOT)
+    assert listed.returncode == 0, listed.stderr
+    registered = set(listed.stdout.split())
+    missing = set(defined_metrics(*SERVED[service])) - registered
+    assert not missing, f"python -m services.{service} does not register {missing}"
 
 
 @pytest.fixture
@@ -133,11 +169,9 @@ async def test_conflicts_move_the_counters_and_promtool_accepts_the_output(
     )
     assert moved("runifold_store_errors_total") == 0
 
-    # Every metric defined in metrics.py is exported, with bounded labels only.
-    families = {family.name: family for family in text_string_to_metric_families(after)}
-    for name in defined_metrics():
-        assert name in families, f"{name} is defined in metrics.py but not exported"
-    for family in families.values():
+    # Every metric of the floor and of TranscriptService is exported, bounded labels only.
+    assert_exported(after, *SERVED["transcript"])
+    for family in text_string_to_metric_families(after):
         for sample in family.samples:
             assert set(sample.labels) <= BOUNDED_LABELS, (sample.name, sample.labels)
             for label_value in sample.labels.values():
@@ -204,7 +238,9 @@ async def test_summary_backlog_reaches_metrics(
             ) > value(before, "runifold_summary_jobs_completed_total")
 
         await wait_for(job_visible, timeout=30)
-        check_metrics(await summary.scrape())
+        exposition = await summary.scrape()
+        assert_exported(exposition, *SERVED["summary"])
+        check_metrics(exposition)
 
 
 async def test_all_in_one_serves_every_service_on_one_endpoint(
@@ -252,4 +288,5 @@ async def test_all_in_one_serves_every_service_on_one_endpoint(
     assert moved("runifold_turns_total", outcome="committed") == TURNS - aborted
     # The agent's calls to TranscriptService went through the same server and endpoint.
     assert moved("grpc_server_handled_total", grpc_service=TRANSCRIPT, grpc_code="OK") > 0
+    assert_exported(after)  # every metrics module's
     check_metrics(after)

@@ -48,7 +48,7 @@ def test_alerts_use_only_exported_metrics() -> None:
     known = exported_names() | SCRAPE_SERIES
     for rule in alerting_rules():
         unknown = metric_names(rule["expr"]) - known
-        assert not unknown, f"{rule['alert']} uses metrics not in metrics.py: {unknown}"
+        assert not unknown, f"{rule['alert']} uses metrics no metrics module defines: {unknown}"
 
 
 def test_alerts_have_severity_and_a_runbook_section() -> None:

@@ -22,7 +22,7 @@ from services.agent.offline import OfflineChatModel
 from services.agent.service import AgentService
 from services.common.domain import Budget, Message, Role, ToolCall, ToolDefinition, Usage
 from services.common.errors import Code, DomainError
-from services.common.llm import ChatModel, ChatRequest, ChatResponse
+from services.llm.model import ChatModel, ChatRequest, ChatResponse
 from tests.agent_fakes import FakeMemories, FakeSummaries, FakeTranscripts, ScriptedModel, new_id
 from tests.conftest import wait_for
 

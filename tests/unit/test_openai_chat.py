@@ -13,7 +13,8 @@ from prometheus_client import REGISTRY
 
 from services.common.domain import ToolCall, ToolDefinition
 from services.common.errors import Code, DomainError
-from services.common.llm import (
+from services.llm import openai as openai_adapter
+from services.llm.model import (
     ChatDelta,
     ChatMessage,
     ChatRequest,
@@ -22,8 +23,15 @@ from services.common.llm import (
     ModelTimeout,
     ModelUnavailable,
 )
-from services.common.openai_chat import OpenAIChatModel
-from tests.fakes.openai_server import DISCONNECT, FakeOpenAI, FakeReply, FakeToolCall, fake_openai
+from services.llm.openai import OpenAIChatModel
+from tests.fakes.openai_server import (
+    DISCONNECT,
+    FakeOpenAI,
+    FakeReply,
+    FakeToolCall,
+    RawReply,
+    fake_openai,
+)
 
 REQUEST = ChatRequest(
     messages=(ChatMessage("system", "be brief"), ChatMessage("user", "hello there")),
@@ -147,6 +155,21 @@ async def test_retries_run_out_as_model_unavailable(server: FakeOpenAI) -> None:
     assert errors() == before + 2
 
 
+async def test_a_retry_after_beyond_the_deadline_is_unavailable_at_once(
+    server: FakeOpenAI,
+) -> None:
+    # Waiting 30 s as asked would pass the 5 s deadline: no retry, no wait for it.
+    server.fail(429, retry_after="30")
+    model = model_for(server.base_url, max_retries=2, backoff_max_s=60.0)
+    try:
+        with pytest.raises(ModelUnavailable) as error:
+            await model.complete(REQUEST, timeout=5)
+    finally:
+        await model.aclose()
+    assert "429" in error.value.message
+    assert len(server.chat_requests) == 1
+
+
 async def test_a_refusal_is_not_retried(server: FakeOpenAI) -> None:
     server.fail(400)
     model = model_for(server.base_url, max_retries=3)
@@ -193,9 +216,11 @@ async def test_the_deadline_is_model_timeout(server: FakeOpenAI) -> None:
         (json.dumps({"choices": [{"message": {"content": 5}}]}).encode(), ModelFailed),
     ],
 )
-async def test_unusable_answers_are_model_failed(payload: bytes, kind: type[DomainError]) -> None:
-    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=payload))
-    model = model_for("http://model.invalid/v1", transport=transport)
+async def test_unusable_answers_are_model_failed(
+    server: FakeOpenAI, payload: bytes, kind: type[DomainError]
+) -> None:
+    server.respond_with(lambda body: RawReply(payload))
+    model = model_for(server.base_url)
     try:
         with pytest.raises(kind):
             await model.complete(REQUEST, timeout=5)
@@ -203,15 +228,38 @@ async def test_unusable_answers_are_model_failed(payload: bytes, kind: type[Doma
         await model.aclose()
 
 
-async def test_a_stream_that_breaks_off_is_unavailable() -> None:
+async def test_an_answer_over_the_size_cap_is_model_failed(
+    server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(openai_adapter, "MAX_RESPONSE_BYTES", 1024)
+    server.respond_with(lambda body: "x" * 2048)
+    model = model_for(server.base_url)
+    try:
+        with pytest.raises(ModelFailed) as error:
+            await model.complete(REQUEST, timeout=5)
+        server.respond_with(lambda body: "x" * 512)
+        assert (await model.complete(REQUEST, timeout=5)).text == "x" * 512
+    finally:
+        await model.aclose()
+    assert "too large" in error.value.message
+
+
+async def test_without_a_key_no_authorization_header_is_sent(server: FakeOpenAI) -> None:
+    model = OpenAIChatModel(server.base_url, "fake-model", purpose="test")
+    try:
+        await model.complete(REQUEST, timeout=5)
+        async for _ in model.stream(REQUEST, timeout=5):
+            pass
+    finally:
+        await model.aclose()
+    assert [r.headers.get("Authorization") for r in server.chat_requests] == [None, None]
+
+
+async def test_a_stream_that_breaks_off_is_unavailable(server: FakeOpenAI) -> None:
     chunk = {"choices": [{"index": 0, "delta": {"content": "par"}, "finish_reason": None}]}
-    body = f"data: {json.dumps(chunk)}\n\n".encode()
-    transport = httpx.MockTransport(
-        lambda request: httpx.Response(
-            200, content=body, headers={"content-type": "text/event-stream"}
-        )
-    )
-    model = model_for("http://model.invalid/v1", transport=transport)
+    events = f"data: {json.dumps(chunk)}\n\n".encode()
+    server.respond_with(lambda body: RawReply(events, "text/event-stream"))
+    model = model_for(server.base_url)
     seen: list[object] = []
     try:
         with pytest.raises(ModelUnavailable):

@@ -21,11 +21,11 @@ from services.agent.config import AgentConfig
 from services.common import admission, messages, validation
 from services.common.admission import Admission
 from services.common.errors import DomainError
-from services.common.llm import ChatMessage, ChatRequest
-from services.common.openai_chat import OpenAIChatModel
 from services.common.server import MIN_RECEIVE_MESSAGE_BYTES, receive_cap
 from services.common.settings import AdmissionLimits, Settings, SettingsError, TransportLimits
 from services.common.shedding import BoundedGate
+from services.llm.model import ChatMessage, ChatRequest
+from services.llm.openai import OpenAIChatModel
 from services.memory.embeddings import LocalEmbedder, _Pending
 from services.transcript.component import TranscriptComponent
 from services.transcript.config import TranscriptLimits

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from services.common import metrics
 from services.common.domain import Budget, Entry, Role, Usage
 from services.common.errors import Code, DomainError
-from services.common.llm import ModelTimeout, ModelUnavailable
 from services.common.peers import deadline_var
+from services.llm.model import ModelTimeout, ModelUnavailable
+from services.summary import metrics
 from services.summary.config import SummaryConfig
 from services.summary.model import JobState
 from services.summary.store import SummaryStore

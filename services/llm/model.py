@@ -1,8 +1,8 @@
-"""The chat-model interface shared by the summarizer and the agent.
+"""The chat-model interface shared by the summarizer, the agent and the memory proposer.
 
 Domain code talks to `ChatModel`; providers implement it: an
 OpenAI-compatible chat-completions client (`OpenAIChatModel`, in
-services/common/openai_chat.py) and deterministic offline models (the
+services/llm/openai.py) and deterministic offline models (the
 summarizer's and the agent's) for the embedded default and tests.
 
 Roles here are the model API's roles ("system", "user", "assistant",

@@ -1,0 +1,25 @@
+"""AgentService's metrics: turns and their outcomes (names and labels bounded, as
+services/common/metrics.py says)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+TURN_CONFLICTS = Counter(
+    "runifold_turn_conflicts_total",
+    "Turns whose append lost the race after the model call (TURN_CONFLICT).",
+)
+SUMMARY_REQUIRED = Counter(
+    "runifold_summary_required_total",
+    "Turns refused with SUMMARY_REQUIRED or SUMMARY_BACKLOG.",
+    ["reason"],
+)
+TURNS = Counter(
+    "runifold_turns_total",
+    "Turns run, by outcome.",
+    ["outcome"],
+)
+MODEL_OUTPUT_INVALID = Counter(
+    "runifold_model_output_invalid_total",
+    "Turns whose model reply broke the transcript's limits (MODEL_OUTPUT_INVALID).",
+)
