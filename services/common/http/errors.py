@@ -9,13 +9,15 @@ detail's descriptor in protobuf-py (connectrpc's protobuf runtime), made here on
 proto file from google.protobuf's descriptor of it.
 
 A request body that is not a valid message of the method's type is INVALID_ARGUMENT /
-INVALID_REQUEST with ErrorInfo, as on gRPC.
+INVALID_REQUEST with ErrorInfo, as on gRPC (for JSON, naming the field at fault, never
+quoting its value).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import re
 from typing import Any
 
 from connectrpc.code import Code as ConnectCode
@@ -130,14 +132,20 @@ class _Checked:
         try:
             return self._inner.decode(data, message_class)
         except Exception as exc:
-            detail = f": {exc}" if self._what == "JSON" else ""
+            # The JSON parser's words quote the offending value (the caller's content):
+            # only the path of field names it gives is passed on.
+            path = ".".join(_FIELD.findall(str(exc))) if self._what == "JSON" else ""
             raise connect_error(
                 invalid_argument(
                     "INVALID_REQUEST",
-                    f"the request is not a valid {self._what} message of this method's "
-                    f"type{detail}",
+                    f"the request is not a valid {self._what} message of this method's type"
+                    + (f" (field {path})" if path else ""),
                 )
             ) from None
+
+
+# How google.protobuf's JSON parser names each field on the way to a bad value.
+_FIELD = re.compile(r"Failed to parse ([A-Za-z_][A-Za-z0-9_]{0,63}) field")
 
 
 def request_codecs() -> list[Codec[Any, Any]]:

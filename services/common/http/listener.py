@@ -80,6 +80,9 @@ class Router:
         service = scope["path"].split("/", 2)[1] if scope["path"].count("/") >= 2 else ""
         application = self.services.get(service)
         if application is not None:
+            if _is_grpc(scope):
+                await _not_here(scope, receive, send)
+                return
             if self.max_rpcs and self.in_flight >= self.max_rpcs:
                 await _too_many(scope, receive, send)
                 return
@@ -93,6 +96,29 @@ class Router:
         else:
             response = JSONResponse({"code": "not_found", "message": "no such path"}, 404)
             await response(scope, receive, send)
+
+
+def _is_grpc(scope: dict[str, Any]) -> bool:
+    """True for gRPC proper (HTTP/2 with trailers, which this HTTP/1.1 port cannot send)."""
+    for key, value in scope.get("headers", ()):
+        if key == b"content-type":
+            kind = value.split(b";")[0].strip().lower()
+            return kind.startswith(b"application/grpc") and not kind.startswith(
+                b"application/grpc-web"
+            )
+    return False
+
+
+async def _not_here(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    response = JSONResponse(
+        {
+            "code": "unimplemented",
+            "message": "gRPC is served on the gRPC port (RUNIFOLD_LISTEN); this port speaks "
+            "Connect, gRPC-Web and JSON",
+        },
+        status_code=415,
+    )
+    await response(scope, receive, send)
 
 
 async def _too_many(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -163,6 +189,8 @@ class HttpPort:
 
     address: str
     url: str
+    # The largest request body read (the gRPC listener's receive cap).
+    read_max_bytes: int
     _server: _Server
     _task: asyncio.Task[None]
 
@@ -180,7 +208,11 @@ class HttpPort:
 
 
 async def start(
-    app: ASGIApp, transport: TransportLimits, auth: AuthSettings, sock: socket.socket
+    app: ASGIApp,
+    transport: TransportLimits,
+    auth: AuthSettings,
+    sock: socket.socket,
+    read_max_bytes: int,
 ) -> HttpPort:
     """Serve `app` on `sock` (from `bind`) until `HttpPort.stop`."""
     tls: dict[str, Any] = {}
@@ -215,4 +247,4 @@ async def start(
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     scheme = "https" if tls else "http"
-    return HttpPort(f"{shown}:{port}", f"{scheme}://{shown}:{port}", server, task)
+    return HttpPort(f"{shown}:{port}", f"{scheme}://{shown}:{port}", read_max_bytes, server, task)

@@ -43,5 +43,9 @@ async def open_port(
         else None
     )
     return await listener.start(
-        listener.application(services, console, settings, transport), transport, auth, sock
+        listener.application(services, console, settings, transport),
+        transport,
+        auth,
+        sock,
+        read_max_bytes,
     )
