@@ -222,7 +222,7 @@ async def test_a_turn_streams_over_connect_and_grpc_web(
         protocol=protocol,
         json=protocol is ProtocolType.CONNECT,
     )
-    kinds = [event.WhichOneof("event") for event in events]  # type: ignore[attr-defined]
+    kinds = [event.WhichOneof("event") for event in events]
     assert kinds[-1] == "result" and "progress" in kinds
     assert events[-1].result.conversation_version == 1  # type: ignore[attr-defined]
     # A unary error over gRPC-Web: the same code and ErrorInfo.
