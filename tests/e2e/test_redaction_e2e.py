@@ -11,6 +11,7 @@ import io
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -195,7 +196,7 @@ async def test_calls_over_the_http_port_leave_no_content_in_logs_or_errors(
         },
     )
     assert turn.status == 200, turn.body
-    failures = [
+    failures: list[dict[str, Any]] = [
         {"messages": [{"role": "ROLE_SYSTEM", "text": SECRETS["bad"]}]},
         {"expectedVersion": "0", "messages": [{"role": "ROLE_USER", "text": SECRETS["bad"]}]},
         # Undecodable: the parser's words would quote the value.
