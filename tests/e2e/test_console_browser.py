@@ -12,6 +12,7 @@ to .artifacts/console/ (RUNIFOLD_ARTIFACTS_DIR), kept by CI as the run's artifac
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import uuid
@@ -30,7 +31,12 @@ from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from services.common import stubs
-from tests.grpc_support import user
+from services.common.auth import AuthSettings
+from services.common.http.settings import HttpSettings
+from services.common.server import RunningServer, serving
+from services.transcript.component import TranscriptComponent
+from tests.conftest import server_settings
+from tests.grpc_support import authorization, jwt_token, user
 from tests.ops.process import ServiceProcess, service_process
 from tests.ops.tools import ROOT
 
@@ -284,3 +290,59 @@ async def test_the_console_is_served_with_its_content_security_policy(
             assert "unsafe-inline" not in policy and "unsafe-eval" not in policy
             assert response.headers["x-content-type-options"] == "nosniff"
             assert "frame-ancestors 'none'" in policy
+
+
+SECRET = "console-suite-secret-" + "s" * 32
+
+
+@pytest.fixture
+async def guarded(shared_database_url: str) -> AsyncIterator[RunningServer]:
+    """TranscriptService alone, with JWT authentication and the console."""
+    async with serving(
+        [TranscriptComponent()],
+        server_settings(),
+        database_url=shared_database_url,
+        auth=AuthSettings(mode="jwt", jwt_secret=SECRET, jwt_audience="runifold"),
+        http=HttpSettings(listen_address="127.0.0.1:0", console=True),
+    ) as running:
+        yield running
+
+
+async def test_with_authentication_the_console_reads_with_the_user_s_own_token(
+    guarded: RunningServer, browser: Any, namespace: str
+) -> None:
+    """No token, nothing shown but the sign-in; with a token granting one namespace, that
+    namespace opens by itself and lists what the token may read."""
+    assert guarded.http is not None
+    token = jwt_token(SECRET, namespace)
+    async with grpc.aio.insecure_channel(guarded.address) as channel:
+        created = await stubs.transcript(channel).CreateConversation(
+            transcript_pb.CreateConversationRequest(namespace=namespace),
+            metadata=authorization(token),
+        )
+    cid = created.conversation.conversation_id
+    url = guarded.http.url
+
+    # The server runs in this event loop: the browser is driven from a thread.
+    def drive() -> None:
+        driver = browser
+        driver.get(f"{url}/")
+        driver.execute_script("sessionStorage.clear()")
+        driver.get(f"{url}/?namespace={namespace}")
+        waiting(driver).until(lambda d: css(d, "#sign-in").is_displayed())
+        waiting(driver).until(lambda d: "unauthenticated" in css(d, "#status").text)
+        assert not all_css(driver, "tr.conversation")
+        field = css(driver, "#token")
+        field.send_keys(token)
+        css(driver, "#token-form button").click()
+        row = css(driver, f'tr[data-conversation="{cid}"]')
+        assert row.is_displayed()
+        assert not css(driver, "#sign-in").is_displayed()
+        assert css(driver, "#who").text == "app: 1 namespace(s)"
+        shot(driver, "6-signed-in")
+        # Another namespace: refused by the API itself, the console shows the refusal.
+        driver.get(f"{url}/?namespace={namespace}-other")
+        waiting(driver).until(lambda d: "NAMESPACE_NOT_GRANTED" in css(d, "#status").text)
+        driver.execute_script("sessionStorage.clear()")
+
+    await asyncio.to_thread(drive)

@@ -303,13 +303,15 @@ SECRET = "http-suite-secret-" + "s" * 32
 
 @pytest.fixture(scope="module")
 async def guarded(shared_database_url: str) -> AsyncIterator[RunningServer]:
-    """TranscriptService alone with JWT authentication, CORS for one origin."""
+    """TranscriptService alone with JWT authentication, CORS for one origin, the console."""
     async with serving(
         [TranscriptComponent()],
         server_settings(),
         database_url=shared_database_url,
         auth=AuthSettings(mode="jwt", jwt_secret=SECRET, jwt_audience="runifold"),
-        http=HttpSettings(listen_address="127.0.0.1:0", cors_origins=("https://console.example",)),
+        http=HttpSettings(
+            listen_address="127.0.0.1:0", cors_origins=("https://console.example",), console=True
+        ),
     ) as running:
         yield running
 
@@ -384,3 +386,28 @@ async def test_cors_answers_only_the_configured_origin(guarded: RunningServer) -
                 },
             )
             assert (preflight.headers.get("access-control-allow-origin") == origin) is allowed
+
+
+async def test_the_console_learns_the_identity_only_from_the_caller_s_credentials(
+    guarded: RunningServer, namespace: str
+) -> None:
+    """The console's session: who the bearer is and what it grants; its counters only for
+    an authenticated caller."""
+    assert guarded.http is not None
+    base = guarded.http.url
+    async with httpx.AsyncClient(timeout=30) as client:
+        anonymous = (await client.get(f"{base}/console/api/session")).json()
+        assert anonymous["auth"] == "jwt" and anonymous["identity"] is None
+        assert anonymous["identity_error"]["reason"] == "UNAUTHENTICATED"
+        assert anonymous["actions"] is False
+        signed = await client.get(f"{base}/console/api/session", headers=bearer(namespace))
+        identity = signed.json()["identity"]
+        assert identity["namespaces"] == [namespace] and identity["all"] is False
+        refused = await client.get(f"{base}/console/api/metrics")
+        assert refused.status_code == 401 and refused.json()["reason"] == "UNAUTHENTICATED"
+        counters = await client.get(f"{base}/console/api/metrics", headers=bearer(namespace))
+        assert counters.status_code == 200
+        assert "summary_jobs_depth" in counters.json()["values"]
+        page = await client.get(f"{base}/")
+        assert page.status_code == 200 and "console.js" in page.text
+        assert "script-src 'self'" in page.headers["content-security-policy"]
