@@ -80,6 +80,9 @@ async def server(
         # No summary worker: the requested job stays in the backlog for the console.
         "RUNIFOLD_SUMMARY_WORKERS": "0",
         "RUNIFOLD_AGENT_MODEL_PROVIDER": "offline",
+        # The write actions, each behind a confirmation (read-only by default: the
+        # guarded server below has them off).
+        "RUNIFOLD_CONSOLE_ACTIONS": "1",
     }
     data_dir = tmp_path_factory.mktemp("console")
     async with service_process("services", env, data_dir, timeout=180) as process:
@@ -245,7 +248,10 @@ def test_the_console_shows_a_conversation_its_memories_and_the_backlog(
     hostile = css(driver, f"#entry-{TURNS * 2 + 1} .text")
     assert hostile.text == HOSTILE_ENTRY
     no_script_ran(driver)
-    assert not all_css(driver, "button.action"), "write actions are off unless configured"
+    assert [b.text for b in all_css(driver, "button.action")] == [
+        "Request summary",
+        "Erase conversation",
+    ]
     shot(driver, "2-conversation")
 
     # Memories; a memory's source link opens the entries it came from.
@@ -276,6 +282,32 @@ def test_the_console_shows_a_conversation_its_memories_and_the_backlog(
     shot(driver, "5-backlog")
     errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
     assert not errors, f"the console logged errors (a CSP violation, a failed call): {errors}"
+
+
+async def test_a_write_action_runs_only_once_confirmed(
+    server: ServiceProcess, seeded: Seeded, browser: Any
+) -> None:
+    """Deleting a memory from the console: dismissed, nothing happens; confirmed, the
+    memory is gone (as GetMemory over gRPC says)."""
+    driver, ns, mid = browser, seeded.namespace, seeded.hostile_memory_id
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        memory = stubs.memory(channel)
+        request = memory_pb.GetMemoryRequest(namespace=ns, memory_id=mid)
+        driver.get(f"{server.http_url}/?namespace={ns}&memory={mid}")
+        button = css(driver, "button.action.danger")
+        assert button.text == "Delete memory"
+        button.click()
+        waiting(driver).until(lambda d: d.switch_to.alert)
+        assert mid in driver.switch_to.alert.text
+        driver.switch_to.alert.dismiss()
+        assert (await memory.GetMemory(request)).memory.memory_id == mid
+        css(driver, "button.action.danger").click()
+        waiting(driver).until(lambda d: d.switch_to.alert).accept()
+        waiting(driver).until(lambda d: "tab=memories" in d.current_url)
+        with pytest.raises(grpc.aio.AioRpcError) as gone:
+            await memory.GetMemory(request)
+        assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+        assert not all_css(driver, f'li.memory[data-memory="{mid}"]')
 
 
 async def test_the_console_is_served_with_its_content_security_policy(
@@ -311,13 +343,22 @@ async def guarded(shared_database_url: str) -> AsyncIterator[RunningServer]:
 async def test_with_authentication_the_console_reads_with_the_user_s_own_token(
     guarded: RunningServer, browser: Any, namespace: str
 ) -> None:
-    """No token, nothing shown but the sign-in; with a token granting one namespace, that
-    namespace opens by itself and lists what the token may read."""
+    """No token, nothing shown but the sign-in; with a token granting one namespace, its
+    conversations (what the token may read), read-only, and another namespace refused."""
     assert guarded.http is not None
     token = jwt_token(SECRET, namespace)
     async with grpc.aio.insecure_channel(guarded.address) as channel:
-        created = await stubs.transcript(channel).CreateConversation(
+        transcript = stubs.transcript(channel)
+        created = await transcript.CreateConversation(
             transcript_pb.CreateConversationRequest(namespace=namespace),
+            metadata=authorization(token),
+        )
+        await transcript.AppendEntries(
+            transcript_pb.AppendEntriesRequest(
+                namespace=namespace,
+                conversation_id=created.conversation.conversation_id,
+                messages=[user("hello")],
+            ),
             metadata=authorization(token),
         )
     cid = created.conversation.conversation_id
@@ -340,6 +381,13 @@ async def test_with_authentication_the_console_reads_with_the_user_s_own_token(
         assert not css(driver, "#sign-in").is_displayed()
         assert css(driver, "#who").text == "app: 1 namespace(s)"
         shot(driver, "6-signed-in")
+        # This port serves TranscriptService alone: the console asks nothing else, and
+        # offers no write action (they are off unless RUNIFOLD_CONSOLE_ACTIONS=1).
+        row.find_element("css selector", "a").click()
+        css(driver, "#entry-1")
+        assert "not served on this port" in css(driver, "#summary").text
+        assert not css(driver, 'a[data-tab="memories"]').is_displayed()
+        assert not all_css(driver, "button.action")
         # Another namespace: refused by the API itself, the console shows the refusal.
         driver.get(f"{url}/?namespace={namespace}-other")
         waiting(driver).until(lambda d: "NAMESPACE_NOT_GRANTED" in css(d, "#status").text)

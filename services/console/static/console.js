@@ -90,6 +90,16 @@ function roleName(role) {
   return String(role || "ROLE_UNSPECIFIED").replace(/^ROLE_/, "").toLowerCase();
 }
 
+// A process may host only some services (one service per process in production): the
+// console asks only those this port serves, and says what it cannot show.
+function served(service) {
+  return !state.session || (state.session.services || []).includes(service);
+}
+
+function actionsOn() {
+  return Boolean(state.session && state.session.actions);
+}
+
 // -- routing ------------------------------------------------------------------------
 
 function params() {
@@ -124,8 +134,10 @@ async function route() {
   state.namespace = p.namespace || "";
   document.getElementById("namespace").value = state.namespace;
   const tab = p.conversation ? "conversations" : p.memory ? "memories" : p.tab || "conversations";
+  const needs = { conversations: TRANSCRIPT, memories: MEMORY, backlog: SUMMARY };
   for (const a of document.querySelectorAll("#tabs a")) {
     a.classList.toggle("active", a.dataset.tab === tab);
+    a.hidden = !served(needs[a.dataset.tab]);
   }
   if (!state.namespace) {
     view(el("p", { class: "hint" }, "Choose a namespace to look into."));
@@ -206,11 +218,11 @@ async function showConversation(id, entry) {
   const ns = state.namespace;
   const [conv, summary, memories] = await Promise.all([
     call(TRANSCRIPT, "GetConversation", { namespace: ns, conversationId: id }),
-    call(SUMMARY, "GetSummary", { namespace: ns, conversationId: id }),
-    call(MEMORY, "ListMemories", { namespace: ns, conversationId: id, pageSize: 100 }),
+    served(SUMMARY) ? call(SUMMARY, "GetSummary", { namespace: ns, conversationId: id }) : null,
+    served(MEMORY) ? call(MEMORY, "ListMemories", { namespace: ns, conversationId: id, pageSize: 100 }) : null,
   ]);
   const c = conv.conversation || {};
-  const s = summary.summary || null;
+  const s = (summary && summary.summary) || null;
   const summarizedThrough = s ? int(s.throughSequence) : 0;
   const v = await call(TRANSCRIPT, "LoadView", {
     namespace: ns, conversationId: id, window: WINDOW, summaryBatch: 64, summarizedThrough,
@@ -263,16 +275,16 @@ async function showConversation(id, entry) {
     }
   });
 
-  const derived = (memories.memories || []).map((mem) => el("li", { class: "memory" },
+  const derived = ((memories && memories.memories) || []).map((mem) => el("li", { class: "memory" },
     link({ namespace: ns, memory: mem.memoryId }, el("span", { class: "memory-content" }, mem.content)),
     " ", sourcesNode(ns, mem.sources || [], id)));
 
   const follow = el("input", { type: "checkbox", id: "follow", checked: true });
-  const actions = state.session && state.session.actions
+  const actions = actionsOn()
     ? el("div", { class: "actions" },
-        actionButton("Request summary", `Enqueue a background summary of conversation ${id}?`, () =>
+        served(SUMMARY) && actionButton("Request summary", `Enqueue a background summary of conversation ${id}?`, () =>
           call(SUMMARY, "RequestSummary", { namespace: ns, conversationId: id, window: WINDOW, summaryBatch: 64 }).then((r) => `summary job ${r.job?.jobId || ""} queued`)),
-        actionButton("Erase conversation", `Erase conversation ${id} everywhere (entries, summaries, derived memories)? This cannot be undone.`, () =>
+        served(AGENT) && actionButton("Erase conversation", `Erase conversation ${id} everywhere (entries, summaries, derived memories)? This cannot be undone.`, () =>
           call(AGENT, "EraseConversation", { namespace: ns, conversationId: id }).then(() => {
             navigate({ namespace: ns });
             return "erased";
@@ -297,12 +309,15 @@ async function showConversation(id, entry) {
       ? el("section", { class: "summary", id: "summary" },
           el("h2", {}, `Summary (revision ${int(s.revision)}, through entry ${summarizedThrough})`),
           el("div", { class: "text" }, s.text))
-      : el("section", { class: "summary empty", id: "summary" }, el("h2", {}, "No summary yet")),
+      : el("section", { class: "summary empty", id: "summary" },
+          el("h2", {}, served(SUMMARY) ? "No summary yet" : "Summaries: SummaryService is not served on this port")),
     el("h2", {}, "Transcript"),
     list,
     more,
-    el("h2", {}, "Memories derived from it"),
-    derived.length ? el("ul", { id: "derived-memories" }, derived) : el("p", { class: "hint" }, "None."),
+    served(MEMORY) ? el("h2", {}, "Memories derived from it") : null,
+    served(MEMORY)
+      ? (derived.length ? el("ul", { id: "derived-memories" }, derived) : el("p", { class: "hint" }, "None."))
+      : null,
   );
   if (highlight) {
     const target = document.getElementById(`entry-${highlight[0]}`);
@@ -384,7 +399,7 @@ async function showMemory(id) {
   const ns = state.namespace;
   const reply = await call(MEMORY, "GetMemory", { namespace: ns, memoryId: id });
   const m = reply.memory || {};
-  const actions = state.session && state.session.actions
+  const actions = actionsOn()
     ? el("div", { class: "actions" }, actionButton("Delete memory", `Delete memory ${id}?`, () =>
         call(MEMORY, "DeleteMemory", { namespace: ns, memoryId: id, expectedRevision: m.revision }).then(() => {
           navigate({ namespace: ns, tab: "memories" });
