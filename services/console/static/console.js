@@ -427,7 +427,7 @@ async function showMemory(id) {
 
 const SERIES = [
   ["summary_jobs_depth", "summary jobs waiting (all namespaces)"],
-  ["summary_jobs_oldest_age_seconds", "oldest waiting job, seconds"],
+  ["summary_jobs_oldest_age_seconds", "oldest waiting job (all namespaces), seconds"],
   ["append_conflicts_total", "append conflicts (VERSION_CONFLICT)"],
   ["turn_conflicts_total", "turn conflicts (TURN_CONFLICT)"],
   ["turn_busy_refusals_total", "busy refusals (CONVERSATION_BUSY)"],
@@ -483,9 +483,10 @@ function chart(name, label, points) {
   svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
   svg.setAttribute("class", "spark");
   const max = Math.max(1, ...points);
-  // The newest point at the right edge; one point is drawn as a short level line.
+  // The newest point at the right edge, HISTORY points across; a single point (the page
+  // just opened) is drawn as a level line across.
   const shown = points.length === 1 ? [points[0], points[0]] : points;
-  const step = w / (HISTORY - 1);
+  const step = points.length === 1 ? w : w / (HISTORY - 1);
   const line = document.createElementNS(SVG, "polyline");
   line.setAttribute("points", shown.map((p, i) => {
     const x = w - (shown.length - 1 - i) * step;
