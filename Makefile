@@ -56,14 +56,21 @@ install: $(RUN_STAMP)
 ## The development tools on top: what test, lint, gen and bench use.
 dev: $(DEV_STAMP)
 
-## Tools the operations tests (tests/ops) need beyond pip: promtool (Debian's
-## prometheus package; its service is not started). kubectl (for `kubectl
-## kustomize`) comes with this kind of machine. Fast when already there.
+## Tools the tests need beyond pip: promtool (Debian's prometheus package; its service
+## is not started) for tests/ops, and Debian's chromium with its chromedriver for the
+## console's browser tests (tests/e2e/test_console_browser.py; they skip, saying why,
+## only when these cannot be installed). kubectl (for `kubectl kustomize`) comes with
+## this kind of machine. Fast when already there.
 tools:
 	@command -v promtool >/dev/null || { \
 	  echo "installing promtool (apt-get install prometheus)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	@{ command -v chromium && command -v chromedriver; } >/dev/null || { \
+	  echo "installing chromium and chromedriver (apt-get install chromium chromium-driver)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null \
+	  || echo "warning: chromium could not be installed: the console's browser tests will skip"; }
 	@command -v kubectl >/dev/null || echo "warning: no kubectl: k8s rendering tests will fail"
 
 ## Start the all-in-one server (all services, embedded PostgreSQL) on 127.0.0.1:50051.
@@ -96,10 +103,14 @@ fmt: $(DEV_STAMP)
 	$(BIN)/ruff format $(PY_SRC)
 
 ## Python, gRPC and mypy stubs of $(PROTOS) into the directory $(1), marked typed
-## (py.typed: the stubs are what mypy reads, in this tree and once installed).
+## (py.typed: the stubs are what mypy reads, in this tree and once installed), and the
+## Connect code (*_connect.py: the ASGI applications the HTTP port serves, and Connect /
+## gRPC-Web clients) from protoc-gen-connectrpc, over google.protobuf's messages.
 define protoc
 $(BIN)/python -m grpc_tools.protoc -I proto --python_out=$(1) --grpc_python_out=$(1) \
-  --mypy_out=$(1) --mypy_grpc_out=$(1) $(PROTOS) >/dev/null && touch $(1)/runifold/py.typed
+  --mypy_out=$(1) --mypy_grpc_out=$(1) \
+  --plugin=protoc-gen-connectrpc=$(BIN)/protoc-gen-connectrpc \
+  --connectrpc_out=protobuf=google:$(1) $(PROTOS) >/dev/null && touch $(1)/runifold/py.typed
 endef
 
 ## Regenerate $(GEN) from proto/ (committed), and docs/api.md.

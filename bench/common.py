@@ -140,6 +140,7 @@ async def server(
         "DATABASE_URL": database_url,
         "RUNIFOLD_LISTEN": f"127.0.0.1:{port}",
         "RUNIFOLD_METRICS_LISTEN": "off",
+        "RUNIFOLD_HTTP_LISTEN": "off",
         "RUNIFOLD_LOG_LEVEL": "WARNING",
         **(env or {}),
     }

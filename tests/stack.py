@@ -21,6 +21,7 @@ from services.agent.component import AgentComponent
 from services.agent.config import AgentConfig
 from services.common import stubs
 from services.common.auth import AuthSettings
+from services.common.http.settings import HttpSettings
 from services.common.server import Component, RunningServer, serving
 from services.llm.openai import OpenAIChatModel
 from services.memory.component import MemoryComponent
@@ -52,6 +53,12 @@ class Stack:
         return self.running.address
 
     @property
+    def http_url(self) -> str:
+        """The HTTP port's base URL (Connect, gRPC-Web, JSON; the console when on)."""
+        assert self.running.http is not None, "this stack serves no HTTP port"
+        return self.running.http.url
+
+    @property
     def transcript(self) -> TranscriptServiceAsyncStub:
         return stubs.transcript(self.channel)
 
@@ -68,6 +75,10 @@ class Stack:
         return stubs.agent(self.channel)
 
 
+# The HTTP port on an ephemeral loopback port, without the console.
+HTTP_ON = HttpSettings(listen_address="127.0.0.1:0")
+
+
 @asynccontextmanager
 async def full_stack(
     database_url: str,
@@ -79,9 +90,11 @@ async def full_stack(
     transcript_limits: TranscriptLimits | None = None,
     summary_env: dict[str, str] | None = None,
     settings: dict[str, str] | None = None,
+    http: HttpSettings | None = None,
 ) -> AsyncIterator[Stack]:
     """Start every service in one server; the agent's model is the fake server, or the
-    offline model (what `make run` uses) when `model` is None."""
+    offline model (what `make run` uses) when `model` is None. `http`: the HTTP port too
+    (HTTP_ON: on 127.0.0.1:0)."""
     config = agent_config or AgentConfig(
         model_provider="openai" if model else "offline", model_timeout_s=30.0
     )
@@ -113,6 +126,7 @@ async def full_stack(
             database_url=database_url,
             extras={"all_in_one": True},
             auth=auth,
+            http=http,
         ) as running,
         grpc.aio.insecure_channel(running.address) as channel,
     ):

@@ -30,8 +30,8 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -55,7 +55,12 @@ _MAX_REQUEST_ID = 128
 
 
 def _request_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
-    for key, value in context.invocation_metadata() or ():
+    return request_id(context.invocation_metadata() or ())
+
+
+def request_id(metadata: Iterable[tuple[str, str | bytes]]) -> str:
+    """The caller's `x-request-id` when it sent a usable one, else one made here."""
+    for key, value in metadata:
         if (
             key == REQUEST_ID_HEADER
             and isinstance(value, str)
@@ -151,8 +156,17 @@ _EXPECTED_CODES = frozenset(
 )
 
 
-class _Call:
-    """Bookkeeping of one RPC: labels, timing, the final code."""
+class MetadataCarrier(Protocol):
+    """What the RPC span reads of a call (for `traceparent`): a gRPC ServicerContext, or
+    the HTTP port's stand-in for one."""
+
+    def invocation_metadata(self) -> Any: ...
+
+
+class RpcCall:
+    """Bookkeeping of one RPC: labels, timing, the final code. The HTTP port's calls
+    (services/common/http/bridge.py) keep theirs with it too: one set of RPC metrics,
+    access lines and spans, whichever transport carried the call."""
 
     __slots__ = ("code", "labels", "method", "seconds", "slow_s", "span", "start")
 
@@ -160,7 +174,7 @@ class _Call:
         self,
         method: str,
         grpc_type: str,
-        context: grpc.aio.ServicerContext[Any, Any],
+        context: MetadataCarrier,
         rid: str,
         slow_s: float,
     ) -> None:
@@ -229,7 +243,7 @@ def _wrap_unary(
     async def handler(requests: object, context: Context) -> Any:
         # `requests` goes unused: `admit` reads the one request through the context.
         request_id = _bind_context(context, method)
-        call = _Call(method, grpc_type, context, request_id, slow_s)
+        call = RpcCall(method, grpc_type, context, request_id, slow_s)
         try:
             response = await behavior(await admit(context), context)
             context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
@@ -254,7 +268,7 @@ def _wrap_stream(
 ) -> Callable[[object, Context], AsyncIterator[Any]]:
     async def handler(requests: object, context: Context) -> AsyncIterator[Any]:
         request_id = _bind_context(context, method)
-        call = _Call(method, "server_stream", context, request_id, slow_s)
+        call = RpcCall(method, "server_stream", context, request_id, slow_s)
         try:
             async for item in behavior(await admit(context), context):
                 yield item

@@ -15,6 +15,7 @@ from prometheus_client import start_http_server
 from services.common import logs, tracing
 from services.common.auth import AuthSettings, check_exposure
 from services.common.db import start_embedded_postgres
+from services.common.http.settings import HttpSettings
 from services.common.server import (
     Component,
     ListenError,
@@ -34,9 +35,12 @@ async def _run(
     settings: Settings,
     auth: AuthSettings,
     all_in_one: bool,
+    http: HttpSettings,
 ) -> None:
     # The addresses first: a taken port fails in one line before anything starts.
     check_listen(settings.listen_address, "RUNIFOLD_LISTEN")
+    if http.listen_address is not None:
+        check_listen(http.listen_address, "RUNIFOLD_HTTP_LISTEN")
     metrics_address = settings.metrics_address
     if metrics_address is not None:
         host, _, port = metrics_address.rpartition(":")
@@ -61,8 +65,19 @@ async def _run(
         database_url=database_url,
         extras={"all_in_one": all_in_one},
         auth=auth,
+        http=http,
     )
     services = ", ".join(name for c in running.components for name in c.service_names)
+    if running.http is not None:
+        # Its own line, before the one that says the server is serving.
+        url = running.http.url
+        print(
+            f"runifold {label}: console on {url}/; HTTP JSON, Connect and gRPC-Web on the same port"
+            if http.console
+            else f"runifold {label}: HTTP JSON, Connect and gRPC-Web on {url}",
+            file=sys.stderr,
+            flush=True,
+        )
     print(
         f"runifold {label}: serving {services} on {running.address}"
         + (f"; metrics on http://{metrics_address}/metrics" if metrics_address else ""),
@@ -84,7 +99,11 @@ def main(
     try:
         settings = Settings.from_env()
         auth = AuthSettings.from_env()
+        http = HttpSettings.from_env(all_in_one=all_in_one)
         warning = check_exposure(auth, settings.listen_address)
+        if http.listen_address is not None:
+            # The HTTP port answers the same calls: the same refusal, the same warning.
+            warning = check_exposure(auth, http.listen_address) or warning
         logs.configure(label, settings.log_level, settings.log_format)
         tracing.configure(label, os.environ)
         components = make_components()
@@ -94,7 +113,7 @@ def main(
         print(f"runifold: {warning}", file=sys.stderr)
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_run(label, components, settings, auth, all_in_one))
+            asyncio.run(_run(label, components, settings, auth, all_in_one, http))
     except SettingsError as exc:
         configuration_error(exc)
     except ListenError as exc:

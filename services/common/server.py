@@ -20,7 +20,7 @@ import signal
 import socket
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -37,6 +37,10 @@ from services.common.auth import (
 )
 from services.common.interceptors import ServiceInterceptor
 from services.common.settings import Settings, SettingsError, TransportLimits
+
+if TYPE_CHECKING:
+    from services.common.http.port import HttpPort
+    from services.common.http.settings import HttpSettings
 
 log = logging.getLogger(__name__)
 
@@ -217,11 +221,14 @@ class RunningServer:
     health: health.aio.HealthServicer
     components: Sequence[Component]
     settings: Settings
+    # The HTTP port (RUNIFOLD_HTTP_LISTEN), when the process serves one.
+    http: HttpPort | None = None
     _health_task: asyncio.Task[None] | None = None
     _stopped: bool = False
 
     async def stop(self, grace: float | None = None) -> None:
-        """Graceful shutdown: NOT_SERVING, drain in-flight RPCs, close components."""
+        """Graceful shutdown: NOT_SERVING, drain in-flight RPCs (on both listeners),
+        close components."""
         if self._stopped:
             return
         self._stopped = True
@@ -230,7 +237,11 @@ class RunningServer:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
-        await self.server.stop(self.settings.shutdown_grace_s if grace is None else grace)
+        grace = self.settings.shutdown_grace_s if grace is None else grace
+        if self.http is not None:
+            await asyncio.gather(self.server.stop(grace), self.http.stop(grace))
+        else:
+            await self.server.stop(grace)
         for component in reversed(self.components):
             try:
                 await component.stop()
@@ -270,6 +281,7 @@ async def start_server(
     database_url: str | None = None,
     extras: dict[str, object] | None = None,
     auth: AuthSettings | None = None,
+    http: HttpSettings | None = None,
 ) -> RunningServer:
     """Bind, start the components and the server; return once serving.
 
@@ -277,6 +289,8 @@ async def start_server(
     loopback development only). An all-in-one server under mesh authenticates its
     calls to itself with a secret minted here (no sidecar stands between it and
     itself to assert an identity); its peer channels to its own address send it.
+    `http`, when it has a listen address, serves the same servicers on an HTTP port
+    too (Connect, gRPC-Web, JSON; the console when on: services/common/http).
     """
     auth = auth or AuthSettings()
     extras = dict(extras or {})
@@ -286,13 +300,16 @@ async def start_server(
     auth = dataclasses.replace(auth, internal=internal)
     authenticator = make_authenticator(auth)
     gate = AuthGate(authenticator) if authenticator is not None else None
+    # One admission for the process: a namespace's limits count its calls on both ports.
+    limits = Admission(settings.admission)
     interceptors: list[grpc.aio.ServerInterceptor] = [
-        ServiceInterceptor(gate, settings.slow_rpc_s, Admission(settings.admission))
+        ServiceInterceptor(gate, settings.slow_rpc_s, limits)
     ]
     transport = settings.transport
+    cap = receive_cap(components, transport)
     server = grpc.aio.server(
         interceptors=interceptors,
-        options=server_options(receive_cap(components, transport), transport),
+        options=server_options(cap, transport),
         # Beyond this many calls in flight grpc answers RESOURCE_EXHAUSTED itself.
         maximum_concurrent_rpcs=transport.max_concurrent_rpcs or None,
     )
@@ -313,6 +330,53 @@ async def start_server(
     address = f"{host}:{port}"
     if internal is not None:
         auth = dataclasses.replace(auth, internal=dataclasses.replace(internal, address=address))
+    http_socket = None
+    if http is not None and http.listen_address is not None:
+        # Imported here: the HTTP port's modules import this one (ListenError).
+        from services.common.http import port as http_port
+
+        # Bound before anything starts: a taken port fails in one line, as RUNIFOLD_LISTEN.
+        http_socket = http_port.bind(http.listen_address)
+    try:
+        return await _start(
+            components,
+            settings,
+            server,
+            health_servicer,
+            address,
+            port,
+            database_url=database_url,
+            extras=extras,
+            auth=auth,
+            gate=gate,
+            limits=limits,
+            cap=cap,
+            http=http,
+            http_socket=http_socket,
+        )
+    except BaseException:
+        if http_socket is not None:
+            http_socket.close()
+        raise
+
+
+async def _start(
+    components: Sequence[Component],
+    settings: Settings,
+    server: grpc.aio.Server,
+    health_servicer: health.aio.HealthServicer,
+    address: str,
+    port: int,
+    *,
+    database_url: str | None,
+    extras: dict[str, object],
+    auth: AuthSettings,
+    gate: AuthGate | None,
+    limits: Admission,
+    cap: int,
+    http: HttpSettings | None,
+    http_socket: socket.socket | None,
+) -> RunningServer:
     ctx = StartContext(
         settings=settings,
         self_address=address,
@@ -330,14 +394,39 @@ async def start_server(
             await component.stop()
         raise
     names = [reflection.SERVICE_NAME, health.SERVICE_NAME]  # LIVENESS is a health entry only
+    recorder = None
+    if http_socket is not None:
+        from services.common.http.port import HandlerRecorder
+
+        # The HTTP port serves the very servicers registered here: the recorder passes
+        # each registration on to the gRPC server and keeps the method handlers.
+        recorder = HandlerRecorder(server)
     for component in components:
-        component.register(server)
+        component.register(cast(grpc.aio.Server, recorder) if recorder is not None else server)
         names.extend(component.service_names)
     reflection.enable_server_reflection(names, server)
     running = RunningServer(server, address, port, health_servicer, components, settings)
     await health_servicer.set(LIVENESS, SERVING)
     await _refresh_health(running)
     await server.start()
+    if http is not None and http_socket is not None and recorder is not None:
+        from services.common.http.port import open_port
+
+        try:
+            running.http = await open_port(
+                http,
+                http_socket,
+                handlers=recorder.handlers,
+                gate=gate,
+                limits=limits,
+                auth=auth,
+                slow_rpc_s=settings.slow_rpc_s,
+                read_max_bytes=cap,
+                transport=settings.transport,
+            )
+        except BaseException:
+            await running.stop(grace=0)
+            raise
     running._health_task = asyncio.create_task(_health_loop(running))
     log.info("server started", extra={"address": address, "services": [c.name for c in components]})
     return running
@@ -351,10 +440,11 @@ async def serving(
     database_url: str | None = None,
     extras: dict[str, object] | None = None,
     auth: AuthSettings | None = None,
+    http: HttpSettings | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Start a server for the duration of a block (tests and tools)."""
     running = await start_server(
-        components, settings, database_url=database_url, extras=extras, auth=auth
+        components, settings, database_url=database_url, extras=extras, auth=auth, http=http
     )
     try:
         yield running

@@ -24,8 +24,9 @@ def _pack(message: ProtoMessage) -> any_pb2.Any:
     return packed
 
 
-def to_status(error: DomainError) -> grpc.Status:
-    """The gRPC status of a domain error: code, message and packed details."""
+def status_details(error: DomainError) -> list[any_pb2.Any]:
+    """The packed details of a domain error, the same on every transport: ErrorInfo
+    first, then BadRequest (a field at fault), RetryInfo (a delay), and its own."""
     details = [
         _pack(
             error_details_pb2.ErrorInfo(
@@ -54,8 +55,15 @@ def to_status(error: DomainError) -> grpc.Status:
             details.append(detail)
         elif isinstance(detail, ProtoMessage):
             details.append(_pack(detail))
+    return details
+
+
+def to_status(error: DomainError) -> grpc.Status:
+    """The gRPC status of a domain error: code, message and packed details."""
     status: grpc.Status = rpc_status.to_status(
-        status_pb2.Status(code=_RPC_CODES[error.code], message=error.message, details=details)
+        status_pb2.Status(
+            code=_RPC_CODES[error.code], message=error.message, details=status_details(error)
+        )
     )
     return status
 

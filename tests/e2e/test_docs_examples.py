@@ -2,7 +2,8 @@
 
 The fenced `sh` and `python` blocks of each page run in order, against a real
 all-in-one server with the offline model (what `make run` starts), with the
-documented address 127.0.0.1:50051 pointed at the test's server. Each runs as
+documented address 127.0.0.1:50051 (and the HTTP port's http://127.0.0.1:8080) pointed
+at the test's server. Each runs as
 pasted into a fresh shell in the repository's folder: nothing of the project's
 virtual environment is on PATH (a block that needs `runifold` or `grpcurl`
 activates `.venv` itself, as the pages tell a person to), and no RUNIFOLD_*
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stack import Stack, full_stack
+from tests.stack import HTTP_ON, Stack, full_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [
@@ -38,6 +39,8 @@ PAGES = [
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 _NOT_RUN = re.compile(r"<!-- not run: (.+?) -->\s*$")
 DOCUMENTED_TARGET = "127.0.0.1:50051"
+# The all-in-one server's HTTP port (docs/console.md), pointed at the test's too.
+DOCUMENTED_HTTP = "http://127.0.0.1:8080"
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,9 @@ RUNNABLE, SKIPPED = examples()
 async def stack(
     shared_database_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Stack]:
-    async with full_stack(shared_database_url, tmp_path_factory.mktemp("docs"), None) as s:
+    async with full_stack(
+        shared_database_url, tmp_path_factory.mktemp("docs"), None, http=HTTP_ON
+    ) as s:
         yield s
 
 
@@ -112,7 +117,8 @@ def test_a_fresh_shell_has_no_project_command_on_path() -> None:
 
 @pytest.mark.parametrize("example", RUNNABLE, ids=str)
 async def test_example_runs_as_written(stack: Stack, example: Example) -> None:
-    code = example.code.replace(DOCUMENTED_TARGET, stack.address)
+    code = example.code.replace(DOCUMENTED_HTTP, stack.http_url)
+    code = code.replace(DOCUMENTED_TARGET, stack.address)
     env = fresh_shell_env(stack.address)
     command = (
         ["bash", "-euo", "pipefail", "-c", code]

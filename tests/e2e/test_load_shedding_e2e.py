@@ -8,7 +8,8 @@ Real gRPC servers on 127.0.0.1:0, the real embedding model, real PostgreSQL:
   queue that drops the abandoned work and takes namespaces in turn);
 - a full embedding queue answers OVERLOADED with a retry delay;
 - a namespace at its turn limit is refused with RetryInfo while another namespace
-  is served, and a turn waiting for its lease holds no slot;
+  is served, its turns over the HTTP port counting against the same limit, and a
+  turn waiting for its lease holds no slot;
 - an oversized append or turn is refused by its count before any message is read,
   and a request above the transport cap by grpc itself;
 - connections that never speak, or stay idle, are closed after the configured
@@ -30,6 +31,8 @@ from typing import Any
 
 import grpc
 import pytest
+from connectrpc.code import Code as ConnectCode
+from connectrpc.errors import ConnectError
 from google.rpc import error_details_pb2
 from prometheus_client import REGISTRY
 
@@ -44,8 +47,11 @@ from services.transcript.component import TranscriptComponent
 from tests.conftest import server_settings, wait_for
 from tests.fakes.openai_server import FakeOpenAI, fake_openai
 from tests.grpc_support import reason, status_detail, user
+from tests.http_support import connect_call
+from tests.http_support import detail as http_detail
+from tests.http_support import error_info as http_error_info
 from tests.memory_support import memory_config, memory_server, outbox_drained
-from tests.stack import Stack, full_stack
+from tests.stack import HTTP_ON, Stack, full_stack
 
 FLOOD = 600
 QUERY_CHARS = 4000
@@ -291,6 +297,7 @@ async def stack(
         tmp_path_factory.mktemp("admission"),
         model,
         settings={"RUNIFOLD_NAMESPACE_MAX_TURNS": str(TURN_LIMIT)},
+        http=HTTP_ON,
     ) as running:
         yield running
 
@@ -388,6 +395,43 @@ async def test_a_namespace_at_its_turn_limit_is_refused_while_another_is_served(
         turn(namespace, await conversation(stack, namespace), "a5")
     )
     assert again.outcome.output[0].text == "answer to a5"
+
+
+async def test_a_namespace_s_turn_limit_counts_its_turns_on_both_ports(
+    stack: Stack, held: HeldModel, namespace: str
+) -> None:
+    """One turn in flight over gRPC and one over the HTTP port fill the namespace's two
+    slots: a third is refused on either port, with the same ErrorInfo and RetryInfo."""
+    turn_method = agent_pb.DESCRIPTOR.services_by_name["AgentService"].methods_by_name[
+        "RunConversation"
+    ]
+    over_grpc = asyncio.ensure_future(
+        stack.agent.RunConversation(turn(namespace, await conversation(stack, namespace), "g1"))
+    )
+    await wait_for(asked(held, "g1"))
+    over_http = asyncio.ensure_future(
+        connect_call(
+            stack.http_url, turn_method, turn(namespace, await conversation(stack, namespace), "h1")
+        )
+    )
+    await wait_for(asked(held, "h1"))
+    with pytest.raises(ConnectError) as refused_http:
+        await connect_call(
+            stack.http_url, turn_method, turn(namespace, await conversation(stack, namespace), "h2")
+        )
+    with pytest.raises(grpc.aio.AioRpcError) as refused_grpc:
+        await stack.agent.RunConversation(
+            turn(namespace, await conversation(stack, namespace), "g2")
+        )
+    assert refused_http.value.code is ConnectCode.RESOURCE_EXHAUSTED
+    assert http_error_info(refused_http.value) == error_info(refused_grpc.value)
+    assert reason(refused_grpc.value) == "NAMESPACE_CONCURRENCY_LIMIT"
+    retry = http_detail(refused_http.value, error_details_pb2.RetryInfo)
+    assert retry is not None and retry.retry_delay.ToTimedelta().total_seconds() > 0
+    assert not held.asked("h2") and not held.asked("g2")
+    held.open_all()
+    assert (await over_grpc).conversation_version == 1
+    assert (await over_http)[0].conversation_version == 1  # type: ignore[attr-defined]
 
 
 async def test_a_turn_waiting_for_its_lease_holds_no_admission_slot(

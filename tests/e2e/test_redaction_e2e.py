@@ -8,8 +8,10 @@ requests carrying content fail; then the content is looked for in every line.
 from __future__ import annotations
 
 import io
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -22,7 +24,8 @@ from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from services.common.logs import JsonFormatter
 from tests.conftest import wait_for
 from tests.fakes.openai_server import FakeOpenAI, FakeReply, fake_openai
-from tests.stack import Stack, full_stack
+from tests.http_support import post_json
+from tests.stack import HTTP_ON, Stack, full_stack
 
 SECRETS = {
     "user": "my passport number is X99-SECRET-1",
@@ -56,7 +59,9 @@ async def stack(
 ) -> AsyncIterator[tuple[Stack, FakeOpenAI]]:
     async with (
         fake_openai() as model,
-        full_stack(shared_database_url, tmp_path_factory.mktemp("redaction"), model) as running,
+        full_stack(
+            shared_database_url, tmp_path_factory.mktemp("redaction"), model, http=HTTP_ON
+        ) as running,
     ):
         model.respond_with(lambda body: FakeReply(text=SECRETS["answer"]))
         yield running, model
@@ -169,3 +174,45 @@ async def test_a_full_turn_leaves_no_content_in_logs_or_errors(
     assert lines.count('"message": "rpc"') >= 8, "the access log was captured"
     leaked = [name for name, text in SECRETS.items() if text.split()[-1] in lines]
     assert not leaked and "SECRET" not in lines, f"content leaked into logs: {leaked}"
+
+
+async def test_calls_over_the_http_port_leave_no_content_in_logs_or_errors(
+    stack: tuple[Stack, FakeOpenAI], captured: io.StringIO, namespace: str
+) -> None:
+    """The same over Connect JSON: a turn, and failing requests that carry content
+    (rejected, conflicting, undecodable), answered and logged without it."""
+    running, _ = stack
+    base, transcript = running.http_url, "runifold.transcript.v1.TranscriptService"
+    created = await post_json(base, f"{transcript}/CreateConversation", {"namespace": namespace})
+    cid = created.body["conversation"]["conversationId"]
+    turn = await post_json(
+        base,
+        "runifold.agent.v1.AgentService/RunConversation",
+        {
+            "namespace": namespace,
+            "conversationId": cid,
+            "systemInstructions": SECRETS["system"],
+            "input": [{"role": "ROLE_USER", "text": SECRETS["user"]}],
+        },
+    )
+    assert turn.status == 200, turn.body
+    failures: list[dict[str, Any]] = [
+        {"messages": [{"role": "ROLE_SYSTEM", "text": SECRETS["bad"]}]},
+        {"expectedVersion": "0", "messages": [{"role": "ROLE_USER", "text": SECRETS["bad"]}]},
+        # Undecodable: the parser's words would quote the value.
+        {"expectedVersion": SECRETS["bad"], "messages": [{"text": SECRETS["bad"]}]},
+        {"messages": [{"role": "ROLE_USER", "text": SECRETS["bad"] + "\x00"}]},
+    ]
+    for failure in failures:
+        reply = await post_json(
+            base,
+            f"{transcript}/AppendEntries",
+            {"namespace": namespace, "conversationId": cid, **failure},
+        )
+        assert reply.status >= 400, reply.body
+        assert "SECRET" not in json.dumps(reply.body), reply.body
+        assert not any("SECRET" in value for value in reply.headers.values())
+
+    lines = captured.getvalue()
+    assert lines.count('"message": "rpc"') >= 6, "the access log was captured"
+    assert "SECRET" not in lines, "content leaked into logs"

@@ -20,6 +20,8 @@ from tests.ops.tools import ROOT
 _BANNER = re.compile(
     r"serving (?P<services>.*?) on (?P<address>[^\s;]+)(?:; metrics on (?P<url>\S+))?$"
 )
+# The HTTP port's line, printed before the banner: "console on URL/; ..." or "... on URL".
+_HTTP_BANNER = re.compile(r"(?:console on (?P<console>\S+?)/;|gRPC-Web on (?P<http>\S+)$)")
 
 
 @dataclass
@@ -30,6 +32,8 @@ class ServiceProcess:
     address: str
     metrics_url: str
     output: list[str] = field(default_factory=list)
+    # The HTTP port's base URL (RUNIFOLD_HTTP_LISTEN), when it serves one.
+    http_url: str | None = None
 
     async def scrape(self) -> str:
         """The text exposition of /metrics, fetched over HTTP."""
@@ -64,6 +68,9 @@ async def service_process(
         **os.environ,
         "RUNIFOLD_LISTEN": "127.0.0.1:0",
         "RUNIFOLD_METRICS_LISTEN": "127.0.0.1:0",
+        # The all-in-one server's HTTP port, never its default 8080 (a developer's `make
+        # run` may hold it); a service alone serves none unless `env` asks.
+        "RUNIFOLD_HTTP_LISTEN": "127.0.0.1:0" if module == "services" else "off",
         "RUNIFOLD_DATA_DIR": str(data_dir),
         "RUNIFOLD_LOG_LEVEL": "WARNING",
         "RUNIFOLD_PAGE_TOKEN_SECRET": "test-secret-0123456789",
@@ -82,6 +89,7 @@ async def service_process(
     )
     assert process.stderr is not None
     output: list[str] = []
+    http_url: str | None = None
     try:
         async with asyncio.timeout(timeout):
             while True:
@@ -89,6 +97,8 @@ async def service_process(
                 if not line:
                     raise AssertionError(f"{module} exited before serving:\n{''.join(output)}")
                 output.append(line)
+                if line.startswith("runifold") and (http := _HTTP_BANNER.search(line.strip())):
+                    http_url = http["console"] or http["http"]
                 match = _BANNER.search(line.strip())
                 if match and match["url"]:
                     break
@@ -106,7 +116,7 @@ async def service_process(
             output.append(raw.decode())
 
     drainer = asyncio.create_task(drain())
-    running = ServiceProcess(process, match["address"], match["url"], output)
+    running = ServiceProcess(process, match["address"], match["url"], output, http_url)
     try:
         yield running
     finally:

@@ -74,6 +74,34 @@ def test_a_taken_metrics_port_is_one_line_naming_runifold_metrics_listen(
     assert address in lines[0] and "RUNIFOLD_METRICS_LISTEN" in lines[0]
 
 
+def test_a_taken_http_port_is_one_line_naming_runifold_http_listen(taken_port: int) -> None:
+    address = f"127.0.0.1:{taken_port}"
+    done = _start(
+        {
+            "RUNIFOLD_LISTEN": "127.0.0.1:0",
+            "RUNIFOLD_METRICS_LISTEN": "off",
+            "RUNIFOLD_HTTP_LISTEN": address,
+        }
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert address in lines[0] and "RUNIFOLD_HTTP_LISTEN" in lines[0]
+
+
+def test_an_http_port_off_loopback_needs_authentication_as_the_grpc_one() -> None:
+    done = _start(
+        {
+            "RUNIFOLD_LISTEN": "127.0.0.1:0",
+            "RUNIFOLD_METRICS_LISTEN": "off",
+            "RUNIFOLD_HTTP_LISTEN": "0.0.0.0:0",
+            "RUNIFOLD_AUTH": "none",
+        }
+    )
+    assert done.returncode == 2, done.stderr
+    assert "refusing to listen on 0.0.0.0:0 with RUNIFOLD_AUTH=none" in done.stderr
+
+
 @pytest.mark.slow
 async def test_the_all_in_one_server_starts_and_stops_quietly(
     tmp_path: Path, namespace: str

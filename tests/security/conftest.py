@@ -2,7 +2,8 @@
 
 Both suites share it (starting the whole stack loads the embedding model):
 every service for real on PostgreSQL, Qdrant Edge and the real embedding
-model; the agent's model is the fake OpenAI server.
+model; the agent's model is the fake OpenAI server. The HTTP port is on too: the
+suites ask the same questions over Connect JSON.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 
 from tests.fakes.openai_server import FakeOpenAI, fake_openai
 from tests.security.support import AUTH
-from tests.stack import Stack, full_stack
+from tests.stack import HTTP_ON, Stack, full_stack
 
 
 @pytest.fixture(scope="package")
@@ -27,6 +28,6 @@ async def stack(
     shared_database_url: str, model: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Stack]:
     async with full_stack(
-        shared_database_url, tmp_path_factory.mktemp("security"), model, auth=AUTH
+        shared_database_url, tmp_path_factory.mktemp("security"), model, auth=AUTH, http=HTTP_ON
     ) as running:
         yield running

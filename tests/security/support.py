@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 import psycopg
+from connectrpc.errors import ConnectError
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, MethodDescriptor
 from google.protobuf.json_format import MessageToDict
@@ -29,6 +30,8 @@ from services.common.auth import AuthSettings
 from services.common.status import error_info
 from tests.grpc_support import Metadata as Metadata  # re-exported: the suites import it from here
 from tests.grpc_support import authorization, jwt_token
+from tests.http_support import connect_call, grpc_code_name
+from tests.http_support import error_info as connect_error_info
 
 SECRET = "security-suite-secret-" + "s" * 32
 AUDIENCE = "runifold"
@@ -176,6 +179,28 @@ async def invoke(
         return Outcome(grpc.StatusCode.OK, replies=(reply,))
     except grpc.aio.AioRpcError as error:
         return _failed(error)
+
+
+async def invoke_http(
+    base_url: str,
+    rpc: Rpc,
+    request: Message,
+    metadata: Metadata = (),
+    timeout: float = CALL_TIMEOUT_S,
+) -> Outcome:
+    """Call `rpc` over the HTTP port (Connect with JSON, as curl and the console do), with
+    the same metadata as headers; the outcome in gRPC's terms, to compare with `invoke`'s."""
+    try:
+        replies = await connect_call(base_url, rpc.method, request, metadata, timeout_s=timeout)
+    except ConnectError as error:
+        info = connect_error_info(error)
+        return Outcome(
+            code=grpc.StatusCode[grpc_code_name(error.code)],
+            details=error.message,
+            reason=info.reason if info is not None else None,
+            error_metadata=dict(info.metadata) if info is not None else {},
+        )
+    return Outcome(grpc.StatusCode.OK, replies=tuple(replies))
 
 
 async def must(channel: grpc.aio.Channel, rpc_id: str, request: Message, metadata: Metadata) -> Any:

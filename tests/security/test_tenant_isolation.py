@@ -11,6 +11,9 @@ case fails here) each probe is asked
     reason, message, metadata; or the reply) of the same request with ids
     that never existed, so B's existence is not revealed.
 
+Each is asked over gRPC and, in a second run, over the HTTP port (Connect JSON), where
+the refusals of (a) must also be word for word those of gRPC.
+
 Afterwards every row B holds in every service table is unchanged, its
 searches find the same memories, and nothing A received, nor any prompt the
 model saw while A called, contains B's namespace or any of B's text.
@@ -47,6 +50,7 @@ from tests.security.support import (
     Rpc,
     bearer,
     invoke,
+    invoke_http,
     must,
     namespace_rows,
 )
@@ -560,10 +564,18 @@ async def test_the_server_serves_exactly_the_enumerated_services(stack: Stack) -
     assert {s for s in served if s.startswith("runifold.")} == {rpc.service for rpc in RPCS}
 
 
+@pytest.mark.parametrize("transport", ["grpc", "http"])
 @pytest.mark.parametrize("rpc", RPCS, ids=[rpc.id for rpc in RPCS])
 async def test_tenant_a_cannot_reach_tenant_b(
-    rpc: Rpc, stack: Stack, model: FakeOpenAI, shared_database_url: str, tenants: Tenants
+    rpc: Rpc,
+    transport: str,
+    stack: Stack,
+    model: FakeOpenAI,
+    shared_database_url: str,
+    tenants: Tenants,
 ) -> None:
+    """Over gRPC, and over the HTTP port (Connect JSON, what curl and the console send),
+    where every refusal of (a) is also exactly the one gRPC gives."""
     case = CASES.get(rpc.id)
     assert case is not None, f"{rpc.id} has no tenant-isolation case"
     a, b = tenants.a, tenants.b
@@ -577,7 +589,10 @@ async def test_tenant_a_cannot_reach_tenant_b(
     received: list[Outcome] = []
 
     async def call(request: Message, metadata: Metadata = as_a) -> Outcome:
-        outcome = await invoke(channel, rpc, request, metadata)
+        if transport == "http":
+            outcome = await invoke_http(stack.http_url, rpc, request, metadata)
+        else:
+            outcome = await invoke(channel, rpc, request, metadata)
         received.append(outcome)
         return outcome
 
@@ -594,6 +609,10 @@ async def test_tenant_a_cannot_reach_tenant_b(
         assert normalized(garbage, GARBAGE) == normalized(denied, b_target), (
             f"{where}: authorization must come before validation: {garbage.describe()}"
         )
+        if transport == "http":
+            # The same refusal, word for word, as the gRPC listener's.
+            over_grpc = await invoke(channel, rpc, probe(b.namespace, b_target, a), as_a)
+            assert normalized(denied, b_target) == normalized(over_grpc, b_target), where
 
         # (b) A's namespace, B's ids: indistinguishable from ids that never existed.
         with_b_ids = await call(probe(a.namespace, b_target, a))

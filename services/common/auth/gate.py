@@ -77,9 +77,13 @@ class AuthGate:
         return method.startswith("/runifold.")
 
     def authenticate(self, context: grpc.aio.ServicerContext[Any, Any]) -> Identity:
-        metadata: Metadata = context.invocation_metadata() or ()
+        return self.authenticate_metadata(context.invocation_metadata() or (), context.peer())
+
+    def authenticate_metadata(self, metadata: Metadata, peer: str | None) -> Identity:
+        """The caller's identity from a call's metadata and peer (gRPC's, or the HTTP
+        port's headers and client address in gRPC's peer form)."""
         try:
-            return self.authenticator.authenticate(metadata, context.peer() or "")
+            return self.authenticator.authenticate(metadata, peer or "")
         except DomainError:
             raise
         except Exception as exc:

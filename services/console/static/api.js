@@ -1,0 +1,95 @@
+// The console's only way to the data: the services' own RPCs over Connect with JSON
+// (POST /<package>.<Service>/<Method>), with the user's own credentials. The console can
+// therefore do exactly what its user may do, and nothing else.
+
+export const TRANSCRIPT = "runifold.transcript.v1.TranscriptService";
+export const SUMMARY = "runifold.summary.v1.SummaryService";
+export const MEMORY = "runifold.memory.v1.MemoryService";
+export const AGENT = "runifold.agent.v1.AgentService";
+
+const TOKEN_KEY = "runifold.console.token";
+
+export function token() {
+  return sessionStorage.getItem(TOKEN_KEY) || "";
+}
+
+export function setToken(value) {
+  if (value) sessionStorage.setItem(TOKEN_KEY, value);
+  else sessionStorage.removeItem(TOKEN_KEY);
+}
+
+function headers(extra) {
+  const h = { ...extra };
+  const t = token();
+  if (t) h["authorization"] = `Bearer ${t}`;
+  return h;
+}
+
+// A failed call: the Connect code, the message, and the ErrorInfo reason and metadata
+// (read from the detail's `debug` form, which the server sends with each detail).
+export class RpcError extends Error {
+  constructor(code, message, reason, metadata) {
+    super(message);
+    this.code = code;
+    this.reason = reason || "";
+    this.metadata = metadata || {};
+  }
+
+  describe() {
+    return this.reason ? `${this.code} / ${this.reason}: ${this.message}` : `${this.code}: ${this.message}`;
+  }
+}
+
+function errorOf(status, body) {
+  if (body && typeof body === "object" && typeof body.code === "string") {
+    const info = (body.details || []).find((d) => d.type === "google.rpc.ErrorInfo");
+    const debug = (info && info.debug) || {};
+    return new RpcError(body.code, body.message || "", debug.reason, debug.metadata);
+  }
+  return new RpcError("unknown", `HTTP ${status}`);
+}
+
+export async function call(service, method, request, { timeoutMs = 30000 } = {}) {
+  let response;
+  try {
+    response = await fetch(`${service}/${method}`, {
+      method: "POST",
+      headers: headers({
+        "content-type": "application/json",
+        "connect-protocol-version": "1",
+        "connect-timeout-ms": String(timeoutMs),
+      }),
+      body: JSON.stringify(request),
+      credentials: "omit",
+      cache: "no-store",
+    });
+  } catch (e) {
+    throw new RpcError("unavailable", "the server cannot be reached");
+  }
+  let body = null;
+  try {
+    body = await response.json();
+  } catch (e) {
+    body = null;
+  }
+  if (!response.ok) throw errorOf(response.status, body);
+  return body || {};
+}
+
+export async function getJson(path) {
+  const response = await fetch(path, { headers: headers({}), credentials: "omit", cache: "no-store" });
+  let body = null;
+  try {
+    body = await response.json();
+  } catch (e) {
+    body = null;
+  }
+  if (!response.ok) throw errorOf(response.status, body);
+  return body;
+}
+
+// proto3 JSON writes int64 as strings; the console counts with numbers.
+export function int(value) {
+  if (value === undefined || value === null || value === "") return 0;
+  return Number(value);
+}

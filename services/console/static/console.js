@@ -1,0 +1,568 @@
+// The Runifold console: namespaces -> conversations -> the transcript (paged, with the
+// summary boundary, the last window and the appends), memories with links to the
+// entries they came from, and the summary backlog with the service's own counters.
+//
+// Everything shown comes from the public API (api.js). Transcript, summary and memory
+// text is untrusted: it is only ever put into the page as text (textContent, never
+// innerHTML), and the server's Content-Security-Policy runs no script but these files.
+// Links a person can share: ?namespace=NS&conversation=ID[&entry=SEQ], ?namespace=NS&memory=ID.
+
+import { AGENT, MEMORY, SUMMARY, TRANSCRIPT, RpcError, call, getJson, int, setToken, token } from "./api.js";
+
+const PAGE = 200; // entries per ListEntries page
+const WINDOW = 16; // the window shown as "last window" (the orchestrator's default)
+const FOLLOW_MS = 3000; // how often an open conversation is checked for new entries
+const METRICS_MS = 5000;
+const HISTORY = 60; // points per chart
+
+const state = {
+  session: null,
+  namespace: "",
+  follow: null, // the timer that follows the open conversation
+  metrics: null,
+  history: {},
+};
+
+// -- DOM helpers: text only ----------------------------------------------------------
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key === "dataset") Object.assign(node.dataset, value);
+    else if (key === "onclick") node.addEventListener("click", value);
+    else if (key === "href") node.setAttribute("href", safeHref(value));
+    else node.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === undefined || child === null || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+// Only links of this console (a query string), never a scheme a text could smuggle in.
+function safeHref(value) {
+  return String(value).startsWith("?") ? value : "#";
+}
+
+function link(params, ...children) {
+  const href = "?" + new URLSearchParams(params).toString();
+  return el("a", {
+    href,
+    onclick: (event) => {
+      if (event.ctrlKey || event.metaKey || event.shiftKey || event.button !== 0) return;
+      event.preventDefault();
+      navigate(params);
+    },
+  }, ...children);
+}
+
+function view(...children) {
+  const main = document.getElementById("view");
+  main.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+  return main;
+}
+
+function status(text, isError = false) {
+  const node = document.getElementById("status");
+  node.textContent = text || "";
+  node.className = isError ? "error" : "";
+}
+
+function failed(error) {
+  if (error instanceof RpcError) {
+    if (error.code === "unauthenticated") showSignIn(error.message);
+    status(error.describe(), true);
+  } else {
+    status(String(error), true);
+  }
+}
+
+function time(value) {
+  if (!value) return "";
+  const date = new Date(value);
+  return isNaN(date) ? String(value) : date.toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
+}
+
+function roleName(role) {
+  return String(role || "ROLE_UNSPECIFIED").replace(/^ROLE_/, "").toLowerCase();
+}
+
+// A process may host only some services (one service per process in production): the
+// console asks only those this port serves, and says what it cannot show.
+function served(service) {
+  return !state.session || (state.session.services || []).includes(service);
+}
+
+function actionsOn() {
+  return Boolean(state.session && state.session.actions);
+}
+
+// -- routing ------------------------------------------------------------------------
+
+function params() {
+  return Object.fromEntries(new URLSearchParams(location.search));
+}
+
+function navigate(next, replace = false) {
+  const clean = Object.fromEntries(Object.entries(next).filter(([, v]) => v !== undefined && v !== ""));
+  const url = "?" + new URLSearchParams(clean).toString();
+  if (replace) history.replaceState(null, "", url);
+  else history.pushState(null, "", url);
+  route();
+}
+
+window.addEventListener("popstate", () => route());
+
+function stopFollowing() {
+  if (state.follow) clearInterval(state.follow);
+  state.follow = null;
+}
+
+function stopMetrics() {
+  if (state.metrics) clearInterval(state.metrics);
+  state.metrics = null;
+}
+
+async function route() {
+  stopFollowing();
+  stopMetrics();
+  status("");
+  const p = params();
+  state.namespace = p.namespace || "";
+  document.getElementById("namespace").value = state.namespace;
+  const tab = p.conversation ? "conversations" : p.memory ? "memories" : p.tab || "conversations";
+  const needs = { conversations: TRANSCRIPT, memories: MEMORY, backlog: SUMMARY };
+  for (const a of document.querySelectorAll("#tabs a")) {
+    a.classList.toggle("active", a.dataset.tab === tab);
+    a.hidden = !served(needs[a.dataset.tab]);
+  }
+  if (!state.namespace) {
+    view(el("p", { class: "hint" }, "Choose a namespace to look into."));
+    return;
+  }
+  try {
+    if (p.conversation) await showConversation(p.conversation, int(p.entry));
+    else if (p.memory) await showMemory(p.memory);
+    else if (tab === "memories") await showMemories(p.query || "");
+    else if (tab === "backlog") await showBacklog();
+    else await showConversations(p.page || "");
+  } catch (error) {
+    failed(error);
+  }
+}
+
+// -- conversations -------------------------------------------------------------------
+
+async function showConversations(pageToken) {
+  const ns = state.namespace;
+  const reply = await call(TRANSCRIPT, "ListConversations", { namespace: ns, pageSize: 50, pageToken });
+  const rows = (reply.conversations || []).map((c) =>
+    el("tr", { class: "conversation", dataset: { conversation: c.conversationId } },
+      el("td", {}, link({ namespace: ns, conversation: c.conversationId }, el("code", {}, c.conversationId))),
+      el("td", { class: "num" }, int(c.version)),
+      el("td", { class: "num" }, int(c.lastSequence)),
+      el("td", {}, time(c.updateTime)),
+      el("td", { class: "labels" }, Object.entries(c.labels || {}).map(([k, v]) => el("span", { class: "label" }, `${k}=${v}`))),
+    ),
+  );
+  view(
+    el("h1", {}, "Conversations"),
+    rows.length
+      ? el("table", { id: "conversations" },
+          el("thead", {}, el("tr", {}, el("th", {}, "conversation"), el("th", {}, "version"), el("th", {}, "entries"), el("th", {}, "updated"), el("th", {}, "labels"))),
+          el("tbody", {}, rows))
+      : el("p", { class: "hint" }, "No conversations in this namespace."),
+    reply.nextPageToken ? link({ namespace: ns, page: reply.nextPageToken }, "Next page") : null,
+  );
+}
+
+function entryNode(entry, marks) {
+  const m = entry.message || {};
+  const seq = int(entry.sequence);
+  const classes = ["entry", `role-${roleName(m.role)}`];
+  if (seq <= marks.summarizedThrough) classes.push("summarized");
+  if (seq >= marks.windowFirst && marks.windowFirst > 0) classes.push("in-window");
+  if (marks.highlight && seq >= marks.highlight[0] && seq <= marks.highlight[1]) classes.push("highlighted");
+  const calls = (m.toolCalls || []).map((tc) =>
+    el("div", { class: "tool-call" }, el("span", { class: "tool-name" }, `${tc.name || "?"}(`), el("code", {}, tc.argumentsJson || ""), ")",
+      tc.id ? el("span", { class: "tool-id" }, ` id ${tc.id}`) : null));
+  return el("li", { class: classes.join(" "), id: `entry-${seq}`, dataset: { sequence: seq } },
+    el("div", { class: "meta" },
+      el("span", { class: "seq" }, `#${seq}`),
+      el("span", { class: "role" }, roleName(m.role)),
+      m.toolCallId ? el("span", { class: "tool-id" }, `answers ${m.toolCallId}`) : null,
+      Object.entries(m.metadata || {}).map(([k, v]) => el("span", { class: "label" }, `${k}=${v}`)),
+    ),
+    m.text ? el("div", { class: "text" }, m.text) : null,
+    calls,
+  );
+}
+
+async function loadEntries(ns, id, through) {
+  // Pages from the start (the append markers count from the first entry), as far as
+  // `through` when a link points further in; "Load more" asks for the rest.
+  const entries = [];
+  let pageToken = "";
+  do {
+    const page = await call(TRANSCRIPT, "ListEntries", { namespace: ns, conversationId: id, pageSize: PAGE, pageToken });
+    entries.push(...(page.entries || []));
+    pageToken = page.nextPageToken || "";
+  } while (pageToken && through > 0 && int(entries[entries.length - 1]?.sequence) < through && entries.length < 100 * PAGE);
+  return { entries, pageToken };
+}
+
+async function showConversation(id, entry) {
+  const ns = state.namespace;
+  const [conv, summary, memories] = await Promise.all([
+    call(TRANSCRIPT, "GetConversation", { namespace: ns, conversationId: id }),
+    served(SUMMARY) ? call(SUMMARY, "GetSummary", { namespace: ns, conversationId: id }) : null,
+    served(MEMORY) ? call(MEMORY, "ListMemories", { namespace: ns, conversationId: id, pageSize: 100 }) : null,
+  ]);
+  const c = conv.conversation || {};
+  const s = (summary && summary.summary) || null;
+  const summarizedThrough = s ? int(s.throughSequence) : 0;
+  const v = await call(TRANSCRIPT, "LoadView", {
+    namespace: ns, conversationId: id, window: WINDOW, summaryBatch: 64, summarizedThrough,
+  });
+  const windowEntries = v.window || [];
+  const windowFirst = windowEntries.length ? int(windowEntries[0].sequence) : 0;
+  let highlight = null;
+  if (entry > 0) {
+    const through = int(params().through) || entry;
+    highlight = [entry, through];
+  }
+  const marks = { summarizedThrough, windowFirst, highlight };
+  const loaded = await loadEntries(ns, id, highlight ? highlight[1] : 0);
+
+  const list = el("ol", { id: "entries" });
+  let appendNo = 0;
+  let lastCreated = null;
+  const render = (entries) => {
+    for (const e of entries) {
+      const seq = int(e.sequence);
+      if (e.createdAt !== lastCreated) {
+        // One append writes its entries in one transaction, with one time: a new time is
+        // the next append (a turn writes its input and its answer in one).
+        appendNo += 1;
+        lastCreated = e.createdAt;
+        list.append(el("li", { class: "turn-marker" }, `append ${appendNo} · ${time(e.createdAt)}`));
+      }
+      if (seq === windowFirst && windowFirst > 0) {
+        list.append(el("li", { class: "window-start", id: "window-start" },
+          `last window: the ${windowEntries.length} most recent entries (window ${WINDOW}) start here`));
+      }
+      list.append(entryNode(e, marks));
+      if (seq === summarizedThrough) {
+        list.append(el("li", { class: "boundary", id: "summary-boundary", dataset: { through: seq } },
+          `summary boundary: entries 1–${seq} are covered by the summary`));
+      }
+    }
+  };
+  render(loaded.entries);
+  let pageToken = loaded.pageToken;
+  const more = el("button", { type: "button", id: "more-entries", hidden: !pageToken }, "Load more entries");
+  more.addEventListener("click", async () => {
+    try {
+      const page = await call(TRANSCRIPT, "ListEntries", { namespace: ns, conversationId: id, pageSize: PAGE, pageToken });
+      render(page.entries || []);
+      pageToken = page.nextPageToken || "";
+      more.hidden = !pageToken;
+    } catch (error) {
+      failed(error);
+    }
+  });
+
+  const derived = ((memories && memories.memories) || []).map((mem) => el("li", { class: "memory" },
+    link({ namespace: ns, memory: mem.memoryId }, el("span", { class: "memory-content" }, mem.content)),
+    " ", sourcesNode(ns, mem.sources || [], id)));
+
+  const follow = el("input", { type: "checkbox", id: "follow", checked: true });
+  const actions = actionsOn()
+    ? el("div", { class: "actions" },
+        served(SUMMARY) && actionButton("Request summary", `Enqueue a background summary of conversation ${id}?`, () =>
+          call(SUMMARY, "RequestSummary", { namespace: ns, conversationId: id, window: WINDOW, summaryBatch: 64 }).then((r) => `summary job ${r.job?.jobId || ""} queued`)),
+        served(AGENT) && actionButton("Erase conversation", `Erase conversation ${id} everywhere (entries, summaries, derived memories)? This cannot be undone.`, () =>
+          call(AGENT, "EraseConversation", { namespace: ns, conversationId: id }).then(() => {
+            navigate({ namespace: ns });
+            return "erased";
+          }), "danger"))
+    : null;
+
+  view(
+    el("p", { class: "crumbs" }, link({ namespace: ns }, "Conversations"), " / ", el("code", {}, id)),
+    el("h1", {}, "Conversation"),
+    el("dl", { class: "facts", id: "conversation-facts" },
+      el("dt", {}, "version"), el("dd", { id: "conversation-version" }, int(c.version)),
+      el("dt", {}, "entries"), el("dd", { id: "conversation-last-sequence" }, int(c.lastSequence)),
+      el("dt", {}, "summarized through"), el("dd", { id: "summarized-through" }, summarizedThrough || "nothing yet"),
+      el("dt", {}, "unsummarized outside the window"), el("dd", { id: "summary-buffer" },
+        `${(v.summaryBuffer || []).length} in the next batch, ${int(v.summaryBacklog)} behind it`),
+      el("dt", {}, "updated"), el("dd", {}, time(c.updateTime)),
+      el("dt", {}, "labels"), el("dd", {}, Object.entries(c.labels || {}).map(([k, val]) => el("span", { class: "label" }, `${k}=${val}`))),
+    ),
+    el("label", { class: "follow" }, follow, " follow new entries"),
+    actions,
+    s
+      ? el("section", { class: "summary", id: "summary" },
+          el("h2", {}, `Summary (revision ${int(s.revision)}, through entry ${summarizedThrough})`),
+          el("div", { class: "text" }, s.text))
+      : el("section", { class: "summary empty", id: "summary" },
+          el("h2", {}, served(SUMMARY) ? "No summary yet" : "Summaries: SummaryService is not served on this port")),
+    el("h2", {}, "Transcript"),
+    list,
+    more,
+    served(MEMORY) ? el("h2", {}, "Memories derived from it") : null,
+    served(MEMORY)
+      ? (derived.length ? el("ul", { id: "derived-memories" }, derived) : el("p", { class: "hint" }, "None."))
+      : null,
+  );
+  if (highlight) {
+    const target = document.getElementById(`entry-${highlight[0]}`);
+    if (target) target.scrollIntoView({ block: "center" });
+  }
+  // Live: WatchConversation is not in the contract yet; until it is, the version is
+  // polled and the page redrawn when it moved.
+  const seen = int(c.version);
+  state.follow = setInterval(async () => {
+    if (!follow.checked || document.hidden) return;
+    try {
+      const now = await call(TRANSCRIPT, "GetConversation", { namespace: ns, conversationId: id });
+      if (int(now.conversation?.version) !== seen) route();
+    } catch (error) {
+      stopFollowing();
+      failed(error);
+    }
+  }, FOLLOW_MS);
+}
+
+function actionButton(label, question, run, kind = "") {
+  const button = el("button", { type: "button", class: `action ${kind}` }, label);
+  button.addEventListener("click", async () => {
+    if (!window.confirm(question)) return;
+    try {
+      status(await run());
+    } catch (error) {
+      failed(error);
+    }
+  });
+  return button;
+}
+
+function sourcesNode(ns, sources, current) {
+  return el("span", { class: "sources" }, sources.map((src) => {
+    const from = int(src.fromSequence);
+    const through = int(src.throughSequence) || from;
+    const label = `${src.conversationId === current ? "" : src.conversationId.slice(0, 8) + "… "}entries ${from}–${through}`;
+    return el("span", { class: "source" },
+      link({ namespace: ns, conversation: src.conversationId, entry: from, through }, label));
+  }));
+}
+
+// -- memories ---------------------------------------------------------------------------
+
+function memoryRow(ns, mem, score) {
+  return el("li", { class: "memory", dataset: { memory: mem.memoryId } },
+    el("div", {}, link({ namespace: ns, memory: mem.memoryId }, el("span", { class: "memory-content" }, mem.content))),
+    el("div", { class: "meta" },
+      score !== undefined ? el("span", { class: "score" }, `score ${Number(score).toFixed(3)}`) : null,
+      el("span", {}, `revision ${int(mem.revision)}`),
+      mem.expireTime ? el("span", {}, `expires ${time(mem.expireTime)}`) : null,
+      el("span", {}, "from "), sourcesNode(ns, mem.sources || [], null)));
+}
+
+async function showMemories(query) {
+  const ns = state.namespace;
+  const form = el("form", { id: "search-form", class: "search" },
+    el("input", { id: "query", name: "query", placeholder: "search memories (semantic)", value: query }),
+    el("button", { type: "submit" }, "Search"));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    navigate({ namespace: ns, tab: "memories", query: form.query.value.trim() });
+  });
+  let list;
+  if (query) {
+    const found = await call(MEMORY, "SearchMemories", { namespace: ns, query, limit: 20 });
+    list = (found.results || []).map((r) => memoryRow(ns, r.memory || {}, r.score || 0));
+    if (found.degraded) status("the vector index is unreachable: full-text results");
+  } else {
+    const listed = await call(MEMORY, "ListMemories", { namespace: ns, pageSize: 100 });
+    list = (listed.memories || []).map((m) => memoryRow(ns, m));
+  }
+  view(el("h1", {}, "Memories"), form,
+    list.length ? el("ul", { id: "memories" }, list) : el("p", { class: "hint" }, "No memories."));
+}
+
+async function showMemory(id) {
+  const ns = state.namespace;
+  const reply = await call(MEMORY, "GetMemory", { namespace: ns, memoryId: id });
+  const m = reply.memory || {};
+  const actions = actionsOn()
+    ? el("div", { class: "actions" }, actionButton("Delete memory", `Delete memory ${id}?`, () =>
+        call(MEMORY, "DeleteMemory", { namespace: ns, memoryId: id, expectedRevision: m.revision }).then(() => {
+          navigate({ namespace: ns, tab: "memories" });
+          return "deleted";
+        }), "danger"))
+    : null;
+  view(
+    el("p", { class: "crumbs" }, link({ namespace: ns, tab: "memories" }, "Memories"), " / ", el("code", {}, id)),
+    el("h1", {}, "Memory"),
+    el("section", { class: "memory-detail", id: "memory" }, el("div", { class: "text memory-content" }, m.content)),
+    el("dl", { class: "facts" },
+      el("dt", {}, "revision"), el("dd", {}, int(m.revision)),
+      el("dt", {}, "sources"), el("dd", { id: "memory-sources" }, sourcesNode(ns, m.sources || [], null)),
+      el("dt", {}, "created"), el("dd", {}, time(m.createTime)),
+      el("dt", {}, "updated"), el("dd", {}, time(m.updateTime)),
+      el("dt", {}, "expires"), el("dd", {}, m.expireTime ? time(m.expireTime) : "never"),
+      el("dt", {}, "metadata"), el("dd", {}, Object.entries(m.metadata || {}).map(([k, v]) => el("span", { class: "label" }, `${k}=${v}`))),
+      el("dt", {}, "embedding"), el("dd", {}, `${m.embeddingModel || ""} (${m.embeddingDimension || 0})`),
+    ),
+    actions,
+  );
+}
+
+// -- backlog and counters ------------------------------------------------------------
+
+const SERIES = [
+  ["summary_jobs_depth", "summary jobs waiting (all namespaces)"],
+  ["summary_jobs_oldest_age_seconds", "oldest waiting job (all namespaces), seconds"],
+  ["append_conflicts_total", "append conflicts (VERSION_CONFLICT)"],
+  ["turn_conflicts_total", "turn conflicts (TURN_CONFLICT)"],
+  ["turn_busy_refusals_total", "busy refusals (CONVERSATION_BUSY)"],
+  ["summary_required_total", "turns that needed a summary"],
+  ["requests_shed_total", "requests shed (limits, overload)"],
+  ["memory_outbox_depth", "memory index outbox"],
+];
+
+function seconds(duration) {
+  // proto3 JSON Duration: "12.5s".
+  return duration ? Number(String(duration).replace(/s$/, "")) : 0;
+}
+
+async function showBacklog() {
+  const ns = state.namespace;
+  const b = await call(SUMMARY, "GetBacklog", { namespace: ns });
+  const charts = el("div", { class: "charts", id: "charts" });
+  view(
+    el("h1", {}, "Summary backlog"),
+    el("dl", { class: "facts", id: "backlog" },
+      el("dt", {}, "jobs waiting or running"), el("dd", { id: "backlog-depth" }, int(b.depth)),
+      el("dt", {}, "running"), el("dd", { id: "backlog-running" }, int(b.runningCount)),
+      el("dt", {}, "oldest pending"), el("dd", { id: "backlog-oldest" }, `${seconds(b.oldestPendingAge).toFixed(1)} s`),
+      el("dt", {}, "failed"), el("dd", { id: "backlog-failed" }, int(b.failedCount)),
+    ),
+    el("h2", {}, "This server's counters"),
+    el("p", { class: "hint" }, "Process-wide, every namespace together (no tenant data); refreshed every 5 s."),
+    charts,
+  );
+  const tick = async () => {
+    try {
+      const m = await getJson("console/api/metrics");
+      for (const [name] of SERIES) {
+        const points = (state.history[name] = state.history[name] || []);
+        points.push(Number(m.values[name] || 0));
+        if (points.length > HISTORY) points.shift();
+      }
+      charts.replaceChildren(...SERIES.map(([name, label]) => chart(name, label, state.history[name])));
+    } catch (error) {
+      stopMetrics();
+      failed(error);
+    }
+  };
+  await tick();
+  state.metrics = setInterval(tick, METRICS_MS);
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function chart(name, label, points) {
+  const w = 220, h = 48;
+  const svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
+  svg.setAttribute("class", "spark");
+  const max = Math.max(1, ...points);
+  // The newest point at the right edge, HISTORY points across; a single point (the page
+  // just opened) is drawn as a level line across.
+  const shown = points.length === 1 ? [points[0], points[0]] : points;
+  const step = points.length === 1 ? w : w / (HISTORY - 1);
+  const line = document.createElementNS(SVG, "polyline");
+  line.setAttribute("points", shown.map((p, i) => {
+    const x = w - (shown.length - 1 - i) * step;
+    return `${x.toFixed(1)},${(h - 2 - (p / max) * (h - 4)).toFixed(1)}`;
+  }).join(" "));
+  svg.append(line);
+  const last = points[points.length - 1] || 0;
+  return el("figure", { class: "chart", dataset: { series: name } },
+    svg, el("figcaption", {}, el("span", { class: "value" }, Number.isInteger(last) ? last : last.toFixed(1)), " ", label));
+}
+
+// -- session, sign-in, namespaces ------------------------------------------------------
+
+function showSignIn(message) {
+  document.getElementById("sign-in").hidden = false;
+  document.getElementById("sign-in-error").textContent = message || "";
+}
+
+async function loadSession() {
+  const session = await getJson("console/api/session");
+  state.session = session;
+  const who = document.getElementById("who");
+  const list = document.getElementById("namespaces");
+  list.replaceChildren();
+  document.getElementById("sign-out").hidden = !token();
+  if (session.auth === "none") {
+    who.textContent = "authentication off";
+  } else if (session.identity) {
+    const id = session.identity;
+    who.textContent = id.all ? `${id.subject}: every namespace` : `${id.subject}: ${id.namespaces.length} namespace(s)`;
+    for (const ns of id.namespaces) list.append(el("option", { value: ns }));
+    document.getElementById("sign-in").hidden = true;
+    if (!params().namespace && id.namespaces.length === 1 && !id.all) {
+      navigate({ namespace: id.namespaces[0] }, true);
+      return session;
+    }
+  } else {
+    who.textContent = "not signed in";
+    showSignIn(session.identity_error ? session.identity_error.message : "");
+  }
+  return session;
+}
+
+function wire() {
+  document.getElementById("namespace-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const ns = document.getElementById("namespace").value.trim();
+    if (ns) navigate({ namespace: ns });
+  });
+  for (const a of document.querySelectorAll("#tabs a")) {
+    a.addEventListener("click", (event) => {
+      event.preventDefault();
+      navigate({ namespace: state.namespace, tab: a.dataset.tab });
+    });
+  }
+  document.getElementById("token-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    setToken(document.getElementById("token").value.trim());
+    document.getElementById("token").value = "";
+    await start();
+  });
+  document.getElementById("sign-out").addEventListener("click", async () => {
+    setToken("");
+    await start();
+  });
+}
+
+async function start() {
+  try {
+    await loadSession();
+  } catch (error) {
+    failed(error);
+    return;
+  }
+  await route();
+}
+
+wire();
+start();
