@@ -1109,9 +1109,10 @@ class WatchConversationRequest(_message.Message):
     transcript's last sequence is INVALID_ARGUMENT / SEQUENCE_OUT_OF_RANGE.
     """
     incarnation: _builtins.int
-    """The incarnation the client followed (Heartbeat.incarnation), when it
-    resumes: if the conversation was erased and made again meanwhile, the
-    stream sends `Erased` at once and ends. 0: whatever incarnation exists.
+    """The incarnation the client followed (Appended.incarnation,
+    Heartbeat.incarnation), when it resumes: if the conversation was erased
+    and made again meanwhile, the stream sends `Erased` at once and ends (one
+    erased and not made again is NOT_FOUND). 0: whatever incarnation exists.
     """
     @_builtins.property
     def heartbeat_interval(self) -> _duration_pb2.Duration:
@@ -1198,11 +1199,16 @@ class Appended(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     ENTRIES_FIELD_NUMBER: _builtins.int
     LAST_SEQUENCE_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """The conversation's version after the append that wrote these entries."""
     last_sequence: _builtins.int
     """Sequence of the last entry of that append: when it has been delivered, the
     stream holds the conversation exactly as it was at `version`.
+    """
+    incarnation: _builtins.int
+    """The incarnation the entries belong to (Conversation.incarnation): send it
+    back with the last sequence when resuming.
     """
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Entry]:
@@ -1214,10 +1220,11 @@ class Appended(_message.Message):
         version: _builtins.int = ...,
         entries: _abc.Iterable[_common_pb2.Entry] | None = ...,
         last_sequence: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "last_sequence", b"last_sequence", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "incarnation", b"incarnation", "last_sequence", b"last_sequence", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
