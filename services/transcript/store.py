@@ -190,7 +190,8 @@ class PostgresTranscriptStore(PostgresTurnLeases):
             except psycopg.errors.UniqueViolation:
                 row = None  # the request id is recorded: nothing was written; replay below
             if row is not None:
-                version, last, commit_time = row
+                version, last, commit_time, key, watched = row
+                self.changed(key, watched)
                 return AppendResult(
                     AppendRecord(
                         version,
@@ -322,20 +323,21 @@ class PostgresTranscriptStore(PostgresTurnLeases):
     ) -> int | None:
         async with self.db.connection() as conn, conn.transaction():
             cursor = await conn.execute(
-                """DELETE FROM transcript.conversations
+                f"""DELETE FROM transcript.conversations
                     WHERE namespace = %s AND conversation_id = %s
                       AND (%s::bigint = 0 OR incarnation = %s::bigint)
-                RETURNING conversation_key""",
+                RETURNING conversation_key, {sql.WATCHED}""",
                 (namespace, conversation_id, incarnation, incarnation),
             )
             row = await cursor.fetchone()
             if row is None:
                 return None
-            (key,) = row
+            key, watched = row
             await conn.execute("DELETE FROM transcript.appends WHERE conversation_key = %s", (key,))
             await conn.execute("DELETE FROM transcript.turns WHERE conversation_key = %s", (key,))
             cursor = await conn.execute(
                 "DELETE FROM transcript.entries WHERE conversation_key = %s", (key,)
             )
             deleted: int = cursor.rowcount
+        self.changed(key, watched)
         return deleted
