@@ -294,23 +294,31 @@ class PostgresChangeBus:
         if not keys:
             return
         async with self._lock:
-            conn = self._announcer
-            if conn is None or conn.closed:
-                conn = await self._connect("-c synchronous_commit=off")
-                self._announcer, self._announcer_pid = conn, conn.info.backend_pid
-            try:
-                await asyncio.wait_for(
-                    conn.execute(
-                        "SELECT pg_notify(%s, key::text) FROM unnest(%s::bigint[]) AS key",
-                        (CHANNEL, list(keys)),
-                    ),
-                    self._timeout_s,
-                )
-            except BaseException:
-                self._announcer = None
-                with contextlib.suppress(Exception):
-                    await conn.close()
-                raise
+            # A kept connection may have broken since (a database restart): one more try
+            # on a new one, so that the first write after an outage is announced too.
+            for attempt in (0, 1):
+                kept = self._announcer
+                fresh = kept is None or kept.closed
+                if kept is None or kept.closed:
+                    conn = await self._connect("-c synchronous_commit=off")
+                    self._announcer, self._announcer_pid = conn, conn.info.backend_pid
+                else:
+                    conn = kept
+                try:
+                    await asyncio.wait_for(
+                        conn.execute(
+                            "SELECT pg_notify(%s, key::text) FROM unnest(%s::bigint[]) AS key",
+                            (CHANNEL, list(keys)),
+                        ),
+                        self._timeout_s,
+                    )
+                    return
+                except (psycopg.Error, OSError, TimeoutError):
+                    self._announcer = None
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+                    if fresh or attempt:
+                        raise
 
     async def close(self) -> None:
         async with self._lock:
