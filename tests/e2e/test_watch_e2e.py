@@ -8,8 +8,9 @@ restart: tests/ops/test_watch_replicas.py and tests/faults/test_watch_faults.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -25,7 +26,7 @@ from services.common.server import RunningServer, serving
 from services.common.status import error_info
 from services.transcript.component import TranscriptComponent
 from services.transcript.config import TranscriptLimits, WatchLimits
-from tests.conftest import server_settings
+from tests.conftest import server_settings, wait_for
 from tests.grpc_support import status_detail, user
 from tests.watch_support import Follower, check_exactly_once_in_order, versions_of
 
@@ -459,3 +460,69 @@ async def test_shutdown_ends_streams_with_a_status_clients_resume_from(
         assert follower.error.code() == grpc.StatusCode.UNAVAILABLE
         assert follower.reason() == "SERVER_SHUTTING_DOWN"
         await stopping
+
+
+async def test_the_python_client_resumes_across_a_server_restart(
+    shared_database_url: str, transcript_server: RunningServer, namespace: str
+) -> None:
+    from runifold_client import AsyncClient
+
+    # Writes go through another replica (the fixture's), which stays up throughout.
+    writer = AsyncClient(transcript_server.address, namespace=namespace)
+    cid = (await writer.create_conversation()).conversation_id
+    for text in ("one", "two"):
+        await writer.append(cid, [text])
+    keeps = await writer.acquire_turn_lease(cid, "keeps-running")
+    goes = await writer.acquire_turn_lease(cid, "finishes-while-down")
+    events: list[pb.WatchConversationResponse] = []
+
+    def kinds() -> list[str]:
+        return [str(e.WhichOneof("event")) for e in events]
+
+    def sequences() -> list[int]:
+        return [s.sequence for e in events for s in e.appended.entries]
+
+    async with serving(
+        [TranscriptComponent()], server_settings(), database_url=shared_database_url
+    ) as first:
+        port = first.port
+        watcher = AsyncClient(f"127.0.0.1:{port}", namespace=namespace)
+
+        async def follow() -> None:
+            async for event in watcher.watch_conversation(cid):
+                events.append(event)
+
+        following = asyncio.create_task(follow())
+
+        async def reached(predicate: Callable[[], bool]) -> None:
+            async def holds() -> bool:
+                return predicate() or following.done()
+
+            await wait_for(holds, timeout=30, interval=0.01)
+            assert predicate(), (kinds(), following)
+
+        await reached(lambda: kinds().count("turn_started") == 2 and "heartbeat" in kinds())
+        # The watcher's server goes away (its streams end with UNAVAILABLE) ...
+        await first.stop(grace=5)
+    # ... and while it is down, one turn ends.
+    await writer.release_turn_lease(cid, "finishes-while-down", goes.lease.fencing_token)
+    async with serving(
+        [TranscriptComponent()],
+        server_settings(RUNIFOLD_LISTEN=f"127.0.0.1:{port}"),
+        database_url=shared_database_url,
+    ):
+        await writer.append(cid, ["three"])
+        await reached(lambda: 3 in sequences() and "turn_finished" in kinds())
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+    await writer.release_turn_lease(cid, "keeps-running", keeps.lease.fencing_token)
+    await watcher.close()
+    await writer.close()
+    assert sequences() == [1, 2, 3]
+    started = [e.turn_started.turn_id for e in events if e.HasField("turn_started")]
+    assert sorted(started) == ["finishes-while-down", "keeps-running"]  # neither twice
+    finished = [e.turn_finished for e in events if e.HasField("turn_finished")]
+    assert [(f.turn_id, f.finish) for f in finished] == [
+        ("finishes-while-down", pb.TURN_FINISH_UNSPECIFIED)
+    ]
