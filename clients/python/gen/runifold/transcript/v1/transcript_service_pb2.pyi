@@ -75,7 +75,9 @@ class _TurnFinish:
 class _TurnFinishEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TurnFinish.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     TURN_FINISH_UNSPECIFIED: _TurnFinish.ValueType  # 0
-    """Never sent."""
+    """Never sent by the server. The Python and TypeScript clients report it for
+    a turn that finished while they were resuming a stream (how, unknown).
+    """
     TURN_FINISH_COMMITTED: _TurnFinish.ValueType  # 1
     """Its append committed (TurnFinished.version); the entries came first."""
     TURN_FINISH_ENDED: _TurnFinish.ValueType  # 2
@@ -83,7 +85,9 @@ class _TurnFinishEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TurnFinish
     says why (TURN_CONFLICT, MODEL_OUTPUT_INVALID, ...).
     """
     TURN_FINISH_RELEASED: _TurnFinish.ValueType  # 3
-    """It let its lease go without appending or keeping an outcome."""
+    """It let its lease go without appending or keeping an outcome (or its lease
+    lapsed and another turn's lease cleared it before the stream looked again).
+    """
     TURN_FINISH_LAPSED: _TurnFinish.ValueType  # 4
     """Its lease lapsed (its process stalled or died), or was taken over."""
 
@@ -91,7 +95,9 @@ class TurnFinish(_TurnFinish, metaclass=_TurnFinishEnumTypeWrapper):
     """How a turn ended."""
 
 TURN_FINISH_UNSPECIFIED: TurnFinish.ValueType  # 0
-"""Never sent."""
+"""Never sent by the server. The Python and TypeScript clients report it for
+a turn that finished while they were resuming a stream (how, unknown).
+"""
 TURN_FINISH_COMMITTED: TurnFinish.ValueType  # 1
 """Its append committed (TurnFinished.version); the entries came first."""
 TURN_FINISH_ENDED: TurnFinish.ValueType  # 2
@@ -99,7 +105,9 @@ TURN_FINISH_ENDED: TurnFinish.ValueType  # 2
 says why (TURN_CONFLICT, MODEL_OUTPUT_INVALID, ...).
 """
 TURN_FINISH_RELEASED: TurnFinish.ValueType  # 3
-"""It let its lease go without appending or keeping an outcome."""
+"""It let its lease go without appending or keeping an outcome (or its lease
+lapsed and another turn's lease cleared it before the stream looked again).
+"""
 TURN_FINISH_LAPSED: TurnFinish.ValueType  # 4
 """Its lease lapsed (its process stalled or died), or was taken over."""
 Global___TurnFinish: _TypeAlias = TurnFinish  # noqa: Y015
@@ -1233,7 +1241,9 @@ Global___Appended: _TypeAlias = Appended  # noqa: Y015
 @_typing.final
 class TurnStarted(_message.Message):
     """A turn took a lease on the conversation (TranscriptService.AcquireTurnLease,
-    which AgentService takes for every turn).
+    which AgentService takes for every turn). A resumed stream reports the turns
+    still running again; one reported by the earlier stream and not reported again
+    before the first Heartbeat has finished meanwhile.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
