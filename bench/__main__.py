@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from bench import agent, memory, summary, transcript
+from bench import agent, memory, summary, transcript, watch
 from bench.common import postgres
 
 SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
@@ -22,11 +22,12 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "summary": summary.run,
     "memory": memory.run,
     "agent": agent.run,
+    "watch": watch.run,
     # Parts of the suites above, to run alone.
     "summary-claim": summary.claim_cost,
     "memory-indexing": memory.indexing,
 }
-DEFAULT = ["transcript", "summary", "memory", "agent"]
+DEFAULT = ["transcript", "summary", "memory", "agent", "watch"]
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ class WatchLimits:
     max_watchers: int = 512
     max_watchers_per_namespace: int = 128
     # A quiet stream gets a heartbeat this often (a request may ask for 1 s to 5 min).
-    heartbeat_s: float = 15.0
+    heartbeat_s: float = 30.0
     # How often the process looks at every watched conversation without being woken (the
     # safety net of a missed notification) and renews their `watched_until`.
     poll_s: float = 5.0
@@ -40,7 +40,7 @@ class WatchLimits:
                 env, "RUNIFOLD_WATCH_MAX_WATCHERS_PER_NAMESPACE", 128, minimum=1, maximum=100_000
             ),
             heartbeat_s=env_float(
-                env, "RUNIFOLD_WATCH_HEARTBEAT_S", 15.0, minimum=1.0, maximum=300.0
+                env, "RUNIFOLD_WATCH_HEARTBEAT_S", 30.0, minimum=1.0, maximum=300.0
             ),
             poll_s=env_float(env, "RUNIFOLD_WATCH_POLL_S", 5.0, minimum=0.1, maximum=3600.0),
             send_timeout_s=env_float(

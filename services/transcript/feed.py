@@ -163,21 +163,23 @@ class TurnTrace:
 
 
 @dataclass(frozen=True, slots=True)
-class FeedState:
-    """One consistent read of a watched conversation."""
-
-    snapshot: Snapshot
-    running: Sequence[RunningTurn]
-    traces: Sequence[TurnTrace]
-
-
-@dataclass(frozen=True, slots=True)
 class AppendSlice:
     """Consecutive entries of one append."""
 
     version: int
     last_sequence: int
     entries: Sequence[Entry]
+
+
+@dataclass(frozen=True, slots=True)
+class FeedState:
+    """One consistent read of a watched conversation."""
+
+    snapshot: Snapshot
+    running: Sequence[RunningTurn]
+    traces: Sequence[TurnTrace]
+    # The first page of entries after what the stream delivered.
+    entries: Sequence[AppendSlice] = ()
 
 
 class FeedStore(Protocol):
@@ -189,9 +191,17 @@ class FeedStore(Protocol):
         """Mark the conversation watched for `ttl_s` (unless it is for `renew_before_s`
         more already) and return its counters; None when it is not in the namespace."""
 
-    async def read_state(self, key: int, reported: Sequence[tuple[str, int]]) -> FeedState | None:
-        """The counters, the running turns, and a trace of each reported (turn id,
-        ticket); None when the conversation is gone."""
+    async def read_state(
+        self,
+        key: int,
+        reported: Sequence[tuple[str, int]],
+        after: int,
+        max_entries: int,
+        max_bytes: int,
+    ) -> FeedState | None:
+        """In one snapshot: the counters, the running turns, a trace of each reported
+        (turn id, ticket), and the first page of entries after `after` (as
+        read_entries through the last sequence); None when the conversation is gone."""
 
     async def read_entries(
         self, key: int, after: int, through: int, max_entries: int, max_bytes: int
@@ -552,17 +562,27 @@ class Feed:
                 raise shutting_down()
             stream.woken.clear()  # before the read: a write during it wakes us again
             state = await self.store.read_state(
-                key, [(turn.turn_id, turn.ticket) for turn in running.values()]
+                key,
+                [(turn.turn_id, turn.ticket) for turn in running.values()],
+                delivered,
+                limits.page_entries,
+                limits.page_bytes,
             )
             if state is None or state.snapshot.incarnation != incarnation:
                 yield Erased(incarnation)
                 metrics.WATCH_EVENTS.labels("erased").inc()
                 return
             snapshot = state.snapshot
+            slices: Sequence[AppendSlice] = state.entries
             while delivered < snapshot.last_sequence:
-                slices = await self.store.read_entries(
-                    key, delivered, snapshot.last_sequence, limits.page_entries, limits.page_bytes
-                )
+                if not slices:
+                    slices = await self.store.read_entries(
+                        key,
+                        delivered,
+                        snapshot.last_sequence,
+                        limits.page_entries,
+                        limits.page_bytes,
+                    )
                 if not slices or slices[0].entries[0].sequence != delivered + 1:
                     # Entries go only with their conversation, in the erasure's transaction.
                     yield Erased(incarnation)
@@ -574,6 +594,7 @@ class Feed:
                     if delivered >= head.last_sequence:  # live, not replayed: how late
                         _observe_delivery(piece.entries)
                     delivered = piece.entries[-1].sequence
+                slices = ()
                 quiet_since = time.monotonic()
             live = {(turn.turn_id, turn.ticket) for turn in state.running}
             for trace in state.traces:
@@ -602,11 +623,10 @@ class Feed:
                     metrics.WATCH_EVENTS.labels("heartbeat").inc()
                     quiet_since = time.monotonic()
                     continue
-                try:
-                    await asyncio.wait_for(stream.woken.wait(), left)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await stream.woken.wait()
                     break
-                except TimeoutError:
-                    pass
 
     def _fresh(self, stream: _Stream, read_time: datetime) -> datetime:
         """The latest time the server found the stream's state current: its own read, or

@@ -65,15 +65,52 @@ SELECT c.conversation_key, c.version, c.last_sequence, c.incarnation, now(), {_R
   FROM c
 """
 
-# The counters, the running turns, and what became of the turns a stream reported
-# (by turn id and fencing token), in one snapshot. Each lookup is an index probe:
-# turns and appends by their (conversation_key, turn_id / request_id) keys.
-READ_STATE = """
+
+# A page of entries after %(after)s through `through` (an SQL expression), with the
+# append (version) that wrote each: at most `limit` entries, and past the first no
+# more than about `max_bytes` of content. The append of an entry is the first whose
+# last_sequence reaches it (an index probe on appends_last_sequence).
+def _entry_page(through: str) -> str:
+    return f"""
+e AS (
+    SELECT sequence, role, text, tool_calls, tool_call_id, metadata, created_at,
+           octet_length(text) + coalesce(octet_length(tool_calls::text), 0)
+             + coalesce(octet_length(metadata::text), 0) AS size
+      FROM transcript.entries
+     WHERE conversation_key = %(key)s AND sequence > %(after)s AND sequence <= {through}
+     ORDER BY sequence
+     LIMIT %(limit)s
+), page AS (
+    SELECT e.*, sum(size) OVER (ORDER BY sequence) - size AS before FROM e
+), entry_rows AS (
+    SELECT a.version, a.last_sequence, p.sequence, p.role, p.text, p.tool_calls,
+           p.tool_call_id, p.metadata, p.created_at
+      FROM page AS p
+     CROSS JOIN LATERAL (
+           SELECT version, last_sequence FROM transcript.appends
+            WHERE conversation_key = %(key)s AND last_sequence >= p.sequence
+            ORDER BY last_sequence
+            LIMIT 1) AS a
+     WHERE p.before < %(max_bytes)s
+)"""
+
+
+READ_ENTRIES = f"""
+WITH {_entry_page("%(through)s")}
+SELECT * FROM entry_rows ORDER BY sequence
+"""
+
+# One wake-up of a stream in one snapshot: the counters; the running turns and what
+# became of the turns the stream reported (by turn id and fencing token: index
+# probes on turns and appends by their (conversation_key, turn_id / request_id)
+# keys); and the first page of entries after what it delivered. Three kinds of rows
+# in one result (`kind`), so that a live append costs the stream one round trip.
+READ_STATE = f"""
 WITH c AS MATERIALIZED (
     SELECT version, last_sequence, incarnation, now() AS read_time
       FROM transcript.conversations
      WHERE conversation_key = %(key)s
-), x AS (
+), turn_rows AS (
     SELECT 'running' AS kind, t.turn_id, t.ticket, t.exclusive, t.create_time,
            NULL::text AS state, NULL::bigint AS row_ticket, NULL::text AS reason,
            NULL::bigint AS committed_version
@@ -87,38 +124,17 @@ WITH c AS MATERIALIZED (
              ON t.conversation_key = %(key)s AND t.turn_id = r.turn_id
       LEFT JOIN transcript.appends AS a
              ON a.conversation_key = %(key)s AND a.request_id = r.turn_id
-)
-SELECT c.version, c.last_sequence, c.incarnation, c.read_time, x.*
-  FROM c LEFT JOIN x ON true
+), {_entry_page("(SELECT last_sequence FROM c)")}
+SELECT c.version, c.last_sequence, c.incarnation, c.read_time, t.*,
+       NULL::bigint, NULL::bigint, NULL::bigint, NULL::smallint, NULL::text, NULL::jsonb,
+       NULL::text, NULL::jsonb, NULL::timestamptz
+  FROM c LEFT JOIN turn_rows AS t ON true
+UNION ALL
+SELECT c.version, c.last_sequence, c.incarnation, c.read_time, 'entry', NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL, NULL, x.*
+  FROM c, entry_rows AS x
 """
 
-# A page of entries with the append (version) that wrote each: at most `limit`
-# entries, and past the first no more than about `max_bytes` of content. The
-# append of an entry is the first whose last_sequence reaches it (an index probe
-# on appends_last_sequence).
-READ_ENTRIES = """
-WITH e AS (
-    SELECT sequence, role, text, tool_calls, tool_call_id, metadata, created_at,
-           octet_length(text) + coalesce(octet_length(tool_calls::text), 0)
-             + coalesce(octet_length(metadata::text), 0) AS size
-      FROM transcript.entries
-     WHERE conversation_key = %(key)s AND sequence > %(after)s AND sequence <= %(through)s
-     ORDER BY sequence
-     LIMIT %(limit)s
-), page AS (
-    SELECT e.*, sum(size) OVER (ORDER BY sequence) - size AS before FROM e
-)
-SELECT a.version, a.last_sequence, p.sequence, p.role, p.text, p.tool_calls, p.tool_call_id,
-       p.metadata, p.created_at
-  FROM page AS p
- CROSS JOIN LATERAL (
-       SELECT version, last_sequence FROM transcript.appends
-        WHERE conversation_key = %(key)s AND last_sequence >= p.sequence
-        ORDER BY last_sequence
-        LIMIT 1) AS a
- WHERE p.before < %(max_bytes)s
- ORDER BY p.sequence
-"""
 
 # Every watched conversation of a process in one statement: renew the marks that
 # would lapse soon (skipping a row a writer holds: it is renewed next time, well
@@ -147,6 +163,17 @@ def _snapshot(row: Sequence[Any]) -> Snapshot:
     return Snapshot(key, version, last, incarnation, read_time, tuple(running))
 
 
+def _slices(rows: Sequence[Sequence[Any]]) -> list[AppendSlice]:
+    """Entry rows (version, last_sequence, entry columns...) in sequence order, grouped
+    by the append that wrote them."""
+    groups: list[tuple[int, int, list[Entry]]] = []
+    for version, last, *columns in rows:
+        if not groups or groups[-1][0] != version:
+            groups.append((version, last, []))
+        groups[-1][2].append(entry_from_row(columns))
+    return [AppendSlice(version, last, entries) for version, last, entries in groups]
+
+
 class PostgresFeedStore:
     """FeedStore on PostgreSQL (schema `transcript`)."""
 
@@ -169,7 +196,14 @@ class PostgresFeedStore:
             )
         return _snapshot(row) if row is not None else None
 
-    async def read_state(self, key: int, reported: Sequence[tuple[str, int]]) -> FeedState | None:
+    async def read_state(
+        self,
+        key: int,
+        reported: Sequence[tuple[str, int]],
+        after: int,
+        max_entries: int,
+        max_bytes: int,
+    ) -> FeedState | None:
         async with self.db.connection() as conn:
             cursor = await conn.execute(
                 READ_STATE,
@@ -177,6 +211,9 @@ class PostgresFeedStore:
                     "key": key,
                     "turn_ids": [turn_id for turn_id, _ in reported],
                     "tickets": [ticket for _, ticket in reported],
+                    "after": after,
+                    "limit": max_entries,
+                    "max_bytes": max_bytes,
                 },
             )
             rows = await cursor.fetchall()
@@ -185,18 +222,22 @@ class PostgresFeedStore:
         version, last, incarnation, read_time = rows[0][:4]
         running: list[RunningTurn] = []
         traces: list[TurnTrace] = []
+        entry_rows: list[Sequence[Any]] = []
         for row in rows:
             kind, turn_id, ticket, exclusive, start_time, state, row_ticket, reason, committed = (
-                row[4:]
+                row[4:13]
             )
             if kind == "running":
                 running.append(RunningTurn(turn_id, ticket, exclusive, start_time))
             elif kind == "traced":
                 traces.append(TurnTrace(turn_id, ticket, state, row_ticket, reason, committed))
+            elif kind == "entry":
+                entry_rows.append(row[13:])
         snapshot = Snapshot(
             key, version, last, incarnation, read_time, tuple(sorted(t.ticket for t in running))
         )
-        return FeedState(snapshot, running, traces)
+        entry_rows.sort(key=lambda row: int(row[2]))
+        return FeedState(snapshot, running, traces, _slices(entry_rows))
 
     async def read_entries(
         self, key: int, after: int, through: int, max_entries: int, max_bytes: int
@@ -212,13 +253,7 @@ class PostgresFeedStore:
                     "max_bytes": max_bytes,
                 },
             )
-            rows = await cursor.fetchall()
-        groups: list[tuple[int, int, list[Entry]]] = []
-        for version, last, *columns in rows:
-            if not groups or groups[-1][0] != version:
-                groups.append((version, last, []))
-            groups[-1][2].append(entry_from_row(columns))
-        return [AppendSlice(version, last, entries) for version, last, entries in groups]
+            return _slices(await cursor.fetchall())
 
     async def pulse(
         self, keys: Sequence[int], ttl_s: float, renew_before_s: float

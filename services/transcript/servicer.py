@@ -293,9 +293,8 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
                 # reads its next page only once the reader took this event. A reader that
                 # takes nothing for the timeout is cut off; it resumes from its last sequence.
                 try:
-                    await asyncio.wait_for(
-                        context.write(watch_event_to_proto(event)), send_timeout_s
-                    )
+                    async with asyncio.timeout(send_timeout_s):
+                        await context.write(watch_event_to_proto(event))
                 except TimeoutError:
                     metrics.WATCH_STREAMS_CUT.labels("WATCHER_TOO_SLOW").inc()
                     raise StreamStalled(watcher_too_slow(send_timeout_s)) from None

@@ -162,6 +162,31 @@ async def test_a_resumed_stream_continues_without_gap_or_duplicate(
     assert info is not None and info.metadata["last_sequence"] == "6"
 
 
+async def test_a_long_replay_comes_in_bounded_pages_each_entry_once(
+    transcript: Stub, namespace: str
+) -> None:
+    cid = (await _create(transcript, namespace)).conversation_id
+    many = await _append(transcript, namespace, cid, *(f"short {i}" for i in range(256)))
+    more = await _append(transcript, namespace, cid, *(f"more {i}" for i in range(44)))
+    big = "x" * (200 * 1024)
+    large = await _append(transcript, namespace, cid, *(f"{i} {big}" for i in range(15)))
+    follower = Follower(transcript, _watch(namespace, cid))
+    try:
+        await follower.until(lambda f: bool(f.heartbeats()))
+        check_exactly_once_in_order(follower.sequences(), 0, large.last_sequence)
+        versions = versions_of(follower)
+        for ack in (many, more, large):
+            for sequence in range(ack.first_sequence, ack.last_sequence + 1):
+                assert versions[sequence] == (ack.version, ack.last_sequence)
+        sizes = [event.ByteSize() for event in follower.of("appended")]
+        # The 3 MiB append came in several events of its version, none over about 1 MiB.
+        large_events = [e for e in follower.of("appended") if e.appended.version == large.version]
+        assert len(large_events) >= 3
+        assert max(sizes) < 1024 * 1024
+    finally:
+        await follower.close()
+
+
 async def test_a_stream_cut_and_resumed_many_times_sees_every_entry_once(
     transcript: Stub, namespace: str
 ) -> None:

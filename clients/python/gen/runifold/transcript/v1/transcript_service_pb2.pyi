@@ -1125,7 +1125,7 @@ class WatchConversationRequest(_message.Message):
     @_builtins.property
     def heartbeat_interval(self) -> _duration_pb2.Duration:
         """How long the stream may stay quiet before a heartbeat: 0 means the
-        server's default (RUNIFOLD_WATCH_HEARTBEAT_S, 15 s); 1 s to 5 min.
+        server's default (RUNIFOLD_WATCH_HEARTBEAT_S, 30 s); 1 s to 5 min.
         """
 
     def __init__(
