@@ -404,7 +404,7 @@ class Feed:
                 raise
             except Exception as error:
                 # The other processes see these writes at their next pulse.
-                metrics.WATCH_ANNOUNCE_FAILURES.inc()
+                metrics.WATCH_ANNOUNCE_FAILURES.inc(len(keys))
                 log.warning(
                     "transcript feed: announcing changes failed",
                     extra={"error_type": type(error).__name__},
