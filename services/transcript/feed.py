@@ -186,10 +186,17 @@ class FeedStore(Protocol):
     """The reads of WatchConversation. Every method is one statement."""
 
     async def open_watch(
-        self, namespace: str, conversation_id: uuid.UUID, ttl_s: float, renew_before_s: float
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        after: int,
+        incarnation: int,
+        ttl_s: float,
+        renew_before_s: float,
     ) -> Snapshot | None:
-        """Mark the conversation watched for `ttl_s` (unless it is for `renew_before_s`
-        more already) and return its counters; None when it is not in the namespace."""
+        """Return the conversation's counters (None when it is not in the namespace) and,
+        when a stream from `after` on `incarnation` (0: any) can open, mark it watched for
+        `ttl_s` (unless it is for `renew_before_s` more already)."""
 
     async def read_state(
         self,
@@ -525,7 +532,9 @@ class Feed:
         stream = _Stream(namespace)
         self._admit(stream)
         try:
-            head = await self.store.open_watch(namespace, cid, self.mark_ttl_s, self.renew_before_s)
+            head = await self.store.open_watch(
+                namespace, cid, after_sequence, incarnation, self.mark_ttl_s, self.renew_before_s
+            )
             if head is None:
                 raise conversation_not_found()
             # No await between the mark's read and this: a write committed after the

@@ -46,8 +46,10 @@ _RUNNING_TICKETS = """ARRAY(
        AND t.state = 'running' AND t.lease_until >= now()
      ORDER BY t.ticket)"""
 
-# The mark is written only when it would lapse soon: opening a stream on a
-# conversation this or another process watches already writes nothing.
+# The mark is written only when it would lapse soon (opening a stream on a
+# conversation this or another process watches already writes nothing), and only
+# for a stream that will open: one refused for its sequence or incarnation writes
+# nothing.
 OPEN_WATCH = f"""
 WITH c AS MATERIALIZED (
     SELECT conversation_key, version, last_sequence, incarnation, watched_until
@@ -60,6 +62,8 @@ WITH c AS MATERIALIZED (
      WHERE u.conversation_key = c.conversation_key
        AND (c.watched_until IS NULL
             OR c.watched_until < now() + make_interval(secs => %(renew_before_s)s))
+       AND %(after)s <= c.last_sequence
+       AND (%(incarnation)s = 0 OR c.incarnation = %(incarnation)s)
 )
 SELECT c.conversation_key, c.version, c.last_sequence, c.incarnation, now(), {_RUNNING_TICKETS}
   FROM c
@@ -181,7 +185,13 @@ class PostgresFeedStore:
         self.db = db
 
     async def open_watch(
-        self, namespace: str, conversation_id: uuid.UUID, ttl_s: float, renew_before_s: float
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        after: int,
+        incarnation: int,
+        ttl_s: float,
+        renew_before_s: float,
     ) -> Snapshot | None:
         async with self.db.connection() as conn:
             row = await fetch_one(
@@ -190,6 +200,8 @@ class PostgresFeedStore:
                 {
                     "namespace": namespace,
                     "conversation_id": conversation_id,
+                    "after": after,
+                    "incarnation": incarnation,
                     "ttl_s": ttl_s,
                     "renew_before_s": renew_before_s,
                 },
