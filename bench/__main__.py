@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from bench import agent, embedding, memory, summary, transcript
+from bench import agent, embedding, memory, summary, transcript, watch
 from bench.common import postgres
 
 SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
@@ -23,12 +23,13 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "memory": memory.run,
     "agent": agent.run,
     "embedding": embedding.run,
+    "watch": watch.run,
     # Parts of the suites above, to run alone.
     "summary-claim": summary.claim_cost,
     "memory-indexing": memory.indexing,
     "memory-validity": memory.validity,
 }
-DEFAULT = ["transcript", "summary", "memory", "agent", "embedding"]
+DEFAULT = ["transcript", "summary", "memory", "agent", "embedding", "watch"]
 
 
 def main() -> None:

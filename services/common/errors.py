@@ -129,3 +129,24 @@ class VersionConflict(DomainError):
         )
         self.current_version = current_version
         self.expected_version = expected_version
+
+
+class StreamStalled(DomainError):
+    """`error`, ending a server stream whose reader stopped taking messages.
+
+    The transport holds a message it cannot send, and would send the status only
+    after it: the guard sets the status and lets the call end at once (grpc sends
+    the status when the reader reads again, or drops it with the connection)
+    rather than wait for a reader that may never come back.
+    """
+
+    def __init__(self, error: DomainError) -> None:
+        super().__init__(
+            error.code,
+            error.reason,
+            error.message,
+            metadata=error.metadata,
+            field=error.field,
+            details=error.details,
+            retry_after_s=error.retry_after_s,
+        )

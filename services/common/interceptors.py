@@ -40,7 +40,13 @@ from services.common import admission, metrics, tracing
 from services.common.admission import Admission
 from services.common.auth import AuthGate
 from services.common.deadlines import deadline_var
-from services.common.errors import Code, DomainError, StoreUnavailable, invalid_argument
+from services.common.errors import (
+    Code,
+    DomainError,
+    StoreUnavailable,
+    StreamStalled,
+    invalid_argument,
+)
 from services.common.logs import REQUEST_ID_HEADER, method_var, request_id_var
 from services.common.status import to_status
 from services.common.wrapping import WrappingInterceptor
@@ -156,6 +162,10 @@ _EXPECTED_CODES = frozenset(
 )
 
 
+# Streams that last as long as their client wants (a watch): never "slow".
+LONG_LIVED = frozenset({"/runifold.transcript.v1.TranscriptService/WatchConversation"})
+
+
 class MetadataCarrier(Protocol):
     """What the RPC span reads of a call (for `traceparent`): a gRPC ServicerContext, or
     the HTTP port's stand-in for one."""
@@ -199,6 +209,13 @@ class RpcCall:
             error = _internal()
         self.code = error.code.value
         status = to_status(error)
+        if isinstance(error, StreamStalled):
+            context.set_code(status.code)
+            context.set_details(status.details)
+            context.set_trailing_metadata(
+                (*status.trailing_metadata, (REQUEST_ID_HEADER, request_id))
+            )
+            return
         await context.abort(
             status.code,
             status.details,
@@ -213,7 +230,7 @@ class RpcCall:
         # access log is DEBUG; errors and calls slower than RUNIFOLD_SLOW_RPC_S warn.
         level = (
             logging.DEBUG
-            if self.code in _EXPECTED_CODES and elapsed < self.slow_s
+            if self.code in _EXPECTED_CODES and (elapsed < self.slow_s or self.method in LONG_LIVED)
             else logging.WARNING
         )
         if log.isEnabledFor(level):

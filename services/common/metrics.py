@@ -53,8 +53,9 @@ REQUESTS_SHED = Counter(
     "Calls refused with RESOURCE_EXHAUSTED before any work: a namespace at its "
     "concurrency limit for a kind of call (reason=NAMESPACE_CONCURRENCY_LIMIT, "
     "resource=search|turn|summarize|upsert), over its share of the embedding model "
-    "(reason=NAMESPACE_SHARE_EXCEEDED), or a full queue in front of a slow resource "
-    "(reason=OVERLOADED, resource=embeddings|model).",
+    "(reason=NAMESPACE_SHARE_EXCEEDED), a full queue in front of a slow resource "
+    "(reason=OVERLOADED, resource=embeddings|model), or WatchConversation streams beyond "
+    "a limit (reason=WATCHER_LIMIT, resource=watchers).",
     ["resource", "reason"],
 )
 WORK_ABANDONED = Counter(

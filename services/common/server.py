@@ -142,7 +142,10 @@ class Component(Protocol):
         """True when the component can serve (store reachable, schema current)."""
 
     # Optional: `max_request_bytes`, the size of the largest request its limits allow
-    # (read with getattr; a component without it asks for no more than the floor).
+    # (read with getattr; a component without it asks for no more than the floor), and
+    # `async drain(timeout_s)`, called at shutdown once health is NOT_SERVING and before
+    # the calls in flight get their grace period: ends the streams that would never end
+    # by themselves.
 
 
 # The smallest transport cap: every small request (memories, summaries, leases) fits.
@@ -238,6 +241,11 @@ class RunningServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
         grace = self.settings.shutdown_grace_s if grace is None else grace
+        # Streams that never end by themselves (WatchConversation) are ended first, with
+        # a status their clients resume from on another replica; then the calls in flight
+        # get the grace period to finish.
+        drains = [getattr(c, "drain", None) for c in self.components]
+        await asyncio.gather(*(drain(grace / 2) for drain in drains if drain is not None))
         if self.http is not None:
             await asyncio.gather(self.server.stop(grace), self.http.stop(grace))
         else:

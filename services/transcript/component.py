@@ -1,5 +1,5 @@
-"""TranscriptService as a server component: its pool, migrations, servicer and the sweep
-of lapsed turn leases and kept turn outcomes."""
+"""TranscriptService as a server component: its pool, migrations, servicer, the change
+feed of WatchConversation, and the sweep of lapsed turn leases and kept turn outcomes."""
 
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ from services.common.db import Database
 from services.common.messages import append_request_bytes
 from services.common.pagination import PageTokens
 from services.common.server import StartContext
+from services.common.settings import SettingsError
 from services.transcript.config import TranscriptLimits
+from services.transcript.feed import Feed
+from services.transcript.feed_store import PostgresChangeBus, PostgresFeedStore
 from services.transcript.service import TranscriptService
 from services.transcript.servicer import TranscriptServicer
 from services.transcript.store import PostgresTranscriptStore
@@ -62,25 +65,48 @@ class TranscriptComponent:
         self.db: Database | None = None
         self.service: TranscriptService | None = None
         self.sweeper: TurnSweeper | None = None
+        self.feed: Feed | None = None
 
     def register(self, server: grpc.aio.Server) -> None:
-        assert self.service is not None, "register after start"
+        assert self.service is not None and self.feed is not None, "register after start"
         transcript_service_pb2_grpc.add_TranscriptServiceServicer_to_server(
-            TranscriptServicer(self.service), server
+            TranscriptServicer(self.service, self.feed), server
         )
 
     async def start(self, ctx: StartContext) -> None:
+        rpcs = ctx.settings.transport.max_concurrent_rpcs
+        if rpcs and self.limits.watch.max_watchers >= rpcs:
+            # Every open stream is an RPC in flight: at the limit nothing else is served.
+            raise SettingsError(
+                f"RUNIFOLD_WATCH_MAX_WATCHERS ({self.limits.watch.max_watchers}) must be below "
+                f"RUNIFOLD_MAX_CONCURRENT_RPCS ({rpcs}): each WatchConversation stream is a "
+                "call in flight"
+            )
         self.db = await migrations.open_database(
             ctx.database_url, ctx.settings, self.name, MIGRATIONS
         )
         store = PostgresTranscriptStore(self.db)
+        self.feed = Feed(
+            PostgresFeedStore(self.db),
+            PostgresChangeBus(self.db.url, ctx.settings, check_s=self.limits.watch.poll_s),
+            self.limits.watch,
+        )
+        store.changes = self.feed
+        await self.feed.start(wait_s=ctx.settings.db_timeout_s)
         self.service = TranscriptService(
             store, self.limits, PageTokens(ctx.settings.page_token_secret)
         )
         self.sweeper = TurnSweeper(store)
         self.sweeper.start()
 
+    async def drain(self, timeout_s: float) -> None:
+        """End the WatchConversation streams (shutdown): their clients resume elsewhere."""
+        if self.feed is not None:
+            await self.feed.drain(timeout_s)
+
     async def stop(self) -> None:
+        if self.feed is not None:
+            await self.feed.stop()
         if self.sweeper is not None:
             await self.sweeper.stop()
         if self.db is not None:

@@ -15,6 +15,46 @@ MAX_RETRACTIONS = 256
 
 
 @dataclass(frozen=True)
+class WatchLimits:
+    """The limits of WatchConversation (services/transcript/feed.py; docs/transcript.md)."""
+
+    # Streams open at once in this process, and per namespace in this process.
+    max_watchers: int = 512
+    max_watchers_per_namespace: int = 128
+    # A quiet stream gets a heartbeat this often (a request may ask for 1 s to 5 min).
+    heartbeat_s: float = 30.0
+    # How often the process looks at every watched conversation without being woken (the
+    # safety net of a missed notification) and renews their `watched_until`.
+    poll_s: float = 5.0
+    # A message the client has not taken within this time ends the stream
+    # (RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW); the client resumes from its last sequence.
+    send_timeout_s: float = 30.0
+    # One read of a watcher: at most this many entries, and about this many bytes.
+    page_entries: int = 256
+    page_bytes: int = 512 * 1024
+    # The retry delay (RetryInfo) of a stream refused beyond a watcher limit.
+    retry_after_s: float = 5.0
+
+    @classmethod
+    def from_env(cls, env: Env) -> WatchLimits:
+        return cls(
+            max_watchers=env_int(
+                env, "RUNIFOLD_WATCH_MAX_WATCHERS", 512, minimum=1, maximum=100_000
+            ),
+            max_watchers_per_namespace=env_int(
+                env, "RUNIFOLD_WATCH_MAX_WATCHERS_PER_NAMESPACE", 128, minimum=1, maximum=100_000
+            ),
+            heartbeat_s=env_float(
+                env, "RUNIFOLD_WATCH_HEARTBEAT_S", 30.0, minimum=1.0, maximum=300.0
+            ),
+            poll_s=env_float(env, "RUNIFOLD_WATCH_POLL_S", 5.0, minimum=0.1, maximum=3600.0),
+            send_timeout_s=env_float(
+                env, "RUNIFOLD_WATCH_SEND_TIMEOUT_S", 30.0, minimum=0.1, maximum=3600.0
+            ),
+        )
+
+
+@dataclass(frozen=True)
 class TranscriptLimits:
     """Explicit limits of the transcript and its turn leases; each breach is refused."""
 
@@ -33,6 +73,7 @@ class TranscriptLimits:
     turn_wait_max_s: float = 600.0
     # Each state document (a conversation's, a user's, a namespace's) once changed.
     max_state_bytes: int = DEFAULT_STATE_BYTES
+    watch: WatchLimits = field(default_factory=WatchLimits)
     messages: MessageLimits = field(init=False)
 
     def __post_init__(self) -> None:
@@ -84,4 +125,5 @@ class TranscriptLimits:
                 minimum=1024,
                 maximum=1024 * 1024,
             ),
+            watch=WatchLimits.from_env(env),
         )

@@ -61,6 +61,13 @@ def record_from_row(row: Sequence[Any]) -> AppendRecord:
     )
 
 
+class ChangeSink(Protocol):
+    """Where a store reports the committed writes of watched conversations."""
+
+    def changed(self, key: int) -> None:
+        """Conversation `key` changed (called after the commit; must not block)."""
+
+
 class TurnLeaseStore(Protocol):
     """The turn-lease part of TranscriptStore (every method atomic)."""
 
@@ -106,6 +113,13 @@ class PostgresTurnLeases:
     """The turn-lease methods of PostgresTranscriptStore."""
 
     db: Database
+    # Told of each committed change to a watched conversation (WatchConversation).
+    changes: ChangeSink | None = None
+
+    def changed(self, key: int, watched: bool) -> None:
+        """A write to conversation `key` committed: wake its watchers, if any."""
+        if watched and self.changes is not None:
+            self.changes.changed(key)
 
     async def acquire_turn(self, request: LeaseRequest) -> LeaseAttempt:
         params: dict[str, Any] = {
@@ -129,10 +143,14 @@ class PostgresTurnLeases:
                 # transaction below.
                 fast = await fetch_one(conn, sql.GRANT_NEW_SHARED, params)
                 if fast is not None:
+                    self.changed(fast[2], fast[3])
                     return TurnLease(
                         request.conversation_id, request.turn_id, fast[0], fast[1], False
                     )
-            return await self._acquire_turn(conn, request, params, lock)
+            attempt = await self._acquire_turn(conn, request, params, lock)
+        if isinstance(attempt, TurnLease):
+            self.changed(params["key"], params["watched"])
+        return attempt
 
     async def _acquire_turn(
         self, conn: AsyncConn, request: LeaseRequest, params: dict[str, Any], lock: str
@@ -147,7 +165,7 @@ class PostgresTurnLeases:
                     row = await fetch_one(conn, lock, params)
             if row is None:
                 raise conversation_not_found()
-            params["key"] = row[0]
+            params["key"], params["watched"] = row
             await conn.execute(sql.LOCK_TURN_ID, params)
             # Leases (and places) of other turns that lapsed: their holders are gone. The
             # row goes, so a late append quoting its token finds nothing and is refused.
@@ -258,7 +276,8 @@ class PostgresTurnLeases:
             row = await fetch_one(conn, sql.LOCK_CONVERSATION, params)
             if row is None:
                 return False
-            params["key"] = row[0]
+            key, watched = row
+            params["key"] = key
             held = await fetch_one(conn, sql.END_TURN, params)
             if held is None:
                 return False
@@ -266,6 +285,7 @@ class PostgresTurnLeases:
             if ended is None:
                 # A conversation this turn created and nobody wrote goes with it.
                 await conn.execute(sql.DROP_PROVISIONAL, params)
+        self.changed(key, watched)
         return True
 
     async def leave_queue(

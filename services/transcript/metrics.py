@@ -1,9 +1,9 @@
-"""TranscriptService's metrics: appends and turn leases (names and labels bounded, as
-services/common/metrics.py says)."""
+"""TranscriptService's metrics: appends, turn leases and the change feed (names and
+labels bounded, as services/common/metrics.py says)."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 APPEND_CONFLICTS = Counter(
     "runifold_append_conflicts_total",
@@ -35,4 +35,34 @@ TURN_FENCE_REFUSALS = Counter(
     "runifold_turn_fence_refusals_total",
     "Appends refused because the turn lease they quoted expired or was taken over "
     "(TURN_LEASE_LOST): a turn that lost its lease tried to commit.",
+)
+
+# -- change feed: WatchConversation ----------------------------------------------------
+WATCHERS = Gauge(
+    "runifold_watchers",
+    "WatchConversation streams open in this process.",
+)
+WATCH_EVENTS = Counter(
+    "runifold_watch_events_total",
+    "Events delivered to WatchConversation streams "
+    "(event=appended|turn_started|turn_finished|heartbeat|erased).",
+    ["event"],
+)
+WATCH_DELIVERY_SECONDS = Histogram(
+    "runifold_watch_delivery_seconds",
+    "From an append's commit (the database's clock) to the delivery of its entries on a "
+    "live stream (this host's clock): notification lag plus the read.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+WATCH_STREAMS_CUT = Counter(
+    "runifold_watch_streams_cut_total",
+    "WatchConversation streams the server ended: a reader that took nothing for "
+    "RUNIFOLD_WATCH_SEND_TIMEOUT_S (reason=WATCHER_TOO_SLOW), a shutdown "
+    "(reason=SERVER_SHUTTING_DOWN). Clients resume from their last sequence.",
+    ["reason"],
+)
+WATCH_ANNOUNCE_FAILURES = Counter(
+    "runifold_watch_announce_failures_total",
+    "Writes to watched conversations whose NOTIFY to the other processes failed (their "
+    "streams see the writes at the next pulse, RUNIFOLD_WATCH_POLL_S).",
 )

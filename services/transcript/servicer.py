@@ -6,12 +6,17 @@ them to status codes with ErrorInfo.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from runifold.transcript.v1 import transcript_service_pb2_grpc as pb_grpc
 from services.common import convert
 from services.common import messages as message_rules
+from services.common.errors import DomainError, StreamStalled
+from services.transcript import feed as events
+from services.transcript import metrics as transcript_metrics
+from services.transcript.feed import Feed, watcher_too_slow
 from services.transcript.model import (
     AppendRecord,
     Conversation,
@@ -21,7 +26,7 @@ from services.transcript.model import (
 )
 from services.transcript.service import TranscriptService
 
-Context = Any  # grpc.aio.ServicerContext; unused by these handlers
+Context = Any  # grpc.aio.ServicerContext; only WatchConversation writes through it
 
 
 def conversation_to_proto(conversation: Conversation) -> pb.Conversation:
@@ -93,11 +98,51 @@ def ended_from_proto(ended: pb.EndedTurn) -> EndedTurn:
     )
 
 
+def watch_event_to_proto(event: events.WatchEvent) -> pb.WatchConversationResponse:
+    """The wire form of one WatchConversation event."""
+    if isinstance(event, events.Appended):
+        appended = pb.Appended(
+            version=event.version,
+            last_sequence=event.last_sequence,
+            incarnation=event.incarnation,
+        )
+        convert.add_entries(appended.entries, event.entries)
+        return pb.WatchConversationResponse(appended=appended)
+    if isinstance(event, events.Heartbeat):
+        return pb.WatchConversationResponse(
+            heartbeat=pb.Heartbeat(
+                version=event.version,
+                last_sequence=event.last_sequence,
+                incarnation=event.incarnation,
+                read_time=convert.timestamp(event.read_time),
+            )
+        )
+    if isinstance(event, events.TurnStarted):
+        return pb.WatchConversationResponse(
+            turn_started=pb.TurnStarted(
+                turn_id=event.turn_id,
+                start_time=convert.timestamp(event.start_time),
+                exclusive=event.exclusive,
+            )
+        )
+    if isinstance(event, events.TurnFinished):
+        return pb.WatchConversationResponse(
+            turn_finished=pb.TurnFinished(
+                turn_id=event.turn_id,
+                finish=int(event.finish),  # type: ignore[arg-type]  # values equal TurnFinish's
+                version=event.version,
+                reason=event.reason,
+            )
+        )
+    return pb.WatchConversationResponse(erased=pb.Erased(incarnation=event.incarnation))
+
+
 class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
     """gRPC adapter of the transcript domain service."""
 
-    def __init__(self, service: TranscriptService) -> None:
+    def __init__(self, service: TranscriptService, feed: Feed) -> None:
         self.service = service
+        self.feed = feed
 
     async def CreateConversation(
         self, request: pb.CreateConversationRequest, context: Context
@@ -267,3 +312,41 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             ended_from_proto(request.ended) if request.HasField("ended") else None,
         )
         return pb.ReleaseTurnLeaseResponse(released=released)
+
+    # A coroutine that writes through the context (grpc.aio serves both forms), so that
+    # each write can time out; the stubs know only the generator form.
+    async def WatchConversation(  # type: ignore[override]
+        self, request: pb.WatchConversationRequest, context: Context
+    ) -> None:
+        heartbeat_s = (
+            convert.timedelta_from_request(
+                request.heartbeat_interval, "heartbeat_interval", "INVALID_HEARTBEAT_INTERVAL"
+            ).total_seconds()
+            if request.HasField("heartbeat_interval")
+            else 0.0
+        )
+        send_timeout_s = self.feed.limits.send_timeout_s
+        stream = self.feed.watch(
+            request.namespace,
+            request.conversation_id,
+            request.after_sequence,
+            request.incarnation,
+            heartbeat_s,
+        )
+        try:
+            async for event in stream:
+                # Each write waits for the transport (HTTP/2 flow control): the stream
+                # reads its next page only once the reader took this event. A reader that
+                # takes nothing for the timeout is cut off; it resumes from its last sequence.
+                try:
+                    async with asyncio.timeout(send_timeout_s):
+                        await context.write(watch_event_to_proto(event))
+                except TimeoutError:
+                    transcript_metrics.WATCH_STREAMS_CUT.labels("WATCHER_TOO_SLOW").inc()
+                    raise StreamStalled(watcher_too_slow(send_timeout_s)) from None
+        except DomainError as error:
+            if error.reason == "SERVER_SHUTTING_DOWN":
+                transcript_metrics.WATCH_STREAMS_CUT.labels("SERVER_SHUTTING_DOWN").inc()
+            raise
+        finally:
+            await stream.aclose()

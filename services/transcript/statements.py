@@ -59,6 +59,9 @@ _UPSERT_SCOPED = """
 KEY = """(SELECT conversation_key FROM transcript.conversations
           WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s)"""
 
+# Whether a replica watches the conversation (WatchConversation): its writes then NOTIFY.
+WATCHED = "coalesce(watched_until >= now(), false) AS watched"
+
 NO_LIVE_TURN = """NOT EXISTS (
     SELECT 1 FROM transcript.turns AS t
      WHERE t.conversation_key = c.conversation_key
@@ -102,7 +105,8 @@ WITH lease AS (
        AND (%(user_state)s::jsonb IS NULL OR c.user_id IS NOT NULL)
        AND {RETRACTABLE}
        AND {STATE_FITS}
- RETURNING c.conversation_key, c.version, c.last_sequence, c.update_time, c.user_id
+ RETURNING c.conversation_key, c.version, c.last_sequence, c.update_time, c.user_id,
+           coalesce(c.watched_until >= now(), false) AS watched
 ), finished AS (
     -- The commit ends the turn's lease. The row stays a while (the sweep removes it):
     -- it keeps a one-statement grant whose snapshot predates this commit (and so does
@@ -143,7 +147,8 @@ WITH lease AS (
 ), namespace_state AS ({_UPSERT_SCOPED.format(user="''", delta="namespace_state", source="bumped")}
 )
 SELECT version, last_sequence, update_time,
-       (SELECT version FROM user_state), (SELECT version FROM namespace_state)
+       (SELECT version FROM user_state), (SELECT version FROM namespace_state),
+       conversation_key, watched
   FROM bumped
 """
 
@@ -279,8 +284,8 @@ SELECT c.version, c.last_sequence, c.incarnation, a.*, e.*,
 # an index scan on the child table's primary key (store.py uses it too).
 
 
-LOCK_CONVERSATION = """
-SELECT conversation_key FROM transcript.conversations
+LOCK_CONVERSATION = f"""
+SELECT conversation_key, {WATCHED} FROM transcript.conversations
  WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
    FOR UPDATE
 """
@@ -289,27 +294,29 @@ SELECT conversation_key FROM transcript.conversations
 # A shared lease for a turn id that has no row and no append yet, in one statement.
 
 
-GRANT_NEW_SHARED = """
+GRANT_NEW_SHARED = f"""
 WITH c AS (
-    SELECT conversation_key FROM transcript.conversations
+    SELECT conversation_key, {WATCHED} FROM transcript.conversations
      WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
        FOR KEY SHARE
+), granted AS (
+    INSERT INTO transcript.turns
+           (conversation_key, turn_id, state, exclusive, ticket, payload_hash, lease_until)
+    SELECT c.conversation_key, %(turn_id)s, 'running', false, transcript.random_token(),
+           %(payload_hash)s, now() + make_interval(secs => %(ttl_s)s)
+      FROM c
+     WHERE NOT EXISTS (SELECT 1 FROM transcript.appends AS a
+                        WHERE a.conversation_key = c.conversation_key
+                          AND a.request_id = %(turn_id)s)
+    ON CONFLICT (conversation_key, turn_id) DO NOTHING
+    RETURNING ticket, lease_until
 )
-INSERT INTO transcript.turns
-       (conversation_key, turn_id, state, exclusive, ticket, payload_hash, lease_until)
-SELECT c.conversation_key, %(turn_id)s, 'running', false, transcript.random_token(),
-       %(payload_hash)s, now() + make_interval(secs => %(ttl_s)s)
-  FROM c
- WHERE NOT EXISTS (SELECT 1 FROM transcript.appends AS a
-                    WHERE a.conversation_key = c.conversation_key
-                      AND a.request_id = %(turn_id)s)
-ON CONFLICT (conversation_key, turn_id) DO NOTHING
-RETURNING ticket, lease_until
+SELECT g.ticket, g.lease_until, c.conversation_key, c.watched FROM granted AS g, c
 """
 
 
-SHARE_CONVERSATION = """
-SELECT conversation_key FROM transcript.conversations
+SHARE_CONVERSATION = f"""
+SELECT conversation_key, {WATCHED} FROM transcript.conversations
  WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
    FOR KEY SHARE
 """
@@ -330,7 +337,7 @@ INSERT_PROVISIONAL = """
 INSERT INTO transcript.conversations (namespace, conversation_id, provisional_turn_id)
 VALUES (%(namespace)s, %(conversation_id)s, %(turn_id)s)
 ON CONFLICT (namespace, conversation_id) DO NOTHING
-RETURNING conversation_key
+RETURNING conversation_key, false
 """
 
 

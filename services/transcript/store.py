@@ -256,7 +256,8 @@ class PostgresTranscriptStore(PostgresTurnLeases):
             except psycopg.errors.UniqueViolation:
                 row = None  # the request id is recorded: nothing was written; replay below
             if row is not None:
-                version, last, commit_time, user_version, namespace_version = row
+                version, last, commit_time, user_version, namespace_version, key, watched = row
+                self.changed(key, watched)
                 return AppendResult(
                     AppendRecord(
                         version,
@@ -423,20 +424,21 @@ class PostgresTranscriptStore(PostgresTurnLeases):
     ) -> int | None:
         async with self.db.connection() as conn, conn.transaction():
             cursor = await conn.execute(
-                """DELETE FROM transcript.conversations
+                f"""DELETE FROM transcript.conversations
                     WHERE namespace = %s AND conversation_id = %s
                       AND (%s::bigint = 0 OR incarnation = %s::bigint)
-                RETURNING conversation_key""",
+                RETURNING conversation_key, {sql.WATCHED}""",
                 (namespace, conversation_id, incarnation, incarnation),
             )
             row = await cursor.fetchone()
             if row is None:
                 return None
-            (key,) = row
+            key, watched = row
             await conn.execute("DELETE FROM transcript.appends WHERE conversation_key = %s", (key,))
             await conn.execute("DELETE FROM transcript.turns WHERE conversation_key = %s", (key,))
             cursor = await conn.execute(
                 "DELETE FROM transcript.entries WHERE conversation_key = %s", (key,)
             )
             deleted: int = cursor.rowcount
+        self.changed(key, watched)
         return deleted

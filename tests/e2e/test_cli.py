@@ -87,6 +87,7 @@ def test_the_command_tree_has_the_list_get_show_commands() -> None:
         "transcript list",
         "transcript get",
         "transcript show",
+        "transcript watch",
         "summary show",
         "memory list",
         "memory get",
@@ -271,3 +272,48 @@ async def test_a_missing_conversation_id_says_so_and_names_the_argument(
     assert code == 1
     assert "INVALID_CONVERSATION_ID: conversation_id is missing" in out
     assert "hint: check the conversation id" in " ".join(out.split())
+
+
+async def test_transcript_watch_follows_like_tail_and_ends_with_the_erasure(
+    stack: Stack, namespace: str
+) -> None:
+    async with AsyncClient(stack.address, namespace=namespace) as client:
+        cid = (await client.create_conversation()).conversation_id
+        await client.append(cid, ["first", "second"])
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "runifold_client.cli",
+            "transcript",
+            "watch",
+            cid,
+            "-n",
+            namespace,
+            "--json",
+            env=_env(RUNIFOLD_TARGET=stack.address),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert process.stdout is not None
+
+        async def document() -> dict[str, Any]:
+            line = await asyncio.wait_for(process.stdout.readline(), timeout=60)  # type: ignore[union-attr]
+            assert line, "the command ended early"
+            parsed: dict[str, Any] = json.loads(line)
+            return parsed
+
+        try:
+            replayed = await document()
+            assert [e["sequence"] for e in replayed["appended"]["entries"]] == [1, 2]
+            assert replayed["appended"]["version"] == 1
+            await client.append(cid, ["third"])
+            live = await document()
+            assert live["appended"]["entries"][0]["message"]["text"] == "third"
+            await client.delete_conversation(cid)
+            erased = await document()
+            assert set(erased) == {"erased"}
+            assert await asyncio.wait_for(process.wait(), timeout=60) == 0
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()

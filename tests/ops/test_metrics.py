@@ -55,6 +55,7 @@ BOUNDED_LABELS = {
     "runifold_service",  # transcript, summary, memory, agent
     "resource",  # search, turn, summarize, upsert, embeddings, model
     "cause",  # cancelled, deadline
+    "event",  # appended, turn_started, turn_finished, heartbeat, erased
     "le",  # histogram buckets
     # prometheus_client's process and Python collectors
     "generation",

@@ -36,6 +36,8 @@ from tests.http_support import error_info as connect_error_info
 SECRET = "security-suite-secret-" + "s" * 32
 AUDIENCE = "runifold"
 CALL_TIMEOUT_S = 60.0
+# Streams that follow a resource until the client leaves: answered once caught up.
+FOLLOWING = frozenset({"/runifold.transcript.v1.TranscriptService/WatchConversation"})
 
 
 def token(*namespaces: str) -> str:
@@ -170,7 +172,12 @@ async def invoke(
                 response_deserializer=rpc.response.FromString,
             )
             call = stream(sent, metadata=metadata, timeout=timeout)
-            replies = [reply async for reply in call]
+            replies = []
+            async for reply in call:
+                replies.append(reply)
+                if rpc.path in FOLLOWING and reply.WhichOneof("event") == "heartbeat":
+                    call.cancel()  # caught up: it would follow until the client leaves
+                    break
             return Outcome(grpc.StatusCode.OK, replies=tuple(replies))
         unary = channel.unary_unary(
             rpc.path, request_serializer=serializer, response_deserializer=rpc.response.FromString

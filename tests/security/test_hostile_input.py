@@ -506,7 +506,11 @@ def materialize(
                         reject()
                     target.extend([element] * count)
                 else:
-                    target.extend([resolve(item, world, foreign)] * count)
+                    element = resolve(item, world, foreign)
+                    # A scalar's wire size is at least a byte; a string's, its length.
+                    if count * (len(str(element)) + 1) > MAX_REQUEST_BYTES:
+                        reject()
+                    target.extend([element] * count)
         elif field.type == FieldDescriptor.TYPE_MESSAGE:
             target.CopyFrom(materialize(type(target), value, world, foreign))
         else:

@@ -274,6 +274,18 @@ CASES: dict[str, Case] = {
             ),
         )
     ),
+    "TranscriptService.WatchConversation": Case(
+        (
+            # B's conversation, from the start and from B's last sequence: not one event.
+            lambda ns, t, own: transcript_pb.WatchConversationRequest(
+                namespace=ns, conversation_id=t.conversation_id
+            ),
+            lambda ns, t, own: transcript_pb.WatchConversationRequest(
+                namespace=ns, conversation_id=t.conversation_id, after_sequence=t.last_sequence
+            ),
+        ),
+        allowed=frozenset({"NOT_FOUND", "INVALID_ARGUMENT"}),
+    ),
     "SummaryService.GetSummary": Case(
         (
             lambda ns, t, own: summary_pb.GetSummaryRequest(

@@ -59,6 +59,8 @@ import type { LoadViewResponse__Output } from "./gen/runifold/transcript/v1/Load
 import type { TranscriptServiceClient } from "./gen/runifold/transcript/v1/TranscriptService.js";
 import type { TurnLease__Output } from "./gen/runifold/transcript/v1/TurnLease.js";
 import type { TurnLeaseMode } from "./gen/runifold/transcript/v1/TurnLeaseMode.js";
+import type { WatchConversationRequest } from "./gen/runifold/transcript/v1/WatchConversationRequest.js";
+import type { WatchConversationResponse__Output } from "./gen/runifold/transcript/v1/WatchConversationResponse.js";
 
 export * from "./errors.js";
 export { ConcurrencyMode } from "./gen/runifold/agent/v1/ConcurrencyMode.js";
@@ -66,6 +68,7 @@ export { Role } from "./gen/runifold/common/v1/Role.js";
 export { SummaryMode } from "./gen/runifold/agent/v1/SummaryMode.js";
 export { TurnLeaseMode } from "./gen/runifold/transcript/v1/TurnLeaseMode.js";
 export { TurnStage } from "./gen/runifold/agent/v1/TurnStage.js";
+export { TurnFinish } from "./gen/runifold/transcript/v1/TurnFinish.js";
 export type {
   AcquireTurnLeaseResponse__Output as AcquireTurnLeaseResponse,
   AppendEntriesResponse__Output as AppendEntriesResponse,
@@ -91,6 +94,7 @@ export type {
   TurnLease__Output as TurnLease,
   UpsertMemoryResponse__Output as UpsertMemoryResponse,
   Usage,
+  WatchConversationResponse__Output as WatchEvent,
 };
 
 /** The version of this package. */
@@ -203,6 +207,31 @@ export interface CallOptions {
 
 export type Input = string | Message | Array<string | Message>;
 
+export interface WatchOptions extends CallOptions {
+  /** Deliver the entries after this sequence (0: from the first). */
+  afterSequence?: number;
+  /**
+   * The incarnation followed, when resuming (a string keeps all 64 bits; see
+   * `RunifoldClient.watchPosition`). 0: whatever incarnation exists.
+   */
+  incarnation?: string | number;
+  /** How often a quiet stream gets a heartbeat, 1..300 s (default: the server's). */
+  heartbeatSeconds?: number;
+  /** Watch again after UNAVAILABLE and WATCHER_TOO_SLOW (default true). */
+  resume?: boolean;
+  /** The longest wait between two attempts (default 5000 ms). */
+  maxBackoffMs?: number;
+  /** Stop watching (the iteration then ends). */
+  signal?: AbortSignal;
+}
+
+/** Where a watch stands: what to send back to resume it elsewhere. */
+export interface WatchPosition {
+  afterSequence: number;
+  /** Exact (64 bits) as a decimal string. */
+  incarnation: string;
+}
+
 export interface TurnOptions extends CallOptions {
   conversationId?: string;
   /** Idempotency key of the turn (default: a new UUID). */
@@ -286,6 +315,9 @@ export class RunifoldClient {
   private readonly summaries: SummaryServiceClient;
   private readonly memories: MemoryServiceClient;
   private readonly details: import("protobufjs").Root;
+  private readonly watchMethod: protoLoader.MethodDefinition<object, object>;
+  private readonly watchEvent: import("protobufjs").Type;
+  private readonly positions = new WeakMap<object, WatchPosition>();
 
   constructor(options: ClientOptions = {}) {
     const definition = protoLoader.loadSync(SERVICE_FILES, {
@@ -311,6 +343,13 @@ export class RunifoldClient {
     this.details.resolvePath = (_origin: string, target: string) =>
       target.startsWith("google/protobuf/") ? target : PROTO_DIR + target;
     this.details.loadSync(SERVICE_FILES[0], { keepCase: true });
+    // The watch events decoded once more, with exact int64s (the incarnation).
+    const transcriptTypes = new protobuf.Root();
+    transcriptTypes.resolvePath = this.details.resolvePath;
+    transcriptTypes.loadSync(SERVICE_FILES[1], { keepCase: true });
+    this.watchEvent = transcriptTypes.lookupType("runifold.transcript.v1.WatchConversationResponse");
+    const service = definition["runifold.transcript.v1.TranscriptService"] as protoLoader.ServiceDefinition;
+    this.watchMethod = service.WatchConversation as protoLoader.MethodDefinition<object, object>;
     this.namespace = options.namespace ?? "";
     this.timeoutMs = options.timeoutMs ?? 60_000;
     this.metadata = new grpc.Metadata();
@@ -572,6 +611,115 @@ export class RunifoldClient {
       (page) => page.entries,
       (page) => page.next_page_token,
     );
+  }
+
+  /**
+   * Follow a conversation (TranscriptService.WatchConversation): the entries after
+   * `afterSequence` (`appended` events, each entry once and in order), the turns that run
+   * on it (`turn_started`, `turn_finished`), `heartbeat`s while it is quiet, and a final
+   * `erased` (then the iteration ends). No deadline: break out of the loop, or abort
+   * `signal`, to leave.
+   *
+   * A stream that breaks (UNAVAILABLE; RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW) is watched
+   * again from the last sequence received and its incarnation, with backoff: nothing is
+   * missed and nothing repeats. Running turns are not reported started twice; a turn that
+   * finished while the stream was down is reported `turn_finished` with
+   * `TURN_FINISH_UNSPECIFIED`. Other errors are thrown (NotFound, ResourceExhausted /
+   * WATCHER_LIMIT with its retry delay, ...).
+   */
+  async *watchConversation(
+    conversationId: string,
+    options: WatchOptions = {},
+  ): AsyncGenerator<WatchConversationResponse__Output> {
+    let after = options.afterSequence ?? 0;
+    // int64 arrives as a JS number (53 bits): the incarnation is read again, exactly.
+    let known = String(options.incarnation ?? 0);
+    const running = new Set<string>();
+    let announced: Set<string> | null = null;
+    let attempt = 0;
+    const method = this.watchMethod;
+    const exact = this.watchEvent;
+    const decode = (buffer: Buffer): [WatchConversationResponse__Output, string | null] => {
+      const event = method.responseDeserialize(buffer) as WatchConversationResponse__Output;
+      const raw = exact.toObject(exact.decode(new Uint8Array(buffer)), { longs: String }) as {
+        appended?: { incarnation?: string };
+        heartbeat?: { incarnation?: string };
+      };
+      return [event, raw.appended?.incarnation ?? raw.heartbeat?.incarnation ?? null];
+    };
+    const maxBackoffMs = options.maxBackoffMs ?? 5000;
+    while (!options.signal?.aborted) {
+      const request: WatchConversationRequest = {
+        namespace: this.ns(options),
+        conversation_id: conversationId,
+        after_sequence: after,
+        incarnation: known,
+        heartbeat_interval: duration(options.heartbeatSeconds),
+      };
+      const call = this.transcripts.makeServerStreamRequest(
+        method.path,
+        method.requestSerialize as (value: WatchConversationRequest) => Buffer,
+        decode,
+        request,
+        this.metadata,
+        {},
+      );
+      const stop = () => call.cancel();
+      options.signal?.addEventListener("abort", stop);
+      try {
+        for await (const [event, incarnation] of call as AsyncIterable<
+          [WatchConversationResponse__Output, string | null]
+        >) {
+          if (incarnation !== null && incarnation !== "0") known = incarnation;
+          if (event.event === "appended") {
+            const entries = event.appended?.entries ?? [];
+            if (entries.length) after = Number(entries[entries.length - 1].sequence);
+          } else if (event.event === "turn_started") {
+            const turnId = event.turn_started!.turn_id;
+            announced?.add(turnId);
+            if (running.has(turnId)) continue; // reported by the stream before the resume
+            running.add(turnId);
+          } else if (event.event === "turn_finished") {
+            running.delete(event.turn_finished!.turn_id);
+          } else if (event.event === "heartbeat") {
+            attempt = 0;
+            if (announced !== null) {
+              for (const turnId of [...running].filter((t) => !announced!.has(t)).sort()) {
+                running.delete(turnId);
+                yield {
+                  event: "turn_finished",
+                  turn_finished: { turn_id: turnId, finish: "TURN_FINISH_UNSPECIFIED", version: 0, reason: "" },
+                } as WatchConversationResponse__Output;
+              }
+              announced = null;
+            }
+          }
+          this.positions.set(event, { afterSequence: after, incarnation: known });
+          yield event;
+          if (event.event === "erased") return;
+        }
+        return;
+      } catch (error) {
+        if (options.signal?.aborted) return;
+        const failure = this.toError(error as grpc.ServiceError);
+        const resumable =
+          failure.code === grpc.status.UNAVAILABLE ||
+          (failure.code === grpc.status.RESOURCE_EXHAUSTED && failure.reason === "WATCHER_TOO_SLOW");
+        if (!(options.resume ?? true) || !resumable) throw failure;
+      } finally {
+        options.signal?.removeEventListener("abort", stop);
+        call.cancel();
+      }
+      announced = new Set();
+      const delay = Math.min(maxBackoffMs, 100 * 2 ** Math.min(attempt, 16)) * (0.5 + Math.random() / 2);
+      await new Promise((resolve) => setTimeout(resolve, delay));
+      attempt += 1;
+    }
+  }
+
+  /** Where a watch stood after `event` (one this client's watchConversation yielded). */
+  watchPosition(event: WatchConversationResponse__Output): WatchPosition | undefined {
+    return this.positions.get(event);
   }
 
   /** The bounded context of a turn: the recent window, the summary buffer, the backlog. */

@@ -86,7 +86,7 @@ describe("the contract", () => {
     const rpcs = Object.values(definition)
       .filter((value) => !("format" in value) && !("type" in value))
       .flatMap((service) => Object.keys(service as object));
-    assert.equal(rpcs.length, 28);
+    assert.equal(rpcs.length, 29);
     const methods = new Set(Object.getOwnPropertyNames(RunifoldClient.prototype));
     for (const rpc of rpcs) {
       const name = rpc[0].toLowerCase() + rpc.slice(1);
@@ -170,6 +170,37 @@ describe("TranscriptService", () => {
       client.renewTurnLease(id, "turn-a", held.lease.fencing_token),
       (error) => error instanceof TurnLeaseLost && error.reason === "TURN_LEASE_LOST",
     );
+  });
+
+  test("watch: replay, live entries once each in order, resume position, erasure", async () => {
+    const { conversation_id: id } = await client.createConversation();
+    await client.append(id, ["one", "two"]);
+    const seen: number[] = [];
+    const kinds: string[] = [];
+    let position: { afterSequence: number; incarnation: string } | undefined;
+    const done = (async () => {
+      for await (const event of client.watchConversation(id)) {
+        kinds.push(event.event!);
+        for (const entry of event.appended?.entries ?? []) seen.push(Number(entry.sequence));
+        position = client.watchPosition(event) ?? position;
+      }
+    })();
+    await waitFor(async () => kinds.includes("heartbeat"));
+    await client.append(id, ["three"]);
+    await waitFor(async () => seen.includes(3));
+    assert.deepEqual(seen, [1, 2, 3]);
+    assert.equal(position?.afterSequence, 3);
+    assert.equal(BigInt(position!.incarnation) > 0n, true);
+    // The exact incarnation resumes elsewhere; a stale one meets the erasure at once.
+    const resumed: number[] = [];
+    for await (const event of client.watchConversation(id, { ...position! })) {
+      if (event.event === "heartbeat") break;
+      for (const entry of event.appended?.entries ?? []) resumed.push(Number(entry.sequence));
+    }
+    assert.deepEqual(resumed, []);
+    await client.deleteConversation(id);
+    await done;
+    assert.equal(kinds.at(-1), "erased");
   });
 
   test("delete a transcript, then it is not found", async () => {

@@ -52,6 +52,7 @@ examples:
   runifold turn "What did we decide?" --namespace tenant-42 --conversation ID
   runifold transcript list --namespace tenant-42
   runifold transcript show ID --namespace tenant-42
+  runifold transcript watch ID --namespace tenant-42 --json
   runifold memory search "when do we ship" --namespace tenant-42 --json
   runifold memory propose ID --from 1 --through 40 --namespace tenant-42
   runifold backlog --namespace tenant-42"""
@@ -636,8 +637,49 @@ def cmd_transcript(args: argparse.Namespace, output: Output) -> int:
                 request_id=args.request_id or None,
             )
             output.fields("appended", reply)
+        elif command == "watch":
+            return _watch(args, output, client)
         else:  # delete
             output.fields("deleted", client.delete_conversation(args.conversation_id))
+    return 0
+
+
+_FINISHES = {1: "committed", 2: "ended", 3: "released", 4: "lapsed"}
+
+
+def _watch(args: argparse.Namespace, output: Output, client: Client) -> int:
+    """Follow a conversation like `tail -f`: entries as they commit, turns beside them;
+    resumes by itself when the stream breaks. Ends when the conversation is erased."""
+    heartbeats = args.heartbeats
+    for event in client.watch_conversation(
+        args.conversation_id,
+        after_sequence=args.after,
+        heartbeat_interval=args.heartbeat or None,
+    ):
+        kind = event.WhichOneof("event")
+        if output.json:
+            if kind != "heartbeat" or heartbeats:
+                output.message(event)
+            continue
+        if kind == "appended":
+            for entry in event.appended.entries:
+                sequence, role, text = _entry_row(entry)
+                output.console.print(f"{sequence:>6} {role:<9} {escape(text)}")
+        elif kind == "turn_started":
+            output.line(f"[dim]       turn {escape(event.turn_started.turn_id)} started[/dim]")
+        elif kind == "turn_finished":
+            done = event.turn_finished
+            how = _FINISHES.get(done.finish, "finished while the stream was down")
+            detail = f" at version {done.version}" if done.version else ""
+            detail += f" ({done.reason})" if done.reason else ""
+            output.line(f"[dim]       turn {escape(done.turn_id)} {how}{escape(detail)}[/dim]")
+        elif kind == "heartbeat" and heartbeats:
+            beat = event.heartbeat
+            output.line(
+                f"[dim]       caught up: version {beat.version}, last {beat.last_sequence}[/dim]"
+            )
+        elif kind == "erased":
+            output.line("[bold]the conversation was erased[/bold]")
     return 0
 
 
@@ -1035,6 +1077,32 @@ def parser() -> argparse.ArgumentParser:
     )
     append.add_argument(
         "--request-id", default="", metavar="ID", help="idempotency key (default: a new UUID)"
+    )
+    watch = _add(
+        transcript,
+        "watch",
+        "follow a conversation like tail -f: entries as they commit, and its turns",
+        common,
+    )
+    watch.add_argument("conversation_id", metavar="ID", help="the conversation's id (a UUID)")
+    watch.add_argument(
+        "--after",
+        type=int,
+        default=0,
+        metavar="SEQ",
+        help="start after this sequence (0: replay every entry first)",
+    )
+    watch.add_argument(
+        "--heartbeat",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="how often a quiet stream says it is alive, 1..300 s (0: the server's default)",
+    )
+    watch.add_argument(
+        "--heartbeats",
+        action="store_true",
+        help="print the heartbeats too (with --json: emit them)",
     )
     delete = _add(transcript, "delete", "delete a transcript (see also: erase)", common)
     delete.add_argument("conversation_id", metavar="ID", help="the conversation's id (a UUID)")

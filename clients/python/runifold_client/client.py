@@ -22,6 +22,7 @@ import enum
 import functools
 import json
 import os
+import random
 import threading
 import time
 import uuid
@@ -51,7 +52,7 @@ from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.summary.v1 import summary_service_pb2_grpc as summary_grpc
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold.transcript.v1 import transcript_service_pb2_grpc as transcript_grpc
-from runifold_client.errors import Outcome, from_rpc_error
+from runifold_client.errors import Outcome, RunifoldError, from_rpc_error
 from runifold_client.policy import (
     Budget,
     ConversationContextPolicy,
@@ -235,6 +236,18 @@ def _turn_request(
         tools=[tool.to_proto() for tool in tools],
         concurrency=int(concurrency),  # type: ignore[arg-type]
     )
+
+
+def _resumable(error: RunifoldError) -> bool:
+    """A WatchConversation that ended so can be watched again from where it was."""
+    return error.code == grpc.StatusCode.UNAVAILABLE or (
+        error.code == grpc.StatusCode.RESOURCE_EXHAUSTED and error.reason == "WATCHER_TOO_SLOW"
+    )
+
+
+def _backoff_s(attempt: int, max_s: float) -> float:
+    """The wait before watching again: 0.1 s doubling up to `max_s`, jittered."""
+    return float(min(max_s, 0.1 * 2 ** min(attempt, 16)) * random.uniform(0.5, 1.0))
 
 
 def _duration(seconds: float | timedelta | None) -> duration_pb2.Duration | None:
@@ -623,6 +636,85 @@ class AsyncClient:
             token = reply.next_page_token
             if not token:
                 return
+
+    async def watch_conversation(
+        self,
+        conversation_id: str,
+        *,
+        namespace: str | None = None,
+        after_sequence: int = 0,
+        incarnation: int = 0,
+        heartbeat_interval: float | timedelta | None = None,
+        resume: bool = True,
+        max_backoff: float = 5.0,
+    ) -> AsyncIterator[transcript_pb.WatchConversationResponse]:
+        """Follow a conversation (TranscriptService.WatchConversation): the entries after
+        `after_sequence` (`appended` events, each entry once and in order), the turns that
+        run on it (`turn_started`, `turn_finished`), `heartbeat`s while it is quiet, and a
+        final `erased` (then the iteration ends). It has no deadline: stop iterating (or
+        cancel) to leave.
+
+        With `resume` (the default) a stream that breaks (UNAVAILABLE: a replica restarted
+        or shut down, the network; RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW: this reader fell
+        behind) is watched again from the last sequence received and its incarnation, with
+        backoff: nothing is missed and nothing repeats. Turns still running are not
+        reported started twice; a turn that finished while the stream was down is reported
+        `turn_finished` with `TURN_FINISH_UNSPECIFIED` (how it ended is not known). Other
+        errors are raised (NotFound, ResourceExhausted / WATCHER_LIMIT with its
+        `retry_delay`, ...).
+        """
+        after, known = after_sequence, incarnation
+        running: set[str] = set()  # turns reported started and not finished
+        announced: set[str] | None = None  # after a resume: the turns reported again
+        attempt = 0
+        while True:
+            request = transcript_pb.WatchConversationRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id,
+                after_sequence=after,
+                incarnation=known,
+                heartbeat_interval=_duration(heartbeat_interval),
+            )
+            call = self.transcripts.WatchConversation(request, metadata=self._metadata)
+            try:
+                async for event in call:
+                    kind = event.WhichOneof("event")
+                    if kind == "appended":
+                        if event.appended.entries:
+                            after = event.appended.entries[-1].sequence
+                        known = event.appended.incarnation or known
+                    elif kind == "turn_started":
+                        turn_id = event.turn_started.turn_id
+                        if announced is not None:
+                            announced.add(turn_id)
+                        if turn_id in running:
+                            continue  # reported by the stream before the resume
+                        running.add(turn_id)
+                    elif kind == "turn_finished":
+                        running.discard(event.turn_finished.turn_id)
+                    elif kind == "heartbeat":
+                        known = event.heartbeat.incarnation or known
+                        attempt = 0
+                        if announced is not None:  # caught up after a resume
+                            for turn_id in sorted(running - announced):
+                                running.discard(turn_id)
+                                yield transcript_pb.WatchConversationResponse(
+                                    turn_finished=transcript_pb.TurnFinished(turn_id=turn_id)
+                                )
+                            announced = None
+                    yield event
+                    if kind == "erased":
+                        return
+                return
+            except grpc.aio.AioRpcError as error:
+                failure = from_rpc_error(error)
+                if not (resume and _resumable(failure)):
+                    raise failure from None
+            finally:
+                call.cancel()
+            announced = set()
+            await asyncio.sleep(_backoff_s(attempt, max_backoff))
+            attempt += 1
 
     async def load_view(
         self,
@@ -1182,6 +1274,7 @@ class Client:
     list_conversations = _iterating(AsyncClient.list_conversations)
     append = _blocking(AsyncClient.append)
     entries = _iterating(AsyncClient.entries)
+    watch_conversation = _iterating(AsyncClient.watch_conversation)
     load_view = _blocking(AsyncClient.load_view)
     delete_conversation = _blocking(AsyncClient.delete_conversation)
     acquire_turn_lease = _blocking(AsyncClient.acquire_turn_lease)

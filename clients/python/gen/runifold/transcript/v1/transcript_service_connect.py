@@ -21,10 +21,10 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, GetConversationRequest, GetConversationResponse, GetStateRequest, GetStateResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, LoadViewRequest, LoadViewResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse
+from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, GetConversationRequest, GetConversationResponse, GetStateRequest, GetStateResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, LoadViewRequest, LoadViewResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Iterable, Mapping
+    from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
 
     from connectrpc.codec import Codec
     from connectrpc.compression import Compression
@@ -132,6 +132,18 @@ class TranscriptService(Protocol):
         """
         Ends a turn that will not append, optionally recording the outcome of its
         completed model work so that a repeat of the `turn_id` returns it.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def watch_conversation(self, request: WatchConversationRequest, ctx: RequestContext[WatchConversationRequest, WatchConversationResponse], /) -> AsyncIterator[WatchConversationResponse]:
+        """
+        Follows a conversation: replays every entry after `after_sequence`, then
+        delivers new entries as they commit (through any replica), in order, each
+        exactly once, with the version they committed at; beside them, the turns
+        that run on the conversation, heartbeats while it is quiet, and a final
+        `Erased` when it is erased. A stream that ends with UNAVAILABLE or
+        RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
+        last sequence received: nothing is missed and nothing repeats.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -269,6 +281,17 @@ class TranscriptServiceASGIApplication(ConnectASGIApplication[TranscriptService]
                         stream_type=StreamType.UNARY,
                     ),
                     function=svc.release_turn_lease,
+                ),
+                "/runifold.transcript.v1.TranscriptService/WatchConversation": Endpoint.server_stream(
+                    method=MethodInfo(
+                        name="WatchConversation",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=WatchConversationRequest,
+                        output=WatchConversationResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.SERVER_STREAM,
+                    ),
+                    function=svc.watch_conversation,
                 ),
             },
             interceptors=interceptors,
@@ -592,6 +615,35 @@ class TranscriptServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    def watch_conversation(
+        self,
+        request: WatchConversationRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> AsyncIterator[WatchConversationResponse]:
+        """
+        Follows a conversation: replays every entry after `after_sequence`, then
+        delivers new entries as they commit (through any replica), in order, each
+        exactly once, with the version they committed at; beside them, the turns
+        that run on the conversation, heartbeats while it is quiet, and a final
+        `Erased` when it is erased. A stream that ends with UNAVAILABLE or
+        RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
+        last sequence received: nothing is missed and nothing repeats.
+        """
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="WatchConversation",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=WatchConversationRequest,
+                output=WatchConversationResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.SERVER_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class TranscriptServiceSync(Protocol):
     """
@@ -688,6 +740,18 @@ class TranscriptServiceSync(Protocol):
         """
         Ends a turn that will not append, optionally recording the outcome of its
         completed model work so that a repeat of the `turn_id` returns it.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def watch_conversation(self, request: WatchConversationRequest, ctx: RequestContext[WatchConversationRequest, WatchConversationResponse], /) -> Iterator[WatchConversationResponse]:
+        """
+        Follows a conversation: replays every entry after `after_sequence`, then
+        delivers new entries as they commit (through any replica), in order, each
+        exactly once, with the version they committed at; beside them, the turns
+        that run on the conversation, heartbeats while it is quiet, and a final
+        `Erased` when it is erased. A stream that ends with UNAVAILABLE or
+        RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
+        last sequence received: nothing is missed and nothing repeats.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -823,6 +887,17 @@ class TranscriptServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.UNARY,
                     ),
                     function=service.release_turn_lease,
+                ),
+                "/runifold.transcript.v1.TranscriptService/WatchConversation": EndpointSync.server_stream(
+                    method=MethodInfo(
+                        name="WatchConversation",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=WatchConversationRequest,
+                        output=WatchConversationResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.SERVER_STREAM,
+                    ),
+                    function=service.watch_conversation,
                 ),
             },
             interceptors=interceptors,
@@ -1142,6 +1217,35 @@ class TranscriptServiceClientSync(ConnectClientSync):
                 output=ReleaseTurnLeaseResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def watch_conversation(
+        self,
+        request: WatchConversationRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> Iterator[WatchConversationResponse]:
+        """
+        Follows a conversation: replays every entry after `after_sequence`, then
+        delivers new entries as they commit (through any replica), in order, each
+        exactly once, with the version they committed at; beside them, the turns
+        that run on the conversation, heartbeats while it is quiet, and a final
+        `Erased` when it is erased. A stream that ends with UNAVAILABLE or
+        RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
+        last sequence received: nothing is missed and nothing repeats.
+        """
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="WatchConversation",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=WatchConversationRequest,
+                output=WatchConversationResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.SERVER_STREAM,
             ),
             headers=headers,
             timeout_ms=timeout_ms,

@@ -92,6 +92,50 @@ RESOURCE_EXHAUSTED / TURN_QUEUE_FULL with a retry delay.
 """
 Global___TurnLeaseMode: _TypeAlias = TurnLeaseMode  # noqa: Y015
 
+class _TurnFinish:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TurnFinishEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TurnFinish.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TURN_FINISH_UNSPECIFIED: _TurnFinish.ValueType  # 0
+    """Never sent by the server. The Python and TypeScript clients report it for
+    a turn that finished while they were resuming a stream (how, unknown).
+    """
+    TURN_FINISH_COMMITTED: _TurnFinish.ValueType  # 1
+    """Its append committed (TurnFinished.version); the entries came first."""
+    TURN_FINISH_ENDED: _TurnFinish.ValueType  # 2
+    """It ended without committing after its model work; TurnFinished.reason
+    says why (TURN_CONFLICT, MODEL_OUTPUT_INVALID, ...).
+    """
+    TURN_FINISH_RELEASED: _TurnFinish.ValueType  # 3
+    """It let its lease go without appending or keeping an outcome (or its lease
+    lapsed and another turn's lease cleared it before the stream looked again).
+    """
+    TURN_FINISH_LAPSED: _TurnFinish.ValueType  # 4
+    """Its lease lapsed (its process stalled or died), or was taken over."""
+
+class TurnFinish(_TurnFinish, metaclass=_TurnFinishEnumTypeWrapper):
+    """How a turn ended."""
+
+TURN_FINISH_UNSPECIFIED: TurnFinish.ValueType  # 0
+"""Never sent by the server. The Python and TypeScript clients report it for
+a turn that finished while they were resuming a stream (how, unknown).
+"""
+TURN_FINISH_COMMITTED: TurnFinish.ValueType  # 1
+"""Its append committed (TurnFinished.version); the entries came first."""
+TURN_FINISH_ENDED: TurnFinish.ValueType  # 2
+"""It ended without committing after its model work; TurnFinished.reason
+says why (TURN_CONFLICT, MODEL_OUTPUT_INVALID, ...).
+"""
+TURN_FINISH_RELEASED: TurnFinish.ValueType  # 3
+"""It let its lease go without appending or keeping an outcome (or its lease
+lapsed and another turn's lease cleared it before the stream looked again).
+"""
+TURN_FINISH_LAPSED: TurnFinish.ValueType  # 4
+"""Its lease lapsed (its process stalled or died), or was taken over."""
+Global___TurnFinish: _TypeAlias = TurnFinish  # noqa: Y015
+
 @_typing.final
 class Conversation(_message.Message):
     """A conversation and its counters."""
@@ -1276,3 +1320,278 @@ class ReleaseTurnLeaseResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReleaseTurnLeaseResponse: _TypeAlias = ReleaseTurnLeaseResponse  # noqa: Y015
+
+@_typing.final
+class WatchConversationRequest(_message.Message):
+    """Request of WatchConversation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    AFTER_SEQUENCE_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """UUID of the conversation."""
+    namespace: _builtins.str
+    """Namespace that owns it."""
+    after_sequence: _builtins.int
+    """Deliver the entries after this sequence (0: from the first). A client
+    resuming a stream sends the last sequence it received. Beyond the
+    transcript's last sequence is INVALID_ARGUMENT / SEQUENCE_OUT_OF_RANGE.
+    """
+    incarnation: _builtins.int
+    """The incarnation the client followed (Appended.incarnation,
+    Heartbeat.incarnation), when it resumes: if the conversation was erased
+    and made again meanwhile, the stream sends `Erased` at once and ends (one
+    erased and not made again is NOT_FOUND). 0: whatever incarnation exists.
+    """
+    @_builtins.property
+    def heartbeat_interval(self) -> _duration_pb2.Duration:
+        """How long the stream may stay quiet before a heartbeat: 0 means the
+        server's default (RUNIFOLD_WATCH_HEARTBEAT_S, 30 s); 1 s to 5 min.
+        """
+
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        after_sequence: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
+        heartbeat_interval: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_sequence", b"after_sequence", "conversation_id", b"conversation_id", "heartbeat_interval", b"heartbeat_interval", "incarnation", b"incarnation", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchConversationRequest: _TypeAlias = WatchConversationRequest  # noqa: Y015
+
+@_typing.final
+class WatchConversationResponse(_message.Message):
+    """One event of WatchConversation: exactly one field is set."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPENDED_FIELD_NUMBER: _builtins.int
+    TURN_STARTED_FIELD_NUMBER: _builtins.int
+    TURN_FINISHED_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
+    ERASED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def appended(self) -> Global___Appended:
+        """Entries that committed (or, while replaying, had committed)."""
+
+    @_builtins.property
+    def turn_started(self) -> Global___TurnStarted:
+        """A turn started on the conversation."""
+
+    @_builtins.property
+    def turn_finished(self) -> Global___TurnFinished:
+        """A turn that a TurnStarted reported has finished."""
+
+    @_builtins.property
+    def heartbeat(self) -> Global___Heartbeat:
+        """Nothing new: the stream is caught up with the conversation."""
+
+    @_builtins.property
+    def erased(self) -> Global___Erased:
+        """The conversation was erased; the stream ends after this event."""
+
+    def __init__(
+        self,
+        *,
+        appended: Global___Appended | None = ...,
+        turn_started: Global___TurnStarted | None = ...,
+        turn_finished: Global___TurnFinished | None = ...,
+        heartbeat: Global___Heartbeat | None = ...,
+        erased: Global___Erased | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["appended", b"appended", "erased", b"erased", "event", b"event", "heartbeat", b"heartbeat", "turn_finished", b"turn_finished", "turn_started", b"turn_started"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["appended", b"appended", "erased", b"erased", "event", b"event", "heartbeat", b"heartbeat", "turn_finished", b"turn_finished", "turn_started", b"turn_started"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["appended", "turn_started", "turn_finished", "heartbeat", "erased"]  # noqa: Y015
+    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
+
+Global___WatchConversationResponse: _TypeAlias = WatchConversationResponse  # noqa: Y015
+
+@_typing.final
+class Appended(_message.Message):
+    """Entries of one append, in sequence order. A long append may arrive in
+    several events of the same `version` (each at most about 1 MiB), and a
+    stream resumed from inside an append starts with the rest of it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    LAST_SEQUENCE_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    """The conversation's version after the append that wrote these entries."""
+    last_sequence: _builtins.int
+    """Sequence of the last entry of that append: when it has been delivered, the
+    stream holds the conversation exactly as it was at `version`.
+    """
+    incarnation: _builtins.int
+    """The incarnation the entries belong to (Conversation.incarnation): send it
+    back with the last sequence when resuming.
+    """
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Entry]:
+        """The entries, contiguous and in increasing sequence order."""
+
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        entries: _abc.Iterable[_common_pb2.Entry] | None = ...,
+        last_sequence: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "incarnation", b"incarnation", "last_sequence", b"last_sequence", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Appended: _TypeAlias = Appended  # noqa: Y015
+
+@_typing.final
+class TurnStarted(_message.Message):
+    """A turn took a lease on the conversation (TranscriptService.AcquireTurnLease,
+    which AgentService takes for every turn). A resumed stream reports the turns
+    still running again; one reported by the earlier stream and not reported again
+    before the first Heartbeat has finished meanwhile.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    EXCLUSIVE_FIELD_NUMBER: _builtins.int
+    turn_id: _builtins.str
+    """The turn (AcquireTurnLeaseRequest.turn_id; RunConversationRequest.turn_id)."""
+    exclusive: _builtins.bool
+    """True for an exclusive or queued lease."""
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp:
+        """When its lease was granted."""
+
+    def __init__(
+        self,
+        *,
+        turn_id: _builtins.str = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
+        exclusive: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["start_time", b"start_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exclusive", b"exclusive", "start_time", b"start_time", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TurnStarted: _TypeAlias = TurnStarted  # noqa: Y015
+
+@_typing.final
+class TurnFinished(_message.Message):
+    """A turn reported by TurnStarted has finished (one TurnFinished per TurnStarted)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    FINISH_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    turn_id: _builtins.str
+    """The turn."""
+    finish: Global___TurnFinish.ValueType
+    """How it ended."""
+    version: _builtins.int
+    """TURN_FINISH_COMMITTED: the version its append produced."""
+    reason: _builtins.str
+    """TURN_FINISH_ENDED: the ErrorInfo reason it ended with."""
+    def __init__(
+        self,
+        *,
+        turn_id: _builtins.str = ...,
+        finish: Global___TurnFinish.ValueType = ...,
+        version: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish", b"finish", "reason", b"reason", "turn_id", b"turn_id", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TurnFinished: _TypeAlias = TurnFinished  # noqa: Y015
+
+@_typing.final
+class Heartbeat(_message.Message):
+    """The stream is caught up: every entry through `last_sequence` has been
+    delivered. Sent once the replay is done, then whenever the stream was quiet
+    for the heartbeat interval. A commit wakes the stream at once (PostgreSQL
+    LISTEN/NOTIFY, whichever replica it went through); the server also looks
+    again on a timer, so `read_time` is at most RUNIFOLD_WATCH_POLL_S old.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    LAST_SEQUENCE_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    READ_TIME_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    """The conversation's version."""
+    last_sequence: _builtins.int
+    """Sequence of its last entry."""
+    incarnation: _builtins.int
+    """Its incarnation (see Conversation.incarnation): send it back when resuming."""
+    @_builtins.property
+    def read_time(self) -> _timestamp_pb2.Timestamp:
+        """When the server last looked at the conversation."""
+
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        last_sequence: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
+        read_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["read_time", b"read_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "last_sequence", b"last_sequence", "read_time", b"read_time", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Heartbeat: _TypeAlias = Heartbeat  # noqa: Y015
+
+@_typing.final
+class Erased(_message.Message):
+    """The conversation was erased (DeleteConversation, or AgentService.EraseConversation)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    incarnation: _builtins.int
+    """The incarnation that was erased."""
+    def __init__(
+        self,
+        *,
+        incarnation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Erased: _TypeAlias = Erased  # noqa: Y015

@@ -105,6 +105,11 @@ class TranscriptServiceStub:
                 request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseTurnLeaseRequest.SerializeToString,
                 response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseTurnLeaseResponse.FromString,
                 _registered_method=True)
+        self.WatchConversation = channel.unary_stream(
+                '/runifold.transcript.v1.TranscriptService/WatchConversation',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationResponse.FromString,
+                _registered_method=True)
 
 
 class TranscriptServiceServicer:
@@ -216,6 +221,19 @@ class TranscriptServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchConversation(self, request, context):
+        """Follows a conversation: replays every entry after `after_sequence`, then
+        delivers new entries as they commit (through any replica), in order, each
+        exactly once, with the version they committed at; beside them, the turns
+        that run on the conversation, heartbeats while it is quiet, and a final
+        `Erased` when it is erased. A stream that ends with UNAVAILABLE or
+        RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
+        last sequence received: nothing is missed and nothing repeats.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TranscriptServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -273,6 +291,11 @@ def add_TranscriptServiceServicer_to_server(servicer, server):
                     servicer.ReleaseTurnLease,
                     request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseTurnLeaseRequest.FromString,
                     response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseTurnLeaseResponse.SerializeToString,
+            ),
+            'WatchConversation': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchConversation,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -588,6 +611,33 @@ class TranscriptService:
             '/runifold.transcript.v1.TranscriptService/ReleaseTurnLease',
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseTurnLeaseRequest.SerializeToString,
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseTurnLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/WatchConversation',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationResponse.FromString,
             options,
             channel_credentials,
             insecure,

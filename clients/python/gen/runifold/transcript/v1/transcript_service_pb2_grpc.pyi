@@ -90,6 +90,15 @@ class TranscriptServiceStub:
     """Ends a turn that will not append, optionally recording the outcome of its
     completed model work so that a repeat of the `turn_id` returns it.
     """
+    WatchConversation: _grpc.UnaryStreamMultiCallable[_transcript_service_pb2.WatchConversationRequest, _transcript_service_pb2.WatchConversationResponse]
+    """Follows a conversation: replays every entry after `after_sequence`, then
+    delivers new entries as they commit (through any replica), in order, each
+    exactly once, with the version they committed at; beside them, the turns
+    that run on the conversation, heartbeats while it is quiet, and a final
+    `Erased` when it is erased. A stream that ends with UNAVAILABLE or
+    RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
+    last sequence received: nothing is missed and nothing repeats.
+    """
 
 @_typing.type_check_only
 class TranscriptServiceAsyncStub(TranscriptServiceStub):
@@ -152,6 +161,15 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     ReleaseTurnLease: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ReleaseTurnLeaseRequest, _transcript_service_pb2.ReleaseTurnLeaseResponse]  # type: ignore[assignment]
     """Ends a turn that will not append, optionally recording the outcome of its
     completed model work so that a repeat of the `turn_id` returns it.
+    """
+    WatchConversation: _aio.UnaryStreamMultiCallable[_transcript_service_pb2.WatchConversationRequest, _transcript_service_pb2.WatchConversationResponse]  # type: ignore[assignment]
+    """Follows a conversation: replays every entry after `after_sequence`, then
+    delivers new entries as they commit (through any replica), in order, each
+    exactly once, with the version they committed at; beside them, the turns
+    that run on the conversation, heartbeats while it is quiet, and a final
+    `Erased` when it is erased. A stream that ends with UNAVAILABLE or
+    RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
+    last sequence received: nothing is missed and nothing repeats.
     """
 
 class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -278,6 +296,21 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_transcript_service_pb2.ReleaseTurnLeaseResponse, _abc.Awaitable[_transcript_service_pb2.ReleaseTurnLeaseResponse]]:
         """Ends a turn that will not append, optionally recording the outcome of its
         completed model work so that a repeat of the `turn_id` returns it.
+        """
+
+    @_abc_1.abstractmethod
+    def WatchConversation(
+        self,
+        request: _transcript_service_pb2.WatchConversationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_transcript_service_pb2.WatchConversationResponse], _abc.AsyncIterator[_transcript_service_pb2.WatchConversationResponse]]:
+        """Follows a conversation: replays every entry after `after_sequence`, then
+        delivers new entries as they commit (through any replica), in order, each
+        exactly once, with the version they committed at; beside them, the turns
+        that run on the conversation, heartbeats while it is quiet, and a final
+        `Erased` when it is erased. A stream that ends with UNAVAILABLE or
+        RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
+        last sequence received: nothing is missed and nothing repeats.
         """
 
 def add_TranscriptServiceServicer_to_server(servicer: TranscriptServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

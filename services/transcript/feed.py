@@ -1,0 +1,655 @@
+"""WatchConversation: the change feed of a conversation (TranscriptService).
+
+A stream replays the entries after the client's `after_sequence` in bounded
+pages, then follows the conversation. Each time it wakes it reads, by sequence,
+what committed after what it delivered: every entry goes out once, in order,
+and only after its append committed (a rolled-back append wrote no row to read).
+What wakes a stream:
+
+- a write through this process: the store reports each committed write to a
+  watched conversation (`Feed.changed`), at once;
+- a write through another replica: that process announces the conversation's
+  key (the key only, no content) with PostgreSQL's NOTIFY, and this process's
+  one listening connection wakes the conversation's streams;
+- the pulse: every RUNIFOLD_WATCH_POLL_S one statement reads the counters and
+  running turns of every conversation watched here (and keeps them marked as
+  watched, `conversations.watched_until`, so that their writes announce), and
+  wakes the streams that are behind. A lost notification (a dropped listening
+  connection, a replica killed between its commit and its NOTIFY) delays a
+  stream by at most that long; when the listening connection is back, the pulse
+  runs at once.
+
+An idle stream costs no database connection and no query of its own: its
+heartbeats come from what the last read or pulse saw. A stream holds at most one
+page of entries (RUNIFOLD_WATCH_PAGE_BYTES): the next page is read once the
+transport took the last event, so a slow reader holds back only its own stream
+(the servicer ends one that takes nothing for RUNIFOLD_WATCH_SEND_TIMEOUT_S).
+
+Knows nothing of gRPC or SQL: the store (`FeedStore`) reads, the bus
+(`ChangeBus`) carries the notifications between processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol
+
+from services.common import metrics, validation
+from services.common.domain import Entry
+from services.common.errors import Code, DomainError, invalid_argument, resource_exhausted
+from services.common.validation import conversation_id
+from services.transcript import metrics as transcript_metrics
+from services.transcript.config import WatchLimits
+from services.transcript.model import conversation_not_found
+
+log = logging.getLogger(__name__)
+
+# A request may ask for heartbeats this often, at the most and at the least.
+HEARTBEAT_RANGE_S = (1.0, 300.0)
+# The pulse reads this many conversations a statement.
+_PULSE_CHUNK = 1000
+
+
+class TurnFinish(enum.IntEnum):
+    """How a reported turn ended. Values equal runifold.transcript.v1.TurnFinish's."""
+
+    COMMITTED = 1
+    ENDED = 2
+    RELEASED = 3
+    LAPSED = 4
+
+
+# -- the events of a stream --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """Entries of one append (all of it, or a page's share of a long one), in order."""
+
+    version: int
+    last_sequence: int  # the append's last sequence
+    incarnation: int
+    entries: Sequence[Entry]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStarted:
+    """A turn holds a lease on the conversation."""
+
+    turn_id: str
+    start_time: datetime
+    exclusive: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFinished:
+    """A turn reported by TurnStarted no longer runs."""
+
+    turn_id: str
+    finish: TurnFinish
+    version: int = 0  # COMMITTED: the version its append made
+    reason: str = ""  # ENDED: the ErrorInfo reason it ended with
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Caught up: every entry through `last_sequence` was delivered."""
+
+    version: int
+    last_sequence: int
+    incarnation: int
+    read_time: datetime  # when the server last found that to be the conversation's state
+
+
+@dataclass(frozen=True, slots=True)
+class Erased:
+    """The incarnation the stream followed is gone; the stream ends."""
+
+    incarnation: int
+
+
+WatchEvent = Appended | TurnStarted | TurnFinished | Heartbeat | Erased
+
+
+# -- what the store reads ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A conversation's counters at `read_time` (the database's clock)."""
+
+    key: int  # the store's key of this incarnation; never reused
+    version: int
+    last_sequence: int
+    incarnation: int
+    read_time: datetime
+    # Fencing tokens of its running turns, sorted: only compared, never sent.
+    running: tuple[int, ...] = ()
+
+    @property
+    def fingerprint(self) -> tuple[int, int, int, tuple[int, ...]]:
+        """What a stream that is up to date with this snapshot has seen."""
+        return (self.version, self.last_sequence, self.incarnation, self.running)
+
+
+@dataclass(frozen=True, slots=True)
+class RunningTurn:
+    """A turn whose lease holds."""
+
+    turn_id: str
+    ticket: int  # its fencing token: tells a new grant of the same turn id
+    exclusive: bool
+    start_time: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class TurnTrace:
+    """What became of a turn a stream reported running (`ticket`): its row now, if any,
+    and the version its append made, if it committed."""
+
+    turn_id: str
+    ticket: int
+    state: str | None  # "running", "waiting", "ended", "committed"; None: no row
+    row_ticket: int | None
+    reason: str | None  # the outcome's reason of an ended turn
+    committed_version: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendSlice:
+    """Consecutive entries of one append."""
+
+    version: int
+    last_sequence: int
+    entries: Sequence[Entry]
+
+
+@dataclass(frozen=True, slots=True)
+class FeedState:
+    """One consistent read of a watched conversation."""
+
+    snapshot: Snapshot
+    running: Sequence[RunningTurn]
+    traces: Sequence[TurnTrace]
+    # The first page of entries after what the stream delivered.
+    entries: Sequence[AppendSlice] = ()
+
+
+class FeedStore(Protocol):
+    """The reads of WatchConversation. Every method is one statement."""
+
+    async def open_watch(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        after: int,
+        incarnation: int,
+        ttl_s: float,
+        renew_before_s: float,
+    ) -> Snapshot | None:
+        """Return the conversation's counters (None when it is not in the namespace) and,
+        when a stream from `after` on `incarnation` (0: any) can open, mark it watched for
+        `ttl_s` (unless it is for `renew_before_s` more already)."""
+
+    async def read_state(
+        self,
+        key: int,
+        reported: Sequence[tuple[str, int]],
+        after: int,
+        max_entries: int,
+        max_bytes: int,
+    ) -> FeedState | None:
+        """In one snapshot: the counters, the running turns, a trace of each reported
+        (turn id, ticket), and the first page of entries after `after` (as
+        read_entries through the last sequence); None when the conversation is gone."""
+
+    async def read_entries(
+        self, key: int, after: int, through: int, max_entries: int, max_bytes: int
+    ) -> list[AppendSlice]:
+        """The entries in (after, through], at most `max_entries` and, past the first,
+        about `max_bytes`, grouped by the append that wrote them."""
+
+    async def pulse(
+        self, keys: Sequence[int], ttl_s: float, renew_before_s: float
+    ) -> Mapping[int, Snapshot]:
+        """The snapshots of the conversations that still exist among `keys`, renewing
+        their marks as open_watch does (skipping rows a writer holds: next time)."""
+
+
+class ChangeBus(Protocol):
+    """Notifications between the processes that serve one database."""
+
+    async def listen(self, woken: Callable[[int], None], connected: Callable[[], None]) -> None:
+        """Run until cancelled: `connected()` each time listening (re)starts, `woken(key)`
+        for each conversation another process announced."""
+
+    async def announce(self, keys: Sequence[int]) -> None:
+        """Tell the other processes that these conversations changed."""
+
+    async def close(self) -> None:
+        """Close the connections (idempotent)."""
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+def watcher_limit(scope: str, limit: int, retry_after_s: float) -> DomainError:
+    """RESOURCE_EXHAUSTED: as many streams are open as this process allows."""
+    return resource_exhausted(
+        "WATCHER_LIMIT",
+        f"{limit} WatchConversation streams are open on this server"
+        + (" for this namespace" if scope == "namespace" else "")
+        + ", its limit; retry after the delay in RetryInfo (another replica may have room)",
+        retry_after_s=retry_after_s,
+        scope=scope,
+        limit=limit,
+    )
+
+
+def watcher_too_slow(timeout_s: float) -> DomainError:
+    """RESOURCE_EXHAUSTED: the reader took nothing for too long (it resumes where it was)."""
+    return resource_exhausted(
+        "WATCHER_TOO_SLOW",
+        f"the stream took no event for {timeout_s:g} s; watch again from the last "
+        "sequence received to resume",
+    )
+
+
+def shutting_down() -> DomainError:
+    """UNAVAILABLE: this server is stopping; resume on another replica."""
+    return DomainError(
+        Code.UNAVAILABLE,
+        "SERVER_SHUTTING_DOWN",
+        "the server is shutting down; watch again from the last sequence received to resume",
+    )
+
+
+def finish_of(trace: TurnTrace) -> TurnFinished:
+    """How a reported turn that no longer runs ended, from what is left of it."""
+    if trace.committed_version is not None:
+        return TurnFinished(trace.turn_id, TurnFinish.COMMITTED, version=trace.committed_version)
+    if trace.state is None:
+        # No row: the lease was released without an outcome (or it lapsed and another
+        # lease decision cleared it before the stream looked again).
+        return TurnFinished(trace.turn_id, TurnFinish.RELEASED)
+    if trace.state == "ended" and trace.row_ticket == trace.ticket:
+        return TurnFinished(trace.turn_id, TurnFinish.ENDED, reason=trace.reason or "")
+    # Still its row but no longer live, or a newer grant of the same turn id.
+    return TurnFinished(trace.turn_id, TurnFinish.LAPSED)
+
+
+# -- the hub of a process ------------------------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class _Stream:
+    """One open WatchConversation."""
+
+    namespace: str
+    key: int = 0
+    woken: asyncio.Event = field(default_factory=asyncio.Event)
+    # The snapshot fingerprint the stream is up to date with (after its last read).
+    seen: tuple[int, int, int, tuple[int, ...]] | None = None
+
+
+@dataclass(eq=False, slots=True)
+class _Watched:
+    """A conversation with streams in this process."""
+
+    streams: set[_Stream] = field(default_factory=set)
+    pulse: Snapshot | None = None  # what the last pulse read
+
+
+class Feed:
+    """The streams of one process, and what wakes them."""
+
+    def __init__(self, store: FeedStore, bus: ChangeBus, limits: WatchLimits) -> None:
+        self.store = store
+        self.bus = bus
+        self.limits = limits
+        # A mark outlives a few missed pulses; renewed when less than this is left.
+        self.mark_ttl_s = 60.0 + 3 * limits.poll_s
+        self.renew_before_s = 30.0 + 2 * limits.poll_s
+        self._conversations: dict[int, _Watched] = {}
+        self._namespaces: dict[str, int] = {}
+        self._open = 0
+        self._closing = False
+        self._announce: set[int] = set()
+        self._announce_wakeup = asyncio.Event()
+        self._pulse_now = asyncio.Event()
+        self._listening = asyncio.Event()
+        self._gone = asyncio.Event()
+        self._gone.set()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def open_streams(self) -> int:
+        """Streams open in this process."""
+        return self._open
+
+    async def start(self, wait_s: float = 5.0) -> None:
+        """Start listening, announcing and the pulse; wait (at most `wait_s`) until the
+        listening connection listens, so that the first streams miss nothing."""
+        self._tasks = [
+            asyncio.create_task(self._listen(), name="transcript-feed-listen"),
+            asyncio.create_task(self._announcer(), name="transcript-feed-announce"),
+            asyncio.create_task(self._pulser(), name="transcript-feed-pulse"),
+        ]
+        try:
+            await asyncio.wait_for(self._listening.wait(), wait_s)
+        except TimeoutError:
+            # Not fatal: streams still see every write, at the pulse's pace, until it listens.
+            log.warning("transcript feed: not listening yet; notifications may lag")
+
+    async def drain(self, timeout_s: float) -> None:
+        """End every stream with UNAVAILABLE / SERVER_SHUTTING_DOWN (their clients resume
+        on another replica) and wait, at most `timeout_s`, until they have ended."""
+        self._closing = True
+        for watched in self._conversations.values():
+            for stream in watched.streams:
+                stream.woken.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._gone.wait(), timeout_s)
+
+    async def stop(self) -> None:
+        """Stop the background tasks and close the bus (idempotent)."""
+        self._closing = True
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.bus.close()
+
+    # -- what wakes streams ------------------------------------------------------------
+
+    def changed(self, key: int) -> None:
+        """A write to conversation `key` committed in this process (the store's ChangeSink):
+        wake its streams here, and announce it to the other processes."""
+        self._wake(key)
+        self._announce.add(key)
+        self._announce_wakeup.set()
+
+    def _wake(self, key: int) -> None:
+        watched = self._conversations.get(key)
+        if watched is not None:
+            for stream in watched.streams:
+                stream.woken.set()
+
+    def _connected(self) -> None:
+        # Notifications may have been missed while not listening: look at everything now.
+        self._listening.set()
+        self._pulse_now.set()
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                await self.bus.listen(self._wake, self._connected)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # the bus reconnects by itself; this is a bug
+                log.error("transcript feed: listener failed", exc_info=error)
+            self._listening.clear()
+            await asyncio.sleep(1.0)
+
+    async def _announcer(self) -> None:
+        while True:
+            await self._announce_wakeup.wait()
+            self._announce_wakeup.clear()
+            keys, self._announce = sorted(self._announce), set()
+            try:
+                await self.bus.announce(keys)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                # The other processes see these writes at their next pulse.
+                transcript_metrics.WATCH_ANNOUNCE_FAILURES.inc(len(keys))
+                log.warning(
+                    "transcript feed: announcing changes failed",
+                    extra={"error_type": type(error).__name__},
+                )
+
+    async def _pulser(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._pulse_now.wait(), self.limits.poll_s)
+            self._pulse_now.clear()
+            try:
+                await self.pulse()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                log.warning(
+                    "transcript feed: pulse failed", extra={"error_type": type(error).__name__}
+                )
+
+    async def pulse(self) -> None:
+        """Read every conversation watched here, renew their marks, and wake the streams
+        that are not up to date with what was read (or whose conversation is gone)."""
+        keys = sorted(self._conversations)
+        for start in range(0, len(keys), _PULSE_CHUNK):
+            chunk = keys[start : start + _PULSE_CHUNK]
+            found = await self.store.pulse(chunk, self.mark_ttl_s, self.renew_before_s)
+            for key in chunk:
+                watched = self._conversations.get(key)
+                if watched is None:
+                    continue
+                snapshot = found.get(key)
+                watched.pulse = snapshot
+                for stream in watched.streams:
+                    if snapshot is None or stream.seen != snapshot.fingerprint:
+                        stream.woken.set()
+
+    # -- streams -------------------------------------------------------------------------
+
+    def _admit(self, stream: _Stream) -> None:
+        limits = self.limits
+        if self._open >= limits.max_watchers:
+            metrics.REQUESTS_SHED.labels("watchers", "WATCHER_LIMIT").inc()
+            raise watcher_limit("process", limits.max_watchers, limits.retry_after_s)
+        if self._namespaces.get(stream.namespace, 0) >= limits.max_watchers_per_namespace:
+            metrics.REQUESTS_SHED.labels("watchers", "WATCHER_LIMIT").inc()
+            raise watcher_limit(
+                "namespace", limits.max_watchers_per_namespace, limits.retry_after_s
+            )
+        self._open += 1
+        self._namespaces[stream.namespace] = self._namespaces.get(stream.namespace, 0) + 1
+        self._gone.clear()
+        transcript_metrics.WATCHERS.inc()
+
+    def _attach(self, stream: _Stream, key: int) -> None:
+        stream.key = key
+        self._conversations.setdefault(key, _Watched()).streams.add(stream)
+
+    def _leave(self, stream: _Stream) -> None:
+        watched = self._conversations.get(stream.key)
+        if watched is not None:
+            watched.streams.discard(stream)
+            if not watched.streams:
+                del self._conversations[stream.key]
+        left = self._namespaces[stream.namespace] - 1
+        if left:
+            self._namespaces[stream.namespace] = left
+        else:
+            del self._namespaces[stream.namespace]  # bounded: namespaces with open streams
+        self._open -= 1
+        transcript_metrics.WATCHERS.dec()
+        if self._open == 0:
+            self._gone.set()
+
+    def _heartbeat_interval(self, heartbeat_s: float) -> float:
+        if heartbeat_s == 0:
+            return self.limits.heartbeat_s
+        low, high = HEARTBEAT_RANGE_S
+        if not low <= heartbeat_s <= high:
+            raise invalid_argument(
+                "INVALID_HEARTBEAT_INTERVAL",
+                f"heartbeat_interval must be {low:g} s to {high:g} s (0: the server's default)",
+                field="heartbeat_interval",
+            )
+        return heartbeat_s
+
+    async def watch(
+        self,
+        namespace: str,
+        conversation_id_text: str,
+        after_sequence: int,
+        incarnation: int,
+        heartbeat_s: float = 0.0,
+    ) -> AsyncGenerator[WatchEvent]:
+        """Follow a conversation: the entries after `after_sequence` (replayed, then live),
+        each once and in order; TurnStarted / TurnFinished beside them; a Heartbeat once
+        caught up and after every quiet `heartbeat_s`; Erased, then the end, when the
+        incarnation followed is erased.
+
+        NOT_FOUND as GetConversation (another namespace's conversation included);
+        INVALID_ARGUMENT / SEQUENCE_OUT_OF_RANGE past the transcript's end;
+        RESOURCE_EXHAUSTED / WATCHER_LIMIT beyond the process's limits; UNAVAILABLE /
+        SERVER_SHUTTING_DOWN when the server stops. With `incarnation`, a conversation
+        made again under the id since answers Erased at once.
+        """
+        validation.namespace(namespace)
+        cid = conversation_id(conversation_id_text)
+        if after_sequence < 0:
+            raise invalid_argument(
+                "INVALID_SEQUENCE", "after_sequence must not be negative", field="after_sequence"
+            )
+        if incarnation < 0:
+            raise invalid_argument(
+                "INVALID_INCARNATION", "incarnation must not be negative", field="incarnation"
+            )
+        interval = self._heartbeat_interval(heartbeat_s)
+        if self._closing:
+            raise shutting_down()
+        stream = _Stream(namespace)
+        self._admit(stream)
+        try:
+            head = await self.store.open_watch(
+                namespace, cid, after_sequence, incarnation, self.mark_ttl_s, self.renew_before_s
+            )
+            if head is None:
+                raise conversation_not_found()
+            # No await between the mark's read and this: a write committed after the
+            # first read below wakes the stream.
+            self._attach(stream, head.key)
+            if incarnation and incarnation != head.incarnation:
+                yield Erased(incarnation)
+                transcript_metrics.WATCH_EVENTS.labels("erased").inc()
+                return
+            if after_sequence > head.last_sequence:
+                raise invalid_argument(
+                    "SEQUENCE_OUT_OF_RANGE",
+                    "after_sequence is beyond the transcript",
+                    field="after_sequence",
+                    last_sequence=head.last_sequence,
+                )
+            async for event in self._follow(stream, head, after_sequence, interval):
+                yield event
+        finally:
+            self._leave(stream)
+
+    async def _follow(
+        self, stream: _Stream, head: Snapshot, after: int, interval: float
+    ) -> AsyncIterator[WatchEvent]:
+        limits = self.limits
+        key, incarnation = head.key, head.incarnation
+        delivered = after
+        running: dict[str, RunningTurn] = {}  # the turns reported started, by turn id
+        version, read_time = head.version, head.read_time
+        caught_up = False
+        quiet_since = time.monotonic()
+        while True:
+            if self._closing:
+                raise shutting_down()
+            stream.woken.clear()  # before the read: a write during it wakes us again
+            state = await self.store.read_state(
+                key,
+                [(turn.turn_id, turn.ticket) for turn in running.values()],
+                delivered,
+                limits.page_entries,
+                limits.page_bytes,
+            )
+            if state is None or state.snapshot.incarnation != incarnation:
+                yield Erased(incarnation)
+                transcript_metrics.WATCH_EVENTS.labels("erased").inc()
+                return
+            snapshot = state.snapshot
+            slices: Sequence[AppendSlice] = state.entries
+            while delivered < snapshot.last_sequence:
+                if not slices:
+                    slices = await self.store.read_entries(
+                        key,
+                        delivered,
+                        snapshot.last_sequence,
+                        limits.page_entries,
+                        limits.page_bytes,
+                    )
+                if not slices or slices[0].entries[0].sequence != delivered + 1:
+                    # Entries go only with their conversation, in the erasure's transaction.
+                    yield Erased(incarnation)
+                    transcript_metrics.WATCH_EVENTS.labels("erased").inc()
+                    return
+                for piece in slices:
+                    yield Appended(piece.version, piece.last_sequence, incarnation, piece.entries)
+                    transcript_metrics.WATCH_EVENTS.labels("appended").inc()
+                    if delivered >= head.last_sequence:  # live, not replayed: how late
+                        _observe_delivery(piece.entries)
+                    delivered = piece.entries[-1].sequence
+                slices = ()
+                quiet_since = time.monotonic()
+            live = {(turn.turn_id, turn.ticket) for turn in state.running}
+            for trace in state.traces:
+                if (trace.turn_id, trace.ticket) not in live:
+                    del running[trace.turn_id]
+                    yield finish_of(trace)
+                    transcript_metrics.WATCH_EVENTS.labels("turn_finished").inc()
+                    quiet_since = time.monotonic()
+            for turn in state.running:
+                if turn.turn_id not in running:
+                    running[turn.turn_id] = turn
+                    yield TurnStarted(turn.turn_id, turn.start_time, turn.exclusive)
+                    transcript_metrics.WATCH_EVENTS.labels("turn_started").inc()
+                    quiet_since = time.monotonic()
+            version, read_time = snapshot.version, snapshot.read_time
+            stream.seen = snapshot.fingerprint
+            if not caught_up:  # the replay is done
+                caught_up = True
+                yield Heartbeat(version, delivered, incarnation, read_time)
+                transcript_metrics.WATCH_EVENTS.labels("heartbeat").inc()
+                quiet_since = time.monotonic()
+            while True:
+                left = interval - (time.monotonic() - quiet_since)
+                if left <= 0:
+                    yield Heartbeat(version, delivered, incarnation, self._fresh(stream, read_time))
+                    transcript_metrics.WATCH_EVENTS.labels("heartbeat").inc()
+                    quiet_since = time.monotonic()
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await stream.woken.wait()
+                    break
+
+    def _fresh(self, stream: _Stream, read_time: datetime) -> datetime:
+        """The latest time the server found the stream's state current: its own read, or
+        a later pulse that read the same."""
+        watched = self._conversations.get(stream.key)
+        pulse = watched.pulse if watched is not None else None
+        if pulse is not None and pulse.fingerprint == stream.seen and pulse.read_time > read_time:
+            return pulse.read_time
+        return read_time
+
+
+def _observe_delivery(entries: Sequence[Entry]) -> None:
+    """Commit to delivery of a live append (the database's clock against this host's)."""
+    now = datetime.now(UTC)
+    seconds = (now - entries[-1].created_at).total_seconds()
+    transcript_metrics.WATCH_DELIVERY_SECONDS.observe(max(0.0, seconds))
