@@ -2,7 +2,8 @@
 
 No thresholds are asserted: goals are printed next to the measured ratios.
 `python -m bench transcript` runs one suite; `summary-claim`, `memory-indexing` and
-`memory-validity` run one part of the summary and memory suites alone.
+`memory-validity`, `retrieval-quality` and `retrieval-latency` run one part of the
+summary, memory and retrieval suites alone.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from bench import agent, embedding, memory, summary, transcript
+from bench import agent, embedding, memory, retrieval, summary, transcript
 from bench.common import postgres
 
 SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
@@ -23,12 +24,15 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "memory": memory.run,
     "agent": agent.run,
     "embedding": embedding.run,
+    "retrieval": retrieval.run,
     # Parts of the suites above, to run alone.
     "summary-claim": summary.claim_cost,
     "memory-indexing": memory.indexing,
     "memory-validity": memory.validity,
+    "retrieval-quality": retrieval.quality,
+    "retrieval-latency": retrieval.latency,
 }
-DEFAULT = ["transcript", "summary", "memory", "agent", "embedding"]
+DEFAULT = ["transcript", "summary", "memory", "agent", "embedding", "retrieval"]
 
 
 def main() -> None:

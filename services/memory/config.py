@@ -113,7 +113,7 @@ class MemoryConfig:
     # names none; how hybrid fuses the cosine and BM25, the weight of BM25, RRF's k.
     search_mode: str = "hybrid"  # "dense", "lexical" or "hybrid"
     hybrid_fusion: str = "score"  # "score" or "rrf"
-    hybrid_weight: float = 0.3
+    hybrid_weight: float = 0.2
     hybrid_rrf_k: int = 60
     # -- ProposeMemories -----------------------------------------------------------
     proposer: str = "offline"  # "offline" or "openai"
@@ -265,7 +265,7 @@ class MemoryConfig:
                 env, "RUNIFOLD_MEMORY_HYBRID_FUSION", "score", ("score", "rrf")
             ),
             hybrid_weight=env_float(
-                env, "RUNIFOLD_MEMORY_HYBRID_WEIGHT", 0.3, minimum=0.0, maximum=1.0
+                env, "RUNIFOLD_MEMORY_HYBRID_WEIGHT", 0.2, minimum=0.0, maximum=1.0
             ),
             hybrid_rrf_k=env_int(
                 env, "RUNIFOLD_MEMORY_HYBRID_RRF_K", 60, minimum=1, maximum=10_000

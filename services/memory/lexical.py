@@ -67,7 +67,7 @@ class Fusion:
     """A hybrid search's fusion: method, weight of the lexical side (0..1), RRF's k."""
 
     method: FusionMethod = FusionMethod.SCORE
-    weight: float = 0.3
+    weight: float = 0.2
     rrf_k: int = 60
 
 
