@@ -287,7 +287,7 @@ async def search_run(
     corpus: Corpus,
     queries: list[str],
     query_vectors: np.ndarray,
-    mode: int = pb.SEARCH_MODE_DENSE,
+    mode: pb.SearchMode.ValueType = pb.SEARCH_MODE_DENSE,
 ) -> tuple[Stats, float]:
     """p50 of SearchMemories in `mode` (dense by default: what the suite measured before
     search modes), and recall@10 against the exact dense top-10."""

@@ -118,15 +118,18 @@ _EXACT = sql.SQL(
         ORDER BY embedding <=> %(vector)s
         LIMIT %(limit)s"""
 )
-# Lexical scoring. `idf`: each query term's IDF over the namespace's rows that have
-# lexical vectors (tombstones have namespace ''); a row's BM25 is the sum of idf x weight
-# over the terms it shares with the query.
+# Lexical scoring. `idf`: each query term's IDF over the namespace's rows (tombstones
+# have namespace ''; N counts the rows not yet given a lexical vector too, which Qdrant
+# does not: the b-tree alone answers, without reading the rows); a row's BM25 is the
+# sum of idf x weight over the terms it shares with the query. MATERIALIZED: computed
+# once per statement (inlined, the planner recounted it for every row scored: 1.1 s at
+# 100,000 rows).
 _IDF = sql.SQL(
-    """idf AS (
+    """idf AS MATERIALIZED (
          SELECT q.term, ln(1 + (n.n - d.df + 0.5) / (d.df + 0.5)) AS idf
            FROM unnest(%(terms)s::text[]) AS q(term)
           CROSS JOIN (SELECT count(*)::float8 AS n FROM {table}
-                       WHERE namespace = %(namespace)s AND lexical IS NOT NULL) AS n
+                       WHERE namespace = %(namespace)s) AS n
           CROSS JOIN LATERAL (SELECT count(*)::float8 AS df FROM {table}
                                WHERE namespace = %(namespace)s
                                  AND lexical @@ q.term::tsquery) AS d)"""
