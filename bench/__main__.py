@@ -2,7 +2,8 @@
 
 No thresholds are asserted: goals are printed next to the measured ratios.
 `python -m bench transcript` runs one suite; `summary-claim`, `memory-indexing` and
-`memory-validity` run one part of the summary and memory suites alone.
+`memory-validity`, `retrieval-quality` and `retrieval-latency` run one part of the
+summary, memory and retrieval suites alone.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from bench import agent, embedding, memory, summary, transcript, watch
+from bench import agent, embedding, memory, retrieval, summary, transcript, watch
 from bench.common import postgres
 
 SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
@@ -24,12 +25,15 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "agent": agent.run,
     "embedding": embedding.run,
     "watch": watch.run,
+    "retrieval": retrieval.run,
     # Parts of the suites above, to run alone.
     "summary-claim": summary.claim_cost,
     "memory-indexing": memory.indexing,
     "memory-validity": memory.validity,
+    "retrieval-quality": retrieval.quality,
+    "retrieval-latency": retrieval.latency,
 }
-DEFAULT = ["transcript", "summary", "memory", "agent", "embedding", "watch"]
+DEFAULT = ["transcript", "summary", "memory", "agent", "embedding", "watch", "retrieval"]
 
 
 def main() -> None:

@@ -43,6 +43,7 @@ Sizes: BENCH_MEMORY_SIZES (default "10000,100000"), BENCH_MEMORY_QUERIES
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 import time
@@ -69,6 +70,7 @@ from runifold.memory.v1 import memory_service_pb2 as pb
 from services.common import migrations, stubs
 from services.common.db import Database
 from services.common.settings import Settings
+from services.memory import lexical as lexical_vectors
 from services.memory.component import MIGRATIONS
 from services.memory.config import LOCAL_MODEL_DIMENSION, LOCAL_MODEL_NAME
 from services.memory.embeddings import LocalEmbedder
@@ -202,7 +204,8 @@ async def load_postgres(url: str, corpus: Corpus) -> None:
         conn.execute("ANALYZE memory.memories")
 
 
-def points(corpus: Corpus, start: int, stop: int) -> list[IndexPoint]:
+def points(corpus: Corpus, start: int, stop: int, *, lexical: bool = False) -> list[IndexPoint]:
+    """Index points of the corpus; with `lexical`, with their BM25 vectors (issue 21)."""
     made = []
     for i in range(start, stop):
         valid_from, valid_until, _ = corpus.validity(i)
@@ -215,20 +218,26 @@ def points(corpus: Corpus, start: int, stop: int) -> list[IndexPoint]:
                 {},
                 valid_from=valid_from.timestamp(),
                 valid_until=valid_until.timestamp() if valid_until else None,
+                lexical=lexical_vectors.document(corpus.texts[i]) if lexical else None,
             )
         )
     return made
 
 
-async def load_index(backend: str, url: str, folder: Path, corpus: Corpus) -> float:
-    """Fill the index; return the seconds it took (including HNSW builds)."""
+async def load_index(
+    backend: str, url: str, folder: Path, corpus: Corpus, *, lexical: bool = False
+) -> float:
+    """Fill the index (with `lexical`, with BM25 vectors); return the seconds it took
+    (including HNSW builds)."""
     started = time.perf_counter()
     index: VectorIndex
     if backend == "edge":
         index = EdgeIndex(folder, LOCAL_MODEL_NAME, LOCAL_MODEL_DIMENSION)
         await index.start()
         for start in range(0, len(corpus.ids), 2000):
-            await index.upsert(points(corpus, start, min(start + 2000, len(corpus.ids))))
+            await index.upsert(
+                points(corpus, start, min(start + 2000, len(corpus.ids)), lexical=lexical)
+            )
         await index.optimize()
         await index.close()
         return time.perf_counter() - started
@@ -244,11 +253,12 @@ async def load_index(backend: str, url: str, folder: Path, corpus: Corpus) -> fl
             conn.cursor() as cursor,
             cursor.copy(
                 f"COPY {table} (point_id, namespace, memory_id, revision, tags, embedding,"
-                " valid_from, valid_until) FROM STDIN"
+                " valid_from, valid_until, lexical, lexical_weights) FROM STDIN"
             ) as copy,
         ):
-            for point in points(corpus, 0, len(corpus.ids)):
+            for point in points(corpus, 0, len(corpus.ids), lexical=lexical):
                 vector = "[" + ",".join(f"{x:.6f}" for x in point.vector) + "]"
+                terms = point.lexical.weights() if point.lexical else None
                 copy.write_row(
                     (
                         point_id(point.namespace, point.memory_id),
@@ -259,6 +269,8 @@ async def load_index(backend: str, url: str, folder: Path, corpus: Corpus) -> fl
                         vector,
                         point.valid_from,
                         point.valid_end,
+                        " ".join(f"'{t}'" for t in terms) if terms is not None else None,
+                        json.dumps(terms) if terms is not None else None,
                     )
                 )
         conn.execute("SET maintenance_work_mem = '1GB'")
@@ -271,8 +283,14 @@ async def load_index(backend: str, url: str, folder: Path, corpus: Corpus) -> fl
 
 
 async def search_run(
-    address: str, corpus: Corpus, queries: list[str], query_vectors: np.ndarray
+    address: str,
+    corpus: Corpus,
+    queries: list[str],
+    query_vectors: np.ndarray,
+    mode: pb.SearchMode.ValueType = pb.SEARCH_MODE_DENSE,
 ) -> tuple[Stats, float]:
+    """p50 of SearchMemories in `mode` (dense by default: what the suite measured before
+    search modes), and recall@10 against the exact dense top-10."""
     rng = np.random.default_rng(SEED + 2)
     targets = [f"bench-{i:03d}" for i in rng.integers(NAMESPACES, size=len(queries))]
     found = expected = 0
@@ -283,7 +301,9 @@ async def search_run(
             nonlocal found, expected
             j = i % len(queries) if i >= 0 else (-i) % len(queries)
             reply = await stub.SearchMemories(
-                pb.SearchMemoriesRequest(namespace=targets[j], query=queries[j], limit=10)
+                pb.SearchMemoriesRequest(
+                    namespace=targets[j], query=queries[j], limit=10, mode=mode
+                )
             )
             if i >= 0:
                 got = {uuid.UUID(r.memory.memory_id) for r in reply.results}

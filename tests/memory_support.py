@@ -13,7 +13,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -36,6 +36,7 @@ from services.memory.index import (
     ValidAt,
     VectorIndex,
 )
+from services.memory.lexical import Scored, SearchMode, fuse
 from services.memory.model import SourceConversation
 from services.memory.proposals import Proposer
 from services.transcript.component import TranscriptComponent
@@ -142,20 +143,7 @@ class BruteForceIndex:
 
     async def search(self, query: NamespacedQuery) -> list[IndexHit]:
         self._check()
-        hits = []
-        for p in self.points.values():
-            payload = p.payload()
-            if all(
-                t.matches(p.valid_from, p.valid_end)
-                if isinstance(t, ValidAt)
-                else payload[t.field] == t.value
-                or (isinstance(payload[t.field], list) and t.value in payload[t.field])  # type: ignore[operator]
-                for t in query.terms
-            ):
-                score = sum(a * b for a, b in zip(query.vector, p.vector, strict=True))
-                hits.append(IndexHit(p.memory_id, p.revision, score))
-        hits.sort(key=lambda h: -h.score)
-        return hits[: query.limit]
+        return reference_search(self.points.values(), query)
 
     async def keys(self) -> set[Key]:
         self._check()
@@ -166,6 +154,67 @@ class BruteForceIndex:
 
     async def close(self) -> None:
         return None
+
+
+def _matches(p: IndexPoint, query: NamespacedQuery) -> bool:
+    payload = p.payload()
+    return all(
+        t.matches(p.valid_from, p.valid_end)
+        if isinstance(t, ValidAt)
+        else payload[t.field] == t.value
+        or (isinstance(payload[t.field], list) and t.value in payload[t.field])  # type: ignore[operator]
+        for t in query.terms
+    )
+
+
+def reference_bm25(points: Iterable[IndexPoint], query: NamespacedQuery) -> dict[Key, float]:
+    """BM25 as every adapter computes it (services/memory/lexical.py): the IDF over the
+    namespace's points with a lexical vector, each point's score the sum of idf x weight
+    over the query terms it has. Only the points sharing a term."""
+    corpus = [p for p in points if p.namespace == query.namespace and p.lexical is not None]
+    df: dict[int, int] = {}
+    for p in corpus:
+        assert p.lexical is not None
+        for i in p.lexical.indices:
+            df[i] = df.get(i, 0) + 1
+    n = len(corpus)
+    idf = {t: math.log(1 + (n - df.get(t, 0) + 0.5) / (df.get(t, 0) + 0.5)) for t in query.lexical}
+    scores: dict[Key, float] = {}
+    for p in corpus:
+        assert p.lexical is not None
+        weights = dict(zip(p.lexical.indices, p.lexical.values, strict=True))
+        shared = [t for t in query.lexical if t in weights]
+        if shared and _matches(p, query):
+            scores[(p.namespace, p.memory_id)] = sum(idf[t] * weights[t] for t in shared)
+    return scores
+
+
+def reference_search(points: Iterable[IndexPoint], query: NamespacedQuery) -> list[IndexHit]:
+    """Exact search in the query's mode, as the adapters rank: dense by cosine, lexical by
+    BM25, hybrid from both sides' top `limit` rescored by both and fused."""
+    held = [p for p in points if _matches(p, query)]
+    by_key = {(p.namespace, p.memory_id): p for p in held}
+    cosine = {
+        k: sum(a * b for a, b in zip(query.vector, p.vector, strict=True))
+        for k, p in by_key.items()
+    }
+    if query.mode is SearchMode.DENSE:
+        top = sorted(cosine.items(), key=lambda kv: -kv[1])[: query.limit]
+        return [IndexHit(k[1], by_key[k].revision, s, dense=s) for k, s in top]
+    bm25 = reference_bm25(held, query) if query.lexical else {}
+    if query.mode is SearchMode.LEXICAL:
+        top = sorted(bm25.items(), key=lambda kv: -kv[1])[: query.limit]
+        return [IndexHit(k[1], by_key[k].revision, s, lexical=s) for k, s in top]
+    dense_top = [k for k, _ in sorted(cosine.items(), key=lambda kv: -kv[1])[: query.limit]]
+    lexical_top = [k for k, _ in sorted(bm25.items(), key=lambda kv: -kv[1])[: query.limit]]
+    candidates = [
+        Scored(k[1], cosine[k], bm25.get(k, 0.0)) for k in dict.fromkeys(dense_top + lexical_top)
+    ]
+    revision = {k[1]: p.revision for k, p in by_key.items()}
+    return [
+        IndexHit(c.key, revision[c.key], fused, dense=c.dense, lexical=c.lexical)
+        for c, fused in fuse(candidates, query.fusion)[: query.limit]
+    ]
 
 
 # When the entries of FixedSources were written: entry n at EPOCH + n hours.

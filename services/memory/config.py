@@ -109,6 +109,12 @@ class MemoryConfig:
     # (off: the store alone drops facts not valid at the time asked, as before issue 17;
     # for comparison, and an escape hatch should an engine's filtered search misbehave).
     index_validity_filter: bool = True
+    # Search modes (issue 21, docs/memory.md "Search modes"): the mode of a request that
+    # names none; how hybrid fuses the cosine and BM25, the weight of BM25, RRF's k.
+    search_mode: str = "hybrid"  # "dense", "lexical" or "hybrid"
+    hybrid_fusion: str = "score"  # "score" or "rrf"
+    hybrid_weight: float = 0.2
+    hybrid_rrf_k: int = 60
     # -- ProposeMemories -----------------------------------------------------------
     proposer: str = "offline"  # "offline" or "openai"
     proposer_model_url: str = "https://api.openai.com/v1"
@@ -252,6 +258,18 @@ class MemoryConfig:
             ),
             overfetch=env_int(env, "RUNIFOLD_MEMORY_OVERFETCH", 2, minimum=1, maximum=16),
             index_validity_filter=env_bool(env, "RUNIFOLD_MEMORY_INDEX_VALIDITY_FILTER", True),
+            search_mode=env_choice(
+                env, "RUNIFOLD_MEMORY_SEARCH_MODE", "hybrid", ("dense", "lexical", "hybrid")
+            ),
+            hybrid_fusion=env_choice(
+                env, "RUNIFOLD_MEMORY_HYBRID_FUSION", "score", ("score", "rrf")
+            ),
+            hybrid_weight=env_float(
+                env, "RUNIFOLD_MEMORY_HYBRID_WEIGHT", 0.2, minimum=0.0, maximum=1.0
+            ),
+            hybrid_rrf_k=env_int(
+                env, "RUNIFOLD_MEMORY_HYBRID_RRF_K", 60, minimum=1, maximum=10_000
+            ),
             proposer=proposer,
             proposer_model_url=proposer_url,
             proposer_model=env_str(env, "RUNIFOLD_MEMORY_PROPOSER_MODEL", "gpt-4o-mini"),

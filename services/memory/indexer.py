@@ -32,7 +32,7 @@ from services.common import metrics as common_metrics
 from services.common.background import Background
 from services.common.backoff import backoff
 from services.common.errors import StoreUnavailable
-from services.memory import metrics
+from services.memory import lexical, metrics
 from services.memory.config import MemoryConfig
 from services.memory.embeddings import Embedder
 from services.memory.index import IndexPoint, Key, Tombstone, VectorIndex
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 
 def to_point(memory: Memory, vector: Sequence[float]) -> IndexPoint:
-    """The index form of a memory (its valid time in Unix seconds)."""
+    """The index form of a memory (its valid time in Unix seconds, its lexical vector)."""
     start = memory.valid_from_time or memory.create_time
     end = memory.valid_until_time
     return IndexPoint(
@@ -55,6 +55,7 @@ def to_point(memory: Memory, vector: Sequence[float]) -> IndexPoint:
         dict(memory.metadata),
         valid_from=start.timestamp(),
         valid_until=end.timestamp() if end is not None else None,
+        lexical=lexical.document(memory.content),
     )
 
 

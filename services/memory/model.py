@@ -117,10 +117,13 @@ class SourceConversation:
 
 @dataclass(frozen=True, slots=True)
 class ScoredMemory:
-    """A search hit: the current revision and its similarity to the query."""
+    """A search hit: the current revision, the score it was ranked by, and its parts
+    (the cosine, the BM25 score) where the mode has them."""
 
     memory: Memory
     score: float
+    dense: float | None = None
+    lexical: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +132,8 @@ class SearchResult:
 
     hits: Sequence[ScoredMemory]
     degraded: bool
+    # "dense", "lexical" or "hybrid"; "" when degraded.
+    mode: str = ""
 
 
 @dataclass(frozen=True, slots=True)

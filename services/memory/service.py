@@ -34,7 +34,7 @@ from services.common.errors import invalid_argument
 from services.common.pagination import PageTokens, page_size
 from services.common.validation import conversation_id
 from services.llm.model import require_call, with_defaults
-from services.memory import metrics
+from services.memory import lexical, metrics
 from services.memory.config import MemoryConfig
 from services.memory.embeddings import Embedder, EmbeddingUnavailable
 from services.memory.index import IndexHit, IndexUnavailable, NamespacedQuery, VectorIndex
@@ -50,6 +50,7 @@ from services.memory.inputs import (
     parse_supersedes,
     request_digest,
 )
+from services.memory.lexical import Fusion, FusionMethod, SearchMode
 from services.memory.model import (
     Memory,
     MemorySource,
@@ -144,6 +145,10 @@ class MemoryService:
         self.now = now
         self.proposer: Proposer = proposer or OfflineProposer(
             max_entry_chars=config.propose_max_entry_chars
+        )
+        self.default_mode = SearchMode(config.search_mode)
+        self.fusion = Fusion(
+            FusionMethod(config.hybrid_fusion), config.hybrid_weight, config.hybrid_rrf_k
         )
 
     # -- writes -------------------------------------------------------------
@@ -434,9 +439,12 @@ class MemoryService:
         metadata_filter: Mapping[str, str] | None = None,
         min_score: float = 0.0,
         as_of: datetime | None = None,
+        *,
+        mode: str = "",
     ) -> SearchResult:
-        """Memories of one namespace closest in meaning to `query`, best first, among
-        those valid at `as_of` (absent: now).
+        """Memories of one namespace closest to `query`, best first, among those valid at
+        `as_of` (absent: now), ranked as `mode` says ("dense": the cosine, "lexical":
+        BM25, "hybrid": both fused; "": the configured default).
 
         Every hit is the current, live revision re-read from the store, so a
         deleted, expired, superseded (or otherwise not valid at the time asked)
@@ -444,8 +452,8 @@ class MemoryService:
         revision is older than the current one is re-scored against its current
         content. When the index or the embedding model is unreachable, the answer
         comes from full-text search (`degraded`; scores are text ranks and
-        `min_score` does not apply). `min_score` 0 (the proto default) applies no
-        minimum; `limit` 0 means
+        `min_score` does not apply). `min_score` bounds the cosine (0, the proto
+        default, applies no minimum; refused in lexical mode); `limit` 0 means
         DEFAULT_SEARCH_LIMIT.
         """
         validation.namespace(namespace)
@@ -464,15 +472,38 @@ class MemoryService:
             raise invalid_argument(
                 "INVALID_MIN_SCORE", "min_score must be in -1..1", field="min_score"
             )
+        chosen = self._mode(mode)
+        if chosen is SearchMode.LEXICAL and min_score:
+            raise invalid_argument(
+                "INVALID_MIN_SCORE",
+                "min_score bounds the cosine similarity, which a lexical search has none of",
+                field="min_score",
+            )
         at = as_of or self.now()
+        terms = lexical.query_terms(query) if chosen is not SearchMode.DENSE else ()
         try:
             vector = (await self.embedder.embed([query]))[0]
-            hits = await self._semantic(namespace, vector, limit, wanted, min_score, at)
+            hits = await self._semantic(
+                namespace, vector, limit, wanted, min_score, at, mode=chosen, terms=terms
+            )
         except (IndexUnavailable, EmbeddingUnavailable) as exc:
             self._degraded(exc)
             found = await self.store.text_search(namespace, query, wanted, limit, valid_at=at)
             return SearchResult(found, degraded=True)
-        return SearchResult(hits, degraded=False)
+        return SearchResult(hits, degraded=False, mode=chosen.value)
+
+    def _mode(self, mode: str) -> SearchMode:
+        if not mode:
+            return self.default_mode
+        try:
+            return SearchMode(mode)
+        except ValueError:
+            raise invalid_argument(
+                "INVALID_SEARCH_MODE",
+                "mode must be SEARCH_MODE_DENSE, SEARCH_MODE_LEXICAL, SEARCH_MODE_HYBRID or "
+                "unspecified",
+                field="mode",
+            ) from None
 
     @staticmethod
     def _degraded(exc: IndexUnavailable | EmbeddingUnavailable) -> None:
@@ -491,6 +522,9 @@ class MemoryService:
         wanted: Mapping[str, str],
         min_score: float,
         at: datetime,
+        *,
+        mode: SearchMode = SearchMode.DENSE,
+        terms: Sequence[int] = (),
     ) -> list[ScoredMemory]:
         candidates = min(limit * self.config.overfetch + 8, MAX_CANDIDATES)
         # Every candidate met so far, by the revision the index holds: its live
@@ -502,7 +536,16 @@ class MemoryService:
         # namespace do not push the valid ones out of the candidates.
         valid_at = at.timestamp() if self.config.index_validity_filter else None
         while True:
-            query = NamespacedQuery.inside(namespace, vector, candidates, wanted, valid_at=valid_at)
+            query = NamespacedQuery.inside(
+                namespace,
+                vector,
+                candidates,
+                wanted,
+                valid_at=valid_at,
+                mode=mode,
+                lexical=terms,
+                fusion=self.fusion,
+            )
             hits = await self.index.search(query)
             new = [h for h in hits if (h.memory_id, h.revision) not in known]
             current = {
@@ -519,21 +562,36 @@ class MemoryService:
                 elif memory.revision != hit.revision:
                     stale.append((hit, memory))
                 else:
-                    known[(hit.memory_id, hit.revision)] = ScoredMemory(memory, hit.score)
+                    known[(hit.memory_id, hit.revision)] = ScoredMemory(
+                        memory, hit.score, hit.dense, hit.lexical
+                    )
             if stale:
-                # Corrected since indexed: the index's score was for the old text.
+                # Corrected since indexed: the index's cosine was for the old text (its
+                # BM25 too; that part stays until the indexer catches up).
                 fresh = await self.embedder.embed([m.content for _, m in stale])
                 for (hit, memory), v in zip(stale, fresh, strict=True):
-                    known[(hit.memory_id, hit.revision)] = ScoredMemory(memory, _dot(vector, v))
+                    known[(hit.memory_id, hit.revision)] = self._rescored(hit, memory, vector, v)
             scored = [s for s in (known[(h.memory_id, h.revision)] for h in hits) if s is not None]
-            if min_score:  # 0, proto3's unset, applies no minimum
-                scored = [s for s in scored if s.score >= min_score]
+            if min_score:  # 0, proto3's unset, applies no minimum (never lexical: no cosine)
+                scored = [s for s in scored if s.dense is not None and s.dense >= min_score]
             scored.sort(key=lambda s: (-s.score, s.memory.memory_id))
             exhausted = len(hits) < candidates or candidates >= MAX_CANDIDATES
             if len(scored) >= limit or exhausted:
                 return scored[:limit]
             # The re-read dropped too many: ask the index for more.
             candidates = min(candidates * 4, MAX_CANDIDATES)
+
+    def _rescored(
+        self, hit: IndexHit, memory: Memory, query: Sequence[float], content: Sequence[float]
+    ) -> ScoredMemory:
+        """A hit indexed at an older revision, scored against its current content."""
+        cosine = _dot(query, content)
+        if hit.dense is None:  # lexical: the index's BM25 stands
+            return ScoredMemory(memory, hit.score, None, hit.lexical)
+        if hit.lexical is None:  # dense
+            return ScoredMemory(memory, cosine, cosine, None)
+        score = lexical.rescored(hit.score, hit.dense, cosine, self.fusion)
+        return ScoredMemory(memory, score, cosine, hit.lexical)
 
     # -- assisted curation ----------------------------------------------------------
 

@@ -28,6 +28,13 @@ _ACTIONS = {
     DUPLICATE: pb.PROPOSAL_ACTION_DUPLICATE,
 }
 _KINDS = {"write": pb.REVISION_KIND_WRITE, "delete": pb.REVISION_KIND_DELETE}
+_MODES_IN = {
+    pb.SEARCH_MODE_UNSPECIFIED: "",
+    pb.SEARCH_MODE_DENSE: "dense",
+    pb.SEARCH_MODE_LEXICAL: "lexical",
+    pb.SEARCH_MODE_HYBRID: "hybrid",
+}
+_MODES_OUT = {name: value for value, name in _MODES_IN.items() if name}
 
 
 def sources_to_proto(sources: Sequence[MemorySource]) -> list[pb.MemorySource]:
@@ -177,13 +184,21 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             dict(request.metadata_filter),
             request.min_score,
             _time(request, "as_of_time", "INVALID_VALIDITY"),
+            # An unknown number stays a number: the service refuses it.
+            mode=_MODES_IN.get(request.mode, str(request.mode)),
         )
         return pb.SearchMemoriesResponse(
             results=[
-                pb.ScoredMemory(memory=memory_to_proto(hit.memory), score=hit.score)
+                pb.ScoredMemory(
+                    memory=memory_to_proto(hit.memory),
+                    score=hit.score,
+                    dense_score=hit.dense,
+                    lexical_score=hit.lexical,
+                )
                 for hit in result.hits
             ],
             degraded=result.degraded,
+            mode=_MODES_OUT.get(result.mode, pb.SEARCH_MODE_UNSPECIFIED),
         )
 
     async def DeleteMemory(

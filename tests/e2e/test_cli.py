@@ -159,7 +159,11 @@ async def test_json_prints_every_field_with_zero_values(stack: Stack, namespace:
     }
 
     code, out, _ = await runifold(stack, "memory", "search", "anything", "-n", namespace, "--json")
-    assert code == 0 and json.loads(out) == {"results": [], "degraded": False}
+    assert code == 0 and json.loads(out) == {
+        "results": [],
+        "degraded": False,
+        "mode": "SEARCH_MODE_HYBRID",
+    }
 
     code, out, _ = await runifold(stack, "transcript", "create", "-n", namespace, "--json")
     conversation = json.loads(out)

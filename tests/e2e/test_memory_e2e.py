@@ -597,10 +597,16 @@ async def test_stale_index_revision_is_rescored_against_current_content(
             memory_id=memory.memory_id,
             expected_revision=1,
         )
-        found = await client.search(namespace, "what is the user's sister called?")
+        found = await client.search(
+            namespace, "what is the user's sister called?", mode=pb.SEARCH_MODE_DENSE
+        )
         # The index still scores revision 1; the answer is revision 2, scored on its text.
         assert [r.memory.revision for r in found.results] == [2]
         assert found.results[0].score < 0.3
+        # Hybrid: its cosine is of the current text too (its BM25 of the indexed one).
+        hybrid = await client.search(namespace, "what is the user's sister called?")
+        assert hybrid.mode == pb.SEARCH_MODE_HYBRID
+        assert hybrid.results[0].dense_score == pytest.approx(found.results[0].score, abs=1e-5)
         assert client.component.embedder is not None
         again = await client.search(namespace, "stamp collection hobby")
         assert again.results[0].score > found.results[0].score

@@ -17,6 +17,7 @@ import qdrant_edge as qe
 from qdrant_client import AsyncQdrantClient, models
 
 from services.common.errors import DomainError
+from services.memory import lexical
 from services.memory.index import (
     IndexMismatch,
     IndexPoint,
@@ -27,11 +28,14 @@ from services.memory.index import (
     ValidAt,
     VectorIndex,
     collection_name,
+    hybrid_collection_name,
     point_id,
 )
 from services.memory.index.edge import EdgeIndex
 from services.memory.index.pgvector import PgvectorIndex
 from services.memory.index.qdrant import QdrantIndex
+from services.memory.lexical import Fusion, FusionMethod, SearchMode
+from tests.memory_support import reference_search
 
 MODEL = "test/contract-model"
 DIM = 16
@@ -486,7 +490,8 @@ async def test_the_edge_shard_keeps_full_vectors_on_disk_and_an_int8_copy_in_mem
         assert len(hits) == 1
     finally:
         await index.close()
-    placement = json.loads((tmp_path / name / "edge_config.json").read_text())["vectors"][""]
+    made = tmp_path / hybrid_collection_name(MODEL, DIM)  # the legacy shard, copied
+    placement = json.loads((made / "edge_config.json").read_text())["vectors"][""]
     assert placement["memory"] == "cold"
     assert placement["quantization_config"]["scalar"] == {
         "type": "int8",
@@ -494,3 +499,179 @@ async def test_the_edge_shard_keeps_full_vectors_on_disk_and_an_int8_copy_in_mem
         "memory": "pinned",
     }
     assert placement["hnsw_config"]["memory"] == "cached"
+
+
+# -- lexical and hybrid search (issue 21) ---------------------------------------------
+
+FACTS = [
+    "Zephyrine Okonkwo-Lindqvist keeps her bike in locker 4471",
+    "The team lunch moved to Thursday at the Italian place",
+    "Invoice INV-20931 was paid by bank transfer",
+    "My sister prefers tea over coffee in the morning",
+    "The quarterly review is scheduled for the first week of March",
+    "Our flight to Lisbon departs at 7:45 from terminal 2",
+    "The dentist appointment was rescheduled twice this month",
+    "She adopted a grey cat from the shelter last spring",
+]
+
+
+def lexical_point(namespace: str, text: str, vector: list[float], **kwargs: object) -> IndexPoint:
+    return IndexPoint(
+        namespace,
+        uuid.uuid4(),
+        1,
+        vector,
+        {},
+        lexical=lexical.document(text),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def query_in(
+    namespace: str, vector: list[float], text: str, mode: SearchMode, limit: int = 3, **kw: object
+) -> NamespacedQuery:
+    return NamespacedQuery.inside(
+        namespace,
+        vector,
+        limit,
+        mode=mode,
+        lexical=lexical.query_terms(text),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+async def test_a_name_or_number_the_vectors_miss_is_found_by_lexical_and_hybrid(
+    make_index: Factory,
+) -> None:
+    """The query's vector lies near other facts (as a dense model's may for a rare
+    name), its words only in one: dense misses it, lexical and hybrid rank it first, with
+    the BM25 every back-end computes alike (the reference in tests/memory_support.py)."""
+    index = await make_index(DIM)
+    rng = np.random.default_rng(21)
+    decoy = unit(rng)
+
+    def near() -> list[float]:
+        v = np.asarray(decoy) + rng.normal(scale=0.1, size=DIM)
+        return list(v / np.linalg.norm(v))
+
+    points = [lexical_point("ns", text, near() if i else unit(rng)) for i, text in enumerate(FACTS)]
+    target = points[0]
+    # Another namespace holds the same words: it changes neither the hits nor the IDF.
+    await index.upsert(points + [lexical_point("ns-other", FACTS[0], decoy) for _ in range(5)])
+    for text in ("Where does Zephyrine keep her bike?", "locker 4471"):
+        dense = await index.search(query_in("ns", decoy, text, SearchMode.DENSE))
+        assert target.memory_id not in {h.memory_id for h in dense}
+        assert all(h.dense == h.score and h.lexical is None for h in dense)
+        found = await index.search(query_in("ns", decoy, text, SearchMode.LEXICAL))
+        assert [h.memory_id for h in found] == [target.memory_id]
+        reference = reference_search(points, query_in("ns", decoy, text, SearchMode.LEXICAL))
+        assert found[0].score == pytest.approx(reference[0].score, rel=1e-4)
+        assert found[0].lexical == found[0].score and found[0].dense is None
+        fused = await index.search(
+            query_in("ns", decoy, text, SearchMode.HYBRID, fusion=Fusion(weight=0.6))
+        )
+        assert fused[0].memory_id == target.memory_id
+        expected = reference_search(
+            points, query_in("ns", decoy, text, SearchMode.HYBRID, fusion=Fusion(weight=0.6))
+        )
+        assert [h.memory_id for h in fused] == [h.memory_id for h in expected]
+        for got, want in zip(fused, expected, strict=True):
+            assert got.score == pytest.approx(want.score, rel=1e-4, abs=1e-5)
+            assert got.dense == pytest.approx(want.dense, abs=1e-4)
+            assert got.lexical == pytest.approx(want.lexical, rel=1e-4, abs=1e-5)
+
+
+async def test_rank_fusion_matches_the_reference(make_index: Factory) -> None:
+    index = await make_index(DIM)
+    rng = np.random.default_rng(22)
+    points = [lexical_point("ns", text, unit(rng)) for text in FACTS]
+    await index.upsert(points)
+    fusion = Fusion(FusionMethod.RRF, weight=0.5, rrf_k=60)
+    query = query_in("ns", unit(rng), "the morning flight in March", SearchMode.HYBRID, 5)
+    query = NamespacedQuery.inside(
+        "ns", query.vector, 5, mode=SearchMode.HYBRID, lexical=query.lexical, fusion=fusion
+    )
+    got = await index.search(query)
+    want = reference_search(points, query)
+    assert [h.memory_id for h in got] == [h.memory_id for h in want]
+    assert [h.score for h in got] == pytest.approx([h.score for h in want], rel=1e-6)
+
+
+@pytest.mark.parametrize("mode", list(SearchMode))
+async def test_every_mode_keeps_the_namespace_tombstone_and_validity_rules(
+    make_index: Factory, mode: SearchMode
+) -> None:
+    index = await make_index(DIM)
+    rng = np.random.default_rng(23)
+    vector = unit(rng)
+    text = "Invoice INV-20931 was paid by bank transfer"
+    live = lexical_point("ns-a", text, vector, valid_from=0.0)
+    deleted = lexical_point("ns-a", text, vector)
+    ended = lexical_point("ns-a", text, vector, valid_from=0.0, valid_until=50.0)
+    tagged = IndexPoint(
+        "ns-a", uuid.uuid4(), 1, vector, {"kind": "x"}, lexical=lexical.document(text)
+    )
+    elsewhere = [lexical_point("ns-b", text, vector) for _ in range(3)]
+    await index.upsert([live, deleted, ended, tagged, *elsewhere])
+    await index.delete([Tombstone("ns-a", deleted.memory_id, 2)])
+    # A late write of the deleted memory's indexed revision does not bring it back.
+    await index.upsert(
+        [IndexPoint("ns-a", deleted.memory_id, 1, vector, {}, lexical=deleted.lexical)]
+    )
+    hits = await index.search(
+        query_in("ns-a", vector, "INV-20931 invoice", mode, 10, valid_at=100.0)
+    )
+    assert {h.memory_id for h in hits} == {live.memory_id, tagged.memory_id}
+    at_10 = await index.search(
+        query_in("ns-a", vector, "INV-20931 invoice", mode, 10, valid_at=10.0)
+    )
+    assert {h.memory_id for h in at_10} == {live.memory_id, ended.memory_id, tagged.memory_id}
+    only_tagged = await index.search(
+        NamespacedQuery.inside(
+            "ns-a", vector, 10, {"kind": "x"}, mode=mode, lexical=lexical.query_terms(text)
+        )
+    )
+    assert [h.memory_id for h in only_tagged] == [tagged.memory_id]
+    assert await index.search(query_in("ns-c", vector, text, mode, 10)) == []
+
+
+async def test_a_point_without_a_lexical_vector_gets_one_at_its_own_revision(
+    make_index: Factory,
+) -> None:
+    """Points indexed before lexical vectors (none) are found by lexical search once a
+    write at their revision brings one (the outbox replay, reindex); a point that has one
+    is not rewritten at the same revision, and a tombstone at that revision holds."""
+    index = await make_index(DIM)
+    rng = np.random.default_rng(24)
+    vector = unit(rng)
+    old = IndexPoint("ns", uuid.uuid4(), 3, vector, {})
+    gone = IndexPoint("ns", uuid.uuid4(), 3, vector, {})
+    await index.upsert([old, gone])
+    await index.delete([Tombstone("ns", gone.memory_id, 3)])  # expired at its revision
+    query = query_in("ns", vector, "locker 4471", SearchMode.LEXICAL, 5)
+    assert await index.search(query) == []
+    filled = [
+        IndexPoint("ns", p.memory_id, 3, vector, {}, lexical=lexical.document(FACTS[0]))
+        for p in (old, gone)
+    ]
+    await index.upsert(filled)
+    assert [h.memory_id for h in await index.search(query)] == [old.memory_id]
+    # Once it has one, the same revision changes nothing.
+    other = IndexPoint("ns", old.memory_id, 3, vector, {}, lexical=lexical.document(FACTS[2]))
+    await index.upsert([other])
+    assert [h.memory_id for h in await index.search(query)] == [old.memory_id]
+    assert await index.keys() == {("ns", old.memory_id)}
+
+
+async def test_a_query_of_stop_words_only(make_index: Factory) -> None:
+    index = await make_index(DIM)
+    rng = np.random.default_rng(25)
+    points = [lexical_point("ns", text, unit(rng)) for text in FACTS]
+    await index.upsert(points)
+    vector = unit(rng)
+    assert lexical.query_terms("who is it?") == ()
+    assert await index.search(query_in("ns", vector, "who is it?", SearchMode.LEXICAL)) == []
+    hybrid = await index.search(query_in("ns", vector, "who is it?", SearchMode.HYBRID))
+    dense = await index.search(query_in("ns", vector, "who is it?", SearchMode.DENSE))
+    assert [h.memory_id for h in hybrid] == [h.memory_id for h in dense]
+    assert all(h.lexical == 0.0 for h in hybrid)

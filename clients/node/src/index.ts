@@ -1051,6 +1051,8 @@ export class RunifoldClient {
       minScore?: number;
       /** The facts valid at this time (default: now). */
       asOf?: Date;
+      /** How results are ranked: "dense", "lexical" or "hybrid" (default: the server's). */
+      mode?: "dense" | "lexical" | "hybrid";
     } = {},
   ): Promise<SearchMemoriesResponse__Output> {
     return this.unary(
@@ -1062,6 +1064,7 @@ export class RunifoldClient {
         metadata_filter: options.metadataFilter ?? {},
         min_score: options.minScore ?? 0,
         as_of_time: timestamp(options.asOf),
+        mode: options.mode ? `SEARCH_MODE_${options.mode.toUpperCase()}` : "SEARCH_MODE_UNSPECIFIED",
       },
       options,
     );

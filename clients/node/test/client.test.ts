@@ -477,6 +477,25 @@ describe("MemoryService", () => {
     await client.forgetSource(id);
   });
 
+  test("search modes: each result says the scores it was ranked by", async () => {
+    const turn = await client.runConversation("Invoice INV-20931 was paid.");
+    const memory = await client.remember("Invoice INV-20931 was paid by bank transfer.", {
+      conversationId: turn.conversation_id,
+      fromSequence: 1,
+      throughSequence: 1,
+    });
+    await waitFor(async () => {
+      const found = await client.searchMemories("INV-20931", { mode: "lexical" });
+      return found.results.some((hit) => hit.memory?.memory_id === memory.memory_id);
+    });
+    const lexicalOnly = await client.searchMemories("INV-20931", { mode: "lexical" });
+    assert.equal(lexicalOnly.mode, "SEARCH_MODE_LEXICAL");
+    const hybrid = await client.searchMemories("INV-20931", { mode: "hybrid" });
+    assert.equal(hybrid.mode, "SEARCH_MODE_HYBRID");
+    assert.equal(hybrid.results[0].memory?.memory_id, memory.memory_id);
+    await client.forgetSource(turn.conversation_id);
+  });
+
   test("limit 0 means the default", async () => {
     const found = await client.searchMemories("anything at all", { limit: 0 });
     assert.deepEqual(found.results, []);

@@ -837,6 +837,7 @@ def cmd_memory(args: argparse.Namespace, output: Output) -> int:
                 limit=args.limit,
                 min_score=args.min_score,
                 metadata_filter=_pairs(args.filter, "--filter"),
+                mode=args.mode,
             )
             if output.json:
                 output.message(reply)
@@ -1176,6 +1177,13 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         help="only results scoring at least this (cosine, -1..1; 0: no minimum)",
+    )
+    search.add_argument(
+        "--mode",
+        choices=("dense", "lexical", "hybrid"),
+        default="",
+        help="rank by the cosine, by BM25 over the words, or both fused (default: the "
+        "server's, hybrid unless configured)",
     )
     search.add_argument(
         "--filter",

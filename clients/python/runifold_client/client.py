@@ -1033,8 +1033,19 @@ class AsyncClient:
         limit: int = 8,
         metadata_filter: Mapping[str, str] | None = None,
         min_score: float = 0.0,
+        mode: str = "",
     ) -> memory_pb.SearchMemoriesResponse:
-        """Semantic search inside one namespace (`limit` 1..256)."""
+        """Search inside one namespace (`limit` 1..256). `mode`: "dense" (the embedding
+        model's cosine), "lexical" (BM25 over the words), "hybrid" (both fused), or ""
+        (the server's default)."""
+        modes = {
+            "": memory_pb.SEARCH_MODE_UNSPECIFIED,
+            "dense": memory_pb.SEARCH_MODE_DENSE,
+            "lexical": memory_pb.SEARCH_MODE_LEXICAL,
+            "hybrid": memory_pb.SEARCH_MODE_HYBRID,
+        }
+        if mode not in modes:
+            raise ValueError(f"mode must be one of {', '.join(repr(m) for m in modes)}")
         return await self._call(
             self.memories.SearchMemories,
             memory_pb.SearchMemoriesRequest(
@@ -1043,6 +1054,7 @@ class AsyncClient:
                 limit=limit,
                 metadata_filter=metadata_filter,
                 min_score=min_score,
+                mode=modes[mode],
             ),
         )
 

@@ -27,6 +27,14 @@ namespace do not push the valid ones out of the candidates: a point stores
 `valid_from` and `valid_until` (Unix seconds; OPEN_END while the fact holds),
 and `ValidAt(t)` matches `valid_from <= t < valid_until`. The store's re-read
 stays the authority (the index may lag a supersession).
+
+Lexical scoring (issue 21): a point also holds its BM25 document vector
+(services/memory/lexical.py: one tokenisation for every adapter), and a query
+has a mode: dense (the cosine), lexical (BM25 inside the engine, its IDF over
+the namespace) or hybrid (both engines' candidates, rescored by both and
+fused). Each hit reports the scores it was ranked by. A point written before
+lexical vectors existed has none; the revision guard lets a write at the same
+revision give it one (the outbox replay of migration 0005, or reindex).
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from typing import Any, Protocol
 from services.common import validation
 from services.common.errors import StoreUnavailable
 from services.memory.config import MemoryConfig
+from services.memory.lexical import Fusion, LexicalVector, Scored, SearchMode, fuse
 
 # Point ids are derived from (namespace, memory id): the same memory id may
 # live in two namespaces as two unrelated memories.
@@ -64,6 +73,9 @@ OPEN_END = 253_402_300_800.0
 HIT_FIELDS = (MEMORY_ID_FIELD, REVISION_FIELD)
 KEY_FIELDS = (NAMESPACE_FIELD, MEMORY_ID_FIELD)
 
+# The name of the sparse BM25 vector in Qdrant collections.
+LEXICAL_VECTOR = "lexical"
+
 # Points per page when an adapter scrolls through everything it holds (keys()).
 SCROLL_PAGE = 1000
 
@@ -82,6 +94,13 @@ def collection_name(model: str, dimension: int) -> str:
     """One collection per embedding model and dimension: `runifold_memory_<model>_<dim>`."""
     slug = re.sub(r"[^a-z0-9]+", "_", model.lower()).strip("_")
     return f"runifold_memory_{slug}_{dimension}"
+
+
+def hybrid_collection_name(model: str, dimension: int) -> str:
+    """The Qdrant collection (and Edge shard) with a sparse lexical vector beside the
+    dense one: `collection_name` + `_lex`. Qdrant cannot add a vector to an existing
+    collection, so the adapters copy a collection made before into this one once."""
+    return f"{collection_name(model, dimension)}_lex"
 
 
 class IndexUnavailable(StoreUnavailable):
@@ -116,6 +135,9 @@ class ValidAt:
         return valid_from <= self.at < valid_until
 
 
+_DEFAULT_FUSION = Fusion()
+
+
 @dataclass(frozen=True, slots=True)
 class NamespacedQuery:
     """A nearest-neighbour query confined to one namespace. Build it with `inside`."""
@@ -125,6 +147,11 @@ class NamespacedQuery:
     limit: int
     terms: tuple[Term | ValidAt, ...]
     _token: object
+    mode: SearchMode = SearchMode.DENSE
+    # The query's lexical term ids (services/memory/lexical.query_terms), for the
+    # lexical and hybrid modes; empty: no term to match (only stop words).
+    lexical: tuple[int, ...] = ()
+    fusion: Fusion = _DEFAULT_FUSION
 
     def __post_init__(self) -> None:
         if self._token is not _BUILDER:
@@ -139,9 +166,13 @@ class NamespacedQuery:
         metadata: Mapping[str, str] | None = None,
         *,
         valid_at: float | None = None,
+        mode: SearchMode = SearchMode.DENSE,
+        lexical: Sequence[int] = (),
+        fusion: Fusion | None = None,
     ) -> NamespacedQuery:
         """The query; its first term is always the namespace. With `valid_at` (Unix
-        seconds), only points valid at that time match."""
+        seconds), only points valid at that time match. `mode` says what ranks the
+        hits; `lexical` are the query's term ids, `fusion` how hybrid combines."""
         validation.namespace(namespace)
         if limit < 1:
             raise ValueError("limit must be positive")
@@ -149,7 +180,22 @@ class NamespacedQuery:
         terms += [Term(TAGS_FIELD, metadata_tag(k, v)) for k, v in sorted((metadata or {}).items())]
         if valid_at is not None:
             terms.append(ValidAt(valid_at))
-        return cls(namespace, vector, limit, tuple(terms), _BUILDER)
+        return cls(
+            namespace,
+            vector,
+            limit,
+            tuple(terms),
+            _BUILDER,
+            mode,
+            tuple(lexical),
+            fusion or Fusion(),
+        )
+
+    def namespace_only(self) -> tuple[Term]:
+        """The namespace term alone: the corpus of the lexical IDF statistics."""
+        first = self.terms[0]
+        assert isinstance(first, Term) and first.field == NAMESPACE_FIELD
+        return (first,)
 
 
 _BUILDER = object()
@@ -167,6 +213,8 @@ class IndexPoint:
     # Valid time, Unix seconds; None: open (OPEN_END).
     valid_from: float = 0.0
     valid_until: float | None = None
+    # The BM25 document vector of its content (None: an adapter test's dense-only point).
+    lexical: LexicalVector | None = None
 
     def tags(self) -> list[str]:
         """The metadata as exact-match keywords, in key order."""
@@ -191,11 +239,16 @@ class IndexPoint:
 
 @dataclass(frozen=True, slots=True)
 class IndexHit:
-    """A nearest neighbour: which memory, which revision was indexed, cosine similarity."""
+    """A hit: which memory, which revision was indexed, the score it was ranked by
+    (cosine, BM25 or the fusion, per the query's mode), and the parts it knows."""
 
     memory_id: uuid.UUID
     revision: int
     score: float
+    # The cosine similarity (dense and hybrid modes).
+    dense: float | None = None
+    # The BM25 score (lexical and hybrid modes; 0 when no term is shared).
+    lexical: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,9 +338,39 @@ def tombstone_points(tombstones: Sequence[Tombstone]) -> list[tuple[uuid.UUID, T
     return [(point_id(t.namespace, t.memory_id), t) for t in tombstones]
 
 
-def hit_from_payload(payload: Mapping[str, Any], score: float) -> IndexHit:
-    """A hit from a payload read with HIT_FIELDS."""
-    return IndexHit(uuid.UUID(payload[MEMORY_ID_FIELD]), int(payload[REVISION_FIELD]), float(score))
+def hit_from_payload(
+    payload: Mapping[str, Any], score: float, *, lexical: bool = False
+) -> IndexHit:
+    """A hit from a payload read with HIT_FIELDS: a cosine, or with `lexical` a BM25 score."""
+    mid, revision, value = (
+        uuid.UUID(payload[MEMORY_ID_FIELD]),
+        int(payload[REVISION_FIELD]),
+        float(score),
+    )
+    if lexical:
+        return IndexHit(mid, revision, value, lexical=value)
+    return IndexHit(mid, revision, value, dense=value)
+
+
+def fused_hits(
+    dense: Sequence[tuple[Mapping[str, Any], float]],
+    lexical: Sequence[tuple[Mapping[str, Any], float]],
+    query: NamespacedQuery,
+) -> list[IndexHit]:
+    """A hybrid query's hits from the engine's two rescorings of the same candidates
+    (payload, score): every candidate's cosine, and the BM25 of those sharing a term."""
+    revisions: dict[uuid.UUID, int] = {}
+    cosine: dict[uuid.UUID, float] = {}
+    for payload, score in dense:
+        mid = uuid.UUID(payload[MEMORY_ID_FIELD])
+        revisions[mid] = int(payload[REVISION_FIELD])
+        cosine[mid] = float(score)
+    bm25 = {uuid.UUID(p[MEMORY_ID_FIELD]): float(s) for p, s in lexical}
+    candidates = [Scored(mid, c, bm25.get(mid, 0.0)) for mid, c in cosine.items()]
+    return [
+        IndexHit(c.key, revisions[c.key], fused, dense=c.dense, lexical=c.lexical)
+        for c, fused in fuse(candidates, query.fusion)[: query.limit]
+    ]
 
 
 def key_from_payload(payload: Mapping[str, Any]) -> Key | None:

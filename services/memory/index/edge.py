@@ -10,13 +10,26 @@ condition, and inserts absent points regardless; the engine evaluates it
 inside the update, under the shard's write lock. The condition names each
 point with its own revision bound (`has_id` AND `revision` below it), so one
 batch carries every point's guard. A tombstone is a vectorless point written
-the same way.
+the same way. A point with no lexical vector (copied from a shard made before
+them) is also replaced at its own revision, by a write that brings one.
+
+Lexical: a sparse vector `lexical` with the IDF modifier beside the dense one;
+searches compute the IDF over the namespace's points (`IdfParams(corpus=...)`).
+A hybrid search is one `query_batch` of two requests over the same prefetched
+candidates (the dense top N and the lexical top N): one rescores them by cosine,
+the other by BM25; the adapter fuses the two scores (services/memory/lexical.py).
+A shard made before lexical vectors (`<collection>`) cannot gain one: at the
+first start it is copied into `<collection>_lex` (vectors, payloads and
+tombstones; about 10 s per 100,000 points here), and the outbox replay of
+migration 0005 adds the lexical vectors while the service runs. The old shard
+is left for the operator to remove.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,6 +41,7 @@ from services.memory.index import (
     DELETED_AT_FIELD,
     HIT_FIELDS,
     KEY_FIELDS,
+    LEXICAL_VECTOR,
     NAMESPACE_FIELD,
     OPEN_END,
     REVISION_FIELD,
@@ -47,36 +61,67 @@ from services.memory.index import (
     check_vector,
     checked_points,
     collection_name,
+    fused_hits,
     hit_from_payload,
+    hybrid_collection_name,
     key_from_payload,
     point_ids,
     tombstone_points,
 )
+from services.memory.lexical import LexicalVector, SearchMode
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 
-def _held_older(bounds: Sequence[tuple[str, int]], *, inclusive: bool) -> Any:
+def _held_older(
+    bounds: Sequence[tuple[str, int]], *, inclusive: bool, lexical: Sequence[str] = ()
+) -> Any:
     """Matches an existing point of `bounds` whose revision is below its bound (at or
-    below with `inclusive`): the points a conditional write may replace."""
-    return qe.Filter(
-        should=[
-            qe.Filter(
-                must=[
-                    qe.HasIdCondition({pid}),
-                    qe.FieldCondition(
-                        key=REVISION_FIELD,
-                        range=qe.RangeFloat(lte=revision)
-                        if inclusive
-                        else qe.RangeFloat(lt=revision),
-                    ),
-                ]
-            )
-            for pid, revision in bounds
-        ]
-    )
+    below with `inclusive`): the points a conditional write may replace. The points
+    named in `lexical` (writes that bring a lexical vector) may also replace a point
+    at their own revision that has none (never a tombstone: it has no namespace)."""
+    clauses: list[Any] = [
+        qe.Filter(
+            must=[
+                qe.HasIdCondition({pid}),
+                qe.FieldCondition(
+                    key=REVISION_FIELD,
+                    range=qe.RangeFloat(lte=revision) if inclusive else qe.RangeFloat(lt=revision),
+                ),
+            ]
+        )
+        for pid, revision in bounds
+    ]
+    filling = set(lexical)
+    clauses += [
+        qe.Filter(
+            must=[
+                qe.HasIdCondition({pid}),
+                qe.FieldCondition(
+                    key=REVISION_FIELD, range=qe.RangeFloat(gte=revision, lte=revision)
+                ),
+            ],
+            must_not=[
+                qe.HasVectorCondition(LEXICAL_VECTOR),
+                qe.IsEmptyCondition(NAMESPACE_FIELD),
+            ],
+        )
+        for pid, revision in bounds
+        if pid in filling
+    ]
+    return qe.Filter(should=clauses)
+
+
+def _vectors(dense: Sequence[float], lexical: LexicalVector | None) -> Any:
+    """A point's vectors: the dense one (unnamed) and, when known, the lexical one."""
+    if lexical is None:
+        return {"": list(dense)}
+    return {
+        "": list(dense),
+        LEXICAL_VECTOR: qe.SparseVector(list(lexical.indices), list(lexical.values)),
+    }
 
 
 def _condition(term: Term | ValidAt) -> list[Any]:
@@ -110,10 +155,12 @@ class EdgeIndex:
 
     def __init__(self, directory: Path, model: str, dimension: int) -> None:
         self.dimension = dimension
-        self.path = directory / collection_name(model, dimension)
+        self.path = directory / hybrid_collection_name(model, dimension)
+        # A shard made before lexical vectors: copied into `path` at the first start.
+        self.legacy_path = directory / collection_name(model, dimension)
         self._shard: Any = None
 
-    def _config(self) -> Any:
+    def _config(self, *, lexical: bool = True) -> Any:
         # Bounded memory: the full vectors stay cold on disk (memory-mapped, read
         # only to rescore a query's candidates), an int8 copy (384 bytes a point)
         # is what stays in RAM, the HNSW graph is cached. Measured at 100,000
@@ -134,24 +181,69 @@ class EdgeIndex:
                 ),
                 hnsw_config=qe.HnswIndexConfig(16, 100, 10_000, memory=qe.Memory.Cached),
             ),
+            sparse_vectors={LEXICAL_VECTOR: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)}
+            if lexical
+            else None,
             payload_memory=qe.Memory.Cached,
+        )
+
+    def _load(self, path: Path, *, lexical: bool = True) -> Any:
+        try:
+            # With a config, load() checks it against the stored segments.
+            return qe.EdgeShard.load(str(path), self._config(lexical=lexical))
+        except Exception as exc:
+            if "incompatible" in str(exc).lower():
+                raise IndexMismatch(
+                    f"the Qdrant Edge shard at {path} was made for another vector "
+                    f"size or distance (want {self.dimension}, cosine): {exc}"
+                ) from None
+            raise
+
+    def _copy_legacy(self, shard: Any) -> None:
+        """Copy every point and tombstone of the shard made before lexical vectors."""
+        legacy = self._load(self.legacy_path, lexical=False)
+        try:
+            offset = None
+            copied = 0
+            while True:
+                records, offset = legacy.scroll(
+                    qe.ScrollRequest(
+                        offset=offset, limit=SCROLL_PAGE, with_payload=True, with_vector=True
+                    )
+                )
+                points = [qe.Point(r.id, r.vector or {}, r.payload) for r in records]
+                if points:
+                    shard.update(qe.UpdateOperation.upsert_points(points))
+                copied += len(points)
+                if offset is None:
+                    break
+        finally:
+            legacy.close()
+        log.info(
+            "memory index: shard made before lexical vectors copied",
+            extra={"from": str(self.legacy_path), "to": str(self.path), "points": copied},
         )
 
     def _open(self) -> Any:
         if (self.path / "edge_config.json").exists():
-            try:
-                # With a config, load() checks it against the stored segments.
-                shard = qe.EdgeShard.load(str(self.path), self._config())
-            except Exception as exc:
-                if "incompatible" in str(exc).lower():
-                    raise IndexMismatch(
-                        f"the Qdrant Edge shard at {self.path} was made for another vector "
-                        f"size or distance (want {self.dimension}, cosine): {exc}"
-                    ) from None
-                raise
+            shard = self._load(self.path)
         else:
-            self.path.mkdir(parents=True, exist_ok=True)
-            shard = qe.EdgeShard.create(str(self.path), self._config())
+            legacy = (self.legacy_path / "edge_config.json").exists()
+            if legacy:
+                # Refuse a legacy shard of another size before making anything.
+                self._load(self.legacy_path, lexical=False).close()
+            # Made under a temporary name and renamed when complete: a crash during
+            # the copy leaves no half-copied shard that a restart would take as done.
+            building = self.path.with_name(self.path.name + ".building")
+            if building.exists():
+                shutil.rmtree(building)
+            building.mkdir(parents=True)
+            shard = qe.EdgeShard.create(str(building), self._config())
+            if legacy:
+                self._copy_legacy(shard)
+            shard.close()
+            building.rename(self.path)
+            shard = self._load(self.path)
         indexes: dict[str, qe.KeywordIndexParams | qe.FloatIndexParams] = {
             NAMESPACE_FIELD: qe.KeywordIndexParams(is_tenant=True),
             TAGS_FIELD: qe.KeywordIndexParams(),
@@ -199,8 +291,14 @@ class EdgeIndex:
         if not points:
             return
         checked = checked_points(points, self.dimension)
-        built = [qe.Point(str(pid), list(p.vector), p.payload()) for pid, p in checked]
-        condition = _held_older([(str(pid), p.revision) for pid, p in checked], inclusive=False)
+        built = [
+            qe.Point(str(pid), _vectors(p.vector, p.lexical), p.payload()) for pid, p in checked
+        ]
+        condition = _held_older(
+            [(str(pid), p.revision) for pid, p in checked],
+            inclusive=False,
+            lexical=[str(pid) for pid, p in checked if p.lexical is not None],
+        )
         operation = qe.UpdateOperation.upsert_points(built, condition=condition)
         await self._call(lambda shard: shard.update(operation))
 
@@ -233,15 +331,73 @@ class EdgeIndex:
 
     async def search(self, query: NamespacedQuery) -> list[IndexHit]:
         check_vector(query.vector, self.dimension)
-        request = qe.QueryRequest(
-            limit=query.limit,
-            query=qe.Query.Nearest(list(query.vector)),
-            filter=qe.Filter(must=[c for t in query.terms for c in _condition(t)]),
-            with_payload=list(HIT_FIELDS),
-            params=_RESCORED,
+        where = qe.Filter(must=[c for t in query.terms for c in _condition(t)])
+        dense = qe.Query.Nearest(list(query.vector))
+        if query.mode is SearchMode.DENSE or (
+            query.mode is SearchMode.HYBRID and not query.lexical
+        ):
+            request = qe.QueryRequest(
+                limit=query.limit,
+                query=dense,
+                filter=where,
+                with_payload=list(HIT_FIELDS),
+                params=_RESCORED,
+            )
+            points = await self._call(lambda shard: shard.query(request))
+            if query.mode is SearchMode.HYBRID:  # no term to match: the cosine alone
+                return fused_hits([(p.payload, p.score) for p in points], [], query)
+            return [hit_from_payload(p.payload, p.score) for p in points]
+        if not query.lexical:
+            return []
+        terms = qe.SparseVector(list(query.lexical), [1.0] * len(query.lexical))
+        # The IDF statistics of the namespace's points (tombstones have no namespace).
+        params = qe.SearchParams(
+            idf=qe.IdfParams(
+                corpus=qe.Filter(must=[c for t in query.namespace_only() for c in _condition(t)])
+            )
         )
-        points = await self._call(lambda shard: shard.query(request))
-        return [hit_from_payload(p.payload, p.score) for p in points]
+        bm25 = qe.Query.Nearest(terms, using=LEXICAL_VECTOR)
+        if query.mode is SearchMode.LEXICAL:
+            request = qe.QueryRequest(
+                limit=query.limit,
+                query=bm25,
+                filter=where,
+                params=params,
+                with_payload=list(HIT_FIELDS),
+            )
+            points = await self._call(lambda shard: shard.query(request))
+            return [hit_from_payload(p.payload, p.score, lexical=True) for p in points]
+        candidates = [
+            qe.Prefetch(limit=query.limit, query=dense, filter=where, params=_RESCORED),
+            qe.Prefetch(limit=query.limit, query=bm25, filter=where, params=params),
+        ]
+        both = 2 * query.limit
+        batch = qe.QueryBatchRequest(
+            [
+                qe.QueryRequest(
+                    limit=both,
+                    prefetches=candidates,
+                    query=dense,
+                    filter=where,
+                    with_payload=list(HIT_FIELDS),
+                    params=_RESCORED,
+                ),
+                qe.QueryRequest(
+                    limit=both,
+                    prefetches=candidates,
+                    query=bm25,
+                    filter=where,
+                    params=params,
+                    with_payload=list(HIT_FIELDS),
+                ),
+            ]
+        )
+        by_cosine, by_bm25 = await self._call(lambda shard: shard.query_batch(batch))
+        return fused_hits(
+            [(p.payload, p.score) for p in by_cosine],
+            [(p.payload, p.score) for p in by_bm25],
+            query,
+        )
 
     async def keys(self) -> set[Key]:
         def scan(shard: Any) -> set[Key]:

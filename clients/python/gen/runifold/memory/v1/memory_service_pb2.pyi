@@ -22,6 +22,34 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _SearchMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SearchModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SearchMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SEARCH_MODE_UNSPECIFIED: _SearchMode.ValueType  # 0
+    """The server's default (RUNIFOLD_MEMORY_SEARCH_MODE, hybrid unless configured)."""
+    SEARCH_MODE_DENSE: _SearchMode.ValueType  # 1
+    """The embedding model's cosine similarity alone."""
+    SEARCH_MODE_LEXICAL: _SearchMode.ValueType  # 2
+    """BM25 over the memories' words alone (names, numbers, dates, rare words)."""
+    SEARCH_MODE_HYBRID: _SearchMode.ValueType  # 3
+    """Both, fused: the cosine's and BM25's candidates, rescored by both."""
+
+class SearchMode(_SearchMode, metaclass=_SearchModeEnumTypeWrapper):
+    """What a search ranks by."""
+
+SEARCH_MODE_UNSPECIFIED: SearchMode.ValueType  # 0
+"""The server's default (RUNIFOLD_MEMORY_SEARCH_MODE, hybrid unless configured)."""
+SEARCH_MODE_DENSE: SearchMode.ValueType  # 1
+"""The embedding model's cosine similarity alone."""
+SEARCH_MODE_LEXICAL: SearchMode.ValueType  # 2
+"""BM25 over the memories' words alone (names, numbers, dates, rare words)."""
+SEARCH_MODE_HYBRID: SearchMode.ValueType  # 3
+"""Both, fused: the cosine's and BM25's candidates, rescored by both."""
+Global___SearchMode: _TypeAlias = SearchMode  # noqa: Y015
+
 class _RevisionKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -556,6 +584,7 @@ class SearchMemoriesRequest(_message.Message):
     METADATA_FILTER_FIELD_NUMBER: _builtins.int
     MIN_SCORE_FIELD_NUMBER: _builtins.int
     AS_OF_TIME_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     """Namespace to search; the only one searched."""
     query: _builtins.str
@@ -563,7 +592,11 @@ class SearchMemoriesRequest(_message.Message):
     limit: _builtins.int
     """Maximum results, 1..256. 0 means 8."""
     min_score: _builtins.float
-    """Only results scoring at least this (cosine similarity, -1..1)."""
+    """Only results whose cosine similarity (`dense_score`) is at least this
+    (-1..1); 0 applies none. Not with SEARCH_MODE_LEXICAL, which has no cosine.
+    """
+    mode: Global___SearchMode.ValueType
+    """What ranks the results; unspecified: the server's default."""
     @_builtins.property
     def metadata_filter(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Only memories whose metadata holds every one of these pairs."""
@@ -583,10 +616,11 @@ class SearchMemoriesRequest(_message.Message):
         metadata_filter: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         min_score: _builtins.float = ...,
         as_of_time: _timestamp_pb2.Timestamp | None = ...,
+        mode: Global___SearchMode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["as_of_time", b"as_of_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["as_of_time", b"as_of_time", "limit", b"limit", "metadata_filter", b"metadata_filter", "min_score", b"min_score", "namespace", b"namespace", "query", b"query"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["as_of_time", b"as_of_time", "limit", b"limit", "metadata_filter", b"metadata_filter", "min_score", b"min_score", "mode", b"mode", "namespace", b"namespace", "query", b"query"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -600,10 +634,17 @@ class ScoredMemory(_message.Message):
 
     MEMORY_FIELD_NUMBER: _builtins.int
     SCORE_FIELD_NUMBER: _builtins.int
+    DENSE_SCORE_FIELD_NUMBER: _builtins.int
+    LEXICAL_SCORE_FIELD_NUMBER: _builtins.int
     score: _builtins.float
-    """Similarity to the query (cosine; higher is closer). In degraded mode, the
-    full-text rank.
+    """The score the results were ranked by (higher is closer): the cosine
+    similarity (dense), the BM25 score (lexical) or the fused score (hybrid).
+    In degraded mode, the full-text rank.
     """
+    dense_score: _builtins.float
+    """The cosine similarity to the query (dense and hybrid modes)."""
+    lexical_score: _builtins.float
+    """The BM25 score, 0 when no word is shared (lexical and hybrid modes)."""
     @_builtins.property
     def memory(self) -> Global___Memory:
         """The current revision of the memory."""
@@ -613,12 +654,21 @@ class ScoredMemory(_message.Message):
         *,
         memory: Global___Memory | None = ...,
         score: _builtins.float = ...,
+        dense_score: _builtins.float | None = ...,
+        lexical_score: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_dense_score", b"_dense_score", "_lexical_score", b"_lexical_score", "dense_score", b"dense_score", "lexical_score", b"lexical_score", "memory", b"memory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["memory", b"memory", "score", b"score"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_dense_score", b"_dense_score", "_lexical_score", b"_lexical_score", "dense_score", b"dense_score", "lexical_score", b"lexical_score", "memory", b"memory", "score", b"score"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__dense_score: _TypeAlias = _typing.Literal["dense_score"]  # noqa: Y015
+    _WhichOneofArgType__dense_score: _TypeAlias = _typing.Literal["_dense_score", b"_dense_score"]  # noqa: Y015
+    _WhichOneofReturnType__lexical_score: _TypeAlias = _typing.Literal["lexical_score"]  # noqa: Y015
+    _WhichOneofArgType__lexical_score: _TypeAlias = _typing.Literal["_lexical_score", b"_lexical_score"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__dense_score) -> _WhichOneofReturnType__dense_score | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__lexical_score) -> _WhichOneofReturnType__lexical_score | None: ...
 
 Global___ScoredMemory: _TypeAlias = ScoredMemory  # noqa: Y015
 
@@ -630,9 +680,14 @@ class SearchMemoriesResponse(_message.Message):
 
     RESULTS_FIELD_NUMBER: _builtins.int
     DEGRADED_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
     degraded: _builtins.bool
     """True when the vector index was unreachable and the answer came from
     PostgreSQL full-text search.
+    """
+    mode: Global___SearchMode.ValueType
+    """The mode the results were ranked by (the request's, or the server's
+    default); unspecified when degraded.
     """
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScoredMemory]:
@@ -643,10 +698,11 @@ class SearchMemoriesResponse(_message.Message):
         *,
         results: _abc.Iterable[Global___ScoredMemory] | None = ...,
         degraded: _builtins.bool = ...,
+        mode: Global___SearchMode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["degraded", b"degraded", "results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["degraded", b"degraded", "mode", b"mode", "results", b"results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
