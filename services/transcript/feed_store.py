@@ -78,8 +78,10 @@ def _entry_page(through: str) -> str:
     return f"""
 e AS (
     SELECT sequence, role, text, tool_calls, tool_call_id, metadata, created_at,
+           native_json, retracted_version, retract_time,
            octet_length(text) + coalesce(octet_length(tool_calls::text), 0)
-             + coalesce(octet_length(metadata::text), 0) AS size
+             + coalesce(octet_length(metadata::text), 0)
+             + coalesce(octet_length(native_json), 0) AS size
       FROM transcript.entries
      WHERE conversation_key = %(key)s AND sequence > %(after)s AND sequence <= {through}
      ORDER BY sequence
@@ -88,7 +90,8 @@ e AS (
     SELECT e.*, sum(size) OVER (ORDER BY sequence) - size AS before FROM e
 ), entry_rows AS (
     SELECT a.version, a.last_sequence, p.sequence, p.role, p.text, p.tool_calls,
-           p.tool_call_id, p.metadata, p.created_at
+           p.tool_call_id, p.metadata, p.created_at, p.native_json, p.retracted_version,
+           p.retract_time
       FROM page AS p
      CROSS JOIN LATERAL (
            SELECT version, last_sequence FROM transcript.appends
@@ -131,7 +134,8 @@ WITH c AS MATERIALIZED (
 ), {_entry_page("(SELECT last_sequence FROM c)")}
 SELECT c.version, c.last_sequence, c.incarnation, c.read_time, t.*,
        NULL::bigint, NULL::bigint, NULL::bigint, NULL::smallint, NULL::text, NULL::jsonb,
-       NULL::text, NULL::jsonb, NULL::timestamptz
+       NULL::text, NULL::jsonb, NULL::timestamptz, NULL::text, NULL::bigint,
+       NULL::timestamptz
   FROM c LEFT JOIN turn_rows AS t ON true
 UNION ALL
 SELECT c.version, c.last_sequence, c.incarnation, c.read_time, 'entry', NULL, NULL, NULL,
