@@ -595,10 +595,12 @@ class MemoryService:
 
     # -- assisted curation ----------------------------------------------------------
 
-    async def _related(self, namespace: str, entries: Sequence[Entry]) -> list[RelatedMemory]:
-        """The stored memories valid now that the namespace's own search finds for the
-        entries (each entry's text a query), best first, at most MAX_RELATED, aliased m1,
-        m2, ... for the proposer."""
+    async def _related(
+        self, namespace: str, entries: Sequence[Entry], wanted: Mapping[str, str]
+    ) -> list[RelatedMemory]:
+        """The stored memories valid now (with the `wanted` metadata) that the namespace's
+        own search finds for the entries (each entry's text a query), best first, at most
+        MAX_RELATED, aliased m1, m2, ... for the proposer."""
         limit = self.config.limits.max_query_bytes
         queries = [
             e.message.text.encode("utf-8", "surrogatepass")[:limit].decode("utf-8", "ignore")
@@ -612,12 +614,13 @@ class MemoryService:
         try:
             vectors = await self.embedder.embed(queries)
             found = [
-                await self._semantic(namespace, v, RELATED_PER_ENTRY, {}, 0.0, at) for v in vectors
+                await self._semantic(namespace, v, RELATED_PER_ENTRY, wanted, 0.0, at)
+                for v in vectors
             ]
         except (IndexUnavailable, EmbeddingUnavailable) as exc:
             self._degraded(exc)
             found = [
-                await self.store.text_search(namespace, q, {}, RELATED_PER_ENTRY, valid_at=at)
+                await self.store.text_search(namespace, q, wanted, RELATED_PER_ENTRY, valid_at=at)
                 for q in queries
             ]
         for hits in found:
@@ -636,6 +639,7 @@ class MemoryService:
         through_sequence: int,
         budget: Budget,
         max_proposals: int = 0,
+        metadata_filter: Mapping[str, str] | None = None,
     ) -> ProposeResult:
         """Proposals of memories from a range of a conversation; stores nothing.
 
@@ -645,9 +649,11 @@ class MemoryService:
         deadline). Every proposal is checked: well formed, sources inside the range
         read, a related memory among those shown; the others are dropped and
         counted, never returned. The application confirms a proposal by calling
-        UpsertMemory with it.
+        UpsertMemory with it. Retracted entries are not read (what a writer took back
+        is no fact), and only memories with the `metadata_filter` pairs are matched.
         """
         validation.namespace(namespace)
+        wanted = validation.metadata(metadata_filter or {}, "metadata_filter")
         cid = conversation_id(conversation_id_text)
         if not 1 <= from_sequence <= through_sequence:
             raise invalid_argument(
@@ -680,10 +686,13 @@ class MemoryService:
                 field="through_sequence",
                 last_sequence=state.last_sequence,
             )
-        entries = await self.sources.entries(namespace, cid, from_sequence, through_sequence)
-        if not entries:
+        read = await self.sources.entries(namespace, cid, from_sequence, through_sequence)
+        if not read:
             raise conversation_not_found()  # erased since it was found
-        related = await self._related(namespace, entries)
+        entries = [e for e in read if not e.retracted_version]
+        if not entries:  # everything in the range was taken back: nothing to propose
+            return ProposeResult((), Usage(), 0, self.proposer.provider)
+        related = await self._related(namespace, entries, wanted)
         prompt = self.proposer.prepare(
             entries,
             related,

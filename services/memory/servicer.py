@@ -244,6 +244,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             request.through_sequence,
             convert.budget_from_proto(request.budget),
             request.max_proposals,
+            dict(request.metadata_filter),
         )
         return pb.ProposeMemoriesResponse(
             proposals=[proposal_to_proto(p) for p in result.proposals],

@@ -96,6 +96,8 @@ e AS (
      CROSS JOIN LATERAL (
            SELECT version, last_sequence FROM transcript.appends
             WHERE conversation_key = %(key)s AND last_sequence >= p.sequence
+              -- not an append of no entries (state or retractions only) ending there
+              AND first_sequence <= p.sequence
             ORDER BY last_sequence
             LIMIT 1) AS a
      WHERE p.before < %(max_bytes)s

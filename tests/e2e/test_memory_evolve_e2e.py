@@ -482,3 +482,47 @@ async def test_the_budget_bounds_the_proposer(client: Client, namespace: str) ->
     assert spent.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert reason(spent.value) == "BUDGET_EXHAUSTED"
     assert client.model.chat_requests == []  # refused before any model call
+
+
+async def test_retracted_entries_and_memories_outside_the_filter_never_reach_the_proposer(
+    client: Client, namespace: str
+) -> None:
+    """What a writer took back is no fact: a retracted entry is not sent to the proposer,
+    and a range of retracted entries only proposes nothing without a model call. With a
+    metadata filter (one user of a namespace several share), other users' memories are
+    neither matched nor shown."""
+    cid = await client.conversation(namespace, "I live in Paris.", "I live in Paris, really.")
+    await client.upsert(namespace, PARIS, cid, 2, metadata={"user": "u1"})
+    await client.upsert(namespace, "Another user lives in Paris.", cid, 2, metadata={"user": "u2"})
+    await wait_for(client.drained)
+    got = await client.transcript.GetConversation(
+        tpb.GetConversationRequest(namespace=namespace, conversation_id=cid)
+    )
+    await client.transcript.AppendEntries(
+        tpb.AppendEntriesRequest(
+            namespace=namespace,
+            conversation_id=cid,
+            expected_version=got.conversation.version,
+            retract_sequences=[1],
+        )
+    )
+    client.model.respond_with(lambda body: {"proposals": []})
+    await client.memory.ProposeMemories(
+        pb.ProposeMemoriesRequest(
+            namespace=namespace,
+            conversation_id=cid,
+            from_sequence=1,
+            through_sequence=2,
+            metadata_filter={"user": "u1"},
+        )
+    )
+    (request,) = client.model.chat_requests
+    prompt = request.body["messages"][1]["content"]
+    assert "I live in Paris, really." in prompt and "I live in Paris." not in prompt
+    assert PARIS in prompt and "Another user" not in prompt
+    only_retracted = await client.memory.ProposeMemories(
+        pb.ProposeMemoriesRequest(
+            namespace=namespace, conversation_id=cid, from_sequence=1, through_sequence=1
+        )
+    )
+    assert list(only_retracted.proposals) == [] and len(client.model.chat_requests) == 1

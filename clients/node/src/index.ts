@@ -279,6 +279,13 @@ export function newConversationId(): string {
 
 const randomId = (): string => globalThis.crypto.randomUUID();
 
+const SEARCH_MODES = {
+  unspecified: "SEARCH_MODE_UNSPECIFIED",
+  dense: "SEARCH_MODE_DENSE",
+  lexical: "SEARCH_MODE_LEXICAL",
+  hybrid: "SEARCH_MODE_HYBRID",
+} as const;
+
 function duration(seconds: number | undefined): { seconds: number; nanos: number } | null {
   if (seconds === undefined) return null;
   const whole = Math.floor(seconds);
@@ -1064,7 +1071,7 @@ export class RunifoldClient {
         metadata_filter: options.metadataFilter ?? {},
         min_score: options.minScore ?? 0,
         as_of_time: timestamp(options.asOf),
-        mode: options.mode ? `SEARCH_MODE_${options.mode.toUpperCase()}` : "SEARCH_MODE_UNSPECIFIED",
+        mode: SEARCH_MODES[options.mode ?? "unspecified"],
       },
       options,
     );
@@ -1138,6 +1145,8 @@ export class RunifoldClient {
       throughSequence: number;
       maxProposals?: number;
       budget?: Budget;
+      /** Only stored memories with these metadata pairs are matched. */
+      metadataFilter?: Record<string, string>;
     },
   ): Promise<ProposeMemoriesResponse__Output> {
     return this.unary(
@@ -1149,6 +1158,7 @@ export class RunifoldClient {
         through_sequence: options.throughSequence,
         max_proposals: options.maxProposals ?? 0,
         budget: options.budget ?? {},
+        metadata_filter: options.metadataFilter ?? {},
       },
       options,
     );

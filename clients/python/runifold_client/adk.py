@@ -465,10 +465,15 @@ class RunifoldMemoryService(BaseMemoryService):  # type: ignore[misc]  # google.
         if high == 0:
             return
         low = max(1, high - self.PROPOSE_ENTRIES + 1)
-        reply = await self.client.propose_memories(
-            cid, from_sequence=low, through_sequence=high, namespace=scope.namespace
-        )
         tags = self._tags(session.app_name, session.user_id)
+        # Only this user's memories are matched and shown to the proposer.
+        reply = await self.client.propose_memories(
+            cid,
+            from_sequence=low,
+            through_sequence=high,
+            namespace=scope.namespace,
+            metadata_filter=tags,
+        )
         for proposal in reply.proposals:
             mine = [m for m in proposal.related_memory_ids if await self._owned(scope, m, tags)]
             if proposal.action == memory_pb.PROPOSAL_ACTION_DUPLICATE and mine:

@@ -288,6 +288,7 @@ def _propose(
     through_sequence: int,
     max_proposals: int,
     budget: Budget | None,
+    metadata_filter: Mapping[str, str] | None = None,
 ) -> memory_pb.ProposeMemoriesRequest:
     return memory_pb.ProposeMemoriesRequest(
         namespace=namespace,
@@ -296,6 +297,7 @@ def _propose(
         through_sequence=through_sequence,
         max_proposals=max_proposals,
         budget=(budget or Budget()).to_proto(),
+        metadata_filter=metadata_filter,
     )
 
 
@@ -1104,9 +1106,11 @@ class AsyncClient:
         namespace: str | None = None,
         max_proposals: int = 0,
         budget: Budget | None = None,
+        metadata_filter: Mapping[str, str] | None = None,
     ) -> memory_pb.ProposeMemoriesResponse:
         """Proposals of memories from a transcript range; nothing is stored until you
-        confirm one (`confirm_proposal`)."""
+        confirm one (`confirm_proposal`). `metadata_filter`: only stored memories with
+        these pairs are matched (and shown to the proposer)."""
         return await self._call(
             self.memories.ProposeMemories,
             _propose(
@@ -1116,6 +1120,7 @@ class AsyncClient:
                 through_sequence,
                 max_proposals,
                 budget,
+                metadata_filter,
             ),
         )
 

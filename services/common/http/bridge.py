@@ -259,6 +259,13 @@ class _Bridge:
     ) -> AsyncIterator[Any]:
         try:
             self._admit(method, request)
+            if method in GRPC_ONLY:
+                raise DomainError(
+                    Code.UNIMPLEMENTED,
+                    "GRPC_ONLY",
+                    f"{method.rsplit('/', 1)[-1]} is served over gRPC only: its stream is "
+                    "written as events happen, for as long as the client watches",
+                )
             if not inspect.isasyncgenfunction(behavior):
                 # Every streaming servicer here is an async generator; one that writes
                 # through context.write would need that part of the context too.
@@ -270,6 +277,11 @@ class _Bridge:
             raise _connect(exc) from None
         finally:
             admission.leave()
+
+
+# Server streams that write as events happen, through context.write, for as long as
+# their client wants (WatchConversation): gRPC only, refused here after authorization.
+GRPC_ONLY = frozenset({"/runifold.transcript.v1.TranscriptService/WatchConversation"})
 
 
 def _metadata(ctx: RequestContext[Any, Any]) -> Metadata:

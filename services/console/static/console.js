@@ -323,8 +323,8 @@ async function showConversation(id, entry) {
     const target = document.getElementById(`entry-${highlight[0]}`);
     if (target) target.scrollIntoView({ block: "center" });
   }
-  // Live: WatchConversation is not in the contract yet; until it is, the version is
-  // polled and the page redrawn when it moved.
+  // Live: WatchConversation is served over gRPC only (GRPC_ONLY on this port), so the
+  // version is polled and the page redrawn when it moved.
   const seen = int(c.version);
   state.follow = setInterval(async () => {
     if (!follow.checked || document.hidden) return;

@@ -1000,12 +1000,33 @@ class ProposeMemoriesRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class MetadataFilterEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     NAMESPACE_FIELD_NUMBER: _builtins.int
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     FROM_SEQUENCE_FIELD_NUMBER: _builtins.int
     THROUGH_SEQUENCE_FIELD_NUMBER: _builtins.int
     BUDGET_FIELD_NUMBER: _builtins.int
     MAX_PROPOSALS_FIELD_NUMBER: _builtins.int
+    METADATA_FILTER_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     """Namespace of the conversation, and of the memories matched."""
     conversation_id: _builtins.str
@@ -1022,6 +1043,13 @@ class ProposeMemoriesRequest(_message.Message):
     def budget(self) -> _common_pb2.Budget:
         """Limits on the proposer's model calls; zero fields take the server's defaults."""
 
+    @_builtins.property
+    def metadata_filter(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Only stored memories with every one of these metadata pairs are matched and
+        shown to the proposer (e.g. one user's memories in a namespace several users
+        share); the same rules as SearchMemoriesRequest.metadata_filter.
+        """
+
     def __init__(
         self,
         *,
@@ -1031,10 +1059,11 @@ class ProposeMemoriesRequest(_message.Message):
         through_sequence: _builtins.int = ...,
         budget: _common_pb2.Budget | None = ...,
         max_proposals: _builtins.int = ...,
+        metadata_filter: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "conversation_id", b"conversation_id", "from_sequence", b"from_sequence", "max_proposals", b"max_proposals", "namespace", b"namespace", "through_sequence", b"through_sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "conversation_id", b"conversation_id", "from_sequence", b"from_sequence", "max_proposals", b"max_proposals", "metadata_filter", b"metadata_filter", "namespace", b"namespace", "through_sequence", b"through_sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
