@@ -234,16 +234,11 @@ def build_prompt(
     )
 
 
-class ChatModelProposer:
-    """A proposer over any ChatModel (the OpenAI-compatible client in production)."""
+class _PromptBuilder:
+    """The prompt both proposers build: the model's input, and the offline proposer's
+    measure of its usage (counted as a model's would be)."""
 
-    def __init__(self, model: ChatModel, *, max_entry_chars: int) -> None:
-        self.model = model
-        self.max_entry_chars = max_entry_chars
-
-    @property
-    def provider(self) -> str:
-        return self.model.provider
+    max_entry_chars: int
 
     def prepare(
         self,
@@ -260,6 +255,18 @@ class ChatModelProposer:
             max_output_tokens=max_output_tokens,
             max_entry_chars=self.max_entry_chars,
         )
+
+
+class ChatModelProposer(_PromptBuilder):
+    """A proposer over any ChatModel (the OpenAI-compatible client in production)."""
+
+    def __init__(self, model: ChatModel, *, max_entry_chars: int) -> None:
+        self.model = model
+        self.max_entry_chars = max_entry_chars
+
+    @property
+    def provider(self) -> str:
+        return self.model.provider
 
     async def propose(self, prompt: ProposalPrompt, *, timeout: float) -> ProposerOutput:
         request = ChatRequest(
@@ -480,7 +487,7 @@ def _valid_from(memory: Memory) -> datetime:
     return memory.valid_from_time or memory.create_time
 
 
-class OfflineProposer:
+class OfflineProposer(_PromptBuilder):
     """The deterministic proposer of the embedded default and the tests: no network."""
 
     provider = "offline"
@@ -488,23 +495,6 @@ class OfflineProposer:
     def __init__(self, *, max_entry_chars: int = 4000) -> None:
         self.max_entry_chars = max_entry_chars
         self._seconds = metrics.MODEL_SECONDS.labels("memory_proposal", "offline")
-
-    def prepare(
-        self,
-        entries: Sequence[Entry],
-        related: Sequence[RelatedMemory],
-        *,
-        max_proposals: int,
-        max_output_tokens: int,
-    ) -> ProposalPrompt:
-        # Built like a model's prompt only to be counted: the usage reads like a model's.
-        return build_prompt(
-            entries,
-            related,
-            max_proposals=max_proposals,
-            max_output_tokens=max_output_tokens,
-            max_entry_chars=self.max_entry_chars,
-        )
 
     async def propose(self, prompt: ProposalPrompt, *, timeout: float) -> ProposerOutput:
         started = time.perf_counter()
