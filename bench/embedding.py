@@ -111,6 +111,7 @@ async def _cold_start(postgres_url: str, tree: Path = ROOT) -> float:
         "DATABASE_URL": new_database(postgres_url),
         "RUNIFOLD_LISTEN": f"127.0.0.1:{port}",
         "RUNIFOLD_METRICS_LISTEN": "off",
+        "RUNIFOLD_HTTP_LISTEN": "off",
         "RUNIFOLD_LOG_LEVEL": "WARNING",
     }
     started = time.perf_counter()
