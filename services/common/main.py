@@ -16,14 +16,8 @@ from services.common import logs, tracing
 from services.common.auth import AuthSettings, check_exposure
 from services.common.db import start_embedded_postgres
 from services.common.http.settings import HttpSettings
-from services.common.server import (
-    Component,
-    ListenError,
-    bind_cause,
-    check_listen,
-    serve_until_signal,
-    start_server,
-)
+from services.common.listen import ListenError, bind_cause, check_listen
+from services.common.server import Component, serve_until_signal, start_server
 from services.common.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,10 @@ from services.memory.config import MemoryConfig
 from services.memory.embeddings import Embedder, make_embedder
 from services.memory.index import IndexUnavailable, VectorIndex, make_index
 from services.memory.indexer import Indexer, Sweeper
+from services.memory.offline_proposer import OfflineProposer
 from services.memory.peers import TranscriptSources
 from services.memory.ports import SourceChecker
-from services.memory.proposals import ChatModelProposer, OfflineProposer, Proposer
+from services.memory.proposals import ChatModelProposer, Proposer
 from services.memory.service import MemoryService
 from services.memory.servicer import MemoryServicer
 from services.memory.store import PostgresMemoryStore

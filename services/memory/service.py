@@ -63,9 +63,9 @@ from services.memory.model import (
     memory_not_found,
     source_not_found,
 )
+from services.memory.offline_proposer import OfflineProposer
 from services.memory.ports import SourceChecker
 from services.memory.proposals import (
-    OfflineProposer,
     Proposal,
     ProposalLimits,
     Proposer,

@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse
 from services.common.auth import AuthSettings
 from services.common.http.bridge import ASGIApp
 from services.common.http.settings import HttpSettings
-from services.common.server import ListenError, bind_cause
+from services.common.listen import ListenError, bind_cause
 from services.common.settings import TransportLimits
 
 log = logging.getLogger(__name__)
