@@ -484,15 +484,16 @@ describe("MemoryService", () => {
       fromSequence: 1,
       throughSequence: 1,
     });
-    await waitFor(async () => {
-      const found = await client.searchMemories("INV-20931", { mode: "lexical" });
-      return found.results.some((hit) => hit.memory?.memory_id === memory.memory_id);
-    });
-    const lexicalOnly = await client.searchMemories("INV-20931", { mode: "lexical" });
-    assert.equal(lexicalOnly.mode, "SEARCH_MODE_LEXICAL");
-    const hybrid = await client.searchMemories("INV-20931", { mode: "hybrid" });
-    assert.equal(hybrid.mode, "SEARCH_MODE_HYBRID");
-    assert.equal(hybrid.results[0].memory?.memory_id, memory.memory_id);
+    const hit = async (mode: "dense" | "lexical" | "hybrid") => {
+      const found = await client.searchMemories("INV-20931", { mode });
+      return { found, hit: found.results.find((h) => h.memory?.memory_id === memory.memory_id) };
+    };
+    await waitFor(async () => (await hit("hybrid")).hit !== undefined);
+    const hybrid = await hit("hybrid");
+    assert.equal(hybrid.found.mode, "SEARCH_MODE_HYBRID");
+    assert.ok((hybrid.hit!.lexical_score ?? 0) > 0, JSON.stringify(hybrid.hit));
+    assert.equal((await hit("dense")).found.mode, "SEARCH_MODE_DENSE");
+    assert.equal((await hit("lexical")).found.mode, "SEARCH_MODE_LEXICAL");
     await client.forgetSource(turn.conversation_id);
   });
 
