@@ -6,6 +6,8 @@ column lists and subqueries defined here.
 
 from __future__ import annotations
 
+from services.common.statements import statement
+
 CONVERSATION_COLUMNS = (
     "conversation_id, namespace, version, last_sequence, create_time, update_time, labels, "
     "incarnation, user_id, state::text"
@@ -68,7 +70,7 @@ NO_LIVE_TURN = """NOT EXISTS (
        AND t.state IN ('waiting', 'running') AND t.lease_until >= now())"""
 
 
-APPEND = f"""
+APPEND = statement(f"""
 WITH lease AS (
     -- The turn lease the append commits under, locked: an UPDATE of the row by a
     -- takeover that committed meanwhile is seen here, not an older snapshot.
@@ -150,7 +152,7 @@ SELECT version, last_sequence, update_time,
        (SELECT version FROM user_state), (SELECT version FROM namespace_state),
        conversation_key, watched
   FROM bumped
-"""
+""")
 
 
 # Why an append wrote nothing: the version, a prior append of the request id, the

@@ -251,7 +251,7 @@ class PostgresTranscriptStore(PostgresTurnLeases):
         params = append_parameters(append)
         async with self.db.connection() as conn:
             try:
-                cursor = await conn.execute(sql.APPEND, params)
+                cursor = await sql.APPEND.execute(conn, params)
                 row = await cursor.fetchone()
             except psycopg.errors.UniqueViolation:
                 row = None  # the request id is recorded: nothing was written; replay below
