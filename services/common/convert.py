@@ -58,13 +58,23 @@ def message_to_proto(message: Message) -> common_pb2.Message:
     )
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def timestamp(value: datetime | None) -> Timestamp | None:
-    """A protobuf timestamp (None stays None)."""
+    """A protobuf timestamp (None stays None).
+
+    Aware datetimes (every one the stores read) take integer arithmetic: protobuf's
+    FromDatetime was a tenth of a memory search's answer building, five per memory.
+    """
     if value is None:
         return None
-    stamp = Timestamp()
-    stamp.FromDatetime(value.astimezone(UTC))
-    return stamp
+    if value.tzinfo is None:  # naive: local time, as FromDatetime reads it
+        stamp = Timestamp()
+        stamp.FromDatetime(value.astimezone(UTC))
+        return stamp
+    delta = value - _EPOCH
+    return Timestamp(seconds=delta.days * 86_400 + delta.seconds, nanos=delta.microseconds * 1_000)
 
 
 def datetime_from(stamp: Timestamp) -> datetime:
