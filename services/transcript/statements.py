@@ -66,6 +66,7 @@ KEY = """(SELECT conversation_key FROM transcript.conversations
 # Whether a replica watches the conversation (WatchConversation): its writes then NOTIFY.
 WATCHED = "coalesce(watched_until >= now(), false) AS watched"
 
+
 APPEND = f"""
 WITH lease AS (
     -- The turn lease the append commits under, locked: an UPDATE of the row by a
