@@ -26,264 +26,48 @@ transport took the last event, so a slow reader holds back only its own stream
 (the servicer ends one that takes nothing for RUNIFOLD_WATCH_SEND_TIMEOUT_S).
 
 Knows nothing of gRPC or SQL: the store (`FeedStore`) reads, the bus
-(`ChangeBus`) carries the notifications between processes.
+(`ChangeBus`) carries the notifications between processes; they, the events and
+the feed's errors are in feed_model.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import time
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
 
 from services.common import metrics, validation
 from services.common.domain import Entry
-from services.common.errors import Code, DomainError, invalid_argument, resource_exhausted
+from services.common.errors import invalid_argument
 from services.common.validation import conversation_id
 from services.transcript import metrics as transcript_metrics
 from services.transcript.config import WatchLimits
+from services.transcript.feed_model import (
+    Appended,
+    AppendSlice,
+    ChangeBus,
+    Erased,
+    FeedStore,
+    Heartbeat,
+    RunningTurn,
+    Snapshot,
+    TurnStarted,
+    WatchEvent,
+    finish_of,
+    heartbeat_interval,
+    shutting_down,
+    watcher_limit,
+)
 from services.transcript.model import conversation_not_found
 
 log = logging.getLogger(__name__)
 
-# A request may ask for heartbeats this often, at the most and at the least.
-HEARTBEAT_RANGE_S = (1.0, 300.0)
 # The pulse reads this many conversations a statement.
 _PULSE_CHUNK = 1000
-
-
-class TurnFinish(enum.IntEnum):
-    """How a reported turn ended. Values equal runifold.transcript.v1.TurnFinish's."""
-
-    COMMITTED = 1
-    ENDED = 2
-    RELEASED = 3
-    LAPSED = 4
-
-
-# -- the events of a stream --------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Appended:
-    """Entries of one append (all of it, or a page's share of a long one), in order."""
-
-    version: int
-    last_sequence: int  # the append's last sequence
-    incarnation: int
-    entries: Sequence[Entry]
-
-
-@dataclass(frozen=True, slots=True)
-class TurnStarted:
-    """A turn holds a lease on the conversation."""
-
-    turn_id: str
-    start_time: datetime
-    exclusive: bool
-
-
-@dataclass(frozen=True, slots=True)
-class TurnFinished:
-    """A turn reported by TurnStarted no longer runs."""
-
-    turn_id: str
-    finish: TurnFinish
-    version: int = 0  # COMMITTED: the version its append made
-    reason: str = ""  # ENDED: the ErrorInfo reason it ended with
-
-
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
-    """Caught up: every entry through `last_sequence` was delivered."""
-
-    version: int
-    last_sequence: int
-    incarnation: int
-    read_time: datetime  # when the server last found that to be the conversation's state
-
-
-@dataclass(frozen=True, slots=True)
-class Erased:
-    """The incarnation the stream followed is gone; the stream ends."""
-
-    incarnation: int
-
-
-WatchEvent = Appended | TurnStarted | TurnFinished | Heartbeat | Erased
-
-
-# -- what the store reads ----------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """A conversation's counters at `read_time` (the database's clock)."""
-
-    key: int  # the store's key of this incarnation; never reused
-    version: int
-    last_sequence: int
-    incarnation: int
-    read_time: datetime
-    # Fencing tokens of its running turns, sorted: only compared, never sent.
-    running: tuple[int, ...] = ()
-
-    @property
-    def fingerprint(self) -> tuple[int, int, int, tuple[int, ...]]:
-        """What a stream that is up to date with this snapshot has seen."""
-        return (self.version, self.last_sequence, self.incarnation, self.running)
-
-
-@dataclass(frozen=True, slots=True)
-class RunningTurn:
-    """A turn whose lease holds."""
-
-    turn_id: str
-    ticket: int  # its fencing token: tells a new grant of the same turn id
-    exclusive: bool
-    start_time: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class TurnTrace:
-    """What became of a turn a stream reported running (`ticket`): its row now, if any,
-    and the version its append made, if it committed."""
-
-    turn_id: str
-    ticket: int
-    state: str | None  # "running", "waiting", "ended", "committed"; None: no row
-    row_ticket: int | None
-    reason: str | None  # the outcome's reason of an ended turn
-    committed_version: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class AppendSlice:
-    """Consecutive entries of one append."""
-
-    version: int
-    last_sequence: int
-    entries: Sequence[Entry]
-
-
-@dataclass(frozen=True, slots=True)
-class FeedState:
-    """One consistent read of a watched conversation."""
-
-    snapshot: Snapshot
-    running: Sequence[RunningTurn]
-    traces: Sequence[TurnTrace]
-    # The first page of entries after what the stream delivered.
-    entries: Sequence[AppendSlice] = ()
-
-
-class FeedStore(Protocol):
-    """The reads of WatchConversation. Every method is one statement."""
-
-    async def open_watch(
-        self,
-        namespace: str,
-        conversation_id: uuid.UUID,
-        after: int,
-        incarnation: int,
-        ttl_s: float,
-        renew_before_s: float,
-    ) -> Snapshot | None:
-        """Return the conversation's counters (None when it is not in the namespace) and,
-        when a stream from `after` on `incarnation` (0: any) can open, mark it watched for
-        `ttl_s` (unless it is for `renew_before_s` more already)."""
-
-    async def read_state(
-        self,
-        key: int,
-        reported: Sequence[tuple[str, int]],
-        after: int,
-        max_entries: int,
-        max_bytes: int,
-    ) -> FeedState | None:
-        """In one snapshot: the counters, the running turns, a trace of each reported
-        (turn id, ticket), and the first page of entries after `after` (as
-        read_entries through the last sequence); None when the conversation is gone."""
-
-    async def read_entries(
-        self, key: int, after: int, through: int, max_entries: int, max_bytes: int
-    ) -> list[AppendSlice]:
-        """The entries in (after, through], at most `max_entries` and, past the first,
-        about `max_bytes`, grouped by the append that wrote them."""
-
-    async def pulse(
-        self, keys: Sequence[int], ttl_s: float, renew_before_s: float
-    ) -> Mapping[int, Snapshot]:
-        """The snapshots of the conversations that still exist among `keys`, renewing
-        their marks as open_watch does (skipping rows a writer holds: next time)."""
-
-
-class ChangeBus(Protocol):
-    """Notifications between the processes that serve one database."""
-
-    async def listen(self, woken: Callable[[int], None], connected: Callable[[], None]) -> None:
-        """Run until cancelled: `connected()` each time listening (re)starts, `woken(key)`
-        for each conversation another process announced."""
-
-    async def announce(self, keys: Sequence[int]) -> None:
-        """Tell the other processes that these conversations changed."""
-
-    async def close(self) -> None:
-        """Close the connections (idempotent)."""
-
-
-# -- errors ------------------------------------------------------------------------------
-
-
-def watcher_limit(scope: str, limit: int, retry_after_s: float) -> DomainError:
-    """RESOURCE_EXHAUSTED: as many streams are open as this process allows."""
-    return resource_exhausted(
-        "WATCHER_LIMIT",
-        f"{limit} WatchConversation streams are open on this server"
-        + (" for this namespace" if scope == "namespace" else "")
-        + ", its limit; retry after the delay in RetryInfo (another replica may have room)",
-        retry_after_s=retry_after_s,
-        scope=scope,
-        limit=limit,
-    )
-
-
-def watcher_too_slow(timeout_s: float) -> DomainError:
-    """RESOURCE_EXHAUSTED: the reader took nothing for too long (it resumes where it was)."""
-    return resource_exhausted(
-        "WATCHER_TOO_SLOW",
-        f"the stream took no event for {timeout_s:g} s; watch again from the last "
-        "sequence received to resume",
-    )
-
-
-def shutting_down() -> DomainError:
-    """UNAVAILABLE: this server is stopping; resume on another replica."""
-    return DomainError(
-        Code.UNAVAILABLE,
-        "SERVER_SHUTTING_DOWN",
-        "the server is shutting down; watch again from the last sequence received to resume",
-    )
-
-
-def finish_of(trace: TurnTrace) -> TurnFinished:
-    """How a reported turn that no longer runs ended, from what is left of it."""
-    if trace.committed_version is not None:
-        return TurnFinished(trace.turn_id, TurnFinish.COMMITTED, version=trace.committed_version)
-    if trace.state is None:
-        # No row: the lease was released without an outcome (or it lapsed and another
-        # lease decision cleared it before the stream looked again).
-        return TurnFinished(trace.turn_id, TurnFinish.RELEASED)
-    if trace.state == "ended" and trace.row_ticket == trace.ticket:
-        return TurnFinished(trace.turn_id, TurnFinish.ENDED, reason=trace.reason or "")
-    # Still its row but no longer live, or a newer grant of the same turn id.
-    return TurnFinished(trace.turn_id, TurnFinish.LAPSED)
 
 
 # -- the hub of a process ------------------------------------------------------------------
@@ -486,18 +270,6 @@ class Feed:
         if self._open == 0:
             self._gone.set()
 
-    def _heartbeat_interval(self, heartbeat_s: float) -> float:
-        if heartbeat_s == 0:
-            return self.limits.heartbeat_s
-        low, high = HEARTBEAT_RANGE_S
-        if not low <= heartbeat_s <= high:
-            raise invalid_argument(
-                "INVALID_HEARTBEAT_INTERVAL",
-                f"heartbeat_interval must be {low:g} s to {high:g} s (0: the server's default)",
-                field="heartbeat_interval",
-            )
-        return heartbeat_s
-
     async def watch(
         self,
         namespace: str,
@@ -527,7 +299,7 @@ class Feed:
             raise invalid_argument(
                 "INVALID_INCARNATION", "incarnation must not be negative", field="incarnation"
             )
-        interval = self._heartbeat_interval(heartbeat_s)
+        interval = heartbeat_interval(heartbeat_s, self.limits.heartbeat_s)
         if self._closing:
             raise shutting_down()
         stream = _Stream(namespace)

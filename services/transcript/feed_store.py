@@ -26,7 +26,7 @@ from services.common.backoff import backoff
 from services.common.db import AsyncConn, Database, fetch_one
 from services.common.domain import Entry
 from services.common.settings import Settings
-from services.transcript.feed import (
+from services.transcript.feed_model import (
     AppendSlice,
     FeedState,
     RunningTurn,

@@ -1,10 +1,11 @@
-"""Turn leases on PostgreSQL: the statements and the store methods (mixed into
-PostgresTranscriptStore; the protocol is TranscriptStore's in store.py).
+"""Turn leases on PostgreSQL: the store methods (mixed into
+PostgresTranscriptStore; the protocol is TranscriptStore's in store.py), their SQL
+in lease_statements.py.
 
 The exclusive fence lives on the conversation row (migrations/0002), so that an
 append waiting for that row is re-checked against a lease granted meanwhile.
 Every lease decision runs `model.decide_lease` with the conversation locked:
-FOR UPDATE for exclusive and queued leases, FOR sql.KEY SHARE (which appends do not
+FOR UPDATE for exclusive and queued leases, FOR KEY SHARE (which appends do not
 wait for) and an advisory lock on the turn id for shared ones; a shared lease
 for a turn id never seen here is granted in one statement, arbitrated by the
 unique (conversation, turn id) index.
@@ -20,8 +21,8 @@ from psycopg.types.json import Jsonb
 
 from services.common.db import AsyncConn, Database, fetch_one
 from services.common.domain import Usage
+from services.transcript import lease_statements as sql
 from services.transcript import metrics
-from services.transcript import statements as sql
 from services.transcript.model import (
     AppendRecord,
     EndedTurn,
@@ -38,6 +39,7 @@ from services.transcript.model import (
     ended_from_json,
     ended_to_json,
 )
+from services.transcript.statements import KEY
 
 # A waiting turn's place in the queue lapses this long after its caller last
 # looked (the caller looks every RUNIFOLD_TURN_WAIT_POLL_S, at most 2 s): a
@@ -132,7 +134,7 @@ class PostgresTurnLeases:
             "payload_hash": request.payload_hash,
         }
         # Exclusive and queued leases lock the conversation row against every other
-        # lease decision; shared ones only against those (FOR sql.KEY SHARE does not wait
+        # lease decision; shared ones only against those (FOR KEY SHARE does not wait
         # for appends), and against their own turn id's (an advisory lock).
         lock = sql.LOCK_CONVERSATION if request.mode != LeaseMode.SHARED else sql.SHARE_CONVERSATION
         async with self.db.connection() as conn:
@@ -294,7 +296,7 @@ class PostgresTurnLeases:
         async with self.db.connection() as conn:
             await conn.execute(
                 f"""DELETE FROM transcript.turns
-                     WHERE conversation_key = {sql.KEY} AND turn_id = %(turn_id)s
+                     WHERE conversation_key = {KEY} AND turn_id = %(turn_id)s
                        AND ticket = %(ticket)s AND state = 'waiting'""",
                 {
                     "namespace": namespace,
@@ -314,6 +316,3 @@ class PostgresTurnLeases:
                 sql.SWEEP_PROVISIONAL, {"limit": limit, "grace_s": _EXPIRED_GRACE_S}
             )
             return turns + cursor.rowcount
-
-
-# -- the statements of turn leases -------------------------------------------------

@@ -2,12 +2,13 @@
 
 Takes a `TranscriptStore`; knows nothing of gRPC or SQL. The store makes each
 write atomic; this layer validates input, keeps tool calls paired with their
-results, and computes the bounded view of a turn.
+results, and computes the bounded view of a turn. The rules of what a write
+carries besides its messages are in write_rules.py, the view's cut in views.py,
+the turn leases' in leases.py.
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,16 +26,14 @@ from services.common.domain import (
     canonical_json,
     check_tool_pairing,
     open_tool_calls,
-    payload_hash,
 )
 from services.common.errors import VersionConflict, invalid_argument
 from services.common.pagination import PageTokens, page_size
 from services.common.validation import conversation_id
-from services.transcript.config import MAX_RETRACTIONS, TranscriptLimits
+from services.transcript.config import TranscriptLimits
 from services.transcript.leases import TurnLeases
 from services.transcript.model import (
     NO_STATE_CHANGE,
-    AppendRecord,
     AppendResult,
     Conversation,
     NewAppend,
@@ -45,65 +44,16 @@ from services.transcript.model import (
     view_ranges,
 )
 from services.transcript.store import TranscriptStore
+from services.transcript.views import merge_ranges, split_view
+from services.transcript.write_rules import retractions, state_change, user_id, write_digest
 
 # An unconditional append that depends on the transcript's tail (it starts with
 # tool results) is retried this often when another writer moves the tail.
 _TAIL_RETRIES = 5
 NO_USAGE = Usage()
-# A user id: like a label value, short and without NUL.
-MAX_USER_ID_CHARS = 128
 # Users one GetState reads; a page of conversations with their state (CONVERSATION_VIEW_FULL).
 MAX_STATE_USERS = 100
 MAX_FULL_PAGE = 50
-
-
-def user_id(value: str, field: str = "user_id") -> str:
-    """A user id: 1..128 characters without NUL (USER_ID_INVALID)."""
-    if not 1 <= len(value) <= MAX_USER_ID_CHARS or "\x00" in value:
-        raise invalid_argument(
-            "INVALID_USER_ID",
-            f"{field} must be 1..{MAX_USER_ID_CHARS} characters without NUL",
-            field=field,
-        )
-    return value
-
-
-def state_change(
-    conversation_json: str, user_json: str, namespace_json: str, max_bytes: int, field: str
-) -> StateChange:
-    """A write's state changes: each a JSON object of at most `max_bytes` (empty: none)."""
-    parts: list[str | None] = []
-    for scope, text in (
-        ("conversation", conversation_json),
-        ("user", user_json),
-        ("namespace", namespace_json),
-    ):
-        if not text:
-            parts.append(None)
-            continue
-        name = f"{field}.{scope}_json"
-        if len(text.encode("utf-8", "surrogatepass")) > max_bytes:
-            raise invalid_argument(
-                "STATE_TOO_LARGE",
-                f"{name} exceeds {max_bytes} bytes",
-                field=name,
-                limit_bytes=max_bytes,
-                scope=scope,
-            )
-        validation.json_object(text, name, "INVALID_STATE")
-        parts.append(text)
-    return StateChange(*parts)
-
-
-def _write_digest(encoded: str, state: StateChange, retract: Sequence[int]) -> bytes:
-    """What a request id's payload is: the messages, and the state changes and
-    retractions when there are any (a write with neither hashes as it always did)."""
-    if not state and not retract:
-        return payload_hash(encoded)
-    extras = json.dumps(
-        [state.conversation, state.user, state.namespace, list(retract)], separators=(",", ":")
-    )
-    return payload_hash(encoded + "\n" + extras)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,18 +70,6 @@ class ConversationPage:
 
     conversations: Sequence[Conversation]
     next_page_token: str
-
-
-def _tool_group_start(roles: Mapping[int, Role], position: int, lowest: int) -> int:
-    """First sequence of the tool call group a tool result at `position` belongs to.
-
-    Walks back over tool results to the assistant message that made the calls,
-    never below `lowest`.
-    """
-    current = position
-    while current > lowest and roles.get(current) == Role.TOOL:
-        current -= 1
-    return current
 
 
 class TranscriptService:
@@ -298,10 +236,10 @@ class TranscriptService:
                 "expected_version must not be negative",
                 field="expected_version",
             )
-        retracted = _retractions(retract, expected_version)
+        retracted = retractions(retract, expected_version)
         self.validate_messages(messages, allow_empty=bool(state or retracted))
         encoded = canonical_json(messages)
-        digest = _write_digest(encoded, state, retracted)
+        digest = write_digest(encoded, state, retracted)
 
         def command(version: int | None) -> NewAppend:
             return NewAppend(
@@ -451,7 +389,7 @@ class TranscriptService:
             # A boundary falls inside a tool call group: read the group's
             # surroundings (a group spans at most `bound` entries).
             bound = self.limits.tool_group_bound
-            ranges = _merge(
+            ranges = merge_ranges(
                 [
                     (max(1, window_low - bound), last),
                     (
@@ -464,7 +402,7 @@ class TranscriptService:
             if len(entries) != sum(high - low + 1 for low, high in ranges):
                 raise conversation_not_found()  # erased while we read
             roles = {entry.sequence: entry.message.role for entry in entries}
-        return _split_view(
+        return split_view(
             head.incarnation,
             head.version,
             last,
@@ -477,94 +415,3 @@ class TranscriptService:
             head.prior_append,
             head.conversation,
         )
-
-
-def _retractions(retract: Sequence[int], expected_version: int | None) -> tuple[int, ...]:
-    """The sequences a write retracts, checked: distinct, positive, at most
-    MAX_RETRACTIONS, and only with an expected version."""
-    if not retract:
-        return ()
-    if len(retract) > MAX_RETRACTIONS:
-        raise invalid_argument(
-            "TOO_MANY_RETRACTIONS",
-            f"retract_sequences holds at most {MAX_RETRACTIONS} sequences",
-            field="retract_sequences",
-            limit=MAX_RETRACTIONS,
-        )
-    if min(retract) < 1 or len(set(retract)) != len(retract):
-        raise invalid_argument(
-            "INVALID_SEQUENCE",
-            "retract_sequences must be distinct sequences of the transcript (1-based)",
-            field="retract_sequences",
-        )
-    if expected_version is None:
-        raise invalid_argument(
-            "EXPECTED_VERSION_REQUIRED",
-            "a write that retracts entries names the version it read (expected_version)",
-            field="expected_version",
-        )
-    return tuple(sorted(retract))
-
-
-def _split_view(
-    incarnation: int,
-    version: int,
-    last: int,
-    entries: Sequence[Entry],
-    roles: Mapping[int, Role],
-    window_low: int,
-    summary_batch: int,
-    summarized_through: int,
-    bound: int,
-    prior: AppendRecord | None,
-    conversation: Conversation | None = None,
-) -> View:
-    """Cut the entries read into window, buffer and backlog, keeping tool groups whole.
-
-    Retracted entries take part in the cut like any other (they never hold tool
-    calls or results), then leave the window; the buffer keeps them, marked, so
-    that what a summary covers stays one contiguous range.
-    """
-    by_sequence = {entry.sequence: entry for entry in entries}
-    start = window_low
-    if last and roles[start] == Role.TOOL:
-        after_results = start
-        while after_results <= last and roles[after_results] == Role.TOOL:
-            after_results += 1
-        start = (
-            after_results
-            if after_results <= last
-            else _tool_group_start(roles, start, max(1, window_low - bound))
-        )
-    window_entries = (
-        [by_sequence[s] for s in range(start, last + 1) if not by_sequence[s].retracted_version]
-        if last
-        else []
-    )
-
-    region_end = start - 1 if last else 0
-    buffer: list[Entry] = []
-    backlog = 0
-    if summarized_through < region_end:
-        end = min(summarized_through + summary_batch, region_end)
-        if end < region_end and roles[end + 1] == Role.TOOL:
-            group_start = _tool_group_start(roles, end + 1, summarized_through + 1)
-            if group_start - 1 > summarized_through:
-                end = group_start - 1
-            else:
-                while end + 1 <= region_end and roles[end + 1] == Role.TOOL:
-                    end += 1
-        buffer = [by_sequence[s] for s in range(summarized_through + 1, end + 1)]
-        backlog = region_end - end
-    return View(version, last, window_entries, buffer, backlog, prior, incarnation, conversation)
-
-
-def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Sorted, disjoint, non-empty inclusive ranges covering the given ones."""
-    merged: list[tuple[int, int]] = []
-    for low, high in sorted(r for r in ranges if r[0] <= r[1]):
-        if merged and low <= merged[-1][1] + 1:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], high))
-        else:
-            merged.append((low, high))
-    return merged

@@ -14,9 +14,10 @@ from runifold.transcript.v1 import transcript_service_pb2_grpc as pb_grpc
 from services.common import convert
 from services.common import messages as message_rules
 from services.common.errors import DomainError, StreamStalled
-from services.transcript import feed as events
+from services.transcript import feed_model as events
 from services.transcript import metrics as transcript_metrics
-from services.transcript.feed import Feed, watcher_too_slow
+from services.transcript.feed import Feed
+from services.transcript.feed_model import watcher_too_slow
 from services.transcript.model import (
     AppendRecord,
     Conversation,

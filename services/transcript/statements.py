@@ -1,4 +1,6 @@
-"""The SQL of the transcript store (store.py) and of its turn leases (lease_store.py).
+"""The SQL of the transcript store (store.py): conversations, appends (with the state
+documents and retractions a write changes) and views. The turn leases' statements
+are in lease_statements.py; the feed's in feed_store.py.
 
 Values always travel as bound parameters; the only interpolations are the
 column lists and subqueries defined here.
@@ -58,16 +60,13 @@ _UPSERT_SCOPED = """
            update_time = excluded.update_time
     RETURNING s.version"""
 
+# The conversation key as a scalar subquery: keeps every entry, append and turn lookup
+# an index scan on the child table's primary key (store.py uses it too).
 KEY = """(SELECT conversation_key FROM transcript.conversations
           WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s)"""
 
 # Whether a replica watches the conversation (WatchConversation): its writes then NOTIFY.
 WATCHED = "coalesce(watched_until >= now(), false) AS watched"
-
-NO_LIVE_TURN = """NOT EXISTS (
-    SELECT 1 FROM transcript.turns AS t
-     WHERE t.conversation_key = c.conversation_key
-       AND t.state IN ('waiting', 'running') AND t.lease_until >= now())"""
 
 
 APPEND = statement(f"""
@@ -277,234 +276,6 @@ SELECT c.version, c.last_sequence, c.incarnation, a.*, e.*,
        c.update_time, c.labels, c.incarnation, c.user_id, c.state_text
   FROM c LEFT JOIN a ON true LEFT JOIN e ON true
  ORDER BY e.sequence
-"""
-
-
-# The conversation key as a scalar subquery: keeps every entry, append and turn lookup
-
-
-# an index scan on the child table's primary key (store.py uses it too).
-
-
-LOCK_CONVERSATION = f"""
-SELECT conversation_key, {WATCHED} FROM transcript.conversations
- WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
-   FOR UPDATE
-"""
-
-
-# A shared lease for a turn id that has no row and no append yet, in one statement.
-
-
-GRANT_NEW_SHARED = f"""
-WITH c AS (
-    SELECT conversation_key, {WATCHED} FROM transcript.conversations
-     WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
-       FOR KEY SHARE
-), granted AS (
-    INSERT INTO transcript.turns
-           (conversation_key, turn_id, state, exclusive, ticket, payload_hash, lease_until)
-    SELECT c.conversation_key, %(turn_id)s, 'running', false, transcript.random_token(),
-           %(payload_hash)s, now() + make_interval(secs => %(ttl_s)s)
-      FROM c
-     WHERE NOT EXISTS (SELECT 1 FROM transcript.appends AS a
-                        WHERE a.conversation_key = c.conversation_key
-                          AND a.request_id = %(turn_id)s)
-    ON CONFLICT (conversation_key, turn_id) DO NOTHING
-    RETURNING ticket, lease_until
-)
-SELECT g.ticket, g.lease_until, c.conversation_key, c.watched FROM granted AS g, c
-"""
-
-
-SHARE_CONVERSATION = f"""
-SELECT conversation_key, {WATCHED} FROM transcript.conversations
- WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
-   FOR KEY SHARE
-"""
-
-
-# Serializes the lease decisions of one turn id (shared ones run side by side).
-
-
-LOCK_TURN_ID = """
-SELECT pg_advisory_xact_lock(hashtextextended(%(key)s::text || '/' || %(turn_id)s, 0))
-"""
-
-
-# create_if_missing: the conversation, marked as made by this turn.
-
-
-INSERT_PROVISIONAL = """
-INSERT INTO transcript.conversations (namespace, conversation_id, provisional_turn_id)
-VALUES (%(namespace)s, %(conversation_id)s, %(turn_id)s)
-ON CONFLICT (namespace, conversation_id) DO NOTHING
-RETURNING conversation_key, false
-"""
-
-
-DROP_LAPSED = """
-DELETE FROM transcript.turns
- WHERE conversation_key = %(key)s AND turn_id <> %(turn_id)s
-   AND state IN ('waiting', 'running') AND lease_until < now()
-RETURNING state
-"""
-
-
-# The requested turn's row (any state), and every live waiting or running row.
-
-
-TURN_ROWS = """
-SELECT turn_id, state, exclusive, ticket, payload_hash, lease_until >= now(), outcome, end_time
-  FROM transcript.turns
- WHERE conversation_key = %(key)s
-   AND (turn_id = %(turn_id)s OR (state IN ('waiting', 'running') AND lease_until >= now()))
-"""
-
-
-PRIOR_APPEND = """
-SELECT version, first_sequence, last_sequence, input_tokens, output_tokens, model_calls,
-       commit_time, payload_hash
-  FROM transcript.appends
- WHERE conversation_key = %(key)s AND request_id = %(turn_id)s
-"""
-
-
-# A place in the queue: the next ticket of the conversation.
-
-
-ENQUEUE = """
-INSERT INTO transcript.turns
-       (conversation_key, turn_id, state, exclusive, ticket, payload_hash, lease_until)
-VALUES (%(key)s, %(turn_id)s, 'waiting', true, nextval('transcript.turn_tickets'),
-        %(payload_hash)s, now() + make_interval(secs => %(wait_s)s))
-ON CONFLICT (conversation_key, turn_id) DO UPDATE
-   SET state = 'waiting', exclusive = true, ticket = excluded.ticket,
-       payload_hash = excluded.payload_hash, lease_until = excluded.lease_until,
-       outcome = NULL, end_time = NULL, create_time = now()
- WHERE transcript.turns.ticket = %(seen_ticket)s::bigint
-RETURNING ticket
-"""
-
-
-KEEP_PLACE = """
-UPDATE transcript.turns SET lease_until = now() + make_interval(secs => %(wait_s)s)
- WHERE conversation_key = %(key)s AND turn_id = %(turn_id)s AND ticket = %(ticket)s
-   AND state = 'waiting'
-"""
-
-
-# The lease: the next fencing token, the turn's row (replacing a waiting place or
-
-
-# a lapsed lease) and, when exclusive, the fence on the conversation row.
-
-
-GRANT = """
-WITH granted AS (
-    INSERT INTO transcript.turns
-           (conversation_key, turn_id, state, exclusive, ticket, payload_hash, lease_until)
-    VALUES (%(key)s, %(turn_id)s, 'running', %(exclusive)s, transcript.random_token(),
-            %(payload_hash)s, now() + make_interval(secs => %(ttl_s)s))
-    ON CONFLICT (conversation_key, turn_id) DO UPDATE
-       SET state = 'running', exclusive = excluded.exclusive, ticket = excluded.ticket,
-           payload_hash = excluded.payload_hash, lease_until = excluded.lease_until,
-           outcome = NULL, end_time = NULL, create_time = now()
-     -- Only the row the decision saw (a lapsed lease, or this caller's place in line): a
-     -- row a racing one-statement grant inserted meanwhile is never overwritten.
-     WHERE transcript.turns.ticket = %(seen_ticket)s::bigint
-    RETURNING ticket, lease_until
-), fence AS (
-    UPDATE transcript.conversations AS c
-       SET lease_turn_id = %(turn_id)s, lease_token = g.ticket, lease_until = g.lease_until
-      FROM granted AS g
-     WHERE c.conversation_key = %(key)s AND %(exclusive)s
-)
-SELECT ticket, lease_until FROM granted
-"""
-
-
-RENEW = f"""
-WITH renewed AS (
-    UPDATE transcript.turns
-       SET lease_until = now() + make_interval(secs => %(ttl_s)s)
-     WHERE conversation_key = {KEY} AND turn_id = %(turn_id)s
-       AND ticket = %(fencing_token)s AND state = 'running' AND lease_until >= now()
- RETURNING conversation_key, exclusive, lease_until
-), fence AS (
-    UPDATE transcript.conversations AS c SET lease_until = r.lease_until
-      FROM renewed AS r
-     WHERE c.conversation_key = r.conversation_key AND r.exclusive
-       AND c.lease_token = %(fencing_token)s
-)
-SELECT exclusive, lease_until FROM renewed
-"""
-
-
-# Ends the turn's row if it still holds the lease (expired but not taken over
-
-
-# counts: nobody else holds it): kept as 'ended' with its outcome, or deleted.
-
-
-END_TURN = """
-WITH ended AS (
-    UPDATE transcript.turns
-       SET state = 'ended', outcome = %(outcome)s, end_time = now(),
-           lease_until = now() + make_interval(secs => %(retention_s)s)
-     WHERE conversation_key = %(key)s AND turn_id = %(turn_id)s
-       AND ticket = %(fencing_token)s AND state = 'running' AND %(outcome)s::jsonb IS NOT NULL
- RETURNING 1
-), dropped AS (
-    DELETE FROM transcript.turns
-     WHERE conversation_key = %(key)s AND turn_id = %(turn_id)s
-       AND ticket = %(fencing_token)s AND state = 'running' AND %(outcome)s::jsonb IS NULL
- RETURNING 1
-)
-SELECT 1 FROM ended UNION ALL SELECT 1 FROM dropped
-"""
-
-
-DROP_EXCLUSIVE = """
-UPDATE transcript.conversations
-   SET lease_turn_id = NULL, lease_token = NULL, lease_until = NULL
- WHERE conversation_key = %(key)s AND lease_token = %(fencing_token)s
-"""
-
-
-DROP_PROVISIONAL = f"""
-WITH gone AS (
-    DELETE FROM transcript.conversations AS c
-     WHERE c.conversation_key = %(key)s AND c.provisional_turn_id = %(turn_id)s
-       AND c.version = 0 AND {NO_LIVE_TURN}
- RETURNING conversation_key
-)
-DELETE FROM transcript.turns WHERE conversation_key IN (SELECT conversation_key FROM gone)
-"""
-
-
-SWEEP_TURNS = """
-DELETE FROM transcript.turns
- WHERE ctid = ANY(ARRAY(
-       SELECT ctid FROM transcript.turns
-        WHERE lease_until < now() - CASE WHEN state IN ('ended', 'committed') THEN interval '0'
-                                         ELSE make_interval(secs => %(grace_s)s) END
-        ORDER BY lease_until
-        LIMIT %(limit)s))
-"""
-
-
-# Empty conversations whose creating turn vanished without appending or releasing.
-
-
-SWEEP_PROVISIONAL = f"""
-DELETE FROM transcript.conversations AS c
- WHERE c.conversation_key = ANY(ARRAY(
-       SELECT c.conversation_key FROM transcript.conversations AS c
-        WHERE c.provisional_turn_id IS NOT NULL AND c.version = 0
-          AND c.create_time < now() - make_interval(secs => %(grace_s)s)
-          AND {NO_LIVE_TURN}
-        LIMIT %(limit)s))
 """
 
 
