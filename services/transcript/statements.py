@@ -155,11 +155,7 @@ SELECT version, last_sequence, update_time,
 
 
 # Why an append wrote nothing: the version, a prior append of the request id, the
-
-
 # exclusive lease holder, and whether the quoted lease is still held.
-
-
 WHY_NOT_APPENDED = f"""
 SELECT c.version, a.version, a.first_sequence, a.last_sequence, a.input_tokens,
        a.output_tokens, a.model_calls, a.commit_time, a.payload_hash,
@@ -192,20 +188,10 @@ SELECT c.version, a.version, a.first_sequence, a.last_sequence, a.input_tokens,
 
 
 # Entries of a conversation in two sequence ranges (the window and the summary
-
-
 # buffer; an empty range when they merged). The conversation key is an InitPlan
-
-
 # parameter, so each range is an index range scan on the (conversation_key,
-
-
 # sequence) primary key: the cost is the number of entries returned, whatever
-
-
 # the transcript's length (tests/integration checks the plan).
-
-
 VIEW_ENTRIES_SQL = f"""
 WITH c AS MATERIALIZED (
     SELECT conversation_key FROM transcript.conversations
@@ -225,26 +211,12 @@ SELECT {ENTRY_COLUMNS}
 
 
 # Everything a view needs in ONE statement and one snapshot: the counters, the
-
-
 # prior append of a request id, and the two ranges of model.view_ranges (the
-
-
 # window [low, last] and the naive summary buffer [through + 1, min(through +
-
-
 # batch + 1, low - 1)]), computed here from the `last` this statement reads. The conversation row
-
-
 # is an InitPlan, so each entry range is an index range scan on the
-
-
 # (conversation_key, sequence) primary key: the cost is the number of entries
-
-
 # returned, whatever the transcript's length (tests/integration checks the plan).
-
-
 VIEW_SQL = f"""
 WITH c AS MATERIALIZED (
     SELECT conversation_key, version, last_sequence, incarnation,
