@@ -23,7 +23,8 @@ from services.memory.indexer import Indexer, Sweeper, reindex
 from services.memory.inputs import SourceInput
 from services.memory.model import MemorySource, MemoryWrite
 from services.memory.outbox_store import OutboxClaim
-from services.memory.service import DEFAULT_SEARCH_LIMIT, MemoryService
+from services.memory.search import DEFAULT_SEARCH_LIMIT
+from services.memory.service import MemoryService
 from services.memory.store import MemoryStore
 from tests.conftest import wait_for
 from tests.memory_support import BruteForceIndex, FixedSources, HashEmbedder

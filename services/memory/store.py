@@ -16,8 +16,9 @@ from typing import Any, Protocol
 import psycopg
 from psycopg.types.json import Jsonb
 
-from services.common.db import AsyncConn, Database, fetch_one
+from services.common.db import Database, fetch_one
 from services.memory import statements as sql
+from services.memory import write_store
 from services.memory.inputs import invalid_validity
 from services.memory.model import (
     Memory,
@@ -27,14 +28,7 @@ from services.memory.model import (
     WriteResult,
     memory_exists,
     memory_not_found,
-    request_id_reused,
     revision_conflict,
-    source_not_found,
-    superseded_conflict,
-    superseded_not_found,
-    supersedes_later_fact,
-    supersession_cycle,
-    validity_ended,
 )
 from services.memory.outbox_store import OutboxStore, PostgresOutbox
 from services.memory.rows import COLUMN_COUNT, memory_from_row, sources_from_json, sources_json
@@ -135,164 +129,6 @@ class MemoryStore(OutboxStore, Protocol):
 # --- PostgreSQL -------------------------------------------------------------
 
 
-async def _fence(conn: AsyncConn, write: MemoryWrite) -> WriteResult | None:
-    """Inside the write's transaction: lock its source conversations (in a fixed order),
-    refuse the write if an erasure fenced one of them, and claim its request id (or return
-    the first result of that request). Runs before the write statement, whose snapshot
-    then sees every erasure that took the lock first."""
-    for cid in sorted(write.source_incarnations):
-        await conn.execute(sql.LOCK_CONVERSATION, (write.namespace, str(cid)))
-    if write.source_incarnations:
-        cids = sorted(write.source_incarnations)
-        erased = await fetch_one(
-            conn,
-            """SELECT 1 FROM memory.erasures
-                WHERE namespace = %s
-                  AND (conversation_id, incarnation) IN (
-                      SELECT * FROM unnest(%s::uuid[], %s::bigint[]))""",
-            (write.namespace, cids, [write.source_incarnations[c] for c in cids]),
-        )
-        if erased is not None:
-            raise source_not_found()
-    if write.request_id is None:
-        return None
-    claimed = await fetch_one(
-        conn,
-        """INSERT INTO memory.requests (namespace, request_id, payload_hash)
-           VALUES (%s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1""",
-        (write.namespace, write.request_id, write.payload_hash),
-    )
-    if claimed is not None:
-        return None
-    row = await fetch_one(
-        conn,
-        """SELECT payload_hash, memory_id, revision, created FROM memory.requests
-            WHERE namespace = %s AND request_id = %s""",
-        (write.namespace, write.request_id),
-    )
-    assert row is not None  # a recorded request is only removed by the retention sweep
-    digest, memory_id, revision, created = row
-    if bytes(digest) != write.payload_hash:
-        raise request_id_reused()
-    return WriteResult(await _replayed(conn, write.namespace, memory_id, revision), bool(created))
-
-
-async def _recorded(
-    conn: AsyncConn,
-    write: MemoryWrite,
-    memory: Memory,
-    locked: Mapping[uuid.UUID, Sequence[Any]],
-    *,
-    created: bool,
-) -> WriteResult:
-    """Supersede what the write names (rows locked by `_lock_superseded`), and record the
-    write's result under its request id (claimed by `_fence`)."""
-    superseded = await _supersede(conn, write, memory, locked)
-    if write.request_id is not None:
-        await conn.execute(
-            """UPDATE memory.requests SET memory_id = %s, revision = %s, created = %s
-                WHERE namespace = %s AND request_id = %s""",
-            (memory.memory_id, memory.revision, created, write.namespace, write.request_id),
-        )
-    return WriteResult(memory, created, superseded)
-
-
-async def _lock_superseded(
-    conn: AsyncConn, write: MemoryWrite, *, updating: bool
-) -> dict[uuid.UUID, Sequence[Any]]:
-    """Before the write: lock the superseded memories (and, on an update, the written one)
-    in id order, so that racing supersessions that share memories cannot deadlock.
-    Returns the state of each superseded memory found live: (memory_id, revision,
-    valid_from_time, valid_until_time, superseded_by)."""
-    if not write.supersedes:
-        return {}
-    ids = [s.memory_id for s in write.supersedes]
-    cursor = await conn.execute(
-        sql.LOCK_FOR_SUPERSESSION,
-        {"namespace": write.namespace, "ids": [*ids, write.memory_id] if updating else ids},
-    )
-    return {row[0]: row for row in await cursor.fetchall() if row[0] != write.memory_id}
-
-
-async def _supersede(
-    conn: AsyncConn, write: MemoryWrite, memory: Memory, locked: Mapping[uuid.UUID, Sequence[Any]]
-) -> list[Memory]:
-    """Close the validity of the memories `write` supersedes, after checking each (see
-    MemoryStore.create); raises, rolling the whole write back, on the first refusal."""
-    if not write.supersedes:
-        return []
-    valid_from = memory.valid_from_time
-    assert valid_from is not None  # the column is NOT NULL
-    for i, wanted in enumerate(write.supersedes):
-        state = locked.get(wanted.memory_id)
-        if state is None:
-            raise superseded_not_found(i)
-        _, revision, their_from, their_until, their_successor = state
-        if wanted.expected_revision is not None and revision != wanted.expected_revision:
-            raise superseded_conflict(i, revision, wanted.expected_revision)
-        if their_until is not None:
-            raise validity_ended(i, their_successor)
-        if their_from >= valid_from:
-            raise supersedes_later_fact(i)
-    ids = [s.memory_id for s in write.supersedes]
-    params = {"namespace": write.namespace, "memory_id": memory.memory_id, "ids": ids}
-    # Read after the locks (a fresh snapshot in READ COMMITTED): a racing supersession
-    # that shares a memory with this one has committed by now, or waits for it.
-    looped = await fetch_one(conn, sql.SUCCESSOR_IN, params)
-    if looped is not None:
-        raise supersession_cycle(ids.index(looped[0]))
-    cursor = await conn.execute(
-        sql.SUPERSEDE,
-        {**params, "valid_until": valid_from, "superseded_by": memory.memory_id},
-    )
-    by_id = {m.memory_id: m for m in (memory_from_row(row) for row in await cursor.fetchall())}
-    return [by_id[i] for i in ids]
-
-
-async def _replayed(conn: AsyncConn, namespace: str, memory_id: uuid.UUID, revision: int) -> Memory:
-    """The memory as a recorded request wrote it: the live memory when it is still at that
-    revision, else that revision from the history; MEMORY_NOT_FOUND once deleted (its
-    history keeps no content)."""
-    row = await fetch_one(
-        conn,
-        f"""SELECT {sql.COLUMNS} FROM memory.memories
-             WHERE namespace = %s AND memory_id = %s AND revision = %s AND {sql.LIVE}""",
-        (namespace, memory_id, revision),
-    )
-    if row is not None:
-        return memory_from_row(row)
-    old = await fetch_one(
-        conn,
-        """SELECT h.content, h.sources, h.metadata, h.expire_time, h.recorded_at,
-                  m.embedding_model, m.embedding_dimension,
-                  h.valid_from_time, h.valid_until_time, h.superseded_by
-             FROM memory.revisions AS h
-             LEFT JOIN memory.memories AS m USING (namespace, memory_id)
-            WHERE h.namespace = %s AND h.memory_id = %s AND h.revision = %s
-              AND h.content IS NOT NULL""",
-        (namespace, memory_id, revision),
-    )
-    if old is None:
-        raise memory_not_found()
-    content, sources, metadata, expire_time, recorded_at, model, dimension = old[:7]
-    return memory_from_row(
-        (
-            namespace,
-            memory_id,
-            content,
-            sources,
-            metadata,
-            revision,
-            recorded_at,
-            recorded_at,
-            expire_time,
-            model or "",
-            dimension or 0,
-            *old[7:],
-        )
-    )
-
-
 def _write_params(write: MemoryWrite) -> dict[str, Any]:
     return {
         "namespace": write.namespace,
@@ -318,14 +154,16 @@ class PostgresMemoryStore(PostgresOutbox):
     async def create(self, write: MemoryWrite) -> WriteResult:
         params = _write_params(write)
         async with self.db.connection() as conn, conn.transaction():
-            replayed = await _fence(conn, write)
+            replayed = await write_store.fence(conn, write)
             if replayed is not None:
                 return replayed
-            locked = await _lock_superseded(conn, write, updating=False)
+            locked = await write_store.lock_superseded(conn, write, updating=False)
             for _ in range(2):
                 row = await fetch_one(conn, sql.CREATE, params)
                 if row is not None:
-                    return await _recorded(conn, write, memory_from_row(row), locked, created=True)
+                    return await write_store.recorded(
+                        conn, write, memory_from_row(row), locked, created=True
+                    )
                 # The id is taken. A lapsed memory the sweeper has not reached
                 # yet is gone for every reader: erase it, then create again.
                 erased = await fetch_one(
@@ -341,13 +179,15 @@ class PostgresMemoryStore(PostgresOutbox):
         params = _write_params(write)
         try:
             async with self.db.connection() as conn, conn.transaction():
-                replayed = await _fence(conn, write)
+                replayed = await write_store.fence(conn, write)
                 if replayed is not None:
                     return replayed
-                locked = await _lock_superseded(conn, write, updating=True)
+                locked = await write_store.lock_superseded(conn, write, updating=True)
                 row = await fetch_one(conn, sql.UPDATE, params)
                 if row is not None:
-                    return await _recorded(conn, write, memory_from_row(row), locked, created=False)
+                    return await write_store.recorded(
+                        conn, write, memory_from_row(row), locked, created=False
+                    )
                 current = await fetch_one(conn, sql.CURRENT_REVISION, params)
         except psycopg.errors.CheckViolation as exc:
             # The validity given, with the one kept, would end before it starts.

@@ -11,7 +11,8 @@ inside the update, under the shard's write lock. The condition names each
 point with its own revision bound (`has_id` AND `revision` below it), so one
 batch carries every point's guard. A tombstone is a vectorless point written
 the same way. A point with no lexical vector (copied from a shard made before
-them) is also replaced at its own revision, by a write that brings one.
+them) is also replaced at its own revision, by a write that brings one. The
+guards are the filters both Qdrant engines share (qdrant_filters.py).
 
 Lexical: a sparse vector `lexical` with the IDF modifier beside the dense one;
 searches compute the IDF over the namespace's points (`IdfParams(corpus=...)`).
@@ -44,7 +45,6 @@ from services.memory.index import (
     LEXICAL_VECTOR,
     NAMESPACE_FIELD,
     OPEN_END,
-    REVISION_FIELD,
     SCROLL_PAGE,
     TAGS_FIELD,
     VALID_FROM_FIELD,
@@ -55,9 +55,7 @@ from services.memory.index import (
     IndexUnavailable,
     Key,
     NamespacedQuery,
-    Term,
     Tombstone,
-    ValidAt,
     check_vector,
     checked_points,
     collection_name,
@@ -68,79 +66,32 @@ from services.memory.index import (
     point_ids,
     tombstone_points,
 )
-from services.memory.lexical import LexicalVector, SearchMode
+from services.memory.index.qdrant_filters import (
+    Spelling,
+    before_validity,
+    conditions,
+    point_vectors,
+    query_terms,
+    tombstone_guard,
+    upsert_guard,
+)
+from services.memory.lexical import SearchMode
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 
-def _held_older(
-    bounds: Sequence[tuple[str, int]], *, inclusive: bool, lexical: Sequence[str] = ()
-) -> Any:
-    """Matches an existing point of `bounds` whose revision is below its bound (at or
-    below with `inclusive`): the points a conditional write may replace. The points
-    named in `lexical` (writes that bring a lexical vector) may also replace a point
-    at their own revision that has none (never a tombstone: it has no namespace)."""
-    clauses: list[Any] = [
-        qe.Filter(
-            must=[
-                qe.HasIdCondition({pid}),
-                qe.FieldCondition(
-                    key=REVISION_FIELD,
-                    range=qe.RangeFloat(lte=revision) if inclusive else qe.RangeFloat(lt=revision),
-                ),
-            ]
-        )
-        for pid, revision in bounds
-    ]
-    filling = set(lexical)
-    clauses += [
-        qe.Filter(
-            must=[
-                qe.HasIdCondition({pid}),
-                qe.FieldCondition(
-                    key=REVISION_FIELD, range=qe.RangeFloat(gte=revision, lte=revision)
-                ),
-            ],
-            must_not=[
-                qe.HasVectorCondition(LEXICAL_VECTOR),
-                qe.IsEmptyCondition(NAMESPACE_FIELD),
-            ],
-        )
-        for pid, revision in bounds
-        if pid in filling
-    ]
-    return qe.Filter(should=clauses)
-
-
-def _vectors(dense: Sequence[float], lexical: LexicalVector | None) -> Any:
-    """A point's vectors: the dense one (unnamed) and, when known, the lexical one."""
-    if lexical is None:
-        return {"": list(dense)}
-    return {
-        "": list(dense),
-        LEXICAL_VECTOR: qe.SparseVector(list(lexical.indices), list(lexical.values)),
-    }
-
-
-def _condition(term: Term | ValidAt) -> list[Any]:
-    """The engine's conditions of one query term."""
-    if isinstance(term, ValidAt):
-        return [
-            qe.FieldCondition(key=VALID_FROM_FIELD, range=qe.RangeFloat(lte=term.at)),
-            qe.FieldCondition(key=VALID_UNTIL_FIELD, range=qe.RangeFloat(gt=term.at)),
-        ]
-    return [qe.FieldCondition(key=term.field, match=qe.MatchValue(term.value))]
-
-
-# Points written before valid time was indexed (no `valid_until`; tombstones have no
-# namespace): valid always, as far as the index knows (the store's re-read decides).
-_BEFORE_VALIDITY = qe.Filter(
-    must=[qe.IsEmptyCondition(VALID_UNTIL_FIELD)],
-    must_not=[qe.IsEmptyCondition(NAMESPACE_FIELD)],
+# qdrant-edge-py's spelling of the filters both Qdrant engines share.
+_EDGE = Spelling(
+    filter=qe.Filter,
+    has_id=lambda pid: qe.HasIdCondition({pid}),
+    field_range=lambda key, **bounds: qe.FieldCondition(key=key, range=qe.RangeFloat(**bounds)),
+    match=lambda key, value: qe.FieldCondition(key=key, match=qe.MatchValue(value)),
+    has_vector=qe.HasVectorCondition,
+    is_empty=qe.IsEmptyCondition,
+    sparse=qe.SparseVector,
 )
-
 
 # Candidates found on the int8 copy, twice as many as asked, rescored on the full vectors.
 _RESCORED = qe.SearchParams(
@@ -259,7 +210,7 @@ class EdgeIndex:
             # (the field index, made after, says this was done).
             shard.update(
                 qe.UpdateOperation.set_payload_by_filter(
-                    _BEFORE_VALIDITY, {VALID_FROM_FIELD: 0.0, VALID_UNTIL_FIELD: OPEN_END}
+                    before_validity(_EDGE), {VALID_FROM_FIELD: 0.0, VALID_UNTIL_FIELD: OPEN_END}
                 )
             )
         for field, params in indexes.items():
@@ -292,14 +243,10 @@ class EdgeIndex:
             return
         checked = checked_points(points, self.dimension)
         built = [
-            qe.Point(str(pid), _vectors(p.vector, p.lexical), p.payload()) for pid, p in checked
+            qe.Point(str(pid), point_vectors(_EDGE, p.vector, p.lexical), p.payload())
+            for pid, p in checked
         ]
-        condition = _held_older(
-            [(str(pid), p.revision) for pid, p in checked],
-            inclusive=False,
-            lexical=[str(pid) for pid, p in checked if p.lexical is not None],
-        )
-        operation = qe.UpdateOperation.upsert_points(built, condition=condition)
+        operation = qe.UpdateOperation.upsert_points(built, condition=upsert_guard(_EDGE, checked))
         await self._call(lambda shard: shard.update(operation))
 
     async def delete(self, tombstones: Sequence[Tombstone]) -> None:
@@ -308,8 +255,9 @@ class EdgeIndex:
         now = time.time()
         entries = tombstone_points(tombstones)
         built = [qe.Point(str(pid), {}, t.payload(now)) for pid, t in entries]
-        condition = _held_older([(str(pid), t.revision) for pid, t in entries], inclusive=True)
-        operation = qe.UpdateOperation.upsert_points(built, condition=condition)
+        operation = qe.UpdateOperation.upsert_points(
+            built, condition=tombstone_guard(_EDGE, entries)
+        )
         await self._call(lambda shard: shard.update(operation))
 
     async def purge(self, keys: Sequence[Key]) -> None:
@@ -331,7 +279,7 @@ class EdgeIndex:
 
     async def search(self, query: NamespacedQuery) -> list[IndexHit]:
         check_vector(query.vector, self.dimension)
-        where = qe.Filter(must=[c for t in query.terms for c in _condition(t)])
+        where = conditions(_EDGE, query.terms)
         dense = qe.Query.Nearest(list(query.vector))
         if query.mode is SearchMode.DENSE or (
             query.mode is SearchMode.HYBRID and not query.lexical
@@ -349,13 +297,9 @@ class EdgeIndex:
             return [hit_from_payload(p.payload, p.score) for p in points]
         if not query.lexical:
             return []
-        terms = qe.SparseVector(list(query.lexical), [1.0] * len(query.lexical))
+        terms = query_terms(_EDGE, query.lexical)
         # The IDF statistics of the namespace's points (tombstones have no namespace).
-        params = qe.SearchParams(
-            idf=qe.IdfParams(
-                corpus=qe.Filter(must=[c for t in query.namespace_only() for c in _condition(t)])
-            )
-        )
+        params = qe.SearchParams(idf=qe.IdfParams(corpus=conditions(_EDGE, query.namespace_only())))
         bm25 = qe.Query.Nearest(terms, using=LEXICAL_VECTOR)
         if query.mode is SearchMode.LEXICAL:
             request = qe.QueryRequest(

@@ -1,10 +1,10 @@
 """Qdrant server adapter, through qdrant-client's AsyncQdrantClient (production).
 
 Layout: one collection per embedding model and dimension holds every
-namespace; `namespace` is a keyword payload index marked `is_tenant`, so
-Qdrant co-locates each tenant's points and plans filtered searches per
-tenant. The same client API runs in qdrant-client's local mode (`path=`,
-or in memory when neither `url` nor `path` is given), which the tests use.
+namespace, the tenant a payload index (made, checked and upgraded in
+qdrant_collection.py). The same client API runs in qdrant-client's local mode
+(`path=`, or in memory when neither `url` nor `path` is given), which the tests
+use.
 
 Revision guard: an upsert carries `update_filter` (conditional updates,
 Qdrant server and qdrant-client 1.16 and newer, local mode included): an
@@ -16,7 +16,8 @@ needed). Writes go with `ordering=strong` (through the shard's permanent
 leader), so every replica evaluates the guards in the same order. A
 tombstone is a point with no vector (`vector={}`), written the same way. A
 write that brings a lexical vector also replaces a point at its own revision
-that has none (a point copied from a collection made before them).
+that has none (a point copied from a collection made before them). The guards
+are the filters both Qdrant engines share (qdrant_filters.py).
 
 Lexical: a sparse vector `lexical` with the IDF modifier beside the dense one;
 searches compute the IDF over the namespace's points (`IdfCorpusParams`). A
@@ -24,12 +25,9 @@ hybrid search is one `query_batch_points` call of two requests over the same
 prefetched candidates (the dense top N and the lexical top N), one rescoring
 them by cosine, the other by BM25; the adapter fuses the two scores
 (services/memory/lexical.py): Qdrant's formula queries cannot normalise a score
-by the best of the query, and its RRF returns neither part. Qdrant cannot add a
-vector to an existing collection: a collection made before lexical vectors
-(`<collection>`) is copied into `<collection>_lex` at the first start (points,
-payloads, tombstones), and the outbox replay of migration 0005 adds the lexical
-vectors while the service runs. The old collection is left for the operator to
-drop.
+by the best of the query, and its RRF returns neither part. A collection made
+before lexical vectors is copied into `<collection>_lex` at the first start
+(qdrant_collection.py).
 """
 
 from __future__ import annotations
@@ -46,22 +44,14 @@ from services.memory.index import (
     HIT_FIELDS,
     KEY_FIELDS,
     LEXICAL_VECTOR,
-    NAMESPACE_FIELD,
-    OPEN_END,
-    REVISION_FIELD,
     SCROLL_PAGE,
-    TAGS_FIELD,
-    VALID_FROM_FIELD,
-    VALID_UNTIL_FIELD,
     IndexHit,
     IndexMismatch,
     IndexPoint,
     IndexUnavailable,
     Key,
     NamespacedQuery,
-    Term,
     Tombstone,
-    ValidAt,
     check_vector,
     checked_points,
     collection_name,
@@ -72,82 +62,17 @@ from services.memory.index import (
     point_ids,
     tombstone_points,
 )
-from services.memory.lexical import LexicalVector, SearchMode
+from services.memory.index.qdrant_collection import ORDERING, QDRANT, open_collection
+from services.memory.index.qdrant_filters import (
+    conditions,
+    point_vectors,
+    query_terms,
+    tombstone_guard,
+    upsert_guard,
+)
+from services.memory.lexical import SearchMode
 
 log = logging.getLogger(__name__)
-
-# A conditional write goes through the shard's permanent leader: every replica
-# then sees the same order of writes, so a revision guard decides the same way.
-_ORDERING = models.WriteOrdering.STRONG
-
-
-def _held_older(
-    bounds: Sequence[tuple[str, int]], *, inclusive: bool, lexical: Sequence[str] = ()
-) -> models.Filter:
-    """Matches an existing point of `bounds` whose revision is below its bound (at or
-    below with `inclusive`): the points a conditional write may replace. The points
-    named in `lexical` (writes that bring a lexical vector) may also replace a point
-    at their own revision that has none (never a tombstone: it has no namespace)."""
-    clauses: list[Any] = [
-        models.Filter(
-            must=[
-                models.HasIdCondition(has_id=[pid]),
-                models.FieldCondition(
-                    key=REVISION_FIELD,
-                    range=models.Range(lte=revision) if inclusive else models.Range(lt=revision),
-                ),
-            ]
-        )
-        for pid, revision in bounds
-    ]
-    filling = set(lexical)
-    clauses += [
-        models.Filter(
-            must=[
-                models.HasIdCondition(has_id=[pid]),
-                models.FieldCondition(
-                    key=REVISION_FIELD, range=models.Range(gte=revision, lte=revision)
-                ),
-            ],
-            must_not=[
-                models.HasVectorCondition(has_vector=LEXICAL_VECTOR),
-                models.IsEmptyCondition(is_empty=models.PayloadField(key=NAMESPACE_FIELD)),
-            ],
-        )
-        for pid, revision in bounds
-        if pid in filling
-    ]
-    return models.Filter(should=clauses)
-
-
-def _vectors(dense: Sequence[float], lexical: LexicalVector | None) -> dict[str, Any]:
-    """A point's vectors: the dense one (unnamed) and, when known, the lexical one."""
-    if lexical is None:
-        return {"": list(dense)}
-    return {
-        "": list(dense),
-        LEXICAL_VECTOR: models.SparseVector(
-            indices=list(lexical.indices), values=list(lexical.values)
-        ),
-    }
-
-
-def _condition(term: Term | ValidAt) -> list[models.FieldCondition]:
-    """The engine's conditions of one query term."""
-    if isinstance(term, ValidAt):
-        return [
-            models.FieldCondition(key=VALID_FROM_FIELD, range=models.Range(lte=term.at)),
-            models.FieldCondition(key=VALID_UNTIL_FIELD, range=models.Range(gt=term.at)),
-        ]
-    return [models.FieldCondition(key=term.field, match=models.MatchValue(value=term.value))]
-
-
-# Points written before valid time was indexed (no `valid_until`; tombstones have no
-# namespace): valid always, as far as the index knows (the store's re-read decides).
-_BEFORE_VALIDITY = models.Filter(
-    must=[models.IsEmptyCondition(is_empty=models.PayloadField(key=VALID_UNTIL_FIELD))],
-    must_not=[models.IsEmptyCondition(is_empty=models.PayloadField(key=NAMESPACE_FIELD))],
-)
 
 
 class QdrantIndex:
@@ -193,52 +118,7 @@ class QdrantIndex:
             self._client = AsyncQdrantClient(**self._options)
         client = self._client
         try:
-            if await client.collection_exists(self.collection):
-                await self._check(client, self.collection)
-            else:
-                legacy = await client.collection_exists(self.legacy)
-                if legacy:
-                    await self._check(client, self.legacy)
-                await client.create_collection(
-                    self.collection,
-                    vectors_config=models.VectorParams(
-                        size=self.dimension, distance=models.Distance.COSINE
-                    ),
-                    sparse_vectors_config={
-                        LEXICAL_VECTOR: models.SparseVectorParams(modifier=models.Modifier.IDF)
-                    },
-                )
-                if legacy:
-                    await self._copy_legacy(client)
-                await client.create_payload_index(
-                    self.collection,
-                    NAMESPACE_FIELD,
-                    field_schema=models.KeywordIndexParams(
-                        type=models.KeywordIndexType.KEYWORD, is_tenant=True
-                    ),
-                )
-                await client.create_payload_index(
-                    self.collection, TAGS_FIELD, field_schema=models.PayloadSchemaType.KEYWORD
-                )
-            info = await client.get_collection(self.collection)
-            schema = info.payload_schema or {}
-            if VALID_UNTIL_FIELD not in schema:
-                # A collection made before valid time: give its points an open validity
-                # first (the field index, made after, says this was done).
-                await client.set_payload(
-                    self.collection,
-                    {VALID_FROM_FIELD: 0.0, VALID_UNTIL_FIELD: OPEN_END},
-                    points=_BEFORE_VALIDITY,
-                    wait=True,
-                    ordering=_ORDERING,
-                )
-            # The tombstone pruning filters on one, every search on the others (a
-            # collection made before them gets them now).
-            for field in (DELETED_AT_FIELD, VALID_FROM_FIELD, VALID_UNTIL_FIELD):
-                if field not in schema:
-                    await client.create_payload_index(
-                        self.collection, field, field_schema=models.PayloadSchemaType.FLOAT
-                    )
+            await open_collection(client, self.collection, self.legacy, self.dimension)
         except IndexMismatch:
             raise
         except Exception as exc:
@@ -246,65 +126,13 @@ class QdrantIndex:
         self._ready = True
         log.info("memory index opened", extra={"index": "qdrant", "collection": self.collection})
 
-    async def _check(self, client: AsyncQdrantClient, collection: str) -> None:
-        """IndexMismatch unless the collection's dense vector has our size and cosine."""
-        info = await client.get_collection(collection)
-        params = info.config.params.vectors
-        if isinstance(params, dict):
-            params = params.get("")
-        if not isinstance(params, models.VectorParams) or (
-            params.size != self.dimension or params.distance != models.Distance.COSINE
-        ):
-            raise IndexMismatch(
-                f"Qdrant collection {collection} was made for another vector "
-                f"size or distance (want {self.dimension}, cosine)"
-            )
-
-    async def _copy_legacy(self, client: AsyncQdrantClient) -> None:
-        """Copy every point and tombstone of the collection made before lexical vectors
-        (guarded: a replica starting at the same time writes nothing older)."""
-        offset: Any = None
-        copied = 0
-        while True:
-            records, offset = await client.scroll(
-                self.legacy, limit=SCROLL_PAGE, offset=offset, with_payload=True, with_vectors=True
-            )
-            structs = [
-                models.PointStruct(
-                    id=r.id,
-                    # A dense vector, or none (a tombstone).
-                    vector={"": r.vector} if isinstance(r.vector, list) else {},
-                    payload=r.payload,
-                )
-                for r in records
-            ]
-            if structs:
-                guard = _held_older(
-                    [(str(r.id), int((r.payload or {})[REVISION_FIELD])) for r in records],
-                    inclusive=False,
-                )
-                await client.upsert(
-                    self.collection,
-                    points=structs,
-                    update_filter=guard,
-                    wait=True,
-                    ordering=_ORDERING,
-                )
-            copied += len(structs)
-            if offset is None:
-                break
-        log.info(
-            "memory index: collection made before lexical vectors copied",
-            extra={"from": self.legacy, "to": self.collection, "points": copied},
-        )
-
     async def _guarded_upsert(
         self, structs: list[models.PointStruct], guard: models.Filter, what: str
     ) -> None:
         client = self._require()
         try:
             await client.upsert(
-                self.collection, points=structs, update_filter=guard, wait=True, ordering=_ORDERING
+                self.collection, points=structs, update_filter=guard, wait=True, ordering=ORDERING
             )
         except Exception as exc:
             self._ready = False
@@ -316,16 +144,11 @@ class QdrantIndex:
         checked = checked_points(points, self.dimension)
         structs = [
             models.PointStruct(
-                id=str(pid), vector=_vectors(p.vector, p.lexical), payload=p.payload()
+                id=str(pid), vector=point_vectors(QDRANT, p.vector, p.lexical), payload=p.payload()
             )
             for pid, p in checked
         ]
-        guard = _held_older(
-            [(str(pid), p.revision) for pid, p in checked],
-            inclusive=False,
-            lexical=[str(pid) for pid, p in checked if p.lexical is not None],
-        )
-        await self._guarded_upsert(structs, guard, "upsert")
+        await self._guarded_upsert(structs, upsert_guard(QDRANT, checked), "upsert")
 
     async def delete(self, tombstones: Sequence[Tombstone]) -> None:
         if not tombstones:
@@ -335,14 +158,13 @@ class QdrantIndex:
         structs = [
             models.PointStruct(id=str(pid), vector={}, payload=t.payload(now)) for pid, t in entries
         ]
-        guard = _held_older([(str(pid), t.revision) for pid, t in entries], inclusive=True)
-        await self._guarded_upsert(structs, guard, "delete")
+        await self._guarded_upsert(structs, tombstone_guard(QDRANT, entries), "delete")
 
     async def _delete(self, selector: models.PointIdsList | models.FilterSelector) -> None:
         client = self._require()
         try:
             await client.delete(
-                self.collection, points_selector=selector, wait=True, ordering=_ORDERING
+                self.collection, points_selector=selector, wait=True, ordering=ORDERING
             )
         except Exception as exc:
             self._ready = False
@@ -367,7 +189,7 @@ class QdrantIndex:
     async def search(self, query: NamespacedQuery) -> list[IndexHit]:
         check_vector(query.vector, self.dimension)
         client = self._require()
-        where = models.Filter(must=[c for t in query.terms for c in _condition(t)])
+        where = conditions(QDRANT, query.terms)
         dense = list(query.vector)
         try:
             if query.mode is SearchMode.DENSE or (
@@ -387,16 +209,10 @@ class QdrantIndex:
                 return [hit_from_payload(p.payload or {}, p.score) for p in response.points]
             if not query.lexical:
                 return []
-            terms = models.SparseVector(
-                indices=list(query.lexical), values=[1.0] * len(query.lexical)
-            )
+            terms = query_terms(QDRANT, query.lexical)
             # The IDF statistics of the namespace's points (tombstones have no namespace).
             params = models.SearchParams(
-                idf=models.IdfCorpusParams(
-                    corpus=models.Filter(
-                        must=[c for t in query.namespace_only() for c in _condition(t)]
-                    )
-                )
+                idf=models.IdfCorpusParams(corpus=conditions(QDRANT, query.namespace_only()))
             )
             if query.mode is SearchMode.LEXICAL:
                 response = await client.query_points(
