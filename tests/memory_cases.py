@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -23,7 +25,7 @@ from services.memory.indexer import Indexer, Sweeper, reindex
 from services.memory.inputs import SourceInput
 from services.memory.model import MemorySource, MemoryWrite
 from services.memory.outbox_store import OutboxClaim
-from services.memory.search import DEFAULT_SEARCH_LIMIT
+from services.memory.search import DEFAULT_SEARCH_LIMIT, HEAD_MARGIN
 from services.memory.service import MemoryService
 from services.memory.store import MemoryStore
 from tests.conftest import wait_for
@@ -270,6 +272,39 @@ class MemoryCases:
         assert (await world.store.backlog()).depth == 0
         live = {(m.namespace, m.memory_id) for m in await world.store.scan(None, 1000)}
         assert {k for k in world.index.points if k[0] == ns} == {k for k in live if k[0] == ns}
+
+    async def _ranked(self, world: World, count: int, word: str) -> list[uuid.UUID]:
+        """`count` memories, each scoring higher against `word` than the one before."""
+        made = [await world.add(" ".join([word] * i + [f"z{i}q"])) for i in range(1, count + 1)]
+        await world.drain()
+        return made
+
+    async def test_search_rereads_only_the_head_when_it_settles_the_answer(
+        self, world: World
+    ) -> None:
+        made = await self._ranked(world, 30, "roses")
+        reads: list[int] = []
+        get_many = world.store.get_many
+
+        async def counted(namespace: str, ids: Sequence[uuid.UUID], *args: Any, **kw: Any) -> Any:
+            reads.append(len(ids))
+            return await get_many(namespace, ids, *args, **kw)
+
+        world.store.get_many = counted  # type: ignore[method-assign,assignment]
+        found = await world.service.search(world.namespace, "roses", 3, mode="dense")
+        assert [h.memory.memory_id for h in found.hits] == made[::-1][:3]
+        # Not every candidate the index gave (3 * overfetch + 8): the best hits alone.
+        assert reads == [3 + HEAD_MARGIN]
+
+    async def test_search_fills_a_head_the_index_lags_behind_from_the_tail(
+        self, world: World
+    ) -> None:
+        made = await self._ranked(world, 20, "tulips")
+        # The best four deleted; the index still holds them (the indexer has not run).
+        for memory_id in made[-4:]:
+            assert await world.service.delete(world.namespace, str(memory_id), None)
+        found = await world.service.search(world.namespace, "tulips", 3, mode="dense")
+        assert [h.memory.memory_id for h in found.hits] == made[-5:-8:-1]
 
     async def test_search_validates_its_request(self, world: World) -> None:
         ns = world.namespace

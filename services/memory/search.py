@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 MAX_CANDIDATES = 2048
 # SearchMemories' `limit` when the request leaves it 0 (AIP-158: 0 means the default).
 DEFAULT_SEARCH_LIMIT = 8
+# The hits re-read beyond `limit` before the rest of the candidates (a deleted or
+# expired memory or two among the best hits is settled without the second read).
+HEAD_MARGIN = 2
 
 
 def _dot(a: Sequence[float], b: Sequence[float]) -> float:
@@ -166,39 +169,74 @@ class MemorySearch:
                 fusion=self.fusion,
             )
             hits = await self.index.search(query)
-            new = [h for h in hits if (h.memory_id, h.revision) not in known]
-            current = {
-                m.memory_id: m
-                for m in await self.store.get_many(
-                    namespace, [h.memory_id for h in new], wanted, valid_at=at
-                )
-            }
-            stale: list[tuple[IndexHit, Memory]] = []
-            for hit in new:
-                memory = current.pop(hit.memory_id, None)
-                if memory is None:
-                    known[(hit.memory_id, hit.revision)] = None
-                elif memory.revision != hit.revision:
-                    stale.append((hit, memory))
-                else:
-                    known[(hit.memory_id, hit.revision)] = ScoredMemory(
-                        memory, hit.score, hit.dense, hit.lexical
-                    )
-            if stale:
-                # Corrected since indexed: the index's cosine was for the old text (its
-                # BM25 too; that part stays until the indexer catches up).
-                fresh = await self.embedder.embed([m.content for _, m in stale])
-                for (hit, memory), v in zip(stale, fresh, strict=True):
-                    known[(hit.memory_id, hit.revision)] = self._rescored(hit, memory, vector, v)
-            scored = [s for s in (known[(h.memory_id, h.revision)] for h in hits) if s is not None]
+            # The head first: the answer usually stands in the best `limit` hits, and
+            # re-reading all the candidates was a fifth of a search. The tail is read
+            # when the head cannot settle the answer on its own.
+            head = min(len(hits), limit + HEAD_MARGIN)
+            scored = await self._reread(namespace, vector, hits[:head], wanted, at, known)
+            if not self._settled(scored, hits[head:], limit, min_score):
+                scored = await self._reread(namespace, vector, hits, wanted, at, known)
             if min_score:  # 0, proto3's unset, applies no minimum (never lexical: no cosine)
                 scored = [s for s in scored if s.dense is not None and s.dense >= min_score]
-            scored.sort(key=lambda s: (-s.score, s.memory.memory_id))
             exhausted = len(hits) < candidates or candidates >= MAX_CANDIDATES
             if len(scored) >= limit or exhausted:
                 return scored[:limit]
             # The re-read dropped too many: ask the index for more.
             candidates = min(candidates * 4, MAX_CANDIDATES)
+
+    @staticmethod
+    def _settled(
+        scored: Sequence[ScoredMemory], tail: Sequence[IndexHit], limit: int, min_score: float
+    ) -> bool:
+        """Whether the head's re-read decides the answer: `limit` live memories at or
+        above `min_score` (scored on their current text), and every hit of the tail
+        scored below the last of them by the index. A tail hit's score stands unless
+        it was corrected since indexed: the indexer's lag, as for the hits beyond the
+        candidates."""
+        kept = [
+            s for s in scored if not min_score or (s.dense is not None and s.dense >= min_score)
+        ]
+        if len(kept) < limit:
+            return not tail
+        return all(hit.score < kept[limit - 1].score for hit in tail)
+
+    async def _reread(
+        self,
+        namespace: str,
+        vector: Sequence[float],
+        hits: Sequence[IndexHit],
+        wanted: Mapping[str, str],
+        at: datetime,
+        known: dict[tuple[uuid.UUID, int], ScoredMemory | None],
+    ) -> list[ScoredMemory]:
+        """`hits` re-read from the store (those not in `known` yet), best first."""
+        new = [h for h in hits if (h.memory_id, h.revision) not in known]
+        current = {
+            m.memory_id: m
+            for m in await self.store.get_many(
+                namespace, [h.memory_id for h in new], wanted, valid_at=at
+            )
+        }
+        stale: list[tuple[IndexHit, Memory]] = []
+        for hit in new:
+            memory = current.pop(hit.memory_id, None)
+            if memory is None:
+                known[(hit.memory_id, hit.revision)] = None
+            elif memory.revision != hit.revision:
+                stale.append((hit, memory))
+            else:
+                known[(hit.memory_id, hit.revision)] = ScoredMemory(
+                    memory, hit.score, hit.dense, hit.lexical
+                )
+        if stale:
+            # Corrected since indexed: the index's cosine was for the old text (its
+            # BM25 too; that part stays until the indexer catches up).
+            fresh = await self.embedder.embed([m.content for _, m in stale])
+            for (hit, memory), v in zip(stale, fresh, strict=True):
+                known[(hit.memory_id, hit.revision)] = self._rescored(hit, memory, vector, v)
+        scored = [s for s in (known[(h.memory_id, h.revision)] for h in hits) if s is not None]
+        scored.sort(key=lambda s: (-s.score, s.memory.memory_id))
+        return scored
 
     def _rescored(
         self, hit: IndexHit, memory: Memory, query: Sequence[float], content: Sequence[float]
