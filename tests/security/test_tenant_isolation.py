@@ -508,6 +508,7 @@ def normalized(outcome: Outcome, target: Target) -> Any:
             [
                 _scrub(MessageToDict(r, preserving_proto_field_name=True), ids)
                 for r in outcome.replies
+                if not _waited(r)
             ],
         )
     return (
@@ -515,6 +516,16 @@ def normalized(outcome: Outcome, target: Target) -> Any:
         outcome.reason,
         _scrub(outcome.details, ids),
         _scrub(dict(outcome.error_metadata), ids),
+    )
+
+
+def _waited(reply: Message) -> bool:
+    """A turn's TURN_STAGE_WAITING progress: sent when its lease took over 100 ms, a
+    fact about the machine's load that differs between any two calls, not about data."""
+    return (
+        isinstance(reply, agent_pb.StreamConversationResponse)
+        and reply.HasField("progress")
+        and reply.progress.stage == agent_pb.TURN_STAGE_WAITING
     )
 
 
