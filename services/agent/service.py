@@ -41,10 +41,6 @@ class AgentService:
         model: ChatModel,
         config: AgentConfig,
     ) -> None:
-        self.transcripts = transcripts
-        self.summaries = summaries
-        self.memories = memories
-        self.model = model
         self.config = config
         self._turns = TurnRunner(transcripts, summaries, memories, model, config)
 
@@ -105,6 +101,7 @@ class AgentService:
 
     async def erase(self, namespace: str, conversation_id: str) -> Erasure:
         """Erase a conversation everywhere (see services/agent/erasure.py)."""
+        turns = self._turns  # holds the ports
         return await erase(
-            self.transcripts, self.summaries, self.memories, namespace, conversation_id
+            turns.transcripts, turns.summaries, turns.memories, namespace, conversation_id
         )
