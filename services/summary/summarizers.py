@@ -118,8 +118,9 @@ def build_prompt(
     return SummaryPrompt(previous, entries, max_output_tokens, system, user, tokens)
 
 
-class _Prompting:
-    """What both summarizers share: the prompt, built within their bounds."""
+class _PromptBuilder:
+    """The prompt both summarizers build, within their bounds (the offline one only
+    counts it, so that its usage reads like a model's)."""
 
     max_entry_chars: int
     max_summary_bytes: int  # the longest summary the prompt asks for
@@ -136,7 +137,7 @@ class _Prompting:
         )
 
 
-class ChatModelSummarizer(_Prompting):
+class ChatModelSummarizer(_PromptBuilder):
     """A summarizer over any ChatModel (the OpenAI-compatible client in production)."""
 
     def __init__(self, model: ChatModel, *, max_entry_chars: int, max_summary_bytes: int) -> None:
@@ -288,7 +289,7 @@ def offline_digest(previous: str | None, entries: Sequence[Entry], target_bytes:
 OFFLINE_TARGET_BYTES = 4096
 
 
-class OfflineSummarizer(_Prompting):
+class OfflineSummarizer(_PromptBuilder):
     """The deterministic summarizer of the embedded default and the tests: no network."""
 
     provider = "offline"
@@ -297,9 +298,7 @@ class OfflineSummarizer(_Prompting):
         self, *, max_entry_chars: int = 4000, target_bytes: int = OFFLINE_TARGET_BYTES
     ) -> None:
         self.max_entry_chars = max_entry_chars
-        # Its prompt is built like a model's only to be counted: the usage reads like a
-        # model's. The digest is cut to the same bound.
-        self.max_summary_bytes = target_bytes
+        self.max_summary_bytes = target_bytes  # the prompt's bound, and the digest's
         self._seconds = metrics.MODEL_SECONDS.labels("summary", "offline")
         self._tokens_in = metrics.MODEL_TOKENS.labels("summary", "offline", "input")
         self._tokens_out = metrics.MODEL_TOKENS.labels("summary", "offline", "output")
