@@ -9,6 +9,17 @@ from services.common.domain import Budget
 from services.common.messages import MessageLimits
 from services.common.settings import Env, env_choice, env_float, env_int, env_str
 from services.common.validation import SUMMARY_BATCH_RANGE, WINDOW_RANGE
+from services.llm.settings import (
+    OPENAI_BASE_URL,
+    env_model_api_key,
+    env_model_max_concurrent,
+    env_model_max_queued,
+    env_model_max_retries,
+    env_model_timeout_s,
+)
+
+# The budget a turn gets where its Budget fields are 0.
+DEFAULT_BUDGET = Budget(max_output_tokens=4096, max_model_calls=8, max_input_tokens=200_000)
 
 
 @dataclass(frozen=True)
@@ -17,9 +28,7 @@ class AgentConfig:
 
     default_window: int = 16
     default_summary_batch: int = 64
-    default_max_output_tokens: int = 4096
-    default_max_model_calls: int = 8
-    default_max_input_tokens: int = 200_000
+    default_budget: Budget = DEFAULT_BUDGET
     max_input_messages: int = 64
     max_input_bytes: int = 1024 * 1024
     # The transcript's own limits (the same RUNIFOLD_MAX_* variables): the input is
@@ -31,7 +40,7 @@ class AgentConfig:
     max_tools: int = 64
     model_provider: str = "offline"
     model_name: str = "offline-echo"
-    openai_base_url: str = "https://api.openai.com/v1"
+    openai_base_url: str = OPENAI_BASE_URL
     openai_api_key: str = ""
     model_timeout_s: float = 120.0
     model_max_retries: int = 2
@@ -43,15 +52,6 @@ class AgentConfig:
     # The longest a turn waits for its lease (ENQUEUE) when the caller set no earlier
     # deadline: the same RUNIFOLD_TURN_WAIT_MAX_S as TranscriptService's.
     turn_wait_max_s: float = 600.0
-
-    @property
-    def default_budget(self) -> Budget:
-        """The budget a turn gets where its Budget fields are 0."""
-        return Budget(
-            max_output_tokens=self.default_max_output_tokens,
-            max_model_calls=self.default_max_model_calls,
-            max_input_tokens=self.default_max_input_tokens,
-        )
 
     @classmethod
     def from_env(cls, env: Env | None = None) -> AgentConfig:
@@ -70,14 +70,16 @@ class AgentConfig:
                 minimum=1,
                 maximum=SUMMARY_BATCH_RANGE[1],
             ),
-            default_max_output_tokens=env_int(
-                env, "RUNIFOLD_AGENT_DEFAULT_MAX_OUTPUT_TOKENS", 4096, minimum=1
-            ),
-            default_max_model_calls=env_int(
-                env, "RUNIFOLD_AGENT_DEFAULT_MAX_MODEL_CALLS", 8, minimum=1, maximum=1000
-            ),
-            default_max_input_tokens=env_int(
-                env, "RUNIFOLD_AGENT_DEFAULT_MAX_INPUT_TOKENS", 200_000, minimum=1
+            default_budget=Budget(
+                max_output_tokens=env_int(
+                    env, "RUNIFOLD_AGENT_DEFAULT_MAX_OUTPUT_TOKENS", 4096, minimum=1
+                ),
+                max_model_calls=env_int(
+                    env, "RUNIFOLD_AGENT_DEFAULT_MAX_MODEL_CALLS", 8, minimum=1, maximum=1000
+                ),
+                max_input_tokens=env_int(
+                    env, "RUNIFOLD_AGENT_DEFAULT_MAX_INPUT_TOKENS", 200_000, minimum=1
+                ),
             ),
             max_input_messages=env_int(env, "RUNIFOLD_AGENT_MAX_INPUT_MESSAGES", 64, minimum=1),
             messages=MessageLimits.from_env(env),
@@ -90,18 +92,15 @@ class AgentConfig:
                 "RUNIFOLD_AGENT_MODEL",
                 "offline-echo" if provider == "offline" else "gpt-4o-mini",
             ),
-            openai_base_url=env_str(env, "RUNIFOLD_OPENAI_BASE_URL", "https://api.openai.com/v1"),
-            openai_api_key=env.get("RUNIFOLD_OPENAI_API_KEY", "") or env.get("OPENAI_API_KEY", ""),
-            model_timeout_s=env_float(env, "RUNIFOLD_AGENT_MODEL_TIMEOUT_S", 120.0, minimum=0.1),
-            model_max_retries=env_int(
-                env, "RUNIFOLD_AGENT_MODEL_MAX_RETRIES", 2, minimum=0, maximum=10
+            # The agent's URL is not checked for its scheme (the other services' are).
+            openai_base_url=env_str(env, "RUNIFOLD_OPENAI_BASE_URL", OPENAI_BASE_URL),
+            openai_api_key=env_model_api_key(env, "RUNIFOLD_OPENAI_API_KEY"),
+            model_timeout_s=env_model_timeout_s(env, "RUNIFOLD_AGENT_MODEL_TIMEOUT_S", 120.0),
+            model_max_retries=env_model_max_retries(env, "RUNIFOLD_AGENT_MODEL_MAX_RETRIES"),
+            model_max_concurrent=env_model_max_concurrent(
+                env, "RUNIFOLD_AGENT_MODEL_MAX_CONCURRENT"
             ),
-            model_max_concurrent=env_int(
-                env, "RUNIFOLD_AGENT_MODEL_MAX_CONCURRENT", 64, minimum=1, maximum=4096
-            ),
-            model_max_queued=env_int(
-                env, "RUNIFOLD_AGENT_MODEL_MAX_QUEUED", 256, minimum=0, maximum=1_000_000
-            ),
+            model_max_queued=env_model_max_queued(env, "RUNIFOLD_AGENT_MODEL_MAX_QUEUED"),
             turn_lease_ttl_s=env_float(
                 env, "RUNIFOLD_AGENT_TURN_LEASE_TTL_S", 30.0, minimum=1.0, maximum=600.0
             ),

@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 
 from services.agent.config import AgentConfig
-from services.agent.model import ConcurrencyMode, Policy, SummaryMode, Turn
+from services.agent.model import Turn
 from services.common import messages as message_rules
 from services.common import validation
 from services.common.domain import Role, ToolDefinition
@@ -50,53 +50,6 @@ def check_counts(input_count: int, tool_count: int, config: AgentConfig) -> None
     message_rules.message_count(input_count, config.max_input_messages, "input")
     if tool_count > config.max_tools:
         raise invalid_argument("INVALID_TOOLS", f"at most {config.max_tools} tools", field="tools")
-
-
-def policy(
-    config: AgentConfig,
-    window: int,
-    summary_batch: int,
-    memory_limit: int,
-    summary_mode: int,
-    max_summary_passes: int,
-) -> Policy:
-    """A validated policy; zero fields take the documented defaults."""
-    window = window or config.default_window
-    summary_batch = summary_batch or config.default_summary_batch
-    validation.view_bounds(window, summary_batch, prefix="policy.")
-    validation.in_range(
-        memory_limit,
-        (0, validation.MEMORY_LIMIT_RANGE[1]),
-        "policy.memory_limit",
-        "INVALID_MEMORY_LIMIT",
-    )
-    if summary_mode not in (0, SummaryMode.REQUIRE, SummaryMode.AUTO):
-        raise invalid_argument(
-            "INVALID_SUMMARY_MODE", "policy.summary_mode is unknown", field="policy.summary_mode"
-        )
-    passes = max_summary_passes or 1
-    validation.in_range(
-        passes,
-        validation.SUMMARY_PASSES_RANGE,
-        "policy.max_summary_passes",
-        "INVALID_SUMMARY_PASSES",
-    )
-    return Policy(
-        window,
-        summary_batch,
-        memory_limit,
-        SummaryMode(summary_mode or SummaryMode.REQUIRE),
-        passes,
-    )
-
-
-def concurrency(value: int) -> ConcurrencyMode:
-    """The concurrency mode; 0 (unspecified) is RACE."""
-    if value not in (0, *ConcurrencyMode):
-        raise invalid_argument(
-            "INVALID_CONCURRENCY_MODE", "concurrency is unknown", field="concurrency"
-        )
-    return ConcurrencyMode(value or ConcurrencyMode.RACE)
 
 
 def check_turn(turn: Turn, config: AgentConfig) -> None:

@@ -4,7 +4,6 @@ errors of a turn that ended without committing (rebuilt from what TranscriptServ
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from services.agent.model import (
@@ -16,6 +15,7 @@ from services.agent.model import (
     TurnNotCommitted,
 )
 from services.agent.ports import Transcripts
+from services.common.background import cancel_and_wait
 from services.common.errors import DomainError, aborted
 
 log = logging.getLogger(__name__)
@@ -78,10 +78,7 @@ class LeaseKeeper:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
 
 def lease_lost() -> DomainError:

@@ -18,6 +18,7 @@ from services.agent.model import (
     Erasure,
     ModelOutputInvalid,
     Policy,
+    SummaryMode,
     Turn,
     TurnEvent,
     TurnNotCommitted,
@@ -25,8 +26,9 @@ from services.agent.model import (
 )
 from services.agent.ports import Memories, Summaries, Transcripts
 from services.agent.turn import TurnRunner
+from services.common import validation
 from services.common.domain import Budget
-from services.common.errors import DomainError
+from services.common.errors import DomainError, invalid_argument
 from services.llm.model import ChatModel, with_defaults
 
 
@@ -41,10 +43,6 @@ class AgentService:
         model: ChatModel,
         config: AgentConfig,
     ) -> None:
-        self.transcripts = transcripts
-        self.summaries = summaries
-        self.memories = memories
-        self.model = model
         self.config = config
         self._turns = TurnRunner(transcripts, summaries, memories, model, config)
 
@@ -59,13 +57,43 @@ class AgentService:
         max_summary_passes: int,
     ) -> Policy:
         """A validated policy; zero fields take the documented defaults."""
-        return inputs.policy(
-            self.config, window, summary_batch, memory_limit, summary_mode, max_summary_passes
+        window = window or self.config.default_window
+        summary_batch = summary_batch or self.config.default_summary_batch
+        validation.view_bounds(window, summary_batch, prefix="policy.")
+        validation.in_range(
+            memory_limit,
+            (0, validation.MEMORY_LIMIT_RANGE[1]),
+            "policy.memory_limit",
+            "INVALID_MEMORY_LIMIT",
+        )
+        if summary_mode not in (0, SummaryMode.REQUIRE, SummaryMode.AUTO):
+            raise invalid_argument(
+                "INVALID_SUMMARY_MODE",
+                "policy.summary_mode is unknown",
+                field="policy.summary_mode",
+            )
+        passes = max_summary_passes or 1
+        validation.in_range(
+            passes,
+            validation.SUMMARY_PASSES_RANGE,
+            "policy.max_summary_passes",
+            "INVALID_SUMMARY_PASSES",
+        )
+        return Policy(
+            window,
+            summary_batch,
+            memory_limit,
+            SummaryMode(summary_mode or SummaryMode.REQUIRE),
+            passes,
         )
 
     def concurrency(self, value: int) -> ConcurrencyMode:
-        """The concurrency mode of a turn; 0 is RACE."""
-        return inputs.concurrency(value)
+        """The concurrency mode of a turn; 0 (unspecified) is RACE."""
+        if value not in (0, *ConcurrencyMode):
+            raise invalid_argument(
+                "INVALID_CONCURRENCY_MODE", "concurrency is unknown", field="concurrency"
+            )
+        return ConcurrencyMode(value or ConcurrencyMode.RACE)
 
     def budget(self, budget: Budget) -> Budget:
         """The caller's budget with server defaults for zero fields."""
@@ -105,6 +133,7 @@ class AgentService:
 
     async def erase(self, namespace: str, conversation_id: str) -> Erasure:
         """Erase a conversation everywhere (see services/agent/erasure.py)."""
+        turns = self._turns  # holds the ports
         return await erase(
-            self.transcripts, self.summaries, self.memories, namespace, conversation_id
+            turns.transcripts, turns.summaries, turns.memories, namespace, conversation_id
         )

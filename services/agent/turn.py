@@ -21,6 +21,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 
 import uuid_utils
 
@@ -92,22 +93,15 @@ def _first_user_text(messages: Sequence[Message]) -> str:
     return query.encode()[:_MAX_MEMORY_QUERY_BYTES].decode(errors="ignore")
 
 
+@dataclass(frozen=True)
 class TurnRunner:
     """Runs turns against the transcript, summary and memory services and a ChatModel."""
 
-    def __init__(
-        self,
-        transcripts: Transcripts,
-        summaries: Summaries,
-        memories: Memories,
-        model: ChatModel,
-        config: AgentConfig,
-    ) -> None:
-        self.transcripts = transcripts
-        self.summaries = summaries
-        self.memories = memories
-        self.model = model
-        self.config = config
+    transcripts: Transcripts
+    summaries: Summaries
+    memories: Memories
+    model: ChatModel
+    config: AgentConfig
 
     async def events(self, turn: Turn, stream: bool) -> AsyncIterator[TurnEvent]:
         """The turn as events (the request is already checked)."""

@@ -4,6 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
+
+
+async def cancel_and_wait(*tasks: asyncio.Task[Any] | None) -> None:
+    """Cancel the tasks, then wait until each has ended (None stands for no task)."""
+    for task in tasks:
+        if task is not None:
+            task.cancel()
+    for task in tasks:
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 class Background:
@@ -23,7 +35,4 @@ class Background:
     async def stop(self) -> None:
         """Cancel the background loop (idempotent)."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)

@@ -33,6 +33,7 @@ from services.common.auth import (
     make_authenticator,
     server_credentials,
 )
+from services.common.background import cancel_and_wait
 from services.common.interceptors import ServiceInterceptor
 from services.common.listen import ListenError, check_listen
 from services.common.settings import Settings, SettingsError, TransportLimits
@@ -191,10 +192,7 @@ class RunningServer:
             return
         self._stopped = True
         await self.health.enter_graceful_shutdown()
-        if self._health_task is not None:
-            self._health_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._health_task
+        await cancel_and_wait(self._health_task)
         grace = self.settings.shutdown_grace_s if grace is None else grace
         # Streams that never end by themselves (WatchConversation) are ended first, with
         # a status their clients resume from on another replica; then the calls in flight

@@ -24,6 +24,13 @@ from services.common.settings import (
     env_str,
 )
 from services.common.validation import NAMESPACE_PATTERN
+from services.llm.settings import (
+    OPENAI_BASE_URL,
+    env_model_api_key,
+    env_model_max_retries,
+    env_model_timeout_s,
+    env_model_url,
+)
 
 LOCAL_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 LOCAL_MODEL_DIMENSION = 384
@@ -117,7 +124,7 @@ class MemoryConfig:
     hybrid_rrf_k: int = 60
     # -- ProposeMemories -----------------------------------------------------------
     proposer: str = "offline"  # "offline" or "openai"
-    proposer_model_url: str = "https://api.openai.com/v1"
+    proposer_model_url: str = OPENAI_BASE_URL
     proposer_model: str = "gpt-4o-mini"
     proposer_model_api_key: str = ""
     proposer_timeout_s: float = 60.0
@@ -184,13 +191,6 @@ class MemoryConfig:
                 )
         index_dir = env_str(env, "RUNIFOLD_MEMORY_INDEX_DIR", "")
         proposer = env_choice(env, "RUNIFOLD_MEMORY_PROPOSER", "offline", ("offline", "openai"))
-        proposer_url = env_str(
-            env, "RUNIFOLD_MEMORY_PROPOSER_MODEL_URL", "https://api.openai.com/v1"
-        )
-        if not proposer_url.startswith(("http://", "https://")):
-            raise SettingsError(
-                f"RUNIFOLD_MEMORY_PROPOSER_MODEL_URL must be an http(s) URL, got {proposer_url!r}"
-            )
         indexer_claim_s = env_float(env, "RUNIFOLD_MEMORY_INDEXER_CLAIM_S", 60.0, minimum=1.0)
         retention = parse_duration(
             "RUNIFOLD_MEMORY_INDEX_TOMBSTONE_RETENTION",
@@ -271,16 +271,14 @@ class MemoryConfig:
                 env, "RUNIFOLD_MEMORY_HYBRID_RRF_K", 60, minimum=1, maximum=10_000
             ),
             proposer=proposer,
-            proposer_model_url=proposer_url,
+            proposer_model_url=env_model_url(env, "RUNIFOLD_MEMORY_PROPOSER_MODEL_URL"),
             proposer_model=env_str(env, "RUNIFOLD_MEMORY_PROPOSER_MODEL", "gpt-4o-mini"),
-            proposer_model_api_key=env_str(
-                env, "RUNIFOLD_MEMORY_PROPOSER_MODEL_API_KEY", env_str(env, "OPENAI_API_KEY", "")
+            proposer_model_api_key=env_model_api_key(env, "RUNIFOLD_MEMORY_PROPOSER_MODEL_API_KEY"),
+            proposer_timeout_s=env_model_timeout_s(
+                env, "RUNIFOLD_MEMORY_PROPOSER_MODEL_TIMEOUT_S", 60.0
             ),
-            proposer_timeout_s=env_float(
-                env, "RUNIFOLD_MEMORY_PROPOSER_MODEL_TIMEOUT_S", 60.0, minimum=0.1
-            ),
-            proposer_max_retries=env_int(
-                env, "RUNIFOLD_MEMORY_PROPOSER_MODEL_MAX_RETRIES", 2, minimum=0, maximum=10
+            proposer_max_retries=env_model_max_retries(
+                env, "RUNIFOLD_MEMORY_PROPOSER_MODEL_MAX_RETRIES"
             ),
             propose_max_entries=env_int(
                 env, "RUNIFOLD_MEMORY_PROPOSE_MAX_ENTRIES", 200, minimum=1, maximum=1000

@@ -13,7 +13,6 @@ Vectors are L2-normalised: cosine similarity is then a dot product.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import threading
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from services.common import metrics as common_metrics
 from services.common.admission import namespace_var
+from services.common.background import cancel_and_wait
 from services.common.deadlines import deadline_exceeded, deadline_var
 from services.common.errors import Code, DomainError, StoreUnavailable
 from services.common.shedding import Mean, caller_gone, overloaded, retry_delay
@@ -384,10 +384,7 @@ class LocalEmbedder:
 
     async def close(self) -> None:
         worker, self._worker = self._worker, None
-        if worker is not None:
-            worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await worker
+        await cancel_and_wait(worker)
 
 
 def make_embedder(config: MemoryConfig) -> LocalEmbedder | OpenAIEmbedder:

@@ -8,9 +8,21 @@ from dataclasses import dataclass
 from services.common.domain import Budget
 from services.common.settings import Env, SettingsError, env_choice, env_float, env_int, env_str
 from services.common.validation import SUMMARY_PASSES_RANGE
+from services.llm.settings import (
+    OPENAI_BASE_URL,
+    env_model_api_key,
+    env_model_max_concurrent,
+    env_model_max_queued,
+    env_model_max_retries,
+    env_model_timeout_s,
+    env_model_url,
+)
 
 # The contract's ceiling on a summary (CommitSummaryRequest.text: 1 byte to 64 KiB).
 MAX_SUMMARY_BYTES = 64 * 1024
+
+# The budget a request gets where its Budget fields are 0.
+DEFAULT_BUDGET = Budget(max_output_tokens=65_536, max_model_calls=64, max_input_tokens=2_000_000)
 
 
 @dataclass(frozen=True)
@@ -19,7 +31,7 @@ class SummaryConfig:
 
     # -- summaries and the summarizer ---------------------------------------------
     summarizer: str = "offline"  # "offline" or "openai"
-    model_base_url: str = "https://api.openai.com/v1"
+    model_base_url: str = OPENAI_BASE_URL
     model_name: str = "gpt-4o-mini"
     model_api_key: str = ""
     model_timeout_s: float = 60.0
@@ -31,10 +43,7 @@ class SummaryConfig:
     max_output_tokens_per_pass: int = 1024
     max_entry_chars: int = 4000
     history_limit: int = 64
-    # -- the budget a request gets where its Budget field is 0 --------------------
-    default_max_model_calls: int = 64
-    default_max_output_tokens: int = 65_536
-    default_max_input_tokens: int = 2_000_000
+    default_budget: Budget = DEFAULT_BUDGET
     # -- outbound calls to TranscriptService ---------------------------------------
     peer_timeout_s: float = 10.0
     # -- background queue -----------------------------------------------------------
@@ -50,42 +59,22 @@ class SummaryConfig:
     gauge_interval_s: float = 5.0
     job_retention_s: float = 7 * 24 * 3600.0
 
-    @property
-    def default_budget(self) -> Budget:
-        """The budget a request gets where its Budget fields are 0."""
-        return Budget(
-            max_output_tokens=self.default_max_output_tokens,
-            max_model_calls=self.default_max_model_calls,
-            max_input_tokens=self.default_max_input_tokens,
-        )
-
     @classmethod
     def from_env(cls, env: Env | None = None) -> SummaryConfig:
         """Read every variable once; raise SettingsError naming a bad one."""
         env = os.environ if env is None else env
         summarizer = env_choice(env, "RUNIFOLD_SUMMARIZER", "offline", ("offline", "openai"))
-        base_url = env_str(env, "RUNIFOLD_SUMMARY_MODEL_URL", "https://api.openai.com/v1")
-        if not base_url.startswith(("http://", "https://")):
-            raise SettingsError(
-                f"RUNIFOLD_SUMMARY_MODEL_URL must be an http(s) URL, got {base_url!r}"
-            )
         config = cls(
             summarizer=summarizer,
-            model_base_url=base_url,
+            model_base_url=env_model_url(env, "RUNIFOLD_SUMMARY_MODEL_URL"),
             model_name=env_str(env, "RUNIFOLD_SUMMARY_MODEL", "gpt-4o-mini"),
-            model_api_key=env_str(
-                env, "RUNIFOLD_SUMMARY_MODEL_API_KEY", env_str(env, "OPENAI_API_KEY", "")
+            model_api_key=env_model_api_key(env, "RUNIFOLD_SUMMARY_MODEL_API_KEY"),
+            model_timeout_s=env_model_timeout_s(env, "RUNIFOLD_SUMMARY_MODEL_TIMEOUT_S", 60.0),
+            model_max_retries=env_model_max_retries(env, "RUNIFOLD_SUMMARY_MODEL_MAX_RETRIES"),
+            model_max_concurrent=env_model_max_concurrent(
+                env, "RUNIFOLD_SUMMARY_MODEL_MAX_CONCURRENT"
             ),
-            model_timeout_s=env_float(env, "RUNIFOLD_SUMMARY_MODEL_TIMEOUT_S", 60.0, minimum=0.1),
-            model_max_retries=env_int(
-                env, "RUNIFOLD_SUMMARY_MODEL_MAX_RETRIES", 2, minimum=0, maximum=10
-            ),
-            model_max_concurrent=env_int(
-                env, "RUNIFOLD_SUMMARY_MODEL_MAX_CONCURRENT", 64, minimum=1, maximum=4096
-            ),
-            model_max_queued=env_int(
-                env, "RUNIFOLD_SUMMARY_MODEL_MAX_QUEUED", 256, minimum=0, maximum=1_000_000
-            ),
+            model_max_queued=env_model_max_queued(env, "RUNIFOLD_SUMMARY_MODEL_MAX_QUEUED"),
             max_summary_bytes=env_int(
                 env,
                 "RUNIFOLD_SUMMARY_MAX_BYTES",
@@ -106,14 +95,16 @@ class SummaryConfig:
             history_limit=env_int(
                 env, "RUNIFOLD_SUMMARY_HISTORY_LIMIT", 64, minimum=1, maximum=100_000
             ),
-            default_max_model_calls=env_int(
-                env, "RUNIFOLD_SUMMARY_DEFAULT_MAX_MODEL_CALLS", 64, minimum=1, maximum=100_000
-            ),
-            default_max_output_tokens=env_int(
-                env, "RUNIFOLD_SUMMARY_DEFAULT_MAX_OUTPUT_TOKENS", 65_536, minimum=16
-            ),
-            default_max_input_tokens=env_int(
-                env, "RUNIFOLD_SUMMARY_DEFAULT_MAX_INPUT_TOKENS", 2_000_000, minimum=16
+            default_budget=Budget(
+                max_model_calls=env_int(
+                    env, "RUNIFOLD_SUMMARY_DEFAULT_MAX_MODEL_CALLS", 64, minimum=1, maximum=100_000
+                ),
+                max_output_tokens=env_int(
+                    env, "RUNIFOLD_SUMMARY_DEFAULT_MAX_OUTPUT_TOKENS", 65_536, minimum=16
+                ),
+                max_input_tokens=env_int(
+                    env, "RUNIFOLD_SUMMARY_DEFAULT_MAX_INPUT_TOKENS", 2_000_000, minimum=16
+                ),
             ),
             peer_timeout_s=env_float(env, "RUNIFOLD_SUMMARY_PEER_TIMEOUT_S", 10.0, minimum=0.1),
             workers=env_int(env, "RUNIFOLD_SUMMARY_WORKERS", 1, minimum=0, maximum=64),

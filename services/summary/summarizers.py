@@ -118,17 +118,12 @@ def build_prompt(
     return SummaryPrompt(previous, entries, max_output_tokens, system, user, tokens)
 
 
-class ChatModelSummarizer:
-    """A summarizer over any ChatModel (the OpenAI-compatible client in production)."""
+class _PromptBuilder:
+    """The prompt both summarizers build, within their bounds (the offline one only
+    counts it, so that its usage reads like a model's)."""
 
-    def __init__(self, model: ChatModel, *, max_entry_chars: int, max_summary_bytes: int) -> None:
-        self.model = model
-        self.max_entry_chars = max_entry_chars
-        self.max_summary_bytes = max_summary_bytes
-
-    @property
-    def provider(self) -> str:
-        return self.model.provider
+    max_entry_chars: int
+    max_summary_bytes: int  # the longest summary the prompt asks for
 
     def prepare(
         self, previous: str | None, entries: Sequence[Entry], *, max_output_tokens: int
@@ -140,6 +135,19 @@ class ChatModelSummarizer:
             max_entry_chars=self.max_entry_chars,
             max_summary_bytes=self.max_summary_bytes,
         )
+
+
+class ChatModelSummarizer(_PromptBuilder):
+    """A summarizer over any ChatModel (the OpenAI-compatible client in production)."""
+
+    def __init__(self, model: ChatModel, *, max_entry_chars: int, max_summary_bytes: int) -> None:
+        self.model = model
+        self.max_entry_chars = max_entry_chars
+        self.max_summary_bytes = max_summary_bytes
+
+    @property
+    def provider(self) -> str:
+        return self.model.provider
 
     async def summarize(self, prompt: SummaryPrompt, *, timeout: float) -> SummaryOutput:
         request = ChatRequest(
@@ -281,7 +289,7 @@ def offline_digest(previous: str | None, entries: Sequence[Entry], target_bytes:
 OFFLINE_TARGET_BYTES = 4096
 
 
-class OfflineSummarizer:
+class OfflineSummarizer(_PromptBuilder):
     """The deterministic summarizer of the embedded default and the tests: no network."""
 
     provider = "offline"
@@ -290,27 +298,15 @@ class OfflineSummarizer:
         self, *, max_entry_chars: int = 4000, target_bytes: int = OFFLINE_TARGET_BYTES
     ) -> None:
         self.max_entry_chars = max_entry_chars
-        self.target_bytes = target_bytes
+        self.max_summary_bytes = target_bytes  # the prompt's bound, and the digest's
         self._seconds = metrics.MODEL_SECONDS.labels("summary", "offline")
         self._tokens_in = metrics.MODEL_TOKENS.labels("summary", "offline", "input")
         self._tokens_out = metrics.MODEL_TOKENS.labels("summary", "offline", "output")
 
-    def prepare(
-        self, previous: str | None, entries: Sequence[Entry], *, max_output_tokens: int
-    ) -> SummaryPrompt:
-        # Built like a model's prompt only to be counted: the usage reads like a model's.
-        return build_prompt(
-            previous,
-            entries,
-            max_output_tokens=max_output_tokens,
-            max_entry_chars=self.max_entry_chars,
-            max_summary_bytes=self.target_bytes,
-        )
-
     async def summarize(self, prompt: SummaryPrompt, *, timeout: float) -> SummaryOutput:
         started = time.perf_counter()
         # The digest honours the output budget like a model would (4 bytes a token).
-        target = max(64, min(self.target_bytes, prompt.max_output_tokens * 4))
+        target = max(64, min(self.max_summary_bytes, prompt.max_output_tokens * 4))
         text = offline_digest(prompt.previous, prompt.entries, target)
         usage = Usage(prompt.input_tokens, estimate_tokens(text), 1)
         self._seconds.observe(time.perf_counter() - started)

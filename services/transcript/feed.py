@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from services.common import metrics, validation
+from services.common.background import cancel_and_wait
 from services.common.domain import Entry
 from services.common.errors import invalid_argument
 from services.common.validation import conversation_id
@@ -147,11 +148,7 @@ class Feed:
         """Stop the background tasks and close the bus (idempotent)."""
         self._closing = True
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*tasks)
         await self.bus.close()
 
     # -- what wakes streams ------------------------------------------------------------

@@ -30,6 +30,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse
 
 from services.common.auth import AuthSettings
+from services.common.background import cancel_and_wait
 from services.common.http.bridge import ASGIApp
 from services.common.http.settings import HttpSettings
 from services.common.listen import ListenError, bind_cause
@@ -202,9 +203,7 @@ class HttpPort:
             await asyncio.wait_for(asyncio.shield(self._task), grace + 5)
         except TimeoutError:
             self._server.force_exit = True
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
 
 async def start(

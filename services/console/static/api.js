@@ -66,18 +66,16 @@ export async function call(service, method, request, { timeoutMs = 30000 } = {})
   } catch (e) {
     throw new RpcError("unavailable", "the server cannot be reached");
   }
-  let body = null;
-  try {
-    body = await response.json();
-  } catch (e) {
-    body = null;
-  }
-  if (!response.ok) throw errorOf(response.status, body);
-  return body || {};
+  return (await bodyOf(response)) || {};
 }
 
 export async function getJson(path) {
   const response = await fetch(path, { headers: headers({}), credentials: "omit", cache: "no-store" });
+  return bodyOf(response);
+}
+
+// A response's JSON body (null when it has none); an error status throws its RpcError.
+async function bodyOf(response) {
   let body = null;
   try {
     body = await response.json();
