@@ -8,12 +8,12 @@
 // Links a person can share: ?namespace=NS&conversation=ID[&entry=SEQ], ?namespace=NS&memory=ID.
 
 import { AGENT, MEMORY, SUMMARY, TRANSCRIPT, RpcError, call, getJson, int, setToken, token } from "./api.js";
+import { showBacklog } from "./backlog.js";
+import { el, roleName, status, time, view } from "./dom.js";
 
 const PAGE = 200; // entries per ListEntries page
 const WINDOW = 16; // the window shown as "last window" (the orchestrator's default)
 const FOLLOW_MS = 3000; // how often an open conversation is checked for new entries
-const METRICS_MS = 5000;
-const HISTORY = 60; // points per chart
 
 const state = {
   session: null,
@@ -23,29 +23,7 @@ const state = {
   history: {},
 };
 
-// -- DOM helpers: text only ----------------------------------------------------------
-
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs)) {
-    if (value === undefined || value === null || value === false) continue;
-    if (key === "class") node.className = value;
-    else if (key === "dataset") Object.assign(node.dataset, value);
-    else if (key === "onclick") node.addEventListener("click", value);
-    else if (key === "href") node.setAttribute("href", safeHref(value));
-    else node.setAttribute(key, value === true ? "" : String(value));
-  }
-  for (const child of children.flat()) {
-    if (child === undefined || child === null || child === false) continue;
-    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-  }
-  return node;
-}
-
-// Only links of this console (a query string), never a scheme a text could smuggle in.
-function safeHref(value) {
-  return String(value).startsWith("?") ? value : "#";
-}
+// -- links ---------------------------------------------------------------------------
 
 function link(params, ...children) {
   const href = "?" + new URLSearchParams(params).toString();
@@ -59,18 +37,6 @@ function link(params, ...children) {
   }, ...children);
 }
 
-function view(...children) {
-  const main = document.getElementById("view");
-  main.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
-  return main;
-}
-
-function status(text, isError = false) {
-  const node = document.getElementById("status");
-  node.textContent = text || "";
-  node.className = isError ? "error" : "";
-}
-
 function failed(error) {
   if (error instanceof RpcError) {
     if (error.code === "unauthenticated") showSignIn(error.message);
@@ -78,16 +44,6 @@ function failed(error) {
   } else {
     status(String(error), true);
   }
-}
-
-function time(value) {
-  if (!value) return "";
-  const date = new Date(value);
-  return isNaN(date) ? String(value) : date.toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
-}
-
-function roleName(role) {
-  return String(role || "ROLE_UNSPECIFIED").replace(/^ROLE_/, "").toLowerCase();
 }
 
 // A process may host only some services (one service per process in production): the
@@ -147,7 +103,7 @@ async function route() {
     if (p.conversation) await showConversation(p.conversation, int(p.entry));
     else if (p.memory) await showMemory(p.memory);
     else if (tab === "memories") await showMemories(p.query || "");
-    else if (tab === "backlog") await showBacklog();
+    else if (tab === "backlog") await showBacklog(state, (error) => { stopMetrics(); failed(error); });
     else await showConversations(p.page || "");
   } catch (error) {
     failed(error);
@@ -421,81 +377,6 @@ async function showMemory(id) {
     ),
     actions,
   );
-}
-
-// -- backlog and counters ------------------------------------------------------------
-
-const SERIES = [
-  ["summary_jobs_depth", "summary jobs waiting (all namespaces)"],
-  ["summary_jobs_oldest_age_seconds", "oldest waiting job (all namespaces), seconds"],
-  ["append_conflicts_total", "append conflicts (VERSION_CONFLICT)"],
-  ["turn_conflicts_total", "turn conflicts (TURN_CONFLICT)"],
-  ["turn_busy_refusals_total", "busy refusals (CONVERSATION_BUSY)"],
-  ["summary_required_total", "turns that needed a summary"],
-  ["requests_shed_total", "requests shed (limits, overload)"],
-  ["memory_outbox_depth", "memory index outbox"],
-];
-
-function seconds(duration) {
-  // proto3 JSON Duration: "12.5s".
-  return duration ? Number(String(duration).replace(/s$/, "")) : 0;
-}
-
-async function showBacklog() {
-  const ns = state.namespace;
-  const b = await call(SUMMARY, "GetBacklog", { namespace: ns });
-  const charts = el("div", { class: "charts", id: "charts" });
-  view(
-    el("h1", {}, "Summary backlog"),
-    el("dl", { class: "facts", id: "backlog" },
-      el("dt", {}, "jobs waiting or running"), el("dd", { id: "backlog-depth" }, int(b.depth)),
-      el("dt", {}, "running"), el("dd", { id: "backlog-running" }, int(b.runningCount)),
-      el("dt", {}, "oldest pending"), el("dd", { id: "backlog-oldest" }, `${seconds(b.oldestPendingAge).toFixed(1)} s`),
-      el("dt", {}, "failed"), el("dd", { id: "backlog-failed" }, int(b.failedCount)),
-    ),
-    el("h2", {}, "This server's counters"),
-    el("p", { class: "hint" }, "Process-wide, every namespace together (no tenant data); refreshed every 5 s."),
-    charts,
-  );
-  const tick = async () => {
-    try {
-      const m = await getJson("console/api/metrics");
-      for (const [name] of SERIES) {
-        const points = (state.history[name] = state.history[name] || []);
-        points.push(Number(m.values[name] || 0));
-        if (points.length > HISTORY) points.shift();
-      }
-      charts.replaceChildren(...SERIES.map(([name, label]) => chart(name, label, state.history[name])));
-    } catch (error) {
-      stopMetrics();
-      failed(error);
-    }
-  };
-  await tick();
-  state.metrics = setInterval(tick, METRICS_MS);
-}
-
-const SVG = "http://www.w3.org/2000/svg";
-
-function chart(name, label, points) {
-  const w = 220, h = 48;
-  const svg = document.createElementNS(SVG, "svg");
-  svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
-  svg.setAttribute("class", "spark");
-  const max = Math.max(1, ...points);
-  // The newest point at the right edge, HISTORY points across; a single point (the page
-  // just opened) is drawn as a level line across.
-  const shown = points.length === 1 ? [points[0], points[0]] : points;
-  const step = points.length === 1 ? w : w / (HISTORY - 1);
-  const line = document.createElementNS(SVG, "polyline");
-  line.setAttribute("points", shown.map((p, i) => {
-    const x = w - (shown.length - 1 - i) * step;
-    return `${x.toFixed(1)},${(h - 2 - (p / max) * (h - 4)).toFixed(1)}`;
-  }).join(" "));
-  svg.append(line);
-  const last = points[points.length - 1] || 0;
-  return el("figure", { class: "chart", dataset: { series: name } },
-    svg, el("figcaption", {}, el("span", { class: "value" }, Number.isInteger(last) ? last : last.toFixed(1)), " ", label));
 }
 
 // -- session, sign-in, namespaces ------------------------------------------------------
