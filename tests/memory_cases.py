@@ -279,10 +279,9 @@ class MemoryCases:
         await world.drain()
         return made
 
-    async def test_search_rereads_only_the_head_when_it_settles_the_answer(
-        self, world: World
-    ) -> None:
-        made = await self._ranked(world, 30, "roses")
+    @staticmethod
+    def _count_reads(world: World) -> list[int]:
+        """The number of ids each of the store's get_many calls re-reads, from now on."""
         reads: list[int] = []
         get_many = world.store.get_many
 
@@ -291,6 +290,13 @@ class MemoryCases:
             return await get_many(namespace, ids, *args, **kw)
 
         world.store.get_many = counted  # type: ignore[method-assign,assignment]
+        return reads
+
+    async def test_search_rereads_only_the_head_when_it_settles_the_answer(
+        self, world: World
+    ) -> None:
+        made = await self._ranked(world, 30, "roses")
+        reads = self._count_reads(world)
         found = await world.service.search(world.namespace, "roses", 3, mode="dense")
         assert [h.memory.memory_id for h in found.hits] == made[::-1][:3]
         # Not every candidate the index gave (3 * overfetch + 8): the best hits alone.
@@ -303,8 +309,11 @@ class MemoryCases:
         # The best four deleted; the index still holds them (the indexer has not run).
         for memory_id in made[-4:]:
             assert await world.service.delete(world.namespace, str(memory_id), None)
+        reads = self._count_reads(world)
         found = await world.service.search(world.namespace, "tulips", 3, mode="dense")
         assert [h.memory.memory_id for h in found.hits] == made[-5:-8:-1]
+        # The head (3 + 2) kept one live memory; the rest of the 14 candidates was read.
+        assert reads == [3 + HEAD_MARGIN, 14 - 3 - HEAD_MARGIN]
 
     async def test_search_validates_its_request(self, world: World) -> None:
         ns = world.namespace

@@ -93,7 +93,7 @@ def _first_user_text(messages: Sequence[Message]) -> str:
     return query.encode()[:_MAX_MEMORY_QUERY_BYTES].decode(errors="ignore")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)  # its config holds the model API key
 class TurnRunner:
     """Runs turns against the transcript, summary and memory services and a ChatModel."""
 

@@ -24,7 +24,7 @@ from typing import Any
 from psycopg import AsyncConnection, AsyncCursor, AsyncRawCursor
 from psycopg.rows import TupleRow
 
-_DOLLAR_TAG = re.compile(r"\$[A-Za-z_]*\$")
+_DOLLAR_TAG = re.compile(r"\$(?:[A-Za-z_][A-Za-z_0-9]*)?\$")
 # psycopg's placeholders: a named one, or `%%` for a literal percent sign.
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%|%")
 
@@ -75,8 +75,9 @@ def compact(statement: str) -> str:
     """`statement` without `--` comments and with each run of blanks one space.
 
     Text inside single quotes, double-quoted identifiers and dollar-quoted
-    strings is kept byte for byte; block comments (`/* */`) are not used in
-    this code base and are refused, so nothing is silently kept half-stripped.
+    strings is kept byte for byte; block comments (`/* */`) and escape strings
+    (`E'...'`) are not used in this code base and are refused, so nothing is
+    silently kept half-stripped.
     """
     out: list[str] = []
     i, n = 0, len(statement)
@@ -84,6 +85,10 @@ def compact(statement: str) -> str:
     while i < n:
         char = statement[i]
         if char in "'\"":
+            prefixed = not pending_space and out and out[-1] in "Ee"
+            if char == "'" and prefixed and (len(out) < 2 or not _word(out[-2])):
+                # E'...' takes backslash escapes (\' too), which these rules do not read.
+                raise ValueError("escape strings (E'...') are not supported")
             end = _quote_end(statement, i, char)
             chunk, i = statement[i:end], end
         elif char == "$" and (tag := _DOLLAR_TAG.match(statement, i)) is not None:
@@ -110,6 +115,11 @@ def compact(statement: str) -> str:
         pending_space = False
         out.append(chunk)
     return "".join(out)
+
+
+def _word(chunk: str) -> bool:
+    """Whether `chunk` ends in a character of an identifier (so an E before it is not a prefix)."""
+    return chunk[-1:].isalnum() or chunk[-1:] in "_$"
 
 
 def _quote_end(statement: str, start: int, quote: str) -> int:

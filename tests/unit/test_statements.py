@@ -33,7 +33,23 @@ def test_doubled_quotes_stay_inside_the_quoted_text() -> None:
     assert compact("SELECT 'it''s  -- here'  -- gone") == "SELECT 'it''s  -- here'"
 
 
-@pytest.mark.parametrize("sql", ["SELECT 'open", 'SELECT "open', "SELECT $q$ open", "/* x */ 1"])
+def test_dollar_tags_may_hold_digits() -> None:
+    assert (
+        compact("SELECT $a1$ keep  -- inside $a1$, 1  -- gone")
+        == "SELECT $a1$ keep  -- inside $a1$, 1"
+    )
+
+
+def test_a_word_ending_in_e_before_a_string_is_not_an_escape_string() -> None:
+    assert compact("SELECT CASE WHEN x THEN 'a' ELSE 'b' END") == (
+        "SELECT CASE WHEN x THEN 'a' ELSE 'b' END"
+    )
+
+
+@pytest.mark.parametrize(
+    "sql",
+    ["SELECT 'open", 'SELECT "open', "SELECT $q$ open", "/* x */ 1", "SELECT E'it\\'s'"],
+)
 def test_what_cannot_be_stripped_safely_is_refused(sql: str) -> None:
     with pytest.raises(ValueError):
         compact(sql)
