@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 
 async def cancel_and_wait(*tasks: asyncio.Task[Any] | None) -> None:
-    """Cancel the tasks, then wait until each has ended (None stands for no task)."""
-    for task in tasks:
-        if task is not None:
-            task.cancel()
-    for task in tasks:
-        if task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    """Cancel the tasks, then wait until each has ended (None stands for no task).
+
+    A task's own cancellation is what was asked for and is not raised; its other
+    exception is (the first one). The caller's cancellation while it waits is never
+    swallowed: asyncio.wait lets it through, where awaiting the task under a
+    suppress(CancelledError) could not tell it from the task's.
+    """
+    pending = [task for task in tasks if task is not None]
+    for task in pending:
+        task.cancel()
+    if not pending:
+        return
+    await asyncio.wait(pending)
+    for task in pending:
+        if not task.cancelled() and (error := task.exception()) is not None:
+            raise error
 
 
 class Background:
