@@ -199,17 +199,19 @@ class TurnRunner:
                 ended = ended_state(error, error.outcome)
             raise
         finally:
-            await keeper.stop()
-            if not committed:
-                try:
-                    await asyncio.shield(
-                        self.transcripts.release_lease(
-                            turn.namespace, conversation_id, turn_id, lease.fencing_token, ended
+            try:
+                await keeper.stop()
+            finally:  # also when the caller's cancellation lands while the renewer stops
+                if not committed:
+                    try:
+                        await asyncio.shield(
+                            self.transcripts.release_lease(
+                                turn.namespace, conversation_id, turn_id, lease.fencing_token, ended
+                            )
                         )
-                    )
-                except DomainError as error:
-                    # The lease lapses by itself; only a kept outcome is lost.
-                    log.warning("turn lease not released", extra={"reason": error.reason})
+                    except DomainError as error:
+                        # The lease lapses by itself; only a kept outcome is lost.
+                        log.warning("turn lease not released", extra={"reason": error.reason})
 
     async def _turn(
         self,
