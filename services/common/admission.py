@@ -9,6 +9,7 @@ in flight in one process (`AdmissionLimits`, RUNIFOLD_NAMESPACE_MAX_*):
 | turn | RunConversation, StreamConversation | a model call (and a search, a summary) |
 | summarize | Summarize | model calls |
 | upsert | UpsertMemory | a source check, a write, an embedding in the background |
+| propose | ProposeMemories | a transcript read, a search per entry, a model call |
 
 One call more is refused before any work with RESOURCE_EXHAUSTED /
 `NAMESPACE_CONCURRENCY_LIMIT` and a `google.rpc.RetryInfo` delay (the mean
@@ -44,6 +45,7 @@ from services.common.shedding import Mean, retry_delay
 KINDS: dict[str, str] = {
     "/runifold.memory.v1.MemoryService/SearchMemories": "search",
     "/runifold.memory.v1.MemoryService/UpsertMemory": "upsert",
+    "/runifold.memory.v1.MemoryService/ProposeMemories": "propose",
     "/runifold.agent.v1.AgentService/RunConversation": "turn",
     "/runifold.agent.v1.AgentService/StreamConversation": "turn",
     "/runifold.summary.v1.SummaryService/Summarize": "summarize",

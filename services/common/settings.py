@@ -111,23 +111,26 @@ class AdmissionLimits:
     Each is the most calls of that kind one namespace may have in flight in one
     process; 0 means no limit. The defaults keep a namespace well inside the
     shared capacity: 16 searches against an embedding queue of 256 texts, 8 turns
-    against 64 concurrent model calls.
+    against 64 concurrent model calls, 4 proposal runs (each a model call and a
+    search per entry it reads) against the same 64.
     """
 
     searches: int = 16
     turns: int = 8
     summarizes: int = 8
     upserts: int = 16
+    proposals: int = 4
     # The retry hint before any call of a kind has finished (then: their mean duration).
     retry_after_s: float = 1.0
 
     def limit(self, kind: str) -> int:
-        """The limit of one kind of call: search, turn, summarize or upsert."""
+        """The limit of one kind of call: search, turn, summarize, upsert or propose."""
         return {
             "search": self.searches,
             "turn": self.turns,
             "summarize": self.summarizes,
             "upsert": self.upserts,
+            "propose": self.proposals,
         }[kind]
 
     @classmethod
@@ -140,6 +143,7 @@ class AdmissionLimits:
             turns=limit("RUNIFOLD_NAMESPACE_MAX_TURNS", 8),
             summarizes=limit("RUNIFOLD_NAMESPACE_MAX_SUMMARIZE", 8),
             upserts=limit("RUNIFOLD_NAMESPACE_MAX_UPSERTS", 16),
+            proposals=limit("RUNIFOLD_NAMESPACE_MAX_PROPOSALS", 4),
             retry_after_s=env_float(
                 env, "RUNIFOLD_ADMISSION_RETRY_AFTER_S", 1.0, minimum=0.1, maximum=60.0
             ),

@@ -4,11 +4,13 @@ the chat-model proposer talking to the fake OpenAI-compatible server over real H
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import re
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,18 +18,20 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import psycopg
 import pytest
+from google.rpc import error_details_pb2
 
 from runifold.common.v1 import common_pb2
 from runifold.memory.v1 import memory_service_pb2 as pb
 from runifold.transcript.v1 import transcript_service_pb2 as tpb
 from services.common import stubs
+from services.common.status import error_info
 from services.llm.openai import OpenAIChatModel
 from services.memory.component import MemoryComponent
 from services.memory.index import NamespacedQuery
 from services.memory.proposals import PROPOSALS_SCHEMA, SYSTEM_PROMPT, ChatModelProposer
-from tests.conftest import wait_for
+from tests.conftest import server_settings, wait_for
 from tests.fakes.openai_server import FakeOpenAI, FakeReply, fake_openai
-from tests.grpc_support import reason
+from tests.grpc_support import reason, status_detail
 from tests.memory_support import memory_config, memory_server, outbox_drained
 
 if TYPE_CHECKING:
@@ -93,22 +97,31 @@ class Client:
         return await outbox_drained(self.component)
 
 
-@pytest.fixture
-async def client(shared_database_url: str, tmp_path: Path) -> AsyncIterator[Client]:
+@asynccontextmanager
+async def serve(database_url: str, data_dir: Path, **settings: str) -> AsyncIterator[Client]:
+    """A memory server whose proposer is the chat model behind the fake server."""
     async with fake_openai() as model:
         chat = OpenAIChatModel(
             model.base_url, "fake-model", timeout_s=30.0, max_retries=0, purpose="memory_proposal"
         )
         proposer = ChatModelProposer(chat, max_entry_chars=4000)
         async with (
-            memory_server(shared_database_url, memory_config(tmp_path), proposer=proposer) as (
-                running,
-                component,
-            ),
+            memory_server(
+                database_url,
+                memory_config(data_dir),
+                proposer=proposer,
+                settings=server_settings(**settings),
+            ) as (running, component),
             grpc.aio.insecure_channel(running.address) as channel,
         ):
             yield Client(channel, component, model)
         await chat.aclose()
+
+
+@pytest.fixture
+async def client(shared_database_url: str, tmp_path: Path) -> AsyncIterator[Client]:
+    async with serve(shared_database_url, tmp_path) as running:
+        yield running
 
 
 PARIS, BERLIN = "The user lives in Paris.", "The user lives in Berlin."
@@ -526,3 +539,53 @@ async def test_retracted_entries_and_memories_outside_the_filter_never_reach_the
         )
     )
     assert list(only_retracted.proposals) == [] and len(client.model.chat_requests) == 1
+
+
+async def test_a_namespace_at_its_proposal_limit_is_refused_while_another_is_served(
+    shared_database_url: str, tmp_path: Path, namespace: str
+) -> None:
+    """ProposeMemories is a model call: one namespace's runs cannot take the shared model
+    (RUNIFOLD_NAMESPACE_MAX_PROPOSALS, here 1), another namespace's run goes through."""
+    held = asyncio.Event()
+
+    async def answer(body: Any) -> FakeReply:
+        if "HOLD ME" in body["messages"][-1]["content"]:
+            await asyncio.wait_for(held.wait(), 30)  # bounded: a stuck test fails
+        return FakeReply(text=json.dumps({"proposals": []}))
+
+    def propose(running: Client, namespace: str, cid: str) -> Any:
+        return running.memory.ProposeMemories(
+            pb.ProposeMemoriesRequest(
+                namespace=namespace, conversation_id=cid, from_sequence=1, through_sequence=1
+            )
+        )
+
+    async with serve(shared_database_url, tmp_path, RUNIFOLD_NAMESPACE_MAX_PROPOSALS="1") as client:
+        client.model.respond_with(answer)
+        other = namespace + "-other"
+        busy = await client.conversation(namespace, "HOLD ME: I live in Paris.")
+        running = asyncio.ensure_future(propose(client, namespace, busy))
+        await wait_for(lambda: _asked(client.model, "HOLD ME"))
+        # The namespace's second run is refused before any work: no model call...
+        calls = len(client.model.chat_requests)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await propose(
+                client, namespace, await client.conversation(namespace, "I play the cello.")
+            )
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert reason(refused.value) == "NAMESPACE_CONCURRENCY_LIMIT"
+        info = error_info(refused.value)
+        assert info is not None and dict(info.metadata) == {"kind": "propose", "limit": "1"}
+        assert status_detail(refused.value, error_details_pb2.RetryInfo).HasField("retry_delay")
+        assert len(client.model.chat_requests) == calls
+        # ...while another namespace's run is served during the hold.
+        reply = await propose(client, other, await client.conversation(other, "I play the cello."))
+        assert reply.proposer == "openai" and not running.done()
+        held.set()
+        assert (await running).proposer == "openai"
+        # The slot is given back: the namespace runs again.
+        await propose(client, namespace, busy)
+
+
+async def _asked(model: FakeOpenAI, text: str) -> bool:
+    return any(text in r.messages[-1]["content"] for r in model.chat_requests)
