@@ -16,6 +16,7 @@ from services.llm.settings import (
     env_model_max_queued,
     env_model_max_retries,
     env_model_timeout_s,
+    env_model_url,
 )
 
 # The budget a turn gets where its Budget fields are 0.
@@ -92,8 +93,7 @@ class AgentConfig:
                 "RUNIFOLD_AGENT_MODEL",
                 "offline-echo" if provider == "offline" else "gpt-4o-mini",
             ),
-            # The agent's URL is not checked for its scheme (the other services' are).
-            openai_base_url=env_str(env, "RUNIFOLD_OPENAI_BASE_URL", OPENAI_BASE_URL),
+            openai_base_url=env_model_url(env, "RUNIFOLD_OPENAI_BASE_URL"),
             openai_api_key=env_model_api_key(env, "RUNIFOLD_OPENAI_API_KEY"),
             model_timeout_s=env_model_timeout_s(env, "RUNIFOLD_AGENT_MODEL_TIMEOUT_S", 120.0),
             model_max_retries=env_model_max_retries(env, "RUNIFOLD_AGENT_MODEL_MAX_RETRIES"),
