@@ -9,7 +9,7 @@ in flight in one process (`AdmissionLimits`, RUNIFOLD_NAMESPACE_MAX_*):
 | turn | RunConversation, StreamConversation | a model call (and a search, a summary) |
 | summarize | Summarize | model calls |
 | upsert | UpsertMemory | a source check, a write, an embedding in the background |
-| propose | ProposeMemories | a transcript read, a search per entry, a model call |
+| propose | ProposeMemories | a transcript read, an embedding batch, searches, a model call |
 
 One call more is refused before any work with RESOURCE_EXHAUSTED /
 `NAMESPACE_CONCURRENCY_LIMIT` and a `google.rpc.RetryInfo` delay (the mean

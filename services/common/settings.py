@@ -111,8 +111,9 @@ class AdmissionLimits:
     Each is the most calls of that kind one namespace may have in flight in one
     process; 0 means no limit. The defaults keep a namespace well inside the
     shared capacity: 16 searches against an embedding queue of 256 texts, 8 turns
-    against 64 concurrent model calls, 4 proposal runs (each a model call and a
-    search per entry it reads) against the same 64.
+    against 64 concurrent model calls, 4 proposal runs against the proposer's own 64
+    (each run is one model call, after one embedding batch of the entries it reads
+    and an index search per entry).
     """
 
     searches: int = 16

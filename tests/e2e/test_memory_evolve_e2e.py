@@ -563,28 +563,33 @@ async def test_a_namespace_at_its_proposal_limit_is_refused_while_another_is_ser
     async with serve(shared_database_url, tmp_path, RUNIFOLD_NAMESPACE_MAX_PROPOSALS="1") as client:
         client.model.respond_with(answer)
         other = namespace + "-other"
-        busy = await client.conversation(namespace, "HOLD ME: I live in Paris.")
-        running = asyncio.ensure_future(propose(client, namespace, busy))
-        await wait_for(lambda: _asked(client.model, "HOLD ME"))
-        # The namespace's second run is refused before any work: no model call...
-        calls = len(client.model.chat_requests)
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await propose(
-                client, namespace, await client.conversation(namespace, "I play the cello.")
+        try:
+            busy = await client.conversation(namespace, "HOLD ME: I live in Paris.")
+            running = asyncio.ensure_future(propose(client, namespace, busy))
+            await wait_for(lambda: _asked(client.model, "HOLD ME"))
+            # The namespace's second run is refused before any work: no model call...
+            calls = len(client.model.chat_requests)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await propose(
+                    client, namespace, await client.conversation(namespace, "I play the cello.")
+                )
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert reason(refused.value) == "NAMESPACE_CONCURRENCY_LIMIT"
+            info = error_info(refused.value)
+            assert info is not None and dict(info.metadata) == {"kind": "propose", "limit": "1"}
+            assert status_detail(refused.value, error_details_pb2.RetryInfo).HasField("retry_delay")
+            assert len(client.model.chat_requests) == calls
+            # ...while another namespace's run is served during the hold.
+            reply = await propose(
+                client, other, await client.conversation(other, "I play the cello.")
             )
-        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert reason(refused.value) == "NAMESPACE_CONCURRENCY_LIMIT"
-        info = error_info(refused.value)
-        assert info is not None and dict(info.metadata) == {"kind": "propose", "limit": "1"}
-        assert status_detail(refused.value, error_details_pb2.RetryInfo).HasField("retry_delay")
-        assert len(client.model.chat_requests) == calls
-        # ...while another namespace's run is served during the hold.
-        reply = await propose(client, other, await client.conversation(other, "I play the cello."))
-        assert reply.proposer == "openai" and not running.done()
-        held.set()
-        assert (await running).proposer == "openai"
-        # The slot is given back: the namespace runs again.
-        await propose(client, namespace, busy)
+            assert reply.proposer == "openai" and not running.done()
+            held.set()
+            assert (await running).proposer == "openai"
+            # The slot is given back: the namespace runs again.
+            await propose(client, namespace, busy)
+        finally:
+            held.set()  # a failed assertion must not leave the model call held
 
 
 async def _asked(model: FakeOpenAI, text: str) -> bool:

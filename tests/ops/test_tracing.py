@@ -28,7 +28,7 @@ from services.common.logs import JsonFormatter
 from services.common.peers import Peer, open_channel, outbound_metadata
 from services.common.server import StartContext, serving
 from services.transcript.component import TranscriptComponent
-from tests.conftest import server_settings
+from tests.conftest import server_settings, wait_for
 
 RELAY = "/runifold.test.Relay/Relay"
 SECRET_TEXT = "the launch code is 0000-secret"
@@ -136,6 +136,24 @@ async def call_relay(address: str, namespace: str, metadata: tuple[Any, ...] = (
         )
 
 
+RELAY_SERVER = ("runifold.test.Relay/Relay", SpanKind.SERVER)
+
+
+async def finished_with(
+    exporter: InMemorySpanExporter, *wanted: tuple[str, SpanKind]
+) -> tuple[ReadableSpan, ...]:
+    """The finished spans once each `wanted` (name, kind) is among them: a server span
+    ends in the interceptor after its status went out, so a client may have its answer
+    before the span is recorded."""
+
+    async def ended() -> bool:
+        done = {(s.name, s.kind) for s in exporter.get_finished_spans()}
+        return all(w in done for w in wanted)
+
+    await wait_for(ended)
+    return exporter.get_finished_spans()
+
+
 def by_name(spans: tuple[ReadableSpan, ...], name: str, kind: SpanKind) -> ReadableSpan:
     found = [s for s in spans if s.name == name and s.kind == kind]
     assert len(found) == 1, [(s.name, s.kind) for s in spans]
@@ -147,9 +165,9 @@ async def test_peer_call_yields_parent_and_child_spans_in_one_trace(
 ) -> None:
     await call_relay(relay_address, namespace)
 
-    spans = exporter.get_finished_spans()
-    relay = by_name(spans, "runifold.test.Relay/Relay", SpanKind.SERVER)
     append = "runifold.transcript.v1.TranscriptService/AppendEntries"
+    spans = await finished_with(exporter, RELAY_SERVER, (append, SpanKind.SERVER))
+    relay = by_name(spans, "runifold.test.Relay/Relay", SpanKind.SERVER)
     client = by_name(spans, append, SpanKind.CLIENT)
     server = by_name(spans, append, SpanKind.SERVER)
     create_client = by_name(
@@ -191,7 +209,7 @@ async def test_inbound_traceparent_is_the_parent(
     trace_id, span_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
     await call_relay(relay_address, namespace, (("traceparent", f"00-{trace_id}-{span_id}-01"),))
 
-    spans = exporter.get_finished_spans()
+    spans = await finished_with(exporter, RELAY_SERVER)
     relay = by_name(spans, "runifold.test.Relay/Relay", SpanKind.SERVER)
     assert relay.parent is not None and format(relay.parent.span_id, "016x") == span_id
     assert {format(s.context.trace_id, "032x") for s in spans} == {trace_id}
@@ -204,7 +222,7 @@ async def test_failed_peer_call_marks_the_client_span(
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await call_relay(relay_address, "not a namespace!")
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    spans = exporter.get_finished_spans()
+    spans = await finished_with(exporter, RELAY_SERVER)
     client = by_name(
         spans, "runifold.transcript.v1.TranscriptService/CreateConversation", SpanKind.CLIENT
     )

@@ -204,7 +204,8 @@ def test_every_admitted_method_exists() -> None:
 
 def test_limits_read_from_the_environment_and_bad_values_name_the_variable() -> None:
     limits = AdmissionLimits.from_env({"RUNIFOLD_NAMESPACE_MAX_SEARCHES": "3"})
-    assert (limits.searches, limits.turns) == (3, 8)
+    assert (limits.searches, limits.turns, limits.limit("propose")) == (3, 8, 4)
+    assert AdmissionLimits.from_env({"RUNIFOLD_NAMESPACE_MAX_PROPOSALS": "1"}).limit("propose") == 1
     transport = TransportLimits.from_env({"RUNIFOLD_MAX_CONNECTION_IDLE_S": "0"})
     assert transport.max_receive_message_bytes is None and transport.max_connection_idle_s == 0
     for name, value in (
