@@ -54,6 +54,7 @@ from services.transcript.feed_model import (
     Erased,
     FeedStore,
     Heartbeat,
+    Retracted,
     RunningTurn,
     Snapshot,
     TurnStarted,
@@ -334,6 +335,9 @@ class Feed:
         delivered = after
         running: dict[str, RunningTurn] = {}  # the turns reported started, by turn id
         version, read_time = head.version, head.read_time
+        # Retractions are reported after this version (-1: after the version of the
+        # append that wrote entry `after`, which a resuming client has seen).
+        since = -1
         caught_up = False
         quiet_since = time.monotonic()
         while True:
@@ -346,12 +350,23 @@ class Feed:
                 delivered,
                 limits.page_entries,
                 limits.page_bytes,
+                since,
             )
             if state is None or state.snapshot.incarnation != incarnation:
                 yield Erased(incarnation)
                 transcript_metrics.WATCH_EVENTS.labels("erased").inc()
                 return
             snapshot = state.snapshot
+            # First what later writes retracted of the entries delivered before this read,
+            # then the entries after them (which carry their retraction, if any): once
+            # a version's entries are delivered, so is everything before it.
+            for retraction in state.retractions:
+                sequences = [s for s in retraction.sequences if s <= delivered]
+                if sequences:
+                    yield Retracted(retraction.version, sequences, retraction.retract_time)
+                    transcript_metrics.WATCH_EVENTS.labels("retracted").inc()
+                    quiet_since = time.monotonic()
+            since = snapshot.version
             slices: Sequence[AppendSlice] = state.entries
             while delivered < snapshot.last_sequence:
                 if not slices:

@@ -62,6 +62,15 @@ class TurnFinished:
 
 
 @dataclass(frozen=True, slots=True)
+class Retracted:
+    """Entries the stream delivered earlier that the write at `version` retracted."""
+
+    version: int
+    sequences: Sequence[int]  # increasing
+    retract_time: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class Heartbeat:
     """Caught up: every entry through `last_sequence` was delivered."""
 
@@ -78,7 +87,7 @@ class Erased:
     incarnation: int
 
 
-WatchEvent = Appended | TurnStarted | TurnFinished | Heartbeat | Erased
+WatchEvent = Appended | Retracted | TurnStarted | TurnFinished | Heartbeat | Erased
 
 
 # -- what the store reads ----------------------------------------------------------------
@@ -135,6 +144,15 @@ class AppendSlice:
 
 
 @dataclass(frozen=True, slots=True)
+class Retraction:
+    """A write that retracted entries: its version, the sequences, when."""
+
+    version: int
+    sequences: tuple[int, ...]
+    retract_time: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class FeedState:
     """One consistent read of a watched conversation."""
 
@@ -143,6 +161,8 @@ class FeedState:
     traces: Sequence[TurnTrace]
     # The first page of entries after what the stream delivered.
     entries: Sequence[AppendSlice] = ()
+    # The writes after the version read_state was given that retracted entries.
+    retractions: Sequence[Retraction] = ()
 
 
 class FeedStore(Protocol):
@@ -168,10 +188,13 @@ class FeedStore(Protocol):
         after: int,
         max_entries: int,
         max_bytes: int,
+        since: int = -1,
     ) -> FeedState | None:
         """In one snapshot: the counters, the running turns, a trace of each reported
-        (turn id, ticket), and the first page of entries after `after` (as
-        read_entries through the last sequence); None when the conversation is gone."""
+        (turn id, ticket), the writes after version `since` (< 0: after the version of
+        the append that wrote entry `after`) that retracted entries, and the first page
+        of entries after `after` (as read_entries through the last sequence); None when
+        the conversation is gone."""
 
     async def read_entries(
         self, key: int, after: int, through: int, max_entries: int, max_bytes: int

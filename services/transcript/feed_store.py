@@ -29,6 +29,7 @@ from services.common.settings import Settings
 from services.transcript.feed_model import (
     AppendSlice,
     FeedState,
+    Retraction,
     RunningTurn,
     Snapshot,
     TurnTrace,
@@ -133,15 +134,35 @@ WITH c AS MATERIALIZED (
              ON t.conversation_key = %(key)s AND t.turn_id = r.turn_id
       LEFT JOIN transcript.appends AS a
              ON a.conversation_key = %(key)s AND a.request_id = r.turn_id
+), since AS (
+    -- The version after which the stream reports retractions: the one it reached, or
+    -- at its start (%(since)s < 0) the version of the append that wrote %(after)s.
+    SELECT CASE WHEN %(since)s >= 0 THEN %(since)s
+                ELSE coalesce((SELECT a.version FROM transcript.appends AS a
+                                WHERE a.conversation_key = %(key)s
+                                  AND a.last_sequence >= %(after)s
+                                  AND a.first_sequence <= %(after)s
+                                ORDER BY a.last_sequence LIMIT 1), 0) END AS version
+), retraction_rows AS (
+    -- The writes since then that retracted entries (a range of the appends' key).
+    SELECT a.version, a.commit_time, a.retracted
+      FROM transcript.appends AS a, since, c
+     WHERE a.conversation_key = %(key)s AND a.version > since.version
+       AND a.version <= c.version AND a.retracted IS NOT NULL
 ), {_entry_page("(SELECT last_sequence FROM c)")}
-SELECT c.version, c.last_sequence, c.incarnation, c.read_time, t.*,
+SELECT c.version, c.last_sequence, c.incarnation, c.read_time, t.*, NULL::bigint[],
        NULL::bigint, NULL::bigint, NULL::bigint, NULL::smallint, NULL::text, NULL::jsonb,
        NULL::text, NULL::jsonb, NULL::timestamptz, NULL::text, NULL::bigint,
        NULL::timestamptz
   FROM c LEFT JOIN turn_rows AS t ON true
 UNION ALL
+SELECT c.version, c.last_sequence, c.incarnation, c.read_time, 'retracted', NULL, NULL, NULL,
+       r.commit_time, NULL, NULL, NULL, r.version, r.retracted,
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+  FROM c, retraction_rows AS r
+UNION ALL
 SELECT c.version, c.last_sequence, c.incarnation, c.read_time, 'entry', NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, x.*
+       NULL, NULL, NULL, NULL, NULL, NULL, x.*
   FROM c, entry_rows AS x
 """
 
@@ -221,6 +242,7 @@ class PostgresFeedStore:
         after: int,
         max_entries: int,
         max_bytes: int,
+        since: int = -1,
     ) -> FeedState | None:
         async with self.db.connection() as conn:
             cursor = await conn.execute(
@@ -230,6 +252,7 @@ class PostgresFeedStore:
                     "turn_ids": [turn_id for turn_id, _ in reported],
                     "tickets": [ticket for _, ticket in reported],
                     "after": after,
+                    "since": since,
                     "limit": max_entries,
                     "max_bytes": max_bytes,
                 },
@@ -240,6 +263,7 @@ class PostgresFeedStore:
         version, last, incarnation, read_time = rows[0][:4]
         running: list[RunningTurn] = []
         traces: list[TurnTrace] = []
+        retractions: list[Retraction] = []
         entry_rows: list[Sequence[Any]] = []
         for row in rows:
             kind, turn_id, ticket, exclusive, start_time, state, row_ticket, reason, committed = (
@@ -249,13 +273,16 @@ class PostgresFeedStore:
                 running.append(RunningTurn(turn_id, ticket, exclusive, start_time))
             elif kind == "traced":
                 traces.append(TurnTrace(turn_id, ticket, state, row_ticket, reason, committed))
+            elif kind == "retracted":
+                retractions.append(Retraction(committed, tuple(sorted(set(row[13]))), start_time))
             elif kind == "entry":
-                entry_rows.append(row[13:])
+                entry_rows.append(row[14:])
         snapshot = Snapshot(
             key, version, last, incarnation, read_time, tuple(sorted(t.ticket for t in running))
         )
         entry_rows.sort(key=lambda row: int(row[2]))
-        return FeedState(snapshot, running, traces, _slices(entry_rows))
+        retractions.sort(key=lambda retraction: retraction.version)
+        return FeedState(snapshot, running, traces, _slices(entry_rows), retractions)
 
     async def read_entries(
         self, key: int, after: int, through: int, max_entries: int, max_bytes: int

@@ -45,7 +45,7 @@ WATCHERS = Gauge(
 WATCH_EVENTS = Counter(
     "runifold_watch_events_total",
     "Events delivered to WatchConversation streams "
-    "(event=appended|turn_started|turn_finished|heartbeat|erased).",
+    "(event=appended|retracted|turn_started|turn_finished|heartbeat|erased).",
     ["event"],
 )
 WATCH_DELIVERY_SECONDS = Histogram(

@@ -109,6 +109,14 @@ def watch_event_to_proto(event: events.WatchEvent) -> pb.WatchConversationRespon
         )
         convert.add_entries(appended.entries, event.entries)
         return pb.WatchConversationResponse(appended=appended)
+    if isinstance(event, events.Retracted):
+        return pb.WatchConversationResponse(
+            retracted=pb.Retracted(
+                version=event.version,
+                sequences=event.sequences,
+                retract_time=convert.timestamp(event.retract_time),
+            )
+        )
     if isinstance(event, events.Heartbeat):
         return pb.WatchConversationResponse(
             heartbeat=pb.Heartbeat(

@@ -120,10 +120,10 @@ WITH lease AS (
 ), recorded AS (
     INSERT INTO transcript.appends
            (conversation_key, version, first_sequence, last_sequence, request_id,
-            payload_hash, input_tokens, output_tokens, model_calls, commit_time)
+            payload_hash, input_tokens, output_tokens, model_calls, commit_time, retracted)
     SELECT conversation_key, version, last_sequence - %(count)s + 1, last_sequence,
            %(request_id)s, %(payload_hash)s, %(input_tokens)s, %(output_tokens)s,
-           %(model_calls)s, update_time
+           %(model_calls)s, update_time, %(retract)s::bigint[]
       FROM bumped
 ), written AS (
     INSERT INTO transcript.entries

@@ -313,6 +313,10 @@ async def test_transcript_watch_follows_like_tail_and_ends_with_the_erasure(
             await client.append(cid, ["third"])
             live = await document()
             assert live["appended"]["entries"][0]["message"]["text"] == "third"
+            undo = await client.append(cid, [], expected_version=2, retract_sequences=[1])
+            retracted = await document()
+            assert retracted["retracted"]["sequences"] == [1]
+            assert retracted["retracted"]["version"] == undo.version
             await client.delete_conversation(cid)
             erased = await document()
             assert set(erased) == {"erased"}

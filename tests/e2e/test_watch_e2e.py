@@ -162,6 +162,85 @@ async def test_a_resumed_stream_continues_without_gap_or_duplicate(
     assert info is not None and info.metadata["last_sequence"] == "6"
 
 
+def _retractions(follower: Follower) -> list[tuple[int, list[int]]]:
+    return [(e.retracted.version, list(e.retracted.sequences)) for e in follower.of("retracted")]
+
+
+async def test_a_retraction_of_delivered_entries_is_reported_before_later_entries(
+    transcript: Stub, namespace: str
+) -> None:
+    conversation = await _create(transcript, namespace)
+    cid = conversation.conversation_id
+    await _append(transcript, namespace, cid, "one", "two", "three")  # version 1
+    beats = duration_pb2.Duration(seconds=1)
+    follower = Follower(transcript, _watch(namespace, cid, heartbeat_interval=beats))
+    try:
+        await follower.until(lambda f: bool(f.heartbeats()))
+        assert _retractions(follower) == []
+        # A write that retracts a delivered entry and adds one: the retraction first.
+        undo = await _append(
+            transcript, namespace, cid, "two, corrected", expected_version=1, retract_sequences=[2]
+        )
+        await follower.until_sequence(4)
+        assert _retractions(follower) == [(undo.version, [2])]
+        kinds = follower.kinds()
+        assert kinds.index("retracted") < len(kinds) - 1 - kinds[::-1].index("appended")
+        retracted = follower.of("retracted")[0].retracted
+        assert retracted.retract_time.seconds > 0
+        # A write of retractions alone (no entry): reported, then the stream is caught up
+        # at its version.
+        alone = await _append(
+            transcript, namespace, cid, expected_version=undo.version, retract_sequences=[1, 3]
+        )
+        await follower.until(lambda f: len(f.of("retracted")) == 2)
+        assert _retractions(follower)[1] == (alone.version, [1, 3])
+        await follower.until(lambda f: f.heartbeats()[-1].version == alone.version)
+    finally:
+        await follower.close()
+    # A new stream replays the entries with their retractions and reports none again.
+    fresh = Follower(transcript, _watch(namespace, cid))
+    try:
+        await fresh.until(lambda f: bool(f.heartbeats()))
+        assert _retractions(fresh) == []
+        marks = {e.sequence: e.retracted_version for e in fresh.of("appended")[0].appended.entries}
+        assert marks == {1: alone.version, 2: undo.version, 3: alone.version}
+    finally:
+        await fresh.close()
+
+
+async def test_a_resumed_stream_reports_the_retractions_it_missed(
+    transcript: Stub, namespace: str
+) -> None:
+    conversation = await _create(transcript, namespace)
+    cid = conversation.conversation_id
+    await _append(transcript, namespace, cid, "a", "b")  # version 1: 1..2
+    await _append(transcript, namespace, cid, "c")  # version 2: 3
+    # While no stream is open: entry 1 retracted (version 3), then one more entry.
+    undo = await _append(transcript, namespace, cid, expected_version=2, retract_sequences=[1])
+    await _append(transcript, namespace, cid, "d")  # version 4: 4
+    # Resumed after entry 3 (the client saw version 2): the retraction of entry 1, then
+    # entry 4.
+    resumed = Follower(
+        transcript, _watch(namespace, cid, after_sequence=3, incarnation=conversation.incarnation)
+    )
+    try:
+        await resumed.until(lambda f: bool(f.heartbeats()))
+        assert resumed.kinds() == ["retracted", "appended", "heartbeat"]
+        assert _retractions(resumed) == [(undo.version, [1])]
+        assert resumed.sequences() == [4]
+    finally:
+        await resumed.close()
+    # Resumed after entry 1 itself: entries 2.. come with their marks; the retraction of
+    # entry 1 (delivered before) is reported.
+    early = Follower(transcript, _watch(namespace, cid, after_sequence=1))
+    try:
+        await early.until(lambda f: bool(f.heartbeats()))
+        assert _retractions(early) == [(undo.version, [1])]
+        assert early.sequences() == [2, 3, 4]
+    finally:
+        await early.close()
+
+
 async def test_a_long_replay_comes_in_bounded_pages_each_entry_once(
     transcript: Stub, namespace: str
 ) -> None:

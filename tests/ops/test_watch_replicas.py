@@ -94,6 +94,23 @@ async def test_a_watcher_on_one_replica_sees_every_append_of_racing_writers_on_a
         check_exactly_once_in_order([*first_part, *resumed.sequences()], 0, last)
         await resumed.close()
 
+        # A retraction through the writing replica reaches the watching one (NOTIFY),
+        # before the entry of the same write.
+        head = max(ack.version for replies in acks.values() for ack in replies)
+        undo = await writer.AppendEntries(
+            pb.AppendEntriesRequest(
+                namespace=namespace,
+                conversation_id=cid,
+                expected_version=head,
+                retract_sequences=[2, 5],
+                messages=[user("corrected")],
+            )
+        )
+        await follower.until_sequence(last + 1)
+        retracted = [e.retracted for e in follower.of("retracted")]
+        assert [(r.version, list(r.sequences)) for r in retracted] == [(undo.version, [2, 5])]
+        assert [k for k in follower.kinds() if k != "heartbeat"][-2:] == ["retracted", "appended"]
+
         # The erasure through the writing replica ends the stream on the watching one.
         await writer.DeleteConversation(
             pb.DeleteConversationRequest(namespace=namespace, conversation_id=cid)
@@ -106,4 +123,5 @@ async def test_a_watcher_on_one_replica_sees_every_append_of_racing_writers_on_a
         scraped = await watching.scrape()
         assert value(scraped, "runifold_watchers") == 0
         assert value(scraped, "runifold_watch_events_total", event="erased") == 1
+        assert value(scraped, "runifold_watch_events_total", event="retracted") == 1
         assert value(scraped, "runifold_watch_delivery_seconds_count") >= WRITERS * APPENDS / 2

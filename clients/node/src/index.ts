@@ -622,8 +622,9 @@ export class RunifoldClient {
 
   /**
    * Follow a conversation (TranscriptService.WatchConversation): the entries after
-   * `afterSequence` (`appended` events, each entry once and in order), the turns that run
-   * on it (`turn_started`, `turn_finished`), `heartbeat`s while it is quiet, and a final
+   * `afterSequence` (`appended` events, each entry once and in order), `retracted` for
+   * delivered entries a later write retracted, the turns that run on it (`turn_started`,
+   * `turn_finished`), `heartbeat`s while it is quiet, and a final
    * `erased` (then the iteration ends). No deadline: break out of the loop, or abort
    * `signal`, to leave.
    *

@@ -665,6 +665,9 @@ def _watch(args: argparse.Namespace, output: Output, client: Client) -> int:
             for entry in event.appended.entries:
                 sequence, role, text = _entry_row(entry)
                 output.console.print(f"{sequence:>6} {role:<9} {escape(text)}")
+        elif kind == "retracted":
+            gone = ", ".join(str(sequence) for sequence in event.retracted.sequences)
+            output.line(f"[dim]       retracted {gone} at version {event.retracted.version}[/dim]")
         elif kind == "turn_started":
             output.line(f"[dim]       turn {escape(event.turn_started.turn_id)} started[/dim]")
         elif kind == "turn_finished":

@@ -651,9 +651,10 @@ class AsyncClient:
         max_backoff: float = 5.0,
     ) -> AsyncIterator[transcript_pb.WatchConversationResponse]:
         """Follow a conversation (TranscriptService.WatchConversation): the entries after
-        `after_sequence` (`appended` events, each entry once and in order), the turns that
-        run on it (`turn_started`, `turn_finished`), `heartbeat`s while it is quiet, and a
-        final `erased` (then the iteration ends). It has no deadline: stop iterating (or
+        `after_sequence` (`appended` events, each entry once and in order), `retracted`
+        for delivered entries a later write retracted, the turns that run on it
+        (`turn_started`, `turn_finished`), `heartbeat`s while it is quiet, and a final
+        `erased` (then the iteration ends). It has no deadline: stop iterating (or
         cancel) to leave.
 
         With `resume` (the default) a stream that breaks (UNAVAILABLE: a replica restarted

@@ -1381,6 +1381,7 @@ class WatchConversationResponse(_message.Message):
     TURN_FINISHED_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
     ERASED_FIELD_NUMBER: _builtins.int
+    RETRACTED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def appended(self) -> Global___Appended:
         """Entries that committed (or, while replaying, had committed)."""
@@ -1401,6 +1402,10 @@ class WatchConversationResponse(_message.Message):
     def erased(self) -> Global___Erased:
         """The conversation was erased; the stream ends after this event."""
 
+    @_builtins.property
+    def retracted(self) -> Global___Retracted:
+        """Entries delivered earlier that a later write retracted."""
+
     def __init__(
         self,
         *,
@@ -1409,12 +1414,13 @@ class WatchConversationResponse(_message.Message):
         turn_finished: Global___TurnFinished | None = ...,
         heartbeat: Global___Heartbeat | None = ...,
         erased: Global___Erased | None = ...,
+        retracted: Global___Retracted | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["appended", b"appended", "erased", b"erased", "event", b"event", "heartbeat", b"heartbeat", "turn_finished", b"turn_finished", "turn_started", b"turn_started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["appended", b"appended", "erased", b"erased", "event", b"event", "heartbeat", b"heartbeat", "retracted", b"retracted", "turn_finished", b"turn_finished", "turn_started", b"turn_started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["appended", b"appended", "erased", b"erased", "event", b"event", "heartbeat", b"heartbeat", "turn_finished", b"turn_finished", "turn_started", b"turn_started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["appended", b"appended", "erased", b"erased", "event", b"event", "heartbeat", b"heartbeat", "retracted", b"retracted", "turn_finished", b"turn_finished", "turn_started", b"turn_started"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["appended", "turn_started", "turn_finished", "heartbeat", "erased"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["appended", "turn_started", "turn_finished", "heartbeat", "erased", "retracted"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
@@ -1437,7 +1443,8 @@ class Appended(_message.Message):
     """The conversation's version after the append that wrote these entries."""
     last_sequence: _builtins.int
     """Sequence of the last entry of that append: when it has been delivered, the
-    stream holds the conversation exactly as it was at `version`.
+    stream holds the conversation exactly as it was at `version` (with the
+    Retracted events, which come before the entries of any later version).
     """
     incarnation: _builtins.int
     """The incarnation the entries belong to (Conversation.incarnation): send it
@@ -1462,6 +1469,48 @@ class Appended(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Appended: _TypeAlias = Appended  # noqa: Y015
+
+@_typing.final
+class Retracted(_message.Message):
+    """Entries the stream delivered earlier that the write at `version` retracted
+    (AppendEntriesRequest.retract_sequences): they are out of the conversation's
+    view from that version on. Sent before the entries of any later version.
+    Entries delivered after a retraction carry it themselves (Entry
+    retracted_version), so one may be reported twice; a stream resumed from
+    after_sequence reports again the retractions after the version of that entry's
+    append. Writes recorded before the server learnt to report them (migration
+    0005) are not reported.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    SEQUENCES_FIELD_NUMBER: _builtins.int
+    RETRACT_TIME_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    """The conversation's version after the write that retracted them."""
+    @_builtins.property
+    def sequences(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Their sequences, increasing."""
+
+    @_builtins.property
+    def retract_time(self) -> _timestamp_pb2.Timestamp:
+        """When that write committed."""
+
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        sequences: _abc.Iterable[_builtins.int] | None = ...,
+        retract_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["retract_time", b"retract_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["retract_time", b"retract_time", "sequences", b"sequences", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Retracted: _TypeAlias = Retracted  # noqa: Y015
 
 @_typing.final
 class TurnStarted(_message.Message):
