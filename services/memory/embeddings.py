@@ -39,8 +39,6 @@ log = logging.getLogger(__name__)
 
 Vector = list[float]
 
-# The part of the embedding queue one namespace with texts waiting may not take.
-OTHERS_SHARE = 0.25
 # The span over which a namespace's share of the local model is measured, and the
 # figure below which a namespace counts as not using it.
 SHARE_WINDOW_S = 10.0
@@ -138,9 +136,7 @@ class LocalEmbedder:
     - a caller who left (cancelled, or past its deadline) is skipped before its
       texts reach the model: a flood of abandoned searches costs nothing more;
     - at most `max_queued` texts wait; beyond, OVERLOADED with a retry delay
-      estimated from the model's recent speed. One namespace that has texts waiting
-      may not take the last `OTHERS_SHARE` of the queue (OVERLOADED too): its burst,
-      a ProposeMemories of 200 entries, leaves room for another's one-text search;
+      estimated from the model's recent speed;
     - namespaces take turns: each forward pass takes one caller of each namespace
       in turn, and a namespace with nothing queued goes to the front, so a
       namespace with many callers queued delays another's search by no more than
@@ -233,11 +229,6 @@ class LocalEmbedder:
             raise overloaded("embeddings", self._queued * self._per_text.value)
         # The caller's namespace (the guard records it); background work has its own lane.
         namespace = namespace_var.get() or ""
-        own = self.max_queued * (1 - OTHERS_SHARE)
-        if namespace and self._queued + len(texts) > own:
-            mine = self._waiting(namespace)
-            if mine and mine + len(texts) > own:
-                raise overloaded("embeddings", self._queued * self._per_text.value)
         if namespace and self.namespace_share < 1.0:
             self._check_share(namespace)
         loop = asyncio.get_running_loop()
@@ -258,11 +249,6 @@ class LocalEmbedder:
         assert self._wakeup is not None
         self._wakeup.set()
         return await future
-
-    def _waiting(self, namespace: str) -> int:
-        """Texts of `namespace` waiting for a pass (its lane is bounded by admission)."""
-        lane = self._lanes.get(namespace, ())
-        return sum(len(item.texts) - item.taken for item in lane)
 
     def _decay(self) -> None:
         now = time.monotonic()

@@ -389,38 +389,6 @@ async def test_a_namespace_over_its_share_of_the_model_is_refused_only_while_oth
     await asyncio.gather(alone, served, embedder._worker, return_exceptions=True)
 
 
-async def test_one_namespace_cannot_take_the_last_quarter_of_the_embedding_queue() -> None:
-    embedder = LocalEmbedder(max_queued=256)
-    idle = asyncio.Event()
-
-    async def no_worker() -> None:
-        await idle.wait()
-
-    embedder._worker = asyncio.ensure_future(no_worker())
-    embedder._wakeup = asyncio.Event()
-
-    def embed_as(namespace: str, count: int) -> asyncio.Future[list[list[float]]]:
-        context = contextvars.copy_context()
-        context.run(admission.namespace_var.set, namespace)
-        return context.run(asyncio.ensure_future, embedder.embed(["text"] * count))
-
-    # A burst with nothing of its namespace waiting goes in, past three quarters (192).
-    burst = embed_as("flood", 200)
-    await wait_for(holds(lambda: embedder.queued == 200))
-    # More of the same namespace does not, though the queue has room for it...
-    with pytest.raises(DomainError) as refused:
-        await asyncio.wait_for(embed_as("flood", 10), 5)
-    assert refused.value.reason == "OVERLOADED"
-    assert refused.value.retry_after_s is not None and refused.value.retry_after_s > 0
-    # ...which is kept for the other namespaces, and the background lane.
-    other = embed_as("quiet", 1)
-    background = asyncio.ensure_future(embedder.embed(["text"] * 40))
-    await wait_for(holds(lambda: embedder.queued == 241))
-    for task in (burst, other, background, embedder._worker):
-        task.cancel()
-    await asyncio.gather(burst, other, background, embedder._worker, return_exceptions=True)
-
-
 def pending(namespace: str) -> _Pending:
     future: asyncio.Future[list[list[float]]] = asyncio.get_running_loop().create_future()
     return _Pending(["x" * 1000], future, None, namespace)
