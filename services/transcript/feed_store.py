@@ -26,6 +26,7 @@ from services.common.backoff import backoff
 from services.common.db import AsyncConn, Database, fetch_one
 from services.common.domain import Entry
 from services.common.settings import Settings
+from services.common.statements import statement
 from services.transcript.feed_model import (
     AppendSlice,
     FeedState,
@@ -115,7 +116,7 @@ SELECT * FROM entry_rows ORDER BY sequence
 # probes on turns and appends by their (conversation_key, turn_id / request_id)
 # keys); and the first page of entries after what it delivered. Three kinds of rows
 # in one result (`kind`), so that a live append costs the stream one round trip.
-READ_STATE = f"""
+READ_STATE = statement(f"""
 WITH c AS MATERIALIZED (
     SELECT version, last_sequence, incarnation, now() AS read_time
       FROM transcript.conversations
@@ -136,19 +137,23 @@ WITH c AS MATERIALIZED (
              ON a.conversation_key = %(key)s AND a.request_id = r.turn_id
 ), since AS (
     -- The version after which the stream reports retractions: the one it reached, or
-    -- at its start (%(since)s < 0) the version of the append that wrote %(after)s.
+    -- at its start (%(since)s < 0) the version of the append that wrote %(after)s (none
+    -- before it delivers an entry: the conversation's version).
     SELECT CASE WHEN %(since)s >= 0 THEN %(since)s
+                WHEN %(after)s = 0 THEN (SELECT version FROM c)
                 ELSE coalesce((SELECT a.version FROM transcript.appends AS a
                                 WHERE a.conversation_key = %(key)s
                                   AND a.last_sequence >= %(after)s
                                   AND a.first_sequence <= %(after)s
                                 ORDER BY a.last_sequence LIMIT 1), 0) END AS version
 ), retraction_rows AS (
-    -- The writes since then that retracted entries (a range of the appends' key).
+    -- The writes since then that retracted an entry already delivered (a range of the
+    -- appends_retracted index: only the writes that retracted anything).
     SELECT a.version, a.commit_time, a.retracted
       FROM transcript.appends AS a, since, c
      WHERE a.conversation_key = %(key)s AND a.version > since.version
        AND a.version <= c.version AND a.retracted IS NOT NULL
+       AND (SELECT min(s) FROM unnest(a.retracted) AS s) <= %(after)s
 ), {_entry_page("(SELECT last_sequence FROM c)")}
 SELECT c.version, c.last_sequence, c.incarnation, c.read_time, t.*, NULL::bigint[],
        NULL::bigint, NULL::bigint, NULL::bigint, NULL::smallint, NULL::text, NULL::jsonb,
@@ -164,7 +169,7 @@ UNION ALL
 SELECT c.version, c.last_sequence, c.incarnation, c.read_time, 'entry', NULL, NULL, NULL,
        NULL, NULL, NULL, NULL, NULL, NULL, x.*
   FROM c, entry_rows AS x
-"""
+""")
 
 
 # Every watched conversation of a process in one statement: renew the marks that
@@ -245,8 +250,8 @@ class PostgresFeedStore:
         since: int = -1,
     ) -> FeedState | None:
         async with self.db.connection() as conn:
-            cursor = await conn.execute(
-                READ_STATE,
+            cursor = await READ_STATE.execute(
+                conn,
                 {
                     "key": key,
                     "turn_ids": [turn_id for turn_id, _ in reported],

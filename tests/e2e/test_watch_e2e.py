@@ -606,17 +606,29 @@ async def test_the_python_client_resumes_across_a_server_restart(
             assert predicate(), (kinds(), following)
 
         await reached(lambda: kinds().count("turn_started") == 2 and "heartbeat" in kinds())
+        # Entry 1 retracted: reported once now, and not again by the resumed stream
+        # (which the server starts with the retractions after entry 2's version).
+        version = (await writer.get_conversation(cid)).version
+        first_undo = await writer.append(cid, [], expected_version=version, retract_sequences=[1])
+        await reached(lambda: "retracted" in kinds())
         # The watcher's server goes away (its streams end with UNAVAILABLE) ...
         await first.stop(grace=5)
-    # ... and while it is down, one turn ends.
+    # ... and while it is down, one turn ends and entry 2 is retracted.
     await writer.release_turn_lease(cid, "finishes-while-down", goes.lease.fencing_token)
+    second_undo = await writer.append(
+        cid, [], expected_version=first_undo.version, retract_sequences=[2]
+    )
     async with serving(
         [TranscriptComponent()],
         server_settings(RUNIFOLD_LISTEN=f"127.0.0.1:{port}"),
         database_url=shared_database_url,
     ):
         await writer.append(cid, ["three"])
-        await reached(lambda: 3 in sequences() and "turn_finished" in kinds())
+        await reached(
+            lambda: (
+                3 in sequences() and "turn_finished" in kinds() and kinds().count("retracted") >= 2
+            )
+        )
         following.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await following
@@ -624,6 +636,12 @@ async def test_the_python_client_resumes_across_a_server_restart(
     await watcher.close()
     await writer.close()
     assert sequences() == [1, 2, 3]
+    retracted = [
+        (e.retracted.version, list(e.retracted.sequences))
+        for e in events
+        if e.HasField("retracted")
+    ]
+    assert retracted == [(first_undo.version, [1]), (second_undo.version, [2])]
     started = [e.turn_started.turn_id for e in events if e.HasField("turn_started")]
     assert sorted(started) == ["finishes-while-down", "keeps-running"]  # neither twice
     finished = [e.turn_finished for e in events if e.HasField("turn_finished")]

@@ -53,9 +53,9 @@ BOUNDED_LABELS = {
     "provider",
     "direction",
     "runifold_service",  # transcript, summary, memory, agent
-    "resource",  # search, turn, summarize, upsert, embeddings, model
+    "resource",  # search, turn, summarize, upsert, propose, embeddings, model, watchers
     "cause",  # cancelled, deadline
-    "event",  # appended, turn_started, turn_finished, heartbeat, erased
+    "event",  # appended, retracted, turn_started, turn_finished, heartbeat, erased
     "le",  # histogram buckets
     # prometheus_client's process and Python collectors
     "generation",

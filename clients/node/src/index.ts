@@ -630,7 +630,8 @@ export class RunifoldClient {
    *
    * A stream that breaks (UNAVAILABLE; RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW) is watched
    * again from the last sequence received and its incarnation, with backoff: nothing is
-   * missed and nothing repeats. Running turns are not reported started twice; a turn that
+   * missed and nothing repeats (a retraction the resumed stream reports again is dropped
+   * here). Running turns are not reported started twice; a turn that
    * finished while the stream was down is reported `turn_finished` with
    * `TURN_FINISH_UNSPECIFIED`. Other errors are thrown (NotFound, ResourceExhausted /
    * WATCHER_LIMIT with its retry delay, ...).
@@ -643,6 +644,9 @@ export class RunifoldClient {
     // int64 arrives as a JS number (53 bits): the incarnation is read again, exactly.
     let known = String(options.incarnation ?? 0);
     const running = new Set<string>();
+    // The newest version an event showed: every retraction up to it was reported (the
+    // server sends them before later entries), so a resumed stream's repeat is dropped.
+    let version = 0;
     let announced: Set<string> | null = null;
     let attempt = 0;
     const method = this.watchMethod;
@@ -682,6 +686,11 @@ export class RunifoldClient {
           if (event.event === "appended") {
             const entries = event.appended?.entries ?? [];
             if (entries.length) after = Number(entries[entries.length - 1].sequence);
+            version = Math.max(version, Number(event.appended?.version ?? 0));
+          } else if (event.event === "retracted") {
+            const at = Number(event.retracted?.version ?? 0);
+            if (at <= version) continue; // reported before the resume
+            version = at;
           } else if (event.event === "turn_started") {
             const turnId = event.turn_started!.turn_id;
             announced?.add(turnId);
@@ -690,6 +699,7 @@ export class RunifoldClient {
           } else if (event.event === "turn_finished") {
             running.delete(event.turn_finished!.turn_id);
           } else if (event.event === "heartbeat") {
+            version = Math.max(version, Number(event.heartbeat?.version ?? 0));
             attempt = 0;
             if (announced !== null) {
               for (const turnId of [...running].filter((t) => !announced!.has(t)).sort()) {

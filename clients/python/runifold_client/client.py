@@ -660,13 +660,18 @@ class AsyncClient:
         With `resume` (the default) a stream that breaks (UNAVAILABLE: a replica restarted
         or shut down, the network; RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW: this reader fell
         behind) is watched again from the last sequence received and its incarnation, with
-        backoff: nothing is missed and nothing repeats. Turns still running are not
+        backoff: nothing is missed and nothing repeats (a retraction the resumed stream
+        reports again is dropped here). Turns still running are not
         reported started twice; a turn that finished while the stream was down is reported
         `turn_finished` with `TURN_FINISH_UNSPECIFIED` (how it ended is not known). Other
         errors are raised (NotFound, ResourceExhausted / WATCHER_LIMIT with its
         `retry_delay`, ...).
         """
         after, known = after_sequence, incarnation
+        # The newest version an event showed: every retraction up to it was reported
+        # (the server sends them before later entries), so a resumed stream's repeat of
+        # one is dropped.
+        version = 0
         running: set[str] = set()  # turns reported started and not finished
         announced: set[str] | None = None  # after a resume: the turns reported again
         attempt = 0
@@ -686,6 +691,11 @@ class AsyncClient:
                         if event.appended.entries:
                             after = event.appended.entries[-1].sequence
                         known = event.appended.incarnation or known
+                        version = max(version, event.appended.version)
+                    elif kind == "retracted":
+                        if event.retracted.version <= version:
+                            continue  # reported before the resume
+                        version = event.retracted.version
                     elif kind == "turn_started":
                         turn_id = event.turn_started.turn_id
                         if announced is not None:
@@ -697,6 +707,7 @@ class AsyncClient:
                         running.discard(event.turn_finished.turn_id)
                     elif kind == "heartbeat":
                         known = event.heartbeat.incarnation or known
+                        version = max(version, event.heartbeat.version)
                         attempt = 0
                         if announced is not None:  # caught up after a resume
                             for turn_id in sorted(running - announced):

@@ -1478,8 +1478,10 @@ class Retracted(_message.Message):
     Entries delivered after a retraction carry it themselves (Entry
     retracted_version), so one may be reported twice; a stream resumed from
     after_sequence reports again the retractions after the version of that entry's
-    append. Writes recorded before the server learnt to report them (migration
-    0005) are not reported.
+    append (the Python and TypeScript clients drop such repeats). Writes recorded
+    before the server learnt to report them (transcript migration
+    0005_append_retractions, or through a replica of the previous release) are not
+    reported.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
