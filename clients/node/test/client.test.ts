@@ -177,18 +177,24 @@ describe("TranscriptService", () => {
     await client.append(id, ["one", "two"]);
     const seen: number[] = [];
     const kinds: string[] = [];
+    const retracted: number[][] = [];
     let position: { afterSequence: number; incarnation: string } | undefined;
     const done = (async () => {
       for await (const event of client.watchConversation(id)) {
         kinds.push(event.event!);
         for (const entry of event.appended?.entries ?? []) seen.push(Number(entry.sequence));
+        if (event.event === "retracted") retracted.push(event.retracted!.sequences.map(Number));
         position = client.watchPosition(event) ?? position;
       }
     })();
     await waitFor(async () => kinds.includes("heartbeat"));
-    await client.append(id, ["three"]);
+    const three = await client.append(id, ["three"]);
     await waitFor(async () => seen.includes(3));
     assert.deepEqual(seen, [1, 2, 3]);
+    // A retraction of a delivered entry arrives as its own event.
+    await client.append(id, [], { expectedVersion: Number(three.version), retractSequences: [2] });
+    await waitFor(async () => retracted.length === 1);
+    assert.deepEqual(retracted, [[2]]);
     assert.equal(position?.afterSequence, 3);
     assert.equal(BigInt(position!.incarnation) > 0n, true);
     // The exact incarnation resumes elsewhere; a stale one meets the erasure at once.
