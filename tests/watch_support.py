@@ -96,6 +96,17 @@ class Follower:
         with contextlib.suppress(asyncio.CancelledError):
             await self.task
 
+    async def __aenter__(self) -> Follower:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def caught_up(self) -> Follower:
+        """Wait for the first heartbeat (the replay is done); the follower itself."""
+        await self.until(lambda f: bool(f.heartbeats()))
+        return self
+
 
 def check_exactly_once_in_order(sequences: Sequence[int], after: int, last: int) -> None:
     """The sequences delivered are after+1 .. last, each once, in order."""

@@ -362,10 +362,13 @@ class Feed:
             # a version's entries are delivered, so is everything before it.
             for retraction in state.retractions:
                 sequences = [s for s in retraction.sequences if s <= delivered]
-                if sequences:
-                    yield Retracted(retraction.version, sequences, retraction.retract_time)
-                    transcript_metrics.WATCH_EVENTS.labels("retracted").inc()
-                    quiet_since = time.monotonic()
+                yield Retracted(retraction.version, sequences, retraction.retract_time)
+                transcript_metrics.WATCH_EVENTS.labels("retracted").inc()
+                quiet_since = time.monotonic()
+            if len(state.retractions) >= limits.page_entries:
+                # A page of them (a stream resumed far back): the rest before any entry.
+                since = state.retractions[-1].version
+                continue
             since = snapshot.version
             slices: Sequence[AppendSlice] = state.entries
             while delivered < snapshot.last_sequence:

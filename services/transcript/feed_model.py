@@ -161,7 +161,8 @@ class FeedState:
     traces: Sequence[TurnTrace]
     # The first page of entries after what the stream delivered.
     entries: Sequence[AppendSlice] = ()
-    # The writes after the version read_state was given that retracted entries.
+    # The writes after the version read_state was given that retracted delivered
+    # entries: the first `max_entries` of them, in version order.
     retractions: Sequence[Retraction] = ()
 
 
@@ -191,10 +192,10 @@ class FeedStore(Protocol):
         since: int = -1,
     ) -> FeedState | None:
         """In one snapshot: the counters, the running turns, a trace of each reported
-        (turn id, ticket), the writes after version `since` (< 0: after the version of
-        the append that wrote entry `after`) that retracted entries, and the first page
-        of entries after `after` (as read_entries through the last sequence); None when
-        the conversation is gone."""
+        (turn id, ticket), the first `max_entries` writes after version `since` (< 0:
+        after the version of the append that wrote entry `after`) that retracted entries
+        through `after`, and the first page of entries after `after` (as read_entries
+        through the last sequence); None when the conversation is gone."""
 
     async def read_entries(
         self, key: int, after: int, through: int, max_entries: int, max_bytes: int

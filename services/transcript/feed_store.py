@@ -147,13 +147,15 @@ WITH c AS MATERIALIZED (
                                   AND a.first_sequence <= %(after)s
                                 ORDER BY a.last_sequence LIMIT 1), 0) END AS version
 ), retraction_rows AS (
-    -- The writes since then that retracted an entry already delivered (a range of the
-    -- appends_retracted index: only the writes that retracted anything).
+    -- The first %(limit)s writes since then that retracted an entry already delivered
+    -- (a range of the appends_retracted index: only the writes that retracted any).
     SELECT a.version, a.commit_time, a.retracted
       FROM transcript.appends AS a, since, c
      WHERE a.conversation_key = %(key)s AND a.version > since.version
        AND a.version <= c.version AND a.retracted IS NOT NULL
        AND (SELECT min(s) FROM unnest(a.retracted) AS s) <= %(after)s
+     ORDER BY a.version
+     LIMIT %(limit)s
 ), {_entry_page("(SELECT last_sequence FROM c)")}
 SELECT c.version, c.last_sequence, c.incarnation, c.read_time, t.*, NULL::bigint[],
        NULL::bigint, NULL::bigint, NULL::bigint, NULL::smallint, NULL::text, NULL::jsonb,

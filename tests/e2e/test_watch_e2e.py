@@ -26,6 +26,7 @@ from services.common.server import RunningServer, serving
 from services.common.status import error_info
 from services.transcript.component import TranscriptComponent
 from services.transcript.config import TranscriptLimits, WatchLimits
+from services.transcript.feed_store import PostgresFeedStore
 from tests.conftest import server_settings, wait_for
 from tests.grpc_support import status_detail, user
 from tests.watch_support import Follower, check_exactly_once_in_order, versions_of
@@ -198,14 +199,11 @@ async def test_a_retraction_of_delivered_entries_is_reported_before_later_entrie
     finally:
         await follower.close()
     # A new stream replays the entries with their retractions and reports none again.
-    fresh = Follower(transcript, _watch(namespace, cid))
-    try:
-        await fresh.until(lambda f: bool(f.heartbeats()))
+    async with Follower(transcript, _watch(namespace, cid)) as fresh:
+        await fresh.caught_up()
         assert _retractions(fresh) == []
         marks = {e.sequence: e.retracted_version for e in fresh.of("appended")[0].appended.entries}
         assert marks == {1: alone.version, 2: undo.version, 3: alone.version}
-    finally:
-        await fresh.close()
 
 
 async def test_a_resumed_stream_reports_the_retractions_it_missed(
@@ -220,25 +218,55 @@ async def test_a_resumed_stream_reports_the_retractions_it_missed(
     await _append(transcript, namespace, cid, "d")  # version 4: 4
     # Resumed after entry 3 (the client saw version 2): the retraction of entry 1, then
     # entry 4.
-    resumed = Follower(
-        transcript, _watch(namespace, cid, after_sequence=3, incarnation=conversation.incarnation)
-    )
-    try:
-        await resumed.until(lambda f: bool(f.heartbeats()))
+    resume = _watch(namespace, cid, after_sequence=3, incarnation=conversation.incarnation)
+    async with Follower(transcript, resume) as resumed:
+        await resumed.caught_up()
         assert resumed.kinds() == ["retracted", "appended", "heartbeat"]
         assert _retractions(resumed) == [(undo.version, [1])]
         assert resumed.sequences() == [4]
-    finally:
-        await resumed.close()
     # Resumed after entry 1 itself: entries 2.. come with their marks; the retraction of
     # entry 1 (delivered before) is reported.
-    early = Follower(transcript, _watch(namespace, cid, after_sequence=1))
-    try:
-        await early.until(lambda f: bool(f.heartbeats()))
+    async with Follower(transcript, _watch(namespace, cid, after_sequence=1)) as early:
+        await early.caught_up()
         assert _retractions(early) == [(undo.version, [1])]
         assert early.sequences() == [2, 3, 4]
-    finally:
-        await early.close()
+
+
+async def test_a_stream_resumed_far_back_reads_the_retractions_a_page_at_a_time(
+    shared_database_url: str, namespace: str
+) -> None:
+    limits = _limits(page_entries=2)
+    component = TranscriptComponent(limits)
+    async with (
+        serving([component], server_settings(), database_url=shared_database_url) as running,
+        grpc.aio.insecure_channel(running.address) as channel,
+    ):
+        stub = stubs.transcript(channel)
+        conversation = await _create(stub, namespace)
+        cid = conversation.conversation_id
+        first = await _append(stub, namespace, cid, "a", "b", "c", "d", "e")  # version 1
+        undone, version = [], first.version
+        for sequence in range(1, 6):  # five writes, each retracting one entry
+            undo = await _append(
+                stub, namespace, cid, expected_version=version, retract_sequences=[sequence]
+            )
+            version = undo.version
+            undone.append((version, [sequence]))
+        last = await _append(stub, namespace, cid, "f")
+        # A read holds at most a page (2) of them...
+        assert component.db is not None
+        store = PostgresFeedStore(component.db)
+        head = await store.open_watch(namespace, uuid.UUID(cid), 5, 0, 60.0, 30.0)
+        assert head is not None
+        state = await store.read_state(head.key, [], 5, limits.watch.page_entries, 1 << 20)
+        assert state is not None and [r.version for r in state.retractions] == [2, 3]
+        # ...and the stream reports all five, in order, before the entry after them.
+        resume = _watch(namespace, cid, after_sequence=5, incarnation=conversation.incarnation)
+        async with Follower(stub, resume) as resumed:
+            await resumed.caught_up()
+            assert _retractions(resumed) == undone
+            assert resumed.kinds() == ["retracted"] * 5 + ["appended", "heartbeat"]
+            assert resumed.sequences() == [last.last_sequence]
 
 
 async def test_a_long_replay_comes_in_bounded_pages_each_entry_once(
