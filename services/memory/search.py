@@ -38,6 +38,14 @@ DEFAULT_SEARCH_LIMIT = 8
 HEAD_MARGIN = 2
 
 
+def _at_least(scored: list[ScoredMemory], min_score: float) -> list[ScoredMemory]:
+    """The memories whose cosine reaches `min_score`; 0, proto3's unset, applies no
+    minimum (never set for a lexical search: it has no cosine)."""
+    if not min_score:
+        return scored
+    return [s for s in scored if s.dense is not None and s.dense >= min_score]
+
+
 def _dot(a: Sequence[float], b: Sequence[float]) -> float:
     return math.fsum(x * y for x, y in zip(a, b, strict=True))
 
@@ -173,11 +181,11 @@ class MemorySearch:
             # re-reading all the candidates was a fifth of a search. The tail is read
             # when the head cannot settle the answer on its own.
             head = min(len(hits), limit + HEAD_MARGIN)
-            scored = await self._reread(namespace, vector, hits[:head], wanted, at, known)
-            if not self._settled(scored, hits[head:], limit, min_score):
-                scored = await self._reread(namespace, vector, hits, wanted, at, known)
-            if min_score:  # 0, proto3's unset, applies no minimum (never lexical: no cosine)
-                scored = [s for s in scored if s.dense is not None and s.dense >= min_score]
+            read = await self._reread(namespace, vector, hits[:head], wanted, at, known)
+            scored = _at_least(read, min_score)
+            if not self._settled(scored, hits[head:], limit):
+                read = await self._reread(namespace, vector, hits, wanted, at, known)
+                scored = _at_least(read, min_score)
             exhausted = len(hits) < candidates or candidates >= MAX_CANDIDATES
             if len(scored) >= limit or exhausted:
                 return scored[:limit]
@@ -185,17 +193,12 @@ class MemorySearch:
             candidates = min(candidates * 4, MAX_CANDIDATES)
 
     @staticmethod
-    def _settled(
-        scored: Sequence[ScoredMemory], tail: Sequence[IndexHit], limit: int, min_score: float
-    ) -> bool:
-        """Whether the head's re-read decides the answer: `limit` live memories at or
-        above `min_score` (scored on their current text), and every hit of the tail
+    def _settled(kept: Sequence[ScoredMemory], tail: Sequence[IndexHit], limit: int) -> bool:
+        """Whether the head's re-read decides the answer: `limit` live memories kept (at
+        or above the minimum score, on their current text), and every hit of the tail
         scored below the last of them by the index. A tail hit's score stands unless
         it was corrected since indexed: the indexer's lag, as for the hits beyond the
         candidates."""
-        kept = [
-            s for s in scored if not min_score or (s.dense is not None and s.dense >= min_score)
-        ]
         if len(kept) < limit:
             return not tail
         return all(hit.score < kept[limit - 1].score for hit in tail)
