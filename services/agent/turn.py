@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -53,8 +54,8 @@ from services.agent.model import (
 from services.agent.ports import Memories, Summaries, Transcripts
 from services.agent.prompt import build_request, estimate_request_tokens
 from services.agent.reply import assistant_message, check_reply
-from services.common.admission import released
-from services.common.deadlines import remaining
+from services.common import admission
+from services.common.deadlines import deadline_var, remaining
 from services.common.domain import (
     Message,
     Role,
@@ -83,6 +84,12 @@ _MAX_MEMORY_QUERY_BYTES = 4096
 # A lease not granted within this delay means the turn waits (ENQUEUE, or a
 # running turn with the same id): the stream reports TURN_STAGE_WAITING.
 _WAITING_AFTER_S = 0.1
+
+
+def _time_left() -> float | None:
+    """Seconds left of the inbound call's deadline (None: no deadline)."""
+    deadline = deadline_var.get()
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def _first_user_text(messages: Sequence[Message]) -> str:
@@ -143,18 +150,23 @@ class TurnRunner:
             try:
                 done, _ = await asyncio.wait({acquiring}, timeout=_WAITING_AFTER_S)
                 if not done:
-                    # A turn waiting for its lease holds no admission slot meanwhile: a
-                    # queue of waiting turns must not starve the namespace's other
-                    # conversations (services/common/admission.py).
-                    with released():
-                        yield Progress(Stage.WAITING)
-                        await asyncio.wait({acquiring})
+                    # A turn waiting for its lease holds a waiting place instead of its
+                    # turn slot: a queue of waiting turns must not starve the namespace's
+                    # other conversations (services/common/admission.py). It takes a
+                    # slot again before its model work (_under_lease).
+                    slot = admission.current()
+                    if slot is not None:
+                        slot.park()
+                    yield Progress(Stage.WAITING)
+                    await asyncio.wait({acquiring})
                 acquired = await acquiring
             finally:
                 if not acquiring.done():
                     acquiring.cancel()
                     with contextlib.suppress(asyncio.CancelledError, DomainError):
                         await acquiring
+                elif not acquiring.cancelled():
+                    acquiring.exception()  # seen: the turn ended for another reason
             if isinstance(acquired, PriorAppend):
                 yield await self._replay(turn, conversation_id, acquired)
                 return
@@ -187,6 +199,12 @@ class TurnRunner:
         committed = False
         ended: EndedState | None = None
         try:
+            slot = admission.current()
+            if slot is not None and slot.parked:
+                # The lease came after a wait: the turn's model work waits for one of
+                # its namespace's turn slots, so that the limit holds however many
+                # waits end together (the lease is renewed meanwhile).
+                await slot.resume(_time_left())
             async for event in self._turn(
                 turn, conversation_id, turn_id, lease, keeper, recalling, preloading, stream
             ):

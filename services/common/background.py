@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import logging
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 async def cancel_and_wait(*tasks: asyncio.Task[Any] | None) -> None:
@@ -23,6 +28,25 @@ async def cancel_and_wait(*tasks: asyncio.Task[Any] | None) -> None:
     for task in pending:
         if not task.cancelled() and (error := task.exception()) is not None:
             raise error
+
+
+async def finish_regardless(work: Coroutine[Any, Any, T], what: str) -> T:
+    """Run `work` to its end even if the caller is cancelled meanwhile (a release, a
+    place given up: what must happen once started), and return its result. When the
+    caller has gone, a failure of the work is logged (its type only) instead of being
+    left for asyncio's "Task exception was never retrieved"."""
+    task = asyncio.ensure_future(work)
+
+    def retrieved(done: asyncio.Future[T]) -> None:
+        if not done.cancelled() and (error := done.exception()) is not None:
+            log.warning("%s failed", what, extra={"error_type": type(error).__name__})
+
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():
+            task.add_done_callback(retrieved)
+        raise
 
 
 class Background:

@@ -52,10 +52,11 @@ REQUESTS_SHED = Counter(
     "runifold_requests_shed_total",
     "Calls refused with RESOURCE_EXHAUSTED before any work: a namespace at its "
     "concurrency limit for a kind of call (reason=NAMESPACE_CONCURRENCY_LIMIT, "
-    "resource=search|turn|summarize|upsert|propose), over its share of the embedding model "
-    "(reason=NAMESPACE_SHARE_EXCEEDED), a full queue in front of a slow resource "
-    "(reason=OVERLOADED, resource=embeddings|model), or WatchConversation streams beyond "
-    "a limit (reason=WATCHER_LIMIT, resource=watchers).",
+    "resource=search|turn|summarize|upsert|propose|turn_wait), over its share of the "
+    "embedding model (reason=NAMESPACE_SHARE_EXCEEDED), a full queue in front of a slow "
+    "resource (reason=OVERLOADED, resource=embeddings|model), WatchConversation streams "
+    "beyond a limit (reason=WATCHER_LIMIT, resource=watchers), or calls waiting for a turn "
+    "lease beyond a limit (reason=TURN_WAITERS_LIMIT, resource=lease_wait).",
     ["resource", "reason"],
 )
 WORK_ABANDONED = Counter(
@@ -73,6 +74,7 @@ WORK_QUEUED = Gauge(
 ADMITTED_IN_FLIGHT = Gauge(
     "runifold_admitted_in_flight",
     "Admission-controlled calls in flight, all namespaces together, by kind "
-    "(resource=search|turn|summarize|upsert|propose).",
+    "(resource=search|turn|summarize|upsert|propose), and turns waiting for their lease "
+    "(resource=turn_wait).",
     ["resource"],
 )

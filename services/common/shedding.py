@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -71,11 +71,17 @@ class Mean:
 
 class BoundedGate:
     """At most `max_concurrent` callers at a time past the gate, at most `max_queued`
-    waiting (first come, first served); beyond that, OVERLOADED at once.
+    waiting; beyond that, OVERLOADED at once.
+
+    Waiters queue in lanes, one per namespace (the `lane` a caller names), and the
+    lanes take turns: a slot freed goes to the first waiter of the next lane, so one
+    namespace's burst waits behind itself, not in front of everyone else (a FIFO would
+    let it fill the queue ahead of another namespace's one call). Within a lane, first
+    come first served.
 
     A wait ends with the caller: cancellation gives up its place, and `timeout`
     (what is left of the caller's deadline) bounds it (DEADLINE_EXCEEDED). A slot
-    freed while waiters remain goes straight to the first of them.
+    freed while waiters remain goes straight to one of them.
     """
 
     def __init__(self, resource: str, max_concurrent: int, max_queued: int) -> None:
@@ -85,61 +91,82 @@ class BoundedGate:
         self.max_concurrent = max_concurrent
         self.max_queued = max_queued
         self.held = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        # Waiting callers by lane, in the order the lanes take their turns.
+        self._lanes: OrderedDict[str, deque[asyncio.Future[None]]] = OrderedDict()
+        self._waiting = 0
         self._hold = Mean(1.0)
         self._queued = metrics.WORK_QUEUED.labels(resource)
 
     @property
     def waiting(self) -> int:
-        return len(self._waiters)
+        return self._waiting
 
     def _refuse(self) -> DomainError:
         # A waiter gets a slot when one of the holders finishes: about the mean
         # hold time for every max_concurrent callers ahead of it.
-        ahead = len(self._waiters) + 1
+        ahead = self._waiting + 1
         return overloaded(self.resource, self._hold.value * ahead / self.max_concurrent)
 
-    async def _acquire(self, timeout: float | None) -> None:
-        if self.held < self.max_concurrent and not self._waiters:
+    async def _acquire(self, timeout: float | None, lane: str) -> None:
+        if self.held < self.max_concurrent and not self._waiting:
             self.held += 1
             return
-        if len(self._waiters) >= self.max_queued:
+        if self._waiting >= self.max_queued:
             raise self._refuse()
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        queue = self._lanes.get(lane)
+        if queue is None:
+            # A lane with nobody waiting goes first (as a sparse flow does in fair
+            # queueing): its caller waits for the next slot freed, and no other.
+            queue = self._lanes[lane] = deque()
+            self._lanes.move_to_end(lane, last=False)
+        queue.append(waiter)
+        self._waiting += 1
         self._queued.inc()
         try:
             async with asyncio.timeout(timeout):
                 await waiter
         except TimeoutError:
-            self._give_up(waiter, "deadline")
+            self._give_up(waiter, lane, "deadline")
             raise deadline_exceeded(f"the {self.resource} stayed busy until the deadline") from None
         except BaseException:
-            self._give_up(waiter, "cancelled")
+            self._give_up(waiter, lane, "cancelled")
             raise
         finally:
             self._queued.dec()
 
-    def _give_up(self, waiter: asyncio.Future[None], cause: str) -> None:
+    def _give_up(self, waiter: asyncio.Future[None], lane: str, cause: str) -> None:
         if waiter.done() and not waiter.cancelled():
             self._release()  # granted as the caller gave up: pass it on
-        else:
+            return
+        queue = self._lanes.get(lane)
+        if queue is not None:
             with contextlib.suppress(ValueError):
-                self._waiters.remove(waiter)
-            metrics.WORK_ABANDONED.labels(self.resource, cause).inc()
+                queue.remove(waiter)
+                self._waiting -= 1
+            if not queue:
+                del self._lanes[lane]
+        metrics.WORK_ABANDONED.labels(self.resource, cause).inc()
 
     def _release(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
+        while self._lanes:
+            lane, queue = next(iter(self._lanes.items()))
+            waiter = queue.popleft()
+            self._waiting -= 1
+            if queue:
+                self._lanes.move_to_end(lane)  # its next caller waits for the others' turns
+            else:
+                del self._lanes[lane]
             if not waiter.done():
                 waiter.set_result(None)  # the slot changes hands: `held` stays
                 return
         self.held -= 1
 
     @contextlib.asynccontextmanager
-    async def slot(self, timeout: float | None = None) -> AsyncIterator[None]:
-        """Hold one of the gate's slots for the block."""
-        await self._acquire(timeout)
+    async def slot(self, timeout: float | None = None, lane: str = "") -> AsyncIterator[None]:
+        """Hold one of the gate's slots for the block; `lane` is the caller's namespace
+        (or "" for work of no namespace)."""
+        await self._acquire(timeout, lane)
         started = time.monotonic()
         try:
             yield

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 import httpx2
 import openai
 
+from services.common.admission import namespace_var
 from services.common.backoff import backoff
 from services.common.domain import Usage
 from services.common.errors import DomainError
@@ -212,7 +213,7 @@ class OpenAIChatModel:
         """One completion, within `timeout` seconds (capped by `timeout_s`)."""
         budget = min(timeout, self.timeout_s)
         deadline = time.monotonic() + budget
-        async with self._gate.slot(budget):
+        async with self._gate.slot(budget, namespace_var.get() or ""):
             return await self._complete(request, deadline)
 
     async def _complete(self, request: ChatRequest, deadline: float) -> ChatResponse:
@@ -251,7 +252,7 @@ class OpenAIChatModel:
         budget = min(timeout, self.timeout_s)
         deadline = time.monotonic() + budget
         async with (
-            self._gate.slot(budget),
+            self._gate.slot(budget, namespace_var.get() or ""),
             contextlib.aclosing(self._stream(request, deadline)) as items,
         ):
             async for item in items:

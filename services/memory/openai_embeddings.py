@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import httpx
 
+from services.common.admission import namespace_var
 from services.common.deadlines import remaining
 from services.common.shedding import BoundedGate
 from services.llm import metrics
@@ -70,7 +71,7 @@ class OpenAIEmbedder:
         vectors: list[Vector] = []
         for start in range(0, len(texts), self.batch_size):
             # A wait for the endpoint ends with the caller's deadline.
-            async with self._gate.slot(remaining(self.timeout_s)):
+            async with self._gate.slot(remaining(self.timeout_s), namespace_var.get() or ""):
                 vectors += await self._embed_batch(texts[start : start + self.batch_size])
         return vectors
 

@@ -96,6 +96,8 @@ class TranscriptComponent:
         self.service = TranscriptService(
             store, self.limits, PageTokens(ctx.settings.page_token_secret)
         )
+        # Lease waiters wake on the changes the feed hears of, from any replica.
+        self.feed.on_change = self.service.leases.changed
         self.sweeper = TurnSweeper(store)
         self.sweeper.start()
 

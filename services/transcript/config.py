@@ -66,9 +66,12 @@ class TranscriptLimits:
     turn_queue_depth: int = 16
     # How long the outcome of a turn that ended without committing is kept.
     turn_outcome_retention_s: float = 24 * 3600.0
-    # How often a waiting turn looks again when no local release woke it (a
-    # release through another replica is seen within this delay).
-    turn_wait_poll_s: float = 0.05
+    # How often a waiting turn looks again when nothing woke it: the safety net of a
+    # missed notification (and what keeps its place in a queue, which lapses after 10 s).
+    turn_wait_poll_s: float = 2.0
+    # Calls waiting for a lease in this process, per conversation and per namespace.
+    turn_waiters_per_conversation: int = 32
+    turn_waiters_per_namespace: int = 64
     # The longest a turn waits for a lease when its caller set no earlier deadline.
     turn_wait_max_s: float = 600.0
     # Each state document (a conversation's, a user's, a namespace's) once changed.
@@ -113,7 +116,13 @@ class TranscriptLimits:
                 env, "RUNIFOLD_TURN_OUTCOME_RETENTION_S", 24 * 3600.0, minimum=60.0
             ),
             turn_wait_poll_s=env_float(
-                env, "RUNIFOLD_TURN_WAIT_POLL_S", 0.05, minimum=0.005, maximum=2.0
+                env, "RUNIFOLD_TURN_WAIT_POLL_S", 2.0, minimum=0.005, maximum=5.0
+            ),
+            turn_waiters_per_conversation=env_int(
+                env, "RUNIFOLD_TURN_MAX_WAITERS_PER_CONVERSATION", 32, minimum=1, maximum=10_000
+            ),
+            turn_waiters_per_namespace=env_int(
+                env, "RUNIFOLD_TURN_MAX_WAITERS_PER_NAMESPACE", 64, minimum=1, maximum=100_000
             ),
             turn_wait_max_s=env_float(
                 env, "RUNIFOLD_TURN_WAIT_MAX_S", 600.0, minimum=1.0, maximum=3600.0

@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -115,6 +115,9 @@ class Feed:
         self._gone = asyncio.Event()
         self._gone.set()
         self._tasks: list[asyncio.Task[None]] = []
+        # Told of every change this process hears of, by conversation key (the turn
+        # leases' waiters: services/transcript/leases.py).
+        self.on_change: Callable[[int], None] | None = None
 
     @property
     def open_streams(self) -> int:
@@ -162,6 +165,8 @@ class Feed:
         self._announce_wakeup.set()
 
     def _wake(self, key: int) -> None:
+        if self.on_change is not None:
+            self.on_change(key)
         watched = self._conversations.get(key)
         if watched is not None:
             for stream in watched.streams:

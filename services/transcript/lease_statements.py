@@ -108,6 +108,17 @@ RETURNING ticket
 """
 
 
+# A conversation with turns waiting is marked as watched (as WatchConversation marks
+# it), so that its writes through any replica announce themselves and wake the waiters.
+MARK_WAITED = """
+UPDATE transcript.conversations
+   SET watched_until = now() + make_interval(secs => %(mark_s)s)
+ WHERE conversation_key = %(key)s
+   AND (watched_until IS NULL
+        OR watched_until < now() + make_interval(secs => %(renew_before_s)s))
+"""
+
+
 KEEP_PLACE = """
 UPDATE transcript.turns SET lease_until = now() + make_interval(secs => %(wait_s)s)
  WHERE conversation_key = %(key)s AND turn_id = %(turn_id)s AND ticket = %(ticket)s

@@ -42,9 +42,13 @@ from services.transcript.model import (
 from services.transcript.statements import KEY
 
 # A waiting turn's place in the queue lapses this long after its caller last
-# looked (the caller looks every RUNIFOLD_TURN_WAIT_POLL_S, at most 2 s): a
+# looked (the caller looks every RUNIFOLD_TURN_WAIT_POLL_S, at most 5 s): a
 # waiter whose process died stops holding up the turns behind it.
 WAIT_LEASE_S = 10.0
+# A conversation with waiters stays marked as watched this long after a waiter last
+# looked (renewed when less than _MARK_RENEW_BEFORE_S is left).
+_WAITED_MARK_S = 30.0
+_MARK_RENEW_BEFORE_S = 20.0
 # Expired leases and waiting places are swept this long after they lapsed (the
 # lease rule ignores them at once; the rows only tell a late holder it lost).
 _EXPIRED_GRACE_S = 60.0
@@ -132,6 +136,8 @@ class PostgresTurnLeases:
             "ttl_s": request.ttl_s,
             "wait_s": WAIT_LEASE_S,
             "payload_hash": request.payload_hash,
+            "mark_s": _WAITED_MARK_S,
+            "renew_before_s": _MARK_RENEW_BEFORE_S,
         }
         # Exclusive and queued leases lock the conversation row against every other
         # lease decision; shared ones only against those (FOR KEY SHARE does not wait
@@ -207,21 +213,25 @@ class PostgresTurnLeases:
             if isinstance(decision, AppendRecord | EndedTurn):
                 return decision
             params["seen_ticket"] = own.ticket if own is not None else None
+            key = params["key"]
             if isinstance(decision, Enqueue):
+                await conn.execute(sql.MARK_WAITED, params)
                 ticket_row = await fetch_one(conn, sql.ENQUEUE, params)
                 if ticket_row is None:  # a racing grant of this turn id: wait for it
-                    return Waiting(same_turn=True, ticket=None)
-                return Waiting(same_turn=False, ticket=ticket_row[0])
+                    return Waiting(same_turn=True, ticket=None, key=key)
+                return Waiting(same_turn=False, ticket=ticket_row[0], key=key)
             if not isinstance(decision, Granted):
+                await conn.execute(sql.MARK_WAITED, params)
                 if not decision.same_turn:  # still in line: keep the place
                     await conn.execute(sql.KEEP_PLACE, params)
-                return Waiting(decision.same_turn, None if decision.same_turn else request.ticket)
+                ticket = None if decision.same_turn else request.ticket
+                return Waiting(decision.same_turn, ticket, key)
             if decision.takeover:
                 metrics.TURN_LEASE_EXPIRIES.inc()
             params["exclusive"] = decision.exclusive
             granted = await fetch_one(conn, sql.GRANT, params)
             if granted is None:  # a racing grant of this turn id: wait for it
-                return Waiting(same_turn=True, ticket=None)
+                return Waiting(same_turn=True, ticket=None, key=key)
             token, expire_time = granted
         return TurnLease(
             request.conversation_id,

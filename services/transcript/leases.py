@@ -2,9 +2,27 @@
 
 The rule that decides a lease is model.decide_lease, applied by the store while
 it holds the conversation; this layer validates requests and waits: for a
-running turn of the same id, or for the turns ahead in a queue, woken by a
-release in this process or, for a release through another replica, by a poll
-(RUNIFOLD_TURN_WAIT_POLL_S). Knows nothing of gRPC or SQL.
+running turn of the same id, or for the turns ahead in a queue.
+
+Waiting costs no connection and no polling. A waiting call sleeps until its
+conversation changes, then tries again:
+
+- a release or an append through this process wakes the conversation's waiters
+  here at once;
+- one through another replica is announced with PostgreSQL's NOTIFY (the
+  store marks a conversation with waiters as watched, as WatchConversation's
+  streams do, so that its writes announce; services/transcript/feed.py carries
+  the notifications) and wakes them too;
+- the safety net: every RUNIFOLD_TURN_WAIT_POLL_S a waiter tries again unwoken
+  (which also keeps its place in a queue, and notices a lease whose holder died).
+
+The waiters of one conversation in this process try one at a time, and at most
+`_RETRYING` tries run at once in the process, so that a crowd of waiters never
+drains the connection pool that appends (the turn they wait for among them) need.
+Waiters are bounded per conversation and per namespace in this process
+(RUNIFOLD_TURN_MAX_WAITERS_PER_CONVERSATION, ..._PER_NAMESPACE): one more is
+RESOURCE_EXHAUSTED / TURN_WAITERS_LIMIT with RetryInfo, its place given back.
+Knows nothing of gRPC or SQL.
 """
 
 from __future__ import annotations
@@ -13,12 +31,14 @@ import asyncio
 import contextlib
 import time
 import uuid
-import weakref
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
+from services.common import metrics as common_metrics
 from services.common import validation
+from services.common.background import finish_regardless
 from services.common.deadlines import deadline_exceeded, deadline_var
-from services.common.errors import DomainError, invalid_argument
+from services.common.errors import Code, DomainError, invalid_argument
+from services.common.shedding import retry_delay
 from services.common.validation import conversation_id
 from services.transcript import metrics
 from services.transcript.config import TranscriptLimits
@@ -38,6 +58,35 @@ from services.transcript.store import TranscriptStore
 DEFAULT_LEASE_TTL_S = 30.0
 LEASE_TTL_RANGE_S = (1.0, 600.0)
 _MAX_PAYLOAD_HASH_BYTES = 64
+# Tries of waiting calls running at once in this process (each one short transaction):
+# a quarter of the default pool (RUNIFOLD_DB_POOL_MAX 16), the rest is for everyone else.
+_RETRYING = 4
+
+Key = tuple[str, uuid.UUID]
+
+
+@dataclass(eq=False)
+class _Waiters:
+    """The calls of one conversation waiting in this process."""
+
+    count: int = 0  # calls waiting (counted against the limits)
+    users: int = 0  # calls that may wait: the group lives while one is in acquire
+    key: int = 0  # the conversation's key, once an attempt told it
+    woken: asyncio.Event = field(default_factory=asyncio.Event)
+    trying: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def turn_waiters_limit(scope: str, limit: int) -> DomainError:
+    """RESOURCE_EXHAUSTED / TURN_WAITERS_LIMIT: too many calls wait here already."""
+    common_metrics.REQUESTS_SHED.labels("lease_wait", "TURN_WAITERS_LIMIT").inc()
+    return DomainError(
+        Code.RESOURCE_EXHAUSTED,
+        "TURN_WAITERS_LIMIT",
+        f"{limit} turns already wait for a lease of this {scope} here, its limit; "
+        "retry after the delay in RetryInfo",
+        metadata={"scope": scope, "limit": limit},
+        retry_after_s=retry_delay(1.0),
+    )
 
 
 class TurnLeases:
@@ -46,23 +95,57 @@ class TurnLeases:
     def __init__(self, store: TranscriptStore, limits: TranscriptLimits) -> None:
         self.store = store
         self.limits = limits
-        # Turns waiting in this process, woken when a lease of their conversation
-        # ends here; a release through another replica is seen at the next poll.
-        self._wakeups: weakref.WeakValueDictionary[tuple[str, uuid.UUID], asyncio.Event] = (
-            weakref.WeakValueDictionary()
-        )
+        self._groups: dict[Key, _Waiters] = {}
+        self._by_key: dict[int, _Waiters] = {}
+        self._namespaces: dict[str, int] = {}
+        self._retrying: asyncio.Semaphore | None = None
 
-    def _wakeup(self, key: tuple[str, uuid.UUID]) -> asyncio.Event:
-        event = self._wakeups.get(key)
-        if event is None:
-            event = asyncio.Event()
-            self._wakeups[key] = event
-        return event
+    @property
+    def waiting(self) -> int:
+        """Calls waiting for a lease in this process (tests and tools)."""
+        return sum(self._namespaces.values())
 
-    def _wake(self, key: tuple[str, uuid.UUID]) -> None:
-        event = self._wakeups.pop(key, None)
-        if event is not None:
-            event.set()
+    def _wake(self, group: _Waiters) -> None:
+        woken, group.woken = group.woken, asyncio.Event()
+        woken.set()
+
+    def changed(self, key: int) -> None:
+        """Conversation `key` changed (a write here, or one announced by another
+        replica): its waiters here try again."""
+        group = self._by_key.get(key)
+        if group is not None:
+            self._wake(group)
+
+    def _join(self, key: Key) -> _Waiters:
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = _Waiters()
+        group.users += 1
+        return group
+
+    def _part(self, key: Key, group: _Waiters) -> None:
+        group.users -= 1
+        if not group.users:
+            del self._groups[key]  # bounded: conversations with calls in acquire
+            if group.key:
+                self._by_key.pop(group.key, None)
+
+    def _count_in(self, namespace: str, group: _Waiters) -> None:
+        limits = self.limits
+        if group.count >= limits.turn_waiters_per_conversation:
+            raise turn_waiters_limit("conversation", limits.turn_waiters_per_conversation)
+        if self._namespaces.get(namespace, 0) >= limits.turn_waiters_per_namespace:
+            raise turn_waiters_limit("namespace", limits.turn_waiters_per_namespace)
+        group.count += 1
+        self._namespaces[namespace] = self._namespaces.get(namespace, 0) + 1
+
+    def _count_out(self, namespace: str, group: _Waiters) -> None:
+        group.count -= 1
+        left = self._namespaces[namespace] - 1
+        if left:
+            self._namespaces[namespace] = left
+        else:
+            del self._namespaces[namespace]  # bounded: namespaces with waiters
 
     async def acquire_turn_lease(
         self,
@@ -84,7 +167,8 @@ class TurnLeases:
         (first come, first served, at most `turn_queue_depth` waiting, else
         RESOURCE_EXHAUSTED / TURN_QUEUE_FULL). Waits end with the caller's
         deadline (at most RUNIFOLD_TURN_WAIT_MAX_S); a caller that leaves gives
-        up its place.
+        up its place; beyond the waiter limits, RESOURCE_EXHAUSTED /
+        TURN_WAITERS_LIMIT.
         """
         validation.namespace(namespace)
         cid = conversation_id(conversation_id_text)
@@ -114,50 +198,79 @@ class TurnLeases:
         inbound = deadline_var.get()
         if inbound is not None:
             deadline = min(deadline, inbound)
+        group = self._join(key)
         waiting: str | None = None
         ticket: int | None = None
+        counted = False
+        woken = group.woken
         try:
             while True:
-                wakeup = self._wakeup(key)  # before the attempt: a release during it counts
-                attempt: LeaseAttempt = await self.store.acquire_turn(request)
+                if counted:
+                    cause = "woken" if woken.is_set() else "poll"
+                    metrics.TURN_LEASE_RETRIES.labels(cause).inc()
+                    woken = group.woken  # before the attempt: a change during it counts
+                    attempt = await self._retry(group, request)
+                else:
+                    woken = group.woken
+                    attempt = await self.store.acquire_turn(request)
                 if not isinstance(attempt, Waiting):
                     return attempt
+                if attempt.ticket is not None and attempt.ticket != ticket:
+                    ticket = attempt.ticket
+                    request = replace(request, ticket=ticket)
+                if attempt.key and not group.key:
+                    group.key = attempt.key
+                    self._by_key[attempt.key] = group
+                if not counted:
+                    self._count_in(namespace, group)
+                    counted = True
                 why = "same_turn" if attempt.same_turn else "queue"
                 if why != waiting:
                     if waiting is not None:
                         metrics.TURNS_WAITING.labels(waiting).dec()
                     metrics.TURNS_WAITING.labels(why).inc()
                     waiting = why
-                if attempt.ticket is not None and attempt.ticket != ticket:
-                    ticket = attempt.ticket
-                    request = replace(request, ticket=ticket)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise deadline_exceeded("the turn waited until its deadline for a lease")
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wakeup.wait(), min(left, self.limits.turn_wait_poll_s))
+                    async with asyncio.timeout(min(left, self.limits.turn_wait_poll_s)):
+                        await woken.wait()
         except DomainError as error:
             if error.reason == "CONVERSATION_BUSY":
                 metrics.TURN_BUSY_REFUSALS.labels("lease").inc()
             elif error.reason == "TURN_QUEUE_FULL":
                 metrics.TURN_QUEUE_FULL.inc()
-            await self._leave(namespace, cid, turn_id, ticket)
+            await self._leave(group, namespace, cid, turn_id, ticket)
             raise
         except BaseException:
-            await self._leave(namespace, cid, turn_id, ticket)
+            await self._leave(group, namespace, cid, turn_id, ticket)
             raise
         finally:
             if waiting is not None:
                 metrics.TURNS_WAITING.labels(waiting).dec()
+            if counted:
+                self._count_out(namespace, group)
+            self._part(key, group)
+
+    async def _retry(self, group: _Waiters, request: LeaseRequest) -> LeaseAttempt:
+        """Try again after a wait: one try at a time per conversation, a few at a time
+        in the process."""
+        if self._retrying is None:
+            self._retrying = asyncio.Semaphore(_RETRYING)
+        async with group.trying, self._retrying:
+            return await self.store.acquire_turn(request)
 
     async def _leave(
-        self, namespace: str, cid: uuid.UUID, turn_id: str, ticket: int | None
+        self, group: _Waiters, namespace: str, cid: uuid.UUID, turn_id: str, ticket: int | None
     ) -> None:
         """The caller left the queue (deadline, cancellation, failure): give up the place."""
         if ticket is not None:
             with contextlib.suppress(Exception):
-                await asyncio.shield(self.store.leave_queue(namespace, cid, turn_id, ticket))
-            self._wake((namespace, cid))
+                await finish_regardless(
+                    self.store.leave_queue(namespace, cid, turn_id, ticket), "leaving a turn queue"
+                )
+            self._wake(group)
 
     async def renew_turn_lease(
         self,
@@ -202,13 +315,18 @@ class TurnLeases:
             ended,
             self.limits.turn_outcome_retention_s,
         )
-        self._wake((namespace, cid))
+        self._wake_local((namespace, cid))
         return released
 
     def appended(self, namespace: str, conversation_id_text: str) -> None:
         """An append committed here (it may have ended a lease): wake local waiters."""
         with contextlib.suppress(DomainError):
-            self._wake((namespace, conversation_id(conversation_id_text)))
+            self._wake_local((namespace, conversation_id(conversation_id_text)))
+
+    def _wake_local(self, key: Key) -> None:
+        group = self._groups.get(key)
+        if group is not None:
+            self._wake(group)
 
 
 def _lease_ttl(ttl_s: float) -> float:

@@ -21,6 +21,13 @@ TURN_QUEUE_FULL = Counter(
     "runifold_turn_queue_full_total",
     "Queued turns refused with TURN_QUEUE_FULL (the conversation's queue was full).",
 )
+TURN_LEASE_RETRIES = Counter(
+    "runifold_turn_lease_retries_total",
+    "Tries of a call waiting for a turn lease, by what started them: a change of its "
+    "conversation heard here or announced by another replica (cause=woken), or the "
+    "safety net every RUNIFOLD_TURN_WAIT_POLL_S (cause=poll).",
+    ["cause"],
+)
 TURNS_WAITING = Gauge(
     "runifold_turns_waiting",
     "Turns waiting in this process for a lease: in a conversation's queue (why=queue) or "

@@ -230,10 +230,12 @@ LeaseDecision = Granted | Enqueue | Wait | AppendRecord | EndedTurn
 @dataclass(frozen=True, slots=True)
 class Waiting:
     """What AcquireTurnLease's store call says when the caller must wait and try again:
-    its place in the queue (`ticket`, QUEUED) or None (a running turn of the same id)."""
+    its place in the queue (`ticket`, QUEUED) or None (a running turn of the same id),
+    and the conversation's key (what its change notifications name)."""
 
     same_turn: bool
     ticket: int | None
+    key: int = 0
 
 
 # What one attempt to take a lease comes to.

@@ -119,6 +119,29 @@ async def test_a_wait_ends_at_the_deadline_and_a_cancelled_waiter_gives_up_its_p
     assert gate.held == 0
 
 
+async def test_the_gate_serves_namespaces_in_turns_not_first_come() -> None:
+    gate = BoundedGate("model", max_concurrent=1, max_queued=16)
+    release = asyncio.Event()
+    served: list[str] = []
+
+    async def call(lane: str) -> None:
+        async with gate.slot(10, lane):
+            served.append(lane)
+            await release.wait()
+
+    holder = asyncio.ensure_future(call("busy"))
+    await wait_for(holds(lambda: gate.held == 1))
+    flood = [asyncio.ensure_future(call("busy")) for _ in range(6)]
+    await wait_for(holds(lambda: gate.waiting == 6))
+    quiet = asyncio.ensure_future(call("quiet"))  # one call, after a burst of another
+    await wait_for(holds(lambda: gate.waiting == 7))
+    release.set()
+    await asyncio.gather(holder, *flood, quiet)
+    # The quiet namespace waited for the call that held the slot, not for the burst.
+    assert served[:2] == ["busy", "quiet"]
+    assert gate.held == gate.waiting == 0
+
+
 # -- admission -------------------------------------------------------------------------
 
 
@@ -168,22 +191,106 @@ def test_methods_without_a_kind_and_kinds_without_a_limit_pass() -> None:
     assert gate.in_flight("search", "a") == 0
 
 
-def test_released_frees_the_slot_for_the_wait_and_takes_it_back_after() -> None:
+def _slot(context: contextvars.Context) -> admission.Slot:
+    """The admission a call running in `context` holds."""
+    slot = context.run(admission.current)
+    assert slot is not None
+    return slot
+
+
+async def test_a_parked_call_gives_its_slot_up_and_resumes_within_the_limit() -> None:
     gate = Admission(AdmissionLimits(turns=1))
-    # Two calls, each in its own context as the guard serves them.
-    waiting, other = contextvars.copy_context(), contextvars.copy_context()
+    # Calls, each in its own context as the guard serves them.
+    waiting, other, late = (contextvars.copy_context() for _ in range(3))
     waiting.run(gate.enter, TURN, _Request("a"))
-    wait = waiting.run(admission.released)
-    waiting.run(wait.__enter__)
-    assert gate.in_flight("turn", "a") == 0
+    slot = _slot(waiting)
+    slot.park()
+    assert (gate.in_flight("turn", "a"), gate.in_flight("turn_wait", "a")) == (0, 1)
     other.run(gate.enter, TURN, _Request("a"))  # admitted while the first one waits
-    waiting.run(wait.__exit__, None, None, None)
-    # The waiting call takes its place back, over the limit: it is not refused after
-    # its wait.
-    assert gate.in_flight("turn", "a") == 2
+    # The wait is over: the parked call waits for the slot; the namespace's limit holds.
+    resuming = asyncio.ensure_future(slot.resume(10))
+    await wait_for(holds(lambda: gate.resuming("turn", "a") == 1))
+    assert gate.in_flight("turn", "a") == 1
+    # A slot freed goes to the resuming call, before any new call of the namespace.
     other.run(admission.leave)
+    with pytest.raises(DomainError) as refused:
+        late.run(gate.enter, TURN, _Request("a"))
+    assert refused.value.reason == "NAMESPACE_CONCURRENCY_LIMIT"
+    await resuming
+    assert slot.held and not slot.parked
+    assert (gate.in_flight("turn", "a"), gate.in_flight("turn_wait", "a")) == (1, 0)
     waiting.run(admission.leave)
-    assert gate.in_flight("turn", "a") == 0
+    assert (gate.in_flight("turn", "a"), gate.resuming("turn", "a")) == (0, 0)
+
+
+async def test_waiting_places_are_bounded_and_a_refused_call_keeps_its_slot() -> None:
+    gate = Admission(AdmissionLimits(turns=4, waiting_turns=1))
+    first, second = contextvars.copy_context(), contextvars.copy_context()
+    first.run(gate.enter, TURN, _Request("a"))
+    second.run(gate.enter, TURN, _Request("a"))
+    _slot(first).park()
+    before = shed("turn_wait", "NAMESPACE_CONCURRENCY_LIMIT")
+    with pytest.raises(DomainError) as refused:
+        _slot(second).park()
+    assert refused.value.code.value == "RESOURCE_EXHAUSTED"
+    assert refused.value.metadata == {"kind": "turn_wait", "limit": "1"}
+    assert refused.value.retry_after_s is not None
+    assert shed("turn_wait", "NAMESPACE_CONCURRENCY_LIMIT") == before + 1
+    assert _slot(second).held  # refused: it still holds its slot
+    # Another namespace has waiting places of its own.
+    third = contextvars.copy_context()
+    third.run(gate.enter, TURN, _Request("b"))
+    _slot(third).park()
+    for context in (first, second, third):
+        context.run(admission.leave)  # a parked call's place goes when it ends
+    assert gate.in_flight("turn_wait", "a") == gate.in_flight("turn", "a") == 0
+    assert gate.in_flight("turn_wait", "b") == 0
+
+
+async def test_a_resume_past_its_deadline_or_cancelled_leaves_no_trace() -> None:
+    gate = Admission(AdmissionLimits(turns=1))
+    parked, holder = contextvars.copy_context(), contextvars.copy_context()
+    parked.run(gate.enter, TURN, _Request("a"))
+    slot = _slot(parked)
+    slot.park()
+    holder.run(gate.enter, TURN, _Request("a"))
+    with pytest.raises(DomainError) as late:
+        await slot.resume(0.05)
+    assert late.value.reason == "DEADLINE_EXCEEDED"
+    cancelled = asyncio.ensure_future(slot.resume(10))
+    await wait_for(holds(lambda: gate.resuming("turn", "a") == 1))
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert gate.resuming("turn", "a") == 0
+    holder.run(admission.leave)
+    assert gate.in_flight("turn", "a") == 0  # nobody took the freed slot
+    parked.run(admission.leave)
+    assert gate.in_flight("turn_wait", "a") == 0
+
+
+async def test_many_waits_ending_together_never_exceed_the_limit() -> None:
+    limit = 3
+    gate = Admission(AdmissionLimits(turns=limit, waiting_turns=20))
+    slots = []
+    for _ in range(12):  # each admitted while the ones before it wait
+        context = contextvars.copy_context()
+        context.run(gate.enter, TURN, _Request("a"))
+        slot = _slot(context)
+        slot.park()
+        slots.append(slot)
+    peak = 0
+
+    async def run(slot: admission.Slot) -> None:
+        nonlocal peak
+        await slot.resume(10)
+        peak = max(peak, gate.in_flight("turn", "a"))
+        await asyncio.sleep(0)  # a turn's work, interleaved with the others'
+        slot.release()
+
+    await asyncio.gather(*(run(slot) for slot in slots))
+    assert peak == limit
+    assert gate.in_flight("turn", "a") == gate.in_flight("turn_wait", "a") == 0
 
 
 def test_every_admitted_method_exists() -> None:
