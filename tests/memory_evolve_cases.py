@@ -10,6 +10,7 @@ are exercised in tests/integration/test_memory_index.py and tests/e2e.
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -539,7 +540,9 @@ class EvolvingMemoryCases:
         world.sources.erase(ns, cid)  # no tombstone: only the incarnation tells
         again = world.sources.make_again(ns, cid, ["I work at Acme Robotics."])
         with pytest.raises(DomainError) as refused:
-            await world.service.upsert(ns, "", early[0].content, as_sent(early[0].sources), {}, None)
+            await world.service.upsert(
+                ns, "", early[0].content, as_sent(early[0].sources), {}, None
+            )
         assert reason(refused) == (Code.NOT_FOUND, "SOURCE_NOT_FOUND")
         assert refused.value.metadata["field"] == "sources[0].incarnation"
         assert (await world.service.list_memories(ns, 0, "", ignore_validity=True)).memories == []
@@ -558,9 +561,7 @@ class EvolvingMemoryCases:
         unstated = [replace(s, incarnation=0) for s in as_sent(early[0].sources)]
         assert (await world.service.upsert(ns, "", "Stated by hand.", unstated, {}, None)).created
         with pytest.raises(DomainError) as negative:
-            await world.service.upsert(
-                ns, "", "A fact.", [SourceInput(cid, 1, 1, -1)], {}, None
-            )
+            await world.service.upsert(ns, "", "A fact.", [SourceInput(cid, 1, 1, -1)], {}, None)
         assert reason(negative) == (Code.INVALID_ARGUMENT, "INVALID_INCARNATION")
         assert negative.value.field == "sources[0].incarnation"
 
@@ -570,9 +571,7 @@ class EvolvingMemoryCases:
         ns = world.namespace
         sent = [SourceInput(world.cid, 1, 1, 1)]
         first = await world.service.upsert(ns, "", "A fact.", sent, {}, None, request_id_text="r")
-        replay = await world.service.upsert(
-            ns, "", "A fact.", sent, {}, None, request_id_text="r"
-        )
+        replay = await world.service.upsert(ns, "", "A fact.", sent, {}, None, request_id_text="r")
         assert replay.memory.memory_id == first.memory.memory_id and replay.created
         with pytest.raises(DomainError) as other:
             await world.service.upsert(
@@ -601,7 +600,7 @@ class EvolvingMemoryCases:
 
         for during in (made_again, erased, being_erased):
             cid = world.sources.add(ns, 0, ["I live in Lisbon."])
-            world.service.proposer = HeldProposer(offline, lambda cid=cid: during(cid))
+            world.service.proposer = HeldProposer(offline, functools.partial(during, cid))
             with pytest.raises(DomainError) as refused:
                 await world.service.propose(ns, cid, 1, 1, Budget())
             assert reason(refused) == (Code.NOT_FOUND, "CONVERSATION_ERASED"), during.__name__

@@ -178,9 +178,9 @@ class MemoryService(MemoryCuration):
         with `current_revision`. Sources are checked against TranscriptService;
         a source conversation erased meanwhile refuses the write
         (SOURCE_NOT_FOUND), however late, and so does a source whose stated
-        incarnation (a proposal's) is not the conversation's current one. With a request id, a repeat of the
-        same request returns the first result and writes nothing (another
-        request under that id is REQUEST_ID_REUSED).
+        incarnation (a proposal's) is not the conversation's current one. With
+        a request id, a repeat of the same request returns the first result and
+        writes nothing (another request under that id is REQUEST_ID_REUSED).
 
         `validity`: when the fact became true (default on a create: the create
         time of its earliest source entry; on a replace: unchanged), when it

@@ -197,6 +197,5 @@ async def test_a_proposal_made_before_the_erasure_is_refused_by_upsert_after_the
         memory_pb.ListMemoriesRequest(namespace=namespace, ignore_validity=True)
     )
     assert [
-        (m.content, [(s.from_sequence, s.incarnation) for s in m.sources])
-        for m in listed.memories
+        (m.content, [(s.from_sequence, s.incarnation) for s in m.sources]) for m in listed.memories
     ] == [(PORTO_FACT, [(1, 0)])]
