@@ -9,19 +9,29 @@ are exercised in tests/integration/test_memory_index.py and tests/e2e.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 
-from services.common.domain import Budget
+from services.common.domain import Budget, Entry
 from services.common.errors import Code, DomainError
 from services.memory.index import IndexHit, NamespacedQuery, Term, ValidAt
 from services.memory.inputs import SourceInput, SupersedeInput, ValidityInput
-from services.memory.model import Memory
-from services.memory.proposals import ADD, DUPLICATE, SUPERSEDE
+from services.memory.model import Memory, MemorySource
+from services.memory.proposals import (
+    ADD,
+    DUPLICATE,
+    SUPERSEDE,
+    ProposalPrompt,
+    Proposer,
+    ProposerOutput,
+    RelatedMemory,
+)
 from services.memory.store import MemoryStore
 from tests.memory_cases import World, reason
 from tests.memory_support import entry_time
@@ -55,6 +65,43 @@ DURABLE = [
 
 def ids(memories: Sequence[Memory]) -> set[uuid.UUID]:
     return {m.memory_id for m in memories}
+
+
+def as_sent(sources: Sequence[MemorySource]) -> list[SourceInput]:
+    """A proposal's sources as a client sends them back to UpsertMemory: unchanged, the
+    incarnation they name included."""
+    return [
+        SourceInput(str(s.conversation_id), s.from_sequence, s.through_sequence, s.incarnation)
+        for s in sources
+    ]
+
+
+class HeldProposer:
+    """A proposer, with something that happens while it works (during its model call)."""
+
+    def __init__(self, inner: Proposer, during: Callable[[], Awaitable[None]]) -> None:
+        self.inner = inner
+        self.during = during
+
+    @property
+    def provider(self) -> str:
+        return self.inner.provider
+
+    def prepare(
+        self,
+        entries: Sequence[Entry],
+        related: Sequence[RelatedMemory],
+        *,
+        max_proposals: int,
+        max_output_tokens: int,
+    ) -> ProposalPrompt:
+        return self.inner.prepare(
+            entries, related, max_proposals=max_proposals, max_output_tokens=max_output_tokens
+        )
+
+    async def propose(self, prompt: ProposalPrompt, *, timeout: float) -> ProposerOutput:
+        await self.during()
+        return await self.inner.propose(prompt, timeout=timeout)
 
 
 class EvolvingMemoryCases:
@@ -440,10 +487,7 @@ class EvolvingMemoryCases:
             ns,
             "",
             berlin.content,
-            [
-                SourceInput(str(s.conversation_id), s.from_sequence, s.through_sequence)
-                for s in berlin.sources
-            ],
+            as_sent(berlin.sources),
             {},
             None,
             validity=ValidityInput(
@@ -478,3 +522,89 @@ class EvolvingMemoryCases:
         with pytest.raises(DomainError) as elsewhere:
             await world.service.propose(f"{ns}-other", cid, 1, 1, Budget())
         assert reason(elsewhere) == (Code.NOT_FOUND, "CONVERSATION_NOT_FOUND")
+
+    # -- proposals fenced by incarnation (issue 27) ----------------------------------
+
+    async def test_a_proposal_names_the_incarnation_it_read_and_a_write_holds_it_to_it(
+        self, world: World
+    ) -> None:
+        """A proposal made before its conversation was erased and made again under the same
+        id is refused by UpsertMemory (it names the erased incarnation), so it can never
+        land in the namesake, citing an entry that says something else."""
+        ns = world.namespace
+        cid = world.sources.add(ns, 0, ["I live in Lisbon."])
+        early = (await world.service.propose(ns, cid, 1, 1, Budget())).proposals
+        assert [(p.content, [s.incarnation for s in p.sources]) for p in early] == [
+            ("The user lives in Lisbon.", [1])
+        ]
+        world.sources.erase(ns, cid)  # no tombstone: only the incarnation tells
+        again = world.sources.make_again(ns, cid, ["I work at Acme Robotics."])
+        with pytest.raises(DomainError) as refused:
+            await world.service.upsert(
+                ns, "", early[0].content, as_sent(early[0].sources), {}, None
+            )
+        assert reason(refused) == (Code.NOT_FOUND, "SOURCE_NOT_FOUND")
+        assert refused.value.metadata["field"] == "sources[0].incarnation"
+        assert (await world.service.list_memories(ns, 0, "", ignore_validity=True)).memories == []
+        # The namesake's own proposal names its incarnation, and is stored; the memory's
+        # sources are ranges (the incarnation did its part in the check).
+        fresh = (await world.service.propose(ns, cid, 1, 1, Budget())).proposals
+        assert [(p.content, [s.incarnation for s in p.sources]) for p in fresh] == [
+            ("The user works at Acme Robotics.", [again])
+        ]
+        written = await world.service.upsert(
+            ns, "", fresh[0].content, as_sent(fresh[0].sources), {}, None
+        )
+        assert list(written.memory.sources) == [MemorySource(uuid.UUID(cid), 1, 1)]
+        assert [s.incarnation for s in written.memory.sources] == [0]
+        # A source without an incarnation takes the current one, as before.
+        unstated = [replace(s, incarnation=0) for s in as_sent(early[0].sources)]
+        assert (await world.service.upsert(ns, "", "Stated by hand.", unstated, {}, None)).created
+        with pytest.raises(DomainError) as negative:
+            await world.service.upsert(ns, "", "A fact.", [SourceInput(cid, 1, 1, -1)], {}, None)
+        assert reason(negative) == (Code.INVALID_ARGUMENT, "INVALID_INCARNATION")
+        assert negative.value.field == "sources[0].incarnation"
+
+    async def test_a_stated_incarnation_is_part_of_the_request(self, world: World) -> None:
+        """Under one request id, the same write retried replays; the same write naming
+        another incarnation (or none) is another request."""
+        ns = world.namespace
+        sent = [SourceInput(world.cid, 1, 1, 1)]
+        first = await world.service.upsert(ns, "", "A fact.", sent, {}, None, request_id_text="r")
+        replay = await world.service.upsert(ns, "", "A fact.", sent, {}, None, request_id_text="r")
+        assert replay.memory.memory_id == first.memory.memory_id and replay.created
+        with pytest.raises(DomainError) as other:
+            await world.service.upsert(
+                ns, "", "A fact.", [SourceInput(world.cid, 1, 1)], {}, None, request_id_text="r"
+            )
+        assert reason(other) == (Code.INVALID_ARGUMENT, "REQUEST_ID_REUSED")
+
+    async def test_a_conversation_erased_during_the_proposer_call_proposes_nothing(
+        self, world: World
+    ) -> None:
+        """Whatever happens to the conversation while the proposer works (erased and made
+        again, erased, or its erasure begun: the memory part done, the transcript not yet
+        deleted), ProposeMemories answers CONVERSATION_ERASED, never a proposal."""
+        ns = world.namespace
+        offline = world.service.proposer
+
+        async def made_again(cid: str) -> None:
+            world.sources.erase(ns, cid)
+            world.sources.make_again(ns, cid, ["I work at Acme Robotics."])
+
+        async def erased(cid: str) -> None:
+            world.sources.erase(ns, cid)
+
+        async def being_erased(cid: str) -> None:
+            await world.service.forget_source(ns, cid, 0, 0, incarnation=1)
+
+        for during in (made_again, erased, being_erased):
+            cid = world.sources.add(ns, 0, ["I live in Lisbon."])
+            world.service.proposer = HeldProposer(offline, functools.partial(during, cid))
+            with pytest.raises(DomainError) as refused:
+                await world.service.propose(ns, cid, 1, 1, Budget())
+            assert reason(refused) == (Code.NOT_FOUND, "CONVERSATION_ERASED"), during.__name__
+        # Nothing happening meanwhile: the proposal is made.
+        world.service.proposer = HeldProposer(offline, lambda: asyncio.sleep(0))
+        cid = world.sources.add(ns, 0, ["I live in Lisbon."])
+        assert len((await world.service.propose(ns, cid, 1, 1, Budget())).proposals) == 1

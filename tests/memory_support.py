@@ -228,24 +228,42 @@ def entry_time(sequence: int) -> datetime:
 
 class FixedSources:
     """SourceChecker over a map of (namespace, conversation id) -> last sequence (each
-    conversation's incarnation is 1). Entry n says `texts[n]` if given (else
-    "message n"), from the user, written at `entry_time(n)`."""
+    conversation's incarnation is 1, and one more each time it is made again). Entry n
+    says `texts[n]` if given (else "message n"), from the user, written at
+    `entry_time(n)`."""
 
     def __init__(self) -> None:
         self.conversations: dict[tuple[str, uuid.UUID], int] = {}
         self.texts: dict[tuple[str, uuid.UUID], list[str]] = {}
+        self.incarnations: dict[tuple[str, uuid.UUID], int] = {}
 
     def add(self, namespace: str, last_sequence: int, texts: Sequence[str] = ()) -> str:
         cid = uuid.uuid4()
         self.conversations[(namespace, cid)] = max(last_sequence, len(texts))
         self.texts[(namespace, cid)] = list(texts)
+        self.incarnations[(namespace, cid)] = 1
         return str(cid)
+
+    def erase(self, namespace: str, conversation_id: str) -> None:
+        """The transcript deleted (its incarnation is remembered, never reused)."""
+        key = (namespace, uuid.UUID(conversation_id))
+        del self.conversations[key], self.texts[key]
+
+    def make_again(self, namespace: str, conversation_id: str, texts: Sequence[str]) -> int:
+        """The id made again (after `erase`) with other entries; returns its incarnation."""
+        key = (namespace, uuid.UUID(conversation_id))
+        assert key not in self.conversations, "erase it first"
+        self.conversations[key] = len(texts)
+        self.texts[key] = list(texts)
+        self.incarnations[key] += 1
+        return self.incarnations[key]
 
     async def conversation(
         self, namespace: str, conversation_id: uuid.UUID
     ) -> SourceConversation | None:
-        last = self.conversations.get((namespace, conversation_id))
-        return SourceConversation(last, 1) if last is not None else None
+        key = (namespace, conversation_id)
+        last = self.conversations.get(key)
+        return SourceConversation(last, self.incarnations[key]) if last is not None else None
 
     async def entries(
         self, namespace: str, conversation_id: uuid.UUID, from_sequence: int, through_sequence: int

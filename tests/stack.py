@@ -9,7 +9,7 @@ tests/fakes/openai_server.py.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,10 +91,12 @@ async def full_stack(
     summary_env: dict[str, str] | None = None,
     settings: dict[str, str] | None = None,
     http: HttpSettings | None = None,
+    memory: Mapping[str, object] | None = None,
 ) -> AsyncIterator[Stack]:
     """Start every service in one server; the agent's model is the fake server, or the
     offline model (what `make run` uses) when `model` is None. `http`: the HTTP port too
-    (HTTP_ON: on 127.0.0.1:0)."""
+    (HTTP_ON: on 127.0.0.1:0). `memory`: MemoryConfig fields to change (e.g. the
+    proposer)."""
     config = agent_config or AgentConfig(
         model_provider="openai" if model else "offline", model_timeout_s=30.0
     )
@@ -116,7 +118,7 @@ async def full_stack(
                 }
             )
         ),
-        MemoryComponent(memory_config(data_dir / "index")),
+        MemoryComponent(memory_config(data_dir / "index", **(memory or {}))),
         AgentComponent(config, model=chat),
     ]
     async with (

@@ -21,7 +21,7 @@ from services.common.validation import conversation_id
 from services.llm.model import require_call, with_defaults
 from services.memory.embeddings import EmbeddingUnavailable
 from services.memory.index import IndexUnavailable
-from services.memory.model import ScoredMemory, conversation_not_found
+from services.memory.model import ScoredMemory, conversation_erased, conversation_not_found
 from services.memory.ports import SourceChecker
 from services.memory.proposals import (
     Proposal,
@@ -95,6 +95,20 @@ class MemoryCuration(MemorySearch):
         ranked = sorted(best.values(), key=lambda s: (-s.score, s.memory.memory_id))[:MAX_RELATED]
         return [RelatedMemory(f"m{i}", s.memory, s.score) for i, s in enumerate(ranked, 1)]
 
+    async def _still_standing(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int
+    ) -> None:
+        """CONVERSATION_ERASED unless the conversation is still `incarnation`, and no
+        erasure of it has begun (the memory part of an erasure runs before the transcript
+        is deleted, and a stalled erasure can leave the transcript for a while)."""
+        now = await self.sources.conversation(namespace, conversation_id)
+        if (
+            now is None
+            or now.incarnation != incarnation
+            or await self.store.erased(namespace, conversation_id, incarnation)
+        ):
+            raise conversation_erased()
+
     async def propose(
         self,
         namespace: str,
@@ -115,6 +129,12 @@ class MemoryCuration(MemorySearch):
         counted, never returned. The application confirms a proposal by calling
         UpsertMemory with it. Retracted entries are not read (what a writer took back
         is no fact), and only memories with the `metadata_filter` pairs are matched.
+
+        Every source of every proposal names the incarnation of the conversation that
+        was read, so that UpsertMemory refuses it once that incarnation is erased. A
+        conversation erased (or erased and created again under the same id) while the
+        call runs, its model call included, is NOT_FOUND / CONVERSATION_ERASED: nothing
+        read from an erased incarnation is proposed.
         """
         validation.namespace(namespace)
         wanted = validation.metadata(metadata_filter or {}, "metadata_filter")
@@ -152,7 +172,7 @@ class MemoryCuration(MemorySearch):
             )
         read = await self.sources.entries(namespace, cid, from_sequence, through_sequence)
         if not read:
-            raise conversation_not_found()  # erased since it was found
+            raise conversation_erased()  # erased since it was found
         entries = [e for e in read if not e.retracted_version]
         if not entries:  # everything in the range was taken back: nothing to propose
             return ProposeResult((), Usage(), 0, self.proposer.provider)
@@ -167,6 +187,11 @@ class MemoryCuration(MemorySearch):
         output = await self.proposer.propose(
             prompt, timeout=remaining(self.config.proposer_timeout_s)
         )
+        # The entries were read between two looks at the conversation: if both find the
+        # incarnation of the first (never reused) and no erasure fenced it, the entries are
+        # that incarnation's, still standing. An erasure after this is the write's to
+        # refuse: every source names the incarnation.
+        await self._still_standing(namespace, cid, state.incarnation)
         proposals, dropped = check_proposals(
             output.items,
             ProposalLimits(
@@ -176,6 +201,7 @@ class MemoryCuration(MemorySearch):
                 self.config.limits.max_content_bytes,
                 self.config.limits.max_sources,
                 max_proposals,
+                state.incarnation,
             ),
             entries,
             related,

@@ -20,11 +20,13 @@ MAX_SUPERSEDES = 32
 
 @dataclass(frozen=True, slots=True)
 class SourceInput:
-    """A source as the caller sent it (validated by the service)."""
+    """A source as the caller sent it (validated by the service); `incarnation` 0: the
+    conversation's current one."""
 
     conversation_id: str
     from_sequence: int
     through_sequence: int
+    incarnation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +122,12 @@ def request_digest(
     fields: list[object] = [
         memory_id_text.lower(),
         content,
-        [[s.conversation_id.lower(), s.from_sequence, s.through_sequence] for s in sources],
+        [
+            # The incarnation only when stated: a request without one keeps its digest.
+            [s.conversation_id.lower(), s.from_sequence, s.through_sequence]
+            + ([s.incarnation] if s.incarnation else [])
+            for s in sources
+        ],
         sorted(metadata.items()),
         expected_revision,
         expire_time.isoformat() if expire_time else None,
@@ -174,7 +181,15 @@ def parse_sources(sources: Sequence[SourceInput], limit: int) -> list[MemorySour
                 "through_sequence must not be before from_sequence",
                 field=f"{field}.through_sequence",
             )
-        parsed.append(MemorySource(cid, source.from_sequence, source.through_sequence))
+        if source.incarnation < 0:
+            raise invalid_argument(
+                "INVALID_INCARNATION",
+                "incarnation must not be negative (0: the conversation's current one)",
+                field=f"{field}.incarnation",
+            )
+        parsed.append(
+            MemorySource(cid, source.from_sequence, source.through_sequence, source.incarnation)
+        )
     return parsed
 
 

@@ -19,11 +19,17 @@ from services.common.errors import (
 
 @dataclass(frozen=True, slots=True)
 class MemorySource:
-    """An inclusive range of a conversation's transcript that a memory came from."""
+    """An inclusive range of a conversation's transcript that a memory came from.
+
+    `incarnation`: the incarnation of the conversation the range was read from (a
+    proposal's), which a write must still find current; 0 when not stated (a write
+    then takes whatever incarnation its source check finds). Not stored: a memory's
+    sources as read back say 0."""
 
     conversation_id: uuid.UUID
     from_sequence: int
     through_sequence: int
+    incarnation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +204,26 @@ def source_not_found(index: int | None = None) -> DomainError:
         )
     return not_found(
         "SOURCE_NOT_FOUND", f"the conversation of sources[{index}] does not exist in this namespace"
+    )
+
+
+def source_erased(index: int) -> DomainError:
+    """NOT_FOUND: a source names an incarnation of its conversation that is not the current
+    one (erased, or erased and created again under the same id): the write is refused."""
+    return not_found(
+        "SOURCE_NOT_FOUND",
+        f"the conversation of sources[{index}] was erased: the incarnation it names is "
+        "not the conversation's",
+        field=f"sources[{index}].incarnation",
+    )
+
+
+def conversation_erased() -> DomainError:
+    """NOT_FOUND: the conversation was erased (or erased and created again under the same
+    id) while ProposeMemories read it: nothing read from it is proposed."""
+    return not_found(
+        "CONVERSATION_ERASED",
+        "the conversation was erased while its proposals were made; nothing is proposed",
     )
 
 

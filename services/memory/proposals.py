@@ -299,7 +299,8 @@ class ChatModelProposer(_PromptBuilder):
 
 @dataclass(frozen=True, slots=True)
 class ProposalLimits:
-    """What a proposal must respect to be returned."""
+    """What a proposal must respect to be returned (and the incarnation of the conversation
+    that was read, which every source of a proposal names)."""
 
     conversation_id: uuid.UUID
     from_sequence: int
@@ -307,6 +308,7 @@ class ProposalLimits:
     max_content_bytes: int
     max_sources: int
     max_proposals: int
+    incarnation: int = 0
 
 
 def _integer(value: Any) -> int | None:
@@ -349,7 +351,7 @@ def _checked(
             return None  # out of the range that was read: not a provenance we checked
         if low not in entry_times:
             return None
-        sources.append(MemorySource(limits.conversation_id, low, high))
+        sources.append(MemorySource(limits.conversation_id, low, high, limits.incarnation))
     earliest = entry_times[min(s.from_sequence for s in sources)]
     raw_valid = item.get("valid_from_time")
     if raw_valid is None:

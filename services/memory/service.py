@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 import uuid_utils
@@ -54,6 +54,7 @@ from services.memory.model import (
     RevisionRecord,
     WriteResult,
     memory_not_found,
+    source_erased,
     source_not_found,
 )
 from services.memory.offline_proposer import OfflineProposer
@@ -115,9 +116,10 @@ class MemoryService(MemoryCuration):
     async def _check_sources_exist(
         self, namespace: str, sources: Sequence[MemorySource]
     ) -> dict[uuid.UUID, int]:
-        """Each conversation exists in this namespace and each range lies inside it.
-        Returns the incarnation of each source conversation (the write carries them, so
-        that an erasure between this check and the write still fences it)."""
+        """Each conversation exists in this namespace, is the incarnation its sources
+        name (when they name one) and each range lies inside it. Returns the incarnation
+        of each source conversation (the write carries them, so that an erasure between
+        this check and the write still fences it)."""
         conversations = list(dict.fromkeys(s.conversation_id for s in sources))
         found = await asyncio.gather(
             *(self.sources.conversation(namespace, cid) for cid in conversations)
@@ -127,6 +129,10 @@ class MemoryService(MemoryCuration):
             state = state_of[source.conversation_id]
             if state is None:
                 raise source_not_found(i)
+            if source.incarnation and source.incarnation != state.incarnation:
+                # Read from an incarnation erased since (the id may have been made again):
+                # what it says is not the current conversation's.
+                raise source_erased(i)
             if source.through_sequence > state.last_sequence:
                 raise invalid_argument(
                     "SOURCE_OUT_OF_RANGE",
@@ -171,9 +177,10 @@ class MemoryService(MemoryCuration):
         replace at a revision that is not current is ABORTED / REVISION_CONFLICT
         with `current_revision`. Sources are checked against TranscriptService;
         a source conversation erased meanwhile refuses the write
-        (SOURCE_NOT_FOUND), however late. With a request id, a repeat of the
-        same request returns the first result and writes nothing (another
-        request under that id is REQUEST_ID_REUSED).
+        (SOURCE_NOT_FOUND), however late, and so does a source whose stated
+        incarnation (a proposal's) is not the conversation's current one. With
+        a request id, a repeat of the same request returns the first result and
+        writes nothing (another request under that id is REQUEST_ID_REUSED).
 
         `validity`: when the fact became true (default on a create: the create
         time of its earliest source entry; on a replace: unchanged), when it
@@ -234,7 +241,9 @@ class MemoryService(MemoryCuration):
             namespace=namespace,
             memory_id=mid,
             content=content,
-            sources=parsed_sources,
+            # The stated incarnations did their part in the check (and the fence, through
+            # `incarnations`); a memory's sources are stored as ranges.
+            sources=[replace(s, incarnation=0) for s in parsed_sources],
             metadata=clean_metadata,
             expected_revision=expected_revision,
             expire_time=expires,

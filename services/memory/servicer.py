@@ -44,6 +44,7 @@ def sources_to_proto(sources: Sequence[MemorySource]) -> list[pb.MemorySource]:
             conversation_id=str(s.conversation_id),
             from_sequence=s.from_sequence,
             through_sequence=s.through_sequence,
+            incarnation=s.incarnation,
         )
         for s in sources
     ]
@@ -132,7 +133,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             request.memory_id,
             request.content,
             [
-                SourceInput(s.conversation_id, s.from_sequence, s.through_sequence)
+                SourceInput(s.conversation_id, s.from_sequence, s.through_sequence, s.incarnation)
                 for s in request.sources
             ],
             dict(request.metadata),

@@ -97,6 +97,10 @@ class MemoryStore(OutboxStore, Protocol):
         """Erase every memory with a source range of the conversation overlapping [low, high];
         with an `incarnation`, fence it first (later writes naming it are refused)."""
 
+    async def erased(self, namespace: str, conversation_id: uuid.UUID, incarnation: int) -> bool:
+        """Whether an erasure fenced this incarnation of the conversation (within
+        ERASURE_RETENTION_S; the transcript of an erased incarnation is gone long before)."""
+
     async def sweep_requests(self, older_than_s: float) -> int:
         """Forget request ids recorded more than `older_than_s` ago, and erasure tombstones
         older than ERASURE_RETENTION_S."""
@@ -310,6 +314,16 @@ class PostgresMemoryStore(PostgresOutbox):
                 },
             )
             return len(await cursor.fetchall())
+
+    async def erased(self, namespace: str, conversation_id: uuid.UUID, incarnation: int) -> bool:
+        async with self.db.connection() as conn:
+            row = await fetch_one(
+                conn,
+                """SELECT 1 FROM memory.erasures
+                    WHERE namespace = %s AND conversation_id = %s AND incarnation = %s""",
+                (namespace, conversation_id, incarnation),
+            )
+        return row is not None
 
     async def sweep_requests(self, older_than_s: float) -> int:
         async with self.db.connection() as conn:

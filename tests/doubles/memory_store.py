@@ -363,6 +363,9 @@ class InMemoryMemoryStore:
                 self._erase(key, "forget_source")
             return len(victims)
 
+    async def erased(self, namespace: str, conversation_id: uuid.UUID, incarnation: int) -> bool:
+        return (namespace, conversation_id, incarnation) in self._erased
+
     async def sweep_requests(self, older_than_s: float) -> int:
         async with self._lock:
             cutoff = self.now() - timedelta(seconds=older_than_s)

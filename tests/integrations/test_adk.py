@@ -445,3 +445,38 @@ async def test_add_session_to_memory_stores_what_is_proposed_with_its_source(
     assert [m.id for m in again.memories] == [found[0].id]
     other = await memory.search_memory(app_name=app, user_id="u2", query="where do I live")
     assert other.memories == []
+
+
+async def test_a_session_made_again_under_its_id_is_remembered_again(
+    service: RunifoldSessionService, client: AsyncClient, app: str
+) -> None:
+    """ADK keeps session ids: a session deleted (erased, with its memories) and made again
+    under the same id, saying the same, is remembered again. Its writes are not mistaken
+    for retries of the erased session's (their request ids name the incarnation, which the
+    proposal's sources carry to UpsertMemory)."""
+    memory = RunifoldMemoryService(client=client)
+
+    async def remembered() -> list[MemoryEntry]:
+        await memory.add_session_to_memory(session)
+        found: list[MemoryEntry] = []
+
+        async def indexed() -> bool:
+            found[:] = (
+                await memory.search_memory(app_name=app, user_id="u1", query="where do I live")
+            ).memories
+            return bool(found)
+
+        await wait_for(indexed, timeout=30)
+        return found
+
+    said = types.Content(role="user", parts=[types.Part(text="I live in Lisbon.")])
+    session = await service.create_session(app_name=app, user_id="u1", session_id="fixed")
+    await service.append_event(session, Event(author="user", content=said))
+    (first,) = await remembered()
+    await service.delete_session(app_name=app, user_id="u1", session_id="fixed")
+    gone = await memory.search_memory(app_name=app, user_id="u1", query="where do I live")
+    assert gone.memories == []
+    session = await service.create_session(app_name=app, user_id="u1", session_id="fixed")
+    await service.append_event(session, Event(author="user", content=said))
+    (second,) = await remembered()
+    assert second.id != first.id and "Lisbon" in second.content.parts[0].text

@@ -45,6 +45,7 @@ from runifold_client import (
     TurnQueueFull,
     Unavailable,
     VersionConflict,
+    source,
 )
 from runifold_client.errors import from_rpc_error
 
@@ -342,6 +343,27 @@ def test_blocking_summarize_sends_the_window_and_passes() -> None:
     assert (request.window, request.summary_batch, request.max_summary_passes) == (8, 64, 2)
     assert isinstance(reply, summary_pb.SummarizeResponse)
     assert (reply.passes, reply.backlog) == (2, 7)
+
+
+def test_a_confirmed_proposal_sends_its_sources_unchanged() -> None:
+    """The incarnation each proposed source names travels to UpsertMemory as it came
+    (an int64 beyond 2**53 included), so the server can refuse an erased one."""
+    incarnation = 2**62 + 12345
+    proposal = memory_pb.MemoryProposal(
+        content="The user lives in Lisbon.",
+        sources=[source("c1", 2, 3, incarnation), source("c1", 5, 5, incarnation)],
+        action=memory_pb.PROPOSAL_ACTION_ADD,
+    )
+
+    def respond(request: Any, context: Any) -> Any:
+        return memory_pb.UpsertMemoryResponse(created=True)
+
+    _, requests = scripted(
+        MEMORY.methods_by_name["UpsertMemory"], respond, lambda c: c.confirm_proposal(proposal)
+    )
+    (request,) = requests
+    assert list(request.sources) == list(proposal.sources)
+    assert [s.incarnation for s in request.sources] == [incarnation] * 2
 
 
 def test_blocking_delete_conversation_and_its_not_found() -> None:

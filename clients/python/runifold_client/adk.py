@@ -479,6 +479,11 @@ class RunifoldMemoryService(BaseMemoryService):  # type: ignore[misc]  # google.
             if proposal.action == memory_pb.PROPOSAL_ACTION_DUPLICATE and mine:
                 continue
             supersedes = mine[:1] if proposal.action == memory_pb.PROPOSAL_ACTION_SUPERSEDE else []
+            # The sources go as proposed: they name the incarnation read, so a session erased
+            # meanwhile (and perhaps made again under its id) is refused, not written into.
+            # The request id names it too: the same fact of a session made again is another
+            # write, not a retry of the erased session's.
+            incarnation = proposal.sources[0].incarnation if proposal.sources else 0
             await self.client.upsert_memory(
                 proposal.content,
                 sources=proposal.sources,
@@ -488,7 +493,7 @@ class RunifoldMemoryService(BaseMemoryService):  # type: ignore[misc]  # google.
                 if proposal.HasField("valid_from_time")
                 else None,
                 supersedes=supersedes,
-                request_id=fw.request_id_for(cid, high, [proposal.content]),
+                request_id=fw.request_id_for(f"{cid}/{incarnation}", high, [proposal.content]),
             )
 
     async def _owned(self, scope: _Scope, memory_id: str, tags: Mapping[str, str]) -> bool:

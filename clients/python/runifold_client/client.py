@@ -271,13 +271,17 @@ def _metadata(token: str | None) -> tuple[tuple[str, str], ...]:
 
 
 def source(
-    conversation_id: str, from_sequence: int, through_sequence: int
+    conversation_id: str, from_sequence: int, through_sequence: int, incarnation: int = 0
 ) -> memory_pb.MemorySource:
-    """A transcript range a memory comes from (both ends inclusive, 1-based)."""
+    """A transcript range a memory comes from (both ends inclusive, 1-based). With the
+    conversation's `incarnation` (Conversation.incarnation when you read the range), a
+    write is refused once that incarnation is erased, even if the id was made again; 0:
+    whatever incarnation is current when the write checks its sources."""
     return memory_pb.MemorySource(
         conversation_id=conversation_id,
         from_sequence=from_sequence,
         through_sequence=through_sequence,
+        incarnation=incarnation,
     )
 
 
@@ -319,6 +323,7 @@ def _confirm(
         namespace=namespace,
         request_id=request_id or str(uuid.uuid4()),
         content=proposal.content,
+        # Unchanged: each names the incarnation it was read from.
         sources=proposal.sources,
         valid_from_time=proposal.valid_from_time,
         supersedes=supersedes,
@@ -1122,7 +1127,9 @@ class AsyncClient:
     ) -> memory_pb.ProposeMemoriesResponse:
         """Proposals of memories from a transcript range; nothing is stored until you
         confirm one (`confirm_proposal`). `metadata_filter`: only stored memories with
-        these pairs are matched (and shown to the proposer)."""
+        these pairs are matched (and shown to the proposer). Each source names the
+        conversation's incarnation: NotFound (CONVERSATION_ERASED) when the conversation
+        was erased while the proposals were made."""
         return await self._call(
             self.memories.ProposeMemories,
             _propose(
@@ -1145,7 +1152,9 @@ class AsyncClient:
         metadata: Mapping[str, str] | None = None,
     ) -> memory_pb.UpsertMemoryResponse:
         """Store a proposal: UpsertMemory with its content, sources and valid time (and,
-        for a SUPERSEDE, superseding its memory). ValueError for a DUPLICATE."""
+        for a SUPERSEDE, superseding its memory). ValueError for a DUPLICATE. The sources
+        go unchanged, with the incarnation they name: NotFound (SOURCE_NOT_FOUND) once the
+        conversation was erased, even if its id was made again since."""
         return await self._call(
             self.memories.UpsertMemory,
             _confirm(self._ns(namespace), proposal, request_id, metadata),

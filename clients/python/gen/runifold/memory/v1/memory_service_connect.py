@@ -105,7 +105,9 @@ class MemoryService(Protocol):
         """
         Proposes memories from a range of a transcript, with validated source
         ranges, each matched against the namespace's memories. Stores nothing:
-        the application confirms a proposal by sending it to UpsertMemory.
+        the application confirms a proposal by sending it to UpsertMemory. Every
+        source names the conversation's incarnation; a conversation erased (or
+        erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -441,7 +443,9 @@ class MemoryServiceClient(ConnectClient):
         """
         Proposes memories from a range of a transcript, with validated source
         ranges, each matched against the namespace's memories. Stores nothing:
-        the application confirms a proposal by sending it to UpsertMemory.
+        the application confirms a proposal by sending it to UpsertMemory. Every
+        source names the conversation's incarnation; a conversation erased (or
+        erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
         """
         return await self.execute_unary(
             request=request,
@@ -525,7 +529,9 @@ class MemoryServiceSync(Protocol):
         """
         Proposes memories from a range of a transcript, with validated source
         ranges, each matched against the namespace's memories. Stores nothing:
-        the application confirms a proposal by sending it to UpsertMemory.
+        the application confirms a proposal by sending it to UpsertMemory. Every
+        source names the conversation's incarnation; a conversation erased (or
+        erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -859,7 +865,9 @@ class MemoryServiceClientSync(ConnectClientSync):
         """
         Proposes memories from a range of a transcript, with validated source
         ranges, each matched against the namespace's memories. Stores nothing:
-        the application confirms a proposal by sending it to UpsertMemory.
+        the application confirms a proposal by sending it to UpsertMemory. Every
+        source names the conversation's incarnation; a conversation erased (or
+        erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
         """
         return self.execute_unary(
             request=request,

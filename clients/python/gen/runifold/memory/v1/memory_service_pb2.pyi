@@ -115,22 +115,34 @@ class MemorySource(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     FROM_SEQUENCE_FIELD_NUMBER: _builtins.int
     THROUGH_SEQUENCE_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID of the conversation, in the memory's namespace."""
     from_sequence: _builtins.int
     """First sequence of the range (1-based, inclusive)."""
     through_sequence: _builtins.int
     """Last sequence of the range (inclusive, not before `from_sequence`)."""
+    incarnation: _builtins.int
+    """The incarnation of the conversation the range was read from
+    (Conversation.incarnation of TranscriptService). ProposeMemories sets it on
+    every source of every proposal; send it back unchanged in UpsertMemory.
+    When set, UpsertMemory refuses the source unless the conversation is still
+    that incarnation (an erased one, or one erased and created again under the
+    same id, is NOT_FOUND / SOURCE_NOT_FOUND), however long after the proposal.
+    0: whatever incarnation is current at the source check. Not recorded with
+    a stored memory: Memory.sources and MemoryRevision.sources report 0.
+    """
     def __init__(
         self,
         *,
         conversation_id: _builtins.str = ...,
         from_sequence: _builtins.int = ...,
         through_sequence: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "from_sequence", b"from_sequence", "through_sequence", b"through_sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "from_sequence", b"from_sequence", "incarnation", b"incarnation", "through_sequence", b"through_sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1089,7 +1101,10 @@ class MemoryProposal(_message.Message):
     """Why the proposer proposes it (at most 512 bytes)."""
     @_builtins.property
     def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemorySource]:
-        """Where it came from: ranges inside the asked range of the conversation."""
+        """Where it came from: ranges inside the asked range of the conversation,
+        each with the incarnation it was read from (UpsertMemory refuses it once
+        that incarnation is erased).
+        """
 
     @_builtins.property
     def valid_from_time(self) -> _timestamp_pb2.Timestamp:

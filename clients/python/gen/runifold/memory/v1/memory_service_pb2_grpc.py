@@ -164,7 +164,9 @@ class MemoryServiceServicer:
     def ProposeMemories(self, request, context):
         """Proposes memories from a range of a transcript, with validated source
         ranges, each matched against the namespace's memories. Stores nothing:
-        the application confirms a proposal by sending it to UpsertMemory.
+        the application confirms a proposal by sending it to UpsertMemory. Every
+        source names the conversation's incarnation; a conversation erased (or
+        erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -72,7 +72,9 @@ class MemoryServiceStub:
     ProposeMemories: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.ProposeMemoriesRequest, _memory_service_pb2.ProposeMemoriesResponse]
     """Proposes memories from a range of a transcript, with validated source
     ranges, each matched against the namespace's memories. Stores nothing:
-    the application confirms a proposal by sending it to UpsertMemory.
+    the application confirms a proposal by sending it to UpsertMemory. Every
+    source names the conversation's incarnation; a conversation erased (or
+    erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
     """
 
 @_typing.type_check_only
@@ -119,7 +121,9 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     ProposeMemories: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.ProposeMemoriesRequest, _memory_service_pb2.ProposeMemoriesResponse]  # type: ignore[assignment]
     """Proposes memories from a range of a transcript, with validated source
     ranges, each matched against the namespace's memories. Stores nothing:
-    the application confirms a proposal by sending it to UpsertMemory.
+    the application confirms a proposal by sending it to UpsertMemory. Every
+    source names the conversation's incarnation; a conversation erased (or
+    erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
     """
 
 class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -211,7 +215,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_memory_service_pb2.ProposeMemoriesResponse, _abc.Awaitable[_memory_service_pb2.ProposeMemoriesResponse]]:
         """Proposes memories from a range of a transcript, with validated source
         ranges, each matched against the namespace's memories. Stores nothing:
-        the application confirms a proposal by sending it to UpsertMemory.
+        the application confirms a proposal by sending it to UpsertMemory. Every
+        source names the conversation's incarnation; a conversation erased (or
+        erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
         """
 
 def add_MemoryServiceServicer_to_server(servicer: MemoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
