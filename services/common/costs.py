@@ -181,9 +181,6 @@ COSTS: dict[str, CostClass] = {
         "one status",
         "stream",
     ),
-    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": CostClass(
-        "exempt", "no namespace: descriptors from memory", "one file descriptor set", "stream"
-    ),
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": CostClass(
         "exempt", "no namespace: descriptors from memory", "one file descriptor set", "stream"
     ),
