@@ -292,7 +292,7 @@ async def test_concurrent_pops_from_two_objects_return_each_item_once(
     await writer.add_items(
         [{"role": "user", "content": "first"}, {"role": "assistant", "content": "second"}]
     )
-    popped = await asyncio.gather(writer.pop_item(), other.pop_item())
+    popped: Any = await asyncio.gather(writer.pop_item(), other.pop_item())
     assert {item["content"] for item in popped if item is not None} == {"first", "second"}
     assert await writer.get_items() == []
 

@@ -159,7 +159,7 @@ class RunifoldSession:
         if conflict_attempts < 1:
             raise ValueError("conflict_attempts must be at least 1")
         self.session_id = session_id
-        self.session_settings: SessionSettings = (
+        self.session_settings: SessionSettings | None = (
             coerce_session_settings(session_settings)
             if session_settings is not None
             else SessionSettings()
@@ -295,8 +295,8 @@ class RunifoldSession:
             for attempt in range(1, self.conflict_attempts + 1):
                 if not expected:
                     # Never read, or read while it did not exist: make it (idempotent).
-                    # Read empty, the write is at 0 (another writer's first write came
-                    # first if it is not); never read, at the version found.
+                    # Read while it did not exist, the write is at version 0 (and conflicts
+                    # if another writer's came first); never read, at the version found.
                     current = await self._create()
                     if expected is None:
                         expected = self._version = current  # what a retry names
