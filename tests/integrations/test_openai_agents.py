@@ -277,7 +277,7 @@ async def test_concurrent_adds_from_one_object_all_land(client: AsyncClient) -> 
     whole, none lost."""
     s = session(client)
     await s.get_items()
-    sent = [f"m{i}" for i in range(6)]
+    sent = [f"m{i:02}" for i in range(25)]
     await asyncio.gather(*(s.add_items([{"role": "user", "content": c}]) for c in sent))
     assert sorted(await contents(s)) == sent
 

@@ -41,9 +41,9 @@ _INSTRUCTION_ROLES = frozenset({"system", "developer"})
 _RUN_VERSIONS = "_runifold_session_versions"
 # The attribute of a run's context holding the run's writer id (see _framework.request_id_for).
 _RUN_WRITER = "_runifold_session_writer"
-# A write that loses the compare-and-swap to another writer and is made again at the new
-# version (pop_item; add_items outside a run) is tried at most this many times in all:
-# each round some writer wins, so this bounds the writers one call waits behind.
+# A pop that loses the compare-and-swap to another writer reads the session again and
+# pops what is last then, at most this many times in all: each round some writer wins,
+# so this bounds the writers one pop waits behind.
 DEFAULT_CONFLICT_ATTEMPTS = 8
 
 
@@ -120,17 +120,16 @@ class RunifoldSession:
     - `add_items` in a run that read the session is one compare-and-swap append at the
       version the run read or last wrote: a concurrent writer makes it raise
       `SessionConflict` and save nothing. Outside a run (or in a run that never read
-      it) it appends as the SDK's own sessions do: a write that loses the
-      compare-and-swap to another writer is made again at the new version (at most
-      `conflict_attempts` times in all), so concurrent adds all land, each whole, as
-      its own write. A retry of a call (same object or run, same items, at the version
-      the call was made at) replays instead of writing twice; the same items from
-      another object or run are its own write. Up to 256 items are one atomic append;
-      more are several, each compare-and-swap.
+      it) it appends at the end, as the SDK's own sessions do: adds at once all land,
+      each whole, each its own write. A retry of a call (same object or run, same
+      items, nothing else written by it between) replays instead of writing twice; the
+      same items from another object or run are its own write. Up to 256 items are
+      one atomic append; more are several.
     - `pop_item` retracts the last standing item (a recorded retraction: the transcript
       keeps it, ListEntries shows it retracted) and returns it; a pop that loses the
-      compare-and-swap reads the session again and pops the item then last, so pops at
-      once (from objects, runs or processes) each return a different item.
+      compare-and-swap reads the session again and pops the item then last (at most
+      `conflict_attempts` times), so pops at once (from objects, runs or processes)
+      each return a different item.
     - `clear_session` erases the conversation (entries, summaries, derived memories),
       as an erasure does; the next `add_items` starts it afresh.
 
@@ -239,8 +238,11 @@ class RunifoldSession:
         payload: list[str],
         messages: Sequence[common_pb2.Message] = (),
         retract: Sequence[int] = (),
+        *,
+        compare: bool = True,
     ) -> transcript_pb.AppendEntriesResponse:
-        """One compare-and-swap append at `version`, idempotent for `writer`'s retry."""
+        """One append, a compare-and-swap at `version` unless `compare` is false,
+        idempotent for `writer`'s retry of a call made at `version`."""
         request_id = self._in_flight.claim(
             fw.request_id_for(self.conversation_id, version, payload, writer=writer)
         )
@@ -249,7 +251,7 @@ class RunifoldSession:
                 self.conversation_id,
                 list(messages),
                 namespace=self.namespace,
-                expected_version=version,
+                expected_version=version if compare else None,
                 retract_sequences=retract,
                 request_id=request_id,
             )
@@ -286,30 +288,31 @@ class RunifoldSession:
         messages = [item_to_message(item) for item in items]
         writer = self._writer_of(wrapper)
         read = self._run_version(wrapper)
-        # In a run that read the session, its read must still be current; else append.
-        strict = read is not None
-        expected = read if strict else self._version
+        # In a run that read the session, a compare-and-swap at what it read; else an
+        # append at the end, as the SDK's sessions make. Either way the version (the one
+        # the call starts from) names the call, so that its retry replays.
+        version = read if read is not None else self._version
         for start in range(0, len(messages), fw.MAX_ITEMS_PER_APPEND):
             chunk = messages[start : start + fw.MAX_ITEMS_PER_APPEND]
             payload = [m.native_json for m in chunk]
-            for attempt in range(1, self.conflict_attempts + 1):
-                if not expected:
+            for attempt in (1, 2):
+                if not version:
                     # Never read, or read while it did not exist: make it (idempotent).
-                    # Read while it did not exist, the write is at version 0 (and conflicts
-                    # if another writer's came first); never read, at the version found.
                     current = await self._create()
-                    if expected is None:
-                        expected = self._version = current  # what a retry names
+                    if version is None:
+                        version = self._version = current
                 try:
-                    reply = await self._append(writer, expected, payload, chunk)
-                except (VersionConflict, NotFound) as error:
-                    if strict or attempt == self.conflict_attempts:
-                        raise self._conflict(error, expected) from None
-                    # Another writer's write came first: this one lands after it.
-                    expected = error.current_version if isinstance(error, VersionConflict) else 0
-                    self._version = expected
+                    reply = await self._append(
+                        writer, version, payload, chunk, compare=read is not None
+                    )
+                except VersionConflict as error:
+                    raise self._conflict(error, version) from None
+                except NotFound as error:
+                    if read is not None or attempt == 2:
+                        raise self._conflict(error, version) from None
+                    version = 0  # erased since this object saw it: the session starts afresh
                     continue
-                expected = reply.version
+                version = reply.version
                 self._remember(wrapper, reply.version)
                 break
 
