@@ -227,8 +227,8 @@ async def test_the_same_items_from_two_writers_at_one_version_are_two_writes(
 ) -> None:
     """Two session objects that read one version add the same items: both report
     success and both copies are stored (the second is its own write, not a replay of
-    the first); two runs doing so: one lands, the other is refused, never both
-    reported as one copy."""
+    the first); two runs of one object doing so: one lands, the other is refused,
+    never both reported as one copy."""
     first = session(client)
     await first.add_items([{"role": "user", "content": "start"}])
     second = session(client, first.session_id)
@@ -239,12 +239,13 @@ async def test_the_same_items_from_two_writers_at_one_version_are_two_writes(
     await second.add_items(same)
     assert await contents(first) == ["start", "yes", "yes"]
 
+    # Two runs on one object (each run is a writer of its own).
     run_a, run_b = RunContextWrapper(context=None), RunContextWrapper(context=None)
     await first.get_items(wrapper=run_a)
-    await second.get_items(wrapper=run_b)
+    await first.get_items(wrapper=run_b)
     await first.add_items(same, wrapper=run_a)
     with pytest.raises(SessionConflict):
-        await second.add_items(same, wrapper=run_b)
+        await first.add_items(same, wrapper=run_b)
     assert await contents(first) == ["start", "yes", "yes", "yes"]
 
 
