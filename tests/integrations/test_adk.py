@@ -28,6 +28,7 @@ from google.genai import types
 
 from runifold_client import AsyncClient
 from runifold_client.adk import RunifoldMemoryService, RunifoldSessionService, event_to_message
+from runifold_client.errors import InvalidArgument
 from tests.conftest import wait_for
 from tests.stack import Stack, full_stack
 
@@ -212,6 +213,45 @@ async def test_a_stale_session_is_refused_and_stores_nothing(
     assert final is not None
     assert [e.invocation_id for e in final.events] == ["inv1", "inv2"]
     assert final.state == {"a": 1, "b": 2}
+
+
+async def test_an_event_delivered_again_is_stored_once(
+    service: RunifoldSessionService, app: str
+) -> None:
+    """An event's id is its idempotency key: appended again to the same session object,
+    through a session loaded after it, or retried after a lost reply, it is stored (and
+    its state change applied) once; the session goes on. Another event under that id is
+    refused, as ADK's database service refuses it."""
+    session = await service.create_session(app_name=app, user_id="u")
+    event = Event(
+        invocation_id="inv1",
+        author="user",
+        content=types.Content(role="user", parts=[types.Part(text="once")]),
+        actions=EventActions(state_delta={"n": 1, "user:seen": True}),
+    )
+    await service.append_event(session, event)
+    await service.append_event(session, event)
+    assert [e.id for e in session.events] == [event.id]
+    loaded = await service.get_session(app_name=app, user_id="u", session_id=session.id)
+    assert loaded is not None
+    await service.append_event(loaded, event)
+    assert [e.id for e in loaded.events] == [event.id]
+
+    # A retry whose first reply was lost: the session object never heard of the event.
+    before = await service.get_session(app_name=app, user_id="u", session_id=session.id)
+    assert before is not None
+    retried = Event(invocation_id="inv2", author="user", actions=EventActions(state_delta={"m": 2}))
+    await service.append_event(before.model_copy(deep=True), retried)
+    await service.append_event(before, retried)
+    assert [e.id for e in before.events] == [event.id, retried.id]
+    await service.append_event(before, Event(invocation_id="inv3", author="user"))
+
+    with pytest.raises(InvalidArgument, match="different payload"):
+        await service.append_event(before, Event(id=event.id, invocation_id="inv4", author="user"))
+    final = await service.get_session(app_name=app, user_id="u", session_id=session.id)
+    assert final is not None
+    assert [e.invocation_id for e in final.events] == ["inv1", "inv2", "inv3"]
+    assert final.state == {"n": 1, "m": 2, "user:seen": True}
 
 
 async def test_ten_concurrent_writers_from_separate_services(client: AsyncClient, app: str) -> None:

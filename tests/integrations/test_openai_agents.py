@@ -12,7 +12,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from agents import Agent, RunConfig, Runner, function_tool, set_tracing_disabled
+from agents import (
+    Agent,
+    RunConfig,
+    RunContextWrapper,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
 from agents.memory import SessionSettings
 from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
 from openai import AsyncOpenAI
@@ -21,6 +28,7 @@ from runifold_client import AsyncClient
 from runifold_client.openai_agents import RunifoldSession, SessionConflict
 from tests.conftest import wait_for
 from tests.fakes.openai_server import FakeOpenAI, FakeReply, FakeToolCall, fake_openai
+from tests.integrations.session_peer import run_peer
 from tests.stack import Stack, full_stack
 
 set_tracing_disabled(True)  # the SDK would export traces to the network otherwise
@@ -176,10 +184,33 @@ async def test_a_retried_add_stores_once(client: AsyncClient) -> None:
     assert await s.get_items() == items
 
 
-async def test_a_second_writer_gets_a_conflict_not_an_interleaving(client: AsyncClient) -> None:
-    """Two session objects that read the same version: the second add is refused whole
-    and nothing of it lands; after reading again it succeeds."""
-    first, second = session(client), None
+async def test_a_stale_run_gets_a_conflict_not_an_interleaving(client: AsyncClient) -> None:
+    """Two runs (each with its context, as the Runner hands it) that read the same
+    version: the second run's add is refused whole and nothing of it lands; after
+    reading again it succeeds."""
+    first = session(client)
+    await first.add_items([{"role": "user", "content": "start"}])
+    second = session(client, first.session_id)
+    run_a, run_b = RunContextWrapper(context=None), RunContextWrapper(context=None)
+    await first.get_items(wrapper=run_a)
+    await second.get_items(wrapper=run_b)
+    await first.add_items(
+        [{"role": "user", "content": "A1"}, {"role": "assistant", "content": "A2"}],
+        wrapper=run_a,
+    )
+    with pytest.raises(SessionConflict) as conflict:
+        await second.add_items([{"role": "user", "content": "B1"}], wrapper=run_b)
+    assert conflict.value.current_version == 2
+    assert await contents(first) == ["start", "A1", "A2"]
+    await second.get_items(wrapper=run_b)
+    await second.add_items([{"role": "user", "content": "B1"}], wrapper=run_b)
+    assert await contents(first) == ["start", "A1", "A2", "B1"]
+
+
+async def test_outside_a_run_a_second_writer_lands_after_the_first(client: AsyncClient) -> None:
+    """Outside a run add_items appends as the SDK's own sessions do: a writer whose
+    version is stale lands after the other's write, whole, never inside it."""
+    first = session(client)
     await first.add_items([{"role": "user", "content": "start"}])
     second = session(client, first.session_id)
     await first.get_items()
@@ -187,13 +218,202 @@ async def test_a_second_writer_gets_a_conflict_not_an_interleaving(client: Async
     await first.add_items(
         [{"role": "user", "content": "A1"}, {"role": "assistant", "content": "A2"}]
     )
-    with pytest.raises(SessionConflict) as conflict:
-        await second.add_items([{"role": "user", "content": "B1"}])
-    assert conflict.value.current_version == 2
-    assert await contents(first) == ["start", "A1", "A2"]
-    await second.get_items()
     await second.add_items([{"role": "user", "content": "B1"}])
     assert await contents(first) == ["start", "A1", "A2", "B1"]
+
+
+async def test_the_same_items_from_two_writers_at_one_version_are_two_writes(
+    client: AsyncClient,
+) -> None:
+    """Two session objects that read one version add the same items: both report
+    success and both copies are stored (the second is its own write, not a replay of
+    the first); two runs of one object doing so: one lands, the other is refused,
+    never both reported as one copy."""
+    first = session(client)
+    await first.add_items([{"role": "user", "content": "start"}])
+    second = session(client, first.session_id)
+    await first.get_items()
+    await second.get_items()
+    same: list[Any] = [{"role": "user", "content": "yes"}]
+    await first.add_items(same)
+    await second.add_items(same)
+    assert await contents(first) == ["start", "yes", "yes"]
+
+    # Two runs on one object (each run is a writer of its own).
+    run_a, run_b = RunContextWrapper(context=None), RunContextWrapper(context=None)
+    await first.get_items(wrapper=run_a)
+    await first.get_items(wrapper=run_b)
+    await first.add_items(same, wrapper=run_a)
+    with pytest.raises(SessionConflict):
+        await first.add_items(same, wrapper=run_b)
+    assert await contents(first) == ["start", "yes", "yes", "yes"]
+
+
+async def test_the_same_items_from_another_process_are_its_own_write(
+    stack: Stack, client: AsyncClient, namespace: str
+) -> None:
+    """A second process reads the session and adds the same items this object adds at
+    the version it read: both writes land."""
+    mine = session(client)
+    await mine.add_items([{"role": "user", "content": "start"}])
+    await mine.get_items()
+    same: list[Any] = [{"role": "user", "content": "same"}]
+    await run_peer(stack.address, namespace, mine.session_id, "add", json.dumps(same))
+    await mine.add_items(same)
+    assert await contents(mine) == ["start", "same", "same"]
+
+
+async def test_identical_adds_at_once_from_one_object_both_land(client: AsyncClient) -> None:
+    """Two calls of one object running at once with the same items are two writes (a
+    retry is a call made after the first ended)."""
+    s = session(client)
+    await s.add_items([{"role": "user", "content": "start"}])
+    same: list[Any] = [{"role": "user", "content": "again"}]
+    await asyncio.gather(s.add_items(same), s.add_items(same))
+    assert await contents(s) == ["start", "again", "again"]
+
+
+async def test_concurrent_adds_from_one_object_all_land(client: AsyncClient) -> None:
+    """As the SDK's sessions: many adds at once through one object all succeed, each
+    whole, none lost."""
+    s = session(client)
+    await s.get_items()
+    sent = [f"m{i:02}" for i in range(25)]
+    await asyncio.gather(*(s.add_items([{"role": "user", "content": c}]) for c in sent))
+    assert sorted(await contents(s)) == sent
+
+
+async def test_concurrent_pops_from_two_objects_return_each_item_once(
+    client: AsyncClient,
+) -> None:
+    """Two session objects popping at once: each returns a different item, and both
+    items are retracted."""
+    writer = session(client)
+    other = session(client, writer.session_id)
+    await writer.add_items(
+        [{"role": "user", "content": "first"}, {"role": "assistant", "content": "second"}]
+    )
+    popped: Any = await asyncio.gather(writer.pop_item(), other.pop_item())
+    assert {item["content"] for item in popped if item is not None} == {"first", "second"}
+    assert await writer.get_items() == []
+
+
+async def test_pops_at_once_from_two_processes_return_each_item_once(
+    stack: Stack, client: AsyncClient, namespace: str
+) -> None:
+    """This object reads the session and holds its pop's compare-and-swap while a
+    second process pops: the second process retracts the last item, and this pop,
+    losing the compare-and-swap, reads again and retracts the one before it. Both
+    entries stay in the transcript, retracted."""
+    mine = session(client)
+    await mine.add_items(
+        [{"role": "user", "content": "first"}, {"role": "assistant", "content": "second"}]
+    )
+    held, release = asyncio.Event(), asyncio.Event()
+    original = client.append
+
+    async def gated(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("retract_sequences") and not held.is_set():
+            held.set()
+            await release.wait()
+        return await original(*args, **kwargs)
+
+    client.append = gated  # type: ignore[method-assign]
+    try:
+        pop = asyncio.create_task(mine.pop_item())
+        async with asyncio.timeout(60):  # a hang guard, not a threshold
+            await held.wait()
+        theirs = await run_peer(stack.address, namespace, mine.session_id, "pop")
+        release.set()
+        popped = await pop
+    finally:
+        release.set()
+        client.append = original  # type: ignore[method-assign]
+    assert theirs == {"role": "assistant", "content": "second"}
+    assert popped == {"role": "user", "content": "first"}
+    assert await mine.get_items() == []
+    entries = [e async for e in client.entries(mine.conversation_id)]
+    assert [bool(e.retracted_version) for e in entries] == [True, True]
+
+
+async def test_a_retried_pop_returns_its_own_item(client: AsyncClient) -> None:
+    """A pop's write retried by gRPC after a lost reply replays: the same item, once."""
+    s = session(client)
+    await s.add_items([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+    original = client.append
+
+    async def twice(*args: Any, **kwargs: Any) -> Any:
+        await original(*args, **kwargs)  # the reply lost
+        return await original(*args, **kwargs)
+
+    client.append = twice  # type: ignore[method-assign]
+    try:
+        assert await s.pop_item() == {"role": "user", "content": "b"}
+    finally:
+        client.append = original  # type: ignore[method-assign]
+    assert await s.get_items() == [{"role": "user", "content": "a"}]
+
+
+# -- settings, and any event loop -----------------------------------------------------
+
+
+async def test_settings_default_accept_a_dict_and_refuse_unknown_keys(
+    client: AsyncClient,
+) -> None:
+    default = session(client)
+    assert isinstance(default.session_settings, SessionSettings)
+    assert default.session_settings.limit is None
+    items: list[Any] = [{"role": "user", "content": f"m{i}"} for i in range(5)]
+    await default.add_items(items)
+    limited = session(client, default.session_id, session_settings={"limit": 2})
+    assert isinstance(limited.session_settings, SessionSettings)
+    assert await limited.get_items() == items[-2:]
+    assert await limited.get_items(limit=3) == items[-3:]
+    with pytest.raises(TypeError, match="limitt"):
+        session(client, session_settings={"limitt": 2})
+
+
+async def test_dict_settings_under_the_runner(
+    client: AsyncClient, model_server: FakeOpenAI
+) -> None:
+    """The Runner reads a dict's limit as it reads SessionSettings'."""
+    model_server.respond_with(lambda body: FakeReply(text="ok"))
+    s = session(client, session_settings={"limit": 2})
+    await s.add_items([{"role": "user", "content": f"old {i}"} for i in range(4)])
+    result = await Runner.run(agent(model_server), "new", session=s)
+    assert result.final_output == "ok"
+    sent = model_server.chat_requests[-1].messages
+    assert [m["content"] for m in sent if m["role"] == "user"] == ["old 2", "old 3", "new"]
+
+
+async def test_one_session_from_any_loop_and_thread(
+    stack: Stack, namespace: str, model_server: FakeOpenAI
+) -> None:
+    """One session object (with its own client) used from this loop, from another
+    thread's asyncio.run twice, under Runner.run_sync, and from two threads at once."""
+    model_server.respond_with(lambda body: FakeReply(text="synced"))
+    s = RunifoldSession(f"loops-{uuid.uuid4().hex[:8]}", target=stack.address, namespace=namespace)
+    await s.add_items([{"role": "user", "content": "here"}])
+
+    def elsewhere() -> list[Any]:
+        asyncio.run(s.add_items([{"role": "user", "content": "there"}]))
+        return asyncio.run(s.get_items())
+
+    assert [i["content"] for i in await asyncio.to_thread(elsewhere)] == ["here", "there"]
+
+    def run_sync() -> Any:
+        return Runner.run_sync(agent(model_server), "sync question", session=s)
+
+    assert (await asyncio.to_thread(run_sync)).final_output == "synced"
+
+    def add(content: str) -> None:
+        asyncio.run(s.add_items([{"role": "user", "content": content}]))
+
+    await asyncio.gather(asyncio.to_thread(add, "t1"), asyncio.to_thread(add, "t2"))
+    found = await contents(s)
+    assert found[:3] == ["here", "there", "sync question"]
+    assert sorted(found[-2:]) == ["t1", "t2"]
+    await s.close()
 
 
 async def test_instructions_never_persist(client: AsyncClient) -> None:

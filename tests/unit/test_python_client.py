@@ -476,6 +476,40 @@ def test_invalid_argument_names_the_field() -> None:
     assert isinstance(error, InvalidArgument) and error.field == "namespace"
 
 
+def test_an_async_client_works_from_any_event_loop() -> None:
+    """Made outside any loop, one AsyncClient serves one asyncio.run after another and
+    threads with loops of their own, at once (a channel per loop); closed, it refuses."""
+
+    def respond(request: Any, context: Any) -> Any:
+        return summary_pb.GetBacklogResponse(depth=len(server.requests))
+
+    with ScriptedServer(SUMMARY.methods_by_name["GetBacklog"], respond) as server:
+        client = AsyncClient(server.address, namespace="tenant-a", timeout=5)
+        assert asyncio.run(client.backlog()).depth == 1
+        assert asyncio.run(client.backlog()).depth == 2
+        gate = threading.Barrier(3)
+        depths: list[int] = []
+
+        def elsewhere() -> None:
+            gate.wait()
+            depths.append(asyncio.run(client.backlog()).depth)
+
+        threads = [threading.Thread(target=elsewhere) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(depths) == [3, 4, 5]
+
+        async def close_then_call() -> None:
+            await client.backlog()
+            await client.close()
+            with pytest.raises(RuntimeError, match="closed"):
+                await client.backlog()
+
+        asyncio.run(close_then_call())
+
+
 async def test_a_blocking_client_works_inside_a_running_event_loop() -> None:
     """It runs on a loop of its own: calling it from async code blocks, but never
     deadlocks on the caller's loop."""

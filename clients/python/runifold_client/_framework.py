@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -38,14 +39,57 @@ def conversation_id_for(*parts: str) -> str:
     return str(uuid.uuid5(_ID_NAMESPACE, json.dumps(list(parts))))
 
 
-def request_id_for(conversation_id: str, version: int, payload: Iterable[str]) -> str:
+def request_id_for(
+    conversation_id: str, version: int, payload: Iterable[str], *, writer: str = ""
+) -> str:
     """The idempotency key of a write made at a version the writer read: a retry of the
-    same write (same version, same payload) replays instead of writing twice."""
+    same write (same writer, same version, same payload) replays instead of writing
+    twice. `writer` names who writes (a session object, a run): the same payload from
+    another writer at the same version is another write, never a replay of this one."""
     digest = hashlib.sha256(f"{conversation_id}\n{version}".encode())
+    if writer:
+        digest.update(f"\nwriter {writer}".encode())
     for part in payload:
         digest.update(b"\n")
         digest.update(part.encode())
     return "fw-" + digest.hexdigest()[:48]
+
+
+def new_writer_id() -> str:
+    """A writer id (see request_id_for): random, made once per writer."""
+    return uuid.uuid4().hex
+
+
+def keyed_request_id(conversation_id: str, kind: str, key: str) -> str:
+    """The idempotency key of a write the framework names itself (an ADK event by its
+    id): the same key is the same write, whoever sends it and at whatever version."""
+    digest = hashlib.sha256(f"{conversation_id}\n{kind}\n{key}".encode())
+    return "fw-" + digest.hexdigest()[:48]
+
+
+class InFlight:
+    """The request ids a writer has in flight, so that two of its calls running at once
+    with the same write (which would share one request id, and so be stored once while
+    both report success) are told apart; a retry made after a call ended still finds
+    the call's own id, and replays. Thread-safe (a writer may be used from threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: set[str] = set()
+
+    def claim(self, request_id: str) -> str:
+        """`request_id`, or a derived one when it is in flight already; release it after."""
+        with self._lock:
+            claimed, n = request_id, 0
+            while claimed in self._ids:
+                n += 1
+                claimed = "fw-" + hashlib.sha256(f"{request_id}#{n}".encode()).hexdigest()[:48]
+            self._ids.add(claimed)
+            return claimed
+
+    def release(self, request_id: str) -> None:
+        with self._lock:
+            self._ids.discard(request_id)
 
 
 def clip(text: str, limit: int = MAX_RENDERED_CHARS) -> str:

@@ -369,13 +369,21 @@ class RunifoldSessionService(BaseSessionService):  # type: ignore[misc]  # googl
         expected = await self._expected_version(scope, cid, session)
         message = event_to_message(event)
         delta = event.actions.state_delta if event.actions and event.actions.state_delta else {}
+        # The event's id is the write's idempotency key: an event delivered again (a
+        # retry after a lost reply, a re-delivery, from this session object or another)
+        # is stored once, whatever version its session was loaded at.
+        request_id = (
+            fw.keyed_request_id(cid, "adk.event", event.id)
+            if event.id
+            else fw.request_id_for(cid, expected, [message.native_json])
+        )
         try:
             reply = await self.client.append(
                 cid,
                 [message],
                 namespace=scope.namespace,
                 expected_version=expected,
-                request_id=fw.request_id_for(cid, expected, [event.id, message.native_json]),
+                request_id=request_id,
                 state_delta=scope.delta(delta, event.timestamp),
             )
         except VersionConflict as error:
@@ -384,7 +392,17 @@ class RunifoldSessionService(BaseSessionService):  # type: ignore[misc]  # googl
             ) from None
         except NotFound:
             raise SessionNotFoundError(f"Session {session.id} not found.") from None
-        session._storage_update_marker = str(reply.version)
+        if reply.replayed and (
+            expected >= reply.version or any(e.id == event.id for e in session.events)
+        ):
+            # Stored already, and this session holds it (or was loaded after it): as
+            # ADK's in-memory service does with an equal re-delivery, nothing changes.
+            return event
+        if not reply.replayed or expected == reply.version - 1:
+            # A replay here is a retry whose first reply was lost: the session takes the
+            # event as that first call would have. Were there writes between, its marker
+            # stays where it was, and its next append is refused as stale.
+            session._storage_update_marker = str(reply.version)
         session.last_update_time = event.timestamp
         return self._commit_event_to_session(session, event)
 

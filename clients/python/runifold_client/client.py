@@ -337,6 +337,17 @@ def _revisions(namespace: str, memory_id: str, token: str) -> memory_pb.ListMemo
     )
 
 
+class _LoopChannel:
+    """A channel of one event loop, and the stubs on it."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.channel = channel
+        self.transcripts = transcript_grpc.TranscriptServiceStub(channel)
+        self.summaries = summary_grpc.SummaryServiceStub(channel)
+        self.memories = memory_grpc.MemoryServiceStub(channel)
+        self.agent = agent_grpc.AgentServiceStub(channel)
+
+
 class AsyncClient:
     """asyncio client of every Runifold service.
 
@@ -348,6 +359,8 @@ class AsyncClient:
     `namespace` is the default of every call (each method takes `namespace=` too);
     `token` is sent as a bearer token; `timeout` (seconds) is each call's deadline
     unless the call says otherwise; `max_attempts` bounds gRPC's retries of UNAVAILABLE.
+    It may be made outside any event loop and used from several (a channel per loop,
+    opened on the loop's first call): threads, `asyncio.run` after `asyncio.run`.
     """
 
     def __init__(
@@ -365,16 +378,15 @@ class AsyncClient:
         self.timeout = timeout
         self.max_attempts = max_attempts
         self._metadata = _metadata(token)
-        options = channel_options(max_attempts)
-        self.channel = (
-            grpc.aio.secure_channel(target, credentials, options=options)
-            if credentials is not None
-            else grpc.aio.insecure_channel(target, options=options)
-        )
-        self.transcripts = transcript_grpc.TranscriptServiceStub(self.channel)
-        self.summaries = summary_grpc.SummaryServiceStub(self.channel)
-        self.memories = memory_grpc.MemoryServiceStub(self.channel)
-        self.agent = agent_grpc.AgentServiceStub(self.channel)
+        self._credentials = credentials
+        self._options = channel_options(max_attempts)
+        # One channel per event loop, made on the loop's first call: a grpc.aio channel
+        # belongs to the loop it was made on, and one client (a framework session built
+        # outside any loop, say) is used from several: Runner.run_sync, threads, one
+        # asyncio.run after another.
+        self._lock = threading.Lock()
+        self._channels: dict[asyncio.AbstractEventLoop, _LoopChannel] = {}
+        self._closed = False
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -382,9 +394,61 @@ class AsyncClient:
     async def __aexit__(self, *_: object) -> None:
         await self.close()
 
+    def _here(self) -> _LoopChannel:
+        """The channel (and stubs) of the running loop, made on its first call."""
+        loop = asyncio.get_running_loop()
+        found = self._channels.get(loop)
+        if found is not None:
+            return found
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the client is closed")
+            found = self._channels.get(loop)
+            if found is None:
+                # A closed loop's channel can never run again: let it go.
+                for gone in [other for other in self._channels if other.is_closed()]:
+                    del self._channels[gone]
+                channel = (
+                    grpc.aio.secure_channel(self.target, self._credentials, options=self._options)
+                    if self._credentials is not None
+                    else grpc.aio.insecure_channel(self.target, options=self._options)
+                )
+                found = self._channels[loop] = _LoopChannel(channel)
+            return found
+
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        """The channel of the running event loop."""
+        return self._here().channel
+
+    @property
+    def transcripts(self) -> transcript_grpc.TranscriptServiceAsyncStub:
+        return self._here().transcripts
+
+    @property
+    def summaries(self) -> summary_grpc.SummaryServiceAsyncStub:
+        return self._here().summaries
+
+    @property
+    def memories(self) -> memory_grpc.MemoryServiceAsyncStub:
+        return self._here().memories
+
+    @property
+    def agent(self) -> agent_grpc.AgentServiceAsyncStub:
+        return self._here().agent
+
     async def close(self) -> None:
-        """Close the channel."""
-        await self.channel.close()
+        """Close the channels: this loop's (awaited), each other running loop's on that
+        loop; a channel of a closed loop is let go. A closed client makes no calls."""
+        with self._lock:
+            self._closed = True
+            channels, self._channels = self._channels, {}
+        here = asyncio.get_running_loop()
+        for loop, open_channel in channels.items():
+            if loop is here:
+                await open_channel.channel.close()
+            elif loop.is_running():
+                asyncio.run_coroutine_threadsafe(open_channel.channel.close(), loop)
 
     def _ns(self, namespace: str | None) -> str:
         return self.namespace if namespace is None else namespace
@@ -1241,17 +1305,14 @@ class Client:
         )
         self._thread.start()
 
-        async def make() -> AsyncClient:  # grpc.aio binds a channel to the running loop
-            return AsyncClient(
-                target,
-                namespace=namespace,
-                token=token,
-                credentials=credentials,
-                timeout=timeout,
-                max_attempts=max_attempts,
-            )
-
-        self.aio = self._run(make())
+        self.aio = AsyncClient(  # used only on the client's own loop
+            target,
+            namespace=namespace,
+            token=token,
+            credentials=credentials,
+            timeout=timeout,
+            max_attempts=max_attempts,
+        )
         self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._thread, self.aio)
 
     @property

@@ -18,23 +18,33 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from agents.memory.session_settings import (
+    SessionSettings,
+    coerce_session_settings,
+    resolve_session_limit,
+)
 
 from runifold.common.v1 import common_pb2
+from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold_client import _framework as fw
 from runifold_client.client import DEFAULT_TARGET, AsyncClient
 from runifold_client.errors import NotFound, RunifoldError, VersionConflict
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
-    from agents.memory.session_settings import SessionSettings
 else:
     TResponseInputItem = Any
-    SessionSettings = Any
 
 # Roles whose text is instructions: never stored (the transcript holds no system text).
 _INSTRUCTION_ROLES = frozenset({"system", "developer"})
 # The attribute of the SDK's per-run context in which a run keeps the version it read.
 _RUN_VERSIONS = "_runifold_session_versions"
+# The attribute of a run's context holding the run's writer id (see _framework.request_id_for).
+_RUN_WRITER = "_runifold_session_writer"
+# A pop that loses the compare-and-swap to another writer reads the session again and
+# pops what is last then, at most this many times in all: each round some writer wins,
+# so this bounds the writers one pop waits behind.
+DEFAULT_CONFLICT_ATTEMPTS = 8
 
 
 class SessionConflict(VersionConflict):
@@ -107,17 +117,28 @@ class RunifoldSession:
 
     - `get_items(limit)` reads the last `limit` standing items backwards (its cost does
       not grow with the session); with no limit (and no `session_settings.limit`), all.
-    - `add_items` is one compare-and-swap append at the version this run (or, outside a
-      run, this object) last read or wrote, idempotent for a retry of the same call;
-      a concurrent writer makes it raise `SessionConflict` and save nothing. Up to 256
-      items are one atomic append; more are several, each compare-and-swap.
+    - `add_items` in a run that read the session is one compare-and-swap append at the
+      version the run read or last wrote: a concurrent writer makes it raise
+      `SessionConflict` and save nothing. Outside a run (or in a run that never read
+      it) it appends at the end, as the SDK's own sessions do: adds at once all land,
+      each whole, each its own write. A retry of a call (same object or run, same
+      items, nothing else written by it between) replays instead of writing twice; the
+      same items from another object or run are its own write. Up to 256 items are
+      one atomic append; more are several.
     - `pop_item` retracts the last standing item (a recorded retraction: the transcript
-      keeps it, ListEntries shows it retracted) and returns it.
+      keeps it, ListEntries shows it retracted) and returns it; a pop that loses the
+      compare-and-swap reads the session again and pops the item then last (at most
+      `conflict_attempts` times), so pops at once (from objects, runs or processes)
+      each return a different item.
     - `clear_session` erases the conversation (entries, summaries, derived memories),
       as an erasure does; the next `add_items` starts it afresh.
 
+    It may be made outside any event loop and used from any (`Runner.run_sync`,
+    threads, one `asyncio.run` after another): its client opens a channel per loop.
     Pass `client=` to share an AsyncClient (this object then never closes it), or
-    `target=` (and `token=`) to let it open its own.
+    `target=` (and `token=`) to let it open its own. `session_settings` takes a
+    `SessionSettings` or a dict of its fields (unknown keys are refused with TypeError,
+    as the SDK's sessions do); by default `SessionSettings()`.
     """
 
     def __init__(
@@ -128,19 +149,32 @@ class RunifoldSession:
         namespace: str = "",
         token: str | None = None,
         client: AsyncClient | None = None,
-        session_settings: SessionSettings | None = None,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
         timeout: float = 30.0,
+        conflict_attempts: int = DEFAULT_CONFLICT_ATTEMPTS,
     ) -> None:
         if not session_id:
             raise ValueError("session_id must not be empty")
+        if conflict_attempts < 1:
+            raise ValueError("conflict_attempts must be at least 1")
         self.session_id = session_id
-        self.session_settings = session_settings
+        self.session_settings: SessionSettings | None = (
+            coerce_session_settings(session_settings)
+            if session_settings is not None
+            else SessionSettings()
+        )
         self.conversation_id = fw.conversation_id_for(session_id)
         self._owns_client = client is None
-        self.client = client or AsyncClient(target, namespace=namespace, token=token)
+        self.client = client or AsyncClient(
+            target, namespace=namespace, token=token, timeout=timeout
+        )
         self.namespace = namespace or self.client.namespace
         self.timeout = timeout
-        # The version this object last read or wrote, when used outside a run.
+        self.conflict_attempts = conflict_attempts
+        # Who writes, outside a run: this object (each run is a writer of its own).
+        self._writer = fw.new_writer_id()
+        self._in_flight = fw.InFlight()
+        # The version this object last read or wrote.
         self._version: int | None = None
 
     async def close(self) -> None:
@@ -148,14 +182,26 @@ class RunifoldSession:
         if self._owns_client:
             await self.client.close()
 
-    # -- versions: per run (the SDK hands each run's context to these methods) ----------
+    # -- versions and writers: per run (the SDK hands each run's context to these methods)
 
-    def _seen(self, wrapper: Any) -> int | None:
-        if wrapper is not None:
-            versions = getattr(wrapper, _RUN_VERSIONS, None) or {}
-            if self.conversation_id in versions:
-                return int(versions[self.conversation_id])
-        return self._version
+    def _run_version(self, wrapper: Any) -> int | None:
+        """The version the run read or last wrote (None outside a run, or in a run that
+        has not read this session)."""
+        if wrapper is None:
+            return None
+        versions = getattr(wrapper, _RUN_VERSIONS, None) or {}
+        found = versions.get(self.conversation_id)
+        return None if found is None else int(found)
+
+    def _writer_of(self, wrapper: Any) -> str:
+        """The writer id of a run (made on its first write), or of this object."""
+        if wrapper is None:
+            return self._writer
+        writer = getattr(wrapper, _RUN_WRITER, None)
+        if writer is None:
+            writer = fw.new_writer_id()
+            setattr(wrapper, _RUN_WRITER, writer)
+        return str(writer)
 
     def _remember(self, wrapper: Any, version: int) -> None:
         self._version = version
@@ -176,14 +222,49 @@ class RunifoldSession:
             return 0, 0
         return conversation.version, conversation.last_sequence
 
+    async def _create(self) -> int:
+        """Make the conversation (or find it): its version."""
+        conversation = await self.client.create_conversation(
+            namespace=self.namespace,
+            conversation_id=self.conversation_id,
+            labels={"openai_agents.session_id": fw.clip(self.session_id, fw.MAX_LABEL_CHARS)},
+        )
+        return conversation.version
+
+    async def _append(
+        self,
+        writer: str,
+        version: int,
+        payload: list[str],
+        messages: Sequence[common_pb2.Message] = (),
+        retract: Sequence[int] = (),
+        *,
+        compare: bool = True,
+    ) -> transcript_pb.AppendEntriesResponse:
+        """One append, a compare-and-swap at `version` unless `compare` is false,
+        idempotent for `writer`'s retry of a call made at `version`."""
+        request_id = self._in_flight.claim(
+            fw.request_id_for(self.conversation_id, version, payload, writer=writer)
+        )
+        try:
+            return await self.client.append(
+                self.conversation_id,
+                list(messages),
+                namespace=self.namespace,
+                expected_version=version if compare else None,
+                retract_sequences=retract,
+                request_id=request_id,
+            )
+        finally:
+            self._in_flight.release(request_id)
+
     # -- the Session protocol -----------------------------------------------------------
 
     async def get_items(
         self, limit: int | None = None, *, wrapper: Any = None
     ) -> list[TResponseInputItem]:
         """The latest `limit` items in order (all with no limit), as they were added."""
-        if limit is None and self.session_settings is not None:
-            limit = getattr(self.session_settings, "limit", None)
+        limit = resolve_session_limit(limit, self.session_settings)
         version, last = await self._head()
         self._remember(wrapper, version)
         if limit is None:
@@ -201,63 +282,72 @@ class RunifoldSession:
         return [entry_to_item(e) for e in tail]
 
     async def add_items(self, items: list[TResponseInputItem], *, wrapper: Any = None) -> None:
-        """Append the items atomically at the version last seen (see the class)."""
+        """Append the items atomically (see the class for what a concurrent writer does)."""
         if not items:
             return
         messages = [item_to_message(item) for item in items]
-        expected = self._seen(wrapper)
-        if not expected:
-            # Never read, or read while it did not exist: make it (idempotent).
-            await self.client.create_conversation(
-                namespace=self.namespace,
-                conversation_id=self.conversation_id,
-                labels={"openai_agents.session_id": fw.clip(self.session_id, fw.MAX_LABEL_CHARS)},
-            )
+        writer = self._writer_of(wrapper)
+        read = self._run_version(wrapper)
+        # In a run that read the session, a compare-and-swap at what it read; else an
+        # append at the end, as the SDK's sessions make. Either way the version (the one
+        # the call starts from) names the call, so that its retry replays.
+        version = read if read is not None else self._version
         for start in range(0, len(messages), fw.MAX_ITEMS_PER_APPEND):
             chunk = messages[start : start + fw.MAX_ITEMS_PER_APPEND]
-            request_id = (
-                fw.request_id_for(self.conversation_id, expected, (m.native_json for m in chunk))
-                if expected is not None
-                else None
-            )
-            try:
-                reply = await self.client.append(
-                    self.conversation_id,
-                    chunk,
-                    namespace=self.namespace,
-                    expected_version=expected,
-                    request_id=request_id,
-                )
-            except VersionConflict as error:
-                raise self._conflict(error, expected) from None
-            except NotFound as error:  # cleared (erased) since this run read it
-                raise self._conflict(error, expected) from None
-            expected = reply.version
-            self._remember(wrapper, reply.version)
+            payload = [m.native_json for m in chunk]
+            for attempt in (1, 2):
+                if not version:
+                    # Never read, or read while it did not exist: make it (idempotent).
+                    current = await self._create()
+                    if version is None:
+                        version = self._version = current
+                try:
+                    reply = await self._append(
+                        writer, version, payload, chunk, compare=read is not None
+                    )
+                except VersionConflict as error:
+                    raise self._conflict(error, version) from None
+                except NotFound as error:
+                    if read is not None or attempt == 2:
+                        raise self._conflict(error, version) from None
+                    version = 0  # erased since this object saw it: the session starts afresh
+                    continue
+                version = reply.version
+                self._remember(wrapper, reply.version)
+                break
 
     async def pop_item(self, *, wrapper: Any = None) -> TResponseInputItem | None:
-        """Retract the most recent standing item and return it (None when there is none)."""
-        version, last = await self._head()
-        tail = await fw.standing_tail(self.client, self.conversation_id, last, 1, self.namespace)
-        if not tail:
-            self._remember(wrapper, version)
-            return None
-        entry = tail[0]
-        try:
-            reply = await self.client.append(
-                self.conversation_id,
-                [],
-                namespace=self.namespace,
-                expected_version=version,
-                retract_sequences=[entry.sequence],
-                request_id=fw.request_id_for(
-                    self.conversation_id, version, [f"pop {entry.sequence}"]
-                ),
+        """Retract the most recent standing item and return it (None when there is none).
+        A pop that loses the compare-and-swap to another writer pops the item then last."""
+        writer = self._writer_of(wrapper)
+        read = self._run_version(wrapper)
+        version = 0
+        for _ in range(self.conflict_attempts):
+            version, last = await self._head()
+            tail = await fw.standing_tail(
+                self.client, self.conversation_id, last, 1, self.namespace
             )
-        except (VersionConflict, NotFound) as error:
-            raise self._conflict(error, version) from None
-        self._remember(wrapper, reply.version)
-        return entry_to_item(entry)
+            if not tail:
+                self._settle(wrapper, read, version, version)
+                return None
+            entry = tail[0]
+            try:
+                reply = await self._append(
+                    writer, version, [f"pop {entry.sequence}"], retract=[entry.sequence]
+                )
+            except (VersionConflict, NotFound):
+                continue  # another writer came first: read again, pop what is last now
+            self._settle(wrapper, read, version, reply.version)
+            return entry_to_item(entry)
+        raise self._conflict(None, version)
+
+    def _settle(self, wrapper: Any, read: int | None, before: int, after: int) -> None:
+        """After a pop: a run's version moves on only if the run was current (a run
+        whose read is stale stays stale, so its next add_items still conflicts)."""
+        if read is None or read == before:
+            self._remember(wrapper, after)
+        else:
+            self._version = after
 
     async def clear_session(self, *, wrapper: Any = None) -> None:
         """Erase the session's conversation (and what was derived from it)."""
@@ -270,8 +360,13 @@ class RunifoldSession:
             await self.client.delete_conversation(self.conversation_id, namespace=self.namespace)
         self._remember(wrapper, 0)
 
-    def _conflict(self, error: RunifoldError, expected: int | None) -> SessionConflict:
-        current = error.metadata.get("current_version", "0" if isinstance(error, NotFound) else "?")
+    def _conflict(self, error: RunifoldError | None, expected: int | None) -> SessionConflict:
+        if error is None:
+            current: object = "?"
+        else:
+            current = error.metadata.get(
+                "current_version", "0" if isinstance(error, NotFound) else "?"
+            )
         return SessionConflict(
             grpc.StatusCode.ABORTED,
             "VERSION_CONFLICT",
