@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from bench import agent, embedding, memory, retrieval, summary, transcript, watch
+from bench import agent, embedding, hostile, memory, retrieval, summary, transcript, watch
 from bench.common import postgres
 
 SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
@@ -26,6 +26,7 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "embedding": embedding.run,
     "watch": watch.run,
     "retrieval": retrieval.run,
+    "hostile": hostile.run,
     # Parts of the suites above, to run alone.
     "summary-claim": summary.claim_cost,
     "memory-indexing": memory.indexing,
@@ -33,7 +34,16 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "retrieval-quality": retrieval.quality,
     "retrieval-latency": retrieval.latency,
 }
-DEFAULT = ["transcript", "summary", "memory", "agent", "embedding", "watch", "retrieval"]
+DEFAULT = [
+    "transcript",
+    "summary",
+    "memory",
+    "agent",
+    "embedding",
+    "watch",
+    "retrieval",
+    "hostile",
+]
 
 
 def main() -> None:

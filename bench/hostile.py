@@ -10,15 +10,16 @@ at once, as a hostile client would. Printed per class: the probe's p50 and p99 q
 and during the flood, their ratio (goal: p99 within 2x), the server's RSS before and at
 its peak during the flood, and what the flood got (ok, refused by reason).
 
-| class | the flood | the quiet namespace's probe |
-|---|---|---|
-| appends | 32 AppendEntries in flight on its own conversations | AppendEntries |
-| searches | 32 SearchMemories in flight | SearchMemories |
-| proposals | 16 ProposeMemories in flight over 50 entries | ProposeMemories |
-| turn waits | 40 conversations: hold an exclusive lease, queue a turn behind it, let go | RunConversation |
-| lease waits | 300 callers repeating a running turn id on one conversation | GetConversation, AcquireTurnLease and its release |
-| watch idle | 128 streams on conversations of their own, read | AppendEntries |
-| watch unread | 128 streams over 80 entries of 250 KiB, never read | ListEntries and GetConversation |
+- appends: 32 AppendEntries in flight on its own conversations; probe: AppendEntries.
+- searches: 32 SearchMemories in flight; probe: SearchMemories.
+- proposals: 16 ProposeMemories in flight over 50 entries; probe: ProposeMemories.
+- turn waits: 40 conversations, each: hold an exclusive lease, queue a turn behind it,
+  let go; probe: RunConversation.
+- lease waits: 300 callers repeating a running turn id on one conversation; probe:
+  GetConversation, then AcquireTurnLease and its release.
+- watch idle: 128 streams on conversations of their own, read; probe: AppendEntries.
+- watch unread: 128 streams over 80 entries of 250 KiB, never read; probe:
+  GetConversation and a page of ListEntries.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ class Probe:
         return f"{median_ms(self.latencies):7.2f} {percentile_ms(self.latencies, 0.99):8.2f}"
 
 
-async def _probe(op: Callable[[int], Awaitable[None]], seconds: float, pid: int) -> tuple[Probe, float]:
+async def _probe(
+    op: Callable[[int], Awaitable[None]], seconds: float, pid: int
+) -> tuple[Probe, float]:
     """Run `op` one call at a time for `seconds`; the latencies and the peak RSS seen."""
     probe = Probe()
     peak = rss_mib(pid) or 0.0
@@ -85,9 +88,7 @@ async def _probe(op: Callable[[int], Awaitable[None]], seconds: float, pid: int)
 # -- the seeds both namespaces work on -------------------------------------------------
 
 
-async def _conversation(
-    transcript: Any, namespace: str, texts: list[str] | None = None
-) -> str:
+async def _conversation(transcript: Any, namespace: str, texts: list[str] | None = None) -> str:
     created = await transcript.CreateConversation(pb.CreateConversationRequest(namespace=namespace))
     cid = str(created.conversation.conversation_id)
     for start in range(0, len(texts or []), 8):
@@ -130,7 +131,9 @@ async def _seed(channel: grpc.aio.Channel) -> dict[str, Any]:
     big = await _conversation(transcript, HOSTILE)
     for _ in range(80):
         await transcript.AppendEntries(
-            pb.AppendEntriesRequest(namespace=HOSTILE, conversation_id=big, messages=[user(BIG_ENTRY)])
+            pb.AppendEntriesRequest(
+                namespace=HOSTILE, conversation_id=big, messages=[user(BIG_ENTRY)]
+            )
         )
     seeds[HOSTILE]["big"] = big
     return seeds
@@ -139,8 +142,14 @@ async def _seed(channel: grpc.aio.Channel) -> dict[str, Any]:
 # -- the probes of the quiet namespace -------------------------------------------------
 
 
-def _probes(channel: grpc.aio.Channel, seeds: dict[str, Any]) -> dict[str, Callable[[int], Awaitable[None]]]:
-    transcript, memory, agent = stubs.transcript(channel), stubs.memory(channel), stubs.agent(channel)
+def _probes(
+    channel: grpc.aio.Channel, seeds: dict[str, Any]
+) -> dict[str, Callable[[int], Awaitable[None]]]:
+    transcript, memory, agent = (
+        stubs.transcript(channel),
+        stubs.memory(channel),
+        stubs.agent(channel),
+    )
     mine = seeds[QUIET]
 
     async def append(i: int) -> None:
@@ -167,15 +176,22 @@ def _probes(channel: grpc.aio.Channel, seeds: dict[str, Any]) -> dict[str, Calla
     async def turn(i: int) -> None:
         await agent.RunConversation(
             agent_pb.RunConversationRequest(
-                namespace=QUIET, conversation_id=mine["turns"][i % 40], input=[user(f"hello {i}")]
+                namespace=QUIET,
+                conversation_id=mine["turns"][i % 40],
+                input=[user(f"hello {i}")],
+                policy=agent_pb.ContextPolicy(summary_mode=agent_pb.SUMMARY_MODE_AUTO),
             )
         )
 
     async def lease(i: int) -> None:
         cid = mine["plain"][i % 16]
-        await transcript.GetConversation(pb.GetConversationRequest(namespace=QUIET, conversation_id=cid))
+        await transcript.GetConversation(
+            pb.GetConversationRequest(namespace=QUIET, conversation_id=cid)
+        )
         got = await transcript.AcquireTurnLease(
-            pb.AcquireTurnLeaseRequest(namespace=QUIET, conversation_id=cid, turn_id=f"probe-{uuid.uuid4().hex}")
+            pb.AcquireTurnLeaseRequest(
+                namespace=QUIET, conversation_id=cid, turn_id=f"probe-{uuid.uuid4().hex}"
+            )
         )
         await transcript.ReleaseTurnLease(
             pb.ReleaseTurnLeaseRequest(
@@ -187,7 +203,9 @@ def _probes(channel: grpc.aio.Channel, seeds: dict[str, Any]) -> dict[str, Calla
         )
 
     async def read(i: int) -> None:
-        await transcript.GetConversation(pb.GetConversationRequest(namespace=QUIET, conversation_id=mine["talk"]))
+        await transcript.GetConversation(
+            pb.GetConversationRequest(namespace=QUIET, conversation_id=mine["talk"])
+        )
         await transcript.ListEntries(
             pb.ListEntriesRequest(namespace=QUIET, conversation_id=mine["talk"], page_size=20)
         )
@@ -232,7 +250,11 @@ async def _forever(tally: Counter[str], call: Callable[[], Awaitable[Any]]) -> N
 async def _flood(kind: str, address: str, seeds: dict[str, Any], tally: Counter[str]) -> None:
     mine = seeds[HOSTILE]
     async with grpc.aio.insecure_channel(address) as channel:
-        transcript, memory, agent = stubs.transcript(channel), stubs.memory(channel), stubs.agent(channel)
+        transcript, memory, agent = (
+            stubs.transcript(channel),
+            stubs.memory(channel),
+            stubs.agent(channel),
+        )
         tasks: list[Awaitable[None]] = []
         if kind == "appends":
             tasks = [
@@ -240,7 +262,9 @@ async def _flood(kind: str, address: str, seeds: dict[str, Any], tally: Counter[
                     tally,
                     lambda w=w: transcript.AppendEntries(
                         pb.AppendEntriesRequest(
-                            namespace=HOSTILE, conversation_id=mine["plain"][w % 16], messages=[user("flood")]
+                            namespace=HOSTILE,
+                            conversation_id=mine["plain"][w % 16],
+                            messages=[user("flood")],
                         )
                     ),
                 )
@@ -251,7 +275,9 @@ async def _flood(kind: str, address: str, seeds: dict[str, Any], tally: Counter[
                 _forever(
                     tally,
                     lambda w=w: memory.SearchMemories(
-                        memory_pb.SearchMemoriesRequest(namespace=HOSTILE, query=WORDS[w % 5], limit=8)
+                        memory_pb.SearchMemoriesRequest(
+                            namespace=HOSTILE, query=WORDS[w % 5], limit=8
+                        )
                     ),
                 )
                 for w in range(32)
@@ -262,7 +288,10 @@ async def _flood(kind: str, address: str, seeds: dict[str, Any], tally: Counter[
                     tally,
                     lambda: memory.ProposeMemories(
                         memory_pb.ProposeMemoriesRequest(
-                            namespace=HOSTILE, conversation_id=mine["talk"], from_sequence=1, through_sequence=50
+                            namespace=HOSTILE,
+                            conversation_id=mine["talk"],
+                            from_sequence=1,
+                            through_sequence=50,
                         )
                     ),
                 )
@@ -276,7 +305,10 @@ async def _flood(kind: str, address: str, seeds: dict[str, Any], tally: Counter[
                     try:
                         got = await transcript.AcquireTurnLease(
                             pb.AcquireTurnLeaseRequest(
-                                namespace=HOSTILE, conversation_id=cid, turn_id=hold, mode=pb.TURN_LEASE_MODE_EXCLUSIVE
+                                namespace=HOSTILE,
+                                conversation_id=cid,
+                                turn_id=hold,
+                                mode=pb.TURN_LEASE_MODE_EXCLUSIVE,
                             )
                         )
                     except grpc.aio.AioRpcError as error:
@@ -295,7 +327,10 @@ async def _flood(kind: str, address: str, seeds: dict[str, Any], tally: Counter[
                     await asyncio.sleep(0.5)  # the queued turn parks behind the lease
                     await transcript.ReleaseTurnLease(
                         pb.ReleaseTurnLeaseRequest(
-                            namespace=HOSTILE, conversation_id=cid, turn_id=hold, fencing_token=got.lease.fencing_token
+                            namespace=HOSTILE,
+                            conversation_id=cid,
+                            turn_id=hold,
+                            fencing_token=got.lease.fencing_token,
                         )
                     )
                     try:
@@ -308,13 +343,17 @@ async def _flood(kind: str, address: str, seeds: dict[str, Any], tally: Counter[
         elif kind == "lease waits":
             cid = mine["plain"][0]
             await transcript.AcquireTurnLease(
-                pb.AcquireTurnLeaseRequest(namespace=HOSTILE, conversation_id=cid, turn_id="running", ttl={"seconds": 600})
+                pb.AcquireTurnLeaseRequest(
+                    namespace=HOSTILE, conversation_id=cid, turn_id="running", ttl={"seconds": 600}
+                )
             )
             tasks = [
                 _forever(
                     tally,
                     lambda: transcript.AcquireTurnLease(
-                        pb.AcquireTurnLeaseRequest(namespace=HOSTILE, conversation_id=cid, turn_id="running"),
+                        pb.AcquireTurnLeaseRequest(
+                            namespace=HOSTILE, conversation_id=cid, turn_id="running"
+                        ),
                         timeout=5,
                     ),
                 )
@@ -323,7 +362,9 @@ async def _flood(kind: str, address: str, seeds: dict[str, Any], tally: Counter[
         elif kind == "watch idle":
 
             async def follow(cid: str) -> None:
-                call = transcript.WatchConversation(pb.WatchConversationRequest(namespace=HOSTILE, conversation_id=cid))
+                call = transcript.WatchConversation(
+                    pb.WatchConversationRequest(namespace=HOSTILE, conversation_id=cid)
+                )
                 tally["streams"] += 1
                 async for _ in call:
                     pass
@@ -399,21 +440,25 @@ async def run(postgres_url: str) -> list[str]:
         f"{'class':<13} {'probe':<22} {'quiet p50':>9} {'p99':>8} {'flood p50':>9} {'p99':>8}"
         f" {'p99 x':>6} {'RSS MiB':>15}  flood got",
     ]
-    async with server("services", url, env, start_timeout=120) as (address, pid):
-        async with grpc.aio.insecure_channel(address) as channel:
-            seeds = await _seed(channel)
-            probes = _probes(channel, seeds)
-            for kind, probe in probes.items():
-                quiet, _ = await _probe(probe, PROBE_SECONDS, pid)
-                before = rss_mib(pid) or 0.0
-                got: dict[str, Any] = {}
-                async with _flooding(kind, address, seeds, got):
-                    loud, peak = await _probe(probe, PROBE_SECONDS, pid)
-                ratio = percentile_ms(loud.latencies, 0.99) / max(percentile_ms(quiet.latencies, 0.99), 1e-9)
-                lines.append(
-                    f"{kind:<13} {PROBE_NAMES[kind]:<22} {quiet.row()} {loud.row()} {ratio:6.2f}"
-                    f" {before:6.0f} -> {peak:6.0f}  {got}"
-                )
+    async with (
+        server("services", url, env, start_timeout=120) as (address, pid),
+        grpc.aio.insecure_channel(address) as channel,
+    ):
+        seeds = await _seed(channel)
+        probes = _probes(channel, seeds)
+        for kind, probe in probes.items():
+            quiet, _ = await _probe(probe, PROBE_SECONDS, pid)
+            before = rss_mib(pid) or 0.0
+            got: dict[str, Any] = {}
+            async with _flooding(kind, address, seeds, got):
+                loud, peak = await _probe(probe, PROBE_SECONDS, pid)
+            ratio = percentile_ms(loud.latencies, 0.99) / max(
+                percentile_ms(quiet.latencies, 0.99), 1e-9
+            )
+            lines.append(
+                f"{kind:<13} {PROBE_NAMES[kind]:<22} {quiet.row()} {loud.row()} {ratio:6.2f}"
+                f" {before:6.0f} -> {peak:6.0f}  {got}"
+            )
     lines += ["", "Goal: the quiet namespace's p99 within 2x of quiet for every class."]
     return lines
 

@@ -144,9 +144,10 @@ class LocalEmbedder:
     - a pass takes at most `batch_size` texts and about `batch_tokens` tokens (long
       texts cost far more than short ones), so a pass, which cannot be stopped once
       started, stays short; a caller with more texts is served over several passes;
-    - while other namespaces use the model too, one namespace may keep it busy at
-      most `namespace_share` of the time (measured over about `SHARE_WINDOW_S`);
-      beyond, its calls are refused with NAMESPACE_SHARE_EXCEEDED and a retry delay.
+    - while another namespace waits for the model, one namespace may keep it busy at
+      most `namespace_share` of the time (measured over about `SHARE_WINDOW_S`) unless
+      it used it no more than a namespace waiting; beyond, its calls are refused with
+      NAMESPACE_SHARE_EXCEEDED and a retry delay.
       Turns alone do not make a share fair: the model runs on the same cores as
       everything else in the process, and a namespace that keeps it busy with
       long texts slows every other call down. Alone, a namespace may use it all.
@@ -262,19 +263,25 @@ class LocalEmbedder:
 
     def _check_share(self, namespace: str) -> None:
         """NAMESPACE_SHARE_EXCEEDED when `namespace` kept the model busy more than its
-        share of the time lately while another namespace used it too."""
+        share of the time lately, while another namespace waits for it now, and more
+        than any namespace waiting: only the heaviest user is refused (a namespace that
+        asks one thing at a time may well keep the model busy a third of the time, and
+        must not be refused because another namespace flooded it a while ago)."""
         self._decay()
         used = self._usage.get(namespace, 0.0)
         allowed = self.namespace_share * SHARE_WINDOW_S
-        if used <= allowed or not any(n not in ("", namespace) for n in self._usage):
+        if used <= allowed:
+            return
+        waiting = [self._usage.get(n, 0.0) for n in self._lanes if n not in ("", namespace)]
+        if not waiting or used <= max(waiting):
             return
         common_metrics.REQUESTS_SHED.labels("embeddings", "NAMESPACE_SHARE_EXCEEDED").inc()
         raise DomainError(
             Code.RESOURCE_EXHAUSTED,
             "NAMESPACE_SHARE_EXCEEDED",
             f"this namespace kept the embedding model busy more than {self.namespace_share:.0%} "
-            "of the time lately, while other namespaces use it too; retry after the delay "
-            "in RetryInfo",
+            "of the time lately, more than the other namespaces waiting for it; retry after "
+            "the delay in RetryInfo",
             metadata={"resource": "embeddings", "share": self.namespace_share},
             # When its figure will have decayed to the share.
             retry_after_s=retry_delay(SHARE_WINDOW_S * math.log(used / allowed)),

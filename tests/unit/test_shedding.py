@@ -481,6 +481,10 @@ async def test_a_namespace_over_its_share_of_the_model_is_refused_only_while_oth
     alone = embed_as("flood")  # alone, a namespace may use all of the model
     await wait_for(holds(lambda: embedder.queued == 1))
     busy("quiet", 0.2)
+    alone_again = embed_as("flood")  # the other used it lately, but waits for nothing
+    await wait_for(holds(lambda: embedder.queued == 2))
+    served = embed_as("quiet")  # the other namespace waits now: it is not refused
+    await wait_for(holds(lambda: embedder.queued == 3))
     before = shed("embeddings", "NAMESPACE_SHARE_EXCEEDED")
     with pytest.raises(DomainError) as refused:
         await asyncio.wait_for(embed_as("flood"), 5)  # refused at once, not queued
@@ -489,11 +493,17 @@ async def test_a_namespace_over_its_share_of_the_model_is_refused_only_while_oth
     assert refused.value.metadata == {"resource": "embeddings", "share": "0.25"}
     assert refused.value.retry_after_s is not None and refused.value.retry_after_s > 0
     assert shed("embeddings", "NAMESPACE_SHARE_EXCEEDED") == before + 1
-    served = embed_as("quiet")  # the other namespace is not refused
-    await wait_for(holds(lambda: embedder.queued == 2))
-    for task in (alone, served, embedder._worker):
+    # Over its share too (one call at a time keeps the model busy a good part of the
+    # time), but less than the flood: the lighter namespace is never the one refused.
+    busy("quiet", 3.0)
+    also = embed_as("quiet")
+    await wait_for(holds(lambda: embedder.queued == 4))
+    with pytest.raises(DomainError):
+        await asyncio.wait_for(embed_as("flood"), 5)
+    pending_calls = (alone, alone_again, served, also, embedder._worker)
+    for task in pending_calls:
         task.cancel()
-    await asyncio.gather(alone, served, embedder._worker, return_exceptions=True)
+    await asyncio.gather(*pending_calls, return_exceptions=True)
 
 
 def pending(namespace: str) -> _Pending:
