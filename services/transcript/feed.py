@@ -349,8 +349,17 @@ class Feed:
                     field="after_sequence",
                     last_sequence=head.last_sequence,
                 )
-            async for event in self._follow(stream, head, after_sequence, interval):
-                yield event
+            follow = self._follow(stream, head, after_sequence, interval)
+            try:
+                while True:
+                    # Passed on without a name here: an event held by this frame while
+                    # the stream waits would keep its entries alive past their write.
+                    try:
+                        yield await anext(follow)
+                    except StopAsyncIteration:
+                        break
+            finally:
+                await follow.aclose()
         finally:
             if until_done is None:
                 self._leave(stream)

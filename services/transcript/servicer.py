@@ -347,8 +347,9 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
         )
         try:
             async for event in stream:
-                # Serialized here, and the event let go, so that a write that waits holds
-                # the message once (and grpc's copy), not also its entries and protobuf.
+                # Serialized here and the event let go, so that a write that waits holds
+                # the message once (and grpc's copy), not also its entries and protobuf;
+                # and the message let go once written, before the stream waits for more.
                 message = watch_event_to_proto(event).SerializeToString()
                 del event
                 # Each write waits for the transport (HTTP/2 flow control): the stream
@@ -360,6 +361,7 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
                 except TimeoutError:
                     transcript_metrics.WATCH_STREAMS_CUT.labels("WATCHER_TOO_SLOW").inc()
                     raise StreamStalled(watcher_too_slow(send_timeout_s)) from None
+                del message
         except DomainError as error:
             if error.reason == "SERVER_SHUTTING_DOWN":
                 transcript_metrics.WATCH_STREAMS_CUT.labels("SERVER_SHUTTING_DOWN").inc()
