@@ -68,17 +68,23 @@ class _Waiter:
 class ByteBudget:
     """At most `total` bytes held at once, and `per_key` per key (a namespace).
 
-    `on_change(delta)` is told of every change of the bytes held (for a gauge).
+    `on_change(delta)` is told of every change of the bytes held, `on_waiting(delta)` of
+    every change of the number of holders waiting for room (+1 as one starts to wait).
     """
 
     def __init__(
-        self, total: int, per_key: int, on_change: Callable[[int], None] | None = None
+        self,
+        total: int,
+        per_key: int,
+        on_change: Callable[[int], None] | None = None,
+        on_waiting: Callable[[int], None] | None = None,
     ) -> None:
         if total < 1 or per_key < 1:
             raise ValueError("a byte budget needs room for at least one byte")
         self.total = total
         self.per_key = min(per_key, total)
         self._on_change = on_change
+        self._on_waiting = on_waiting
         self._held = 0
         self._held_by: dict[str, int] = {}  # bounded: keys that hold bytes
         # Keys with waiters, in the order they are served (the rotation).
@@ -107,6 +113,8 @@ class ByteBudget:
         self._queues.setdefault(key, deque()).append(waiter)
         self._grant()
         waited = not waiter.granted.done()
+        if waited and self._on_waiting is not None:
+            self._on_waiting(1)
         try:
             await waiter.granted
         except asyncio.CancelledError:
@@ -117,6 +125,9 @@ class ByteBudget:
                 self._forget(key, waiter)
                 self._grant()  # the waiters behind it may fit now
             raise
+        finally:
+            if waited and self._on_waiting is not None:
+                self._on_waiting(-1)
         return Charge(self, key, size, waited)
 
     def _forget(self, key: str, waiter: _Waiter) -> None:

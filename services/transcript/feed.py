@@ -134,6 +134,7 @@ class Feed:
             limits.max_buffered_bytes,
             limits.max_buffered_bytes_per_namespace,
             on_change=transcript_metrics.WATCH_BUFFERED_BYTES.inc,
+            on_waiting=_count_waiting,
         )
 
     @property
@@ -374,8 +375,6 @@ class Feed:
         """Reserve a page's worth for `stream`, waiting for room (holding nothing else)."""
         self._release(stream)
         stream.charge = await self.budget.acquire(stream.namespace, self.limits.page_charge)
-        if stream.charge.waited:
-            transcript_metrics.WATCH_BUDGET_WAITS.inc()
 
     def _hold(self, stream: _Stream, size: int) -> None:
         """Keep `size` bytes of what `stream` reserved (what it read holds)."""
@@ -517,6 +516,12 @@ class Feed:
         if pulse is not None and pulse.fingerprint == stream.seen and pulse.read_time > read_time:
             return pulse.read_time
         return read_time
+
+
+def _count_waiting(delta: int) -> None:
+    transcript_metrics.WATCH_BUDGET_WAITING.inc(delta)
+    if delta > 0:
+        transcript_metrics.WATCH_BUDGET_WAITS.inc()
 
 
 def _appended(piece: AppendSlice, incarnation: int) -> Appended:

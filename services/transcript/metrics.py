@@ -74,6 +74,10 @@ WATCH_BUFFERED_BYTES = Gauge(
 )
 WATCH_BUDGET_WAITS = Counter(
     "runifold_watch_budget_waits_total",
-    "Reads of WatchConversation streams that waited for room in the byte budget (their "
-    "namespace's or the process's: readers that do not take what they were sent).",
+    "Reads of WatchConversation streams that had to wait for room in the byte budget "
+    "(their namespace's or the process's: readers that do not take what they were sent).",
+)
+WATCH_BUDGET_WAITING = Gauge(
+    "runifold_watch_budget_waiting",
+    "WatchConversation streams waiting now for room in the byte budget before a read.",
 )
