@@ -46,7 +46,7 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -388,7 +388,7 @@ class Feed:
 
     async def _follow(
         self, stream: _Stream, head: Snapshot, after: int, interval: float
-    ) -> AsyncIterator[WatchEvent]:
+    ) -> AsyncGenerator[WatchEvent]:
         limits = self.limits
         key, incarnation = head.key, head.incarnation
         delivered = after
