@@ -124,3 +124,19 @@ async def test_a_request_larger_than_a_namespace_share_is_refused() -> None:
     with pytest.raises(ValueError):
         await budget.acquire("a", 41)
     assert budget.held == 0 and budget.waiting == 0
+
+
+def test_the_watch_budgets_are_checked_at_start() -> None:
+    from services.common.settings import SettingsError
+    from services.transcript.config import TranscriptLimits
+
+    limits = TranscriptLimits.from_env({})
+    assert limits.watch.page_charge == 512 * 1024 + 256 * 1024 + 256 * 1024
+    assert limits.watch.max_buffered_bytes_per_namespace == 16 * 1024 * 1024
+    # A larger message limit makes a page's reservation larger.
+    larger = TranscriptLimits.from_env({"RUNIFOLD_MAX_MESSAGE_BYTES": str(1024 * 1024)})
+    assert larger.watch.page_charge == limits.watch.page_charge + 768 * 1024
+    with pytest.raises(SettingsError, match="RUNIFOLD_WATCH_MAX_BUFFERED_BYTES_PER_NAMESPACE"):
+        TranscriptLimits.from_env({"RUNIFOLD_WATCH_MAX_BUFFERED_BYTES_PER_NAMESPACE": "65536"})
+    with pytest.raises(SettingsError, match="RUNIFOLD_WATCH_MAX_BUFFERED_BYTES "):
+        TranscriptLimits.from_env({"RUNIFOLD_WATCH_MAX_BUFFERED_BYTES": str(8 * 1024 * 1024)})
