@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import grpc
+import h2.config
+import h2.connection
+import h2.settings
 
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common.status import error_info
@@ -122,3 +127,53 @@ def versions_of(follower: Follower) -> dict[int, tuple[int, int]]:
         for event in follower.of("appended")
         for entry in event.appended.entries
     }
+
+
+class UnreadStreams:
+    """WatchConversation streams opened by a hostile HTTP/2 client that never reads: it
+    grants the server the largest flow-control windows HTTP/2 allows (so flow control
+    never stops the server), reads only the server's SETTINGS, and then nothing; its
+    socket's receive buffer is small, so the server's writes soon stop at the socket.
+
+    `close()` drops the connection (the server's calls end with it)."""
+
+    PATH = "/runifold.transcript.v1.TranscriptService/WatchConversation"
+
+    def __init__(self, address: str, requests: Sequence[pb.WatchConversationRequest]) -> None:
+        host, _, port = address.rpartition(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        conn = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+        )
+        conn.local_settings = h2.settings.Settings(
+            client=True,
+            initial_values={
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 2**31 - 1,
+                h2.settings.SettingCodes.MAX_FRAME_SIZE: 2**24 - 1,
+            },
+        )
+        conn.initiate_connection()
+        conn.increment_flow_control_window(2**31 - 1 - 65535)
+        for request in requests:
+            body = request.SerializeToString()
+            stream_id = conn.get_next_available_stream_id()
+            conn.send_headers(
+                stream_id,
+                [
+                    (":method", "POST"),
+                    (":scheme", "http"),
+                    (":path", self.PATH),
+                    (":authority", address),
+                    ("content-type", "application/grpc"),
+                    ("te", "trailers"),
+                ],
+            )
+            conn.send_data(stream_id, b"\0" + struct.pack(">I", len(body)) + body, end_stream=True)
+        self.sock.sendall(conn.data_to_send())
+        # The server's SETTINGS, acknowledged (it waits for that); then never read again.
+        conn.receive_data(self.sock.recv(65536))
+        self.sock.sendall(conn.data_to_send())
+
+    def close(self) -> None:
+        self.sock.close()

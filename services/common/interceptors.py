@@ -358,6 +358,19 @@ def _wrap(
         return grpc.stream_stream_rpc_method_handler(
             wrapped,
             request_deserializer=None,
-            response_serializer=handler.response_serializer,
+            response_serializer=_serialized_or(handler.response_serializer),
         )
     return handler
+
+
+def _serialized_or(serializer: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
+    """A stream's serializer that passes bytes through: a handler that writes through
+    context.write may serialize a message itself and let it go before the write waits
+    (WatchConversation), so that a stalled write holds the bytes alone."""
+    if serializer is None:
+        return None
+
+    def serialize(message: Any) -> bytes:
+        return message if isinstance(message, bytes) else serializer(message)
+
+    return serialize

@@ -12,7 +12,7 @@ from typing import NoReturn
 
 from prometheus_client import start_http_server
 
-from services.common import logs, tracing
+from services.common import allocator, logs, tracing
 from services.common.auth import AuthSettings, check_exposure
 from services.common.db import start_embedded_postgres
 from services.common.http.settings import HttpSettings
@@ -90,6 +90,8 @@ def main(
     listener on a non-loopback address, an address already in use) stops the
     process with exit code 2 and a one-line message that names the variable.
     """
+    # Before anything allocates: large buffers go back to the system once freed.
+    allocator.give_back_freed_memory()
     try:
         settings = Settings.from_env()
         auth = AuthSettings.from_env()

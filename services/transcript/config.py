@@ -6,12 +6,19 @@ import os
 from dataclasses import dataclass, field
 
 from services.common.messages import MAX_MESSAGE_BYTES, MessageLimits
-from services.common.settings import Env, env_float, env_int
+from services.common.settings import Env, SettingsError, env_float, env_int
 
 # RUNIFOLD_MAX_STATE_BYTES: one state document's limit.
 DEFAULT_STATE_BYTES = 64 * 1024
 # Entries one write may retract.
 MAX_RETRACTIONS = 256
+# WatchConversation's byte budget (RUNIFOLD_WATCH_MAX_BUFFERED_BYTES*): 64 MiB for the
+# process, 16 MiB a namespace. docs/operations.md turns them into the pod's memory.
+DEFAULT_BUFFERED_BYTES = 64 * 1024 * 1024
+DEFAULT_BUFFERED_BYTES_PER_NAMESPACE = 16 * 1024 * 1024
+# What a page holds per entry beside its content, charged with it: the entry's Python
+# objects (Entry, Message, their fields) and its framing on the wire.
+ENTRY_OVERHEAD_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -34,10 +41,31 @@ class WatchLimits:
     page_bytes: int = 512 * 1024
     # The retry delay (RetryInfo) of a stream refused beyond a watcher limit.
     retry_after_s: float = 5.0
+    # The bytes of the pages streams hold at once (read and not yet taken by the
+    # transport), in this process and per namespace in it; a stream waits for room
+    # before it reads (services/common/byte_budget.py).
+    max_buffered_bytes: int = DEFAULT_BUFFERED_BYTES
+    max_buffered_bytes_per_namespace: int = DEFAULT_BUFFERED_BYTES_PER_NAMESPACE
+    # The largest entry a page may end with (RUNIFOLD_MAX_MESSAGE_BYTES).
+    max_entry_bytes: int = MAX_MESSAGE_BYTES
+
+    @property
+    def page_charge(self) -> int:
+        """The most bytes one page is charged (what a stream reserves before it reads):
+        `page_bytes` of entries, then the entry that crosses it, and each entry's share
+        of what the stream holds beside its content."""
+        return self.page_bytes + self.max_entry_bytes + self.page_entries * ENTRY_OVERHEAD_BYTES
 
     @classmethod
-    def from_env(cls, env: Env) -> WatchLimits:
-        return cls(
+    def from_env(cls, env: Env, max_entry_bytes: int = MAX_MESSAGE_BYTES) -> WatchLimits:
+        per_namespace = env_int(
+            env,
+            "RUNIFOLD_WATCH_MAX_BUFFERED_BYTES_PER_NAMESPACE",
+            DEFAULT_BUFFERED_BYTES_PER_NAMESPACE,
+            minimum=1,
+        )
+        total = env_int(env, "RUNIFOLD_WATCH_MAX_BUFFERED_BYTES", DEFAULT_BUFFERED_BYTES, minimum=1)
+        limits = cls(
             max_watchers=env_int(
                 env, "RUNIFOLD_WATCH_MAX_WATCHERS", 512, minimum=1, maximum=100_000
             ),
@@ -51,7 +79,23 @@ class WatchLimits:
             send_timeout_s=env_float(
                 env, "RUNIFOLD_WATCH_SEND_TIMEOUT_S", 30.0, minimum=0.1, maximum=3600.0
             ),
+            max_buffered_bytes=total,
+            max_buffered_bytes_per_namespace=per_namespace,
+            max_entry_bytes=max_entry_bytes,
         )
+        # A namespace must have room for one page, and the process for a namespace's share.
+        if per_namespace < limits.page_charge:
+            raise SettingsError(
+                f"RUNIFOLD_WATCH_MAX_BUFFERED_BYTES_PER_NAMESPACE ({per_namespace}) must be at "
+                f"least one page of a stream, {limits.page_charge} bytes (512 KiB, the "
+                "largest entry, RUNIFOLD_MAX_MESSAGE_BYTES, and 256 entries' overhead)"
+            )
+        if total < per_namespace:
+            raise SettingsError(
+                f"RUNIFOLD_WATCH_MAX_BUFFERED_BYTES ({total}) must be at least "
+                f"RUNIFOLD_WATCH_MAX_BUFFERED_BYTES_PER_NAMESPACE ({per_namespace})"
+            )
+        return limits
 
 
 @dataclass(frozen=True)
@@ -134,5 +178,5 @@ class TranscriptLimits:
                 minimum=1024,
                 maximum=1024 * 1024,
             ),
-            watch=WatchLimits.from_env(env),
+            watch=WatchLimits.from_env(env, messages.max_message_bytes),
         )

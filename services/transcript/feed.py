@@ -21,9 +21,16 @@ What wakes a stream:
 
 An idle stream costs no database connection and no query of its own: its
 heartbeats come from what the last read or pulse saw. A stream holds at most one
-page of entries (RUNIFOLD_WATCH_PAGE_BYTES): the next page is read once the
-transport took the last event, so a slow reader holds back only its own stream
-(the servicer ends one that takes nothing for RUNIFOLD_WATCH_SEND_TIMEOUT_S).
+page of entries (`WatchLimits.page_bytes`), and only while the transport has not
+taken it: the next page is read once the transport took the last event, so a slow
+reader holds back only its own stream (the servicer ends one that takes nothing for
+RUNIFOLD_WATCH_SEND_TIMEOUT_S). The bytes of the pages held are counted against a
+budget per namespace and per process (RUNIFOLD_WATCH_MAX_BUFFERED_BYTES*,
+services/common/byte_budget.py): a stream reserves a page's worth before it reads
+(waiting, without a database connection, while its namespace or the process has no
+room), keeps what the page holds, and gives each event's share back as the transport
+takes it. A caught-up stream holds none. A namespace whose readers stop reading
+therefore fills its own share and no more: its next streams wait, the others' do not.
 
 Knows nothing of gRPC or SQL: the store (`FeedStore`) reads, the bus
 (`ChangeBus`) carries the notifications between processes; they, the events and
@@ -34,15 +41,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections import deque
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from services.common import metrics, validation
 from services.common.background import cancel_and_wait
-from services.common.domain import Entry
+from services.common.byte_budget import ByteBudget, Charge
 from services.common.errors import invalid_argument
 from services.common.validation import conversation_id
 from services.transcript import metrics as transcript_metrics
@@ -61,6 +71,7 @@ from services.transcript.feed_model import (
     WatchEvent,
     finish_of,
     heartbeat_interval,
+    more_retractions,
     shutting_down,
     watcher_limit,
 )
@@ -84,6 +95,10 @@ class _Stream:
     woken: asyncio.Event = field(default_factory=asyncio.Event)
     # The snapshot fingerprint the stream is up to date with (after its last read).
     seen: tuple[int, int, int, tuple[int, ...]] | None = None
+    # The bytes it holds of the budget: the page read and not yet taken by the transport.
+    charge: Charge | None = None
+    # The share of them in the event being written (the transport's, until it took it).
+    sending: int = 0
 
 
 @dataclass(eq=False, slots=True)
@@ -118,6 +133,12 @@ class Feed:
         # Told of every change this process hears of, by conversation key (the turn
         # leases' waiters: services/transcript/leases.py).
         self.on_change: Callable[[int], None] | None = None
+        self.budget = ByteBudget(
+            limits.max_buffered_bytes,
+            limits.max_buffered_bytes_per_namespace,
+            on_change=transcript_metrics.WATCH_BUFFERED_BYTES.inc,
+            on_waiting=_count_waiting,
+        )
 
     @property
     def open_streams(self) -> int:
@@ -258,6 +279,7 @@ class Feed:
         self._conversations.setdefault(key, _Watched()).streams.add(stream)
 
     def _leave(self, stream: _Stream) -> None:
+        self._release(stream)
         watched = self._conversations.get(stream.key)
         if watched is not None:
             watched.streams.discard(stream)
@@ -280,6 +302,7 @@ class Feed:
         after_sequence: int,
         incarnation: int,
         heartbeat_s: float = 0.0,
+        until_done: Callable[[Callable[[], None]], None] | None = None,
     ) -> AsyncGenerator[WatchEvent]:
         """Follow a conversation: the entries after `after_sequence` (replayed, then live),
         each once and in order; TurnStarted / TurnFinished beside them; a Heartbeat once
@@ -291,6 +314,11 @@ class Feed:
         RESOURCE_EXHAUSTED / WATCHER_LIMIT beyond the process's limits; UNAVAILABLE /
         SERVER_SHUTTING_DOWN when the server stops. With `incarnation`, a conversation
         made again under the id since answers Erased at once.
+
+        `until_done(release)`, when given, is handed what the stream holds (its watcher
+        slot and its bytes) once it ends, to give back when the call has ended: the
+        transport may still hold the event it was writing when the stream was cut
+        (a reader that stopped reading), and releases it only with the call.
         """
         validation.namespace(namespace)
         cid = conversation_id(conversation_id_text)
@@ -327,14 +355,45 @@ class Feed:
                     field="after_sequence",
                     last_sequence=head.last_sequence,
                 )
-            async for event in self._follow(stream, head, after_sequence, interval):
-                yield event
+            follow = self._follow(stream, head, after_sequence, interval)
+            try:
+                while True:
+                    # Passed on without a name here: an event held by this frame while
+                    # the stream waits would keep its entries alive past their write.
+                    try:
+                        yield await anext(follow)
+                    except StopAsyncIteration:
+                        break
+            finally:
+                await follow.aclose()
         finally:
-            self._leave(stream)
+            if until_done is None:
+                self._leave(stream)
+            else:
+                # The rest of the page is garbage now; the event being written is not.
+                self._hold(stream, stream.sending)
+                until_done(functools.partial(self._leave, stream))
+
+    # -- the byte budget ------------------------------------------------------------------
+
+    async def _reserve(self, stream: _Stream) -> None:
+        """Reserve a page's worth for `stream`, waiting for room (holding nothing else)."""
+        self._release(stream)
+        stream.charge = await self.budget.acquire(stream.namespace, self.limits.page_charge)
+
+    def _hold(self, stream: _Stream, size: int) -> None:
+        """Keep `size` bytes of what `stream` reserved (what it read holds)."""
+        if stream.charge is not None:
+            stream.charge.resize(size)
+
+    def _release(self, stream: _Stream) -> None:
+        charge, stream.charge = stream.charge, None
+        if charge is not None:
+            charge.release()
 
     async def _follow(
         self, stream: _Stream, head: Snapshot, after: int, interval: float
-    ) -> AsyncIterator[WatchEvent]:
+    ) -> AsyncGenerator[WatchEvent]:
         limits = self.limits
         key, incarnation = head.key, head.incarnation
         delivered = after
@@ -348,7 +407,11 @@ class Feed:
         while True:
             if self._closing:
                 raise shutting_down()
-            stream.woken.clear()  # before the read: a write during it wakes us again
+            # Room for a page before the read (a wait here holds no connection). The
+            # wake-up flag is cleared after the wait and before the read: a write during
+            # either wakes the stream again.
+            await self._reserve(stream)
+            stream.woken.clear()
             state = await self.store.read_state(
                 key,
                 [(turn.turn_id, turn.ticket) for turn in running.values()],
@@ -358,9 +421,14 @@ class Feed:
                 since,
             )
             if state is None or state.snapshot.incarnation != incarnation:
+                self._release(stream)
                 yield Erased(incarnation)
                 transcript_metrics.WATCH_EVENTS.labels("erased").inc()
                 return
+            # The page's entries leave `state`: each is let go once the transport took it.
+            slices = deque(state.entries)
+            state = dataclasses.replace(state, entries=())
+            self._hold(stream, sum(piece.size_bytes for piece in slices))
             snapshot = state.snapshot
             # First what later writes retracted of the entries delivered before this read,
             # then the entries after them (which carry their retraction, if any): once
@@ -370,34 +438,49 @@ class Feed:
                 yield Retracted(retraction.version, sequences, retraction.retract_time)
                 transcript_metrics.WATCH_EVENTS.labels("retracted").inc()
                 quiet_since = time.monotonic()
-            if len(state.retractions) >= limits.page_entries:
+            if more_retractions(state.retractions, limits.page_entries):
                 # A page of them (a stream resumed far back): the rest before any entry.
                 since = state.retractions[-1].version
                 continue
             since = snapshot.version
-            slices: Sequence[AppendSlice] = state.entries
             while delivered < snapshot.last_sequence:
                 if not slices:
-                    slices = await self.store.read_entries(
-                        key,
-                        delivered,
-                        snapshot.last_sequence,
-                        limits.page_entries,
-                        limits.page_bytes,
+                    await self._reserve(stream)
+                    slices = deque(
+                        await self.store.read_entries(
+                            key,
+                            delivered,
+                            snapshot.last_sequence,
+                            limits.page_entries,
+                            limits.page_bytes,
+                        )
                     )
+                    self._hold(stream, sum(piece.size_bytes for piece in slices))
                 if not slices or slices[0].entries[0].sequence != delivered + 1:
                     # Entries go only with their conversation, in the erasure's transaction.
+                    self._release(stream)
                     yield Erased(incarnation)
                     transcript_metrics.WATCH_EVENTS.labels("erased").inc()
                     return
-                for piece in slices:
-                    yield Appended(piece.version, piece.last_sequence, incarnation, piece.entries)
+                while slices:
+                    piece = slices[0]
+                    last, size = piece.entries[-1].sequence, piece.size_bytes
+                    committed = piece.entries[-1].created_at
+                    del piece
+                    # Yielded with no reference kept here: once the servicer has written
+                    # the event, its entries are garbage.
+                    stream.sending = size
+                    yield _appended(slices.popleft(), incarnation)
+                    # The transport took it: its share of the page is given back.
+                    stream.sending = 0
                     transcript_metrics.WATCH_EVENTS.labels("appended").inc()
+                    if stream.charge is not None:
+                        self._hold(stream, stream.charge.size - size)
                     if delivered >= head.last_sequence:  # live, not replayed: how late
-                        _observe_delivery(piece.entries)
-                    delivered = piece.entries[-1].sequence
-                slices = ()
+                        _observe_delivery(committed)
+                    delivered = last
                 quiet_since = time.monotonic()
+            self._release(stream)  # caught up: a stream that waits holds no bytes
             live = {(turn.turn_id, turn.ticket) for turn in state.running}
             for trace in state.traces:
                 if (trace.turn_id, trace.ticket) not in live:
@@ -440,8 +523,17 @@ class Feed:
         return read_time
 
 
-def _observe_delivery(entries: Sequence[Entry]) -> None:
+def _count_waiting(delta: int) -> None:
+    transcript_metrics.WATCH_BUDGET_WAITING.inc(delta)
+    if delta > 0:
+        transcript_metrics.WATCH_BUDGET_WAITS.inc()
+
+
+def _appended(piece: AppendSlice, incarnation: int) -> Appended:
+    return Appended(piece.version, piece.last_sequence, incarnation, piece.entries)
+
+
+def _observe_delivery(committed: datetime) -> None:
     """Commit to delivery of a live append (the database's clock against this host's)."""
-    now = datetime.now(UTC)
-    seconds = (now - entries[-1].created_at).total_seconds()
+    seconds = (datetime.now(UTC) - committed).total_seconds()
     transcript_metrics.WATCH_DELIVERY_SECONDS.observe(max(0.0, seconds))

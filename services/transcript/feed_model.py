@@ -141,6 +141,9 @@ class AppendSlice:
     version: int
     last_sequence: int
     entries: Sequence[Entry]
+    # What the stream is charged for holding them: their content's bytes as stored,
+    # and ENTRY_OVERHEAD_BYTES each.
+    size_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +165,8 @@ class FeedState:
     # The first page of entries after what the stream delivered.
     entries: Sequence[AppendSlice] = ()
     # The writes after the version read_state was given that retracted delivered
-    # entries: the first `max_entries` of them, in version order.
+    # entries: the first `max_entries` of them, in version order, and past the first
+    # no more than about `max_entries` sequences in all.
     retractions: Sequence[Retraction] = ()
 
 
@@ -194,8 +198,9 @@ class FeedStore(Protocol):
         """In one snapshot: the counters, the running turns, a trace of each reported
         (turn id, ticket), the first `max_entries` writes after version `since` (< 0:
         after the version of the append that wrote entry `after`) that retracted entries
-        through `after`, and the first page of entries after `after` (as read_entries
-        through the last sequence); None when the conversation is gone."""
+        through `after` (past the first, about `max_entries` sequences in all), and the
+        first page of entries after `after` (as read_entries through the last sequence);
+        None when the conversation is gone."""
 
     async def read_entries(
         self, key: int, after: int, through: int, max_entries: int, max_bytes: int
@@ -259,6 +264,12 @@ def shutting_down() -> DomainError:
 
 
 # -- rules -------------------------------------------------------------------------------
+
+
+def more_retractions(retractions: Sequence[Retraction], page: int) -> bool:
+    """Whether retractions may follow those one read returned: it held a page of them
+    (`page` writes, or `page` sequences in all)."""
+    return len(retractions) >= page or sum(len(r.sequences) for r in retractions) >= page
 
 
 def finish_of(trace: TurnTrace) -> TurnFinished:

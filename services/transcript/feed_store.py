@@ -27,6 +27,7 @@ from services.common.db import AsyncConn, Database, fetch_one
 from services.common.domain import Entry
 from services.common.settings import Settings
 from services.common.statements import statement
+from services.transcript.config import ENTRY_OVERHEAD_BYTES
 from services.transcript.feed_model import (
     AppendSlice,
     FeedState,
@@ -93,7 +94,7 @@ e AS (
 ), entry_rows AS (
     SELECT a.version, a.last_sequence, p.sequence, p.role, p.text, p.tool_calls,
            p.tool_call_id, p.metadata, p.created_at, p.native_json, p.retracted_version,
-           p.retract_time
+           p.retract_time, p.size
       FROM page AS p
      CROSS JOIN LATERAL (
            SELECT version, last_sequence FROM transcript.appends
@@ -146,26 +147,31 @@ WITH c AS MATERIALIZED (
                                   AND a.last_sequence >= %(after)s
                                   AND a.first_sequence <= %(after)s
                                 ORDER BY a.last_sequence LIMIT 1), 0) END AS version
-), retraction_rows AS (
+), retracting AS (
     -- The first %(limit)s writes since then that retracted an entry already delivered
-    -- (a range of the appends_retracted index: only the writes that retracted any).
-    SELECT a.version, a.commit_time, a.retracted
+    -- (a range of the appends_retracted index: only the writes that retracted any)...
+    SELECT a.version, a.commit_time, a.retracted,
+           sum(cardinality(a.retracted)) OVER (ORDER BY a.version)
+             - cardinality(a.retracted) AS before
       FROM transcript.appends AS a, since, c
      WHERE a.conversation_key = %(key)s AND a.version > since.version
        AND a.version <= c.version AND a.retracted IS NOT NULL
        AND (SELECT min(s) FROM unnest(a.retracted) AS s) <= %(after)s
      ORDER BY a.version
      LIMIT %(limit)s
+), retraction_rows AS (
+    -- ...and, past the first, no more than about %(limit)s sequences in all.
+    SELECT version, commit_time, retracted FROM retracting WHERE before < %(limit)s
 ), {_entry_page("(SELECT last_sequence FROM c)")}
 SELECT c.version, c.last_sequence, c.incarnation, c.read_time, t.*, NULL::bigint[],
        NULL::bigint, NULL::bigint, NULL::bigint, NULL::smallint, NULL::text, NULL::jsonb,
        NULL::text, NULL::jsonb, NULL::timestamptz, NULL::text, NULL::bigint,
-       NULL::timestamptz
+       NULL::timestamptz, NULL::bigint
   FROM c LEFT JOIN turn_rows AS t ON true
 UNION ALL
 SELECT c.version, c.last_sequence, c.incarnation, c.read_time, 'retracted', NULL, NULL, NULL,
        r.commit_time, NULL, NULL, NULL, r.version, r.retracted,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
   FROM c, retraction_rows AS r
 UNION ALL
 SELECT c.version, c.last_sequence, c.incarnation, c.read_time, 'entry', NULL, NULL, NULL,
@@ -202,14 +208,18 @@ def _snapshot(row: Sequence[Any]) -> Snapshot:
 
 
 def _slices(rows: Sequence[Sequence[Any]]) -> list[AppendSlice]:
-    """Entry rows (version, last_sequence, entry columns...) in sequence order, grouped
-    by the append that wrote them."""
-    groups: list[tuple[int, int, list[Entry]]] = []
-    for version, last, *columns in rows:
+    """Entry rows (version, last_sequence, entry columns..., size) in sequence order,
+    grouped by the append that wrote them."""
+    groups: list[tuple[int, int, list[Entry], list[int]]] = []
+    for version, last, *columns, size in rows:
         if not groups or groups[-1][0] != version:
-            groups.append((version, last, []))
+            groups.append((version, last, [], [0]))
         groups[-1][2].append(entry_from_row(columns))
-    return [AppendSlice(version, last, entries) for version, last, entries in groups]
+        groups[-1][3][0] += size
+    return [
+        AppendSlice(version, last, entries, size + len(entries) * ENTRY_OVERHEAD_BYTES)
+        for version, last, entries, (size,) in groups
+    ]
 
 
 class PostgresFeedStore:

@@ -73,3 +73,18 @@ WATCH_ANNOUNCE_FAILURES = Counter(
     "Writes to watched conversations whose NOTIFY to the other processes failed (their "
     "streams see the writes at the next pulse, RUNIFOLD_WATCH_POLL_S).",
 )
+WATCH_BUFFERED_BYTES = Gauge(
+    "runifold_watch_buffered_bytes",
+    "Bytes of entries WatchConversation streams hold in this process: read and not yet "
+    "taken by the transport (at most RUNIFOLD_WATCH_MAX_BUFFERED_BYTES, and "
+    "RUNIFOLD_WATCH_MAX_BUFFERED_BYTES_PER_NAMESPACE a namespace).",
+)
+WATCH_BUDGET_WAITS = Counter(
+    "runifold_watch_budget_waits_total",
+    "Reads of WatchConversation streams that had to wait for room in the byte budget "
+    "(their namespace's or the process's: readers that do not take what they were sent).",
+)
+WATCH_BUDGET_WAITING = Gauge(
+    "runifold_watch_budget_waiting",
+    "WatchConversation streams waiting now for room in the byte budget before a read.",
+)

@@ -341,18 +341,27 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             request.after_sequence,
             request.incarnation,
             heartbeat_s,
+            # What the stream holds is given back when the call has ended: a cut stream's
+            # last event stays in the transport until then.
+            until_done=lambda release: context.add_done_callback(lambda _: release()),
         )
         try:
             async for event in stream:
+                # Serialized here and the event let go, so that a write that waits holds
+                # the message once (and grpc's copy), not also its entries and protobuf;
+                # and the message let go once written, before the stream waits for more.
+                message = watch_event_to_proto(event).SerializeToString()
+                del event
                 # Each write waits for the transport (HTTP/2 flow control): the stream
                 # reads its next page only once the reader took this event. A reader that
                 # takes nothing for the timeout is cut off; it resumes from its last sequence.
                 try:
                     async with asyncio.timeout(send_timeout_s):
-                        await context.write(watch_event_to_proto(event))
+                        await context.write(message)
                 except TimeoutError:
                     transcript_metrics.WATCH_STREAMS_CUT.labels("WATCHER_TOO_SLOW").inc()
                     raise StreamStalled(watcher_too_slow(send_timeout_s)) from None
+                del message
         except DomainError as error:
             if error.reason == "SERVER_SHUTTING_DOWN":
                 transcript_metrics.WATCH_STREAMS_CUT.labels("SERVER_SHUTTING_DOWN").inc()

@@ -19,6 +19,7 @@ from runifold.transcript.v1 import transcript_service_pb2 as pb
 from runifold_client import AsyncClient
 from services.common import stubs
 from services.common.status import error_info
+from services.transcript.config import WatchLimits
 from tests.conftest import wait_for
 from tests.faults.support import dedicated_postgres
 from tests.ops.process import ServiceProcess, service_process, value
@@ -142,7 +143,6 @@ async def test_a_stalled_reader_is_cut_off_without_the_server_holding_its_backlo
                 return (
                     value(scraped, "runifold_watch_streams_cut_total", reason="WATCHER_TOO_SLOW")
                     == 1
-                    and value(scraped, "runifold_watchers") == 0
                 )
 
             await wait_for(cut_off, timeout=60, interval=0.2)
@@ -152,6 +152,11 @@ async def test_a_stalled_reader_is_cut_off_without_the_server_holding_its_backlo
                 await sampler
         backlog = BACKLOG_APPENDS * MESSAGES_PER_APPEND * MESSAGE_BYTES
         assert peak - baseline < RSS_BOUND < backlog / 2, (peak - baseline, backlog)
+        # Until its call ends, the cut stream still counts, with the event the transport
+        # holds for it: a reader that never reads again cannot open streams without end.
+        scraped = await watching.scrape()
+        assert value(scraped, "runifold_watchers") == 1
+        assert 0 < value(scraped, "runifold_watch_buffered_bytes") <= WatchLimits().page_charge
 
         # The reader reads again: what the transport held, then the status to resume on.
         got: list[int] = []
@@ -166,6 +171,16 @@ async def test_a_stalled_reader_is_cut_off_without_the_server_holding_its_backlo
             assert info is not None and info.reason == "WATCHER_TOO_SLOW"
         last = BACKLOG_APPENDS * MESSAGES_PER_APPEND
         assert len(got) < last  # it was cut off well before the end
+
+        # The call has ended: the stream's slot and bytes are given back.
+        async def given_back() -> bool:
+            scraped = await watching.scrape()
+            return (
+                value(scraped, "runifold_watchers") == 0
+                and value(scraped, "runifold_watch_buffered_bytes") == 0
+            )
+
+        await wait_for(given_back, timeout=10, interval=0.1)
         async with AsyncClient(watching.address, namespace=namespace) as reader:
             rest: list[int] = []
             async for event in reader.watch_conversation(cid, after_sequence=got[-1] if got else 0):

@@ -205,3 +205,33 @@ def test_monitoring_and_migration() -> None:
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     config = of_kind(docs, "ConfigMap")["runifold-config"]["data"]
     assert config["RUNIFOLD_MIGRATE"] == "check"  # the services only check
+
+
+def _mebibytes(quantity: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1.0, "Gi": 1024.0}
+    return float(quantity[:-2]) * units[quantity[-2:]]
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_the_transcript_memory_limit_covers_the_watch_formula(overlay: str) -> None:
+    """docs/operations.md, "Memory of a TranscriptService": the pod's limit holds the
+    baseline, twice the watch byte budget, the streams and the pool, with the defaults
+    and the overlay's pool, and leaves room for the other calls."""
+    from services.transcript.config import WatchLimits
+
+    docs = rendered(overlay)
+    config = of_kind(docs, "ConfigMap")["runifold-config"]["data"]
+    (container,) = of_kind(docs, "Deployment")["transcript"]["spec"]["template"]["spec"][
+        "containers"
+    ]
+    limits = WatchLimits()
+    assert not any(name.startswith("RUNIFOLD_WATCH_") for name in config)  # the defaults
+    formula = (
+        100
+        + 2 * limits.max_buffered_bytes / 2**20
+        + limits.max_watchers * 64 / 1024
+        + int(config["RUNIFOLD_DB_POOL_MAX"])
+    )
+    limit = _mebibytes(container["resources"]["limits"]["memory"])
+    # At least 128 MiB for the other calls (requests read whole, ListEntries pages).
+    assert formula + 128 <= limit, (formula, limit)
