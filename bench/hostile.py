@@ -1,12 +1,16 @@
 """The hostile-tenant matrix (issue 27): for each cost class, a flood from one namespace
 against another namespace's latency, measured quiet and during the flood in one run.
 
+`RUNIFOLD_BENCH_HOSTILE=appends,searches` runs some classes only.
+
 One all-in-one server process (`python -m services`, the offline model and proposer,
 the local embedding model) on the benchmark's PostgreSQL. For each class the quiet
 namespace runs its probe (one call at a time) alone, then again while a second process
 (`python -m bench.hostile flood ...`, so that the flood's client never shares the
 probe's event loop) floods from the hostile namespace; the flood retries every refusal
-at once, as a hostile client would. Printed per class: the probe's p50 and p99 quiet
+at once, as a hostile client would. The flood's process runs at `nice 19`: it stands
+for a client on another machine as far as two shared cores allow (its CPU is what
+the server and the probe leave). Printed per class: the probe's p50 and p99 quiet
 and during the flood, their ratio (goal: p99 within 2x), the server's RSS before and at
 its peak during the flood, and what the flood got (ok, refused by reason).
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -37,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from google.protobuf.duration_pb2 import Duration
 
 from bench.common import new_database, server
 from bench.stats import median_ms, percentile_ms, rss_mib
@@ -188,16 +194,15 @@ def _probes(
         await transcript.GetConversation(
             pb.GetConversationRequest(namespace=QUIET, conversation_id=cid)
         )
+        turn_id = f"probe-{uuid.uuid4().hex}"
         got = await transcript.AcquireTurnLease(
-            pb.AcquireTurnLeaseRequest(
-                namespace=QUIET, conversation_id=cid, turn_id=f"probe-{uuid.uuid4().hex}"
-            )
+            pb.AcquireTurnLeaseRequest(namespace=QUIET, conversation_id=cid, turn_id=turn_id)
         )
         await transcript.ReleaseTurnLease(
             pb.ReleaseTurnLeaseRequest(
                 namespace=QUIET,
                 conversation_id=cid,
-                turn_id=got.lease.conversation_id and "",
+                turn_id=turn_id,
                 fencing_token=got.lease.fencing_token,
             )
         )
@@ -255,17 +260,18 @@ async def _flood(kind: str, address: str, seeds: dict[str, Any], tally: Counter[
             stubs.memory(channel),
             stubs.agent(channel),
         )
-        tasks: list[Awaitable[None]] = []
+        tasks: list[Awaitable[Any]] = []
         if kind == "appends":
             tasks = [
                 _forever(
                     tally,
-                    lambda w=w: transcript.AppendEntries(
+                    functools.partial(
+                        transcript.AppendEntries,
                         pb.AppendEntriesRequest(
                             namespace=HOSTILE,
                             conversation_id=mine["plain"][w % 16],
                             messages=[user("flood")],
-                        )
+                        ),
                     ),
                 )
                 for w in range(32)
@@ -274,10 +280,11 @@ async def _flood(kind: str, address: str, seeds: dict[str, Any], tally: Counter[
             tasks = [
                 _forever(
                     tally,
-                    lambda w=w: memory.SearchMemories(
+                    functools.partial(
+                        memory.SearchMemories,
                         memory_pb.SearchMemoriesRequest(
                             namespace=HOSTILE, query=WORDS[w % 5], limit=8
-                        )
+                        ),
                     ),
                 )
                 for w in range(32)
@@ -344,7 +351,10 @@ async def _flood(kind: str, address: str, seeds: dict[str, Any], tally: Counter[
             cid = mine["plain"][0]
             await transcript.AcquireTurnLease(
                 pb.AcquireTurnLeaseRequest(
-                    namespace=HOSTILE, conversation_id=cid, turn_id="running", ttl={"seconds": 600}
+                    namespace=HOSTILE,
+                    conversation_id=cid,
+                    turn_id="running",
+                    ttl=Duration(seconds=600),
                 )
             )
             tasks = [
@@ -407,6 +417,9 @@ def flood_main() -> None:
 @contextlib.asynccontextmanager
 async def _flooding(kind: str, address: str, seeds: dict[str, Any], result: dict[str, Any]) -> Any:
     process = await asyncio.create_subprocess_exec(
+        "nice",
+        "-n",
+        "19",
         sys.executable,
         "-m",
         "bench.hostile",
@@ -446,7 +459,10 @@ async def run(postgres_url: str) -> list[str]:
     ):
         seeds = await _seed(channel)
         probes = _probes(channel, seeds)
+        chosen = os.environ.get("RUNIFOLD_BENCH_HOSTILE", "").split(",")
         for kind, probe in probes.items():
+            if chosen != [""] and kind not in chosen:
+                continue
             quiet, _ = await _probe(probe, PROBE_SECONDS, pid)
             before = rss_mib(pid) or 0.0
             got: dict[str, Any] = {}

@@ -28,9 +28,11 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from services.common.admission import namespace_var
 from services.common.backoff import backoff
-from services.common.errors import StoreUnavailable
+from services.common.errors import DomainError, StoreUnavailable
 from services.common.settings import Settings
+from services.common.shedding import BoundedGate
 
 log = logging.getLogger(__name__)
 
@@ -356,6 +358,9 @@ class Database:
             reconnect_timeout=0,
             name=name,
         )
+        # The pool's connections, taken in turns by namespace (connection()); the queue
+        # is bounded by the calls in flight (RUNIFOLD_MAX_CONCURRENT_RPCS), not here.
+        self._turns = BoundedGate("database", self.pool.max_size, max_queued=1_000_000)
 
     async def open(self, timeout: float | None = None) -> None:
         """Open the pool once PostgreSQL accepts connections, waiting for one that is
@@ -430,7 +435,18 @@ class Database:
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConn]:
-        """A pooled autocommit connection; outages surface as StoreUnavailable."""
+        """A pooled autocommit connection; outages surface as StoreUnavailable.
+
+        Callers take turns for the pool's connections by namespace (the namespace of
+        the call being served; background work has a lane of its own): when every
+        connection is busy, a connection freed goes to the next namespace waiting, so
+        one namespace's flood of calls waits behind itself, not in front of another
+        namespace's call. Waiting longer than RUNIFOLD_DB_TIMEOUT_S is
+        STORE_UNAVAILABLE, as the pool's own timeout was."""
+        try:
+            started = await self._turns.acquire(self._timeout, namespace_var.get() or "")
+        except DomainError as exc:  # every connection stayed busy until the timeout
+            raise StoreUnavailable(self.name) from exc
         try:
             async with self.pool.connection() as conn:
                 yield conn
@@ -438,6 +454,8 @@ class Database:
             if is_unavailable(exc):
                 raise StoreUnavailable(self.name) from exc
             raise
+        finally:
+            self._turns.release(started)
 
 
 async def fetch_one(conn: AsyncConn, query: Any, params: Any = None) -> TupleRow | None:

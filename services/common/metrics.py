@@ -68,7 +68,8 @@ WORK_ABANDONED = Counter(
 WORK_QUEUED = Gauge(
     "runifold_work_queued",
     "Work waiting in front of a slow resource: texts for the embedding model "
-    "(resource=embeddings), calls for a chat model (resource=model).",
+    "(resource=embeddings), calls for a chat model (resource=model), calls for a "
+    "PostgreSQL connection when every one of the pool's is busy (resource=database).",
     ["resource"],
 )
 ADMITTED_IN_FLIGHT = Gauge(

@@ -166,10 +166,18 @@ class BoundedGate:
     async def slot(self, timeout: float | None = None, lane: str = "") -> AsyncIterator[None]:
         """Hold one of the gate's slots for the block; `lane` is the caller's namespace
         (or "" for work of no namespace)."""
-        await self._acquire(timeout, lane)
-        started = time.monotonic()
+        started = await self.acquire(timeout, lane)
         try:
             yield
         finally:
-            self._hold.add(time.monotonic() - started)
-            self._release()
+            self.release(started)
+
+    async def acquire(self, timeout: float | None = None, lane: str = "") -> float:
+        """Take a slot (what `slot` does on entry); the time it was taken, for `release`."""
+        await self._acquire(timeout, lane)
+        return time.monotonic()
+
+    def release(self, started: float) -> None:
+        """Give back a slot taken at `started` by `acquire`."""
+        self._hold.add(time.monotonic() - started)
+        self._release()
