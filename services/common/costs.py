@@ -92,9 +92,12 @@ COSTS: dict[str, CostClass] = {
     ),
     _T + "WatchConversation": CostClass(
         "exempt",
-        "streams are limited per namespace and per process (RUNIFOLD_WATCH_MAX_WATCHERS*); "
-        "an idle stream costs no connection and no query of its own",
-        "one page of entries (RUNIFOLD_WATCH_PAGE_BYTES) while it is being sent",
+        "streams are limited per namespace and per process (RUNIFOLD_WATCH_MAX_WATCHERS*), "
+        "and the bytes they hold by a byte budget per namespace and per process "
+        "(RUNIFOLD_WATCH_MAX_BUFFERED_BYTES*); an idle stream costs no connection, no "
+        "query and no buffered bytes",
+        "2 x (RUNIFOLD_WATCH_PAGE_BYTES + RUNIFOLD_MAX_MESSAGE_BYTES + 256 KiB) + 64 KiB "
+        "(about 2 MiB): one page read and one message in flight",
         "stream",
     ),
     # -- SummaryService -----------------------------------------------------------------
