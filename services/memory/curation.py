@@ -29,6 +29,7 @@ from services.memory.proposals import (
     Proposer,
     RelatedMemory,
     check_proposals,
+    lean_entry,
 )
 from services.memory.search import MemorySearch
 
@@ -173,7 +174,15 @@ class MemoryCuration(MemorySearch):
         read = await self.sources.entries(namespace, cid, from_sequence, through_sequence)
         if not read:
             raise conversation_erased()  # erased since it was found
-        entries = [e for e in read if not e.retracted_version]
+        # What the proposer reads of an entry is its text, clipped: the rest (a framework's
+        # native JSON, the text beyond the clip) is let go now rather than held through
+        # the model call (a range of long entries is tens of MiB).
+        entries = [
+            lean_entry(e, self.config.propose_max_entry_chars)
+            for e in read
+            if not e.retracted_version
+        ]
+        del read
         if not entries:  # everything in the range was taken back: nothing to propose
             return ProposeResult((), Usage(), 0, self.proposer.provider)
         related = await self._related(namespace, entries, wanted)

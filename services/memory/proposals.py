@@ -24,7 +24,7 @@ import json
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
 from xml.sax.saxutils import escape
@@ -194,6 +194,16 @@ def _attribute(value: str) -> str:
 
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + " [truncated]"
+
+
+def lean_entry(entry: Entry, max_entry_chars: int) -> Entry:
+    """An entry as a proposer reads it: its text up to one character past what the prompt
+    shows (so the prompt still marks it truncated), without the writer's native JSON."""
+    message = entry.message
+    if len(message.text) <= max_entry_chars + 1 and not message.native_json:
+        return entry
+    text = message.text[: max_entry_chars + 1]
+    return replace(entry, message=replace(message, text=text, native_json=""))
 
 
 def render_request(
