@@ -16,6 +16,7 @@ import uuid
 import weakref
 from dataclasses import replace
 
+from services.common import messages as message_rules
 from services.common import validation
 from services.common.deadlines import deadline_exceeded, deadline_var
 from services.common.errors import DomainError, invalid_argument
@@ -194,6 +195,10 @@ class TurnLeases:
         if ended is not None:
             validation.text(ended.reason, "ended.reason", max_bytes=128, reason="INVALID_OUTCOME")
             validation.metadata(ended.metadata, "ended.metadata")
+            for index, message in enumerate(ended.output):
+                message_rules.kept_message(
+                    message, f"ended.output[{index}]", max_json_depth=self.limits.max_json_depth
+                )
         released = await self.store.release_turn(
             namespace,
             cid,

@@ -1,0 +1,155 @@
+"""PostgreSQL's jsonb input rules, mirrored: what `::jsonb` accepts, we accept.
+
+A client's JSON that breaks one of these rules must be refused at the boundary
+(INVALID_ARGUMENT naming the field, services/common/validation.py), not by the
+database: PostgreSQL's error carries the document's text in its CONTEXT, and a
+database error looks like a fault of ours (INTERNAL). PostgreSQL 16 parses JSON
+text by RFC 8259, as Python's json module does (whitespace, number grammar, string
+escapes, raw control characters refused, duplicate keys allowed), and refuses
+besides (src/backend/utils/adt/jsonfuncs.c, common/jsonapi.c, numeric.c):
+
+- a `\\u` escape of a lone UTF-16 surrogate: a high one (D800-DBFF) not followed at
+  once by the `\\u` escape of a low one (DC00-DFFF), or a low one on its own
+  ("Unicode low surrogate must follow a high surrogate"); Python decodes them to
+  surrogate code points, which no UTF-8 text can hold;
+- the escape `\\u0000` ("unsupported Unicode escape sequence": text cannot hold NUL);
+- a number that does not fit `numeric` ("value overflows numeric format"): its
+  leading digit at most at 10^131071 (the weight, an int16 count of base-10000
+  digits: 131072 digits before the point), at most 16383 digits after the point
+  (the display scale, 14 bits: the digits written after the point, trailing zeros
+  too, minus the exponent), and an exponent within +-1073741823 (INT32_MAX / 2),
+  even for a zero;
+- nesting deeper than the server's stack allows (max_stack_depth; about 50,000
+  levels at the default 2 MB). Ours is an explicit, much lower limit
+  (RUNIFOLD_MAX_JSON_DEPTH), which also keeps Python's recursive parser and every
+  later reader of the document far from their own limits.
+
+Python's json module differs otherwise only where it is more lenient (NaN and
+Infinity) or stricter (integers beyond 4300 digits); both are handled here.
+tests/integration/test_jsonb_rules.py compares these rules with PostgreSQL's own
+`::jsonb` on generated documents.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal
+from typing import Any
+
+# The default nesting limit of a client's JSON document (RUNIFOLD_MAX_JSON_DEPTH)
+# and the range it may be set in: below Python's recursion limit (1000 frames,
+# of which a request's handler uses about a hundred) and PostgreSQL's stack.
+MAX_DEPTH = 128
+DEPTH_RANGE = (1, 512)
+
+# numeric's limits (PostgreSQL's numeric.c): the leading digit's decimal position
+# (the int16 weight counts base-10000 digits: 4 * 32768 - 1), the display scale
+# (NUMERIC_DSCALE_MAX, 14 bits) and the exponent numeric_in reads (PG_INT32_MAX / 2).
+_LEADING_POSITION_MAX = 4 * 32768 - 1
+_DSCALE_MAX = 0x3FFF
+_EXPONENT_MAX = (2**31 - 1) // 2
+
+# A raw NUL or surrogate code point (a str built in Python, not decoded from UTF-8).
+_UNSTORABLE_CHARACTER = re.compile("[\x00\ud800-\udfff]")
+# Each escape of a string, in order (a backslash occurs only inside strings, and
+# `\\\\` is consumed as one escape): a surrogate pair, a lone surrogate, \u0000, or
+# any other escape.
+_HEX = "[0-9A-Fa-f]"
+_ESCAPE = re.compile(
+    rf"\\(?:u(?:([dD][89abAB]{_HEX}{{2}}\\u[dD][c-fC-F]{_HEX}{{2}})"
+    rf"|([dD][89a-fA-F]{_HEX}{{2}})|(0000))|.)",
+    re.DOTALL,
+)
+# What counts for the nesting depth: brackets, and strings (skipped whole: they may
+# hold brackets).
+_NESTING = re.compile(r'[\[\]{}]|"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
+class JsonbRefused(ValueError):
+    """A JSON text PostgreSQL's jsonb would refuse; the message says why (no content).
+    `max_depth` is set when it nests too deep."""
+
+    def __init__(self, message: str, max_depth: int | None = None) -> None:
+        super().__init__(message)
+        self.max_depth = max_depth
+
+
+def parse(text: str, max_depth: int = MAX_DEPTH) -> Any:
+    """The value of a JSON text that jsonb accepts, nested at most `max_depth` levels
+    (an array or object counts one, a scalar none); numbers as `Decimal` (exact, as
+    numeric holds them). Raises JsonbRefused saying which rule it breaks."""
+    if _UNSTORABLE_CHARACTER.search(text):
+        raise JsonbRefused("must not hold NUL characters or UTF-16 surrogates")
+    # Counting brackets is cheap; only a text with more of them than the limit is walked.
+    if text.count("[") + text.count("{") > max_depth and depth(text) > max_depth:
+        raise JsonbRefused(f"nests deeper than {max_depth} levels", max_depth)
+    try:
+        value = json.loads(text, parse_constant=_constant, parse_float=_number, parse_int=_number)
+    except JsonbRefused:
+        raise
+    except (ValueError, RecursionError):
+        raise JsonbRefused("must be a JSON document") from None
+    if "\\" in text:
+        _escapes(text)
+    return value
+
+
+def depth(text: str) -> int:
+    """How deep the arrays and objects of a JSON text nest (0 for a scalar). Counted
+    on the text, so that a deep document is refused before Python's recursive parser
+    meets it; strings are skipped."""
+    level = deepest = 0
+    for match in _NESTING.finditer(text):
+        found = match[0]
+        if found in ("[", "{"):
+            level += 1
+            deepest = max(deepest, level)
+        elif found in ("]", "}"):
+            level -= 1
+    return deepest
+
+
+def fits_numeric(token: str) -> bool:
+    """Whether PostgreSQL's numeric takes a number of the JSON grammar (`token`)."""
+    mantissa, _, exponent_text = token.lower().partition("e")
+    negative = exponent_text.startswith("-")
+    exponent_digits = exponent_text.lstrip("+-").lstrip("0")
+    if len(exponent_digits) > len(str(_EXPONENT_MAX)):  # int() refuses 4300 digits
+        return False
+    exponent = int(exponent_digits or "0")
+    if exponent > _EXPONENT_MAX:
+        return False
+    exponent = -exponent if negative else exponent
+    whole, _, fraction = mantissa.lstrip("-").partition(".")
+    if len(fraction) - exponent > _DSCALE_MAX:
+        return False
+    digits = whole + fraction
+    significant = digits.lstrip("0")
+    if not significant:
+        return True  # a zero: only its scale and exponent are limited
+    leading = len(whole) - 1 - (len(digits) - len(significant)) + exponent
+    return leading <= _LEADING_POSITION_MAX
+
+
+def _number(token: str) -> Decimal:
+    if not fits_numeric(token):
+        raise JsonbRefused(
+            "holds a number beyond PostgreSQL's numeric (at most 131072 digits before "
+            "the point and 16383 after it)"
+        )
+    return Decimal(token)
+
+
+def _constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _escapes(text: str) -> None:
+    for match in _ESCAPE.finditer(text):
+        if match[2] is not None:
+            raise JsonbRefused(
+                "must not hold a lone UTF-16 surrogate escape (\\ud800-\\udfff not in a pair)"
+            )
+        if match[3] is not None:
+            raise JsonbRefused("must not hold the escape \\u0000 (text cannot hold NUL)")
