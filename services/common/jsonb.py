@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import re
 from decimal import Decimal
+from itertools import accumulate
 from typing import Any
 
 # The default nesting limit of a client's JSON document (RUNIFOLD_MAX_JSON_DEPTH)
@@ -50,20 +51,20 @@ _LEADING_POSITION_MAX = 4 * 32768 - 1
 _DSCALE_MAX = 0x3FFF
 _EXPONENT_MAX = (2**31 - 1) // 2
 
-# A raw NUL or surrogate code point (a str built in Python, not decoded from UTF-8).
-_UNSTORABLE_CHARACTER = re.compile("[\x00\ud800-\udfff]")
-# Each escape of a string, in order (a backslash occurs only inside strings, and
-# `\\\\` is consumed as one escape): a surrogate pair, a lone surrogate, \u0000, or
-# any other escape.
+# Escapes, looked for once `\\\\` (an escaped backslash) is blanked out, so that each
+# backslash left starts an escape: a high surrogate not followed at once by a low one,
+# a low one not preceded at once by a high one, and \u0000.
 _HEX = "[0-9A-Fa-f]"
-_ESCAPE = re.compile(
-    rf"\\(?:u(?:([dD][89abAB]{_HEX}{{2}}\\u[dD][c-fC-F]{_HEX}{{2}})"
-    rf"|([dD][89a-fA-F]{_HEX}{{2}})|(0000))|.)",
-    re.DOTALL,
+_LOW = rf"[c-fC-F]{_HEX}{{2}}"
+_BAD_ESCAPE = re.compile(
+    rf"\\u(?:[dD](?:[89abAB]{_HEX}{{2}}(?!\\u[dD]{_LOW})"
+    rf"|(?<!\\u[dD][89abAB]{_HEX}{{2}}\\u[dD]){_LOW})|0000)"
 )
-# What counts for the nesting depth: brackets, and strings (skipped whole: they may
-# hold brackets).
-_NESTING = re.compile(r'[\[\]{}]|"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+# A number token of the JSON grammar this short and without an exponent always fits
+# numeric (it is checked otherwise).
+_SHORT_NUMBER = 32
 
 
 class JsonbRefused(ValueError):
@@ -77,37 +78,49 @@ class JsonbRefused(ValueError):
 
 def parse(text: str, max_depth: int = MAX_DEPTH) -> Any:
     """The value of a JSON text that jsonb accepts, nested at most `max_depth` levels
-    (an array or object counts one, a scalar none); numbers as `Decimal` (exact, as
-    numeric holds them). Raises JsonbRefused saying which rule it breaks."""
-    if _UNSTORABLE_CHARACTER.search(text):
+    (an array or object counts one, a scalar none); numbers as json.loads makes them
+    (an integer beyond the 4300 digits of Python's int() as a Decimal). Raises
+    JsonbRefused saying which rule it breaks."""
+    if "\x00" in text or _surrogates(text):
         raise JsonbRefused("must not hold NUL characters or UTF-16 surrogates")
     # Counting brackets is cheap; only a text with more of them than the limit is walked.
     if text.count("[") + text.count("{") > max_depth and depth(text) > max_depth:
         raise JsonbRefused(f"nests deeper than {max_depth} levels", max_depth)
     try:
-        value = json.loads(text, parse_constant=_constant, parse_float=_number, parse_int=_number)
+        value = json.loads(text, parse_constant=_constant, parse_float=_float)
     except JsonbRefused:
         raise
-    except (ValueError, RecursionError):
+    except RecursionError:
         raise JsonbRefused("must be a JSON document") from None
-    if "\\" in text:
-        _escapes(text)
+    except ValueError:
+        # Not JSON, or an integer of more than 4300 digits, which int() refuses and
+        # numeric takes: once more, every number checked.
+        try:
+            value = json.loads(
+                text, parse_constant=_constant, parse_float=_number, parse_int=_number
+            )
+        except JsonbRefused:
+            raise
+        except (ValueError, RecursionError):
+            raise JsonbRefused("must be a JSON document") from None
+    if ("\\u" in text) and (bad := _BAD_ESCAPE.search(text.replace("\\\\", "__"))):
+        if bad[0].endswith("0000"):
+            raise JsonbRefused("must not hold the escape \\u0000 (text cannot hold NUL)")
+        raise JsonbRefused(
+            "must not hold a lone UTF-16 surrogate escape (\\ud800-\\udfff not in a pair)"
+        )
     return value
 
 
 def depth(text: str) -> int:
     """How deep the arrays and objects of a JSON text nest (0 for a scalar). Counted
     on the text, so that a deep document is refused before Python's recursive parser
-    meets it; strings are skipped."""
-    level = deepest = 0
-    for match in _NESTING.finditer(text):
-        found = match[0]
-        if found in ("[", "{"):
-            level += 1
-            deepest = max(deepest, level)
-        elif found in ("]", "}"):
-            level -= 1
-    return deepest
+    meets it; strings are skipped: with escaped backslashes and quotes blanked out,
+    every other quote opens or closes one."""
+    unquoted = text.replace("\\\\", "").replace('\\"', "")
+    outside = "".join(unquoted.split('"')[::2])
+    brackets = _NOT_BRACKET.sub("", outside)
+    return max(0, max(accumulate(map(_STEP.__getitem__, brackets)), default=0))
 
 
 def fits_numeric(token: str) -> bool:
@@ -132,6 +145,13 @@ def fits_numeric(token: str) -> bool:
     return leading <= _LEADING_POSITION_MAX
 
 
+def _float(token: str) -> float:
+    """A number with a fraction or an exponent (json.loads's parse_float), checked."""
+    if len(token) > _SHORT_NUMBER or "e" in token or "E" in token:
+        _number(token)
+    return float(token)
+
+
 def _number(token: str) -> Decimal:
     if not fits_numeric(token):
         raise JsonbRefused(
@@ -145,11 +165,12 @@ def _constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def _escapes(text: str) -> None:
-    for match in _ESCAPE.finditer(text):
-        if match[2] is not None:
-            raise JsonbRefused(
-                "must not hold a lone UTF-16 surrogate escape (\\ud800-\\udfff not in a pair)"
-            )
-        if match[3] is not None:
-            raise JsonbRefused("must not hold the escape \\u0000 (text cannot hold NUL)")
+def _surrogates(text: str) -> bool:
+    """True when a str holds a surrogate code point (never one decoded from UTF-8)."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False

@@ -142,6 +142,8 @@ edge_numbers = st.one_of(
         st.sampled_from([16383, 16384]),
         st.sampled_from(["0", "1"]),
     ),
+    # ... or without an exponent.
+    st.builds(lambda scale: f"0.{'0' * (scale - 1)}1", st.sampled_from([16383, 16384])),
     # The exponent at numeric_in's bound, for a zero and for others.
     st.builds(
         lambda mantissa, sign, exponent: f"{mantissa}e{sign}{exponent}",

@@ -31,10 +31,12 @@ def test_what_jsonb_accepts_is_accepted(text: str) -> None:
     jsonb.parse(text)
 
 
-def test_numbers_are_exact_decimals() -> None:
-    assert jsonb.parse('{"a": [1, 1.50, 1e400]}') == {
-        "a": [Decimal(1), Decimal("1.50"), Decimal("1e400")]
-    }
+def test_numbers_come_as_json_loads_makes_them() -> None:
+    """Beyond 4300 digits, which Python's int() refuses and numeric takes, a Decimal."""
+    assert jsonb.parse('{"a": 1e10000, "b": 2, "c": 1.5}') == {"a": float("inf"), "b": 2, "c": 1.5}
+    assert jsonb.parse(f'{{"a": {"9" * 5000}}}') == {"a": Decimal("9" * 5000)}
+    with pytest.raises(jsonb.JsonbRefused, match="numeric"):
+        jsonb.parse(f'{{"a": {"9" * 5000}, "b": 1e-16384}}')
 
 
 @pytest.mark.parametrize("limit", [1, 2, 64, jsonb.MAX_DEPTH])
@@ -45,6 +47,19 @@ def test_depth_is_counted_in_arrays_and_objects_and_not_in_strings(limit: int) -
     with pytest.raises(jsonb.JsonbRefused) as refused:
         jsonb.parse("[" + deepest + "]", max_depth=limit)
     assert refused.value.max_depth == limit
+
+
+@pytest.mark.parametrize(
+    ("text", "levels"),
+    [
+        ('["\\"[[[[", 1]', 1),  # an escaped quote does not end the string
+        ('["\\\\", [1]]', 2),  # an escaped backslash does not escape the quote
+        ('{"a]": {"b}": []}}', 3),
+        ("1", 0),
+    ],
+)
+def test_depth_skips_strings(text: str, levels: int) -> None:
+    assert jsonb.depth(text) == levels
 
 
 def test_a_document_too_deep_for_python_is_too_deep_not_unparsable() -> None:
