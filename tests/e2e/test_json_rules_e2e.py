@@ -303,3 +303,26 @@ async def test_documents_on_the_edge_that_jsonb_takes_are_accepted(
         method, request = await send(world, document(value))
         assert await call(world.stack, "grpc", method, request) is None, case
     assert SECRET not in captured.getvalue()
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+async def test_a_kept_outcome_holding_nul_is_invalid_outcome(
+    world: World, captured: io.StringIO, transport: str
+) -> None:
+    """A kept outcome may break the transcript's rules (a MODEL_OUTPUT_INVALID reply),
+    but PostgreSQL cannot store a NUL: refused naming the field, the lease still held."""
+    method, request = await _release_outcome(world, "")
+    assert isinstance(request, pb.ReleaseTurnLeaseRequest)
+    request.ended.output[0].text = f"{SECRET}\x00"
+    refusal = await call(world.stack, transport, method, request)
+    assert refusal == Refusal("INVALID_ARGUMENT", "INVALID_OUTCOME", "ended.output[0].text")
+    released = await world.stack.transcript.ReleaseTurnLease(
+        pb.ReleaseTurnLeaseRequest(
+            namespace=world.namespace,
+            conversation_id=world.conversation_id,
+            turn_id=request.turn_id,
+            fencing_token=request.fencing_token,
+        )
+    )
+    assert released.released
+    assert SECRET not in captured.getvalue()
