@@ -44,6 +44,19 @@ class JsonReply:
                 return error_details_pb2.ErrorInfo.FromString(_b64(detail["value"]))
         return None
 
+    @property
+    def field_violations(self) -> list[str]:
+        """The fields a Connect error body's BadRequest detail names ([] without one)."""
+        details = self.body.get("details", []) if isinstance(self.body, dict) else []
+        return [
+            violation.field
+            for detail in details
+            if detail.get("type") == "google.rpc.BadRequest"
+            for violation in error_details_pb2.BadRequest.FromString(
+                _b64(detail["value"])
+            ).field_violations
+        ]
+
 
 def _b64(value: str) -> bytes:
     # Connect sends details base64 without padding.

@@ -8,7 +8,6 @@ would refuse never costs a model call. Tool definitions have their own rules
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 
@@ -108,16 +107,14 @@ def check_tools(tools: Sequence[ToolDefinition], config: AgentConfig) -> None:
             reason="INVALID_TOOLS",
         )
         if tool.parameters_json_schema:
-            try:
-                schema = json.loads(tool.parameters_json_schema)
-            except (ValueError, RecursionError):  # RecursionError: nested too deep
-                schema = None
-            if not isinstance(schema, dict):
-                raise invalid_argument(
-                    "INVALID_TOOLS",
-                    "parameters_json_schema must be a JSON object",
-                    field=f"{field}.parameters_json_schema",
-                )
+            # The rule of every JSON field a client sends (PostgreSQL's jsonb's), though
+            # this one is only passed to the model.
+            validation.json_object(
+                tool.parameters_json_schema,
+                f"{field}.parameters_json_schema",
+                "INVALID_TOOLS",
+                max_depth=config.messages.max_json_depth,
+            )
         validation.text(
             tool.description,
             f"{field}.description",

@@ -2,7 +2,16 @@
 
 The pool is opened explicitly (no I/O in constructors). Driver errors that
 mean "the database is not reachable" become `StoreUnavailable` here, at the
-adapter boundary, so that domain code and the transport never see psycopg.
+adapter boundary, so that domain code and the transport never see psycopg; a
+data exception (SQLSTATE class 22: a value the database refused) becomes
+INVALID_ARGUMENT / INVALID_VALUE, the safety net behind the input rules
+(services/common/validation.py), which refuse every value we know PostgreSQL
+would, naming the field.
+
+A driver error's text is data: PostgreSQL's message, DETAIL and CONTEXT quote the
+value at fault (`CONTEXT: JSON data, line 1: {"card": ...`). Neither reaches a
+client or our logs (services/common/logs.py names it by its class and SQLSTATE, in a
+logged traceback too), nor the embedded server's own log (`QUIET_SERVER_LOG`).
 """
 
 from __future__ import annotations
@@ -23,14 +32,15 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]  # no type stubs
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from services.common.admission import namespace_var
 from services.common.backoff import backoff
-from services.common.errors import DomainError, StoreUnavailable
+from services.common.errors import DomainError, StoreUnavailable, invalid_argument
+from services.common.logs import describe
 from services.common.settings import Settings
 from services.common.shedding import BoundedGate
 
@@ -44,6 +54,19 @@ AsyncConn = AsyncConnection[TupleRow]
 # statement_timeout because the database is stalled or locked, or that an
 # operator cancelled), system errors. All are transient: retry later.
 _UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57", "58")
+
+
+# The embedded PostgreSQL's logging, set with ALTER SYSTEM at every start: an error's
+# primary message only (no DETAIL, HINT, QUERY or CONTEXT, where the data is), and no
+# statement text after an error. DATABASE_URL's server is the operator's to set
+# alike (docs/production.md).
+QUIET_SERVER_LOG = {"log_error_verbosity": "terse", "log_min_error_statement": "panic"}
+
+
+def is_data_error(error: BaseException) -> bool:
+    """True when the database (or the driver, adapting a parameter: a NUL character)
+    refused a value: SQLSTATE class 22, psycopg's DataError."""
+    return isinstance(error, psycopg.DataError)
 
 
 def is_unavailable(error: BaseException) -> bool:
@@ -122,8 +145,42 @@ def start_embedded_postgres(data_dir: Path, timeout: float = EMBEDDED_START_TIME
     # Run before pgserver's stop at exit (atexit is last in, first out).
     atexit.register(_reap_if_dead_child, int(server.get_pid()))
     url: str = server.get_uri()
+    quiet_server_log(url)
     log.info("embedded postgresql started", extra={"data_dir": str(data_dir)})
     return url
+
+
+def quiet_server_log(url: str, timeout: float = 10.0) -> None:
+    """Keep data out of the embedded server's log (QUIET_SERVER_LOG), for every session
+    from now on: ALTER SYSTEM (kept in postgresql.auto.conf, so a restart keeps it)
+    and a reload. pgserver passes no settings of its own; these are set again at each
+    start, which also covers a data directory made before they existed.
+
+    Returns once the reload took effect: the postmaster reads the file, then signals
+    its sessions, this one among them; a session started after that has the settings.
+    """
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        for name, value in QUIET_SERVER_LOG.items():
+            conn.execute(
+                sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(name), sql.Literal(value))
+            )
+        conn.execute("SELECT pg_reload_conf()")
+        while not _applied(conn, QUIET_SERVER_LOG):
+            if time.monotonic() > deadline:
+                raise EmbeddedPostgresError(
+                    f"the embedded PostgreSQL did not apply {QUIET_SERVER_LOG} within {timeout:g} s"
+                )
+            time.sleep(_POLL_S)  # a synchronous start-up wait: nothing else runs yet
+
+
+def _applied(conn: psycopg.Connection[TupleRow], settings: dict[str, str]) -> bool:
+    """True when this session has each setting at its value."""
+    for name, value in settings.items():
+        row = conn.execute("SELECT current_setting(%s)", (name,)).fetchone()
+        if row is None or row[0] != value:
+            return False
+    return True
 
 
 def _reap_if_dead_child(pid: int) -> None:
@@ -453,6 +510,17 @@ class Database:
         except (psycopg.Error, PoolTimeout) as exc:
             if is_unavailable(exc):
                 raise StoreUnavailable(self.name) from exc
+            if is_data_error(exc):
+                # Every rule we know is checked before, naming its field: reaching this
+                # is a rule missing there. Neither the response nor the log gets the
+                # driver's text.
+                log.warning(
+                    "the database refused a value of a request",
+                    extra={"store": self.name, "error": describe(exc)},
+                )
+                raise invalid_argument(
+                    "INVALID_VALUE", "a value of the request cannot be stored"
+                ) from None
             raise
         finally:
             self._turns.release(started)

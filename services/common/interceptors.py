@@ -205,6 +205,8 @@ class RpcCall:
             if isinstance(exc, StoreUnavailable):
                 metrics.STORE_ERRORS.labels(exc.store).inc()
         else:
+            # The traceback names a database driver's error by its class and SQLSTATE
+            # only: its text quotes the data (services/common/logs.py).
             log.error("unhandled error", exc_info=exc, extra={"error_type": type(exc).__name__})
             error = _internal()
         self.code = error.code.value

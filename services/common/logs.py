@@ -4,7 +4,10 @@ text when stderr is a terminal, JSON otherwise).
 
 Hand-written: a formatter of twenty lines over the standard library is
 simpler than a dependency. Log records never carry message, summary or
-memory content; callers pass identifiers and counts only.
+memory content; callers pass identifiers and counts only. A logged exception's
+traceback names a database driver error by its class and SQLSTATE only: its text
+(PostgreSQL's message, DETAIL and CONTEXT) quotes the data at fault, such as the
+JSON document a statement could not take (`describe`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,12 @@ import contextvars
 import json
 import logging
 import sys
+import traceback
 from datetime import UTC, datetime
+from types import TracebackType
+from typing import TypeAlias
+
+import psycopg
 
 # The metadata key of a request id (read from callers, echoed back, carried to peers).
 REQUEST_ID_HEADER = "x-request-id"
@@ -23,6 +31,67 @@ method_var: contextvars.ContextVar[str] = contextvars.ContextVar("method", defau
 trace_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("trace_id", default="")
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+
+ExcInfo: TypeAlias = (
+    tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
+)
+
+
+def describe(error: BaseException) -> str:
+    """What a log or a message may say of an exception: its text, or for a database
+    driver's error only its class and SQLSTATE (its text quotes the data at fault)."""
+    if not isinstance(error, psycopg.Error):
+        return f"{type(error).__name__}: {error}"
+    name = f"{type(error).__module__}.{type(error).__qualname__}"
+    return f"{name} (SQLSTATE {error.sqlstate})" if error.sqlstate else name
+
+
+def format_exception(exc_info: ExcInfo) -> str:
+    """A traceback as `logging.Formatter.formatException` writes it, with every driver
+    error of the chain (causes, contexts, groups) named by `describe` instead."""
+    error = exc_info[1]
+    if error is None:
+        return ""
+    if not any(isinstance(e, psycopg.Error) for e in _chain(error, set())):
+        return "".join(traceback.format_exception(error)).rstrip("\n")
+    return "".join(_render(error, set())).rstrip("\n")
+
+
+def _chain(error: BaseException, seen: set[int]) -> list[BaseException]:
+    if id(error) in seen:
+        return []
+    seen.add(id(error))
+    linked = [error.__cause__, error.__context__]
+    linked += list(error.exceptions) if isinstance(error, BaseExceptionGroup) else []
+    return [error] + [e for item in linked if item is not None for e in _chain(item, seen)]
+
+
+def _render(error: BaseException, seen: set[int]) -> list[str]:
+    """traceback.format_exception's lines, each driver error's own line replaced."""
+    seen.add(id(error))
+    lines: list[str] = []
+    cause, context = error.__cause__, error.__context__
+    if cause is not None and id(cause) not in seen:
+        lines += _render(cause, seen)
+        lines.append("\nThe above exception was the direct cause of the following exception:\n\n")
+    elif context is not None and not error.__suppress_context__ and id(context) not in seen:
+        lines += _render(context, seen)
+        lines.append("\nDuring handling of the above exception, another exception occurred:\n\n")
+    if error.__traceback__ is not None:
+        lines.append("Traceback (most recent call last):\n")
+        lines += traceback.format_tb(error.__traceback__)
+    if isinstance(error, psycopg.Error):
+        lines.append(describe(error) + "\n")
+    else:
+        lines += traceback.format_exception_only(error)
+    if isinstance(error, BaseExceptionGroup):
+        for index, member in enumerate(error.exceptions, 1):
+            lines.append(f"+---------------- {index} ----------------\n")
+            lines += [
+                "    " + line for part in _render(member, seen) for line in part.splitlines(True)
+            ]
+    return lines
 
 
 class JsonFormatter(logging.Formatter):
@@ -53,6 +122,9 @@ class JsonFormatter(logging.Formatter):
             document["exception"] = self.formatException(record.exc_info)
         return json.dumps(document, default=str)
 
+    def formatException(self, ei: ExcInfo) -> str:
+        return format_exception(ei)
+
 
 class TextFormatter(logging.Formatter):
     """One readable line: time, level, logger, message, then the `extra` fields as
@@ -62,6 +134,9 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
 
     def format(self, record: logging.LogRecord) -> str:
+        # logging caches the traceback text on the record: another handler's formatter
+        # may have written it unredacted.
+        record.exc_text = None
         line = super().format(record)
         extras = [
             f"{key}={value}"
@@ -76,6 +151,9 @@ class TextFormatter(logging.Formatter):
             line, _, trace = line.partition("\n")
             line = f"{line}  " + " ".join(extras) + (f"\n{trace}" if trace else "")
         return line
+
+    def formatException(self, ei: ExcInfo) -> str:
+        return format_exception(ei)
 
 
 # Libraries whose INFO lines say nothing an operator acts on (a model file loaded, the

@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.common import validation
+from services.common import jsonb, validation
 from services.common.domain import Message, Role
 from services.common.errors import invalid_argument
 from services.common.settings import Env, env_int
@@ -45,6 +45,8 @@ class MessageLimits:
     max_message_bytes: int = MAX_MESSAGE_BYTES
     max_append_bytes: int = 4 * 1024 * 1024
     max_tool_calls_per_message: int = 64
+    # How deep a client's JSON document may nest (native_json, state, tool schemas).
+    max_json_depth: int = jsonb.MAX_DEPTH
 
     @classmethod
     def from_env(cls, env: Env | None = None) -> MessageLimits:
@@ -69,6 +71,13 @@ class MessageLimits:
             ),
             max_tool_calls_per_message=env_int(
                 env, "RUNIFOLD_MAX_TOOL_CALLS_PER_MESSAGE", 64, minimum=1, maximum=512
+            ),
+            max_json_depth=env_int(
+                env,
+                "RUNIFOLD_MAX_JSON_DEPTH",
+                jsonb.MAX_DEPTH,
+                minimum=jsonb.DEPTH_RANGE[0],
+                maximum=jsonb.DEPTH_RANGE[1],
             ),
         )
 
@@ -102,13 +111,15 @@ def message_count(count: int, limit: int, field: str) -> None:
         )
 
 
-def message(value: Message, field: str, *, max_bytes: int) -> int:
+def message(
+    value: Message, field: str, *, max_bytes: int, max_json_depth: int = jsonb.MAX_DEPTH
+) -> int:
     """The rules of every message, whatever its role and whichever service receives it.
 
     No system role (SYSTEM_ROLE_NOT_ALLOWED), no NUL in the text, metadata within
-    its limits, `native_json` a JSON document when set (INVALID_NATIVE_JSON), at
-    most `max_bytes` in all (MESSAGE_TOO_LARGE), text in a user message. Returns the
-    message's size in bytes.
+    its limits, `native_json` a JSON document by jsonb's rules when set
+    (INVALID_NATIVE_JSON), at most `max_bytes` in all (MESSAGE_TOO_LARGE), text in a
+    user message. Returns the message's size in bytes.
     """
     if value.role == Role.SYSTEM:
         raise invalid_argument(
@@ -122,7 +133,12 @@ def message(value: Message, field: str, *, max_bytes: int) -> int:
         )
     validation.metadata(value.metadata, f"{field}.metadata")
     if value.native_json:
-        validation.json_document(value.native_json, f"{field}.native_json", "INVALID_NATIVE_JSON")
+        validation.json_document(
+            value.native_json,
+            f"{field}.native_json",
+            "INVALID_NATIVE_JSON",
+            max_depth=max_json_depth,
+        )
     size = value.size_bytes()
     if size > max_bytes:
         raise invalid_argument(
@@ -136,6 +152,30 @@ def message(value: Message, field: str, *, max_bytes: int) -> int:
             "INVALID_MESSAGE", f"{field}.text must not be empty", field=f"{field}.text"
         )
     return size
+
+
+def kept_message(value: Message, field: str, *, max_json_depth: int = jsonb.MAX_DEPTH) -> None:
+    """What a message kept outside the transcript must be even when it breaks the
+    transcript's rules (the outcome of a turn that ended without committing, a
+    MODEL_OUTPUT_INVALID reply among them): strings PostgreSQL can store, no NUL
+    (INVALID_OUTCOME), and `native_json` by jsonb's rules (INVALID_NATIVE_JSON)."""
+    strings = [(value.text, "text"), (value.tool_call_id, "tool_call_id")]
+    for index, call in enumerate(value.tool_calls):
+        strings += [
+            (call.id, f"tool_calls[{index}].id"),
+            (call.name, f"tool_calls[{index}].name"),
+            (call.arguments_json, f"tool_calls[{index}].arguments_json"),
+        ]
+    strings += [(text, "metadata") for item in value.metadata.items() for text in item]
+    for text, name in strings:
+        validation.text(text, f"{field}.{name}", max_bytes=None, reason="INVALID_OUTCOME")
+    if value.native_json:
+        validation.json_document(
+            value.native_json,
+            f"{field}.native_json",
+            "INVALID_NATIVE_JSON",
+            max_depth=max_json_depth,
+        )
 
 
 def messages_size(size: int, field: str, *, max_bytes: int) -> None:
@@ -160,7 +200,9 @@ def stored_message(value: Message, field: str, limits: MessageLimits) -> int:
     """`message` plus the role rules of a stored message (tool calls only on assistant
     messages, tool_call_id only on tool results, tool call ids, names and arguments
     within their limits). Returns the message's size in bytes."""
-    size = message(value, field, max_bytes=limits.max_message_bytes)
+    size = message(
+        value, field, max_bytes=limits.max_message_bytes, max_json_depth=limits.max_json_depth
+    )
     if value.role != Role.ASSISTANT and value.tool_calls:
         raise invalid_argument(
             "INVALID_MESSAGE",

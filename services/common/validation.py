@@ -6,12 +6,12 @@ cannot store them), so every stored string is checked here.
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from services.common import jsonb
 from services.common.errors import invalid_argument
 
 NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
@@ -134,25 +134,28 @@ def metadata(values: Mapping[str, str], field: str = "metadata") -> dict[str, st
     return dict(values)
 
 
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
-
-
-def json_document(value: str, field: str, reason: str) -> Any:
-    """A JSON document (RFC 8259: no NaN or Infinity, no NUL character); its parsed value."""
-    if "\x00" in value:
-        raise invalid_argument(reason, f"{field} must not contain NUL characters", field=field)
+def json_document(value: str, field: str, reason: str, *, max_depth: int = jsonb.MAX_DEPTH) -> Any:
+    """A JSON document by the rules of PostgreSQL's jsonb (services/common/jsonb.py:
+    RFC 8259 without NaN or Infinity, no NUL character, no lone UTF-16 surrogate
+    escape, no \\u0000, numbers within numeric's range), nested at most `max_depth`
+    levels (RUNIFOLD_MAX_JSON_DEPTH); its parsed value, numbers as Decimal. Every
+    JSON field a client sends passes here, whether it is stored as jsonb or as text:
+    one rule for all of them."""
     try:
-        return json.loads(value, parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
-        raise invalid_argument(reason, f"{field} must be a JSON document", field=field) from None
+        return jsonb.parse(value, max_depth)
+    except jsonb.JsonbRefused as refused:
+        if refused.max_depth is not None:
+            raise invalid_argument(
+                reason, f"{field} {refused}", field=field, limit_depth=refused.max_depth
+            ) from None
+        raise invalid_argument(reason, f"{field} {refused}", field=field) from None
 
 
-def json_object(value: str, field: str, reason: str) -> dict[str, Any]:
-    """A JSON object that PostgreSQL's jsonb can hold (no \\u0000 escape); its parsed value."""
-    parsed = json_document(value, field, reason)
+def json_object(
+    value: str, field: str, reason: str, *, max_depth: int = jsonb.MAX_DEPTH
+) -> dict[str, Any]:
+    """A JSON object by the rules of `json_document`; its parsed value."""
+    parsed = json_document(value, field, reason, max_depth=max_depth)
     if not isinstance(parsed, dict):
         raise invalid_argument(reason, f"{field} must be a JSON object", field=field)
-    if "\\u0000" in value:
-        raise invalid_argument(reason, f"{field} must not hold the character U+0000", field=field)
     return parsed

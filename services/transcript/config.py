@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from services.common import jsonb
 from services.common.messages import MAX_MESSAGE_BYTES, MessageLimits
 from services.common.settings import Env, SettingsError, env_float, env_int
 
@@ -106,6 +107,8 @@ class TranscriptLimits:
     max_message_bytes: int = MAX_MESSAGE_BYTES
     max_append_bytes: int = 4 * 1024 * 1024
     max_tool_calls_per_message: int = 64
+    # How deep a client's JSON document may nest (native_json, state deltas).
+    max_json_depth: int = jsonb.MAX_DEPTH
     # Turns that may wait on one conversation (TURN_LEASE_MODE_QUEUED).
     turn_queue_depth: int = 16
     # How long the outcome of a turn that ended without committing is kept.
@@ -132,6 +135,7 @@ class TranscriptLimits:
                 self.max_message_bytes,
                 self.max_append_bytes,
                 self.max_tool_calls_per_message,
+                self.max_json_depth,
             ),
         )
 
@@ -155,6 +159,7 @@ class TranscriptLimits:
             max_message_bytes=messages.max_message_bytes,
             max_append_bytes=messages.max_append_bytes,
             max_tool_calls_per_message=messages.max_tool_calls_per_message,
+            max_json_depth=messages.max_json_depth,
             turn_queue_depth=env_int(env, "RUNIFOLD_TURN_QUEUE_DEPTH", 16, minimum=1, maximum=1024),
             turn_outcome_retention_s=env_float(
                 env, "RUNIFOLD_TURN_OUTCOME_RETENTION_S", 24 * 3600.0, minimum=60.0

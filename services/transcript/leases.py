@@ -33,6 +33,7 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 
+from services.common import messages as message_rules
 from services.common import metrics as common_metrics
 from services.common import validation
 from services.common.background import finish_regardless
@@ -307,6 +308,10 @@ class TurnLeases:
         if ended is not None:
             validation.text(ended.reason, "ended.reason", max_bytes=128, reason="INVALID_OUTCOME")
             validation.metadata(ended.metadata, "ended.metadata")
+            for index, message in enumerate(ended.output):
+                message_rules.kept_message(
+                    message, f"ended.output[{index}]", max_json_depth=self.limits.max_json_depth
+                )
         released = await self.store.release_turn(
             namespace,
             cid,

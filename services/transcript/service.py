@@ -121,7 +121,12 @@ class TranscriptService:
     ) -> StateChange:
         """A request's state changes, validated against this service's limits."""
         return state_change(
-            conversation_json, user_json, namespace_json, self.limits.max_state_bytes, field
+            conversation_json,
+            user_json,
+            namespace_json,
+            self.limits.max_state_bytes,
+            field,
+            self.limits.max_json_depth,
         )
 
     async def get_state(self, namespace: str, user_ids: Sequence[str]) -> list[ScopedState]:

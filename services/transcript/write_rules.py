@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from services.common import validation
+from services.common import jsonb, validation
 from services.common.domain import payload_hash
 from services.common.errors import invalid_argument
 from services.transcript.config import MAX_RETRACTIONS
@@ -30,9 +30,15 @@ def user_id(value: str, field: str = "user_id") -> str:
 
 
 def state_change(
-    conversation_json: str, user_json: str, namespace_json: str, max_bytes: int, field: str
+    conversation_json: str,
+    user_json: str,
+    namespace_json: str,
+    max_bytes: int,
+    field: str,
+    max_depth: int = jsonb.MAX_DEPTH,
 ) -> StateChange:
-    """A write's state changes: each a JSON object of at most `max_bytes` (empty: none)."""
+    """A write's state changes: each a JSON object by jsonb's rules, of at most
+    `max_bytes` and `max_depth` levels (empty: none)."""
     parts: list[str | None] = []
     for scope, text in (
         ("conversation", conversation_json),
@@ -51,7 +57,7 @@ def state_change(
                 limit_bytes=max_bytes,
                 scope=scope,
             )
-        validation.json_object(text, name, "INVALID_STATE")
+        validation.json_object(text, name, "INVALID_STATE", max_depth=max_depth)
         parts.append(text)
     return StateChange(*parts)
 

@@ -147,9 +147,19 @@ uuidish = st.one_of(
     ),
 )
 valid_namespaces = st.from_regex(NAMESPACE_PATTERN, fullmatch=True)
+# JSON that Python's json module takes and PostgreSQL's jsonb refuses (issue 27).
+JSONB_REFUSED = [
+    '{"a": "\\ud800"}',
+    '{"a": "\\udc00"}',
+    '{"a": 1e1000000}',
+    '{"a": -1e1000000}',
+    '{"a": "\\u0000"}',
+    '{"a": ' + "[" * 200 + "]" * 200 + "}",
+]
 json_texts = st.one_of(
     st.sampled_from(['{"type": "object"}', "{}", "[]", "null", "1e999", '{"a": NaN}']),
     st.sampled_from(DEEP_JSON),
+    st.sampled_from(JSONB_REFUSED),
     hostile_text,
 )
 

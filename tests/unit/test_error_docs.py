@@ -9,7 +9,8 @@ ROOT = Path(__file__).resolve().parents[2]
 _RAISES = re.compile(
     r"(?:invalid_argument|not_found|aborted|failed_precondition|already_exists|"
     r"resource_exhausted|permission_denied)\(\s*\"([A-Z][A-Z_]+)\""
-    r"|DomainError\(\s*Code\.[A-Z_]+,\s*\"([A-Z][A-Z_]+)\"",
+    r"|DomainError\(\s*Code\.[A-Z_]+,\s*\"([A-Z][A-Z_]+)\""
+    r"|\breason=\"([A-Z][A-Z_]+)\"",
 )
 
 
@@ -17,7 +18,7 @@ def reasons_in_code() -> set[str]:
     found: set[str] = set()
     for path in (ROOT / "services").rglob("*.py"):
         for match in _RAISES.finditer(path.read_text()):
-            found.add(match[1] or match[2])
+            found.add(match[1] or match[2] or match[3])
     return found
 
 

@@ -51,6 +51,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from services.common.logs import describe
 from services.memory.index import (
     MEMORY_ID_FIELD,
     REVISION_FIELD,
@@ -136,6 +137,7 @@ class PgvectorIndex:
         except IndexMismatch:
             raise
         except (psycopg.Error, PoolTimeout, OSError) as exc:
+            # Opening runs DDL only: the error's text holds no data and says what to fix.
             raise IndexUnavailable(f"cannot open the pgvector table: {exc}") from exc
         self._pool = pool
         log.info("memory index opened", extra={"index": "pgvector", "table": self.table})
@@ -167,7 +169,7 @@ class PgvectorIndex:
             async with self._require().connection() as conn, conn.cursor() as cursor:
                 await cursor.executemany(self._upsert, rows)
         except (psycopg.Error, PoolTimeout) as exc:
-            raise IndexUnavailable(f"pgvector upsert failed: {exc}") from exc
+            raise IndexUnavailable(f"pgvector upsert failed: {describe(exc)}") from exc
 
     async def delete(self, tombstones: Sequence[Tombstone]) -> None:
         if not tombstones:
@@ -177,7 +179,7 @@ class PgvectorIndex:
             async with self._require().connection() as conn, conn.cursor() as cursor:
                 await cursor.executemany(self._tombstone, rows)
         except (psycopg.Error, PoolTimeout) as exc:
-            raise IndexUnavailable(f"pgvector delete failed: {exc}") from exc
+            raise IndexUnavailable(f"pgvector delete failed: {describe(exc)}") from exc
 
     async def purge(self, keys: Sequence[Key]) -> None:
         if not keys:
@@ -186,14 +188,14 @@ class PgvectorIndex:
             async with self._require().connection() as conn:
                 await conn.execute(self._purge, (point_ids(keys),))
         except (psycopg.Error, PoolTimeout) as exc:
-            raise IndexUnavailable(f"pgvector delete failed: {exc}") from exc
+            raise IndexUnavailable(f"pgvector delete failed: {describe(exc)}") from exc
 
     async def prune_tombstones(self, older_than_s: float) -> None:
         try:
             async with self._require().connection() as conn:
                 await conn.execute(self._prune, (older_than_s,))
         except (psycopg.Error, PoolTimeout) as exc:
-            raise IndexUnavailable(f"pgvector tombstone pruning failed: {exc}") from exc
+            raise IndexUnavailable(f"pgvector tombstone pruning failed: {describe(exc)}") from exc
 
     async def search(self, query: NamespacedQuery) -> list[IndexHit]:
         check_vector(query.vector, self.dimension)
@@ -239,7 +241,7 @@ class PgvectorIndex:
                     cursor = await conn.execute(ranked(exact=True), params)
                     rows = await cursor.fetchall()
         except (psycopg.Error, PoolTimeout) as exc:
-            raise IndexUnavailable(f"pgvector search failed: {exc}") from exc
+            raise IndexUnavailable(f"pgvector search failed: {describe(exc)}") from exc
         if mode is SearchMode.HYBRID:
             return [
                 IndexHit(
@@ -267,7 +269,7 @@ class PgvectorIndex:
                 cursor = await conn.execute(self._keys)
                 return {(row[0], uuid.UUID(str(row[1]))) for row in await cursor.fetchall()}
         except (psycopg.Error, PoolTimeout) as exc:
-            raise IndexUnavailable(f"pgvector scan failed: {exc}") from exc
+            raise IndexUnavailable(f"pgvector scan failed: {describe(exc)}") from exc
 
     async def optimize(self) -> None:
         """HNSW is maintained on every insert."""
