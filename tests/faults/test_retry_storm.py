@@ -85,6 +85,11 @@ async def test_a_retry_storm_has_exactly_once_effects(
             # refuse (and the clients retry) the very duplicates this test races.
             "RUNIFOLD_NAMESPACE_MAX_TURNS": "0",
             "RUNIFOLD_NAMESPACE_MAX_UPSERTS": "0",
+            # And so would the bounds on turns waiting for a lease (each duplicate of a
+            # running turn waits for its outcome).
+            "RUNIFOLD_NAMESPACE_MAX_WAITING_TURNS": "0",
+            "RUNIFOLD_TURN_MAX_WAITERS_PER_CONVERSATION": "10000",
+            "RUNIFOLD_TURN_MAX_WAITERS_PER_NAMESPACE": "10000",
         }
         async with service_process("services", env, tmp_path) as process:
             channels = [grpc.aio.insecure_channel(process.address) for _ in range(CLIENTS)]
