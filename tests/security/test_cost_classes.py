@@ -26,7 +26,8 @@ WAITS = {"never", "queue", "lease", "stream"}
 
 async def _served_by_reflection(channel: grpc.aio.Channel) -> set[str]:
     """Every method the server serves, as reflection lists it."""
-    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    # The generated stub is typed for the blocking channel; on an aio channel it works alike.
+    stub: Any = reflection_pb2_grpc.ServerReflectionStub(channel)  # type: ignore[arg-type]
 
     async def ask(request: reflection_pb2.ServerReflectionRequest) -> Any:
         async for response in stub.ServerReflectionInfo(iter([request])):
