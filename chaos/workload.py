@@ -154,8 +154,8 @@ class Workload:
         self.stop = asyncio.Event()
         # Memories each namespace wrote: memory id -> last revision seen.
         self.memories: dict[str, dict[str, int]] = {ns: {} for ns in NAMESPACES}
-        self.first_ok_append_after: float | None = None
-        self.ok_times: list[float] = []
+        # (start, end) of every acknowledged append, for the recovery time of a failover.
+        self.ok_times: list[tuple[float, float]] = []
 
     # -- set-up ---------------------------------------------------------------------
 
@@ -221,7 +221,7 @@ class Workload:
                 "first_sequence": reply.first_sequence,
                 "last_sequence": reply.last_sequence,
             }
-            self.ok_times.append(op.end)
+            self.ok_times.append((op.start, op.end))
 
     async def turn(self, rng: random.Random, namespace: str, cid: str, twice: bool) -> None:
         turn_id = f"chaos-turn-{uuid.uuid4().hex}"
