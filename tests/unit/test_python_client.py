@@ -410,9 +410,7 @@ def test_the_blocking_client_has_every_method_of_the_async_client() -> None:
 
 def test_every_rpc_of_the_four_services_has_a_client_method() -> None:
     # The source of AsyncClient and of the per-service classes it is composed of.
-    source = "".join(
-        inspect.getsource(part) for part in AsyncClient.__mro__ if part is not object
-    )
+    source = "".join(inspect.getsource(part) for part in AsyncClient.__mro__ if part is not object)
     for service in (AGENT, TRANSCRIPT, SUMMARY, MEMORY):
         for method in service.methods:
             assert f".{method.name}," in source or f".{method.name}(" in source, method.name
