@@ -1,4 +1,4 @@
-"""AgentService as a server component: peers to the other services and the model."""
+"""AgentService as a server component: clients of the other services, and the model."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import grpc
 
 from runifold.agent.v1 import agent_service_pb2, agent_service_pb2_grpc
 from services.agent.config import AgentConfig
-from services.agent.inputs import request_bytes
 from services.agent.offline import OfflineChatModel
-from services.agent.peers import GrpcMemories, GrpcSummaries, GrpcTranscripts
+from services.agent.remote import GrpcMemories, GrpcSummaries, GrpcTranscripts
 from services.agent.service import AgentService
 from services.agent.servicer import AgentServicer
+from services.agent.turn.inputs import request_bytes
 from services.common.peers import Peer, open_channel
 from services.common.server import StartContext
 from services.llm.model import ChatModel
