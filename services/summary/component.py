@@ -30,17 +30,8 @@ SERVICE_NAME = summary_service_pb2.DESCRIPTOR.services_by_name["SummaryService"]
 
 def build_summarizer(config: SummaryConfig) -> tuple[Summarizer, OpenAIChatModel | None]:
     """The summarizer the configuration names (and the HTTP client to close, if any)."""
-    if config.summarizer == "openai":
-        model = OpenAIChatModel(
-            config.model_base_url,
-            config.model_name,
-            config.model_api_key,
-            config.model_timeout_s,
-            config.model_max_retries,
-            purpose="summary",
-            max_concurrent=config.model_max_concurrent,
-            max_queued=config.model_max_queued,
-        )
+    if not config.chat_model.offline:
+        model = OpenAIChatModel.from_settings(config.chat_model, purpose="summary")
         summarizer = ChatModelSummarizer(
             model,
             max_entry_chars=config.max_entry_chars,

@@ -244,7 +244,7 @@ class SummaryService:
                 standing = [e for e in view.summary_buffer if not e.retracted_version]
                 prompt = self._prepare(limits, usage, previous, standing)
                 output = await self.summarizer.summarize(
-                    prompt, timeout=remaining(self.config.model_timeout_s)
+                    prompt, timeout=remaining(self.config.chat_model.timeout_s)
                 )
                 usage = usage + output.usage
                 text = self._checked_output(output.text)

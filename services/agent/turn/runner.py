@@ -416,7 +416,7 @@ class TurnRunner:
     async def _call_model(
         self, request: ChatRequest, stream: bool
     ) -> AsyncIterator[ChatDelta | ChatResponse]:
-        timeout = remaining(self.config.model_timeout_s)
+        timeout = remaining(self.config.chat_model.timeout_s)
         if stream:
             async for piece in self.model.stream(request, timeout=timeout):
                 yield piece
