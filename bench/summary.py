@@ -80,7 +80,7 @@ async def _drain(url: str, transcript: str, processes: int, workers: int, cids: 
     """Seconds to drain one job per conversation with the given worker layout."""
     env = {
         "TRANSCRIPT_SERVICE_ADDR": transcript,
-        "RUNIFOLD_SUMMARIZER": "offline",
+        "RUNIFOLD_SUMMARY_MODEL_URL": "offline",
         "RUNIFOLD_SUMMARY_WORKERS": str(workers),
         "RUNIFOLD_SUMMARY_POLL_INTERVAL_S": "0.02",
         "RUNIFOLD_DB_POOL_MIN": "2",

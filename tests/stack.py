@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -98,7 +98,7 @@ async def full_stack(
     (HTTP_ON: on 127.0.0.1:0). `memory`: MemoryConfig fields to change (e.g. the
     proposer)."""
     config = agent_config or AgentConfig(
-        model_provider="openai" if model else "offline", model_timeout_s=30.0
+        chat_model=replace(AgentConfig().chat_model, timeout_s=30.0)
     )
     chat = (
         OpenAIChatModel(

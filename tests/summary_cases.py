@@ -19,16 +19,12 @@ from services.common.domain import Entry, Message, Role, ToolCall
 from services.common.errors import Code, DomainError
 from services.common.pagination import PageTokens
 from services.summary.config import SummaryConfig
-from services.summary.model import (
-    ConversationState,
-    JobState,
-    NewJob,
-    NewSummary,
-    TranscriptView,
-)
+from services.summary.jobs.model import JobState, NewJob
+from services.summary.model import ConversationState, NewSummary, TranscriptView
 from services.summary.service import SummaryService
 from services.summary.store import SummaryStore
-from services.summary.summarizers import OfflineSummarizer, Summarizer
+from services.summary.summarizers.offline import OfflineSummarizer
+from services.summary.summarizers.prompt import Summarizer
 from services.transcript.config import TranscriptLimits
 from services.transcript.service import TranscriptService
 from tests.doubles.transcript_store import InMemoryTranscriptStore

@@ -1,4 +1,4 @@
-"""AgentService as a server component: peers to the other services and the model."""
+"""AgentService as a server component: clients of the other services, and the model."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import grpc
 
 from runifold.agent.v1 import agent_service_pb2, agent_service_pb2_grpc
 from services.agent.config import AgentConfig
-from services.agent.inputs import request_bytes
 from services.agent.offline import OfflineChatModel
-from services.agent.peers import GrpcMemories, GrpcSummaries, GrpcTranscripts
+from services.agent.remote import GrpcMemories, GrpcSummaries, GrpcTranscripts
 from services.agent.service import AgentService
 from services.agent.servicer import AgentServicer
+from services.agent.turn.inputs import request_bytes
 from services.common.peers import Peer, open_channel
 from services.common.server import StartContext
 from services.llm.model import ChatModel
@@ -21,19 +21,11 @@ SERVICE_NAME = agent_service_pb2.DESCRIPTOR.services_by_name["AgentService"].ful
 
 def make_model(config: AgentConfig) -> tuple[ChatModel, OpenAIChatModel | None]:
     """The configured chat model (and the HTTP client to close, if any)."""
-    if config.model_provider == "openai":
-        model = OpenAIChatModel(
-            base_url=config.openai_base_url,
-            model=config.model_name,
-            api_key=config.openai_api_key,
-            timeout_s=config.model_timeout_s,
-            max_retries=config.model_max_retries,
-            purpose="agent",
-            max_concurrent=config.model_max_concurrent,
-            max_queued=config.model_max_queued,
-        )
-        return model, model
-    return OfflineChatModel(config.model_name), None
+    settings = config.chat_model
+    if settings.offline:
+        return OfflineChatModel(settings.name), None
+    model = OpenAIChatModel.from_settings(settings, purpose="agent")
+    return model, model
 
 
 class AgentComponent:

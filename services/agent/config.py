@@ -7,17 +7,12 @@ from dataclasses import dataclass, field
 
 from services.common.domain import Budget
 from services.common.messages import MessageLimits
-from services.common.settings import Env, env_choice, env_float, env_int, env_str
+from services.common.settings import Env, env_float, env_int
 from services.common.validation import SUMMARY_BATCH_RANGE, WINDOW_RANGE
-from services.llm.settings import (
-    OPENAI_BASE_URL,
-    env_model_api_key,
-    env_model_max_concurrent,
-    env_model_max_queued,
-    env_model_max_retries,
-    env_model_timeout_s,
-    env_model_url,
-)
+from services.llm.settings import ModelSettings, model_settings
+
+# The agent model with nothing set: its offline default.
+DEFAULT_CHAT_MODEL = model_settings({}, "agent")
 
 # The budget a turn gets where its Budget fields are 0.
 DEFAULT_BUDGET = Budget(max_output_tokens=4096, max_model_calls=8, max_input_tokens=200_000)
@@ -25,7 +20,7 @@ DEFAULT_BUDGET = Budget(max_output_tokens=4096, max_model_calls=8, max_input_tok
 
 @dataclass(frozen=True)
 class AgentConfig:
-    """Defaults and limits of a turn, and the model provider."""
+    """Defaults and limits of a turn, and the chat model."""
 
     default_window: int = 16
     default_summary_batch: int = 64
@@ -39,15 +34,8 @@ class AgentConfig:
     max_tool_schema_bytes: int = 64 * 1024
     max_system_instructions_bytes: int = 64 * 1024
     max_tools: int = 64
-    model_provider: str = "offline"
-    model_name: str = "offline-echo"
-    openai_base_url: str = OPENAI_BASE_URL
-    openai_api_key: str = ""
-    model_timeout_s: float = 120.0
-    model_max_retries: int = 2
-    # The queue in front of the model: calls in flight, and calls waiting, at most.
-    model_max_concurrent: int = 64
-    model_max_queued: int = 256
+    # The agent's model (RUNIFOLD_AGENT_MODEL_*, RUNIFOLD_MODEL_*); no URL: the offline one.
+    chat_model: ModelSettings = DEFAULT_CHAT_MODEL
     # Turn leases: their duration (renewed every third of it while the turn runs).
     turn_lease_ttl_s: float = 30.0
     # The longest a turn waits for its lease (ENQUEUE) when the caller set no earlier
@@ -57,9 +45,6 @@ class AgentConfig:
     @classmethod
     def from_env(cls, env: Env | None = None) -> AgentConfig:
         env = os.environ if env is None else env
-        provider = env_choice(
-            env, "RUNIFOLD_AGENT_MODEL_PROVIDER", "offline", ("offline", "openai")
-        )
         return cls(
             default_window=env_int(
                 env, "RUNIFOLD_AGENT_DEFAULT_WINDOW", 16, minimum=1, maximum=WINDOW_RANGE[1]
@@ -87,20 +72,7 @@ class AgentConfig:
             max_input_bytes=env_int(
                 env, "RUNIFOLD_AGENT_MAX_INPUT_BYTES", 1024 * 1024, minimum=1024
             ),
-            model_provider=provider,
-            model_name=env_str(
-                env,
-                "RUNIFOLD_AGENT_MODEL",
-                "offline-echo" if provider == "offline" else "gpt-4o-mini",
-            ),
-            openai_base_url=env_model_url(env, "RUNIFOLD_OPENAI_BASE_URL"),
-            openai_api_key=env_model_api_key(env, "RUNIFOLD_OPENAI_API_KEY"),
-            model_timeout_s=env_model_timeout_s(env, "RUNIFOLD_AGENT_MODEL_TIMEOUT_S", 120.0),
-            model_max_retries=env_model_max_retries(env, "RUNIFOLD_AGENT_MODEL_MAX_RETRIES"),
-            model_max_concurrent=env_model_max_concurrent(
-                env, "RUNIFOLD_AGENT_MODEL_MAX_CONCURRENT"
-            ),
-            model_max_queued=env_model_max_queued(env, "RUNIFOLD_AGENT_MODEL_MAX_QUEUED"),
+            chat_model=model_settings(env, "agent"),
             turn_lease_ttl_s=env_float(
                 env, "RUNIFOLD_AGENT_TURN_LEASE_TTL_S", 30.0, minimum=1.0, maximum=600.0
             ),

@@ -1,14 +1,14 @@
 """The erasure saga: a conversation and everything derived from it, across services.
 
-Order matters. The derived data goes first, each part fenced by the
-conversation's incarnation (TranscriptService's Conversation.incarnation):
-SummaryService erases summaries, history and jobs and refuses any later
-commit or job for that incarnation; MemoryService deletes the memories derived
-from the conversation and refuses any later write whose sources were checked
-against it. Only then is the transcript deleted, so the id cannot be made
+Order matters. The derived data goes first, each part erased for the
+conversation's incarnation (TranscriptService's Conversation.incarnation), which
+leaves a tombstone: SummaryService erases summaries, history and jobs and refuses
+any later commit or job for that incarnation; MemoryService deletes the memories
+derived from the conversation and refuses any later write whose sources were
+checked against it. Only then is the transcript deleted, so the id cannot be made
 again (a new incarnation) while derived data of the old one could still land:
 a summarizer inside its model call, or an UpsertMemory between its source
-check and its write, is refused by the fence whenever it finishes.
+check and its write, is refused by the tombstone whenever it finishes.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ async def erase(
     `remaining` and a retry completes it; the transcript is kept (and listed in
     `remaining`) until every derived part is erased. A conversation that no longer
     exists still has its derived parts erased (left over by an erasure from before
-    the fence, or by a plain DeleteConversation).
+    tombstones, or by a plain DeleteConversation).
     """
     validation.namespace(namespace)
     validation.conversation_id(conversation_id)
@@ -51,10 +51,13 @@ async def erase(
             raise
 
     incarnation = await transcripts.incarnation(namespace, conversation_id)
-    fence = incarnation or 0
-    summaries_deleted = await part("summary", summaries.erase(namespace, conversation_id, fence))
+    # 0: the conversation is gone; its derived parts are erased without a tombstone.
+    erased_incarnation = incarnation or 0
+    summaries_deleted = await part(
+        "summary", summaries.erase(namespace, conversation_id, erased_incarnation)
+    )
     memories_deleted = await part(
-        "memory", memories.forget_conversation(namespace, conversation_id, fence)
+        "memory", memories.forget_conversation(namespace, conversation_id, erased_incarnation)
     )
     entries = 0
     if incarnation is not None:
@@ -62,6 +65,7 @@ async def erase(
             remaining.append("transcript")  # after its derived parts, on the retry
         else:
             entries = await part(
-                "transcript", transcripts.delete_conversation(namespace, conversation_id, fence)
+                "transcript",
+                transcripts.delete_conversation(namespace, conversation_id, erased_incarnation),
             )
     return Erasure(entries, summaries_deleted, memories_deleted, remaining)

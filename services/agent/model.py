@@ -191,7 +191,7 @@ class Erasure:
         return not self.remaining
 
 
-# -- what the orchestrator reads from its peers ------------------------------------------
+# -- what the orchestrator reads from the other services --------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

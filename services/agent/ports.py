@@ -1,4 +1,4 @@
-"""What the orchestrator needs from the other services (gRPC adapters in clients.py)."""
+"""What the orchestrator needs from the other services (gRPC adapters in remote.py)."""
 
 from __future__ import annotations
 
@@ -114,8 +114,8 @@ class Summaries(Protocol):
         """Enqueue a background job; return its id."""
 
     async def erase(self, namespace: str, conversation_id: str, incarnation: int) -> int:
-        """Erase the conversation's summaries, history and jobs, and fence `incarnation`
-        (when not 0) against later commits and jobs; return rows erased."""
+        """Erase the conversation's summaries, history and jobs, and leave a tombstone of
+        `incarnation` (when not 0) that refuses later commits and jobs; return rows erased."""
 
 
 class Memories(Protocol):
@@ -127,5 +127,5 @@ class Memories(Protocol):
     async def forget_conversation(
         self, namespace: str, conversation_id: str, incarnation: int
     ) -> int:
-        """Delete every memory derived from the conversation and fence `incarnation` (when
-        not 0) against later writes; return how many were deleted."""
+        """Delete every memory derived from the conversation and leave a tombstone of
+        `incarnation` (when not 0) that refuses later writes; return how many were deleted."""

@@ -1,6 +1,6 @@
 """AgentService domain logic: shapes requests, runs turns, erases conversations.
 
-A turn (services/agent/turn.py) runs atomically under a turn lease; erasure
+A turn (services/agent/turn/runner.py) runs atomically under a turn lease; erasure
 (services/agent/erasure.py) removes a conversation and everything derived
 from it. Takes ports to the other services and a ChatModel; knows nothing of
 gRPC.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from services.agent import inputs, metrics
+from services.agent import metrics
 from services.agent.config import AgentConfig
 from services.agent.erasure import erase
 from services.agent.model import (
@@ -25,7 +25,8 @@ from services.agent.model import (
     TurnResult,
 )
 from services.agent.ports import Memories, Summaries, Transcripts
-from services.agent.turn import TurnRunner
+from services.agent.turn import inputs
+from services.agent.turn.runner import TurnRunner
 from services.common import validation
 from services.common.domain import Budget
 from services.common.errors import DomainError, invalid_argument

@@ -8,7 +8,6 @@ from typing import Any
 from runifold.agent.v1 import agent_service_pb2 as pb
 from runifold.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from runifold.common.v1 import common_pb2
-from services.agent import inputs
 from services.agent.model import (
     ContextReport,
     ModelOutputInvalid,
@@ -20,6 +19,7 @@ from services.agent.model import (
     TurnResult,
 )
 from services.agent.service import AgentService
+from services.agent.turn import inputs
 from services.common import convert
 
 Context = Any

@@ -51,6 +51,7 @@ from services.llm.model import (
     ModelTimeout,
     ModelUnavailable,
 )
+from services.llm.settings import ModelSettings
 from services.llm.wire import StreamState, chat_arguments, parse_completion
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,20 @@ class OpenAIChatModel:
         self._errors = metrics.MODEL_ERRORS.labels(purpose, provider)
         self._tokens_in = metrics.MODEL_TOKENS.labels(purpose, provider, "input")
         self._tokens_out = metrics.MODEL_TOKENS.labels(purpose, provider, "output")
+
+    @classmethod
+    def from_settings(cls, settings: ModelSettings, *, purpose: str) -> OpenAIChatModel:
+        """The client of a role's model (services/llm/settings.py); `settings` has a URL."""
+        return cls(
+            settings.url,
+            settings.name,
+            settings.api_key,
+            settings.timeout_s,
+            settings.max_retries,
+            purpose=purpose,
+            max_concurrent=settings.max_concurrent,
+            max_queued=settings.max_queued,
+        )
 
     @property
     def provider(self) -> str:

@@ -35,15 +35,8 @@ SERVICE_NAME = memory_service_pb2.DESCRIPTOR.services_by_name["MemoryService"].f
 
 def build_proposer(config: MemoryConfig) -> tuple[Proposer, OpenAIChatModel | None]:
     """The proposer the configuration names (and the HTTP client to close, if any)."""
-    if config.proposer == "openai":
-        model = OpenAIChatModel(
-            config.proposer_model_url,
-            config.proposer_model,
-            config.proposer_model_api_key,
-            config.proposer_timeout_s,
-            config.proposer_max_retries,
-            purpose="memory_proposal",
-        )
+    if not config.chat_model.offline:
+        model = OpenAIChatModel.from_settings(config.chat_model, purpose="memory_proposal")
         return ChatModelProposer(model, max_entry_chars=config.propose_max_entry_chars), model
     return OfflineProposer(max_entry_chars=config.propose_max_entry_chars), None
 

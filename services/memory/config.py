@@ -24,13 +24,10 @@ from services.common.settings import (
     env_str,
 )
 from services.common.validation import NAMESPACE_PATTERN
-from services.llm.settings import (
-    OPENAI_BASE_URL,
-    env_model_api_key,
-    env_model_max_retries,
-    env_model_timeout_s,
-    env_model_url,
-)
+from services.llm.settings import ModelSettings, model_settings
+
+# The curator model with nothing set: its offline default.
+DEFAULT_CHAT_MODEL = model_settings({}, "curator")
 
 LOCAL_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 LOCAL_MODEL_DIMENSION = 384
@@ -123,12 +120,9 @@ class MemoryConfig:
     hybrid_weight: float = 0.2
     hybrid_rrf_k: int = 60
     # -- ProposeMemories -----------------------------------------------------------
-    proposer: str = "offline"  # "offline" or "openai"
-    proposer_model_url: str = OPENAI_BASE_URL
-    proposer_model: str = "gpt-4o-mini"
-    proposer_model_api_key: str = ""
-    proposer_timeout_s: float = 60.0
-    proposer_max_retries: int = 2
+    # The curator's model (RUNIFOLD_CURATOR_MODEL_*, RUNIFOLD_MODEL_*); no URL: the
+    # offline proposer.
+    chat_model: ModelSettings = DEFAULT_CHAT_MODEL
     # The longest range one call reads, and how much of each entry the model sees.
     propose_max_entries: int = 200
     propose_max_entry_chars: int = 4000
@@ -150,6 +144,11 @@ class MemoryConfig:
     # How long an UpsertMemory request id is remembered (a retry after that writes again).
     request_id_retention_s: float = 24 * 3600.0
     limits: MemoryLimits = field(default_factory=MemoryLimits)
+
+    @property
+    def proposer_timeout_s(self) -> float:
+        """The longest ProposeMemories model call (the curator model's timeout)."""
+        return self.chat_model.timeout_s
 
     @property
     def propose_budget(self) -> Budget:
@@ -190,7 +189,6 @@ class MemoryConfig:
                     "RUNIFOLD_EMBEDDINGS_DIMENSION must be set when RUNIFOLD_EMBEDDINGS=openai"
                 )
         index_dir = env_str(env, "RUNIFOLD_MEMORY_INDEX_DIR", "")
-        proposer = env_choice(env, "RUNIFOLD_MEMORY_PROPOSER", "offline", ("offline", "openai"))
         indexer_claim_s = env_float(env, "RUNIFOLD_MEMORY_INDEXER_CLAIM_S", 60.0, minimum=1.0)
         retention = parse_duration(
             "RUNIFOLD_MEMORY_INDEX_TOMBSTONE_RETENTION",
@@ -270,16 +268,7 @@ class MemoryConfig:
             hybrid_rrf_k=env_int(
                 env, "RUNIFOLD_MEMORY_HYBRID_RRF_K", 60, minimum=1, maximum=10_000
             ),
-            proposer=proposer,
-            proposer_model_url=env_model_url(env, "RUNIFOLD_MEMORY_PROPOSER_MODEL_URL"),
-            proposer_model=env_str(env, "RUNIFOLD_MEMORY_PROPOSER_MODEL", "gpt-4o-mini"),
-            proposer_model_api_key=env_model_api_key(env, "RUNIFOLD_MEMORY_PROPOSER_MODEL_API_KEY"),
-            proposer_timeout_s=env_model_timeout_s(
-                env, "RUNIFOLD_MEMORY_PROPOSER_MODEL_TIMEOUT_S", 60.0
-            ),
-            proposer_max_retries=env_model_max_retries(
-                env, "RUNIFOLD_MEMORY_PROPOSER_MODEL_MAX_RETRIES"
-            ),
+            chat_model=model_settings(env, "curator"),
             propose_max_entries=env_int(
                 env, "RUNIFOLD_MEMORY_PROPOSE_MAX_ENTRIES", 200, minimum=1, maximum=1000
             ),

@@ -15,17 +15,14 @@ from services.common.peers import Peer, open_channel
 from services.common.server import StartContext
 from services.llm.openai import OpenAIChatModel
 from services.summary.config import SummaryConfig
-from services.summary.peers import GrpcTranscripts
+from services.summary.jobs.worker import SummaryWorkers
+from services.summary.remote import GrpcTranscripts
 from services.summary.service import SummaryService
 from services.summary.servicer import SummaryServicer
 from services.summary.store import PostgresSummaryStore
-from services.summary.summarizers import (
-    OFFLINE_TARGET_BYTES,
-    ChatModelSummarizer,
-    OfflineSummarizer,
-    Summarizer,
-)
-from services.summary.worker import SummaryWorkers
+from services.summary.summarizers.chat import ChatModelSummarizer
+from services.summary.summarizers.offline import OFFLINE_TARGET_BYTES, OfflineSummarizer
+from services.summary.summarizers.prompt import Summarizer
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = summary_service_pb2.DESCRIPTOR.services_by_name["SummaryService"].full_name
@@ -33,17 +30,8 @@ SERVICE_NAME = summary_service_pb2.DESCRIPTOR.services_by_name["SummaryService"]
 
 def build_summarizer(config: SummaryConfig) -> tuple[Summarizer, OpenAIChatModel | None]:
     """The summarizer the configuration names (and the HTTP client to close, if any)."""
-    if config.summarizer == "openai":
-        model = OpenAIChatModel(
-            config.model_base_url,
-            config.model_name,
-            config.model_api_key,
-            config.model_timeout_s,
-            config.model_max_retries,
-            purpose="summary",
-            max_concurrent=config.model_max_concurrent,
-            max_queued=config.model_max_queued,
-        )
+    if not config.chat_model.offline:
+        model = OpenAIChatModel.from_settings(config.chat_model, purpose="summary")
         summarizer = ChatModelSummarizer(
             model,
             max_entry_chars=config.max_entry_chars,

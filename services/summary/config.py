@@ -6,17 +6,12 @@ import os
 from dataclasses import dataclass
 
 from services.common.domain import Budget
-from services.common.settings import Env, SettingsError, env_choice, env_float, env_int, env_str
+from services.common.settings import Env, SettingsError, env_float, env_int
 from services.common.validation import SUMMARY_PASSES_RANGE
-from services.llm.settings import (
-    OPENAI_BASE_URL,
-    env_model_api_key,
-    env_model_max_concurrent,
-    env_model_max_queued,
-    env_model_max_retries,
-    env_model_timeout_s,
-    env_model_url,
-)
+from services.llm.settings import ModelSettings, model_settings
+
+# The summary model with nothing set: its offline default.
+DEFAULT_CHAT_MODEL = model_settings({}, "summary")
 
 # The contract's ceiling on a summary (CommitSummaryRequest.text: 1 byte to 64 KiB).
 MAX_SUMMARY_BYTES = 64 * 1024
@@ -30,15 +25,9 @@ class SummaryConfig:
     """Everything SummaryService reads from the environment, read once."""
 
     # -- summaries and the summarizer ---------------------------------------------
-    summarizer: str = "offline"  # "offline" or "openai"
-    model_base_url: str = OPENAI_BASE_URL
-    model_name: str = "gpt-4o-mini"
-    model_api_key: str = ""
-    model_timeout_s: float = 60.0
-    model_max_retries: int = 2
-    # The queue in front of the model: calls in flight, and calls waiting, at most.
-    model_max_concurrent: int = 64
-    model_max_queued: int = 256
+    # The summarizer's model (RUNIFOLD_SUMMARY_MODEL_*, RUNIFOLD_MODEL_*); no URL: the
+    # offline digest.
+    chat_model: ModelSettings = DEFAULT_CHAT_MODEL
     max_summary_bytes: int = MAX_SUMMARY_BYTES
     max_output_tokens_per_pass: int = 1024
     max_entry_chars: int = 4000
@@ -63,18 +52,8 @@ class SummaryConfig:
     def from_env(cls, env: Env | None = None) -> SummaryConfig:
         """Read every variable once; raise SettingsError naming a bad one."""
         env = os.environ if env is None else env
-        summarizer = env_choice(env, "RUNIFOLD_SUMMARIZER", "offline", ("offline", "openai"))
         config = cls(
-            summarizer=summarizer,
-            model_base_url=env_model_url(env, "RUNIFOLD_SUMMARY_MODEL_URL"),
-            model_name=env_str(env, "RUNIFOLD_SUMMARY_MODEL", "gpt-4o-mini"),
-            model_api_key=env_model_api_key(env, "RUNIFOLD_SUMMARY_MODEL_API_KEY"),
-            model_timeout_s=env_model_timeout_s(env, "RUNIFOLD_SUMMARY_MODEL_TIMEOUT_S", 60.0),
-            model_max_retries=env_model_max_retries(env, "RUNIFOLD_SUMMARY_MODEL_MAX_RETRIES"),
-            model_max_concurrent=env_model_max_concurrent(
-                env, "RUNIFOLD_SUMMARY_MODEL_MAX_CONCURRENT"
-            ),
-            model_max_queued=env_model_max_queued(env, "RUNIFOLD_SUMMARY_MODEL_MAX_QUEUED"),
+            chat_model=model_settings(env, "summary"),
             max_summary_bytes=env_int(
                 env,
                 "RUNIFOLD_SUMMARY_MAX_BYTES",

@@ -23,12 +23,10 @@ from services.common.validation import conversation_id
 from services.llm.model import require_call, with_defaults
 from services.summary import metrics
 from services.summary.config import SummaryConfig
+from services.summary.jobs.model import Job, JobQueue, NewJob
 from services.summary.model import (
     CommitResult,
     ConversationState,
-    Job,
-    JobQueue,
-    NewJob,
     NewSummary,
     SummarizeResult,
     Summary,
@@ -36,7 +34,7 @@ from services.summary.model import (
 )
 from services.summary.ports import Transcripts
 from services.summary.store import SummaryStore
-from services.summary.summarizers import Summarizer, SummaryPrompt
+from services.summary.summarizers.prompt import Summarizer, SummaryPrompt
 
 
 def is_not_found(error: DomainError) -> bool:
@@ -246,7 +244,7 @@ class SummaryService:
                 standing = [e for e in view.summary_buffer if not e.retracted_version]
                 prompt = self._prepare(limits, usage, previous, standing)
                 output = await self.summarizer.summarize(
-                    prompt, timeout=remaining(self.config.model_timeout_s)
+                    prompt, timeout=remaining(self.config.chat_model.timeout_s)
                 )
                 usage = usage + output.usage
                 text = self._checked_output(output.text)
@@ -317,9 +315,9 @@ class SummaryService:
         """Erase every summary, history row and job of a conversation (idempotent).
 
         Used when a conversation is erased, before its transcript is (the transcript
-        is another service's). With its `incarnation`, the erasure also fences it: a
-        commit or job for it is refused from now on, even one whose model call is in
-        flight. A running job notices at its next step (its lease is gone) and stops.
+        is another service's). With its `incarnation`, the erasure also leaves its
+        tombstone: a commit or job for it is refused from now on, even one whose model
+        call is in flight. A running job notices at its next step (its lease is gone) and stops.
         """
         validation.namespace(namespace)
         if incarnation < 0:

@@ -13,7 +13,8 @@ from google.protobuf.duration_pb2 import Duration
 from runifold.summary.v1 import summary_service_pb2 as pb
 from runifold.summary.v1 import summary_service_pb2_grpc as pb_grpc
 from services.common import convert
-from services.summary.model import Job, Summary
+from services.summary.jobs.model import Job
+from services.summary.model import Summary
 from services.summary.service import SummaryService
 
 Context = Any  # grpc.aio.ServicerContext; unused by these handlers

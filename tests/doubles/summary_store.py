@@ -13,12 +13,9 @@ import uuid
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
+from services.summary.jobs.model import Job, JobQueue, JobState, NewJob
 from services.summary.model import (
     CommitResult,
-    Job,
-    JobQueue,
-    JobState,
-    NewJob,
     NewSummary,
     Summary,
     belongs,

@@ -79,7 +79,7 @@ async def server(
         "RUNIFOLD_MIGRATE": "auto",
         # No summary worker: the requested job stays in the backlog for the console.
         "RUNIFOLD_SUMMARY_WORKERS": "0",
-        "RUNIFOLD_AGENT_MODEL_PROVIDER": "offline",
+        "RUNIFOLD_AGENT_MODEL_URL": "offline",
         # The write actions, each behind a confirmation (read-only by default: the
         # guarded server below has them off).
         "RUNIFOLD_CONSOLE_ACTIONS": "1",

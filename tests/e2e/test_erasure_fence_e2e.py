@@ -64,7 +64,6 @@ async def stack(
         tmp_path_factory.mktemp("fence"),
         model,
         summary_env={
-            "RUNIFOLD_SUMMARIZER": "openai",
             "RUNIFOLD_SUMMARY_MODEL_URL": model.base_url,
             "RUNIFOLD_SUMMARY_MODEL_MAX_RETRIES": "0",
         },

@@ -22,6 +22,7 @@ from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold_client import AsyncClient, NotFound
+from services.llm.settings import ModelSettings
 from services.memory.proposals import SYSTEM_PROMPT
 from tests.conftest import wait_for
 from tests.fakes.openai_server import FakeOpenAI, FakeReply, fake_openai
@@ -82,9 +83,7 @@ async def stack(
         tmp_path_factory.mktemp("propose-fence"),
         None,
         memory={
-            "proposer": "openai",
-            "proposer_model_url": model.base_url,
-            "proposer_max_retries": 0,
+            "chat_model": ModelSettings(url=model.base_url, max_retries=0),
         },
     ) as running:
         yield running

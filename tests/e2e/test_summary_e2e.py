@@ -25,6 +25,7 @@ from services.common import stubs
 from services.common.db import Database
 from services.common.server import RunningServer, serving
 from services.common.status import error_info
+from services.llm.settings import ModelSettings
 from services.summary.component import SummaryComponent
 from services.summary.config import SummaryConfig
 from services.transcript.component import TranscriptComponent
@@ -42,10 +43,7 @@ NO_WORKERS = SummaryConfig(workers=0)
 
 def openai_config(fake: FakeOpenAI, **overrides: Any) -> SummaryConfig:
     base = SummaryConfig(
-        summarizer="openai",
-        model_base_url=fake.base_url,
-        model_name="fake-model",
-        model_max_retries=0,
+        chat_model=ModelSettings(url=fake.base_url, name="fake-model", max_retries=0),
         workers=0,
     )
     return replace(base, **overrides)
@@ -547,7 +545,6 @@ async def test_two_worker_processes_drain_one_queue_without_running_a_job_twice(
         ) as transcript_server:
             env = {
                 "TRANSCRIPT_SERVICE_ADDR": transcript_server.address,
-                "RUNIFOLD_SUMMARIZER": "openai",
                 "RUNIFOLD_SUMMARY_MODEL_URL": fake.base_url,
                 "RUNIFOLD_SUMMARY_MODEL_MAX_RETRIES": "0",
                 "RUNIFOLD_SUMMARY_WORKERS": "2",

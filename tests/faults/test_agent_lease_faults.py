@@ -61,9 +61,8 @@ async def agent(
         "TRANSCRIPT_SERVICE_ADDR": running.address,
         "SUMMARY_SERVICE_ADDR": running.address,
         "MEMORY_SERVICE_ADDR": "127.0.0.1:9",  # turns here use no memory
-        "RUNIFOLD_AGENT_MODEL_PROVIDER": "openai",
-        "RUNIFOLD_OPENAI_BASE_URL": model.base_url,
-        "RUNIFOLD_AGENT_MODEL": "fake-model",
+        "RUNIFOLD_AGENT_MODEL_URL": model.base_url,
+        "RUNIFOLD_AGENT_MODEL_NAME": "fake-model",
         "RUNIFOLD_AGENT_MODEL_MAX_RETRIES": "0",
         "RUNIFOLD_AGENT_TURN_LEASE_TTL_S": LEASE_TTL_S,
     }

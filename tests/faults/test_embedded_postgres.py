@@ -38,7 +38,7 @@ from tests.ops.process import ServiceProcess, service_process
 
 ENV = {
     "DATABASE_URL": "",  # empty counts as unset: the embedded PostgreSQL
-    "RUNIFOLD_AGENT_MODEL_PROVIDER": "offline",
+    "RUNIFOLD_AGENT_MODEL_URL": "offline",
     "RUNIFOLD_SUMMARY_WORKERS": "0",
     "RUNIFOLD_DB_POOL_MIN": "1",
     "RUNIFOLD_EMBEDDINGS": "openai",

@@ -89,9 +89,8 @@ async def agent(
             "TRANSCRIPT_SERVICE_ADDR": transcript_address,
             "SUMMARY_SERVICE_ADDR": summaries.address,
             "MEMORY_SERVICE_ADDR": "127.0.0.1:9",  # these turns recall nothing
-            "RUNIFOLD_AGENT_MODEL_PROVIDER": "openai",
-            "RUNIFOLD_OPENAI_BASE_URL": model.base_url,
-            "RUNIFOLD_AGENT_MODEL": "fake-model",
+            "RUNIFOLD_AGENT_MODEL_URL": model.base_url,
+            "RUNIFOLD_AGENT_MODEL_NAME": "fake-model",
             "RUNIFOLD_AGENT_MODEL_MAX_RETRIES": "0",
             **env,
         }

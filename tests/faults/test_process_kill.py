@@ -76,7 +76,7 @@ async def test_sigkill_mid_load_loses_no_acknowledged_write(
         "DATABASE_URL": fresh_database_url,
         "RUNIFOLD_DB_POOL_MAX": "16",
         "RUNIFOLD_SUMMARY_WORKERS": "0",
-        "RUNIFOLD_AGENT_MODEL_PROVIDER": "offline",
+        "RUNIFOLD_AGENT_MODEL_URL": "offline",
         # The held writes must still be waiting when the process is killed.
         "RUNIFOLD_DB_STATEMENT_TIMEOUT_MS": "60000",
     }

@@ -77,9 +77,8 @@ async def test_a_retry_storm_has_exactly_once_effects(
             "DATABASE_URL": fresh_database_url,
             "RUNIFOLD_DB_POOL_MAX": "24",
             "RUNIFOLD_SUMMARY_WORKERS": "0",
-            "RUNIFOLD_AGENT_MODEL_PROVIDER": "openai",
-            "RUNIFOLD_OPENAI_BASE_URL": model.base_url,
-            "RUNIFOLD_AGENT_MODEL": "fake-model",
+            "RUNIFOLD_AGENT_MODEL_URL": model.base_url,
+            "RUNIFOLD_AGENT_MODEL_NAME": "fake-model",
             "RUNIFOLD_AGENT_MODEL_MAX_RETRIES": "0",
             # Every copy of the storm is one namespace's: its concurrency limits would
             # refuse (and the clients retry) the very duplicates this test races.

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 
 from services.common.db import Database
-from services.summary.model import JobState
-from services.summary.statements import CLAIM
+from services.summary.jobs.model import JobState
+from services.summary.jobs.statements import CLAIM
 from services.summary.store import PostgresSummaryStore
 from tests.conftest import server_settings
 

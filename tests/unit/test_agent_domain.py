@@ -306,7 +306,7 @@ async def test_create_if_missing_makes_the_conversation() -> None:
 def test_offline_model_shows_the_context_it_received() -> None:
     model = OfflineChatModel()
     from services.agent.model import SummaryState
-    from services.agent.prompt import build_request
+    from services.agent.turn.prompt import build_request
 
     request = build_request(
         "sys",
@@ -325,7 +325,7 @@ def test_offline_model_shows_the_context_it_received() -> None:
 
 def test_prompt_never_puts_context_in_the_system_role() -> None:
     from services.agent.model import SummaryState
-    from services.agent.prompt import build_request
+    from services.agent.turn.prompt import build_request
 
     request: ChatRequest = build_request(
         "",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from services.agent.config import AgentConfig
-from services.agent.inputs import check_tools
+from services.agent.turn.inputs import check_tools
 from services.common.domain import ToolDefinition
 from services.common.errors import DomainError
 

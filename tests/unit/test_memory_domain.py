@@ -36,7 +36,7 @@ def test_configuration_defaults_and_errors_name_the_variable() -> None:
     assert config.embeddings_dimension == 384 and config.default_ttl is None
     assert (config.indexers, config.indexer_claim_s) == (1, 60.0)
     assert config.index_tombstone_retention == timedelta(days=1)
-    assert config.index_validity_filter and config.proposer == "offline"
+    assert config.index_validity_filter and config.chat_model.offline
     assert (config.propose_max_entries, config.propose_budget.max_model_calls) == (200, 1)
     proposing = MemoryConfig.from_env(
         {
@@ -46,7 +46,10 @@ def test_configuration_defaults_and_errors_name_the_variable() -> None:
             "RUNIFOLD_MEMORY_INDEX_VALIDITY_FILTER": "off",
         }
     )
-    assert (proposing.proposer, proposing.proposer_model_api_key) == ("openai", "sk-test")
+    assert (proposing.chat_model.url, proposing.chat_model.api_key) == (
+        "http://127.0.0.1:9/v1",
+        "sk-test",
+    )
     assert not proposing.index_validity_filter
     config = MemoryConfig.from_env(
         {

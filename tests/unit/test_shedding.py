@@ -16,8 +16,8 @@ from prometheus_client import REGISTRY
 from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.common.v1 import common_pb2
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
-from services.agent import inputs
 from services.agent.config import AgentConfig
+from services.agent.turn import inputs
 from services.common import admission, messages, validation
 from services.common.admission import Admission
 from services.common.errors import DomainError

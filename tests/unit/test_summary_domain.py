@@ -17,15 +17,11 @@ from services.common.peers import deadline_var
 from services.llm.model import ModelTimeout, ModelUnavailable
 from services.summary import metrics
 from services.summary.config import SummaryConfig
-from services.summary.model import JobState
+from services.summary.jobs.model import JobState
+from services.summary.jobs.worker import SummaryWorkers
 from services.summary.store import SummaryStore
-from services.summary.summarizers import (
-    OfflineSummarizer,
-    SummaryOutput,
-    SummaryPrompt,
-    offline_digest,
-)
-from services.summary.worker import SummaryWorkers
+from services.summary.summarizers.offline import OfflineSummarizer, offline_digest
+from services.summary.summarizers.prompt import SummaryOutput, SummaryPrompt
 from tests.doubles.summary_store import InMemorySummaryStore
 from tests.summary_cases import (
     LocalTranscripts,

@@ -105,10 +105,9 @@ export class Server {
       RUNIFOLD_LOG_LEVEL: "WARNING",
       RUNIFOLD_LOG_FORMAT: "json",
       RUNIFOLD_SUMMARY_POLL_INTERVAL_S: "0.05",
-      RUNIFOLD_AGENT_MODEL_PROVIDER: "openai",
-      RUNIFOLD_AGENT_MODEL: "fake-model",
-      RUNIFOLD_OPENAI_BASE_URL: model.baseUrl,
-      RUNIFOLD_OPENAI_API_KEY: "not-a-real-key",
+      RUNIFOLD_AGENT_MODEL_URL: model.baseUrl,
+      RUNIFOLD_AGENT_MODEL_NAME: "fake-model",
+      RUNIFOLD_AGENT_MODEL_API_KEY: "not-a-real-key",
       HF_HUB_OFFLINE: "1",
       TRANSFORMERS_OFFLINE: "1",
     };

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from xml.sax.saxutils import escape, quoteattr
 
 from services.agent.model import Recalled, SummaryState
-from services.common.domain import Entry, Message, ToolDefinition
+from services.common.domain import Entry, Message, Role, ToolDefinition
 from services.llm.model import CHAT_ROLES, ChatMessage, ChatRequest, estimate_tokens
 
 UNTRUSTED_PREAMBLE = (
@@ -23,6 +23,18 @@ UNTRUSTED_PREAMBLE = (
 
 # A message's role and framing, beyond its content.
 _MESSAGE_OVERHEAD_TOKENS = 2
+# The memory search's query: the turn's input, cut to this many bytes.
+_MAX_MEMORY_QUERY_BYTES = 4096
+
+
+def memory_query(messages: Sequence[Message]) -> str:
+    """What a turn searches its memories with: the user's text of its input (any text
+    when the input holds no user text), at most 4 KiB."""
+    texts = [m.text for m in messages if m.role == Role.USER and m.text.strip()]
+    if not texts:
+        texts = [m.text for m in messages if m.text.strip()]
+    query = "\n".join(texts)
+    return query.encode()[:_MAX_MEMORY_QUERY_BYTES].decode(errors="ignore")
 
 
 def untrusted_context(summary: SummaryState, memories: Sequence[Recalled]) -> str | None:

@@ -35,7 +35,7 @@ from services.common.domain import Budget
 from services.common.errors import Code, DomainError
 from services.summary import metrics
 from services.summary.config import SummaryConfig
-from services.summary.model import Job, JobState
+from services.summary.jobs.model import Job, JobState
 from services.summary.service import SummaryService, is_not_found
 
 log = logging.getLogger(__name__)

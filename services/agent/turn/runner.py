@@ -21,15 +21,13 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import uuid_utils
 
 from services.agent import metrics
-from services.agent.budget import TurnBudget
 from services.agent.config import AgentConfig
-from services.agent.lease import LeaseKeeper, ended_error, ended_state, lease_lost
 from services.agent.model import (
     ConcurrencyMode,
     ContextReport,
@@ -52,13 +50,14 @@ from services.agent.model import (
     ViewState,
 )
 from services.agent.ports import Memories, Summaries, Transcripts
-from services.agent.prompt import build_request, estimate_request_tokens
-from services.agent.reply import assistant_message, check_reply
+from services.agent.turn.budget import TurnBudget
+from services.agent.turn.lease import LeaseKeeper, ended_error, ended_state, lease_lost
+from services.agent.turn.prompt import build_request, estimate_request_tokens, memory_query
+from services.agent.turn.replay import replay
+from services.agent.turn.reply import assistant_message, check_reply
 from services.common import admission
 from services.common.deadlines import deadline_var, remaining
 from services.common.domain import (
-    Message,
-    Role,
     canonical_json,
     check_tool_pairing,
     open_tool_calls,
@@ -69,7 +68,6 @@ from services.common.errors import (
     VersionConflict,
     failed_precondition,
 )
-from services.common.errors import invalid_argument as _invalid_argument
 from services.llm.model import (
     ChatDelta,
     ChatModel,
@@ -80,7 +78,6 @@ from services.llm.model import (
 
 log = logging.getLogger(__name__)
 
-_MAX_MEMORY_QUERY_BYTES = 4096
 # A lease not granted within this delay means the turn waits (ENQUEUE, or a
 # running turn with the same id): the stream reports TURN_STAGE_WAITING.
 _WAITING_AFTER_S = 0.1
@@ -90,14 +87,6 @@ def _time_left() -> float | None:
     """Seconds left of the inbound call's deadline (None: no deadline)."""
     deadline = deadline_var.get()
     return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-
-def _first_user_text(messages: Sequence[Message]) -> str:
-    texts = [m.text for m in messages if m.role == Role.USER and m.text.strip()]
-    if not texts:
-        texts = [m.text for m in messages if m.text.strip()]
-    query = "\n".join(texts)
-    return query.encode()[:_MAX_MEMORY_QUERY_BYTES].decode(errors="ignore")
 
 
 @dataclass(frozen=True, repr=False)  # its config holds the model API key
@@ -121,7 +110,7 @@ class TurnRunner:
         # the summary and the view load (its query embedding is the slowest part).
         recalling = (
             asyncio.ensure_future(
-                self.memories.search(namespace, _first_user_text(turn.input), policy.memory_limit)
+                self.memories.search(namespace, memory_query(turn.input), policy.memory_limit)
             )
             if policy.memory_limit > 0
             else None
@@ -168,7 +157,7 @@ class TurnRunner:
                 elif not acquiring.cancelled():
                     acquiring.exception()  # seen: the turn ended for another reason
             if isinstance(acquired, PriorAppend):
-                yield await self._replay(turn, conversation_id, acquired)
+                yield await replay(self.transcripts, turn, conversation_id, acquired)
                 return
             if isinstance(acquired, EndedState):
                 raise ended_error(acquired)
@@ -245,7 +234,7 @@ class TurnRunner:
         namespace, policy = turn.namespace, turn.policy
         summary, view = await self._loaded(turn, conversation_id, turn_id, lease, preloading)
         if view.prior_append is not None:  # committed by a plain append with this id
-            yield await self._replay(turn, conversation_id, view.prior_append)
+            yield await replay(self.transcripts, turn, conversation_id, view.prior_append)
             return
 
         spend = TurnBudget(turn.budget)
@@ -357,7 +346,7 @@ class TurnRunner:
             latest = await self.transcripts.load_view(namespace, conversation_id, 1, 1, 0, turn_id)
             if latest.prior_append is None:
                 raise
-            yield await self._replay(turn, conversation_id, latest.prior_append)
+            yield await replay(self.transcripts, turn, conversation_id, latest.prior_append)
             return
         metrics.TURNS.labels("replayed" if appended.replayed else "committed").inc()
         yield TurnResult(
@@ -427,36 +416,9 @@ class TurnRunner:
     async def _call_model(
         self, request: ChatRequest, stream: bool
     ) -> AsyncIterator[ChatDelta | ChatResponse]:
-        timeout = remaining(self.config.model_timeout_s)
+        timeout = remaining(self.config.chat_model.timeout_s)
         if stream:
             async for piece in self.model.stream(request, timeout=timeout):
                 yield piece
         else:
             yield await self.model.complete(request, timeout=timeout)
-
-    async def _replay(self, turn: Turn, conversation_id: str, prior: PriorAppend) -> TurnResult:
-        """The stored outcome of a turn that already committed (no model call)."""
-        entries = await self.transcripts.entries(
-            turn.namespace, conversation_id, prior.first_sequence, prior.last_sequence
-        )
-        stored = [entry.message for entry in entries]
-        count = len(turn.input)
-        if canonical_json(stored[:count]) != canonical_json(turn.input):
-            raise _invalid_argument(
-                "TURN_ID_REUSED",
-                "turn_id was already used for a turn with different input",
-                field="turn_id",
-            )
-        output = stored[count:]
-        calls = next((m.tool_calls for m in reversed(output) if m.role == Role.ASSISTANT), ())
-        metrics.TURNS.labels("replayed").inc()
-        return TurnResult(
-            conversation_id=conversation_id,
-            conversation_version=prior.version,
-            first_sequence=prior.first_sequence,
-            last_sequence=prior.last_sequence,
-            outcome=Outcome(output, prior.usage),
-            tool_calls=calls,
-            context=ContextReport(),
-            replayed=True,
-        )

@@ -1,0 +1,1 @@
+"""A turn: its checks, budget, lease keeper, prompt, reply and replay, and the runner."""

@@ -1,0 +1,1 @@
+"""The summary job queue: its records, SQL, store and the workers that drain it."""
