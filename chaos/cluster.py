@@ -287,9 +287,8 @@ def _agent_env(model_url: str, transcript: str, summary: str, memory: str) -> di
         "TRANSCRIPT_SERVICE_ADDR": transcript,
         "SUMMARY_SERVICE_ADDR": summary,
         "MEMORY_SERVICE_ADDR": memory,
-        "RUNIFOLD_AGENT_MODEL_PROVIDER": "openai",
-        "RUNIFOLD_OPENAI_BASE_URL": model_url,
-        "RUNIFOLD_AGENT_MODEL": "fake-model",
+        "RUNIFOLD_AGENT_MODEL_URL": model_url,
+        "RUNIFOLD_AGENT_MODEL_NAME": "fake-model",
         "RUNIFOLD_AGENT_MODEL_MAX_RETRIES": "0",
         # A killed agent's lease lapses soon, so the campaign's turns move on.
         "RUNIFOLD_AGENT_TURN_LEASE_TTL_S": "4",
