@@ -22,7 +22,7 @@ from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold_client import AsyncClient, NotFound
-from services.memory.proposals import SYSTEM_PROMPT
+from services.memory.proposals.prompt import SYSTEM_PROMPT
 from tests.conftest import wait_for
 from tests.fakes.openai_server import FakeOpenAI, FakeReply, fake_openai
 from tests.grpc_support import reason, user

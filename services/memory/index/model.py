@@ -1,41 +1,6 @@
-"""The vector index: one interface, three adapters (Qdrant Edge, Qdrant server, pgvector).
-
-The index holds a rebuildable copy of the live memories (a vector and a
-small payload: namespace, memory id, revision, metadata tags, valid time;
-never the content). PostgreSQL stays the source of truth: search re-reads
-every hit from it.
-
-Every write is guarded by the memory's revision, inside the engine's own
-write: a point replaces what the index holds for its memory only when its
-revision is newer, and a deletion leaves a tombstone at the deletion's
-revision (revisions keep counting across a delete, see 0001_memory.sql)
-that no older point can pass. So indexers may apply a memory's writes in
-any order, or late, and the index still ends at the newest revision. A
-tombstone carries no namespace and no vector: no query can reach it. It is
-pruned after a retention period (`prune_tombstones`).
-
-Tenancy is enforced here, in one place. The only way to search is
-`VectorIndex.search(NamespacedQuery)`, and the only way to make a
-`NamespacedQuery` is `NamespacedQuery.inside(namespace, ...)`, which
-validates the namespace and puts it first in `terms`. Adapters turn every
-term into a condition of their engine (a `Term` an exact match, a `ValidAt`
-two ranges on the valid time) and never add or drop one: a search without
-the namespace condition cannot be expressed.
-
-Valid time filters inside the engine, so that superseded facts crowding a
-namespace do not push the valid ones out of the candidates: a point stores
-`valid_from` and `valid_until` (Unix seconds; OPEN_END while the fact holds),
-and `ValidAt(t)` matches `valid_from <= t < valid_until`. The store's re-read
-stays the authority (the index may lag a supersession).
-
-Lexical scoring (issue 21): a point also holds its BM25 document vector
-(services/memory/lexical.py: one tokenisation for every adapter), and a query
-has a mode: dense (the cosine), lexical (BM25 inside the engine, its IDF over
-the namespace) or hybrid (both engines' candidates, rescored by both and
-fused). Each hit reports the scores it was ranked by. A point written before
-lexical vectors existed has none; the revision guard lets a write at the same
-revision give it one (the outbox replay of migration 0005, or reindex).
-"""
+"""The records of the vector index and their rules: points, tombstones, queries (built
+only inside a namespace), hits, payload fields, ids and collection names. No I/O: the
+interface is in protocol.py, the design in this package's docstring."""
 
 from __future__ import annotations
 
@@ -44,13 +9,11 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from services.common import validation
-from services.common.errors import StoreUnavailable
-from services.memory.config import MemoryConfig
-from services.memory.lexical import Fusion, LexicalVector, Scored, SearchMode, fuse
+from services.memory.model import Key
+from services.memory.search.lexical import Fusion, LexicalVector, Scored, SearchMode, fuse
 
 # Point ids are derived from (namespace, memory id): the same memory id may
 # live in two namespaces as two unrelated memories.
@@ -101,19 +64,6 @@ def hybrid_collection_name(model: str, dimension: int) -> str:
     dense one: `collection_name` + `_lex`. Qdrant cannot add a vector to an existing
     collection, so the adapters copy a collection made before into this one once."""
     return f"{collection_name(model, dimension)}_lex"
-
-
-class IndexUnavailable(StoreUnavailable):
-    """The index cannot be reached or failed; search degrades, the indexer retries."""
-
-    def __init__(self, detail: str = "") -> None:
-        super().__init__("memory_index")
-        # Logged by the caller; never sent to clients (the message stays generic).
-        self.detail = detail
-
-
-class IndexMismatch(RuntimeError):
-    """An existing collection was made for another vector size or distance: refused."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,50 +219,6 @@ class Tombstone:
         }
 
 
-# (namespace, memory id): what names one memory, in the store and in the index.
-Key = tuple[str, uuid.UUID]
-
-
-class VectorIndex(Protocol):
-    """The searchable copy. Failures to reach the engine raise IndexUnavailable."""
-
-    @property
-    def name(self) -> str:
-        """Adapter name for logs ("edge", "qdrant", "pgvector")."""
-
-    async def start(self) -> None:
-        """Create the collection or open it; IndexMismatch if its vector size or distance
-        differ. May be called again after close() to reopen."""
-
-    async def upsert(self, points: Sequence[IndexPoint]) -> None:
-        """Insert or replace points. A point lands only if the index holds nothing of
-        its memory at the same or a newer revision (point or tombstone)."""
-
-    async def delete(self, tombstones: Sequence[Tombstone]) -> None:
-        """Replace what the index holds of each memory by a tombstone at the deletion's
-        revision, unless it holds a newer revision (the memory was re-created)."""
-
-    async def purge(self, keys: Sequence[Key]) -> None:
-        """Remove the points and tombstones of these memories, whatever their revision
-        (reindex: points that no live memory backs)."""
-
-    async def prune_tombstones(self, older_than_s: float) -> None:
-        """Remove the tombstones written more than `older_than_s` seconds ago."""
-
-    async def search(self, query: NamespacedQuery) -> list[IndexHit]:
-        """Nearest neighbours inside the query's namespace, best first."""
-
-    async def keys(self) -> set[Key]:
-        """Every (namespace, memory id) with a point (tombstones are not memories):
-        reindex and consistency checks only."""
-
-    async def optimize(self) -> None:
-        """Build search structures after bulk loads (a no-op where the engine does it)."""
-
-    async def close(self) -> None:
-        """Release the engine (idempotent)."""
-
-
 def check_vector(vector: Sequence[float], dimension: int) -> None:
     """Guard against mixing dimensions in one collection."""
     if len(vector) != dimension:
@@ -378,40 +284,3 @@ def key_from_payload(payload: Mapping[str, Any]) -> Key | None:
     if NAMESPACE_FIELD not in payload:
         return None
     return payload[NAMESPACE_FIELD], uuid.UUID(payload[MEMORY_ID_FIELD])
-
-
-def make_index(
-    config: MemoryConfig, *, model: str, dimension: int, edge_dir: Path, database_url: str
-) -> VectorIndex:
-    """The adapter named by RUNIFOLD_MEMORY_INDEX (edge, qdrant or pgvector), for one
-    embedding model and dimension.
-
-    `edge_dir` is where the Edge shard lives unless RUNIFOLD_MEMORY_INDEX_DIR says;
-    pgvector uses `database_url` unless RUNIFOLD_MEMORY_PGVECTOR_URL says.
-    """
-    if config.index == "edge":
-        from services.memory.index.edge import EdgeIndex
-
-        return EdgeIndex(config.index_dir or edge_dir, model, dimension)
-    if config.index == "qdrant":
-        from services.memory.index.qdrant import QdrantIndex
-
-        return QdrantIndex(
-            model,
-            dimension,
-            url=config.qdrant_url,
-            api_key=config.qdrant_api_key,
-            timeout_s=config.qdrant_timeout_s,
-        )
-    if config.index == "pgvector":
-        from services.memory.index.pgvector import PgvectorIndex
-
-        return PgvectorIndex(
-            config.pgvector_url or database_url,
-            model,
-            dimension,
-            ef_search=config.pgvector_ef_search,
-            exact_below=config.pgvector_exact_below,
-            timeout_s=config.pgvector_timeout_s,
-        )
-    raise ValueError(f"unknown index kind {config.index!r}")
