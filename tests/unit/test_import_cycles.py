@@ -19,11 +19,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Cycles of services not yet restructured (issue 28), as the sets of modules of each
-# cycle. Each goes when its service is; a cycle listed here that no longer exists
-# fails the test too, so that the list only shrinks.
-KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset()
-
 
 def module_names(root: Path, package: str) -> dict[str, Path]:
     """Every module under `root/package`, by dotted name (namespace packages included:
@@ -202,8 +197,5 @@ def test_the_checker_finds_a_cycle_through_a_deferred_import(tmp_path: Path) -> 
 
 def test_no_import_cycle_in_services() -> None:
     graph = import_graph(ROOT, "services")
-    found = {frozenset(c): c for c in cycles(graph)}
-    new = [" -> ".join(a_path(graph, c)) for key, c in found.items() if key not in KNOWN_CYCLES]
-    assert new == [], "import cycles (break them: see this module's docstring)"
-    gone = [sorted(c) for c in KNOWN_CYCLES if c not in found]
-    assert gone == [], "these cycles are gone: remove them from KNOWN_CYCLES"
+    found = [" -> ".join(a_path(graph, c)) for c in cycles(graph)]
+    assert found == [], "import cycles (break them: see this module's docstring)"
