@@ -35,4 +35,8 @@ the namespace) or hybrid (both engines' candidates, rescored by both and
 fused). Each hit reports the scores it was ranked by. A point written before
 lexical vectors existed has none; the revision guard lets a write at the same
 revision give it one (the outbox replay of migration 0005, or reindex).
+
+Here: the records and their rules in model.py, the interface and its errors in
+protocol.py, the adapters in edge.py, qdrant/ and pgvector/. This package imports
+none of them: services/memory/component.py builds the one configured.
 """
