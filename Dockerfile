@@ -32,7 +32,7 @@ COPY clients/python ./clients/python
 # Then the model's ONNX graph, built here once from the weights (read-only at run time).
 RUN pip install ./clients/python . \
  && python -m compileall -q /opt/runifold/lib \
- && python -m services.memory.onnx_minilm --cache-dir /opt/runifold/models
+ && python -m services.memory.embeddings.onnx_minilm --cache-dir /opt/runifold/models
 
 # -- runtime: the environment only; no compiler, no sources, not root ------------------
 FROM ${PYTHON_IMAGE} AS runtime

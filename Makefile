@@ -37,7 +37,7 @@ $(RUN_STAMP): pyproject.toml clients/python/pyproject.toml
 	@echo "==> the services and the client (./clients/python), runtime dependencies only"
 	$(PIP) -e ./clients/python -e .
 	@echo "==> the embedding model's ONNX graph (built once from the weights, cached)"
-	$(BIN)/python -m services.memory.onnx_minilm
+	$(BIN)/python -m services.memory.embeddings.onnx_minilm
 	@touch $@
 
 $(DEV_STAMP): $(RUN_STAMP)

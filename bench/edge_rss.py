@@ -19,8 +19,8 @@ import uuid
 from pathlib import Path
 
 from bench.stats import rss_mib
-from services.memory.index import IndexPoint
 from services.memory.index.edge import EdgeIndex
+from services.memory.index.model import IndexPoint
 
 _DIMENSION = 384
 _BATCH = 20

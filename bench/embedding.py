@@ -39,7 +39,7 @@ from services.common import stubs
 
 _ONNX_LOAD = (
     "import time; t = time.perf_counter()\n"
-    "from services.memory.embeddings import load_local_model\n"
+    "from services.memory.embeddings.local import load_local_model\n"
     "load_local_model(1).encode(['warm'])\n"
     "print(time.perf_counter() - t)\n"
 )
@@ -142,7 +142,7 @@ async def run(postgres_url: str) -> list[str]:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from services.memory.embeddings import load_local_model
+    from services.memory.embeddings.local import load_local_model
 
     lines = ["## Local embedding model: ONNX Runtime vs sentence-transformers (torch)", ""]
     onnx_load = _load_seconds(_ONNX_LOAD)

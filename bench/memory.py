@@ -70,13 +70,14 @@ from runifold.memory.v1 import memory_service_pb2 as pb
 from services.common import migrations, stubs
 from services.common.db import Database
 from services.common.settings import Settings
-from services.memory import lexical as lexical_vectors
 from services.memory.component import MIGRATIONS
 from services.memory.config import LOCAL_MODEL_DIMENSION, LOCAL_MODEL_NAME
-from services.memory.embeddings import LocalEmbedder
-from services.memory.index import IndexPoint, VectorIndex, collection_name, point_id
+from services.memory.embeddings.local import LocalEmbedder
 from services.memory.index.edge import EdgeIndex
-from services.memory.index.pgvector import PgvectorIndex
+from services.memory.index.model import IndexPoint, collection_name, point_id
+from services.memory.index.pgvector.adapter import PgvectorIndex
+from services.memory.index.protocol import VectorIndex
+from services.memory.search import lexical as lexical_vectors
 from tests.fakes.openai_server import fake_openai
 
 NAMESPACES = 100

@@ -30,14 +30,15 @@ import numpy as np
 from bench import memory as memory_bench
 from bench.common import Stats, new_database, server_process
 from runifold.memory.v1 import memory_service_pb2 as pb
-from services.memory import lexical
 from services.memory.config import LOCAL_MODEL_DIMENSION, LOCAL_MODEL_NAME, MemoryConfig
-from services.memory.embeddings import LocalEmbedder
-from services.memory.index import IndexPoint, NamespacedQuery, VectorIndex
+from services.memory.embeddings.local import LocalEmbedder
 from services.memory.index.edge import EdgeIndex
-from services.memory.index.pgvector import PgvectorIndex
-from services.memory.index.qdrant import QdrantIndex
-from services.memory.lexical import Fusion, FusionMethod, SearchMode
+from services.memory.index.model import IndexPoint, NamespacedQuery
+from services.memory.index.pgvector.adapter import PgvectorIndex
+from services.memory.index.protocol import VectorIndex
+from services.memory.index.qdrant.adapter import QdrantIndex
+from services.memory.search import lexical
+from services.memory.search.lexical import Fusion, FusionMethod, SearchMode
 from tests.memory_retrieval_set import KINDS, retrieval_set
 
 WEIGHTS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)

@@ -20,14 +20,15 @@ import pytest
 from services.common.errors import Code, DomainError
 from services.common.pagination import PageTokens
 from services.memory.config import MemoryConfig
-from services.memory.index import IndexPoint
-from services.memory.indexer import Indexer, Sweeper, reindex
-from services.memory.inputs import SourceInput
-from services.memory.model import MemorySource, MemoryWrite
-from services.memory.outbox_store import OutboxClaim
-from services.memory.search import DEFAULT_SEARCH_LIMIT, HEAD_MARGIN
+from services.memory.index.model import IndexPoint
+from services.memory.model import MemorySource
+from services.memory.outbox.indexer import Indexer, Sweeper, reindex
+from services.memory.outbox.model import OutboxClaim
+from services.memory.search.service import DEFAULT_SEARCH_LIMIT, HEAD_MARGIN
 from services.memory.service import MemoryService
 from services.memory.store import MemoryStore
+from services.memory.writes.inputs import SourceInput
+from services.memory.writes.model import MemoryWrite
 from tests.conftest import wait_for
 from tests.memory_support import BruteForceIndex, FixedSources, HashEmbedder
 

@@ -20,19 +20,13 @@ import pytest
 
 from services.common.domain import Budget, Entry
 from services.common.errors import Code, DomainError
-from services.memory.index import IndexHit, NamespacedQuery, Term, ValidAt
-from services.memory.inputs import SourceInput, SupersedeInput, ValidityInput
+from services.memory.index.model import IndexHit, NamespacedQuery, Term, ValidAt
 from services.memory.model import Memory, MemorySource
-from services.memory.proposals import (
-    ADD,
-    DUPLICATE,
-    SUPERSEDE,
-    ProposalPrompt,
-    Proposer,
-    ProposerOutput,
-    RelatedMemory,
-)
+from services.memory.proposals.model import ADD, DUPLICATE, SUPERSEDE, RelatedMemory
+from services.memory.proposals.prompt import ProposalPrompt
+from services.memory.proposals.proposer import Proposer, ProposerOutput
 from services.memory.store import MemoryStore
+from services.memory.writes.inputs import SourceInput, SupersedeInput, ValidityInput
 from tests.memory_cases import World, reason
 from tests.memory_support import entry_time
 

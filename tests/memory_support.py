@@ -24,21 +24,12 @@ from services.common.server import RunningServer, serving
 from services.common.settings import Settings
 from services.memory.component import MemoryComponent
 from services.memory.config import MemoryConfig
-from services.memory.embeddings import Embedder
-from services.memory.index import (
-    IndexHit,
-    IndexMismatch,
-    IndexPoint,
-    IndexUnavailable,
-    Key,
-    NamespacedQuery,
-    Tombstone,
-    ValidAt,
-    VectorIndex,
-)
-from services.memory.lexical import Scored, SearchMode, fuse
-from services.memory.model import SourceConversation
-from services.memory.proposals import Proposer
+from services.memory.embeddings.protocol import Embedder
+from services.memory.index.model import IndexHit, IndexPoint, NamespacedQuery, Tombstone, ValidAt
+from services.memory.index.protocol import IndexMismatch, IndexUnavailable, VectorIndex
+from services.memory.model import Key, SourceConversation
+from services.memory.proposals.proposer import Proposer
+from services.memory.search.lexical import Scored, SearchMode, fuse
 from services.transcript.component import TranscriptComponent
 from tests.conftest import server_settings
 
@@ -168,7 +159,7 @@ def _matches(p: IndexPoint, query: NamespacedQuery) -> bool:
 
 
 def reference_bm25(points: Iterable[IndexPoint], query: NamespacedQuery) -> dict[Key, float]:
-    """BM25 as every adapter computes it (services/memory/lexical.py): the IDF over the
+    """BM25 as every adapter computes it (services/memory/search/lexical.py): the IDF over the
     namespace's points with a lexical vector, each point's score the sum of idf x weight
     over the query terms it has. Only the points sharing a term."""
     corpus = [p for p in points if p.namespace == query.namespace and p.lexical is not None]

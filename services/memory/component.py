@@ -1,4 +1,9 @@
-"""MemoryService as a server component: pool, migrations, index, embedder, background work."""
+"""MemoryService as a server component: pool, migrations, index, embedder, background work.
+
+The pluggable parts (the embedder, the index back-end, the proposer and its model
+client) are chosen and built here, from the configuration: the packages that hold
+them import none of their implementations, so no import cycle runs through a factory.
+"""
 
 from __future__ import annotations
 
@@ -16,13 +21,15 @@ from services.common.peers import Peer, open_channel
 from services.common.server import StartContext
 from services.llm.openai import OpenAIChatModel
 from services.memory.config import MemoryConfig
-from services.memory.embeddings import Embedder, make_embedder
-from services.memory.index import IndexUnavailable, VectorIndex, make_index
-from services.memory.indexer import Indexer, Sweeper
-from services.memory.offline_proposer import OfflineProposer
-from services.memory.peers import TranscriptSources
+from services.memory.embeddings.local import LocalEmbedder
+from services.memory.embeddings.openai import OpenAIEmbedder
+from services.memory.embeddings.protocol import Embedder
+from services.memory.index.protocol import IndexUnavailable, VectorIndex
+from services.memory.outbox.indexer import Indexer, Sweeper
 from services.memory.ports import SourceChecker
-from services.memory.proposals import ChatModelProposer, Proposer
+from services.memory.proposals.offline import OfflineProposer
+from services.memory.proposals.proposer import ChatModelProposer, Proposer
+from services.memory.remote import TranscriptSources
 from services.memory.service import MemoryService
 from services.memory.servicer import MemoryServicer
 from services.memory.store import PostgresMemoryStore
@@ -31,6 +38,70 @@ log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = memory_service_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
+
+
+# -- the pluggable parts, chosen and built here --------------------------------------
+
+
+def make_embedder(config: MemoryConfig) -> LocalEmbedder | OpenAIEmbedder:
+    """The embedder the configuration names."""
+    if config.embeddings == "openai":
+        return OpenAIEmbedder(
+            config.embeddings_url,
+            config.embeddings_model,
+            config.embeddings_dimension,
+            api_key=config.embeddings_api_key,
+            timeout_s=config.embeddings_timeout_s,
+            batch_size=config.embeddings_batch,
+            max_concurrent=config.embeddings_max_concurrent,
+            max_queued=config.embeddings_max_queued,
+        )
+    return LocalEmbedder(
+        config.embeddings_batch,
+        config.embeddings_threads,
+        batch_tokens=config.embeddings_batch_tokens,
+        max_queued=config.embeddings_max_queued,
+        namespace_share=config.embeddings_namespace_share,
+        cache_dir=config.embeddings_cache_dir,
+    )
+
+
+def make_index(
+    config: MemoryConfig, *, model: str, dimension: int, edge_dir: Path, database_url: str
+) -> VectorIndex:
+    """The adapter named by RUNIFOLD_MEMORY_INDEX (edge, qdrant or pgvector), for one
+    embedding model and dimension.
+
+    `edge_dir` is where the Edge shard lives unless RUNIFOLD_MEMORY_INDEX_DIR says;
+    pgvector uses `database_url` unless RUNIFOLD_MEMORY_PGVECTOR_URL says. Each back-end
+    is imported when chosen: only its own client library loads.
+    """
+    if config.index == "edge":
+        from services.memory.index.edge import EdgeIndex
+
+        return EdgeIndex(config.index_dir or edge_dir, model, dimension)
+    if config.index == "qdrant":
+        from services.memory.index.qdrant.adapter import QdrantIndex
+
+        return QdrantIndex(
+            model,
+            dimension,
+            url=config.qdrant_url,
+            api_key=config.qdrant_api_key,
+            timeout_s=config.qdrant_timeout_s,
+        )
+    if config.index == "pgvector":
+        from services.memory.index.pgvector.adapter import PgvectorIndex
+
+        return PgvectorIndex(
+            config.pgvector_url or database_url,
+            model,
+            dimension,
+            ef_search=config.pgvector_ef_search,
+            exact_below=config.pgvector_exact_below,
+            timeout_s=config.pgvector_timeout_s,
+        )
+    raise ValueError(f"unknown index kind {config.index!r}")
 
 
 def build_proposer(config: MemoryConfig) -> tuple[Proposer, OpenAIChatModel | None]:

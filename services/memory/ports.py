@@ -1,4 +1,4 @@
-"""What the memory service needs from TranscriptService (gRPC adapter in peers.py)."""
+"""What the memory service needs from TranscriptService (gRPC adapter in remote.py)."""
 
 from __future__ import annotations
 

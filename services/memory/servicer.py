@@ -15,10 +15,10 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from runifold.memory.v1 import memory_service_pb2 as pb
 from runifold.memory.v1 import memory_service_pb2_grpc as pb_grpc
 from services.common import convert
-from services.memory.inputs import SourceInput, SupersedeInput, ValidityInput
 from services.memory.model import Memory, MemorySource, RevisionRecord
-from services.memory.proposals import ADD, DUPLICATE, SUPERSEDE, Proposal
+from services.memory.proposals.model import ADD, DUPLICATE, SUPERSEDE, Proposal
 from services.memory.service import MemoryService
+from services.memory.writes.inputs import SourceInput, SupersedeInput, ValidityInput
 
 Context = Any  # grpc.aio.ServicerContext; unused by these handlers
 

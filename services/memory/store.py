@@ -1,9 +1,9 @@
 """Memory persistence: the store protocol and its PostgreSQL adapter (schema `memory`).
 
-Every write is ONE SQL statement in autocommit: the change to the memory row,
-its history row and its outbox row are written together or not at all, so
-the index can never miss a write (transactional outbox). Only when the
-statement wrote nothing do we look at why.
+The store is put together from its features' parts: the writes (writes/store.py),
+the full-text search (search/store.py) and the outbox (outbox/store.py), each a
+protocol and a mixin of PostgresMemoryStore; the reads by id, the listing and the
+history are here.
 """
 
 from __future__ import annotations
@@ -11,56 +11,21 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
-import psycopg
 from psycopg.types.json import Jsonb
 
 from services.common.db import Database, fetch_one
-from services.memory import statements as sql
-from services.memory import write_store
-from services.memory.inputs import invalid_validity
-from services.memory.model import (
-    Memory,
-    MemoryWrite,
-    RevisionRecord,
-    ScoredMemory,
-    WriteResult,
-    memory_exists,
-    memory_not_found,
-    revision_conflict,
-)
-from services.memory.outbox_store import OutboxStore, PostgresOutbox
-from services.memory.rows import COLUMN_COUNT, memory_from_row, sources_from_json, sources_json
-
-# Erasure tombstones are kept this long: far longer than a source check and its write
-# can be apart (a request's deadline is minutes at most).
-ERASURE_RETENTION_S = 7 * 24 * 3600.0
+from services.memory.model import Memory, RevisionRecord
+from services.memory.outbox.store import OutboxStore, PostgresOutbox
+from services.memory.rows import memory_from_row, sources_from_json
+from services.memory.search.store import PostgresSearch, SearchStore
+from services.memory.statements import COLUMNS, LIVE, VALID_AT
+from services.memory.writes.store import PostgresWrites, WriteStore
 
 
-class MemoryStore(OutboxStore, Protocol):
+class MemoryStore(WriteStore, SearchStore, OutboxStore, Protocol):
     """What the memory service needs from a store. Every method is atomic."""
-
-    async def create(self, write: MemoryWrite) -> WriteResult:
-        """Insert a memory; MEMORY_ALREADY_EXISTS if its id is live in the namespace.
-
-        Every write (create and update) is refused with SOURCE_NOT_FOUND when one of
-        `write.source_incarnations` was fenced by an erasure, and with a request id
-        it replays the request's first result (REQUEST_ID_REUSED for another
-        payload: the replay reports the memory only, not what it superseded).
-
-        Every write also supersedes `write.supersedes` in its transaction: each
-        must be live in the namespace (MEMORY_NOT_FOUND), at its expected revision
-        if one is given (REVISION_CONFLICT), open (VALIDITY_ENDED), valid from
-        before the written memory (SUPERSEDES_LATER_FACT), and not one of the
-        written memory's successors (SUPERSESSION_CYCLE); each gets a new revision
-        with `valid_until_time` = the written memory's `valid_from_time` and
-        `superseded_by` = the written memory. Any refusal writes nothing."""
-
-    async def update(self, write: MemoryWrite) -> WriteResult:
-        """Replace a live memory at `write.expected_revision`; NOT_FOUND or REVISION_CONFLICT
-        (and the rules of `create` on fences, request ids and supersession). Validity not
-        given is kept; a validity that would end before it starts is INVALID_VALIDITY."""
 
     async def get(self, namespace: str, memory_id: uuid.UUID) -> Memory | None:
         """The live memory, or None (also when expired or in another namespace)."""
@@ -86,39 +51,6 @@ class MemoryStore(OutboxStore, Protocol):
         """Live memories in id order after a cursor, optionally with a source in a conversation
         and valid at `valid_at` (None: whatever their validity)."""
 
-    async def delete(
-        self, namespace: str, memory_id: uuid.UUID, expected_revision: int | None
-    ) -> bool:
-        """Erase a memory; False if it was not live; REVISION_CONFLICT on a stale revision."""
-
-    async def forget_source(
-        self, namespace: str, conversation_id: uuid.UUID, low: int, high: int, incarnation: int = 0
-    ) -> int:
-        """Erase every memory with a source range of the conversation overlapping [low, high];
-        with an `incarnation`, fence it first (later writes naming it are refused)."""
-
-    async def erased(self, namespace: str, conversation_id: uuid.UUID, incarnation: int) -> bool:
-        """Whether an erasure fenced this incarnation of the conversation (within
-        ERASURE_RETENTION_S; the transcript of an erased incarnation is gone long before)."""
-
-    async def sweep_requests(self, older_than_s: float) -> int:
-        """Forget request ids recorded more than `older_than_s` ago, and erasure tombstones
-        older than ERASURE_RETENTION_S."""
-
-    async def sweep_expired(self, limit: int) -> int:
-        """Erase up to `limit` expired memories; return how many."""
-
-    async def text_search(
-        self,
-        namespace: str,
-        query: str,
-        metadata: Mapping[str, str],
-        limit: int,
-        valid_at: datetime | None = None,
-    ) -> list[ScoredMemory]:
-        """Full-text search over live memories valid at `valid_at` (the degraded mode);
-        rank as score."""
-
     async def history(
         self,
         namespace: str,
@@ -133,82 +65,18 @@ class MemoryStore(OutboxStore, Protocol):
 # --- PostgreSQL -------------------------------------------------------------
 
 
-def _write_params(write: MemoryWrite) -> dict[str, Any]:
-    return {
-        "namespace": write.namespace,
-        "memory_id": write.memory_id,
-        "content": write.content,
-        "sources": Jsonb(sources_json(write.sources)),
-        "metadata": Jsonb(dict(write.metadata)),
-        "expected_revision": write.expected_revision,
-        "expire_time": write.expire_time,
-        "model": write.embedding_model,
-        "dimension": write.embedding_dimension,
-        "valid_from": write.valid_from_time,
-        "valid_until": write.valid_until_time,
-    }
-
-
-class PostgresMemoryStore(PostgresOutbox):
+class PostgresMemoryStore(PostgresWrites, PostgresSearch, PostgresOutbox):
     """MemoryStore on PostgreSQL (schema `memory`)."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    async def create(self, write: MemoryWrite) -> WriteResult:
-        params = _write_params(write)
-        async with self.db.connection() as conn, conn.transaction():
-            replayed = await write_store.fence(conn, write)
-            if replayed is not None:
-                return replayed
-            locked = await write_store.lock_superseded(conn, write, updating=False)
-            for _ in range(2):
-                row = await fetch_one(conn, sql.CREATE, params)
-                if row is not None:
-                    return await write_store.recorded(
-                        conn, write, memory_from_row(row), locked, created=True
-                    )
-                # The id is taken. A lapsed memory the sweeper has not reached
-                # yet is gone for every reader: erase it, then create again.
-                erased = await fetch_one(
-                    conn,
-                    sql.ERASE.format(victims=sql.BY_ID, extra=f"AND NOT {sql.LIVE}"),
-                    {**params, "reason": "expired"},
-                )
-                if erased is None:
-                    break
-        raise memory_exists()
-
-    async def update(self, write: MemoryWrite) -> WriteResult:
-        params = _write_params(write)
-        try:
-            async with self.db.connection() as conn, conn.transaction():
-                replayed = await write_store.fence(conn, write)
-                if replayed is not None:
-                    return replayed
-                locked = await write_store.lock_superseded(conn, write, updating=True)
-                row = await fetch_one(conn, sql.UPDATE, params)
-                if row is not None:
-                    return await write_store.recorded(
-                        conn, write, memory_from_row(row), locked, created=False
-                    )
-                current = await fetch_one(conn, sql.CURRENT_REVISION, params)
-        except psycopg.errors.CheckViolation as exc:
-            # The validity given, with the one kept, would end before it starts.
-            if exc.diag.constraint_name == "memories_validity":
-                raise invalid_validity() from None
-            raise
-        if current is None:
-            raise memory_not_found()
-        assert write.expected_revision is not None
-        raise revision_conflict(current[0], write.expected_revision)
-
     async def get(self, namespace: str, memory_id: uuid.UUID) -> Memory | None:
         async with self.db.connection() as conn:
             row = await fetch_one(
                 conn,
-                f"""SELECT {sql.COLUMNS} FROM memory.memories
-                     WHERE namespace = %s AND memory_id = %s AND {sql.LIVE}""",
+                f"""SELECT {COLUMNS} FROM memory.memories
+                     WHERE namespace = %s AND memory_id = %s AND {LIVE}""",
                 (namespace, memory_id),
             )
         return memory_from_row(row) if row else None
@@ -224,9 +92,9 @@ class PostgresMemoryStore(PostgresOutbox):
             return []
         async with self.db.connection() as conn:
             cursor = await conn.execute(
-                f"""SELECT {sql.COLUMNS} FROM memory.memories
-                     WHERE namespace = %(namespace)s AND memory_id = ANY(%(ids)s) AND {sql.LIVE}
-                       AND metadata @> %(metadata)s AND {sql.VALID_AT}""",
+                f"""SELECT {COLUMNS} FROM memory.memories
+                     WHERE namespace = %(namespace)s AND memory_id = ANY(%(ids)s) AND {LIVE}
+                       AND metadata @> %(metadata)s AND {VALID_AT}""",
                 {
                     "namespace": namespace,
                     "ids": list(memory_ids),
@@ -247,8 +115,8 @@ class PostgresMemoryStore(PostgresOutbox):
         containment = Jsonb([{"c": str(conversation_id)}]) if conversation_id else None
         async with self.db.connection() as conn:
             cursor = await conn.execute(
-                f"""SELECT {sql.COLUMNS} FROM memory.memories
-                     WHERE namespace = %(namespace)s AND {sql.LIVE} AND {sql.VALID_AT}
+                f"""SELECT {COLUMNS} FROM memory.memories
+                     WHERE namespace = %(namespace)s AND {LIVE} AND {VALID_AT}
                        AND (%(after)s::uuid IS NULL OR memory_id > %(after)s::uuid)
                        AND (%(containment)s::jsonb IS NULL OR sources @> %(containment)s::jsonb)
                      ORDER BY memory_id
@@ -262,112 +130,6 @@ class PostgresMemoryStore(PostgresOutbox):
                 },
             )
             return [memory_from_row(row) for row in await cursor.fetchall()]
-
-    async def delete(
-        self, namespace: str, memory_id: uuid.UUID, expected_revision: int | None
-    ) -> bool:
-        params = {
-            "namespace": namespace,
-            "memory_id": memory_id,
-            "expected": expected_revision,
-            "reason": "delete",
-        }
-        async with self.db.connection() as conn:
-            row = await fetch_one(
-                conn,
-                sql.ERASE.format(
-                    victims=sql.BY_ID,
-                    extra="AND (%(expected)s::bigint IS NULL OR m.revision = %(expected)s::bigint)"
-                    f" AND ({sql.LIVE_M} OR %(expected)s::bigint IS NULL)",
-                ),
-                params,
-            )
-            if row is not None:
-                return bool(row[0])
-            if expected_revision is None:
-                return False
-            current = await fetch_one(conn, sql.CURRENT_REVISION, params)
-        if current is None:
-            return False
-        raise revision_conflict(current[0], expected_revision)
-
-    async def forget_source(
-        self, namespace: str, conversation_id: uuid.UUID, low: int, high: int, incarnation: int = 0
-    ) -> int:
-        async with self.db.connection() as conn, conn.transaction():
-            if incarnation:
-                await conn.execute(sql.LOCK_CONVERSATION, (namespace, str(conversation_id)))
-                await conn.execute(
-                    """INSERT INTO memory.erasures (namespace, conversation_id, incarnation)
-                       VALUES (%s, %s, %s) ON CONFLICT DO NOTHING""",
-                    (namespace, conversation_id, incarnation),
-                )
-            cursor = await conn.execute(
-                sql.ERASE.format(victims=sql.BY_SOURCE, extra=""),
-                {
-                    "namespace": namespace,
-                    "containment": Jsonb([{"c": str(conversation_id)}]),
-                    "conversation": str(conversation_id),
-                    "low": low,
-                    "high": high,
-                    "reason": "forget_source",
-                },
-            )
-            return len(await cursor.fetchall())
-
-    async def erased(self, namespace: str, conversation_id: uuid.UUID, incarnation: int) -> bool:
-        async with self.db.connection() as conn:
-            row = await fetch_one(
-                conn,
-                """SELECT 1 FROM memory.erasures
-                    WHERE namespace = %s AND conversation_id = %s AND incarnation = %s""",
-                (namespace, conversation_id, incarnation),
-            )
-        return row is not None
-
-    async def sweep_requests(self, older_than_s: float) -> int:
-        async with self.db.connection() as conn:
-            cursor = await conn.execute(
-                "DELETE FROM memory.requests WHERE recorded_at < now() - make_interval(secs => %s)",
-                (older_than_s,),
-            )
-            await conn.execute(
-                "DELETE FROM memory.erasures WHERE erase_time < now() - make_interval(secs => %s)",
-                (ERASURE_RETENTION_S,),
-            )
-            return cursor.rowcount
-
-    async def sweep_expired(self, limit: int) -> int:
-        async with self.db.connection() as conn:
-            cursor = await conn.execute(
-                sql.ERASE.format(victims=sql.EXPIRED, extra=""),
-                {"limit": limit, "reason": "expired"},
-            )
-            return len(await cursor.fetchall())
-
-    async def text_search(
-        self,
-        namespace: str,
-        query: str,
-        metadata: Mapping[str, str],
-        limit: int,
-        valid_at: datetime | None = None,
-    ) -> list[ScoredMemory]:
-        async with self.db.connection() as conn:
-            cursor = await conn.execute(
-                sql.TEXT_SEARCH,
-                {
-                    "namespace": namespace,
-                    "query": query,
-                    "metadata": Jsonb(dict(metadata)),
-                    "limit": limit,
-                    "valid_at": valid_at,
-                },
-            )
-            return [
-                ScoredMemory(memory_from_row(row), float(row[COLUMN_COUNT]))
-                for row in await cursor.fetchall()
-            ]
 
     async def history(
         self,
@@ -406,5 +168,5 @@ class PostgresMemoryStore(PostgresOutbox):
     async def memory_count(self) -> int:
         """Live memories (tests, reindex)."""
         async with self.db.connection() as conn:
-            row = await fetch_one(conn, f"SELECT count(*) FROM memory.memories WHERE {sql.LIVE}")
+            row = await fetch_one(conn, f"SELECT count(*) FROM memory.memories WHERE {LIVE}")
         return int(row[0]) if row else 0

@@ -15,18 +15,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from services.memory.index import Key
-from services.memory.inputs import invalid_validity
-from services.memory.model import (
-    Memory,
+from services.memory.model import Key, Memory, RevisionRecord, invalid_validity, memory_not_found
+from services.memory.outbox.model import OutboxClaim, OutboxDepth, OutboxEntry
+from services.memory.search.model import ScoredMemory
+from services.memory.writes.model import (
     MemoryWrite,
-    OutboxDepth,
-    OutboxEntry,
-    RevisionRecord,
-    ScoredMemory,
     WriteResult,
     memory_exists,
-    memory_not_found,
     request_id_reused,
     revision_conflict,
     source_not_found,
@@ -36,7 +31,6 @@ from services.memory.model import (
     supersession_cycle,
     validity_ended,
 )
-from services.memory.outbox_store import OutboxClaim
 
 _WORD = re.compile(r"\w+")
 

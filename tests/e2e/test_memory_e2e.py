@@ -25,9 +25,9 @@ from services.common.db import Database
 from services.common.server import RunningServer
 from services.common.status import error_info
 from services.memory.component import MemoryComponent
-from services.memory.index import IndexPoint
 from services.memory.index.edge import EdgeIndex
-from services.memory.index.qdrant import QdrantIndex
+from services.memory.index.model import IndexPoint
+from services.memory.index.qdrant.adapter import QdrantIndex
 from services.memory.store import PostgresMemoryStore
 from tests.conftest import server_settings, wait_for
 from tests.grpc_support import reason
@@ -618,7 +618,7 @@ async def test_stale_index_revision_is_rescored_against_current_content(
 async def test_reindex_rebuilds_a_lost_index(
     client: Client, namespace: str, tmp_path: Path
 ) -> None:
-    from services.memory.indexer import reindex
+    from services.memory.outbox.indexer import reindex
 
     cid = await client.conversation(namespace)
     made = [(await client.upsert(namespace, f"Reindexed fact {i}.", cid)).memory for i in range(3)]

@@ -27,8 +27,9 @@ from services.common import stubs
 from services.common.status import error_info
 from services.llm.openai import OpenAIChatModel
 from services.memory.component import MemoryComponent
-from services.memory.index import NamespacedQuery
-from services.memory.proposals import PROPOSALS_SCHEMA, SYSTEM_PROMPT, ChatModelProposer
+from services.memory.index.model import NamespacedQuery
+from services.memory.proposals.prompt import PROPOSALS_SCHEMA, SYSTEM_PROMPT
+from services.memory.proposals.proposer import ChatModelProposer
 from tests.conftest import server_settings, wait_for
 from tests.fakes.openai_server import FakeOpenAI, FakeReply, fake_openai
 from tests.grpc_support import reason, status_detail

@@ -13,9 +13,9 @@ import pytest
 
 from runifold.memory.v1 import memory_service_pb2 as pb
 from services.memory.component import MIGRATIONS
-from services.memory.index import IndexPoint, NamespacedQuery
-from services.memory.indexer import reindex, to_point
-from services.memory.lexical import SearchMode, query_terms
+from services.memory.index.model import IndexPoint, NamespacedQuery
+from services.memory.outbox.indexer import reindex, to_point
+from services.memory.search.lexical import SearchMode, query_terms
 from tests.conftest import wait_for
 from tests.e2e.test_memory_e2e import Client
 from tests.grpc_support import reason

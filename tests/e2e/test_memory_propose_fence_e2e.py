@@ -23,7 +23,7 @@ from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold_client import AsyncClient, NotFound
 from services.llm.settings import ModelSettings
-from services.memory.proposals import SYSTEM_PROMPT
+from services.memory.proposals.prompt import SYSTEM_PROMPT
 from tests.conftest import wait_for
 from tests.fakes.openai_server import FakeOpenAI, FakeReply, fake_openai
 from tests.grpc_support import reason, user

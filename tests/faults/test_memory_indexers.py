@@ -27,13 +27,16 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from services.common.db import Database
 from services.common.errors import StoreUnavailable
 from services.memory.config import LOCAL_MODEL_DIMENSION, LOCAL_MODEL_NAME
-from services.memory.embeddings import Embedder, LocalEmbedder, Vector
-from services.memory.index import NamespacedQuery, VectorIndex
+from services.memory.embeddings.local import LocalEmbedder
+from services.memory.embeddings.protocol import Embedder, Vector
 from services.memory.index.edge import EdgeIndex
-from services.memory.index.pgvector import PgvectorIndex
-from services.memory.indexer import Indexer
-from services.memory.model import MemorySource, MemoryWrite
+from services.memory.index.model import NamespacedQuery
+from services.memory.index.pgvector.adapter import PgvectorIndex
+from services.memory.index.protocol import VectorIndex
+from services.memory.model import MemorySource
+from services.memory.outbox.indexer import Indexer
 from services.memory.store import PostgresMemoryStore
+from services.memory.writes.model import MemoryWrite
 from tests.conftest import server_settings
 from tests.memory_support import memory_config
 

@@ -17,24 +17,22 @@ import qdrant_edge as qe
 from qdrant_client import AsyncQdrantClient, models
 
 from services.common.errors import DomainError
-from services.memory import lexical
-from services.memory.index import (
-    IndexMismatch,
+from services.memory.index.edge import EdgeIndex
+from services.memory.index.model import (
     IndexPoint,
-    IndexUnavailable,
     NamespacedQuery,
     Term,
     Tombstone,
     ValidAt,
-    VectorIndex,
     collection_name,
     hybrid_collection_name,
     point_id,
 )
-from services.memory.index.edge import EdgeIndex
-from services.memory.index.pgvector import PgvectorIndex
-from services.memory.index.qdrant import QdrantIndex
-from services.memory.lexical import Fusion, FusionMethod, SearchMode
+from services.memory.index.pgvector.adapter import PgvectorIndex
+from services.memory.index.protocol import IndexMismatch, IndexUnavailable, VectorIndex
+from services.memory.index.qdrant.adapter import QdrantIndex
+from services.memory.search import lexical
+from services.memory.search.lexical import Fusion, FusionMethod, SearchMode
 from tests.memory_support import reference_search
 
 MODEL = "test/contract-model"

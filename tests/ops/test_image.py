@@ -77,7 +77,7 @@ def test_no_torch_the_weights_alone_and_the_graph_built_at_build_time() -> None:
     project_step = next(i for i, r in enumerate(runs) if "pip install ." in r)
     assert weights_step < project_step
     assert (
-        "python -m services.memory.onnx_minilm --cache-dir /opt/runifold/models"
+        "python -m services.memory.embeddings.onnx_minilm --cache-dir /opt/runifold/models"
         in (runs[project_step])
     )
     assert "RUNIFOLD_EMBEDDINGS_CACHE_DIR=/opt/runifold/models" in " ".join(runtime.all("ENV"))

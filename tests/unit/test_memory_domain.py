@@ -10,9 +10,9 @@ import pytest
 
 from services.common.settings import SettingsError
 from services.memory.config import MemoryConfig, parse_duration
-from services.memory.embeddings import EmbeddingUnavailable
-from services.memory.index import collection_name, point_id
-from services.memory.openai_embeddings import OpenAIEmbedder
+from services.memory.embeddings.openai import OpenAIEmbedder
+from services.memory.embeddings.protocol import EmbeddingUnavailable
+from services.memory.index.model import collection_name, point_id
 from tests.doubles.memory_store import InMemoryMemoryStore
 from tests.memory_cases import MemoryCases
 from tests.memory_evolve_cases import EvolvingMemoryCases

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.memory.onnx_minilm import OnnxMiniLM, model_path, weights_dir
+from services.memory.embeddings.onnx_minilm import OnnxMiniLM, model_path, weights_dir
 
 # A fixed set: short and long (past the 256-token cut), accents, scripts and
 # emoji, code, numbers, punctuation only, an empty text, repeated whitespace.
@@ -101,7 +101,7 @@ def test_the_serving_path_never_imports_torch(tmp_path: Path) -> None:
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from services.memory.embeddings import LocalEmbedder\n"
+        "from services.memory.embeddings.local import LocalEmbedder\n"
         f"vectors = LocalEmbedder(cache_dir=Path({str(tmp_path)!r})).encode(['hello'])\n"
         "assert len(vectors[0]) == 384\n"
         "heavy = sorted(m for m in ('torch', 'sentence_transformers', 'transformers')"
@@ -132,7 +132,7 @@ def test_memory_taken_by_a_large_batch_is_given_back(tmp_path: Path) -> None:
     as the allocator trims)."""
     code = (
         "from pathlib import Path\n"
-        "from services.memory.onnx_minilm import OnnxMiniLM\n"
+        "from services.memory.embeddings.onnx_minilm import OnnxMiniLM\n"
         "def rss():\n"
         "    for line in open('/proc/self/status'):\n"
         "        if line.startswith('VmRSS'):\n"

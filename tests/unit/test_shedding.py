@@ -26,7 +26,7 @@ from services.common.settings import AdmissionLimits, Settings, SettingsError, T
 from services.common.shedding import BoundedGate
 from services.llm.model import ChatMessage, ChatRequest
 from services.llm.openai import OpenAIChatModel
-from services.memory.embeddings import LocalEmbedder, _Pending
+from services.memory.embeddings.local import LocalEmbedder, _Pending
 from services.transcript.component import TranscriptComponent
 from services.transcript.config import TranscriptLimits
 from tests.conftest import wait_for

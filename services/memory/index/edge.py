@@ -12,13 +12,13 @@ point with its own revision bound (`has_id` AND `revision` below it), so one
 batch carries every point's guard. A tombstone is a vectorless point written
 the same way. A point with no lexical vector (copied from a shard made before
 them) is also replaced at its own revision, by a write that brings one. The
-guards are the filters both Qdrant engines share (qdrant_filters.py).
+guards are the filters both Qdrant engines share (qdrant/filters.py).
 
 Lexical: a sparse vector `lexical` with the IDF modifier beside the dense one;
 searches compute the IDF over the namespace's points (`IdfParams(corpus=...)`).
 A hybrid search is one `query_batch` of two requests over the same prefetched
 candidates (the dense top N and the lexical top N): one rescores them by cosine,
-the other by BM25; the adapter fuses the two scores (services/memory/lexical.py).
+the other by BM25; the adapter fuses the two scores (services/memory/search/lexical.py).
 A shard made before lexical vectors (`<collection>`) cannot gain one: at the
 first start it is copied into `<collection>_lex` (vectors, payloads and
 tombstones; about 10 s per 100,000 points here), and the outbox replay of
@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 import qdrant_edge as qe
 
-from services.memory.index import (
+from services.memory.index.model import (
     DELETED_AT_FIELD,
     HIT_FIELDS,
     KEY_FIELDS,
@@ -50,10 +50,7 @@ from services.memory.index import (
     VALID_FROM_FIELD,
     VALID_UNTIL_FIELD,
     IndexHit,
-    IndexMismatch,
     IndexPoint,
-    IndexUnavailable,
-    Key,
     NamespacedQuery,
     Tombstone,
     check_vector,
@@ -66,7 +63,8 @@ from services.memory.index import (
     point_ids,
     tombstone_points,
 )
-from services.memory.index.qdrant_filters import (
+from services.memory.index.protocol import IndexMismatch, IndexUnavailable
+from services.memory.index.qdrant.filters import (
     Spelling,
     before_validity,
     conditions,
@@ -75,7 +73,8 @@ from services.memory.index.qdrant_filters import (
     tombstone_guard,
     upsert_guard,
 )
-from services.memory.lexical import SearchMode
+from services.memory.model import Key
+from services.memory.search.lexical import SearchMode
 
 log = logging.getLogger(__name__)
 

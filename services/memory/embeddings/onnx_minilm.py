@@ -301,12 +301,12 @@ class OnnxMiniLM:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m services.memory.onnx_minilm [--cache-dir DIR]`: build the graph
+    """`python -m services.memory.embeddings.onnx_minilm [--cache-dir DIR]`: build the graph
     into the cache (the container's build stage and `make install` run it once)."""
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m services.memory.onnx_minilm",
+        prog="python -m services.memory.embeddings.onnx_minilm",
         description="Build all-MiniLM-L6-v2's ONNX graph from the packaged weights, cached.",
     )
     parser.add_argument(

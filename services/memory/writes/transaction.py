@@ -14,12 +14,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from services.common.db import AsyncConn, fetch_one
-from services.memory import statements as sql
-from services.memory.model import (
-    Memory,
+from services.memory.model import Memory, memory_not_found
+from services.memory.rows import memory_from_row
+from services.memory.writes import statements as sql
+from services.memory.writes.model import (
     MemoryWrite,
     WriteResult,
-    memory_not_found,
     request_id_reused,
     source_not_found,
     superseded_conflict,
@@ -28,7 +28,6 @@ from services.memory.model import (
     supersession_cycle,
     validity_ended,
 )
-from services.memory.rows import memory_from_row
 
 
 async def fence(conn: AsyncConn, write: MemoryWrite) -> WriteResult | None:
@@ -151,14 +150,13 @@ async def _replayed(conn: AsyncConn, namespace: str, memory_id: uuid.UUID, revis
     history keeps no content)."""
     row = await fetch_one(
         conn,
-        f"""SELECT {sql.COLUMNS} FROM memory.memories
-             WHERE namespace = %s AND memory_id = %s AND revision = %s AND {sql.LIVE}""",
+        sql.LIVE_AT_REVISION,
         (namespace, memory_id, revision),
     )
     if row is not None:
         return memory_from_row(row)
-    # The history row in the order of sql.COLUMNS (its record time stands for both the
-    # create and the update time; the model is the memory's, gone once it is deleted).
+    # The history row in the order of COLUMNS (statements.py; its record time stands for
+    # both the create and the update time; the model is the memory's, gone once deleted).
     old = await fetch_one(
         conn,
         """SELECT h.namespace, h.memory_id, h.content, h.sources, h.metadata, h.revision,

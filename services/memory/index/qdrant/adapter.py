@@ -2,7 +2,7 @@
 
 Layout: one collection per embedding model and dimension holds every
 namespace, the tenant a payload index (made, checked and upgraded in
-qdrant_collection.py). The same client API runs in qdrant-client's local mode
+collection.py). The same client API runs in qdrant-client's local mode
 (`path=`, or in memory when neither `url` nor `path` is given), which the tests
 use.
 
@@ -17,17 +17,17 @@ leader), so every replica evaluates the guards in the same order. A
 tombstone is a point with no vector (`vector={}`), written the same way. A
 write that brings a lexical vector also replaces a point at its own revision
 that has none (a point copied from a collection made before them). The guards
-are the filters both Qdrant engines share (qdrant_filters.py).
+are the filters both Qdrant engines share (filters.py).
 
 Lexical: a sparse vector `lexical` with the IDF modifier beside the dense one;
 searches compute the IDF over the namespace's points (`IdfCorpusParams`). A
 hybrid search is one `query_batch_points` call of two requests over the same
 prefetched candidates (the dense top N and the lexical top N), one rescoring
 them by cosine, the other by BM25; the adapter fuses the two scores
-(services/memory/lexical.py): Qdrant's formula queries cannot normalise a score
+(services/memory/search/lexical.py): Qdrant's formula queries cannot normalise a score
 by the best of the query, and its RRF returns neither part. A collection made
 before lexical vectors is copied into `<collection>_lex` at the first start
-(qdrant_collection.py).
+(collection.py).
 """
 
 from __future__ import annotations
@@ -39,17 +39,14 @@ from typing import Any
 
 from qdrant_client import AsyncQdrantClient, models
 
-from services.memory.index import (
+from services.memory.index.model import (
     DELETED_AT_FIELD,
     HIT_FIELDS,
     KEY_FIELDS,
     LEXICAL_VECTOR,
     SCROLL_PAGE,
     IndexHit,
-    IndexMismatch,
     IndexPoint,
-    IndexUnavailable,
-    Key,
     NamespacedQuery,
     Tombstone,
     check_vector,
@@ -62,15 +59,17 @@ from services.memory.index import (
     point_ids,
     tombstone_points,
 )
-from services.memory.index.qdrant_collection import ORDERING, QDRANT, open_collection
-from services.memory.index.qdrant_filters import (
+from services.memory.index.protocol import IndexMismatch, IndexUnavailable
+from services.memory.index.qdrant.collection import ORDERING, QDRANT, open_collection
+from services.memory.index.qdrant.filters import (
     conditions,
     point_vectors,
     query_terms,
     tombstone_guard,
     upsert_guard,
 )
-from services.memory.lexical import SearchMode
+from services.memory.model import Key
+from services.memory.search.lexical import SearchMode
 
 log = logging.getLogger(__name__)
 

@@ -5,37 +5,15 @@ I/O (mixed into PostgresMemoryStore; MemoryStore's protocol includes OutboxStore
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Protocol
 
 from services.common.db import AsyncConn, Database, fetch_one
-from services.memory import statements as sql
-from services.memory.index import Key
-from services.memory.model import Memory, OutboxDepth, OutboxEntry
+from services.memory.model import Key, Memory
+from services.memory.outbox import statements as sql
+from services.memory.outbox.model import OutboxClaim, OutboxDepth, OutboxEntry
 from services.memory.rows import memory_from_row
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxClaim:
-    """A batch of outbox rows claimed by one indexer under `token` until its lease ends.
-
-    `current` and `deleted` are the state of the memories the batch names, read
-    after the claim in one snapshot: each is at least as new as the writes that
-    queued the rows.
-    """
-
-    token: uuid.UUID
-    entries: Sequence[OutboxEntry]
-    # Live memories.
-    current: Mapping[Key, Memory]
-    # Memories gone (deleted, expired): the revision of their deletion.
-    deleted: Mapping[Key, int]
-
-    @property
-    def seqs(self) -> list[int]:
-        """The outbox rows of the batch."""
-        return [e.seq for e in self.entries]
+from services.memory.statements import COLUMNS, LIVE
 
 
 class OutboxStore(Protocol):
@@ -138,8 +116,8 @@ class PostgresOutbox:
         namespace, memory_id = after if after else ("", uuid.UUID(int=0))
         async with self.db.connection() as conn:
             cursor = await conn.execute(
-                f"""SELECT {sql.COLUMNS} FROM memory.memories
-                     WHERE (namespace, memory_id) > (%s, %s) AND {sql.LIVE}
+                f"""SELECT {COLUMNS} FROM memory.memories
+                     WHERE (namespace, memory_id) > (%s, %s) AND {LIVE}
                      ORDER BY namespace, memory_id LIMIT %s""",
                 (namespace, memory_id, limit),
             )

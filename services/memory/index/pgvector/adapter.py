@@ -30,10 +30,10 @@ one row while waiting for another.
 
 Lexical (issue 21): BM25 computed in the statement over the namespace's rows (a
 `tsvector` of term ids with a GIN index, and the BM25 weights); a hybrid search
-is one statement that fuses the dense and the lexical top N (pgvector_sql.py).
+is one statement that fuses the dense and the lexical top N (statements.py).
 
-The statements are in pgvector_sql.py, the table and its upgrades in
-pgvector_schema.py; this module runs them (pool, revision-guarded writes, search).
+The statements are in statements.py, the table and its upgrades in
+schema.py; this module runs them (pool, revision-guarded writes, search).
 """
 
 from __future__ import annotations
@@ -52,26 +52,25 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from services.common.logs import describe
-from services.memory.index import (
+from services.memory.index.model import (
     MEMORY_ID_FIELD,
     REVISION_FIELD,
     IndexHit,
-    IndexMismatch,
     IndexPoint,
-    IndexUnavailable,
-    Key,
     NamespacedQuery,
     Tombstone,
     check_vector,
     checked_points,
     collection_name,
     fused_hits,
-    pgvector_schema,
     point_ids,
     tombstone_points,
 )
-from services.memory.index import pgvector_sql as pg
-from services.memory.lexical import SearchMode
+from services.memory.index.pgvector import schema
+from services.memory.index.pgvector import statements as pg
+from services.memory.index.protocol import IndexMismatch, IndexUnavailable
+from services.memory.model import Key
+from services.memory.search.lexical import SearchMode
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +119,7 @@ class PgvectorIndex:
         if self._pool is not None:
             return
         try:
-            self.iterative_scan = await pgvector_schema.prepare(
+            self.iterative_scan = await schema.prepare(
                 self.url, self.table, self.dimension, self._timeout
             )
             pool: AsyncConnectionPool[Any] = AsyncConnectionPool(

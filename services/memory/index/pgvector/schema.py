@@ -1,4 +1,4 @@
-"""The pgvector adapter's table (index/pgvector.py): made at the first start, checked and
+"""The pgvector adapter's table (adapter.py): made at the first start, checked and
 brought up to date at every other.
 
 `memory.<collection>` holds every namespace: one row per memory (or tombstone),
@@ -16,7 +16,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from services.memory.index import OPEN_END, IndexMismatch
+from services.memory.index.model import OPEN_END
+from services.memory.index.protocol import IndexMismatch
 
 _CREATE_TABLE = sql.SQL(
     """CREATE TABLE IF NOT EXISTS {table} (

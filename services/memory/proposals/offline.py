@@ -15,16 +15,9 @@ from typing import Any
 from services.common.domain import Entry, Role, Usage
 from services.llm import metrics
 from services.llm.model import estimate_tokens
-from services.memory.proposals import (
-    ADD,
-    DUPLICATE,
-    SUPERSEDE,
-    ProposalPrompt,
-    ProposerOutput,
-    RelatedMemory,
-    _PromptBuilder,
-    normalised,
-)
+from services.memory.proposals.model import ADD, DUPLICATE, SUPERSEDE, RelatedMemory, normalised
+from services.memory.proposals.prompt import ProposalPrompt
+from services.memory.proposals.proposer import ProposerOutput, _PromptBuilder
 
 # Sentences with their end mark (a question states nothing), and the clauses of one.
 _SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")

@@ -1,5 +1,5 @@
 """The OpenAI-compatible `/v1/embeddings` endpoint behind the Embedder interface of
-services/memory/embeddings.py (OpenAI, vLLM, Ollama, LiteLLM...): batched by
+services/memory/embeddings/protocol.py (OpenAI, vLLM, Ollama, LiteLLM...): batched by
 `RUNIFOLD_EMBEDDINGS_BATCH`, behind a bounded, deadline-aware gate."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from services.common.admission import namespace_var
 from services.common.deadlines import remaining
 from services.common.shedding import BoundedGate
 from services.llm import metrics
-from services.memory.embeddings import EmbeddingUnavailable, Vector
+from services.memory.embeddings.protocol import EmbeddingUnavailable, Vector
 
 log = logging.getLogger(__name__)
 

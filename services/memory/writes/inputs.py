@@ -9,10 +9,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from services.common import validation
-from services.common.errors import DomainError, invalid_argument
+from services.common.errors import invalid_argument
 from services.common.validation import conversation_id
-from services.memory.model import MemorySource, Supersession, supersession_cycle
+from services.memory.model import MemorySource, invalid_validity, memory_id
+from services.memory.writes.model import Supersession, supersession_cycle
 
 # The most memories one write supersedes.
 MAX_SUPERSEDES = 32
@@ -44,14 +44,6 @@ class ValidityInput:
     valid_from_time: datetime | None = None
     valid_until_time: datetime | None = None
     supersedes: Sequence[SupersedeInput] = ()
-
-
-def invalid_validity(
-    message: str = "valid_until_time must be after valid_from_time",
-    field: str = "valid_until_time",
-) -> DomainError:
-    """INVALID_ARGUMENT: a validity that ends before it starts, or a bad valid time."""
-    return invalid_argument("INVALID_VALIDITY", message, field=field)
 
 
 def check_validity(valid_from: datetime | None, valid_until: datetime | None) -> None:
@@ -90,11 +82,6 @@ def parse_supersedes(
             )
         parsed.append(Supersession(mid, item.expected_revision))
     return parsed
-
-
-def memory_id(value: str, field: str = "memory_id") -> uuid.UUID:
-    """A memory id: a UUID in canonical text form."""
-    return validation.uuid_id(value, field, "INVALID_MEMORY_ID")
 
 
 def check_expected_revision(expected_revision: int | None) -> None:

@@ -1,4 +1,4 @@
-"""The filters and vectors of both Qdrant engines, written once: the server (index/qdrant.py,
+"""The filters and vectors of both Qdrant engines, written once: the server (adapter.py,
 qdrant-client) and Qdrant Edge (index/edge.py, qdrant-edge-py).
 
 Both engines evaluate the same revision guards, query-term conditions and
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from services.memory.index import (
+from services.memory.index.model import (
     LEXICAL_VECTOR,
     NAMESPACE_FIELD,
     REVISION_FIELD,
@@ -25,7 +25,7 @@ from services.memory.index import (
     Tombstone,
     ValidAt,
 )
-from services.memory.lexical import LexicalVector
+from services.memory.search.lexical import LexicalVector
 
 
 @dataclass(frozen=True, slots=True)

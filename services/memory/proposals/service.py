@@ -2,8 +2,9 @@
 
 Mixed into MemoryService, on top of its search (the related memories are what
 the namespace's own search finds for the entries read). Stores nothing: the
-application confirms a proposal by calling UpsertMemory with it. The
-proposers themselves, and the checks of what they answer, are in proposals.py.
+application confirms a proposal by calling UpsertMemory with it. The proposers
+themselves are in proposer.py and offline.py, the checks of what they answer in
+model.py.
 """
 
 from __future__ import annotations
@@ -19,19 +20,21 @@ from services.common.domain import Budget, Entry, Usage
 from services.common.errors import invalid_argument
 from services.common.validation import conversation_id
 from services.llm.model import require_call, with_defaults
-from services.memory.embeddings import EmbeddingUnavailable
-from services.memory.index import IndexUnavailable
-from services.memory.model import ScoredMemory, conversation_erased, conversation_not_found
+from services.memory.embeddings.protocol import EmbeddingUnavailable
+from services.memory.index.protocol import IndexUnavailable
 from services.memory.ports import SourceChecker
-from services.memory.proposals import (
+from services.memory.proposals.model import (
     Proposal,
     ProposalLimits,
-    Proposer,
     RelatedMemory,
     check_proposals,
-    lean_entry,
+    conversation_erased,
+    conversation_not_found,
 )
-from services.memory.search import MemorySearch
+from services.memory.proposals.prompt import lean_entry
+from services.memory.proposals.proposer import Proposer
+from services.memory.search.model import ScoredMemory
+from services.memory.search.service import MemorySearch
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The SQL of the pgvector adapter (index/pgvector.py): its statements, and the search
+"""The SQL of the pgvector adapter (adapter.py): its statements, and the search
 statements composed for a query.
 
 Statements name the table as `{}` (or `{table}`), filled with the adapter's
@@ -6,7 +6,7 @@ qualified table name; a query's terms become conditions with their values bound
 as parameters, never interpolated.
 
 Lexical (issue 21): `lexical` is a `tsvector` of the memory's term ids
-(services/memory/lexical.py tokenises for every back-end; the lexemes are the
+(services/memory/search/lexical.py tokenises for every back-end; the lexemes are the
 ids as text, so PostgreSQL's parser and dictionaries play no part) with a GIN
 index, and `lexical_weights` the BM25 document weights by term (jsonb). NULL
 on a row indexed before them: a write at the same revision that brings them
@@ -16,7 +16,7 @@ counted over the namespace's rows (through the namespace b-tree and the GIN
 index), the score of a row from its weights. A hybrid search is one statement:
 the dense top N (HNSW or exact, as a dense search) and the lexical top N
 (GIN), rescored by both, fused (the same fusion as the other back-ends,
-services/memory/lexical.py), best first.
+services/memory/search/lexical.py), best first.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
-from services.memory.index import NAMESPACE_FIELD, TAGS_FIELD, Term, ValidAt
-from services.memory.lexical import FusionMethod, SearchMode
+from services.memory.index.model import NAMESPACE_FIELD, TAGS_FIELD, Term, ValidAt
+from services.memory.search.lexical import FusionMethod, SearchMode
 
 # Each query term becomes one of these conditions (a field the index knows),
 # its value bound as a parameter.

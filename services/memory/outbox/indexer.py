@@ -32,12 +32,14 @@ from services.common import metrics as common_metrics
 from services.common.background import Background
 from services.common.backoff import backoff
 from services.common.errors import StoreUnavailable
-from services.memory import lexical, metrics
+from services.memory import metrics
 from services.memory.config import MemoryConfig
-from services.memory.embeddings import Embedder
-from services.memory.index import IndexPoint, Key, Tombstone, VectorIndex
-from services.memory.model import Memory
-from services.memory.outbox_store import OutboxClaim
+from services.memory.embeddings.protocol import Embedder
+from services.memory.index.model import IndexPoint, Tombstone
+from services.memory.index.protocol import VectorIndex
+from services.memory.model import Key, Memory
+from services.memory.outbox.model import OutboxClaim
+from services.memory.search import lexical
 from services.memory.store import MemoryStore
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The Qdrant server adapter's collection (index/qdrant.py): made at the first start, checked
+"""The Qdrant server adapter's collection (adapter.py): made at the first start, checked
 and brought up to date at every other; and how its writes are spelled and ordered.
 
 One collection per embedding model and dimension holds every namespace:
@@ -19,7 +19,7 @@ from typing import Any
 
 from qdrant_client import AsyncQdrantClient, models
 
-from services.memory.index import (
+from services.memory.index.model import (
     DELETED_AT_FIELD,
     LEXICAL_VECTOR,
     NAMESPACE_FIELD,
@@ -29,9 +29,9 @@ from services.memory.index import (
     TAGS_FIELD,
     VALID_FROM_FIELD,
     VALID_UNTIL_FIELD,
-    IndexMismatch,
 )
-from services.memory.index.qdrant_filters import Spelling, before_validity, held_older
+from services.memory.index.protocol import IndexMismatch
+from services.memory.index.qdrant.filters import Spelling, before_validity, held_older
 
 log = logging.getLogger(__name__)
 

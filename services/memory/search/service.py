@@ -19,12 +19,15 @@ from datetime import datetime
 from services.common import metrics as common_metrics
 from services.common import validation
 from services.common.errors import invalid_argument
-from services.memory import lexical, metrics
+from services.memory import metrics
 from services.memory.config import MemoryConfig
-from services.memory.embeddings import Embedder, EmbeddingUnavailable
-from services.memory.index import IndexHit, IndexUnavailable, NamespacedQuery, VectorIndex
-from services.memory.lexical import Fusion, SearchMode
-from services.memory.model import Memory, ScoredMemory, SearchResult
+from services.memory.embeddings.protocol import Embedder, EmbeddingUnavailable
+from services.memory.index.model import IndexHit, NamespacedQuery
+from services.memory.index.protocol import IndexUnavailable, VectorIndex
+from services.memory.model import Memory
+from services.memory.search import lexical
+from services.memory.search.lexical import Fusion, SearchMode
+from services.memory.search.model import ScoredMemory, SearchResult
 from services.memory.store import MemoryStore
 
 log = logging.getLogger(__name__)

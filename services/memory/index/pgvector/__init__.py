@@ -1,0 +1,1 @@
+"""The pgvector adapter (adapter.py), its table (schema.py) and its SQL (statements.py)."""

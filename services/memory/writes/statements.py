@@ -1,0 +1,197 @@
+"""The SQL of the memory writes: create, update, supersede and erase, each one statement
+with its history and outbox rows.
+
+Values always travel as bound parameters; the only interpolations are the
+column lists and subqueries defined here."""
+
+from __future__ import annotations
+
+from services.memory.statements import COLUMNS, LIVE, LIVE_M
+
+
+def write_statement(change: str, reason: str) -> str:
+    """One write statement: `change` (a data-modifying query returning the memory's
+    columns) as `m`, then its history row and its outbox row; returns the memory."""
+    return f"""
+WITH m AS ({change}
+), r AS (
+    INSERT INTO memory.revisions
+           (namespace, memory_id, revision, kind, reason, content, sources, metadata,
+            expire_time, recorded_at, valid_from_time, valid_until_time, superseded_by)
+    SELECT namespace, memory_id, revision, 'write', '{reason}', content, sources, metadata,
+           expire_time, update_time, valid_from_time, valid_until_time, superseded_by
+      FROM m
+), o AS (
+    INSERT INTO memory.outbox (namespace, memory_id) SELECT namespace, memory_id FROM m
+)
+SELECT {COLUMNS} FROM m
+"""
+
+
+# The live revision of one memory: why a conditional write wrote nothing.
+CURRENT_REVISION = f"""
+SELECT revision FROM memory.memories
+ WHERE namespace = %(namespace)s AND memory_id = %(memory_id)s AND {LIVE}
+"""
+
+
+# A memory live at one revision (the replay of a recorded request).
+LIVE_AT_REVISION = f"""
+SELECT {COLUMNS} FROM memory.memories
+ WHERE namespace = %s AND memory_id = %s AND revision = %s AND {LIVE}
+"""
+
+
+# Create: the revision continues after any earlier incarnation's tombstone.
+CREATE = write_statement(
+    f"""
+    INSERT INTO memory.memories
+           (namespace, memory_id, content, sources, metadata, revision, expire_time,
+            embedding_model, embedding_dimension, valid_from_time, valid_until_time)
+    VALUES (%(namespace)s, %(memory_id)s, %(content)s, %(sources)s, %(metadata)s,
+            coalesce((SELECT max(revision) FROM memory.revisions
+                       WHERE namespace = %(namespace)s AND memory_id = %(memory_id)s), 0) + 1,
+            %(expire_time)s, %(model)s, %(dimension)s,
+            coalesce(%(valid_from)s::timestamptz, now()), %(valid_until)s::timestamptz)
+    ON CONFLICT (namespace, memory_id) DO NOTHING
+    RETURNING {COLUMNS}""",
+    "create",
+)
+
+
+# Update: a compare-and-swap on the live memory's revision. Validity not given is kept.
+UPDATE = write_statement(
+    f"""
+    UPDATE memory.memories
+       SET content = %(content)s, sources = %(sources)s, metadata = %(metadata)s,
+           expire_time = %(expire_time)s, embedding_model = %(model)s,
+           valid_from_time = coalesce(%(valid_from)s::timestamptz, valid_from_time),
+           valid_until_time = coalesce(%(valid_until)s::timestamptz, valid_until_time),
+           embedding_dimension = %(dimension)s, revision = revision + 1, update_time = now()
+     WHERE namespace = %(namespace)s AND memory_id = %(memory_id)s
+       AND revision = %(expected_revision)s AND {LIVE}
+ RETURNING {COLUMNS}""",
+    "update",
+)
+
+
+# The memories a write supersedes (and the written memory itself, on an update), locked
+# in id order before the write: two supersessions that share memories take their locks in
+# the same order.
+LOCK_FOR_SUPERSESSION = f"""
+SELECT memory_id, revision, valid_from_time, valid_until_time, superseded_by
+  FROM memory.memories
+ WHERE namespace = %(namespace)s AND memory_id = ANY(%(ids)s) AND {LIVE}
+ ORDER BY memory_id
+   FOR UPDATE
+"""
+
+
+# The successors of a memory, following superseded_by (each memory has at most one):
+# returns the first of %(ids)s met, i.e. a supersession of it would close a cycle.
+SUCCESSOR_IN = """
+WITH RECURSIVE chain (memory_id) AS (
+    SELECT superseded_by FROM memory.memories
+     WHERE namespace = %(namespace)s AND memory_id = %(memory_id)s
+       AND superseded_by IS NOT NULL
+    UNION
+    SELECT m.superseded_by
+      FROM memory.memories AS m JOIN chain AS c ON m.memory_id = c.memory_id
+     WHERE m.namespace = %(namespace)s AND m.superseded_by IS NOT NULL
+)
+SELECT memory_id FROM chain WHERE memory_id = ANY(%(ids)s) LIMIT 1
+"""
+
+
+# Close the validity of the superseded memories (already locked and checked): a new
+# revision of each, with its history and outbox rows.
+SUPERSEDE = write_statement(
+    f"""
+    UPDATE memory.memories
+       SET valid_until_time = %(valid_until)s, superseded_by = %(superseded_by)s,
+           revision = revision + 1, update_time = now()
+     WHERE namespace = %(namespace)s AND memory_id = ANY(%(ids)s)
+ RETURNING {COLUMNS}""",
+    "superseded",
+)
+
+
+# Erase the memories that `{victims}` selects (a query returning namespace,
+# memory_id): delete the row, blank the content and validity of its whole history,
+# write a tombstone and an outbox row, in one statement. The memories an erased one
+# superseded are reopened (a new revision, validity open again, their history no
+# longer naming it): what the erased memory's content caused goes with it. Returns
+# one row per memory erased, with whether it was still live (not yet expired).
+ERASE = f"""
+WITH d AS (
+    DELETE FROM memory.memories AS m
+     USING ({{victims}}) AS v
+     WHERE m.namespace = v.namespace AND m.memory_id = v.memory_id {{extra}}
+ RETURNING m.namespace, m.memory_id, m.revision, {LIVE_M} AS live
+), p AS (
+    UPDATE memory.revisions AS h
+       SET content = NULL, sources = NULL, metadata = NULL,
+           valid_from_time = NULL, valid_until_time = NULL, superseded_by = NULL
+      FROM d
+     WHERE h.namespace = d.namespace AND h.memory_id = d.memory_id AND h.content IS NOT NULL
+), t AS (
+    INSERT INTO memory.revisions (namespace, memory_id, revision, kind, reason)
+    SELECT namespace, memory_id, revision + 1, 'delete', %(reason)s FROM d
+), r AS (
+    UPDATE memory.memories AS y
+       SET valid_until_time = NULL, superseded_by = NULL, revision = y.revision + 1,
+           update_time = now()
+      FROM d
+     WHERE y.namespace = d.namespace AND y.superseded_by = d.memory_id
+       AND NOT EXISTS (SELECT 1 FROM d AS e
+                        WHERE e.namespace = y.namespace AND e.memory_id = y.memory_id)
+ RETURNING y.namespace, y.memory_id, y.revision, y.content, y.sources, y.metadata,
+           y.expire_time, y.update_time, y.valid_from_time, d.memory_id AS successor
+), rh AS (
+    INSERT INTO memory.revisions
+           (namespace, memory_id, revision, kind, reason, content, sources, metadata,
+            expire_time, recorded_at, valid_from_time)
+    SELECT namespace, memory_id, revision, 'write', 'reopened', content, sources, metadata,
+           expire_time, update_time, valid_from_time
+      FROM r
+), rp AS (
+    UPDATE memory.revisions AS h
+       SET valid_until_time = NULL, superseded_by = NULL
+      FROM r
+     WHERE h.namespace = r.namespace AND h.memory_id = r.memory_id
+       AND h.superseded_by = r.successor
+), o AS (
+    INSERT INTO memory.outbox (namespace, memory_id)
+    SELECT namespace, memory_id FROM d
+    UNION ALL
+    SELECT namespace, memory_id FROM r
+)
+SELECT live FROM d
+"""
+
+
+BY_ID = "SELECT %(namespace)s::text AS namespace, %(memory_id)s::uuid AS memory_id"
+
+
+BY_SOURCE = """
+SELECT namespace, memory_id FROM memory.memories
+ WHERE namespace = %(namespace)s
+   AND sources @> %(containment)s
+   AND EXISTS (SELECT 1 FROM jsonb_array_elements(sources) AS s
+                WHERE s->>'c' = %(conversation)s
+                  AND (s->>'f')::bigint <= %(high)s AND (s->>'t')::bigint >= %(low)s)
+"""
+
+
+EXPIRED = """
+SELECT namespace, memory_id FROM memory.memories
+ WHERE expire_time IS NOT NULL AND expire_time <= now()
+ ORDER BY expire_time
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED
+"""
+
+
+# Writes and erasures naming one conversation, one at a time (the same key as the
+# summary service's, in its own database or schema).
+LOCK_CONVERSATION = "SELECT pg_advisory_xact_lock(hashtextextended(%s || '/' || %s, 0))"
