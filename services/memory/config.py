@@ -146,11 +146,6 @@ class MemoryConfig:
     limits: MemoryLimits = field(default_factory=MemoryLimits)
 
     @property
-    def proposer_timeout_s(self) -> float:
-        """The longest ProposeMemories model call (the curator model's timeout)."""
-        return self.chat_model.timeout_s
-
-    @property
     def propose_budget(self) -> Budget:
         """The budget a ProposeMemories gets where its Budget fields are 0."""
         return Budget(

@@ -20,7 +20,7 @@ from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from services.common import stubs
-from services.memory.proposals import SYSTEM_PROMPT as PROPOSER_PROMPT
+from services.memory.proposals.prompt import SYSTEM_PROMPT as PROPOSER_PROMPT
 from tests.fakes.openai_server import FakeOpenAI, FakeReply, ReceivedRequest, fake_openai
 from tests.grpc_support import user
 from tests.ops.process import ServiceProcess, service_process

@@ -1,7 +1,8 @@
 """The offline proposer: deterministic, no network, the embedded default and the
-tests' (RUNIFOLD_MEMORY_PROPOSER=offline). It finds durable first-person statements
-in the user's messages (docs/memory.md, "Proposers") and answers them in the
-chat-model proposer's JSON shape, so that the same checks apply to both."""
+tests' (no curator model URL, or RUNIFOLD_CURATOR_MODEL_URL=offline). It finds durable
+first-person statements in the user's messages (docs/memory.md, "Proposers") and
+answers them in the chat-model proposer's JSON shape, so that the same checks apply to
+both."""
 
 from __future__ import annotations
 

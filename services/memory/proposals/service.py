@@ -197,7 +197,7 @@ class MemoryCuration(MemorySearch):
         )
         require_call(limits, Usage(), prompt.input_tokens)
         output = await self.proposer.propose(
-            prompt, timeout=remaining(self.config.proposer_timeout_s)
+            prompt, timeout=remaining(self.config.chat_model.timeout_s)
         )
         # The entries were read between two looks at the conversation: if both find the
         # incarnation of the first (never reused) and no erasure fenced it, the entries are
