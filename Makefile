@@ -12,6 +12,7 @@ PIP := $(BIN)/pip install --progress-bar on
 # What `buf generate` (buf.gen.yaml) writes, committed: the trees `make gen` replaces and
 # `make gen-check` compares. gen/python is the runifold-proto distribution (its
 # pyproject.toml and README.md are written by hand); gen/go is Go's messages and stubs.
+# A generator added to buf.gen.yaml adds its tree here (gen/ts: the TypeScript client's).
 GEN_TREES := gen/python/runifold gen/go/runifold
 # Debian's Go toolchain and gRPC libraries, and the generators that match them (gen/go,
 # clients/go). protobuf-1-5: the APIv2 bridge grpc 1.33 needs for gen/go's messages
