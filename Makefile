@@ -115,8 +115,9 @@ node: $(NODE_STAMP)
 test: $(DEV_STAMP) tools node
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-## ruff, mypy, buf lint and the generated-code freshness check.
+## ruff, mypy, buf lint, gofmt (clients/go) and the generated-code freshness check.
 lint: $(DEV_STAMP) gen-check
+	@test -z "$$(gofmt -l clients/go)" || { gofmt -l clients/go; echo "gofmt: run gofmt -w clients/go"; exit 1; }
 	$(BIN)/ruff check $(PY_SRC)
 	$(BIN)/ruff format --check $(PY_SRC)
 	$(BIN)/mypy $(PY_SRC)
