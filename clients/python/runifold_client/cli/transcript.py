@@ -1,0 +1,232 @@
+"""`runifold transcript ...`: conversations and their entries (list, get, show, create,
+append, watch, delete), and `runifold erase`: a conversation erased everywhere."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from rich.markup import escape
+
+from runifold.common.v1 import common_pb2
+from runifold_client.cli.options import _add, _client, _group, _pairs
+from runifold_client.cli.output import Output, UsageError
+from runifold_client.client import Client
+from runifold_client.policy import assistant, tool_result, user
+
+_ROLES = {
+    value: name.removeprefix("ROLE_").lower()
+    for name, value in common_pb2.Role.items()
+    if value != common_pb2.ROLE_UNSPECIFIED
+}
+
+
+def _entry_row(entry: common_pb2.Entry) -> Sequence[str]:
+    message = entry.message
+    tool = ", ".join(f"{c.name}({c.id})" for c in message.tool_calls) or message.tool_call_id
+    text = message.text + (f"  [{tool}]" if tool else "")
+    return (str(entry.sequence), _ROLES.get(message.role, "?"), text)
+
+
+def _conversation_row(conversation: Any) -> Sequence[str]:
+    return (
+        conversation.conversation_id,
+        str(conversation.version),
+        str(conversation.last_sequence),
+        f"{conversation.update_time.ToDatetime():%Y-%m-%d %H:%M:%S}"
+        if conversation.HasField("update_time")
+        else "",
+    )
+
+
+def cmd_transcript(args: argparse.Namespace, output: Output) -> int:
+    with _client(args) as client:
+        command = args.transcript_command
+        if command == "list":
+            output.rows(
+                f"conversations of {client.namespace}",
+                ("conversation", "version", "last seq", "updated"),
+                client.list_conversations(),
+                _conversation_row,
+            )
+        elif command == "get":
+            output.fields(
+                f"conversation {args.conversation_id}",
+                client.get_conversation(args.conversation_id),
+            )
+        elif command == "show":
+            output.rows(
+                f"conversation {args.conversation_id}",
+                ("seq", "role", "text"),
+                client.entries(
+                    args.conversation_id,
+                    after_sequence=args.after,
+                    through_sequence=args.through,
+                ),
+                _entry_row,
+            )
+        elif command == "create":
+            conversation = client.create_conversation(
+                conversation_id=args.id, labels=_pairs(args.label, "--label")
+            )
+            output.fields("conversation", conversation)
+        elif command == "append":
+            make = {"user": user, "assistant": assistant}
+            if args.role == "tool":
+                if not args.tool_call_id:
+                    raise UsageError("--role tool needs --tool-call-id")
+                items = [tool_result(args.tool_call_id, text) for text in args.text]
+            else:
+                items = [make[args.role](text) for text in args.text]
+            reply = client.append(
+                args.conversation_id,
+                items,
+                expected_version=args.expected_version,
+                request_id=args.request_id or None,
+            )
+            output.fields("appended", reply)
+        elif command == "watch":
+            return _watch(args, output, client)
+        else:  # delete
+            output.fields("deleted", client.delete_conversation(args.conversation_id))
+    return 0
+
+
+_FINISHES = {1: "committed", 2: "ended", 3: "released", 4: "lapsed"}
+
+
+def _watch(args: argparse.Namespace, output: Output, client: Client) -> int:
+    """Follow a conversation like `tail -f`: entries as they commit, turns beside them;
+    resumes by itself when the stream breaks. Ends when the conversation is erased."""
+    heartbeats = args.heartbeats
+    for event in client.watch_conversation(
+        args.conversation_id,
+        after_sequence=args.after,
+        heartbeat_interval=args.heartbeat or None,
+    ):
+        kind = event.WhichOneof("event")
+        if output.json:
+            if kind != "heartbeat" or heartbeats:
+                output.message(event)
+            continue
+        if kind == "appended":
+            for entry in event.appended.entries:
+                sequence, role, text = _entry_row(entry)
+                output.console.print(f"{sequence:>6} {role:<9} {escape(text)}")
+        elif kind == "retracted":
+            gone = ", ".join(str(sequence) for sequence in event.retracted.sequences)
+            output.line(f"[dim]       retracted {gone} at version {event.retracted.version}[/dim]")
+        elif kind == "turn_started":
+            output.line(f"[dim]       turn {escape(event.turn_started.turn_id)} started[/dim]")
+        elif kind == "turn_finished":
+            done = event.turn_finished
+            how = _FINISHES.get(done.finish, "finished while the stream was down")
+            detail = f" at version {done.version}" if done.version else ""
+            detail += f" ({done.reason})" if done.reason else ""
+            output.line(f"[dim]       turn {escape(done.turn_id)} {how}{escape(detail)}[/dim]")
+        elif kind == "heartbeat" and heartbeats:
+            beat = event.heartbeat
+            output.line(
+                f"[dim]       caught up: version {beat.version}, last {beat.last_sequence}[/dim]"
+            )
+        elif kind == "erased":
+            output.line("[bold]the conversation was erased[/bold]")
+    return 0
+
+
+def cmd_erase(args: argparse.Namespace, output: Output) -> int:
+    with _client(args) as client:
+        output.fields(
+            f"erased {args.conversation_id}", client.erase_conversation(args.conversation_id)
+        )
+    return 0
+
+
+def add_parser(commands: Any, common: Sequence[argparse.ArgumentParser]) -> None:
+    """The `transcript` group."""
+    _, transcript = _group(
+        commands, "transcript", "conversations and their entries", "transcript_command"
+    )
+    _add(transcript, "list", "list the conversations of the namespace", common)
+    get = _add(transcript, "get", "a conversation's version and counters", common)
+    get.add_argument("conversation_id", metavar="ID", help="the conversation's id (a UUID)")
+    show = _add(transcript, "show", "print a conversation's entries", common)
+    show.add_argument("conversation_id", metavar="ID", help="the conversation's id (a UUID)")
+    show.add_argument(
+        "--after", type=int, default=0, metavar="SEQ", help="only entries after this sequence"
+    )
+    show.add_argument(
+        "--through",
+        type=int,
+        default=0,
+        metavar="SEQ",
+        help="only entries up to this sequence (0: to the end)",
+    )
+    create = _add(transcript, "create", "create a conversation", common)
+    create.add_argument(
+        "--id", default="", metavar="ID", help="its id, a UUID (default: a new UUIDv7)"
+    )
+    create.add_argument(
+        "--label", action="append", metavar="KEY=VALUE", help="a label (repeatable)"
+    )
+    append = _add(transcript, "append", "append messages to a conversation", common)
+    append.add_argument("conversation_id", metavar="ID", help="the conversation's id (a UUID)")
+    append.add_argument("text", nargs="+", help="one message per argument")
+    append.add_argument(
+        "--role", choices=["user", "assistant", "tool"], default="user", help="who said them"
+    )
+    append.add_argument(
+        "--tool-call-id", default="", metavar="ID", help="the tool call a tool message answers"
+    )
+    append.add_argument(
+        "--expected-version",
+        type=int,
+        metavar="N",
+        help="append only at this version (compare-and-swap; default: any)",
+    )
+    append.add_argument(
+        "--request-id", default="", metavar="ID", help="idempotency key (default: a new UUID)"
+    )
+    watch = _add(
+        transcript,
+        "watch",
+        "follow a conversation like tail -f: entries as they commit, and its turns",
+        common,
+    )
+    watch.add_argument("conversation_id", metavar="ID", help="the conversation's id (a UUID)")
+    watch.add_argument(
+        "--after",
+        type=int,
+        default=0,
+        metavar="SEQ",
+        help="start after this sequence (0: replay every entry first)",
+    )
+    watch.add_argument(
+        "--heartbeat",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="how often a quiet stream says it is alive, 1..300 s (0: the server's default)",
+    )
+    watch.add_argument(
+        "--heartbeats",
+        action="store_true",
+        help="print the heartbeats too (with --json: emit them)",
+    )
+    delete = _add(transcript, "delete", "delete a transcript (see also: erase)", common)
+    delete.add_argument("conversation_id", metavar="ID", help="the conversation's id (a UUID)")
+    for choice in transcript.choices.values():
+        choice.set_defaults(handler=cmd_transcript)
+
+
+def add_erase_parser(commands: Any, common: Sequence[argparse.ArgumentParser]) -> None:
+    """The `erase` command."""
+    erase = _add(
+        commands,
+        "erase",
+        "erase a conversation everywhere: entries, summaries, derived memories",
+        common,
+    )
+    erase.add_argument("conversation_id", metavar="ID", help="the conversation's id")
+    erase.set_defaults(handler=cmd_erase)

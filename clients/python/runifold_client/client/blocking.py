@@ -1,0 +1,177 @@
+"""The blocking client: the methods of AsyncClient, run on an event loop of its own.
+
+`Client` runs an `AsyncClient` on a loop in a background thread and turns each method
+into a blocking call (each async iterator into an iterator); it adds no logic of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import weakref
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import grpc
+
+from runifold_client.client.aio import AsyncClient
+from runifold_client.client.connection import DEFAULT_TARGET
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+def _blocking(
+    method: Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[Client, P], R]:
+    """The blocking form of an AsyncClient coroutine method."""
+
+    @functools.wraps(method)
+    def call(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._run(method(self.aio, *args, **kwargs))
+
+    return call
+
+
+def _iterating(
+    method: Callable[Concatenate[AsyncClient, P], AsyncIterator[T]],
+) -> Callable[Concatenate[Client, P], Iterator[T]]:
+    """The blocking form of an AsyncClient async-iterator method."""
+
+    @functools.wraps(method)
+    def call(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> Iterator[T]:
+        return self._iterate(method(self.aio, *args, **kwargs))
+
+    return call
+
+
+def _shutdown(loop: asyncio.AbstractEventLoop, thread: threading.Thread, aio: AsyncClient) -> None:
+    """Close the channel, stop the loop and its thread (close(), or a forgotten client)."""
+    if loop.is_closed():
+        return
+    if loop.is_running():
+        asyncio.run_coroutine_threadsafe(aio.close(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+    loop.close()
+
+
+class Client:
+    """Blocking client with the methods of AsyncClient (and the same arguments).
+
+    >>> client = Client("127.0.0.1:50051", namespace="tenant-42")
+    >>> result = client.run_conversation("What did we decide?", conversation_id=cid,
+    ...     policy=ConversationContextPolicy(window=16).with_semantic_memory(8))
+
+    It owns an AsyncClient (`aio`) on an event loop in a background thread: calls from
+    several threads share one channel, and a Client works inside an async program too.
+    """
+
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        namespace: str = "",
+        token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        timeout: float = 60.0,
+        max_attempts: int = 3,
+    ) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="runifold-client", daemon=True
+        )
+        self._thread.start()
+
+        self.aio = AsyncClient(  # used only on the client's own loop
+            target,
+            namespace=namespace,
+            token=token,
+            credentials=credentials,
+            timeout=timeout,
+            max_attempts=max_attempts,
+        )
+        self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._thread, self.aio)
+
+    @property
+    def namespace(self) -> str:
+        """The default namespace of every call."""
+        return self.aio.namespace
+
+    @namespace.setter
+    def namespace(self, value: str) -> None:
+        self.aio.namespace = value
+
+    @property
+    def target(self) -> str:
+        return self.aio.target
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the channel and stop the client's thread."""
+        self._finalizer()
+
+    def _run(self, coroutine: Coroutine[Any, Any, R]) -> R:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def _iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
+        async def step() -> tuple[bool, T | None]:
+            try:
+                return True, await anext(items)
+            except StopAsyncIteration:
+                return False, None
+
+        async def close() -> None:
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+        try:
+            while True:
+                more, item = self._run(step())
+                if not more:
+                    return
+                yield item  # type: ignore[misc]
+        finally:
+            if not self._loop.is_closed():
+                self._run(close())
+
+    run_conversation = _blocking(AsyncClient.run_conversation)
+    stream_conversation = _iterating(AsyncClient.stream_conversation)
+    erase_conversation = _blocking(AsyncClient.erase_conversation)
+    create_conversation = _blocking(AsyncClient.create_conversation)
+    create_conversation_reply = _blocking(AsyncClient.create_conversation_reply)
+    get_state = _blocking(AsyncClient.get_state)
+    get_conversation = _blocking(AsyncClient.get_conversation)
+    list_conversations = _iterating(AsyncClient.list_conversations)
+    append = _blocking(AsyncClient.append)
+    entries = _iterating(AsyncClient.entries)
+    watch_conversation = _iterating(AsyncClient.watch_conversation)
+    load_view = _blocking(AsyncClient.load_view)
+    delete_conversation = _blocking(AsyncClient.delete_conversation)
+    acquire_turn_lease = _blocking(AsyncClient.acquire_turn_lease)
+    renew_turn_lease = _blocking(AsyncClient.renew_turn_lease)
+    release_turn_lease = _blocking(AsyncClient.release_turn_lease)
+    get_summary = _blocking(AsyncClient.get_summary)
+    commit_summary = _blocking(AsyncClient.commit_summary)
+    summarize = _blocking(AsyncClient.summarize)
+    request_summary = _blocking(AsyncClient.request_summary)
+    backlog = _blocking(AsyncClient.backlog)
+    erase_summaries = _blocking(AsyncClient.erase_summaries)
+    upsert_memory = _blocking(AsyncClient.upsert_memory)
+    remember = _blocking(AsyncClient.remember)
+    get_memory = _blocking(AsyncClient.get_memory)
+    list_memories = _iterating(AsyncClient.list_memories)
+    search_memories = _blocking(AsyncClient.search_memories)
+    delete_memory = _blocking(AsyncClient.delete_memory)
+    forget_source = _blocking(AsyncClient.forget_source)
+    propose_memories = _blocking(AsyncClient.propose_memories)
+    confirm_proposal = _blocking(AsyncClient.confirm_proposal)
+    memory_revisions = _iterating(AsyncClient.memory_revisions)
