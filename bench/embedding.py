@@ -105,8 +105,11 @@ async def _cold_start(postgres_url: str, tree: Path = ROOT) -> float:
     port = free_port()
     env = {
         **os.environ,
+        # The generated code where each era of the tree keeps it: gen/python now,
+        # clients/python/gen or gen before.
         "PYTHONPATH": os.pathsep.join(
-            str(tree / part) for part in ("clients/python/gen", "gen", ".", "clients/python")
+            str(tree / part)
+            for part in ("gen/python", "clients/python/gen", "gen", ".", "clients/python")
         ),
         "DATABASE_URL": new_database(postgres_url),
         "RUNIFOLD_LISTEN": f"127.0.0.1:{port}",

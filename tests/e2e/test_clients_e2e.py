@@ -37,6 +37,7 @@ from tests.stack import Stack, full_stack
 ROOT = Path(__file__).resolve().parents[2]
 NODE = ROOT / "clients" / "node"
 CLIENT = ROOT / "clients" / "python"
+GENERATED = ROOT / "gen" / "python"
 # What a client of a few tens of MB must stay well under (issue 15's "Done when").
 CLIENT_SITE_PACKAGES_LIMIT_MB = 150
 needs_node = pytest.mark.skipif(
@@ -216,8 +217,13 @@ async def test_python_client_installs_alone_and_talks_to_the_server(
 ) -> None:
     """`pip install ./clients/python` into a fresh virtual environment: no torch, no
     services, a small site-packages; then a turn, a conflict and a memory search."""
-    source = tmp_path / "client-source"  # a copy: the build leaves nothing in the tree
-    shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    # A copy of the two folders it needs, laid out as in a checkout: the client names the
+    # generated code (runifold-proto) by a direct reference to the checkout's gen/python.
+    checkout = tmp_path / "checkout"
+    skip = shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
+    shutil.copytree(CLIENT, checkout / "clients" / "python", ignore=skip)
+    shutil.copytree(GENERATED, checkout / "gen" / "python", ignore=skip)
+    source = checkout / "clients" / "python"
     venv = tmp_path / "venv"
     await _run([sys.executable, "-m", "venv", str(venv)], tmp_path)
     clean = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
@@ -236,6 +242,7 @@ async def test_python_client_installs_alone_and_talks_to_the_server(
     )
     installed, size_mb = _contents(site)
     assert not {"torch", "services", "transformers", "psycopg", "qdrant_client"} & installed
+    assert not {"pgserver", "onnxruntime", "starlette"} & installed
     assert {"runifold", "runifold_client", "grpc"} <= installed
     assert size_mb < CLIENT_SITE_PACKAGES_LIMIT_MB, f"site-packages holds {size_mb:.0f} MB"
     print(f"runifold-client site-packages: {size_mb:.1f} MB")

@@ -83,6 +83,16 @@ def test_no_torch_the_weights_alone_and_the_graph_built_at_build_time() -> None:
     assert "RUNIFOLD_EMBEDDINGS_CACHE_DIR=/opt/runifold/models" in " ".join(runtime.all("ENV"))
 
 
+def test_the_services_install_without_the_client() -> None:
+    """The image holds the services and the generated code they import (gen/python, which
+    the services name by a direct reference), never the client or its command."""
+    (build, _) = stages()
+    sources = [source for args in build.all("COPY") for source in args.split()[:-1]]
+    assert "gen/python" in sources
+    assert not [source for source in sources if source.startswith("clients")], sources
+    assert not [run for run in build.all("RUN") if "clients" in run]
+
+
 def test_runs_as_a_numeric_non_root_user_with_the_all_in_one_default() -> None:
     (_, runtime) = stages()
     (user,) = runtime.all("USER")
@@ -130,5 +140,5 @@ def test_build_context_has_what_is_copied_and_not_the_rest() -> None:
         for source in sources:
             assert (ROOT / source).exists(), source
             assert not excluded(source), f"{source} is copied but .dockerignore drops it"
-    for private in (".git", ".venv", ".runifold", "tests", "clients/node"):
+    for private in (".git", ".venv", ".runifold", "tests", "clients/node", "clients/python"):
         assert excluded(private), f"{private} would be sent to the build"

@@ -2,7 +2,7 @@
 JWT credentials, and a snapshot of everything a namespace holds in PostgreSQL.
 
 The RPC list is read from the generated descriptors (every `*_pb2` module under
-clients/python/gen/runifold), so an RPC or a service added to the contract is enumerated
+gen/python/runifold), so an RPC or a service added to the contract is enumerated
 without touching these tests; a suite that keeps a case per RPC fails until
 the new RPC has one.
 """
