@@ -23,7 +23,7 @@ async def _reindex(settings: Settings, config: MemoryConfig) -> int:
     from tqdm import tqdm
 
     from services.common import migrations
-    from services.common.db import start_embedded_postgres
+    from services.common.postgres.embedded import start_embedded_postgres
     from services.memory.component import MIGRATIONS
     from services.memory.embeddings import make_embedder
     from services.memory.index import IndexUnavailable, make_index

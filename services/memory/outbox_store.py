@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.common.db import AsyncConn, Database, fetch_one
+from services.common.postgres.pool import AsyncConn, Database, fetch_one
 from services.memory import statements as sql
 from services.memory.index import Key
 from services.memory.model import Memory, OutboxDepth, OutboxEntry

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg.types.json import Jsonb
 
-from services.common.db import Database, fetch_one
+from services.common.postgres.pool import Database, fetch_one
 from services.memory import statements as sql
 from services.memory import write_store
 from services.memory.inputs import invalid_validity

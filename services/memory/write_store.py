@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from services.common.db import AsyncConn, fetch_one
+from services.common.postgres.pool import AsyncConn, fetch_one
 from services.memory import statements as sql
 from services.memory.model import (
     Memory,

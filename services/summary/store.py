@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from services.common.db import AsyncConn, Database, fetch_one
+from services.common.postgres.pool import AsyncConn, Database, fetch_one
 from services.summary import statements as sql
 from services.summary.model import (
     STATES_BY_NAME,

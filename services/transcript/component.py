@@ -12,9 +12,9 @@ import grpc
 from runifold.transcript.v1 import transcript_service_pb2, transcript_service_pb2_grpc
 from services.common import migrations
 from services.common.background import Background
-from services.common.db import Database
 from services.common.messages import append_request_bytes
 from services.common.pagination import PageTokens
+from services.common.postgres.pool import Database
 from services.common.server import StartContext
 from services.common.settings import SettingsError
 from services.transcript.config import TranscriptLimits

@@ -23,8 +23,8 @@ from typing import Any
 import psycopg
 
 from services.common.backoff import backoff
-from services.common.db import AsyncConn, Database, fetch_one
 from services.common.domain import Entry
+from services.common.postgres.pool import AsyncConn, Database, fetch_one
 from services.common.settings import Settings
 from services.common.statements import statement
 from services.transcript.config import ENTRY_OVERHEAD_BYTES

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 from psycopg.types.json import Jsonb
 
-from services.common.db import AsyncConn, Database, fetch_one
 from services.common.domain import Usage
+from services.common.postgres.pool import AsyncConn, Database, fetch_one
 from services.transcript import lease_statements as sql
 from services.transcript import metrics
 from services.transcript.model import (

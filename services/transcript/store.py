@@ -17,9 +17,9 @@ from typing import Any, Protocol
 import psycopg
 from psycopg.types.json import Jsonb
 
-from services.common.db import Database
 from services.common.domain import SEQUENCE_MAX, Entry, Message, Role, ToolCall
 from services.common.errors import VersionConflict
+from services.common.postgres.pool import Database
 from services.transcript import metrics
 from services.transcript import statements as sql
 from services.transcript.lease_store import PostgresTurnLeases, TurnLeaseStore, record_from_row

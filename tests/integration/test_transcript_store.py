@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from services.common.db import Database
 from services.common.errors import Code, DomainError
+from services.common.postgres.pool import Database
 from services.transcript.statements import VIEW_SQL
 from services.transcript.store import PostgresTranscriptStore, TranscriptStore
 from tests.conftest import wait_for
