@@ -18,11 +18,12 @@ from services.common.postgres.pool import Database
 from services.common.server import StartContext
 from services.common.settings import SettingsError
 from services.transcript.config import TranscriptLimits
-from services.transcript.feed import Feed
-from services.transcript.feed_store import PostgresChangeBus, PostgresFeedStore
 from services.transcript.service import TranscriptService
 from services.transcript.servicer import TranscriptServicer
 from services.transcript.store import PostgresTranscriptStore
+from services.transcript.watch.bus import PostgresChangeBus
+from services.transcript.watch.service import Feed
+from services.transcript.watch.store import PostgresFeedStore
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 log = logging.getLogger(__name__)

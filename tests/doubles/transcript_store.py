@@ -17,34 +17,37 @@ from datetime import UTC, datetime, timedelta
 
 from services.common.domain import Entry
 from services.common.errors import VersionConflict
-from services.transcript.lease_store import WAIT_LEASE_S
-from services.transcript.model import (
+from services.transcript.appends.model import (
+    AppendResult,
+    NewAppend,
+    entry_not_retractable,
+    no_user,
+)
+from services.transcript.conversations.model import (
     NO_STATE_CHANGE,
     AppendRecord,
-    AppendResult,
     Conversation,
+    ScopedState,
+    StateChange,
+    conversation_not_found,
+    request_id_reused,
+    state_too_large,
+)
+from services.transcript.leases.model import (
     EndedTurn,
     Enqueue,
     Granted,
     LeaseAttempt,
     LeaseRequest,
-    NewAppend,
-    ScopedState,
-    StateChange,
     TurnLease,
     TurnRow,
-    ViewRead,
     Waiting,
     conversation_busy,
-    conversation_not_found,
     decide_lease,
-    entry_not_retractable,
-    no_user,
-    request_id_reused,
-    state_too_large,
     turn_lease_lost,
-    view_ranges,
 )
+from services.transcript.leases.store import WAIT_LEASE_S
+from services.transcript.views.model import ViewRead, view_ranges
 
 # Queue tickets, one counter for every conversation (transcript.turn_tickets).
 _TICKETS = itertools.count(1)

@@ -12,8 +12,8 @@ import pytest
 
 from services.common.errors import Code, DomainError
 from services.common.postgres.pool import Database
-from services.transcript.statements import VIEW_SQL
 from services.transcript.store import PostgresTranscriptStore, TranscriptStore
+from services.transcript.views.statements import VIEW_SQL
 from tests.conftest import wait_for
 from tests.transcript_cases import TranscriptCases, make_service, new_conversation, user
 from tests.transcript_state_cases import TranscriptStateCases

@@ -1,37 +1,19 @@
-"""The SQL of the transcript store (store.py): conversations, appends (with the state
-documents and retractions a write changes) and views. The turn leases' statements
-are in lease_statements.py; the feed's in feed_store.py.
+"""The SQL of AppendEntries (store.py): the one statement of an append (with the state
+documents and retractions a write changes, under a turn lease when it quotes one), and
+the read of why an append wrote nothing.
 
 Values always travel as bound parameters; the only interpolations are the
-column lists and subqueries defined here.
+fragments defined here and in conversations/statements.py.
 """
 
 from __future__ import annotations
 
 from services.common.statements import statement
-
-CONVERSATION_COLUMNS = (
-    "conversation_id, namespace, version, last_sequence, create_time, update_time, labels, "
-    "incarnation, user_id, state::text"
+from services.transcript.conversations.statements import (
+    NAMESPACE_STATE_AFTER,
+    UPSERT_SCOPED,
+    USER_STATE_AFTER,
 )
-# The same without the state (CONVERSATION_VIEW_BASIC listings): '' in its place.
-CONVERSATION_BASIC_COLUMNS = (
-    "conversation_id, namespace, version, last_sequence, create_time, update_time, labels, "
-    "incarnation, user_id, ''"
-)
-
-ENTRY_COLUMNS = (
-    "e.sequence, e.role, e.text, e.tool_calls, e.tool_call_id, e.metadata, e.created_at, "
-    "e.native_json, e.retracted_version, e.retract_time"
-)
-
-# The state a write would leave in a user's (user_id = the conversation's) or the
-# namespace's (user_id '') document: its current one with the delta's keys replaced.
-_SCOPED_AFTER = """(coalesce((SELECT s.state FROM transcript.scoped_states AS s
-                  WHERE s.namespace = %(namespace)s AND s.user_id = {user}), '{{}}'::jsonb)
-         || %({delta})s::jsonb)"""
-USER_STATE_AFTER = _SCOPED_AFTER.format(user="c.user_id", delta="user_state")
-NAMESPACE_STATE_AFTER = _SCOPED_AFTER.format(user="''", delta="namespace_state")
 
 # Whether every sequence a write retracts names a standing entry without tool calls
 # or a tool result (role 3) of conversation `c`.
@@ -48,25 +30,6 @@ STATE_FITS = f"""(%(conversation_state)s::jsonb IS NULL
        OR octet_length({USER_STATE_AFTER}::text) <= %(max_state_bytes)s)
    AND (%(namespace_state)s::jsonb IS NULL
        OR octet_length({NAMESPACE_STATE_AFTER}::text) <= %(max_state_bytes)s)"""
-
-# Adds a write's delta to a user's or the namespace's document (made at version 1).
-_UPSERT_SCOPED = """
-    INSERT INTO transcript.scoped_states AS s (namespace, user_id, state, version, update_time)
-    SELECT %(namespace)s, {user}, %({delta})s::jsonb, 1, b.update_time
-      FROM {source} AS b
-     WHERE %({delta})s::jsonb IS NOT NULL
-    ON CONFLICT (namespace, user_id) DO UPDATE
-       SET state = s.state || excluded.state, version = s.version + 1,
-           update_time = excluded.update_time
-    RETURNING s.version"""
-
-# The conversation key as a scalar subquery: keeps every entry, append and turn lookup
-# an index scan on the child table's primary key (store.py uses it too).
-KEY = """(SELECT conversation_key FROM transcript.conversations
-          WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s)"""
-
-# Whether a replica watches the conversation (WatchConversation): its writes then NOTIFY.
-WATCHED = "coalesce(watched_until >= now(), false) AS watched"
 
 
 APPEND = statement(f"""
@@ -144,8 +107,8 @@ WITH lease AS (
       FROM bumped AS b
      WHERE e.conversation_key = b.conversation_key
        AND e.sequence = ANY(%(retract)s::bigint[]) AND e.retracted_version IS NULL
-), user_state AS ({_UPSERT_SCOPED.format(user="b.user_id", delta="user_state", source="bumped")}
-), namespace_state AS ({_UPSERT_SCOPED.format(user="''", delta="namespace_state", source="bumped")}
+), user_state AS ({UPSERT_SCOPED.format(user="b.user_id", delta="user_state", source="bumped")}
+), namespace_state AS ({UPSERT_SCOPED.format(user="''", delta="namespace_state", source="bumped")}
 )
 SELECT version, last_sequence, update_time,
        (SELECT version FROM user_state), (SELECT version FROM namespace_state),
@@ -184,100 +147,4 @@ SELECT c.version, a.version, a.first_sequence, a.last_sequence, a.input_tokens,
          WHERE a.conversation_key = c.conversation_key AND a.request_id = %(request_id)s
   ) AS a ON true
  WHERE c.namespace = %(namespace)s AND c.conversation_id = %(conversation_id)s
-"""
-
-
-# Entries of a conversation in two sequence ranges (the window and the summary
-# buffer; an empty range when they merged). The conversation key is an InitPlan
-# parameter, so each range is an index range scan on the (conversation_key,
-# sequence) primary key: the cost is the number of entries returned, whatever
-# the transcript's length (tests/integration checks the plan).
-VIEW_ENTRIES_SQL = f"""
-WITH c AS MATERIALIZED (
-    SELECT conversation_key FROM transcript.conversations
-     WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
-)
-SELECT {ENTRY_COLUMNS}
-  FROM transcript.entries AS e
- WHERE e.conversation_key = (SELECT conversation_key FROM c)
-   AND e.sequence BETWEEN %(low1)s AND %(high1)s
-UNION ALL
-SELECT {ENTRY_COLUMNS}
-  FROM transcript.entries AS e
- WHERE e.conversation_key = (SELECT conversation_key FROM c)
-   AND e.sequence BETWEEN %(low2)s AND %(high2)s
- ORDER BY 1
-"""
-
-
-# Everything a view needs in ONE statement and one snapshot: the counters, the
-# prior append of a request id, and the two ranges of model.view_ranges (the
-# window [low, last] and the naive summary buffer [through + 1, min(through +
-# batch + 1, low - 1)]), computed here from the `last` this statement reads. The conversation row
-# is an InitPlan, so each entry range is an index range scan on the
-# (conversation_key, sequence) primary key: the cost is the number of entries
-# returned, whatever the transcript's length (tests/integration checks the plan).
-VIEW_SQL = f"""
-WITH c AS MATERIALIZED (
-    SELECT conversation_key, version, last_sequence, incarnation,
-           greatest(1, last_sequence - %(window)s + 1) AS low,
-           conversation_id, namespace, create_time, update_time, labels, user_id,
-           state::text AS state_text
-      FROM transcript.conversations
-     WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
-), a AS MATERIALIZED (
-    SELECT version, first_sequence, last_sequence, input_tokens, output_tokens, model_calls,
-           commit_time, payload_hash
-      FROM transcript.appends
-     WHERE conversation_key = (SELECT conversation_key FROM c)
-       AND request_id = %(request_id)s
-), e AS (
-    SELECT {ENTRY_COLUMNS}
-      FROM transcript.entries AS e
-     WHERE e.conversation_key = (SELECT conversation_key FROM c)
-       AND e.sequence BETWEEN (SELECT low FROM c) AND (SELECT last_sequence FROM c)
-    UNION ALL
-    SELECT {ENTRY_COLUMNS}
-      FROM transcript.entries AS e
-     WHERE e.conversation_key = (SELECT conversation_key FROM c)
-       AND e.sequence BETWEEN %(through)s + 1
-                          AND least(%(through)s + %(batch)s + 1, (SELECT low FROM c) - 1)
-)
-SELECT c.version, c.last_sequence, c.incarnation, a.*, e.*,
-       c.conversation_id, c.namespace, c.version, c.last_sequence, c.create_time,
-       c.update_time, c.labels, c.incarnation, c.user_id, c.state_text
-  FROM c LEFT JOIN a ON true LEFT JOIN e ON true
- ORDER BY e.sequence
-"""
-
-
-# A conversation with its initial state, and the changes of its user's and the
-# namespace's state, in one statement: nothing is written when it exists (or a
-# changed document would exceed its limit: CREATED_STATE_TOO_LARGE tells which).
-CREATE_CONVERSATION = f"""
-WITH created AS (
-    INSERT INTO transcript.conversations AS c
-           (namespace, conversation_id, labels, user_id, state)
-    SELECT %(namespace)s, %(conversation_id)s, %(labels)s, %(user_id)s,
-           coalesce(%(conversation_state)s::jsonb, '{{}}')
-     WHERE (%(user_state)s::jsonb IS NULL
-            OR octet_length({_SCOPED_AFTER.format(user="%(user_id)s", delta="user_state")}::text)
-               <= %(max_state_bytes)s)
-       AND (%(namespace_state)s::jsonb IS NULL
-            OR octet_length({NAMESPACE_STATE_AFTER}::text) <= %(max_state_bytes)s)
-    ON CONFLICT (namespace, conversation_id) DO NOTHING
-    RETURNING {CONVERSATION_COLUMNS}
-), user_state AS ({_UPSERT_SCOPED.format(user="%(user_id)s", delta="user_state", source="created")}
-), namespace_state AS ({_UPSERT_SCOPED.format(user="''", delta="namespace_state", source="created")}
-)
-SELECT {CONVERSATION_COLUMNS} FROM created
-"""
-
-
-CREATED_STATE_TOO_LARGE = f"""
-SELECT %(user_state)s::jsonb IS NOT NULL
-           AND octet_length({_SCOPED_AFTER.format(user="%(user_id)s", delta="user_state")}::text)
-               > %(max_state_bytes)s,
-       %(namespace_state)s::jsonb IS NOT NULL
-           AND octet_length({NAMESPACE_STATE_AFTER}::text) > %(max_state_bytes)s
 """

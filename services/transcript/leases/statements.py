@@ -1,13 +1,13 @@
-"""The SQL of turn leases (lease_store.py): locking the conversation for a lease
+"""The SQL of turn leases (store.py): locking the conversation for a lease
 decision, granting, queueing, renewing and ending leases, and sweeping what is done.
 
 Values always travel as bound parameters; the only interpolations are the
-fragments defined here and in statements.py.
+fragments defined here and in conversations/statements.py.
 """
 
 from __future__ import annotations
 
-from services.transcript.statements import KEY, WATCHED
+from services.transcript.conversations.statements import KEY, WATCHED
 
 NO_LIVE_TURN = """NOT EXISTS (
     SELECT 1 FROM transcript.turns AS t
