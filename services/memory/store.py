@@ -59,7 +59,7 @@ class MemoryStore(OutboxStore, Protocol):
 
     async def update(self, write: MemoryWrite) -> WriteResult:
         """Replace a live memory at `write.expected_revision`; NOT_FOUND or REVISION_CONFLICT
-        (and the rules of `create` on fences, request ids and supersession). Validity not
+        (and the rules of `create` on tombstones, request ids and supersession). Validity not
         given is kept; a validity that would end before it starts is INVALID_VALIDITY."""
 
     async def get(self, namespace: str, memory_id: uuid.UUID) -> Memory | None:
@@ -158,7 +158,7 @@ class PostgresMemoryStore(PostgresOutbox):
     async def create(self, write: MemoryWrite) -> WriteResult:
         params = _write_params(write)
         async with self.db.connection() as conn, conn.transaction():
-            replayed = await write_store.fence(conn, write)
+            replayed = await write_store.check_sources_and_claim(conn, write)
             if replayed is not None:
                 return replayed
             locked = await write_store.lock_superseded(conn, write, updating=False)
@@ -183,7 +183,7 @@ class PostgresMemoryStore(PostgresOutbox):
         params = _write_params(write)
         try:
             async with self.db.connection() as conn, conn.transaction():
-                replayed = await write_store.fence(conn, write)
+                replayed = await write_store.check_sources_and_claim(conn, write)
                 if replayed is not None:
                     return replayed
                 locked = await write_store.lock_superseded(conn, write, updating=True)

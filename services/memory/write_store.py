@@ -1,7 +1,8 @@
 """The steps of a memory write's transaction around its write statement (store.py's writes).
 
-Before the statement: `fence` locks the source conversations, refuses a write an
-erasure fenced, and claims the request id (or replays the request's first result);
+Before the statement: `check_sources_and_claim` locks the source conversations,
+refuses a write whose source an erasure's tombstone names, and claims the request id
+(or replays the request's first result);
 `lock_superseded` locks the memories the write supersedes. After it: `recorded`
 closes their validity (each checked first) and records the result under the
 request id. Any refusal raises, and the whole transaction rolls back.
@@ -31,11 +32,11 @@ from services.memory.model import (
 from services.memory.rows import memory_from_row
 
 
-async def fence(conn: AsyncConn, write: MemoryWrite) -> WriteResult | None:
+async def check_sources_and_claim(conn: AsyncConn, write: MemoryWrite) -> WriteResult | None:
     """Inside the write's transaction: lock its source conversations (in a fixed order),
-    refuse the write if an erasure fenced one of them, and claim its request id (or return
-    the first result of that request). Runs before the write statement, whose snapshot
-    then sees every erasure that took the lock first."""
+    refuse the write if an erasure's tombstone names one of them, and claim its request
+    id (or return the first result of that request). Runs before the write statement,
+    whose snapshot then sees every erasure that took the lock first."""
     for cid in sorted(write.source_incarnations):
         await conn.execute(sql.LOCK_CONVERSATION, (write.namespace, str(cid)))
     if write.source_incarnations:
@@ -82,7 +83,7 @@ async def recorded(
     created: bool,
 ) -> WriteResult:
     """Supersede what the write names (rows locked by `lock_superseded`), and record the
-    write's result under its request id (claimed by `fence`)."""
+    write's result under its request id (claimed by `check_sources_and_claim`)."""
     superseded = await _supersede(conn, write, memory, locked)
     if write.request_id is not None:
         await conn.execute(

@@ -173,7 +173,7 @@ class PostgresSummaryStore:
         async with self.db.connection() as conn:
             for _ in range(_COMMIT_ROUNDS):
                 async with conn.transaction():
-                    await _fence(conn, params)
+                    await _check_tombstone(conn, params)
                     row = await fetch_one(conn, sql.GET_SUMMARY + " FOR UPDATE", params)
                     stored = Summary(*row) if row else None
                     current = belongs(stored, new)
@@ -238,7 +238,7 @@ class PostgresSummaryStore:
         async with self.db.connection() as conn:
             for _ in range(_COMMIT_ROUNDS):
                 async with conn.transaction():
-                    await _fence(conn, params)
+                    await _check_tombstone(conn, params)
                     row = await fetch_one(conn, sql.INSERT_JOB, params)
                     if row is not None:
                         return _job(row), True
@@ -335,7 +335,7 @@ class PostgresSummaryStore:
             return cursor.rowcount
 
 
-async def _fence(conn: AsyncConn, params: dict[str, Any]) -> None:
+async def _check_tombstone(conn: AsyncConn, params: dict[str, Any]) -> None:
     """Inside a commit's or an enqueue's transaction: take the conversation's lock, then
     refuse when an erasure fenced this incarnation (its statement sees every erasure that
     took the lock first)."""

@@ -40,7 +40,7 @@ WITH lease AS (
      WHERE t.conversation_key = (SELECT conversation_key FROM transcript.conversations
                                   WHERE namespace = %(namespace)s
                                     AND conversation_id = %(conversation_id)s)
-       AND t.turn_id = %(request_id)s AND t.ticket = %(fencing_token)s::bigint
+       AND t.turn_id = %(request_id)s AND t.fencing_token = %(fencing_token)s::bigint
        AND t.state = 'running' AND t.lease_until >= now()
        FOR UPDATE
 ), bumped AS (
@@ -51,18 +51,19 @@ WITH lease AS (
            state = CASE WHEN %(conversation_state)s::jsonb IS NULL THEN state
                         ELSE state || %(conversation_state)s::jsonb END,
            provisional_turn_id = NULL,
-           lease_turn_id = CASE WHEN lease_token = %(fencing_token)s::bigint
+           lease_turn_id = CASE WHEN lease_fencing_token = %(fencing_token)s::bigint
                                 THEN NULL ELSE lease_turn_id END,
-           lease_until = CASE WHEN lease_token = %(fencing_token)s::bigint
+           lease_until = CASE WHEN lease_fencing_token = %(fencing_token)s::bigint
                               THEN NULL ELSE lease_until END,
-           lease_token = CASE WHEN lease_token = %(fencing_token)s::bigint
-                              THEN NULL ELSE lease_token END
+           lease_fencing_token = CASE WHEN lease_fencing_token = %(fencing_token)s::bigint
+                                      THEN NULL ELSE lease_fencing_token END
      WHERE namespace = %(namespace)s
        AND conversation_id = %(conversation_id)s
        AND (%(expected_version)s::bigint IS NULL OR version = %(expected_version)s::bigint)
        -- No other turn holds the conversation exclusively (re-checked on the newest
        -- row version when a lease was granted while this statement waited).
-       AND (lease_until IS NULL OR lease_until < now() OR lease_token = %(fencing_token)s::bigint)
+       AND (lease_until IS NULL OR lease_until < now()
+            OR lease_fencing_token = %(fencing_token)s::bigint)
        AND (%(fencing_token)s::bigint IS NULL OR EXISTS (SELECT 1 FROM lease))
        -- A change of the user's state needs a user; retractions name standing
        -- entries; every changed state document stays within its limit.
@@ -122,10 +123,10 @@ SELECT version, last_sequence, update_time,
 WHY_NOT_APPENDED = f"""
 SELECT c.version, a.version, a.first_sequence, a.last_sequence, a.input_tokens,
        a.output_tokens, a.model_calls, a.commit_time, a.payload_hash,
-       c.lease_turn_id, coalesce(c.lease_until >= now(), false), c.lease_token,
+       c.lease_turn_id, coalesce(c.lease_until >= now(), false), c.lease_fencing_token,
        EXISTS (SELECT 1 FROM transcript.turns AS t
                 WHERE t.conversation_key = c.conversation_key
-                  AND t.turn_id = %(request_id)s AND t.ticket = %(fencing_token)s::bigint
+                  AND t.turn_id = %(request_id)s AND t.fencing_token = %(fencing_token)s::bigint
                   AND t.state = 'running' AND t.lease_until >= now()),
        c.user_id IS NULL,
        -- The first retracted sequence that names no standing, retractable entry.

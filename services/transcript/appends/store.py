@@ -110,11 +110,11 @@ class PostgresAppends(PostgresBase):
             if record.payload_hash != append.payload_hash:
                 raise request_id_reused()
             return AppendResult(record, replayed=True)
-        holder, lease_live, lease_token, own_live = why[9:13]
+        holder, lease_live, lease_fencing_token, own_live = why[9:13]
         if append.fencing_token is not None and not own_live:
-            metrics.TURN_FENCE_REFUSALS.inc()
+            metrics.TURN_FENCING_TOKEN_REFUSALS.inc()
             raise turn_lease_lost()
-        if lease_live and lease_token != append.fencing_token:
+        if lease_live and lease_fencing_token != append.fencing_token:
             metrics.TURN_BUSY_REFUSALS.labels("append").inc()
             raise conversation_busy(holder)
         if append.expected_version is None or why[0] == append.expected_version:

@@ -1,6 +1,12 @@
 """Turn leases: one model call per turn id, exclusive and queued turns. The records of a
 lease, its errors, and the rule that decides one (`decide_lease`, applied by a store
 while it holds the conversation). Pure rules: no I/O.
+
+Two numbers, never one for the other: a lease's fencing token (`fencing_token`,
+random per grant), which its append, renewals and release quote (one that quotes
+another is refused); and a waiting turn's ticket (`ticket`), its place in the
+conversation's queue (from one sequence for every conversation, never shown to
+clients).
 """
 
 from __future__ import annotations
@@ -71,7 +77,8 @@ class TurnRow:
     turn_id: str
     state: str  # "waiting", "running", "ended" or "committed"
     exclusive: bool
-    ticket: int
+    ticket: int | None  # its place in the queue: "waiting" only
+    fencing_token: int | None  # its grant's: every state but "waiting"
     payload_hash: bytes
     live: bool  # lease_until has not passed (meaningless for "ended")
     ended: EndedTurn | None = None
@@ -202,7 +209,7 @@ def decide_lease(
     if request.mode == LeaseMode.SHARED:
         return Granted(exclusive=False, takeover=takeover)
     running = [row for row in others if row.state == "running"]
-    waiting = sorted((row for row in others if row.state == "waiting"), key=lambda r: r.ticket)
+    waiting = sorted((row for row in others if row.state == "waiting"), key=_place)
     if request.mode == LeaseMode.EXCLUSIVE:
         if running or waiting:
             raise conversation_busy((running or waiting)[0].turn_id)
@@ -214,6 +221,12 @@ def decide_lease(
             raise turn_queue_full(len(waiting), retry_after_s=1.0)
         return Enqueue()
     assert request.ticket is not None
-    if running or any(row.ticket < request.ticket for row in waiting):
+    if running or any(_place(row) < request.ticket for row in waiting):
         return WAIT_QUEUE
     return Granted(exclusive=True, takeover=takeover)
+
+
+def _place(row: TurnRow) -> int:
+    """A waiting turn's place in the queue (every waiting row has a ticket)."""
+    assert row.ticket is not None
+    return row.ticket

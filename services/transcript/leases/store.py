@@ -2,8 +2,9 @@
 (mixed into PostgresTranscriptStore, services/transcript/store.py), its SQL in
 statements.py.
 
-The exclusive fence lives on the conversation row (migrations/0002), so that an
-append waiting for that row is re-checked against a lease granted meanwhile.
+An exclusive lease is copied onto the conversation row (lease_turn_id,
+lease_fencing_token, lease_until: migrations/0002, 0006), so that an append
+waiting for that row is re-checked against a lease granted meanwhile.
 Every lease decision runs `model.decide_lease` with the conversation locked:
 FOR UPDATE for exclusive and queued leases, FOR KEY SHARE (which appends do not
 wait for) and an advisory lock on the turn id for shared ones; a shared lease
@@ -158,6 +159,7 @@ class PostgresTurnLeases(PostgresBase):
                 state,
                 exclusive,
                 ticket,
+                fencing_token,
                 digest,
                 live,
                 outcome,
@@ -168,6 +170,7 @@ class PostgresTurnLeases(PostgresBase):
                     state,
                     exclusive,
                     ticket,
+                    fencing_token,
                     bytes(digest),
                     live,
                     ended_from_json(outcome, end_time) if state == "ended" else None,
@@ -181,7 +184,9 @@ class PostgresTurnLeases(PostgresBase):
             decision = decide_lease(request, own, others, prior)
             if isinstance(decision, AppendRecord | EndedTurn):
                 return decision
+            # The row this decision saw, by its ticket or its fencing token (see SEEN_ROW).
             params["seen_ticket"] = own.ticket if own is not None else None
+            params["seen_fencing_token"] = own.fencing_token if own is not None else None
             key = params["key"]
             if isinstance(decision, Enqueue):
                 await conn.execute(sql.MARK_WAITED, params)
@@ -201,11 +206,11 @@ class PostgresTurnLeases(PostgresBase):
             granted = await fetch_one(conn, sql.GRANT, params)
             if granted is None:  # a racing grant of this turn id: wait for it
                 return Waiting(same_turn=True, ticket=None, key=key)
-            token, expire_time = granted
+            fencing_token, expire_time = granted
         return TurnLease(
             request.conversation_id,
             request.turn_id,
-            token,
+            fencing_token,
             expire_time,
             decision.exclusive,
             created,

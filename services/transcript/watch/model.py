@@ -113,20 +113,20 @@ class RunningTurn:
     """A turn whose lease holds."""
 
     turn_id: str
-    ticket: int  # its fencing token: tells a new grant of the same turn id
+    fencing_token: int  # tells a new grant of the same turn id
     exclusive: bool
     start_time: datetime
 
 
 @dataclass(frozen=True, slots=True)
 class TurnTrace:
-    """What became of a turn a stream reported running (`ticket`): its row now, if any,
+    """What became of a turn a stream reported running (`fencing_token`): its row now, if any,
     and the version its append made, if it committed."""
 
     turn_id: str
-    ticket: int
+    fencing_token: int
     state: str | None  # "running", "waiting", "ended", "committed"; None: no row
-    row_ticket: int | None
+    row_fencing_token: int | None
     reason: str | None  # the outcome's reason of an ended turn
     committed_version: int | None
 
@@ -218,7 +218,7 @@ def finish_of(trace: TurnTrace) -> TurnFinished:
         # No row: the lease was released without an outcome (or it lapsed and another
         # lease decision cleared it before the stream looked again).
         return TurnFinished(trace.turn_id, TurnFinish.RELEASED)
-    if trace.state == "ended" and trace.row_ticket == trace.ticket:
+    if trace.state == "ended" and trace.row_fencing_token == trace.fencing_token:
         return TurnFinished(trace.turn_id, TurnFinish.ENDED, reason=trace.reason or "")
     # Still its row but no longer live, or a newer grant of the same turn id.
     return TurnFinished(trace.turn_id, TurnFinish.LAPSED)

@@ -11,11 +11,11 @@ from __future__ import annotations
 from services.common.statements import statement
 
 # The running turns of a conversation `c`: their fencing tokens, compared only.
-_RUNNING_TICKETS = """ARRAY(
-    SELECT t.ticket FROM transcript.turns AS t
+_RUNNING_TOKENS = """ARRAY(
+    SELECT t.fencing_token FROM transcript.turns AS t
      WHERE t.conversation_key = c.conversation_key
        AND t.state = 'running' AND t.lease_until >= now()
-     ORDER BY t.ticket)"""
+     ORDER BY t.fencing_token)"""
 
 # The mark is written only when it would lapse soon (opening a stream on a
 # conversation this or another process watches already writes nothing), and only
@@ -36,7 +36,7 @@ WITH c AS MATERIALIZED (
        AND %(after)s <= c.last_sequence
        AND (%(incarnation)s = 0 OR c.incarnation = %(incarnation)s)
 )
-SELECT c.conversation_key, c.version, c.last_sequence, c.incarnation, now(), {_RUNNING_TICKETS}
+SELECT c.conversation_key, c.version, c.last_sequence, c.incarnation, now(), {_RUNNING_TOKENS}
   FROM c
 """
 
@@ -91,15 +91,16 @@ WITH c AS MATERIALIZED (
       FROM transcript.conversations
      WHERE conversation_key = %(key)s
 ), turn_rows AS (
-    SELECT 'running' AS kind, t.turn_id, t.ticket, t.exclusive, t.create_time,
-           NULL::text AS state, NULL::bigint AS row_ticket, NULL::text AS reason,
+    SELECT 'running' AS kind, t.turn_id, t.fencing_token, t.exclusive, t.create_time,
+           NULL::text AS state, NULL::bigint AS row_fencing_token, NULL::text AS reason,
            NULL::bigint AS committed_version
       FROM transcript.turns AS t
      WHERE t.conversation_key = %(key)s AND t.state = 'running' AND t.lease_until >= now()
     UNION ALL
-    SELECT 'traced', r.turn_id, r.ticket, NULL, NULL, t.state, t.ticket,
+    SELECT 'traced', r.turn_id, r.fencing_token, NULL, NULL, t.state, t.fencing_token,
            t.outcome ->> 'reason', a.version
-      FROM unnest(%(turn_ids)s::text[], %(tickets)s::bigint[]) AS r(turn_id, ticket)
+      FROM unnest(%(turn_ids)s::text[], %(fencing_tokens)s::bigint[])
+           AS r(turn_id, fencing_token)
       LEFT JOIN transcript.turns AS t
              ON t.conversation_key = %(key)s AND t.turn_id = r.turn_id
       LEFT JOIN transcript.appends AS a
@@ -164,7 +165,7 @@ WITH due AS (
       FROM due
      WHERE u.conversation_key = due.conversation_key
 )
-SELECT c.conversation_key, c.version, c.last_sequence, c.incarnation, now(), {_RUNNING_TICKETS}
+SELECT c.conversation_key, c.version, c.last_sequence, c.incarnation, now(), {_RUNNING_TOKENS}
   FROM transcript.conversations AS c
  WHERE c.conversation_key = ANY(%(keys)s::bigint[])
 """

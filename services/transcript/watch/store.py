@@ -50,7 +50,7 @@ class FeedStore(Protocol):
         since: int = -1,
     ) -> FeedState | None:
         """In one snapshot: the counters, the running turns, a trace of each reported
-        (turn id, ticket), the first `max_entries` writes after version `since` (< 0:
+        (turn id, fencing token), the first `max_entries` writes after version `since` (< 0:
         after the version of the append that wrote entry `after`) that retracted entries
         through `after` (past the first, about `max_entries` sequences in all), and the
         first page of entries after `after` (as read_entries through the last sequence);
@@ -134,7 +134,7 @@ class PostgresFeedStore:
                 {
                     "key": key,
                     "turn_ids": [turn_id for turn_id, _ in reported],
-                    "tickets": [ticket for _, ticket in reported],
+                    "fencing_tokens": [token for _, token in reported],
                     "after": after,
                     "since": since,
                     "limit": max_entries,
@@ -150,20 +150,19 @@ class PostgresFeedStore:
         retractions: list[Retraction] = []
         entry_rows: list[Sequence[Any]] = []
         for row in rows:
-            kind, turn_id, ticket, exclusive, start_time, state, row_ticket, reason, committed = (
-                row[4:13]
-            )
+            kind, turn_id, token, exclusive, start_time, state, row_token, reason, committed = row[
+                4:13
+            ]
             if kind == "running":
-                running.append(RunningTurn(turn_id, ticket, exclusive, start_time))
+                running.append(RunningTurn(turn_id, token, exclusive, start_time))
             elif kind == "traced":
-                traces.append(TurnTrace(turn_id, ticket, state, row_ticket, reason, committed))
+                traces.append(TurnTrace(turn_id, token, state, row_token, reason, committed))
             elif kind == "retracted":
                 retractions.append(Retraction(committed, tuple(sorted(set(row[13]))), start_time))
             elif kind == "entry":
                 entry_rows.append(row[14:])
-        snapshot = Snapshot(
-            key, version, last, incarnation, read_time, tuple(sorted(t.ticket for t in running))
-        )
+        tokens = tuple(sorted(turn.fencing_token for turn in running))
+        snapshot = Snapshot(key, version, last, incarnation, read_time, tokens)
         entry_rows.sort(key=lambda row: int(row[2]))
         retractions.sort(key=lambda retraction: retraction.version)
         return FeedState(snapshot, running, traces, _slices(entry_rows), retractions)

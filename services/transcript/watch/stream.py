@@ -122,7 +122,7 @@ async def follow(
         stream.woken.clear()
         state = await hub.store.read_state(
             key,
-            [(turn.turn_id, turn.ticket) for turn in running.values()],
+            [(turn.turn_id, turn.fencing_token) for turn in running.values()],
             delivered,
             limits.page_entries,
             limits.page_bytes,
@@ -189,9 +189,9 @@ async def follow(
                 delivered = last
             quiet_since = time.monotonic()
         stream.release()  # caught up: a stream that waits holds no bytes
-        live = {(turn.turn_id, turn.ticket) for turn in state.running}
+        live = {(turn.turn_id, turn.fencing_token) for turn in state.running}
         for trace in state.traces:
-            if (trace.turn_id, trace.ticket) not in live:
+            if (trace.turn_id, trace.fencing_token) not in live:
                 del running[trace.turn_id]
                 yield finish_of(trace)
                 transcript_metrics.WATCH_EVENTS.labels("turn_finished").inc()
