@@ -15,9 +15,9 @@ NO_LIVE_TURN = """NOT EXISTS (
        AND t.state IN ('waiting', 'running') AND t.lease_until >= now())"""
 
 
-# The turn's row a lease decision saw, and no other: a lapsed lease (its fencing token),
-# this caller's place in line (its ticket), or none. A row that a racing one-statement
-# grant inserted meanwhile is never overwritten.
+# The turn's row a lease decision saw, and no other: a lapsed lease (by its fencing
+# token) or this caller's place in line (by its ticket). When the decision saw none, a
+# row that a racing one-statement grant inserted meanwhile is never overwritten.
 SEEN_ROW = """transcript.turns.ticket IS NOT DISTINCT FROM %(seen_ticket)s::bigint
    AND transcript.turns.fencing_token IS NOT DISTINCT FROM %(seen_fencing_token)s::bigint
    AND (%(seen_ticket)s::bigint IS NOT NULL OR %(seen_fencing_token)s::bigint IS NOT NULL)"""
