@@ -93,7 +93,7 @@ def postgres() -> Iterator[str]:
     if os.environ.get("DATABASE_URL"):
         yield os.environ["DATABASE_URL"]
         return
-    from services.common.db import import_pgserver
+    from services.common.postgres.embedded import import_pgserver
 
     pgserver = import_pgserver()
     with tempfile.TemporaryDirectory(prefix="runifold-bench-") as folder:

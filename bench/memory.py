@@ -68,7 +68,7 @@ from bench.common import (
 from bench.stats import median_ms
 from runifold.memory.v1 import memory_service_pb2 as pb
 from services.common import migrations, stubs
-from services.common.db import Database
+from services.common.postgres.pool import Database
 from services.common.settings import Settings
 from services.memory.component import MIGRATIONS
 from services.memory.config import LOCAL_MODEL_DIMENSION, LOCAL_MODEL_NAME

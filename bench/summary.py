@@ -30,7 +30,7 @@ from bench.common import Stats, new_database, server_process
 from runifold.common.v1 import common_pb2
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import migrations, stubs
-from services.common.db import Database
+from services.common.postgres.pool import Database
 from services.common.settings import Settings
 from services.summary.component import MIGRATIONS
 from services.summary.store import PostgresSummaryStore

@@ -21,8 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from services.common import logs, migrations
-from services.common.db import Database
 from services.common.errors import DomainError
+from services.common.postgres.pool import Database
 from services.common.settings import Settings, SettingsError
 
 log = logging.getLogger("runifold.migrate")

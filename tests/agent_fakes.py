@@ -27,7 +27,8 @@ from services.common.errors import DomainError, StoreUnavailable
 from services.common.pagination import PageTokens
 from services.llm.model import ChatDelta, ChatRequest, ChatResponse, budget_exhausted
 from services.transcript.config import TranscriptLimits
-from services.transcript.model import AppendRecord, EndedTurn, TurnLease
+from services.transcript.conversations.model import AppendRecord
+from services.transcript.leases.model import EndedTurn, TurnLease
 from services.transcript.service import TranscriptService
 from tests.doubles.transcript_store import InMemoryTranscriptStore
 

@@ -22,7 +22,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from services.common import migrations
-from services.common.db import Database
+from services.common.postgres.pool import Database
 from services.common.settings import Settings
 
 MIGRATION_DIRS: dict[str, Path] = {
@@ -76,7 +76,7 @@ def postgres_url() -> Iterator[str]:
     if external:
         yield external
         return
-    from services.common.db import import_pgserver
+    from services.common.postgres.embedded import import_pgserver
 
     pgserver = import_pgserver()
     with tempfile.TemporaryDirectory(prefix="runifold-pg-") as folder:

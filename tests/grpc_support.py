@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2
 
 from runifold.common.v1 import common_pb2
 from services.common import stubs
-from services.common.db import Database
+from services.common.postgres.pool import Database
 from services.common.status import error_info
 from tests.conftest import server_settings, wait_for
 

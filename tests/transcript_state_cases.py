@@ -12,7 +12,7 @@ import pytest
 
 from services.common.domain import Message, Role
 from services.common.errors import Code, DomainError, VersionConflict
-from services.transcript.model import StateChange
+from services.transcript.conversations.model import StateChange
 from services.transcript.service import TranscriptService
 from services.transcript.store import TranscriptStore
 from tests.transcript_cases import assistant, make_service, tool, user

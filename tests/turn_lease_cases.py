@@ -18,7 +18,8 @@ import pytest
 from services.common.domain import Usage
 from services.common.errors import DomainError
 from services.transcript import metrics
-from services.transcript.model import AppendRecord, EndedTurn, LeaseMode, TurnLease
+from services.transcript.conversations.model import AppendRecord
+from services.transcript.leases.model import EndedTurn, LeaseMode, TurnLease
 from services.transcript.service import TranscriptService
 from services.transcript.store import TranscriptStore
 from tests.conftest import wait_for

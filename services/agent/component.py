@@ -11,7 +11,7 @@ from services.agent.remote import GrpcMemories, GrpcSummaries, GrpcTranscripts
 from services.agent.service import AgentService
 from services.agent.servicer import AgentServicer
 from services.agent.turn.inputs import request_bytes
-from services.common.peers import Peer, open_channel
+from services.common.channels import Peer, open_channel
 from services.common.server import StartContext
 from services.llm.model import ChatModel
 from services.llm.openai import OpenAIChatModel

@@ -23,9 +23,9 @@ from services.agent.model import (
     ViewState,
 )
 from services.common import convert, stubs
+from services.common.channels import Peer
 from services.common.domain import Budget, Entry, Message, Usage
 from services.common.errors import DomainError, VersionConflict
-from services.common.peers import Peer
 
 
 def _duration(seconds: float) -> Duration:

@@ -1,4 +1,4 @@
-"""Server interceptor: request ids, authentication, error mapping, RPC metrics and the
+"""Server interceptor: call ids, authentication, error mapping, RPC metrics and the
 access log (DEBUG; errors and slow calls at WARNING).
 
 Every handler runs inside the guard: a `DomainError` becomes its canonical
@@ -47,43 +47,43 @@ from services.common.errors import (
     StreamStalled,
     invalid_argument,
 )
-from services.common.logs import REQUEST_ID_HEADER, method_var, request_id_var
+from services.common.logs import CALL_ID_HEADER, MESH_REQUEST_ID_HEADER, call_id_var, method_var
 from services.common.status import to_status
 from services.common.wrapping import WrappingInterceptor
 
 log = logging.getLogger("runifold.rpc")
 
-# Server-made request ids: a random per-process prefix and a counter (unique,
-# and cheaper than drawing randomness on every call).
+# Server-made call ids: a random per-process prefix and a counter (unique, and
+# cheaper than drawing randomness on every call).
 _ID_PREFIX = secrets.token_hex(6) + "-"
 _ID_COUNTER = itertools.count(1)
-_MAX_REQUEST_ID = 128
+_MAX_CALL_ID = 128
 
 
-def _request_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
-    return request_id(context.invocation_metadata() or ())
+def _usable(value: str | bytes) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= _MAX_CALL_ID
 
 
-def request_id(metadata: Iterable[tuple[str, str | bytes]]) -> str:
-    """The caller's `x-request-id` when it sent a usable one, else one made here."""
+def call_id_of(metadata: Iterable[tuple[str, str | bytes]]) -> str:
+    """The caller's `x-call-id` when it sent a usable one, else the mesh's
+    `x-request-id` (a sidecar's correlation id), else one made here."""
+    mesh = ""
     for key, value in metadata:
-        if (
-            key == REQUEST_ID_HEADER
-            and isinstance(value, str)
-            and 0 < len(value) <= _MAX_REQUEST_ID
-        ):
-            return value
-    return f"{_ID_PREFIX}{next(_ID_COUNTER):x}"
+        if key == CALL_ID_HEADER and _usable(value):
+            return str(value)
+        if key == MESH_REQUEST_ID_HEADER and not mesh and _usable(value):
+            mesh = str(value)
+    return mesh or f"{_ID_PREFIX}{next(_ID_COUNTER):x}"
 
 
 def _bind_context(context: grpc.aio.ServicerContext[Any, Any], method: str) -> str:
-    """Record the request id, method and deadline for logs and outbound calls."""
-    request_id = _request_id(context)
-    request_id_var.set(request_id)
+    """Record the call id, method and deadline for logs and outbound calls."""
+    bound = call_id_of(context.invocation_metadata() or ())
+    call_id_var.set(bound)
     method_var.set(method)
     left = context.time_remaining()
     deadline_var.set(time.monotonic() + left if left is not None else None)
-    return request_id
+    return bound
 
 
 def _internal() -> DomainError:
@@ -185,7 +185,7 @@ class RpcCall:
         method: str,
         grpc_type: str,
         context: MetadataCarrier,
-        rid: str,
+        call_id: str,
         slow_s: float,
     ) -> None:
         started, self.labels, self.seconds = _children(method, grpc_type)
@@ -193,12 +193,12 @@ class RpcCall:
         self.slow_s = slow_s
         self.code = "OK"
         # None unless tracing is on (then the span is current while the handler runs).
-        self.span = tracing.start_server_span(method, context, rid)
+        self.span = tracing.start_server_span(method, context, call_id)
         self.start = time.perf_counter()
         started.inc()
 
     async def fail(
-        self, context: grpc.aio.ServicerContext[Any, Any], exc: BaseException, request_id: str
+        self, context: grpc.aio.ServicerContext[Any, Any], exc: BaseException, call_id: str
     ) -> None:
         if isinstance(exc, DomainError):
             error = exc
@@ -214,14 +214,12 @@ class RpcCall:
         if isinstance(error, StreamStalled):
             context.set_code(status.code)
             context.set_details(status.details)
-            context.set_trailing_metadata(
-                (*status.trailing_metadata, (REQUEST_ID_HEADER, request_id))
-            )
+            context.set_trailing_metadata((*status.trailing_metadata, (CALL_ID_HEADER, call_id)))
             return
         await context.abort(
             status.code,
             status.details,
-            (*status.trailing_metadata, (REQUEST_ID_HEADER, request_id)),
+            (*status.trailing_metadata, (CALL_ID_HEADER, call_id)),
         )
 
     def finish(self) -> None:
@@ -261,17 +259,17 @@ def _wrap_unary(
 
     async def handler(requests: object, context: Context) -> Any:
         # `requests` goes unused: `admit` reads the one request through the context.
-        request_id = _bind_context(context, method)
-        call = RpcCall(method, grpc_type, context, request_id, slow_s)
+        call_id = _bind_context(context, method)
+        call = RpcCall(method, grpc_type, context, call_id, slow_s)
         try:
             response = await behavior(await admit(context), context)
-            context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
+            context.set_trailing_metadata(((CALL_ID_HEADER, call_id),))
             return response
         except grpc.aio.AbortError:
             call.code = (context.code() or grpc.StatusCode.UNKNOWN).name
             raise
         except Exception as exc:
-            await call.fail(context, exc, request_id)
+            await call.fail(context, exc, call_id)
         except BaseException:
             call.code = "CANCELLED"
             raise
@@ -286,17 +284,17 @@ def _wrap_stream(
     behavior: Callable[[Any, Any], AsyncIterator[Any]], admit: Admit, method: str, slow_s: float
 ) -> Callable[[object, Context], AsyncIterator[Any]]:
     async def handler(requests: object, context: Context) -> AsyncIterator[Any]:
-        request_id = _bind_context(context, method)
-        call = RpcCall(method, "server_stream", context, request_id, slow_s)
+        call_id = _bind_context(context, method)
+        call = RpcCall(method, "server_stream", context, call_id, slow_s)
         try:
             async for item in behavior(await admit(context), context):
                 yield item
-            context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
+            context.set_trailing_metadata(((CALL_ID_HEADER, call_id),))
         except grpc.aio.AbortError:
             call.code = (context.code() or grpc.StatusCode.UNKNOWN).name
             raise
         except Exception as exc:
-            await call.fail(context, exc, request_id)
+            await call.fail(context, exc, call_id)
         except BaseException:
             call.code = "CANCELLED"
             raise

@@ -23,9 +23,13 @@ from typing import TypeAlias
 
 import psycopg
 
-# The metadata key of a request id (read from callers, echoed back, carried to peers).
-REQUEST_ID_HEADER = "x-request-id"
-request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+# The call id: what ties the log lines, spans and peer calls of one RPC together (read
+# from callers, made when they send none, echoed back, carried to peers). Not the
+# idempotency key of a write, which is its `request_id` field. The mesh's own
+# correlation header is taken as the call id when a caller sends no x-call-id.
+CALL_ID_HEADER = "x-call-id"
+MESH_REQUEST_ID_HEADER = "x-request-id"
+call_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("call_id", default="")
 method_var: contextvars.ContextVar[str] = contextvars.ContextVar("method", default="")
 # Set by services.common.tracing when a span is recording (empty when tracing is off).
 trace_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("trace_id", default="")
@@ -109,8 +113,8 @@ class JsonFormatter(logging.Formatter):
             "service": self.service,
             "message": record.getMessage(),
         }
-        if request_id := request_id_var.get():
-            document["request_id"] = request_id
+        if call_id := call_id_var.get():
+            document["call_id"] = call_id
         if method := method_var.get():
             document.setdefault("method", method)
         if trace_id := trace_id_var.get():
@@ -145,8 +149,8 @@ class TextFormatter(logging.Formatter):
         ]
         if method := method_var.get():
             extras.append(f"method={method}")
-        if request_id := request_id_var.get():
-            extras.append(f"request_id={request_id}")
+        if call_id := call_id_var.get():
+            extras.append(f"call_id={call_id}")
         if extras:
             line, _, trace = line.partition("\n")
             line = f"{line}  " + " ".join(extras) + (f"\n{trace}" if trace else "")

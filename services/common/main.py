@@ -14,9 +14,9 @@ from prometheus_client import start_http_server
 
 from services.common import allocator, logs, tracing
 from services.common.auth import AuthSettings, check_exposure
-from services.common.db import start_embedded_postgres
 from services.common.http.settings import HttpSettings
 from services.common.listen import ListenError, bind_cause, check_listen
+from services.common.postgres.embedded import start_embedded_postgres
 from services.common.server import Component, serve_until_signal, start_server
 from services.common.settings import Settings, SettingsError
 

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.db import AsyncConn, Database
 from services.common.errors import Code, DomainError
+from services.common.postgres.pool import AsyncConn, Database
 from services.common.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)

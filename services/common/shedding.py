@@ -69,8 +69,8 @@ class Mean:
         self.value += self.weight * (sample - self.value)
 
 
-class BoundedGate:
-    """At most `max_concurrent` callers at a time past the gate, at most `max_queued`
+class SlotQueue:
+    """At most `max_concurrent` callers at a time hold a slot, at most `max_queued`
     waiting; beyond that, OVERLOADED at once.
 
     Waiters queue in lanes, one per namespace (the `lane` a caller names), and the
@@ -164,7 +164,7 @@ class BoundedGate:
 
     @contextlib.asynccontextmanager
     async def slot(self, timeout: float | None = None, lane: str = "") -> AsyncIterator[None]:
-        """Hold one of the gate's slots for the block; `lane` is the caller's namespace
+        """Hold one of the slots for the block; `lane` is the caller's namespace
         (or "" for work of no namespace)."""
         started = await self.acquire(timeout, lane)
         try:

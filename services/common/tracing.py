@@ -121,7 +121,7 @@ class ServerSpan:
         otel_context.detach(self._token)  # type: ignore[arg-type]
 
 
-def start_server_span(method: str, context: Any, request_id: str) -> ServerSpan | None:
+def start_server_span(method: str, context: Any, call_id: str) -> ServerSpan | None:
     """Open the span of an inbound RPC as a child of the caller's `traceparent`, if any.
 
     `context` is the RPC's ServicerContext; nothing of it is read while tracing is off.
@@ -141,7 +141,7 @@ def start_server_span(method: str, context: Any, request_id: str) -> ServerSpan 
             "rpc.system": "grpc",
             "rpc.service": service,
             "rpc.method": name,
-            "runifold.request_id": request_id,
+            "runifold.call_id": call_id,
         },
     )
     token = otel_context.attach(trace.set_span_in_context(span, parent))

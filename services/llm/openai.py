@@ -3,7 +3,7 @@
 The openai SDK's `AsyncOpenAI` speaks `POST {base_url}/chat/completions` (OpenAI,
 vLLM, Ollama and LiteLLM serve it), plain or streamed (server-sent events with
 `stream_options.include_usage`), with tools and `response_format`; this module is
-the thin adapter around it: the gate, the deadline, the retries, the size cap, the
+the thin adapter around it: the slot queue, the deadline, the retries, the size cap, the
 error mapping and the model metrics.
 
 Failures map to the model errors of services.llm.model:
@@ -41,7 +41,7 @@ from services.common.admission import namespace_var
 from services.common.backoff import backoff
 from services.common.domain import Usage
 from services.common.errors import DomainError
-from services.common.shedding import BoundedGate
+from services.common.shedding import SlotQueue
 from services.llm import metrics
 from services.llm.model import (
     ChatDelta,
@@ -95,9 +95,9 @@ class OpenAIChatModel:
         max_concurrent: int = 64,
         max_queued: int = 256,
     ) -> None:
-        # The gate is the queue in front of the model (bounded, deadline-aware); the
-        # pool is as large, so a request never waits in it behind the gate's back.
-        self._gate = BoundedGate("model", max_concurrent, max_queued)
+        # The slot queue in front of the model (bounded, deadline-aware); the pool is
+        # as large, so a request never waits in it behind the queue's back.
+        self._slots = SlotQueue("model", max_concurrent, max_queued)
         # The SDK's own retries are off (max_retries=0): its loop gives every attempt
         # the timeout the call started with and sleeps its own backoff (0.5-8 s, or a
         # Retry-After of up to two minutes) without a deadline, so a retry could run
@@ -228,7 +228,7 @@ class OpenAIChatModel:
         """One completion, within `timeout` seconds (capped by `timeout_s`)."""
         budget = min(timeout, self.timeout_s)
         deadline = time.monotonic() + budget
-        async with self._gate.slot(budget, namespace_var.get() or ""):
+        async with self._slots.slot(budget, namespace_var.get() or ""):
             return await self._complete(request, deadline)
 
     async def _complete(self, request: ChatRequest, deadline: float) -> ChatResponse:
@@ -267,7 +267,7 @@ class OpenAIChatModel:
         budget = min(timeout, self.timeout_s)
         deadline = time.monotonic() + budget
         async with (
-            self._gate.slot(budget, namespace_var.get() or ""),
+            self._slots.slot(budget, namespace_var.get() or ""),
             contextlib.aclosing(self._stream(request, deadline)) as items,
         ):
             async for item in items:

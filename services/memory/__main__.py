@@ -23,7 +23,7 @@ async def _reindex(settings: Settings, config: MemoryConfig) -> int:
     from tqdm import tqdm
 
     from services.common import migrations
-    from services.common.db import start_embedded_postgres
+    from services.common.postgres.embedded import start_embedded_postgres
     from services.memory.component import MIGRATIONS, make_embedder, make_index
     from services.memory.index.protocol import IndexUnavailable
     from services.memory.outbox.indexer import reindex

@@ -15,9 +15,9 @@ import grpc
 
 from runifold.memory.v1 import memory_service_pb2, memory_service_pb2_grpc
 from services.common import migrations
-from services.common.db import Database
+from services.common.channels import Peer, open_channel
 from services.common.pagination import PageTokens
-from services.common.peers import Peer, open_channel
+from services.common.postgres.pool import Database
 from services.common.server import StartContext
 from services.llm.openai import OpenAIChatModel
 from services.memory.config import MemoryConfig

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from services.common import convert, stubs
+from services.common.channels import Peer
 from services.common.domain import Entry
 from services.common.errors import Code, DomainError
-from services.common.peers import Peer
 from services.memory.model import SourceConversation
 
 # ListEntries' largest page.

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from psycopg.types.json import Jsonb
 
-from services.common.db import Database, fetch_one
+from services.common.postgres.pool import Database, fetch_one
 from services.memory.model import Memory, RevisionRecord
 from services.memory.outbox.store import OutboxStore, PostgresOutbox
 from services.memory.rows import memory_from_row, sources_from_json

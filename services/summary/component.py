@@ -10,8 +10,8 @@ import grpc
 from runifold.summary.v1 import summary_service_pb2, summary_service_pb2_grpc
 from services.common import migrations
 from services.common.auth import service_identity
-from services.common.db import Database
-from services.common.peers import Peer, open_channel
+from services.common.channels import Peer, open_channel
+from services.common.postgres.pool import Database
 from services.common.server import StartContext
 from services.llm.openai import OpenAIChatModel
 from services.summary.config import SummaryConfig

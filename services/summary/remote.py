@@ -3,7 +3,7 @@
 SummaryService never reads the transcript tables: every entry and counter it
 sees comes from TranscriptService's API (GetConversation, ListEntries,
 LoadView), under the propagated deadline, with the peer's errors mapped
-(services.common.peers).
+(services.common.channels).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import uuid
 
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import convert, stubs
+from services.common.channels import Peer
 from services.common.domain import Entry
-from services.common.peers import Peer
 from services.summary.model import ConversationState, TranscriptView
 
 

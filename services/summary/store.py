@@ -15,7 +15,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Protocol
 
-from services.common.db import AsyncConn, Database, fetch_one
+from services.common.postgres.pool import AsyncConn, Database, fetch_one
 from services.summary import statements as sql
 from services.summary.jobs.store import JobStore, PostgresJobStore
 from services.summary.model import CommitResult, NewSummary, Summary, belongs, check_commit

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.common.db import AsyncConn, fetch_one
+from services.common.postgres.pool import AsyncConn, fetch_one
 from services.summary import statements as sql
 from services.summary.model import conversation_erased
 

@@ -12,17 +12,18 @@ import grpc
 from runifold.transcript.v1 import transcript_service_pb2, transcript_service_pb2_grpc
 from services.common import migrations
 from services.common.background import Background
-from services.common.db import Database
 from services.common.messages import append_request_bytes
 from services.common.pagination import PageTokens
+from services.common.postgres.pool import Database
 from services.common.server import StartContext
 from services.common.settings import SettingsError
 from services.transcript.config import TranscriptLimits
-from services.transcript.feed import Feed
-from services.transcript.feed_store import PostgresChangeBus, PostgresFeedStore
 from services.transcript.service import TranscriptService
 from services.transcript.servicer import TranscriptServicer
 from services.transcript.store import PostgresTranscriptStore
+from services.transcript.watch.bus import PostgresChangeBus
+from services.transcript.watch.service import Feed
+from services.transcript.watch.store import PostgresFeedStore
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 log = logging.getLogger(__name__)

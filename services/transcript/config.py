@@ -24,7 +24,7 @@ ENTRY_OVERHEAD_BYTES = 1024
 
 @dataclass(frozen=True)
 class WatchLimits:
-    """The limits of WatchConversation (services/transcript/feed.py; docs/transcript.md)."""
+    """The limits of WatchConversation (services/transcript/watch/; docs/transcript.md)."""
 
     # Streams open at once in this process, and per namespace in this process.
     max_watchers: int = 512

@@ -38,8 +38,8 @@ TURN_LEASE_EXPIRIES = Counter(
     "runifold_turn_lease_expiries_total",
     "Turn leases that lapsed and were taken over (the holder died or stalled).",
 )
-TURN_FENCE_REFUSALS = Counter(
-    "runifold_turn_fence_refusals_total",
+TURN_FENCING_TOKEN_REFUSALS = Counter(
+    "runifold_turn_fencing_token_refusals_total",
     "Appends refused because the turn lease they quoted expired or was taken over "
     "(TURN_LEASE_LOST): a turn that lost its lease tried to commit.",
 )

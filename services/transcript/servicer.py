@@ -14,18 +14,13 @@ from runifold.transcript.v1 import transcript_service_pb2_grpc as pb_grpc
 from services.common import convert
 from services.common import messages as message_rules
 from services.common.errors import DomainError, StreamStalled
-from services.transcript import feed_model as events
 from services.transcript import metrics as transcript_metrics
-from services.transcript.feed import Feed
-from services.transcript.feed_model import watcher_too_slow
-from services.transcript.model import (
-    AppendRecord,
-    Conversation,
-    EndedTurn,
-    ScopedState,
-    TurnLease,
-)
+from services.transcript.conversations.model import AppendRecord, Conversation, ScopedState
+from services.transcript.leases.model import EndedTurn, TurnLease
 from services.transcript.service import TranscriptService
+from services.transcript.watch import model as events
+from services.transcript.watch.model import watcher_too_slow
+from services.transcript.watch.service import Feed
 
 Context = Any  # grpc.aio.ServicerContext; only WatchConversation writes through it
 

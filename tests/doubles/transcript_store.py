@@ -17,34 +17,37 @@ from datetime import UTC, datetime, timedelta
 
 from services.common.domain import Entry
 from services.common.errors import VersionConflict
-from services.transcript.lease_store import WAIT_LEASE_S
-from services.transcript.model import (
+from services.transcript.appends.model import (
+    AppendResult,
+    NewAppend,
+    entry_not_retractable,
+    no_user,
+)
+from services.transcript.conversations.model import (
     NO_STATE_CHANGE,
     AppendRecord,
-    AppendResult,
     Conversation,
+    ScopedState,
+    StateChange,
+    conversation_not_found,
+    request_id_reused,
+    state_too_large,
+)
+from services.transcript.leases.model import (
     EndedTurn,
     Enqueue,
     Granted,
     LeaseAttempt,
     LeaseRequest,
-    NewAppend,
-    ScopedState,
-    StateChange,
     TurnLease,
     TurnRow,
-    ViewRead,
     Waiting,
     conversation_busy,
-    conversation_not_found,
     decide_lease,
-    entry_not_retractable,
-    no_user,
-    request_id_reused,
-    state_too_large,
     turn_lease_lost,
-    view_ranges,
 )
+from services.transcript.leases.store import WAIT_LEASE_S
+from services.transcript.views.model import ViewRead, view_ranges
 
 # Queue tickets, one counter for every conversation (transcript.turn_tickets).
 _TICKETS = itertools.count(1)
@@ -59,9 +62,10 @@ def _random_token() -> int:
 class _Turn:
     state: str
     exclusive: bool
-    ticket: int
     payload_hash: bytes
     until: datetime
+    ticket: int | None = None  # its place in the queue, while it waits
+    fencing_token: int | None = None  # its grant's, once granted
     ended: EndedTurn | None = None
 
     def row(self, turn_id: str, now: datetime) -> TurnRow:
@@ -70,6 +74,7 @@ class _Turn:
             self.state,
             self.exclusive,
             self.ticket,
+            self.fencing_token,
             self.payload_hash,
             self.until >= now,
             self.ended,
@@ -189,10 +194,15 @@ class InMemoryTranscriptStore:
             token = append.fencing_token
             if token is not None:
                 own = stored.turns.get(append.request_id or "")
-                if own is None or own.ticket != token or own.state != "running" or own.until < now:
+                if (
+                    own is None
+                    or own.fencing_token != token
+                    or own.state != "running"
+                    or own.until < now
+                ):
                     raise turn_lease_lost()
             holder = stored.live_holder(now)
-            if holder is not None and holder[1].ticket != token:
+            if holder is not None and holder[1].fencing_token != token:
                 raise conversation_busy(holder[0])
             current = stored.conversation
             if append.expected_version is not None and current.version != append.expected_version:
@@ -376,9 +386,9 @@ class InMemoryTranscriptStore:
                 stored.turns[request.turn_id] = _Turn(
                     "waiting",
                     True,
-                    ticket,
                     request.payload_hash,
                     now + timedelta(seconds=WAIT_LEASE_S),
+                    ticket=ticket,
                 )
                 return Waiting(same_turn=False, ticket=ticket)
             if not isinstance(decision, Granted):
@@ -388,7 +398,7 @@ class InMemoryTranscriptStore:
             token = _random_token()
             until = now + timedelta(seconds=request.ttl_s)
             stored.turns[request.turn_id] = _Turn(
-                "running", decision.exclusive, token, request.payload_hash, until
+                "running", decision.exclusive, request.payload_hash, until, fencing_token=token
             )
             return TurnLease(
                 request.conversation_id,
@@ -413,7 +423,7 @@ class InMemoryTranscriptStore:
             now = datetime.now(UTC)
             if (
                 turn is None
-                or turn.ticket != fencing_token
+                or turn.fencing_token != fencing_token
                 or turn.state != "running"
                 or turn.until < now
             ):
@@ -436,7 +446,7 @@ class InMemoryTranscriptStore:
             turn = stored.turns.get(turn_id) if stored else None
             if stored is None or turn is None:
                 return False
-            if turn.ticket != fencing_token or turn.state != "running":
+            if turn.fencing_token != fencing_token or turn.state != "running":
                 return False
             now = datetime.now(UTC)
             if ended is not None:

@@ -25,7 +25,7 @@ from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from services.agent.component import AgentComponent
 from services.agent.config import AgentConfig
 from services.common import stubs
-from services.common.db import Database
+from services.common.postgres.pool import Database
 from services.common.server import Component, RunningServer, serving
 from services.common.status import error_info
 from services.memory.component import MemoryComponent

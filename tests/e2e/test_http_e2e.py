@@ -120,7 +120,7 @@ async def test_curl_runs_a_turn_and_reads_the_transcript(stack: Stack, namespace
     assert [e["sequence"] for e in listed.body["entries"]] == [
         str(e.sequence) for e in over_grpc.entries
     ]
-    assert listed.headers["x-request-id"], "the request id comes back as on gRPC"
+    assert listed.headers["x-call-id"], "the call id comes back as on gRPC"
 
 
 async def test_a_conflict_carries_its_error_info_as_over_grpc(stack: Stack, namespace: str) -> None:

@@ -21,7 +21,7 @@ from runifold.common.v1 import common_pb2
 from runifold.memory.v1 import memory_service_pb2 as pb
 from runifold.transcript.v1 import transcript_service_pb2 as tpb
 from services.common import stubs
-from services.common.db import Database
+from services.common.postgres.pool import Database
 from services.common.server import RunningServer
 from services.common.status import error_info
 from services.memory.component import MemoryComponent

@@ -22,7 +22,7 @@ from runifold.common.v1 import common_pb2
 from runifold.summary.v1 import summary_service_pb2 as spb
 from runifold.transcript.v1 import transcript_service_pb2 as tpb
 from services.common import stubs
-from services.common.db import Database
+from services.common.postgres.pool import Database
 from services.common.server import RunningServer, serving
 from services.common.status import error_info
 from services.llm.settings import ModelSettings

@@ -26,7 +26,7 @@ from services.common.server import RunningServer, serving
 from services.common.status import error_info
 from services.transcript.component import TranscriptComponent
 from services.transcript.config import TranscriptLimits, WatchLimits
-from services.transcript.feed_store import PostgresFeedStore
+from services.transcript.watch.store import PostgresFeedStore
 from tests.conftest import server_settings, wait_for
 from tests.grpc_support import status_detail, user
 from tests.watch_support import Follower, check_exactly_once_in_order, versions_of

@@ -7,8 +7,8 @@ both calling the fake OpenAI server, which holds the first turn's model call.
 - SIGKILL of the agent holding the turn: its lease lapses and the next turn,
   through the other replica, proceeds (REJECT refuses it until then).
 - SIGSTOP instead: the other replica's turn commits once the lease lapsed; when the
-  paused agent resumes and its model call returns, its append is refused by the
-  fence (TURN_LEASE_LOST) and its caller gets the uncommitted outcome back.
+  paused agent resumes and its model call returns, its append is refused by its
+  stale fencing token (TURN_LEASE_LOST) and its caller gets the uncommitted outcome back.
 """
 
 from __future__ import annotations
@@ -170,13 +170,13 @@ async def test_a_killed_agents_lease_lapses_and_the_next_turn_proceeds(
         assert metrics.TURN_LEASE_EXPIRIES._value.get() == expiries + 1
 
 
-async def test_a_paused_agent_resumes_and_its_late_append_is_refused_by_the_fence(
+async def test_a_paused_agent_resumes_and_its_late_append_is_refused_by_its_token(
     fresh_database_url: str, tmp_path: Path, namespace: str
 ) -> None:
     async with fake_openai() as model, services(fresh_database_url) as running:
         held = Held(model, "slow words")
         cid = await new_conversation(running, namespace)
-        refusals = metrics.TURN_FENCE_REFUSALS._value.get()
+        refusals = metrics.TURN_FENCING_TOKEN_REFUSALS._value.get()
         async with (
             agent(running, model, tmp_path / "a") as paused,
             agent(running, model, tmp_path / "b") as other_agent,
@@ -208,4 +208,4 @@ async def test_a_paused_agent_resumes_and_its_late_append_is_refused_by_the_fenc
             "quick words",
             "answer to quick words",
         ]
-        assert metrics.TURN_FENCE_REFUSALS._value.get() == refusals + 1
+        assert metrics.TURN_FENCING_TOKEN_REFUSALS._value.get() == refusals + 1

@@ -29,8 +29,8 @@ import pytest
 
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import stubs
-from services.common.db import Database
 from services.common.errors import StoreUnavailable
+from services.common.postgres.pool import Database
 from tests.conftest import server_settings, wait_for
 from tests.faults.support import NOT_SERVING, channel_to, dedicated_postgres
 from tests.grpc_support import health_status

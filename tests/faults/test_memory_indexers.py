@@ -24,8 +24,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from services.common.db import Database
 from services.common.errors import StoreUnavailable
+from services.common.postgres.pool import Database
 from services.memory.config import LOCAL_MODEL_DIMENSION, LOCAL_MODEL_NAME
 from services.memory.embeddings.local import LocalEmbedder
 from services.memory.embeddings.protocol import Embedder, Vector

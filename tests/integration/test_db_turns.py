@@ -1,6 +1,6 @@
-"""The pool's connections are taken in turns by namespace (services/common/db.py): when
-every connection is busy, one namespace's queue of calls does not stand in front of
-another namespace's call. Against a real PostgreSQL."""
+"""The pool's connections are taken in turns by namespace
+(services/common/postgres/pool.py): when every connection is busy, one namespace's queue
+of calls does not stand in front of another namespace's call. Against a real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import asyncio
 import contextvars
 
 from services.common import admission
-from services.common.db import Database
 from services.common.errors import StoreUnavailable
+from services.common.postgres.pool import Database
 from tests.conftest import server_settings, wait_for
 
 

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.common import jsonb
-from services.common.db import Database
 from services.common.errors import Code, DomainError
 from services.common.logs import JsonFormatter
+from services.common.postgres.pool import Database
 from tests.jsonb_cases import ACCEPTED, REFUSED
 
 SECRET = "card-4111-1111-1111-1111"

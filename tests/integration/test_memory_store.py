@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from services.common import migrations
-from services.common.db import Database
+from services.common.postgres.pool import Database
 from services.memory.component import MIGRATIONS
 from services.memory.store import PostgresMemoryStore
 from tests.conftest import server_settings

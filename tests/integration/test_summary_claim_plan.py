@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from services.common.db import Database
+from services.common.postgres.pool import Database
 from services.summary.jobs.model import JobState
 from services.summary.jobs.statements import CLAIM
 from services.summary.store import PostgresSummaryStore

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from services.common.db import Database
+from services.common.postgres.pool import Database
 from services.summary.store import PostgresSummaryStore, SummaryStore
 from tests.conftest import server_settings
 from tests.summary_cases import SummaryStoreCases, new_job

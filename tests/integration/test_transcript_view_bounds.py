@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.db import Database
 from services.common.errors import Code, DomainError
+from services.common.postgres.pool import Database
 from services.transcript.store import PostgresTranscriptStore
 from tests.transcript_cases import make_service, new_conversation, user
 

@@ -4,7 +4,8 @@ over gRPC and over the HTTP port, leave none of their text in the process's log 
 stderr, at DEBUG) nor in the embedded PostgreSQL's (its data directory's `log`). A
 data error caused in that PostgreSQL directly, where no client path reaches any more,
 leaves neither the value nor the statement in its log: the server runs with
-log_error_verbosity = terse and log_min_error_statement = panic (services/common/db.py).
+log_error_verbosity = terse and log_min_error_statement = panic
+(services/common/postgres/embedded.py).
 
 The embeddings are not loaded: the transcript service alone needs none.
 """

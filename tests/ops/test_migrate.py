@@ -10,7 +10,7 @@ import pytest
 
 from services import migrate
 from services.common import migrations
-from services.common.db import Database
+from services.common.postgres.pool import Database
 from tests.conftest import server_settings
 from tests.ops.tools import run
 

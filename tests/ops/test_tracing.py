@@ -1,7 +1,7 @@
 """Tracing: server and client spans across a peer call, W3C propagation, no content.
 
 A relay service (test-only) receives one RPC and makes two outbound calls to
-TranscriptService through `services.common.peers.Peer`, the way the agent
+TranscriptService through `services.common.channels.Peer`, the way the agent
 does. With an in-memory exporter every span must share one trace id, each
 child must point at its parent, and no attribute may carry the namespace or
 the message text. The JSON access log must carry the same trace id.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -24,8 +24,8 @@ from opentelemetry.trace import SpanKind
 from runifold.common.v1 import common_pb2
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import stubs, tracing
+from services.common.channels import Peer, open_channel, outbound_metadata
 from services.common.logs import JsonFormatter
-from services.common.peers import Peer, open_channel, outbound_metadata
 from services.common.server import StartContext, serving
 from services.transcript.component import TranscriptComponent
 from tests.conftest import server_settings, wait_for
@@ -95,6 +95,15 @@ class _Lines(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(json.loads(self.format(record)))
+
+    def has(self, count: int) -> Callable[[], Awaitable[bool]]:
+        """A predicate for wait_for: `count` access lines were written (a server writes
+        its line once the call has ended, which may be after its caller has the answer)."""
+
+        async def written() -> bool:
+            return sum(1 for line in self.lines if line["message"] == "rpc") >= count
+
+        return written
 
 
 @pytest.fixture
@@ -199,7 +208,7 @@ async def test_peer_call_yields_parent_and_child_spans_in_one_trace(
     for line in rpc_lines:
         assert line["trace_id"] == format(trace_id, "032x")
         assert line["grpc_code"] == "OK"
-        assert {"request_id", "grpc_service", "grpc_method", "duration_ms"} <= line.keys()
+        assert {"call_id", "grpc_service", "grpc_method", "duration_ms"} <= line.keys()
         assert SECRET_TEXT not in json.dumps(line)
 
 
@@ -213,6 +222,62 @@ async def test_inbound_traceparent_is_the_parent(
     relay = by_name(spans, "runifold.test.Relay/Relay", SpanKind.SERVER)
     assert relay.parent is not None and format(relay.parent.span_id, "016x") == span_id
     assert {format(s.context.trace_id, "032x") for s in spans} == {trace_id}
+
+
+async def relay_call_id(address: str, namespace: str, metadata: tuple[Any, ...]) -> str:
+    """Call the relay; the call id its trailers carry back."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        relay = channel.unary_unary(
+            RELAY,
+            request_serializer=pb.AppendEntriesRequest.SerializeToString,
+            response_deserializer=pb.AppendEntriesResponse.FromString,
+        )
+        message = common_pb2.Message(role=common_pb2.ROLE_USER, text="hello")
+        call = relay(
+            pb.AppendEntriesRequest(namespace=namespace, expected_version=0, messages=[message]),
+            metadata=metadata,
+            timeout=10,
+        )
+        await call
+        trailers = dict(await call.trailing_metadata() or ())
+    assert "x-request-id" not in trailers
+    return str(trailers["x-call-id"])
+
+
+@pytest.mark.parametrize(
+    ("sent", "expected"),
+    [
+        ((("x-call-id", "call-1"),), "call-1"),
+        # A mesh's correlation id is the call id when the caller sends none of its own...
+        ((("x-request-id", "mesh-1"),), "mesh-1"),
+        # ...and only then.
+        ((("x-request-id", "mesh-2"), ("x-call-id", "call-2")), "call-2"),
+    ],
+)
+async def test_the_call_id_is_the_callers_logged_returned_and_carried_to_peers(
+    access_log: _Lines,
+    relay_address: str,
+    namespace: str,
+    sent: tuple[tuple[str, str], ...],
+    expected: str,
+) -> None:
+    assert await relay_call_id(relay_address, namespace, sent) == expected
+    # The relay's own line, and those of the two calls it made to TranscriptService.
+    await wait_for(access_log.has(3))
+    rpc_lines = [line for line in access_log.lines if line["message"] == "rpc"]
+    assert [line["call_id"] for line in rpc_lines] == [expected] * 3
+    assert all("request_id" not in line for line in rpc_lines)
+
+
+async def test_a_call_without_a_call_id_gets_one_made_by_the_server(
+    access_log: _Lines, relay_address: str, namespace: str
+) -> None:
+    first = await relay_call_id(relay_address, namespace, ())
+    second = await relay_call_id(relay_address, namespace, (("x-call-id", ""),))
+    assert first and second and first != second
+    await wait_for(access_log.has(6))
+    logged = {line["call_id"] for line in access_log.lines if line["message"] == "rpc"}
+    assert logged == {first, second}
 
 
 async def test_failed_peer_call_marks_the_client_span(
@@ -243,7 +308,7 @@ def test_off_by_default_and_switched_by_the_environment() -> None:
     with pytest.raises(ValueError, match="RUNIFOLD_TRACING"):
         tracing.wanted({"RUNIFOLD_TRACING": "jaeger"})
     # Off: nothing is added to outbound metadata and no span is opened.
-    assert tracing.start_server_span("/a.B/C", object(), "rid") is None  # context untouched
+    assert tracing.start_server_span("/a.B/C", object(), "call") is None  # context untouched
     assert all(key != "traceparent" for key, _ in outbound_metadata())
 
 

@@ -16,7 +16,7 @@ from services.common.errors import DomainError
 from services.common.logs import JsonFormatter, TextFormatter
 from services.common.messages import MessageLimits
 from services.transcript.config import TranscriptLimits
-from services.transcript.write_rules import state_change
+from services.transcript.conversations.model import state_change
 from tests.jsonb_cases import ACCEPTED, REFUSED
 
 

@@ -1,4 +1,4 @@
-"""The load-shedding parts on their own: the bounded gate in front of a slow resource,
+"""The load-shedding parts on their own: the slot queue in front of a slow resource,
 per-namespace admission, the limits' settings, and the transport cap's arithmetic."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from services.common.admission import Admission
 from services.common.errors import DomainError
 from services.common.server import MIN_RECEIVE_MESSAGE_BYTES, receive_cap
 from services.common.settings import AdmissionLimits, Settings, SettingsError, TransportLimits
-from services.common.shedding import BoundedGate
+from services.common.shedding import SlotQueue
 from services.llm.model import ChatMessage, ChatRequest
 from services.llm.openai import OpenAIChatModel
 from services.memory.embeddings.local import LocalEmbedder, _Pending
@@ -54,25 +54,25 @@ def shed(resource: str, reason: str) -> float:
     )
 
 
-# -- the bounded gate ------------------------------------------------------------------
+# -- the slot queue ---------------------------------------------------------------------
 
 
-async def test_a_full_gate_refuses_at_once_with_a_retry_delay() -> None:
-    gate = BoundedGate("model", max_concurrent=1, max_queued=1)
+async def test_a_full_slot_queue_refuses_at_once_with_a_retry_delay() -> None:
+    queue = SlotQueue("model", max_concurrent=1, max_queued=1)
     before = shed("model", "OVERLOADED")
     held, release = asyncio.Event(), asyncio.Event()
 
     async def hold() -> None:
-        async with gate.slot(10):
+        async with queue.slot(10):
             held.set()
             await release.wait()
 
     first = asyncio.ensure_future(hold())
     await held.wait()
     waiting = asyncio.ensure_future(hold())
-    await wait_for(holds(lambda: gate.waiting == 1))
+    await wait_for(holds(lambda: queue.waiting == 1))
     with pytest.raises(DomainError) as refused:
-        async with gate.slot(10):
+        async with queue.slot(10):
             pass
     assert refused.value.code.value == "RESOURCE_EXHAUSTED"
     assert refused.value.reason == "OVERLOADED"
@@ -81,65 +81,65 @@ async def test_a_full_gate_refuses_at_once_with_a_retry_delay() -> None:
     assert shed("model", "OVERLOADED") == before + 1
     release.set()
     await asyncio.gather(first, waiting)  # the one that waited was served
-    assert gate.held == 0 and gate.waiting == 0
+    assert queue.held == 0 and queue.waiting == 0
 
 
 async def test_a_wait_ends_at_the_deadline_and_a_cancelled_waiter_gives_up_its_place() -> None:
-    gate = BoundedGate("model", max_concurrent=1, max_queued=2)
+    queue = SlotQueue("model", max_concurrent=1, max_queued=2)
     release = asyncio.Event()
     held = asyncio.Event()
 
     async def hold() -> None:
-        async with gate.slot():
+        async with queue.slot():
             held.set()
             await release.wait()
 
     holder = asyncio.ensure_future(hold())
     await held.wait()
     with pytest.raises(DomainError) as late:
-        async with gate.slot(0.05):
+        async with queue.slot(0.05):
             pass
     assert late.value.reason == "DEADLINE_EXCEEDED"
-    assert gate.waiting == 0, "a waiter past its deadline leaves the queue"
+    assert queue.waiting == 0, "a waiter past its deadline leaves the queue"
 
     async def enter() -> str:
-        async with gate.slot(10):
+        async with queue.slot(10):
             return "served"
 
     cancelled = asyncio.ensure_future(enter())
     served = asyncio.ensure_future(enter())
-    await wait_for(holds(lambda: gate.waiting == 2))
+    await wait_for(holds(lambda: queue.waiting == 2))
     cancelled.cancel()
     with pytest.raises(asyncio.CancelledError):
         await cancelled
-    assert gate.waiting == 1
+    assert queue.waiting == 1
     release.set()
     await holder
     assert await served == "served"
-    assert gate.held == 0
+    assert queue.held == 0
 
 
-async def test_the_gate_serves_namespaces_in_turns_not_first_come() -> None:
-    gate = BoundedGate("model", max_concurrent=1, max_queued=16)
+async def test_the_slot_queue_serves_namespaces_in_turns_not_first_come() -> None:
+    queue = SlotQueue("model", max_concurrent=1, max_queued=16)
     release = asyncio.Event()
     served: list[str] = []
 
     async def call(lane: str) -> None:
-        async with gate.slot(10, lane):
+        async with queue.slot(10, lane):
             served.append(lane)
             await release.wait()
 
     holder = asyncio.ensure_future(call("busy"))
-    await wait_for(holds(lambda: gate.held == 1))
+    await wait_for(holds(lambda: queue.held == 1))
     flood = [asyncio.ensure_future(call("busy")) for _ in range(6)]
-    await wait_for(holds(lambda: gate.waiting == 6))
+    await wait_for(holds(lambda: queue.waiting == 6))
     quiet = asyncio.ensure_future(call("quiet"))  # one call, after a burst of another
-    await wait_for(holds(lambda: gate.waiting == 7))
+    await wait_for(holds(lambda: queue.waiting == 7))
     release.set()
     await asyncio.gather(holder, *flood, quiet)
     # The quiet namespace waited for the call that held the slot, not for the burst.
     assert served[:2] == ["busy", "quiet"]
-    assert gate.held == gate.waiting == 0
+    assert queue.held == queue.waiting == 0
 
 
 # -- admission -------------------------------------------------------------------------
@@ -160,35 +160,35 @@ def own_context() -> Iterator[None]:
 
 
 def test_a_namespace_at_its_limit_is_refused_and_another_is_not() -> None:
-    gate = Admission(AdmissionLimits(turns=2, retry_after_s=3.0))
+    admissions = Admission(AdmissionLimits(turns=2, retry_after_s=3.0))
     before = shed("turn", "NAMESPACE_CONCURRENCY_LIMIT")
     slots = []
     for method in (TURN, STREAM):  # one kind: a namespace's turns, however asked for
-        gate.enter(method, _Request("tenant-a"))
+        admissions.enter(method, _Request("tenant-a"))
         slots.append(admission._slot_var.get())
     with pytest.raises(DomainError) as refused:
-        gate.enter(TURN, _Request("tenant-a"))
+        admissions.enter(TURN, _Request("tenant-a"))
     assert refused.value.code.value == "RESOURCE_EXHAUSTED"
     assert refused.value.reason == "NAMESPACE_CONCURRENCY_LIMIT"
     assert refused.value.metadata == {"kind": "turn", "limit": "2"}
     assert refused.value.retry_after_s == 3.0  # nothing finished yet: the configured hint
     assert shed("turn", "NAMESPACE_CONCURRENCY_LIMIT") == before + 1
-    gate.enter(TURN, _Request("tenant-b"))  # another namespace is admitted
-    gate.enter(SEARCH, _Request("tenant-a"))  # another kind too
+    admissions.enter(TURN, _Request("tenant-b"))  # another namespace is admitted
+    admissions.enter(SEARCH, _Request("tenant-a"))  # another kind too
     for slot in slots:
         assert slot is not None
         slot.release()
         slot.release()  # idempotent
-    assert gate.in_flight("turn", "tenant-a") == 0
-    gate.enter(TURN, _Request("tenant-a"))
+    assert admissions.in_flight("turn", "tenant-a") == 0
+    admissions.enter(TURN, _Request("tenant-a"))
 
 
 def test_methods_without_a_kind_and_kinds_without_a_limit_pass() -> None:
-    gate = Admission(AdmissionLimits(searches=0, turns=1))
+    admissions = Admission(AdmissionLimits(searches=0, turns=1))
     for _ in range(5):
-        gate.enter("/runifold.transcript.v1.TranscriptService/AppendEntries", _Request("a"))
-        gate.enter(SEARCH, _Request("a"))
-    assert gate.in_flight("search", "a") == 0
+        admissions.enter("/runifold.transcript.v1.TranscriptService/AppendEntries", _Request("a"))
+        admissions.enter(SEARCH, _Request("a"))
+    assert admissions.in_flight("search", "a") == 0
 
 
 def _slot(context: contextvars.Context) -> admission.Slot:
@@ -199,35 +199,35 @@ def _slot(context: contextvars.Context) -> admission.Slot:
 
 
 async def test_a_parked_call_gives_its_slot_up_and_resumes_within_the_limit() -> None:
-    gate = Admission(AdmissionLimits(turns=1))
+    admissions = Admission(AdmissionLimits(turns=1))
     # Calls, each in its own context as the guard serves them.
     waiting, other, late = (contextvars.copy_context() for _ in range(3))
-    waiting.run(gate.enter, TURN, _Request("a"))
+    waiting.run(admissions.enter, TURN, _Request("a"))
     slot = _slot(waiting)
     slot.park()
-    assert (gate.in_flight("turn", "a"), gate.in_flight("turn_wait", "a")) == (0, 1)
-    other.run(gate.enter, TURN, _Request("a"))  # admitted while the first one waits
+    assert (admissions.in_flight("turn", "a"), admissions.in_flight("turn_wait", "a")) == (0, 1)
+    other.run(admissions.enter, TURN, _Request("a"))  # admitted while the first one waits
     # The wait is over: the parked call waits for the slot; the namespace's limit holds.
     resuming = asyncio.ensure_future(slot.resume(10))
-    await wait_for(holds(lambda: gate.resuming("turn", "a") == 1))
-    assert gate.in_flight("turn", "a") == 1
+    await wait_for(holds(lambda: admissions.resuming("turn", "a") == 1))
+    assert admissions.in_flight("turn", "a") == 1
     # A slot freed goes to the resuming call, before any new call of the namespace.
     other.run(admission.leave)
     with pytest.raises(DomainError) as refused:
-        late.run(gate.enter, TURN, _Request("a"))
+        late.run(admissions.enter, TURN, _Request("a"))
     assert refused.value.reason == "NAMESPACE_CONCURRENCY_LIMIT"
     await resuming
     assert slot.held and not slot.parked
-    assert (gate.in_flight("turn", "a"), gate.in_flight("turn_wait", "a")) == (1, 0)
+    assert (admissions.in_flight("turn", "a"), admissions.in_flight("turn_wait", "a")) == (1, 0)
     waiting.run(admission.leave)
-    assert (gate.in_flight("turn", "a"), gate.resuming("turn", "a")) == (0, 0)
+    assert (admissions.in_flight("turn", "a"), admissions.resuming("turn", "a")) == (0, 0)
 
 
 async def test_waiting_places_are_bounded_and_a_refused_call_keeps_its_slot() -> None:
-    gate = Admission(AdmissionLimits(turns=4, waiting_turns=1))
+    admissions = Admission(AdmissionLimits(turns=4, waiting_turns=1))
     first, second = contextvars.copy_context(), contextvars.copy_context()
-    first.run(gate.enter, TURN, _Request("a"))
-    second.run(gate.enter, TURN, _Request("a"))
+    first.run(admissions.enter, TURN, _Request("a"))
+    second.run(admissions.enter, TURN, _Request("a"))
     _slot(first).park()
     before = shed("turn_wait", "NAMESPACE_CONCURRENCY_LIMIT")
     with pytest.raises(DomainError) as refused:
@@ -239,43 +239,43 @@ async def test_waiting_places_are_bounded_and_a_refused_call_keeps_its_slot() ->
     assert _slot(second).held  # refused: it still holds its slot
     # Another namespace has waiting places of its own.
     third = contextvars.copy_context()
-    third.run(gate.enter, TURN, _Request("b"))
+    third.run(admissions.enter, TURN, _Request("b"))
     _slot(third).park()
     for context in (first, second, third):
         context.run(admission.leave)  # a parked call's place goes when it ends
-    assert gate.in_flight("turn_wait", "a") == gate.in_flight("turn", "a") == 0
-    assert gate.in_flight("turn_wait", "b") == 0
+    assert admissions.in_flight("turn_wait", "a") == admissions.in_flight("turn", "a") == 0
+    assert admissions.in_flight("turn_wait", "b") == 0
 
 
 async def test_a_resume_past_its_deadline_or_cancelled_leaves_no_trace() -> None:
-    gate = Admission(AdmissionLimits(turns=1))
+    admissions = Admission(AdmissionLimits(turns=1))
     parked, holder = contextvars.copy_context(), contextvars.copy_context()
-    parked.run(gate.enter, TURN, _Request("a"))
+    parked.run(admissions.enter, TURN, _Request("a"))
     slot = _slot(parked)
     slot.park()
-    holder.run(gate.enter, TURN, _Request("a"))
+    holder.run(admissions.enter, TURN, _Request("a"))
     with pytest.raises(DomainError) as late:
         await slot.resume(0.05)
     assert late.value.reason == "DEADLINE_EXCEEDED"
     cancelled = asyncio.ensure_future(slot.resume(10))
-    await wait_for(holds(lambda: gate.resuming("turn", "a") == 1))
+    await wait_for(holds(lambda: admissions.resuming("turn", "a") == 1))
     cancelled.cancel()
     with pytest.raises(asyncio.CancelledError):
         await cancelled
-    assert gate.resuming("turn", "a") == 0
+    assert admissions.resuming("turn", "a") == 0
     holder.run(admission.leave)
-    assert gate.in_flight("turn", "a") == 0  # nobody took the freed slot
+    assert admissions.in_flight("turn", "a") == 0  # nobody took the freed slot
     parked.run(admission.leave)
-    assert gate.in_flight("turn_wait", "a") == 0
+    assert admissions.in_flight("turn_wait", "a") == 0
 
 
 async def test_many_waits_ending_together_never_exceed_the_limit() -> None:
     limit = 3
-    gate = Admission(AdmissionLimits(turns=limit, waiting_turns=20))
+    admissions = Admission(AdmissionLimits(turns=limit, waiting_turns=20))
     slots = []
     for _ in range(12):  # each admitted while the ones before it wait
         context = contextvars.copy_context()
-        context.run(gate.enter, TURN, _Request("a"))
+        context.run(admissions.enter, TURN, _Request("a"))
         slot = _slot(context)
         slot.park()
         slots.append(slot)
@@ -284,13 +284,13 @@ async def test_many_waits_ending_together_never_exceed_the_limit() -> None:
     async def run(slot: admission.Slot) -> None:
         nonlocal peak
         await slot.resume(10)
-        peak = max(peak, gate.in_flight("turn", "a"))
+        peak = max(peak, admissions.in_flight("turn", "a"))
         await asyncio.sleep(0)  # a turn's work, interleaved with the others'
         slot.release()
 
     await asyncio.gather(*(run(slot) for slot in slots))
     assert peak == limit
-    assert gate.in_flight("turn", "a") == gate.in_flight("turn_wait", "a") == 0
+    assert admissions.in_flight("turn", "a") == admissions.in_flight("turn_wait", "a") == 0
 
 
 def test_every_admitted_method_exists() -> None:
@@ -570,7 +570,7 @@ async def test_chat_model_calls_beyond_the_queue_are_overloaded_and_waits_end_at
                 await model.complete(request, timeout=0.2)
             assert late.value.reason == "DEADLINE_EXCEEDED"
             waiting = asyncio.ensure_future(model.complete(request, timeout=30))
-            await wait_for(holds(lambda: model._gate.waiting == 1))
+            await wait_for(holds(lambda: model._slots.waiting == 1))
             with pytest.raises(DomainError) as refused:
                 await model.complete(request, timeout=30)
             assert refused.value.reason == "OVERLOADED"

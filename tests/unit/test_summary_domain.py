@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import pytest
 
+from services.common.channels import deadline_var
 from services.common.domain import Budget, Entry, Role, Usage
 from services.common.errors import Code, DomainError
-from services.common.peers import deadline_var
 from services.llm.model import ModelTimeout, ModelUnavailable
 from services.summary import metrics
 from services.summary.config import SummaryConfig

@@ -12,7 +12,7 @@ as soon as a servicer has them.
 The guard is the gRPC guard's (services/common/interceptors.py), step for step:
 
 1. `Guard.on_start`, a Connect metadata interceptor, runs before the request body is
-   read: request id, method and deadline for logs and outbound calls, the RPC
+   read: call id, method and deadline for logs and outbound calls, the RPC
    metrics and span, and authentication from the headers (the same `AuthGate`: a
    JWT bearer in `authorization`, or under mesh the sidecar's
    `x-forwarded-client-cert` from a loopback peer). An unauthenticated caller never
@@ -50,8 +50,8 @@ from services.common.auth import AuthGate, Identity
 from services.common.deadlines import deadline_var
 from services.common.errors import Code, DomainError, StoreUnavailable
 from services.common.http.errors import GRPC_NAMES, connect_error, request_codecs
-from services.common.interceptors import RpcCall, request_id
-from services.common.logs import REQUEST_ID_HEADER, method_var, request_id_var
+from services.common.interceptors import RpcCall, call_id_of
+from services.common.logs import CALL_ID_HEADER, call_id_var, method_var
 
 log = logging.getLogger("runifold.rpc")
 
@@ -123,14 +123,14 @@ class Guard:
     async def on_start(self, ctx: RequestContext[Any, Any]) -> RpcCall:
         method = _path(ctx)
         metadata = [(key.lower(), value) for key, value in ctx.request_headers.allitems()]
-        rid = request_id(metadata)
-        request_id_var.set(rid)
+        cid = call_id_of(metadata)
+        call_id_var.set(cid)
         method_var.set(method)
         left_ms = ctx.timeout_ms
         deadline_var.set(time.monotonic() + left_ms / 1000 if left_ms is not None else None)
-        ctx.response_headers[REQUEST_ID_HEADER] = rid
+        ctx.response_headers[CALL_ID_HEADER] = cid
         kind = "server_stream" if ctx.method.stream_type is StreamType.SERVER_STREAM else "unary"
-        call = RpcCall(method, kind, _TracingCarrier(metadata), rid, self.slow_rpc_s)
+        call = RpcCall(method, kind, _TracingCarrier(metadata), cid, self.slow_rpc_s)
         _caller.set(None)
         if self.gate is not None and self.gate.applies(method):
             try:

@@ -39,7 +39,7 @@ from services.common.settings import TransportLimits
 log = logging.getLogger(__name__)
 
 # What a browser may send and read across origins (when CORS is on): the Connect and
-# gRPC-Web protocol headers, credentials and the request id.
+# gRPC-Web protocol headers, credentials and the call id (the mesh's request id too).
 CORS_REQUEST_HEADERS = [
     "authorization",
     "content-type",
@@ -48,13 +48,14 @@ CORS_REQUEST_HEADERS = [
     "grpc-timeout",
     "x-grpc-web",
     "x-user-agent",
+    "x-call-id",
     "x-request-id",
 ]
 CORS_RESPONSE_HEADERS = [
     "grpc-status",
     "grpc-message",
     "grpc-status-details-bin",
-    "x-request-id",
+    "x-call-id",
 ]
 
 

@@ -1,6 +1,6 @@
 """The OpenAI-compatible `/v1/embeddings` endpoint behind the Embedder interface of
 services/memory/embeddings/protocol.py (OpenAI, vLLM, Ollama, LiteLLM...): batched by
-`RUNIFOLD_EMBEDDINGS_BATCH`, behind a bounded, deadline-aware gate."""
+`RUNIFOLD_EMBEDDINGS_BATCH`, behind a bounded, deadline-aware slot queue."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import httpx
 
 from services.common.admission import namespace_var
 from services.common.deadlines import remaining
-from services.common.shedding import BoundedGate
+from services.common.shedding import SlotQueue
 from services.llm import metrics
 from services.memory.embeddings.protocol import EmbeddingUnavailable, Vector
 
@@ -42,9 +42,9 @@ class OpenAIEmbedder:
         self.batch_size = batch_size
         self.timeout_s = timeout_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        # The gate is the queue in front of the endpoint (bounded, deadline-aware);
+        # The slot queue in front of the endpoint (bounded, deadline-aware);
         # the pool never makes a request wait behind it.
-        self._gate = BoundedGate("embeddings", max_concurrent, max_queued)
+        self._slots = SlotQueue("embeddings", max_concurrent, max_queued)
         self._client = httpx.AsyncClient(
             base_url=base_url,
             headers=headers,
@@ -71,7 +71,7 @@ class OpenAIEmbedder:
         vectors: list[Vector] = []
         for start in range(0, len(texts), self.batch_size):
             # A wait for the endpoint ends with the caller's deadline.
-            async with self._gate.slot(remaining(self.timeout_s), namespace_var.get() or ""):
+            async with self._slots.slot(remaining(self.timeout_s), namespace_var.get() or ""):
                 vectors += await self._embed_batch(texts[start : start + self.batch_size])
         return vectors
 

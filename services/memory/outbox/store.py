@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Protocol
 
-from services.common.db import AsyncConn, Database, fetch_one
+from services.common.postgres.pool import AsyncConn, Database, fetch_one
 from services.memory.model import Key, Memory
 from services.memory.outbox import statements as sql
 from services.memory.outbox.model import OutboxClaim, OutboxDepth, OutboxEntry

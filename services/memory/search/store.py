@@ -9,7 +9,7 @@ from typing import Protocol
 
 from psycopg.types.json import Jsonb
 
-from services.common.db import Database
+from services.common.postgres.pool import Database
 from services.memory.rows import COLUMN_COUNT, memory_from_row
 from services.memory.search import statements as sql
 from services.memory.search.model import ScoredMemory

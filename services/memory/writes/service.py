@@ -84,7 +84,7 @@ class MemoryWrites:
         self, namespace: str, sources: Sequence[MemorySource]
     ) -> datetime | None:
         """When the earliest entry of the sources was written (a memory's default valid
-        time); None if none is found (erased meanwhile: the write's fence decides)."""
+        time); None if none is found (erased meanwhile: the write's tombstone check decides)."""
         first: dict[uuid.UUID, int] = {}
         for source in sources:
             low = first.get(source.conversation_id)
@@ -178,7 +178,7 @@ class MemoryWrites:
             namespace=namespace,
             memory_id=mid,
             content=content,
-            # The stated incarnations did their part in the check (and the fence, through
+            # The stated incarnations did their part in the check (and the tombstone check, through
             # `incarnations`); a memory's sources are stored as ranges.
             sources=[replace(s, incarnation=0) for s in parsed_sources],
             metadata=clean_metadata,

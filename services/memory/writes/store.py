@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg.types.json import Jsonb
 
-from services.common.db import Database, fetch_one
+from services.common.postgres.pool import Database, fetch_one
 from services.memory.model import invalid_validity, memory_not_found
 from services.memory.rows import memory_from_row, sources_json
 from services.memory.statements import LIVE, LIVE_M
@@ -49,7 +49,7 @@ class WriteStore(Protocol):
 
     async def update(self, write: MemoryWrite) -> WriteResult:
         """Replace a live memory at `write.expected_revision`; NOT_FOUND or REVISION_CONFLICT
-        (and the rules of `create` on fences, request ids and supersession). Validity not
+        (and the rules of `create` on tombstones, request ids and supersession). Validity not
         given is kept; a validity that would end before it starts is INVALID_VALIDITY."""
 
     async def delete(
@@ -61,7 +61,7 @@ class WriteStore(Protocol):
         self, namespace: str, conversation_id: uuid.UUID, low: int, high: int, incarnation: int = 0
     ) -> int:
         """Erase every memory with a source range of the conversation overlapping [low, high];
-        with an `incarnation`, fence it first (later writes naming it are refused)."""
+        with an `incarnation`, leave its tombstone first (later writes naming it are refused)."""
 
     async def erased(self, namespace: str, conversation_id: uuid.UUID, incarnation: int) -> bool:
         """Whether an erasure fenced this incarnation of the conversation (within
@@ -99,7 +99,7 @@ class PostgresWrites:
     async def create(self, write: MemoryWrite) -> WriteResult:
         params = _write_params(write)
         async with self.db.connection() as conn, conn.transaction():
-            replayed = await transaction.fence(conn, write)
+            replayed = await transaction.check_sources_and_claim(conn, write)
             if replayed is not None:
                 return replayed
             locked = await transaction.lock_superseded(conn, write, updating=False)
@@ -124,7 +124,7 @@ class PostgresWrites:
         params = _write_params(write)
         try:
             async with self.db.connection() as conn, conn.transaction():
-                replayed = await transaction.fence(conn, write)
+                replayed = await transaction.check_sources_and_claim(conn, write)
                 if replayed is not None:
                     return replayed
                 locked = await transaction.lock_superseded(conn, write, updating=True)

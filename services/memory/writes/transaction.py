@@ -1,6 +1,6 @@
 """The steps of a memory write's transaction around its write statement (store.py's writes).
 
-Before the statement: `fence` locks the source conversations, refuses a write an
+Before the statement: `check_sources_and_claim` locks the source conversations, refuses a write an
 erasure fenced, and claims the request id (or replays the request's first result);
 `lock_superseded` locks the memories the write supersedes. After it: `recorded`
 closes their validity (each checked first) and records the result under the
@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from services.common.db import AsyncConn, fetch_one
+from services.common.postgres.pool import AsyncConn, fetch_one
 from services.memory.model import Memory, memory_not_found
 from services.memory.rows import memory_from_row
 from services.memory.writes import statements as sql
@@ -30,7 +30,7 @@ from services.memory.writes.model import (
 )
 
 
-async def fence(conn: AsyncConn, write: MemoryWrite) -> WriteResult | None:
+async def check_sources_and_claim(conn: AsyncConn, write: MemoryWrite) -> WriteResult | None:
     """Inside the write's transaction: lock its source conversations (in a fixed order),
     refuse the write if an erasure fenced one of them, and claim its request id (or return
     the first result of that request). Runs before the write statement, whose snapshot
@@ -81,7 +81,7 @@ async def recorded(
     created: bool,
 ) -> WriteResult:
     """Supersede what the write names (rows locked by `lock_superseded`), and record the
-    write's result under its request id (claimed by `fence`)."""
+    write's result under its request id (claimed by `check_sources_and_claim`)."""
     superseded = await _supersede(conn, write, memory, locked)
     if write.request_id is not None:
         await conn.execute(

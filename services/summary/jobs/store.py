@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from services.common.db import Database, fetch_one
+from services.common.postgres.pool import Database, fetch_one
 from services.summary.jobs import statements as sql
 from services.summary.jobs.model import STATES_BY_NAME, Job, JobQueue, JobState, NewJob
 from services.summary.tombstones import prune_tombstones, refuse_erased

@@ -1,14 +1,57 @@
-"""The cut of a turn's bounded view (TranscriptService.load_view): the entries read
-split into window, summary buffer and backlog, keeping tool call groups whole.
+"""The bounded view of a turn (LoadView): the ranges a view reads, and the cut of the
+entries read into window, summary buffer and backlog, keeping tool call groups whole.
 Pure rules: no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from services.common.domain import Entry, Role
-from services.transcript.model import AppendRecord, Conversation, View
+from services.transcript.conversations.model import AppendRecord, Conversation
+
+
+@dataclass(frozen=True, slots=True)
+class ViewRead:
+    """What the store reads for a view in one round trip (see ViewStore.read_view)."""
+
+    version: int
+    last_sequence: int
+    entries: Sequence[Entry]
+    prior_append: AppendRecord | None
+    incarnation: int = 0
+    conversation: Conversation | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """The bounded context of a turn, consistent with `version`."""
+
+    version: int
+    last_sequence: int
+    window: Sequence[Entry]
+    summary_buffer: Sequence[Entry]
+    summary_backlog: int
+    prior_append: AppendRecord | None
+    incarnation: int = 0
+    conversation: Conversation | None = None
+
+
+def view_ranges(
+    last: int, window: int, summary_batch: int, summarized_through: int
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The two sequence ranges a view reads at a transcript's `last` sequence: the window
+    [low, last] with low = max(1, last - window + 1), and the naive summary buffer
+    [summarized_through + 1, min(summarized_through + summary_batch + 1, low - 1)] (one
+    entry past the batch, to see whether its end cuts a tool group). An empty range has
+    low > high. The PostgreSQL store computes the same in SQL (statements.VIEW_SQL),
+    inside the statement that reads `last`, so that a view stays one round trip."""
+    low = max(1, last - window + 1)
+    return (low, last), (
+        summarized_through + 1,
+        min(summarized_through + summary_batch + 1, low - 1),
+    )
 
 
 def _tool_group_start(roles: Mapping[int, Role], position: int, lowest: int) -> int:

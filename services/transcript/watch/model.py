@@ -1,17 +1,14 @@
-"""The vocabulary of WatchConversation (feed.py): the events a stream yields, what the
-feed's store reads, the store and bus protocols (on PostgreSQL in feed_store.py), the
-feed's errors, and its pure rules (how a reported turn ended, the heartbeat interval
-a request may ask for). No I/O, no gRPC, no SQL.
+"""The vocabulary of WatchConversation (service.py): the events a stream yields, what the
+feed's store reads (store.py), the feed's errors, and its pure rules (how a reported
+turn ended, the heartbeat interval a request may ask for). No I/O, no gRPC, no SQL.
 """
 
 from __future__ import annotations
 
 import enum
-import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
 
 from services.common.domain import Entry
 from services.common.errors import Code, DomainError, invalid_argument, resource_exhausted
@@ -116,20 +113,20 @@ class RunningTurn:
     """A turn whose lease holds."""
 
     turn_id: str
-    ticket: int  # its fencing token: tells a new grant of the same turn id
+    fencing_token: int  # tells a new grant of the same turn id
     exclusive: bool
     start_time: datetime
 
 
 @dataclass(frozen=True, slots=True)
 class TurnTrace:
-    """What became of a turn a stream reported running (`ticket`): its row now, if any,
+    """What became of a turn a stream reported running (`fencing_token`): its row now, if any,
     and the version its append made, if it committed."""
 
     turn_id: str
-    ticket: int
+    fencing_token: int
     state: str | None  # "running", "waiting", "ended", "committed"; None: no row
-    row_ticket: int | None
+    row_fencing_token: int | None
     reason: str | None  # the outcome's reason of an ended turn
     committed_version: int | None
 
@@ -168,65 +165,6 @@ class FeedState:
     # entries: the first `max_entries` of them, in version order, and past the first
     # no more than about `max_entries` sequences in all.
     retractions: Sequence[Retraction] = ()
-
-
-class FeedStore(Protocol):
-    """The reads of WatchConversation. Every method is one statement."""
-
-    async def open_watch(
-        self,
-        namespace: str,
-        conversation_id: uuid.UUID,
-        after: int,
-        incarnation: int,
-        ttl_s: float,
-        renew_before_s: float,
-    ) -> Snapshot | None:
-        """Return the conversation's counters (None when it is not in the namespace) and,
-        when a stream from `after` on `incarnation` (0: any) can open, mark it watched for
-        `ttl_s` (unless it is for `renew_before_s` more already)."""
-
-    async def read_state(
-        self,
-        key: int,
-        reported: Sequence[tuple[str, int]],
-        after: int,
-        max_entries: int,
-        max_bytes: int,
-        since: int = -1,
-    ) -> FeedState | None:
-        """In one snapshot: the counters, the running turns, a trace of each reported
-        (turn id, ticket), the first `max_entries` writes after version `since` (< 0:
-        after the version of the append that wrote entry `after`) that retracted entries
-        through `after` (past the first, about `max_entries` sequences in all), and the
-        first page of entries after `after` (as read_entries through the last sequence);
-        None when the conversation is gone."""
-
-    async def read_entries(
-        self, key: int, after: int, through: int, max_entries: int, max_bytes: int
-    ) -> list[AppendSlice]:
-        """The entries in (after, through], at most `max_entries` and, past the first,
-        about `max_bytes`, grouped by the append that wrote them."""
-
-    async def pulse(
-        self, keys: Sequence[int], ttl_s: float, renew_before_s: float
-    ) -> Mapping[int, Snapshot]:
-        """The snapshots of the conversations that still exist among `keys`, renewing
-        their marks as open_watch does (skipping rows a writer holds: next time)."""
-
-
-class ChangeBus(Protocol):
-    """Notifications between the processes that serve one database."""
-
-    async def listen(self, woken: Callable[[int], None], connected: Callable[[], None]) -> None:
-        """Run until cancelled: `connected()` each time listening (re)starts, `woken(key)`
-        for each conversation another process announced."""
-
-    async def announce(self, keys: Sequence[int]) -> None:
-        """Tell the other processes that these conversations changed."""
-
-    async def close(self) -> None:
-        """Close the connections (idempotent)."""
 
 
 # -- errors ------------------------------------------------------------------------------
@@ -280,7 +218,7 @@ def finish_of(trace: TurnTrace) -> TurnFinished:
         # No row: the lease was released without an outcome (or it lapsed and another
         # lease decision cleared it before the stream looked again).
         return TurnFinished(trace.turn_id, TurnFinish.RELEASED)
-    if trace.state == "ended" and trace.row_ticket == trace.ticket:
+    if trace.state == "ended" and trace.row_fencing_token == trace.fencing_token:
         return TurnFinished(trace.turn_id, TurnFinish.ENDED, reason=trace.reason or "")
     # Still its row but no longer live, or a newer grant of the same turn id.
     return TurnFinished(trace.turn_id, TurnFinish.LAPSED)

@@ -21,61 +21,47 @@ What wakes a stream:
 
 An idle stream costs no database connection and no query of its own: its
 heartbeats come from what the last read or pulse saw. A stream holds at most one
-page of entries (`WatchLimits.page_bytes`), and only while the transport has not
-taken it: the next page is read once the transport took the last event, so a slow
-reader holds back only its own stream (the servicer ends one that takes nothing for
-RUNIFOLD_WATCH_SEND_TIMEOUT_S). The bytes of the pages held are counted against a
-budget per namespace and per process (RUNIFOLD_WATCH_MAX_BUFFERED_BYTES*,
-services/common/byte_budget.py): a stream reserves a page's worth before it reads
-(waiting, without a database connection, while its namespace or the process has no
-room), keeps what the page holds, and gives each event's share back as the transport
-takes it. A caught-up stream holds none. A namespace whose readers stop reading
-therefore fills its own share and no more: its next streams wait, the others' do not.
+page of entries, and only while the transport has not taken it (stream.py), so a
+slow reader holds back only its own stream (the servicer ends one that takes nothing
+for RUNIFOLD_WATCH_SEND_TIMEOUT_S). The bytes of the pages held are counted against a
+budget per namespace and per process (RUNIFOLD_WATCH_MAX_BUFFERED_BYTES*): a
+namespace whose readers stop reading fills its own share and no more: its next
+streams wait, the others' do not.
 
-Knows nothing of gRPC or SQL: the store (`FeedStore`) reads, the bus
-(`ChangeBus`) carries the notifications between processes; they, the events and
-the feed's errors are in feed_model.py.
+Knows nothing of gRPC or SQL: the store (`FeedStore`, store.py) reads, the bus
+(`ChangeBus`, bus.py) carries the notifications between processes; the events and
+the feed's errors are in model.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
-import time
-from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 from services.common import metrics, validation
 from services.common.background import cancel_and_wait
-from services.common.byte_budget import ByteBudget, Charge
+from services.common.byte_budget import ByteBudget
 from services.common.errors import invalid_argument
 from services.common.validation import conversation_id
 from services.transcript import metrics as transcript_metrics
 from services.transcript.config import WatchLimits
-from services.transcript.feed_model import (
-    Appended,
-    AppendSlice,
-    ChangeBus,
+from services.transcript.conversations.model import conversation_not_found
+from services.transcript.watch.bus import ChangeBus
+from services.transcript.watch.model import (
     Erased,
-    FeedStore,
-    Heartbeat,
-    Retracted,
-    RunningTurn,
     Snapshot,
-    TurnStarted,
     WatchEvent,
-    finish_of,
     heartbeat_interval,
-    more_retractions,
     shutting_down,
     watcher_limit,
 )
-from services.transcript.model import conversation_not_found
+from services.transcript.watch.store import FeedStore
+from services.transcript.watch.stream import Stream, follow
 
 log = logging.getLogger(__name__)
 
@@ -87,25 +73,10 @@ _PULSE_CHUNK = 1000
 
 
 @dataclass(eq=False, slots=True)
-class _Stream:
-    """One open WatchConversation."""
-
-    namespace: str
-    key: int = 0
-    woken: asyncio.Event = field(default_factory=asyncio.Event)
-    # The snapshot fingerprint the stream is up to date with (after its last read).
-    seen: tuple[int, int, int, tuple[int, ...]] | None = None
-    # The bytes it holds of the budget: the page read and not yet taken by the transport.
-    charge: Charge | None = None
-    # The share of them in the event being written (the transport's, until it took it).
-    sending: int = 0
-
-
-@dataclass(eq=False, slots=True)
 class _Watched:
     """A conversation with streams in this process."""
 
-    streams: set[_Stream] = field(default_factory=set)
+    streams: set[Stream] = field(default_factory=set)
     pulse: Snapshot | None = None  # what the last pulse read
 
 
@@ -131,7 +102,7 @@ class Feed:
         self._gone.set()
         self._tasks: list[asyncio.Task[None]] = []
         # Told of every change this process hears of, by conversation key (the turn
-        # leases' waiters: services/transcript/leases.py).
+        # leases' waiters: services/transcript/leases/service.py).
         self.on_change: Callable[[int], None] | None = None
         self.budget = ByteBudget(
             limits.max_buffered_bytes,
@@ -144,6 +115,11 @@ class Feed:
     def open_streams(self) -> int:
         """Streams open in this process."""
         return self._open
+
+    @property
+    def closing(self) -> bool:
+        """True once the server stops (drain or stop): streams end, SERVER_SHUTTING_DOWN."""
+        return self._closing
 
     async def start(self, wait_s: float = 5.0) -> None:
         """Start listening, announcing and the pulse; wait (at most `wait_s`) until the
@@ -259,7 +235,7 @@ class Feed:
 
     # -- streams -------------------------------------------------------------------------
 
-    def _admit(self, stream: _Stream) -> None:
+    def _admit(self, stream: Stream) -> None:
         limits = self.limits
         if self._open >= limits.max_watchers:
             metrics.REQUESTS_SHED.labels("watchers", "WATCHER_LIMIT").inc()
@@ -274,12 +250,12 @@ class Feed:
         self._gone.clear()
         transcript_metrics.WATCHERS.inc()
 
-    def _attach(self, stream: _Stream, key: int) -> None:
+    def _attach(self, stream: Stream, key: int) -> None:
         stream.key = key
         self._conversations.setdefault(key, _Watched()).streams.add(stream)
 
-    def _leave(self, stream: _Stream) -> None:
-        self._release(stream)
+    def _leave(self, stream: Stream) -> None:
+        stream.release()
         watched = self._conversations.get(stream.key)
         if watched is not None:
             watched.streams.discard(stream)
@@ -333,7 +309,7 @@ class Feed:
         interval = heartbeat_interval(heartbeat_s, self.limits.heartbeat_s)
         if self._closing:
             raise shutting_down()
-        stream = _Stream(namespace)
+        stream = Stream(namespace, self.budget)
         self._admit(stream)
         try:
             head = await self.store.open_watch(
@@ -355,165 +331,26 @@ class Feed:
                     field="after_sequence",
                     last_sequence=head.last_sequence,
                 )
-            follow = self._follow(stream, head, after_sequence, interval)
+            events = follow(self, stream, head, after_sequence, interval)
             try:
                 while True:
                     # Passed on without a name here: an event held by this frame while
                     # the stream waits would keep its entries alive past their write.
                     try:
-                        yield await anext(follow)
+                        yield await anext(events)
                     except StopAsyncIteration:
                         break
             finally:
-                await follow.aclose()
+                await events.aclose()
         finally:
             if until_done is None:
                 self._leave(stream)
             else:
                 # The rest of the page is garbage now; the event being written is not.
-                self._hold(stream, stream.sending)
+                stream.hold(stream.sending)
                 until_done(functools.partial(self._leave, stream))
 
-    # -- the byte budget ------------------------------------------------------------------
-
-    async def _reserve(self, stream: _Stream) -> None:
-        """Reserve a page's worth for `stream`, waiting for room (holding nothing else)."""
-        self._release(stream)
-        stream.charge = await self.budget.acquire(stream.namespace, self.limits.page_charge)
-
-    def _hold(self, stream: _Stream, size: int) -> None:
-        """Keep `size` bytes of what `stream` reserved (what it read holds)."""
-        if stream.charge is not None:
-            stream.charge.resize(size)
-
-    def _release(self, stream: _Stream) -> None:
-        charge, stream.charge = stream.charge, None
-        if charge is not None:
-            charge.release()
-
-    async def _follow(
-        self, stream: _Stream, head: Snapshot, after: int, interval: float
-    ) -> AsyncGenerator[WatchEvent]:
-        limits = self.limits
-        key, incarnation = head.key, head.incarnation
-        delivered = after
-        running: dict[str, RunningTurn] = {}  # the turns reported started, by turn id
-        version, read_time = head.version, head.read_time
-        # Retractions are reported after this version (-1: after the version of the
-        # append that wrote entry `after`, which a resuming client has seen).
-        since = -1
-        caught_up = False
-        quiet_since = time.monotonic()
-        while True:
-            if self._closing:
-                raise shutting_down()
-            # Room for a page before the read (a wait here holds no connection). The
-            # wake-up flag is cleared after the wait and before the read: a write during
-            # either wakes the stream again.
-            await self._reserve(stream)
-            stream.woken.clear()
-            state = await self.store.read_state(
-                key,
-                [(turn.turn_id, turn.ticket) for turn in running.values()],
-                delivered,
-                limits.page_entries,
-                limits.page_bytes,
-                since,
-            )
-            if state is None or state.snapshot.incarnation != incarnation:
-                self._release(stream)
-                yield Erased(incarnation)
-                transcript_metrics.WATCH_EVENTS.labels("erased").inc()
-                return
-            # The page's entries leave `state`: each is let go once the transport took it.
-            slices = deque(state.entries)
-            state = dataclasses.replace(state, entries=())
-            self._hold(stream, sum(piece.size_bytes for piece in slices))
-            snapshot = state.snapshot
-            # First what later writes retracted of the entries delivered before this read,
-            # then the entries after them (which carry their retraction, if any): once
-            # a version's entries are delivered, so is everything before it.
-            for retraction in state.retractions:
-                sequences = [s for s in retraction.sequences if s <= delivered]
-                yield Retracted(retraction.version, sequences, retraction.retract_time)
-                transcript_metrics.WATCH_EVENTS.labels("retracted").inc()
-                quiet_since = time.monotonic()
-            if more_retractions(state.retractions, limits.page_entries):
-                # A page of them (a stream resumed far back): the rest before any entry.
-                since = state.retractions[-1].version
-                continue
-            since = snapshot.version
-            while delivered < snapshot.last_sequence:
-                if not slices:
-                    await self._reserve(stream)
-                    slices = deque(
-                        await self.store.read_entries(
-                            key,
-                            delivered,
-                            snapshot.last_sequence,
-                            limits.page_entries,
-                            limits.page_bytes,
-                        )
-                    )
-                    self._hold(stream, sum(piece.size_bytes for piece in slices))
-                if not slices or slices[0].entries[0].sequence != delivered + 1:
-                    # Entries go only with their conversation, in the erasure's transaction.
-                    self._release(stream)
-                    yield Erased(incarnation)
-                    transcript_metrics.WATCH_EVENTS.labels("erased").inc()
-                    return
-                while slices:
-                    piece = slices[0]
-                    last, size = piece.entries[-1].sequence, piece.size_bytes
-                    committed = piece.entries[-1].created_at
-                    del piece
-                    # Yielded with no reference kept here: once the servicer has written
-                    # the event, its entries are garbage.
-                    stream.sending = size
-                    yield _appended(slices.popleft(), incarnation)
-                    # The transport took it: its share of the page is given back.
-                    stream.sending = 0
-                    transcript_metrics.WATCH_EVENTS.labels("appended").inc()
-                    if stream.charge is not None:
-                        self._hold(stream, stream.charge.size - size)
-                    if delivered >= head.last_sequence:  # live, not replayed: how late
-                        _observe_delivery(committed)
-                    delivered = last
-                quiet_since = time.monotonic()
-            self._release(stream)  # caught up: a stream that waits holds no bytes
-            live = {(turn.turn_id, turn.ticket) for turn in state.running}
-            for trace in state.traces:
-                if (trace.turn_id, trace.ticket) not in live:
-                    del running[trace.turn_id]
-                    yield finish_of(trace)
-                    transcript_metrics.WATCH_EVENTS.labels("turn_finished").inc()
-                    quiet_since = time.monotonic()
-            for turn in state.running:
-                if turn.turn_id not in running:
-                    running[turn.turn_id] = turn
-                    yield TurnStarted(turn.turn_id, turn.start_time, turn.exclusive)
-                    transcript_metrics.WATCH_EVENTS.labels("turn_started").inc()
-                    quiet_since = time.monotonic()
-            version, read_time = snapshot.version, snapshot.read_time
-            stream.seen = snapshot.fingerprint
-            if not caught_up:  # the replay is done
-                caught_up = True
-                yield Heartbeat(version, delivered, incarnation, read_time)
-                transcript_metrics.WATCH_EVENTS.labels("heartbeat").inc()
-                quiet_since = time.monotonic()
-            while True:
-                left = interval - (time.monotonic() - quiet_since)
-                if left <= 0:
-                    yield Heartbeat(version, delivered, incarnation, self._fresh(stream, read_time))
-                    transcript_metrics.WATCH_EVENTS.labels("heartbeat").inc()
-                    quiet_since = time.monotonic()
-                    continue
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(left):
-                        await stream.woken.wait()
-                    break
-
-    def _fresh(self, stream: _Stream, read_time: datetime) -> datetime:
+    def fresh(self, stream: Stream, read_time: datetime) -> datetime:
         """The latest time the server found the stream's state current: its own read, or
         a later pulse that read the same."""
         watched = self._conversations.get(stream.key)
@@ -527,13 +364,3 @@ def _count_waiting(delta: int) -> None:
     transcript_metrics.WATCH_BUDGET_WAITING.inc(delta)
     if delta > 0:
         transcript_metrics.WATCH_BUDGET_WAITS.inc()
-
-
-def _appended(piece: AppendSlice, incarnation: int) -> Appended:
-    return Appended(piece.version, piece.last_sequence, incarnation, piece.entries)
-
-
-def _observe_delivery(committed: datetime) -> None:
-    """Commit to delivery of a live append (the database's clock against this host's)."""
-    seconds = (datetime.now(UTC) - committed).total_seconds()
-    transcript_metrics.WATCH_DELIVERY_SECONDS.observe(max(0.0, seconds))

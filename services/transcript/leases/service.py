@@ -11,7 +11,7 @@ conversation changes, then tries again:
   here at once;
 - one through another replica is announced with PostgreSQL's NOTIFY (the
   store marks a conversation with waiters as watched, as WatchConversation's
-  streams do, so that its writes announce; services/transcript/feed.py carries
+  streams do, so that its writes announce; services/transcript/watch/ carries
   the notifications) and wakes them too;
 - the safety net: every RUNIFOLD_TURN_WAIT_POLL_S a waiter tries again unwoken
   (which also keeps its place in a queue, and notices a lease whose holder died).
@@ -43,8 +43,8 @@ from services.common.shedding import retry_delay
 from services.common.validation import conversation_id
 from services.transcript import metrics
 from services.transcript.config import TranscriptLimits
-from services.transcript.model import (
-    AppendRecord,
+from services.transcript.conversations.model import AppendRecord
+from services.transcript.leases.model import (
     EndedTurn,
     LeaseAttempt,
     LeaseMode,
@@ -53,7 +53,7 @@ from services.transcript.model import (
     Waiting,
     turn_lease_lost,
 )
-from services.transcript.store import TranscriptStore
+from services.transcript.leases.store import TurnLeaseStore
 
 # Turn lease durations: 0 means the default; renewals keep a running turn's lease.
 DEFAULT_LEASE_TTL_S = 30.0
@@ -93,7 +93,7 @@ def turn_waiters_limit(scope: str, limit: int) -> DomainError:
 class TurnLeases:
     """Takes, renews and releases turn leases; waits for them."""
 
-    def __init__(self, store: TranscriptStore, limits: TranscriptLimits) -> None:
+    def __init__(self, store: TurnLeaseStore, limits: TranscriptLimits) -> None:
         self.store = store
         self.limits = limits
         self._groups: dict[Key, _Waiters] = {}

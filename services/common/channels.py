@@ -1,4 +1,5 @@
-"""Calls from one service to another, with deadlines and error mapping.
+"""Channels to the other services, and the calls made over them, with deadlines and
+error mapping.
 
 Every outbound call has a deadline: the smaller of the peer timeout and what
 is left of the inbound RPC's deadline (the interceptor records it). A peer's
@@ -18,7 +19,7 @@ from services.common import tracing
 from services.common.auth import AuthSettings, channel_credentials, outbound_identity_metadata
 from services.common.deadlines import DEFAULT_PEER_TIMEOUT_S, deadline_var, remaining
 from services.common.errors import Code, DomainError, StoreUnavailable
-from services.common.logs import REQUEST_ID_HEADER, request_id_var
+from services.common.logs import CALL_ID_HEADER, call_id_var
 from services.common.status import from_rpc_error
 
 Response = TypeVar("Response")
@@ -103,11 +104,11 @@ class Peer:
 
 
 def outbound_metadata() -> tuple[tuple[str, str], ...]:
-    """Metadata carried to peers: the request id, the caller's identity (so that every
+    """Metadata carried to peers: the call id, the caller's identity (so that every
     service enforces the same namespace rule), and the trace context when tracing is
     on (W3C `traceparent`)."""
-    request_id = request_id_var.get()
-    carried: tuple[tuple[str, str], ...] = ((REQUEST_ID_HEADER, request_id),) if request_id else ()
+    call_id = call_id_var.get()
+    carried: tuple[tuple[str, str], ...] = ((CALL_ID_HEADER, call_id),) if call_id else ()
     carried += outbound_identity_metadata()
     return carried + tracing.inject() if tracing.enabled() else carried
 

@@ -1,18 +1,26 @@
-"""The SQL of turn leases (lease_store.py): locking the conversation for a lease
+"""The SQL of turn leases (store.py): locking the conversation for a lease
 decision, granting, queueing, renewing and ending leases, and sweeping what is done.
 
 Values always travel as bound parameters; the only interpolations are the
-fragments defined here and in statements.py.
+fragments defined here and in conversations/statements.py.
 """
 
 from __future__ import annotations
 
-from services.transcript.statements import KEY, WATCHED
+from services.transcript.conversations.statements import KEY, WATCHED
 
 NO_LIVE_TURN = """NOT EXISTS (
     SELECT 1 FROM transcript.turns AS t
      WHERE t.conversation_key = c.conversation_key
        AND t.state IN ('waiting', 'running') AND t.lease_until >= now())"""
+
+
+# The turn's row a lease decision saw, and no other: a lapsed lease (by its fencing
+# token) or this caller's place in line (by its ticket). When the decision saw none, a
+# row that a racing one-statement grant inserted meanwhile is never overwritten.
+SEEN_ROW = """transcript.turns.ticket IS NOT DISTINCT FROM %(seen_ticket)s::bigint
+   AND transcript.turns.fencing_token IS NOT DISTINCT FROM %(seen_fencing_token)s::bigint
+   AND (%(seen_ticket)s::bigint IS NOT NULL OR %(seen_fencing_token)s::bigint IS NOT NULL)"""
 
 
 # Exclusive and queued lease decisions lock the conversation row against every other
@@ -32,7 +40,8 @@ WITH c AS (
        FOR KEY SHARE
 ), granted AS (
     INSERT INTO transcript.turns
-           (conversation_key, turn_id, state, exclusive, ticket, payload_hash, lease_until)
+           (conversation_key, turn_id, state, exclusive, fencing_token, payload_hash,
+            lease_until)
     SELECT c.conversation_key, %(turn_id)s, 'running', false, transcript.random_token(),
            %(payload_hash)s, now() + make_interval(secs => %(ttl_s)s)
       FROM c
@@ -40,9 +49,9 @@ WITH c AS (
                         WHERE a.conversation_key = c.conversation_key
                           AND a.request_id = %(turn_id)s)
     ON CONFLICT (conversation_key, turn_id) DO NOTHING
-    RETURNING ticket, lease_until
+    RETURNING fencing_token, lease_until
 )
-SELECT g.ticket, g.lease_until, c.conversation_key, c.watched FROM granted AS g, c
+SELECT g.fencing_token, g.lease_until, c.conversation_key, c.watched FROM granted AS g, c
 """
 
 
@@ -78,7 +87,8 @@ RETURNING state
 
 # The requested turn's row (any state), and every live waiting or running row.
 TURN_ROWS = """
-SELECT turn_id, state, exclusive, ticket, payload_hash, lease_until >= now(), outcome, end_time
+SELECT turn_id, state, exclusive, ticket, fencing_token, payload_hash, lease_until >= now(),
+       outcome, end_time
   FROM transcript.turns
  WHERE conversation_key = %(key)s
    AND (turn_id = %(turn_id)s OR (state IN ('waiting', 'running') AND lease_until >= now()))
@@ -93,17 +103,17 @@ SELECT version, first_sequence, last_sequence, input_tokens, output_tokens, mode
 """
 
 
-# A place in the queue: the next ticket of the conversation.
-ENQUEUE = """
+# A place in the queue: the next ticket (of one sequence for every conversation).
+ENQUEUE = f"""
 INSERT INTO transcript.turns
        (conversation_key, turn_id, state, exclusive, ticket, payload_hash, lease_until)
 VALUES (%(key)s, %(turn_id)s, 'waiting', true, nextval('transcript.turn_tickets'),
         %(payload_hash)s, now() + make_interval(secs => %(wait_s)s))
 ON CONFLICT (conversation_key, turn_id) DO UPDATE
-   SET state = 'waiting', exclusive = true, ticket = excluded.ticket,
+   SET state = 'waiting', exclusive = true, ticket = excluded.ticket, fencing_token = NULL,
        payload_hash = excluded.payload_hash, lease_until = excluded.lease_until,
        outcome = NULL, end_time = NULL, create_time = now()
- WHERE transcript.turns.ticket = %(seen_ticket)s::bigint
+ WHERE {SEEN_ROW}
 RETURNING ticket
 """
 
@@ -126,29 +136,31 @@ UPDATE transcript.turns SET lease_until = now() + make_interval(secs => %(wait_s
 """
 
 
-# The lease: the next fencing token, the turn's row (replacing a waiting place or
-# a lapsed lease) and, when exclusive, the fence on the conversation row.
-GRANT = """
+# The lease: a new fencing token, the turn's row (replacing a waiting place or a
+# lapsed lease) and, when exclusive, the lease's copy on the conversation row (which
+# fences other appends out).
+GRANT = f"""
 WITH granted AS (
     INSERT INTO transcript.turns
-           (conversation_key, turn_id, state, exclusive, ticket, payload_hash, lease_until)
+           (conversation_key, turn_id, state, exclusive, fencing_token, payload_hash,
+            lease_until)
     VALUES (%(key)s, %(turn_id)s, 'running', %(exclusive)s, transcript.random_token(),
             %(payload_hash)s, now() + make_interval(secs => %(ttl_s)s))
     ON CONFLICT (conversation_key, turn_id) DO UPDATE
-       SET state = 'running', exclusive = excluded.exclusive, ticket = excluded.ticket,
-           payload_hash = excluded.payload_hash, lease_until = excluded.lease_until,
-           outcome = NULL, end_time = NULL, create_time = now()
-     -- Only the row the decision saw (a lapsed lease, or this caller's place in line): a
-     -- row a racing one-statement grant inserted meanwhile is never overwritten.
-     WHERE transcript.turns.ticket = %(seen_ticket)s::bigint
-    RETURNING ticket, lease_until
-), fence AS (
+       SET state = 'running', exclusive = excluded.exclusive, ticket = NULL,
+           fencing_token = excluded.fencing_token, payload_hash = excluded.payload_hash,
+           lease_until = excluded.lease_until, outcome = NULL, end_time = NULL,
+           create_time = now()
+     WHERE {SEEN_ROW}
+    RETURNING fencing_token, lease_until
+), exclusive_lease AS (
     UPDATE transcript.conversations AS c
-       SET lease_turn_id = %(turn_id)s, lease_token = g.ticket, lease_until = g.lease_until
+       SET lease_turn_id = %(turn_id)s, lease_fencing_token = g.fencing_token,
+           lease_until = g.lease_until
       FROM granted AS g
      WHERE c.conversation_key = %(key)s AND %(exclusive)s
 )
-SELECT ticket, lease_until FROM granted
+SELECT fencing_token, lease_until FROM granted
 """
 
 
@@ -157,13 +169,13 @@ WITH renewed AS (
     UPDATE transcript.turns
        SET lease_until = now() + make_interval(secs => %(ttl_s)s)
      WHERE conversation_key = {KEY} AND turn_id = %(turn_id)s
-       AND ticket = %(fencing_token)s AND state = 'running' AND lease_until >= now()
+       AND fencing_token = %(fencing_token)s AND state = 'running' AND lease_until >= now()
  RETURNING conversation_key, exclusive, lease_until
-), fence AS (
+), exclusive_lease AS (
     UPDATE transcript.conversations AS c SET lease_until = r.lease_until
       FROM renewed AS r
      WHERE c.conversation_key = r.conversation_key AND r.exclusive
-       AND c.lease_token = %(fencing_token)s
+       AND c.lease_fencing_token = %(fencing_token)s
 )
 SELECT exclusive, lease_until FROM renewed
 """
@@ -177,12 +189,14 @@ WITH ended AS (
        SET state = 'ended', outcome = %(outcome)s, end_time = now(),
            lease_until = now() + make_interval(secs => %(retention_s)s)
      WHERE conversation_key = %(key)s AND turn_id = %(turn_id)s
-       AND ticket = %(fencing_token)s AND state = 'running' AND %(outcome)s::jsonb IS NOT NULL
+       AND fencing_token = %(fencing_token)s AND state = 'running'
+       AND %(outcome)s::jsonb IS NOT NULL
  RETURNING 1
 ), dropped AS (
     DELETE FROM transcript.turns
      WHERE conversation_key = %(key)s AND turn_id = %(turn_id)s
-       AND ticket = %(fencing_token)s AND state = 'running' AND %(outcome)s::jsonb IS NULL
+       AND fencing_token = %(fencing_token)s AND state = 'running'
+       AND %(outcome)s::jsonb IS NULL
  RETURNING 1
 )
 SELECT 1 FROM ended UNION ALL SELECT 1 FROM dropped
@@ -191,8 +205,8 @@ SELECT 1 FROM ended UNION ALL SELECT 1 FROM dropped
 
 DROP_EXCLUSIVE = """
 UPDATE transcript.conversations
-   SET lease_turn_id = NULL, lease_token = NULL, lease_until = NULL
- WHERE conversation_key = %(key)s AND lease_token = %(fencing_token)s
+   SET lease_turn_id = NULL, lease_fencing_token = NULL, lease_until = NULL
+ WHERE conversation_key = %(key)s AND lease_fencing_token = %(fencing_token)s
 """
 
 

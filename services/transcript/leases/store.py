@@ -1,9 +1,10 @@
-"""Turn leases on PostgreSQL: the store methods (mixed into
-PostgresTranscriptStore; the protocol is TranscriptStore's in store.py), their SQL
-in lease_statements.py.
+"""Turn leases in the store: the protocol (`TurnLeaseStore`) and its PostgreSQL adapter
+(mixed into PostgresTranscriptStore, services/transcript/store.py), its SQL in
+statements.py.
 
-The exclusive fence lives on the conversation row (migrations/0002), so that an
-append waiting for that row is re-checked against a lease granted meanwhile.
+An exclusive lease is copied onto the conversation row (lease_turn_id,
+lease_fencing_token, lease_until: migrations/0002, 0006), so that an append
+waiting for that row is re-checked against a lease granted meanwhile.
 Every lease decision runs `model.decide_lease` with the conversation locked:
 FOR UPDATE for exclusive and queued leases, FOR KEY SHARE (which appends do not
 wait for) and an advisory lock on the turn id for shared ones; a shared lease
@@ -14,17 +15,17 @@ unique (conversation, turn id) index.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 from psycopg.types.json import Jsonb
 
-from services.common.db import AsyncConn, Database, fetch_one
-from services.common.domain import Usage
-from services.transcript import lease_statements as sql
+from services.common.postgres.pool import AsyncConn, fetch_one
 from services.transcript import metrics
-from services.transcript.model import (
-    AppendRecord,
+from services.transcript.conversations.model import AppendRecord, conversation_not_found
+from services.transcript.conversations.statements import KEY
+from services.transcript.conversations.store import PostgresBase, record_from_row
+from services.transcript.leases import statements as sql
+from services.transcript.leases.model import (
     EndedTurn,
     Enqueue,
     Granted,
@@ -34,12 +35,10 @@ from services.transcript.model import (
     TurnLease,
     TurnRow,
     Waiting,
-    conversation_not_found,
     decide_lease,
     ended_from_json,
     ended_to_json,
 )
-from services.transcript.statements import KEY
 
 # A waiting turn's place in the queue lapses this long after its caller last
 # looked (the caller looks every RUNIFOLD_TURN_WAIT_POLL_S, at most 5 s): a
@@ -52,26 +51,6 @@ _MARK_RENEW_BEFORE_S = 20.0
 # Expired leases and waiting places are swept this long after they lapsed (the
 # lease rule ignores them at once; the rows only tell a late holder it lost).
 _EXPIRED_GRACE_S = 60.0
-
-
-def record_from_row(row: Sequence[Any]) -> AppendRecord:
-    """An append record from its columns (version ... payload_hash)."""
-    version, first, last, input_tokens, output_tokens, model_calls, commit_time, digest = row
-    return AppendRecord(
-        version,
-        first,
-        last,
-        Usage(input_tokens, output_tokens, model_calls),
-        commit_time,
-        bytes(digest) if digest is not None else None,
-    )
-
-
-class ChangeSink(Protocol):
-    """Where a store reports the committed writes of watched conversations."""
-
-    def changed(self, key: int) -> None:
-        """Conversation `key` changed (called after the commit; must not block)."""
 
 
 class TurnLeaseStore(Protocol):
@@ -115,17 +94,8 @@ class TurnLeaseStore(Protocol):
 # --- PostgreSQL -------------------------------------------------------------
 
 
-class PostgresTurnLeases:
-    """The turn-lease methods of PostgresTranscriptStore."""
-
-    db: Database
-    # Told of each committed change to a watched conversation (WatchConversation).
-    changes: ChangeSink | None = None
-
-    def changed(self, key: int, watched: bool) -> None:
-        """A write to conversation `key` committed: wake its watchers, if any."""
-        if watched and self.changes is not None:
-            self.changes.changed(key)
+class PostgresTurnLeases(PostgresBase):
+    """TurnLeaseStore on PostgreSQL (schema `transcript`)."""
 
     async def acquire_turn(self, request: LeaseRequest) -> LeaseAttempt:
         params: dict[str, Any] = {
@@ -189,6 +159,7 @@ class PostgresTurnLeases:
                 state,
                 exclusive,
                 ticket,
+                fencing_token,
                 digest,
                 live,
                 outcome,
@@ -199,6 +170,7 @@ class PostgresTurnLeases:
                     state,
                     exclusive,
                     ticket,
+                    fencing_token,
                     bytes(digest),
                     live,
                     ended_from_json(outcome, end_time) if state == "ended" else None,
@@ -212,7 +184,9 @@ class PostgresTurnLeases:
             decision = decide_lease(request, own, others, prior)
             if isinstance(decision, AppendRecord | EndedTurn):
                 return decision
+            # The row this decision saw, by its ticket or its fencing token (see SEEN_ROW).
             params["seen_ticket"] = own.ticket if own is not None else None
+            params["seen_fencing_token"] = own.fencing_token if own is not None else None
             key = params["key"]
             if isinstance(decision, Enqueue):
                 await conn.execute(sql.MARK_WAITED, params)
@@ -232,11 +206,11 @@ class PostgresTurnLeases:
             granted = await fetch_one(conn, sql.GRANT, params)
             if granted is None:  # a racing grant of this turn id: wait for it
                 return Waiting(same_turn=True, ticket=None, key=key)
-            token, expire_time = granted
+            fencing_token, expire_time = granted
         return TurnLease(
             request.conversation_id,
             request.turn_id,
-            token,
+            fencing_token,
             expire_time,
             decision.exclusive,
             created,

@@ -1,4 +1,13 @@
-"""Domain records of the transcript service."""
+"""Turn leases: one model call per turn id, exclusive and queued turns. The records of a
+lease, its errors, and the rule that decides one (`decide_lease`, applied by a store
+while it holds the conversation). Pure rules: no I/O.
+
+Two numbers, never one for the other: a lease's fencing token (`fencing_token`,
+random per grant), which its append, renewals and release quote (one that quotes
+another is refused); and a waiting turn's ticket (`ticket`), its place in the
+conversation's queue (from one sequence for every conversation, never shown to
+clients).
+"""
 
 from __future__ import annotations
 
@@ -9,139 +18,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from services.common.domain import Entry, Message, Usage
-from services.common.errors import Code, DomainError, aborted, resource_exhausted
-
-
-@dataclass(frozen=True, slots=True)
-class Conversation:
-    """A conversation and its counters."""
-
-    conversation_id: uuid.UUID
-    namespace: str
-    version: int
-    last_sequence: int
-    create_time: datetime
-    update_time: datetime
-    labels: Mapping[str, str] = field(default_factory=dict)
-    # Identifies this creation of the id (erasure fencing); grows across re-creation.
-    incarnation: int = 0
-    # The user it belongs to (None: none), and its state as JSON text ("" when not read).
-    user_id: str | None = None
-    state_json: str = "{}"
-
-
-@dataclass(frozen=True, slots=True)
-class StateChange:
-    """The state changes of a write: each a JSON object's text, already validated (its
-    top-level keys replace the stored ones), or None for no change of that scope."""
-
-    conversation: str | None = None
-    user: str | None = None
-    namespace: str | None = None
-
-    def __bool__(self) -> bool:
-        return any(part is not None for part in (self.conversation, self.user, self.namespace))
-
-
-NO_STATE_CHANGE = StateChange()
-
-
-@dataclass(frozen=True, slots=True)
-class ScopedState:
-    """The state of a namespace (user_id "") or of one of its users."""
-
-    user_id: str
-    state_json: str = "{}"
-    version: int = 0
-    update_time: datetime | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class NewAppend:
-    """An append as the store receives it (already validated)."""
-
-    namespace: str
-    conversation_id: uuid.UUID
-    expected_version: int | None
-    messages: Sequence[Message]
-    request_id: str | None
-    payload_hash: bytes
-    usage: Usage
-    encoded: str  # canonical JSON of `messages` (domain.canonical_json)
-    fencing_token: int | None = None  # the turn lease it commits under (request_id = turn id)
-    state: StateChange = NO_STATE_CHANGE
-    retract: tuple[int, ...] = ()  # sequences of standing entries (with expected_version)
-    max_state_bytes: int = 64 * 1024  # each state document once changed
-
-
-@dataclass(frozen=True, slots=True)
-class AppendRecord:
-    """A committed append: what one version of a conversation added."""
-
-    version: int
-    first_sequence: int
-    last_sequence: int
-    usage: Usage
-    commit_time: datetime
-    payload_hash: bytes | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class AppendResult:
-    """The result of AppendEntries, first time or replayed."""
-
-    record: AppendRecord
-    replayed: bool
-    # The versions of the user's and the namespace's state after the write (0: unchanged,
-    # or a replay, which does not read them).
-    user_state_version: int = 0
-    namespace_state_version: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class ViewRead:
-    """What the store reads for a view in one round trip (see TranscriptStore.read_view)."""
-
-    version: int
-    last_sequence: int
-    entries: Sequence[Entry]
-    prior_append: AppendRecord | None
-    incarnation: int = 0
-    conversation: Conversation | None = None
-
-
-def view_ranges(
-    last: int, window: int, summary_batch: int, summarized_through: int
-) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The two sequence ranges a view reads at a transcript's `last` sequence: the window
-    [low, last] with low = max(1, last - window + 1), and the naive summary buffer
-    [summarized_through + 1, min(summarized_through + summary_batch + 1, low - 1)] (one
-    entry past the batch, to see whether its end cuts a tool group). An empty range has
-    low > high. The PostgreSQL store computes the same in SQL (store.VIEW_SQL), inside the
-    statement that reads `last`, so that a view stays one round trip."""
-    low = max(1, last - window + 1)
-    return (low, last), (
-        summarized_through + 1,
-        min(summarized_through + summary_batch + 1, low - 1),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class View:
-    """The bounded context of a turn, consistent with `version`."""
-
-    version: int
-    last_sequence: int
-    window: Sequence[Entry]
-    summary_buffer: Sequence[Entry]
-    summary_backlog: int
-    prior_append: AppendRecord | None
-    incarnation: int = 0
-    conversation: Conversation | None = None
-
-
-# -- turn leases -------------------------------------------------------------------------
+from services.common.domain import Message, Usage
+from services.common.errors import DomainError, aborted, resource_exhausted
+from services.transcript.conversations.model import AppendRecord, request_id_reused
 
 
 class LeaseMode(enum.IntEnum):
@@ -198,7 +77,8 @@ class TurnRow:
     turn_id: str
     state: str  # "waiting", "running", "ended" or "committed"
     exclusive: bool
-    ticket: int
+    ticket: int | None  # its place in the queue: "waiting" only
+    fencing_token: int | None  # its grant's: every state but "waiting"
     payload_hash: bytes
     live: bool  # lease_until has not passed (meaningless for "ended")
     ended: EndedTurn | None = None
@@ -295,55 +175,6 @@ def turn_queue_full(depth: int, retry_after_s: float) -> DomainError:
     )
 
 
-def conversation_not_found() -> DomainError:
-    """The one NOT_FOUND of this service; the same whether it never existed or is elsewhere."""
-    return DomainError(Code.NOT_FOUND, "CONVERSATION_NOT_FOUND", "conversation not found")
-
-
-def no_user() -> DomainError:
-    """FAILED_PRECONDITION: a write changes the user's state of a conversation without one."""
-    return DomainError(
-        Code.FAILED_PRECONDITION,
-        "NO_USER",
-        "the conversation has no user_id, so a write to it cannot change a user's state",
-        field="state_delta.user_json",
-    )
-
-
-def entry_not_retractable(sequence: int) -> DomainError:
-    """FAILED_PRECONDITION: a retraction names an entry that is missing, already
-    retracted, or part of a tool call group."""
-    return DomainError(
-        Code.FAILED_PRECONDITION,
-        "ENTRY_NOT_RETRACTABLE",
-        f"entry {sequence} cannot be retracted: it does not exist, is already retracted, "
-        "or holds tool calls or a tool result",
-        metadata={"sequence": sequence},
-        field="retract_sequences",
-    )
-
-
-def state_too_large(scope: str, limit: int) -> DomainError:
-    """INVALID_ARGUMENT: a state document would exceed its limit once changed."""
-    return DomainError(
-        Code.INVALID_ARGUMENT,
-        "STATE_TOO_LARGE",
-        f"the {scope} state would exceed {limit} bytes",
-        metadata={"limit_bytes": limit, "scope": scope},
-        field=f"state_delta.{scope}_json",
-    )
-
-
-def request_id_reused(field_name: str = "request_id") -> DomainError:
-    """The request (or turn) id was used before with another payload."""
-    return DomainError(
-        Code.INVALID_ARGUMENT,
-        "REQUEST_ID_REUSED",
-        f"{field_name} was already used with a different payload",
-        field=field_name,
-    )
-
-
 def decide_lease(
     request: LeaseRequest,
     own: TurnRow | None,
@@ -378,7 +209,7 @@ def decide_lease(
     if request.mode == LeaseMode.SHARED:
         return Granted(exclusive=False, takeover=takeover)
     running = [row for row in others if row.state == "running"]
-    waiting = sorted((row for row in others if row.state == "waiting"), key=lambda r: r.ticket)
+    waiting = sorted((row for row in others if row.state == "waiting"), key=_place)
     if request.mode == LeaseMode.EXCLUSIVE:
         if running or waiting:
             raise conversation_busy((running or waiting)[0].turn_id)
@@ -390,6 +221,12 @@ def decide_lease(
             raise turn_queue_full(len(waiting), retry_after_s=1.0)
         return Enqueue()
     assert request.ticket is not None
-    if running or any(row.ticket < request.ticket for row in waiting):
+    if running or any(_place(row) < request.ticket for row in waiting):
         return WAIT_QUEUE
     return Granted(exclusive=True, takeover=takeover)
+
+
+def _place(row: TurnRow) -> int:
+    """A waiting turn's place in the queue (every waiting row has a ticket)."""
+    assert row.ticket is not None
+    return row.ticket

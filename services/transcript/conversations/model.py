@@ -1,0 +1,151 @@
+"""Conversations: the records every feature of the transcript service reads or writes,
+and their rules. No I/O.
+
+A conversation with its counters; the record of each version it committed
+(`AppendRecord`: what appends return, views report and turn leases replay); the
+state of a conversation, of its user and of its namespace; and the errors every
+feature answers with (CONVERSATION_NOT_FOUND, REQUEST_ID_REUSED, STATE_TOO_LARGE).
+The features (appends/, views/, leases/, watch/) build on this one and never on
+each other in a circle.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from services.common import jsonb, validation
+from services.common.domain import Usage
+from services.common.errors import Code, DomainError, invalid_argument
+
+# A user id: like a label value, short and without NUL.
+MAX_USER_ID_CHARS = 128
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """A conversation and its counters."""
+
+    conversation_id: uuid.UUID
+    namespace: str
+    version: int
+    last_sequence: int
+    create_time: datetime
+    update_time: datetime
+    labels: Mapping[str, str] = field(default_factory=dict)
+    # Identifies this creation of the id (what an erasure's tombstone names); grows across
+    # re-creation.
+    incarnation: int = 0
+    # The user it belongs to (None: none), and its state as JSON text ("" when not read).
+    user_id: str | None = None
+    state_json: str = "{}"
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRecord:
+    """A committed append: what one version of a conversation added."""
+
+    version: int
+    first_sequence: int
+    last_sequence: int
+    usage: Usage
+    commit_time: datetime
+    payload_hash: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    """The state changes of a write: each a JSON object's text, already validated (its
+    top-level keys replace the stored ones), or None for no change of that scope."""
+
+    conversation: str | None = None
+    user: str | None = None
+    namespace: str | None = None
+
+    def __bool__(self) -> bool:
+        return any(part is not None for part in (self.conversation, self.user, self.namespace))
+
+
+NO_STATE_CHANGE = StateChange()
+
+
+@dataclass(frozen=True, slots=True)
+class ScopedState:
+    """The state of a namespace (user_id "") or of one of its users."""
+
+    user_id: str
+    state_json: str = "{}"
+    version: int = 0
+    update_time: datetime | None = None
+
+
+def user_id(value: str, field: str = "user_id") -> str:
+    """A user id: 1..128 characters without NUL (INVALID_USER_ID)."""
+    if not 1 <= len(value) <= MAX_USER_ID_CHARS or "\x00" in value:
+        raise invalid_argument(
+            "INVALID_USER_ID",
+            f"{field} must be 1..{MAX_USER_ID_CHARS} characters without NUL",
+            field=field,
+        )
+    return value
+
+
+def state_change(
+    conversation_json: str,
+    user_json: str,
+    namespace_json: str,
+    max_bytes: int,
+    field: str,
+    max_depth: int = jsonb.MAX_DEPTH,
+) -> StateChange:
+    """A write's state changes: each a JSON object by jsonb's rules, of at most
+    `max_bytes` and `max_depth` levels (empty: none)."""
+    parts: list[str | None] = []
+    for scope, text in (
+        ("conversation", conversation_json),
+        ("user", user_json),
+        ("namespace", namespace_json),
+    ):
+        if not text:
+            parts.append(None)
+            continue
+        name = f"{field}.{scope}_json"
+        if len(text.encode("utf-8", "surrogatepass")) > max_bytes:
+            raise invalid_argument(
+                "STATE_TOO_LARGE",
+                f"{name} exceeds {max_bytes} bytes",
+                field=name,
+                limit_bytes=max_bytes,
+                scope=scope,
+            )
+        validation.json_object(text, name, "INVALID_STATE", max_depth=max_depth)
+        parts.append(text)
+    return StateChange(*parts)
+
+
+def conversation_not_found() -> DomainError:
+    """The one NOT_FOUND of this service; the same whether it never existed or is elsewhere."""
+    return DomainError(Code.NOT_FOUND, "CONVERSATION_NOT_FOUND", "conversation not found")
+
+
+def state_too_large(scope: str, limit: int) -> DomainError:
+    """INVALID_ARGUMENT: a state document would exceed its limit once changed."""
+    return DomainError(
+        Code.INVALID_ARGUMENT,
+        "STATE_TOO_LARGE",
+        f"the {scope} state would exceed {limit} bytes",
+        metadata={"limit_bytes": limit, "scope": scope},
+        field=f"state_delta.{scope}_json",
+    )
+
+
+def request_id_reused(field_name: str = "request_id") -> DomainError:
+    """The request (or turn) id was used before with another payload."""
+    return DomainError(
+        Code.INVALID_ARGUMENT,
+        "REQUEST_ID_REUSED",
+        f"{field_name} was already used with a different payload",
+        field=field_name,
+    )

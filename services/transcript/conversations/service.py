@@ -1,0 +1,161 @@
+"""Conversations (TranscriptService): create, get, list and erase them, and read the
+state of a namespace and of its users. Validates requests; knows nothing of gRPC or
+SQL (the store is a `ConversationStore`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import uuid_utils
+
+from services.common import validation
+from services.common.errors import invalid_argument
+from services.common.pagination import PageTokens, page_size
+from services.common.validation import conversation_id
+from services.transcript.config import TranscriptLimits
+from services.transcript.conversations.model import (
+    NO_STATE_CHANGE,
+    Conversation,
+    ScopedState,
+    StateChange,
+    conversation_not_found,
+    state_change,
+    user_id,
+)
+from services.transcript.conversations.store import ConversationStore
+
+# Users one GetState reads; a page of conversations with their state (CONVERSATION_VIEW_FULL).
+MAX_STATE_USERS = 100
+MAX_FULL_PAGE = 50
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationPage:
+    """A page of conversations."""
+
+    conversations: Sequence[Conversation]
+    next_page_token: str
+
+
+class Conversations:
+    """The conversation methods of TranscriptService (services/transcript/service.py)."""
+
+    store: ConversationStore
+    limits: TranscriptLimits
+    page_tokens: PageTokens
+
+    async def create_conversation(
+        self,
+        namespace: str,
+        conversation_id_text: str,
+        labels: Mapping[str, str],
+        user_id_text: str = "",
+        state: StateChange = NO_STATE_CHANGE,
+    ) -> tuple[Conversation, bool]:
+        """Create a conversation (of a user, with an initial state); a repeat in the same
+        namespace returns it with False and changes nothing."""
+        validation.namespace(namespace)
+        if conversation_id_text:
+            cid = conversation_id(conversation_id_text)
+        else:
+            cid = uuid.UUID(str(uuid_utils.uuid7()))
+        user = user_id(user_id_text) if user_id_text else None
+        if state.user is not None and user is None:
+            raise invalid_argument(
+                "INVALID_STATE",
+                "state.user_json needs a user_id",
+                field="state.user_json",
+            )
+        return await self.store.create_conversation(
+            namespace,
+            cid,
+            validation.metadata(labels, "labels"),
+            user,
+            state,
+            self.limits.max_state_bytes,
+        )
+
+    def state_change(
+        self, conversation_json: str, user_json: str, namespace_json: str, field: str
+    ) -> StateChange:
+        """A request's state changes, validated against this service's limits."""
+        return state_change(
+            conversation_json,
+            user_json,
+            namespace_json,
+            self.limits.max_state_bytes,
+            field,
+            self.limits.max_json_depth,
+        )
+
+    async def get_state(self, namespace: str, user_ids: Sequence[str]) -> list[ScopedState]:
+        """The namespace's state, then each user's, in the order asked."""
+        validation.namespace(namespace)
+        if len(user_ids) > MAX_STATE_USERS:
+            raise invalid_argument(
+                "TOO_MANY_USERS",
+                f"user_ids holds at most {MAX_STATE_USERS} users",
+                field="user_ids",
+                limit=MAX_STATE_USERS,
+            )
+        users = [user_id(u, f"user_ids[{i}]") for i, u in enumerate(user_ids)]
+        found = {s.user_id: s for s in await self.store.read_states(namespace, ["", *users])}
+        return [found.get(u) or ScopedState(u) for u in ["", *users]]
+
+    async def get_conversation(self, namespace: str, conversation_id_text: str) -> Conversation:
+        """The conversation; NOT_FOUND if it is not in this namespace."""
+        validation.namespace(namespace)
+        found = await self.store.get_conversation(namespace, conversation_id(conversation_id_text))
+        if found is None:
+            raise conversation_not_found()
+        return found
+
+    async def list_conversations(
+        self,
+        namespace: str,
+        size: int,
+        token: str,
+        user_id_text: str = "",
+        with_state: bool = False,
+    ) -> ConversationPage:
+        """A page of the namespace's conversations in id order (only a user's, when
+        given; with their state when asked, at most MAX_FULL_PAGE a page)."""
+        validation.namespace(namespace)
+        limit = page_size(size)
+        if with_state:
+            limit = min(limit, MAX_FULL_PAGE)
+        user = user_id(user_id_text) if user_id_text else None
+        # The filter is part of what a token continues (a token of another listing is
+        # refused); the unfiltered listing's request stays {} as before.
+        request: dict[str, object] = {"user_id": user} if user is not None else {}
+        after = None
+        if token:
+            cursor = self.page_tokens.decode(token, "conversations", namespace, request)
+            after = uuid.UUID(cursor["after"])
+        rows = await self.store.list_conversations(namespace, after, limit + 1, user, with_state)
+        page, more = rows[:limit], len(rows) > limit
+        next_token = (
+            self.page_tokens.encode(
+                "conversations", namespace, request, {"after": str(page[-1].conversation_id)}
+            )
+            if more
+            else ""
+        )
+        return ConversationPage(page, next_token)
+
+    async def delete_conversation(
+        self, namespace: str, conversation_id_text: str, incarnation: int = 0
+    ) -> int | None:
+        """Erase a conversation (only that incarnation, when given: one erased and made
+        again meanwhile is left alone); None when there was nothing to erase."""
+        validation.namespace(namespace)
+        if incarnation < 0:
+            raise invalid_argument(
+                "INVALID_INCARNATION", "incarnation must not be negative", field="incarnation"
+            )
+        return await self.store.delete_conversation(
+            namespace, conversation_id(conversation_id_text), incarnation
+        )

@@ -1,0 +1,240 @@
+"""Conversations in the store: the protocol (`ConversationStore`) and its PostgreSQL
+adapter, and what the other features' adapters share (`PostgresBase`: the pool, and
+where committed writes to watched conversations are reported; the rows of a
+conversation and of an append record).
+
+Every feature's PostgreSQL adapter is mixed into one `PostgresTranscriptStore`
+(services/transcript/store.py), which the in-memory double of the tests mirrors.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from psycopg.types.json import Jsonb
+
+from services.common.domain import Usage
+from services.common.postgres.pool import AsyncConn, Database
+from services.transcript.conversations import statements as sql
+from services.transcript.conversations.model import (
+    NO_STATE_CHANGE,
+    AppendRecord,
+    Conversation,
+    ScopedState,
+    StateChange,
+    conversation_not_found,
+    state_too_large,
+)
+
+
+class ChangeSink(Protocol):
+    """Where a store reports the committed writes of watched conversations."""
+
+    def changed(self, key: int) -> None:
+        """Conversation `key` changed (called after the commit; must not block)."""
+
+
+class ConversationStore(Protocol):
+    """The conversations part of TranscriptStore (every method atomic)."""
+
+    async def create_conversation(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        labels: Mapping[str, str],
+        user_id: str | None = None,
+        state: StateChange = NO_STATE_CHANGE,
+        max_state_bytes: int = 64 * 1024,
+    ) -> tuple[Conversation, bool]:
+        """Insert unless it exists, with the initial state (and the user's and the
+        namespace's changes, all in one transaction); return it and whether it was
+        created. STATE_TOO_LARGE when a changed document would exceed the limit."""
+
+    async def get_conversation(
+        self, namespace: str, conversation_id: uuid.UUID
+    ) -> Conversation | None:
+        """The conversation, or None (also for another namespace's)."""
+
+    async def list_conversations(
+        self,
+        namespace: str,
+        after: uuid.UUID | None,
+        limit: int,
+        user_id: str | None = None,
+        with_state: bool = False,
+    ) -> list[Conversation]:
+        """Conversations of a namespace (of one user, when given) in id order, after a
+        cursor; their state only when asked (else state_json is "")."""
+
+    async def read_states(self, namespace: str, user_ids: Sequence[str]) -> list[ScopedState]:
+        """The stored state documents among these users' ("" for the namespace's)."""
+
+    async def delete_conversation(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int = 0
+    ) -> int | None:
+        """Erase it (only that incarnation, when given); return the number of entries
+        erased, or None if it did not exist."""
+
+
+def conversation_from_row(row: Sequence[Any]) -> Conversation:
+    """A conversation from its columns (sql.CONVERSATION_COLUMNS)."""
+    return Conversation(
+        row[0], row[1], row[2], row[3], row[4], row[5], row[6] or {}, row[7], row[8], row[9]
+    )
+
+
+def record_from_row(row: Sequence[Any]) -> AppendRecord:
+    """An append record from its columns (version ... payload_hash)."""
+    version, first, last, input_tokens, output_tokens, model_calls, commit_time, digest = row
+    return AppendRecord(
+        version,
+        first,
+        last,
+        Usage(input_tokens, output_tokens, model_calls),
+        commit_time,
+        bytes(digest) if digest is not None else None,
+    )
+
+
+def state_parameters(state: StateChange) -> dict[str, Any]:
+    """A write's state changes as statement parameters (JSON text, cast to jsonb there)."""
+    return {
+        "conversation_state": state.conversation,
+        "user_state": state.user,
+        "namespace_state": state.namespace,
+    }
+
+
+async def read_conversation(
+    conn: AsyncConn, namespace: str, conversation_id: uuid.UUID
+) -> Conversation | None:
+    """The conversation, read on `conn`; None when it is not in the namespace."""
+    cursor = await conn.execute(
+        f"""SELECT {sql.CONVERSATION_COLUMNS} FROM transcript.conversations
+             WHERE namespace = %s AND conversation_id = %s""",
+        (namespace, conversation_id),
+    )
+    row = await cursor.fetchone()
+    return conversation_from_row(row) if row else None
+
+
+class PostgresBase:
+    """What every feature's PostgreSQL adapter holds: the pool, and the sink it tells of
+    each committed write to a watched conversation (WatchConversation, and the turn
+    leases' waiters)."""
+
+    # Told of each committed change to a watched conversation (WatchConversation).
+    changes: ChangeSink | None = None
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def changed(self, key: int, watched: bool) -> None:
+        """A write to conversation `key` committed: wake its watchers, if any."""
+        if watched and self.changes is not None:
+            self.changes.changed(key)
+
+
+class PostgresConversations(PostgresBase):
+    """ConversationStore on PostgreSQL (schema `transcript`)."""
+
+    async def create_conversation(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        labels: Mapping[str, str],
+        user_id: str | None = None,
+        state: StateChange = NO_STATE_CHANGE,
+        max_state_bytes: int = 64 * 1024,
+    ) -> tuple[Conversation, bool]:
+        params = {
+            "namespace": namespace,
+            "conversation_id": conversation_id,
+            "labels": Jsonb(dict(labels)),
+            "user_id": user_id,
+            "max_state_bytes": max_state_bytes,
+            **state_parameters(state),
+        }
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(sql.CREATE_CONVERSATION, params)
+            row = await cursor.fetchone()
+            if row is not None:
+                return conversation_from_row(row), True
+            existing = await read_conversation(conn, namespace, conversation_id)
+            if existing is None and state:
+                cursor = await conn.execute(sql.CREATED_STATE_TOO_LARGE, params)
+                too_large = await cursor.fetchone()
+                if too_large is not None and too_large[0]:
+                    raise state_too_large("user", max_state_bytes)
+                if too_large is not None and too_large[1]:
+                    raise state_too_large("namespace", max_state_bytes)
+        if existing is None:  # deleted between the two statements
+            raise conversation_not_found()
+        return existing, False
+
+    async def get_conversation(
+        self, namespace: str, conversation_id: uuid.UUID
+    ) -> Conversation | None:
+        async with self.db.connection() as conn:
+            return await read_conversation(conn, namespace, conversation_id)
+
+    async def list_conversations(
+        self,
+        namespace: str,
+        after: uuid.UUID | None,
+        limit: int,
+        user_id: str | None = None,
+        with_state: bool = False,
+    ) -> list[Conversation]:
+        columns = sql.CONVERSATION_COLUMNS if with_state else sql.CONVERSATION_BASIC_COLUMNS
+        # Two statements rather than an `IS NULL OR` filter: each is one index range
+        # scan in id order (the user's the partial index conversations_user).
+        where = "namespace = %(namespace)s"
+        if user_id is not None:
+            where += " AND user_id = %(user_id)s"
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                f"""SELECT {columns} FROM transcript.conversations
+                     WHERE {where}
+                       AND (%(after)s::uuid IS NULL OR conversation_id > %(after)s::uuid)
+                     ORDER BY conversation_id
+                     LIMIT %(limit)s""",
+                {"namespace": namespace, "user_id": user_id, "after": after, "limit": limit},
+            )
+            return [conversation_from_row(row) for row in await cursor.fetchall()]
+
+    async def read_states(self, namespace: str, user_ids: Sequence[str]) -> list[ScopedState]:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                """SELECT user_id, state::text, version, update_time
+                     FROM transcript.scoped_states
+                    WHERE namespace = %s AND user_id = ANY(%s::text[])""",
+                (namespace, list(user_ids)),
+            )
+            return [ScopedState(*row) for row in await cursor.fetchall()]
+
+    async def delete_conversation(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int = 0
+    ) -> int | None:
+        async with self.db.connection() as conn, conn.transaction():
+            cursor = await conn.execute(
+                f"""DELETE FROM transcript.conversations
+                    WHERE namespace = %s AND conversation_id = %s
+                      AND (%s::bigint = 0 OR incarnation = %s::bigint)
+                RETURNING conversation_key, {sql.WATCHED}""",
+                (namespace, conversation_id, incarnation, incarnation),
+            )
+            row = await cursor.fetchone()
+            if row is None:
+                return None
+            key, watched = row
+            await conn.execute("DELETE FROM transcript.appends WHERE conversation_key = %s", (key,))
+            await conn.execute("DELETE FROM transcript.turns WHERE conversation_key = %s", (key,))
+            cursor = await conn.execute(
+                "DELETE FROM transcript.entries WHERE conversation_key = %s", (key,)
+            )
+            deleted: int = cursor.rowcount
+        self.changed(key, watched)
+        return deleted

@@ -1,0 +1,232 @@
+"""One WatchConversation stream (opened and woken by the process's Feed, service.py):
+what it holds, and its loop (`follow`).
+
+Each time it wakes, a stream reads, by sequence, what committed after what it
+delivered: every entry goes out once, in order, and only after its append committed
+(a rolled-back append wrote no row to read). It holds at most one page of entries
+(`WatchLimits.page_bytes`), and only while the transport has not taken it: the next
+page is read once the transport took the last event. The bytes of the page are counted
+against the feed's budget (services/common/byte_budget.py): the stream reserves a
+page's worth before it reads (waiting, without a database connection, while its
+namespace or the process has no room), keeps what the page holds, and gives each
+event's share back as the transport takes it. A caught-up stream holds none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections import deque
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol
+
+from services.common.byte_budget import ByteBudget, Charge
+from services.transcript import metrics as transcript_metrics
+from services.transcript.config import WatchLimits
+from services.transcript.watch.model import (
+    Appended,
+    AppendSlice,
+    Erased,
+    Heartbeat,
+    Retracted,
+    RunningTurn,
+    Snapshot,
+    TurnStarted,
+    WatchEvent,
+    finish_of,
+    more_retractions,
+    shutting_down,
+)
+from services.transcript.watch.store import FeedStore
+
+
+@dataclass(eq=False, slots=True)
+class Stream:
+    """One open WatchConversation."""
+
+    namespace: str
+    budget: ByteBudget
+    key: int = 0
+    woken: asyncio.Event = field(default_factory=asyncio.Event)
+    # The snapshot fingerprint the stream is up to date with (after its last read).
+    seen: tuple[int, int, int, tuple[int, ...]] | None = None
+    # The bytes it holds of the budget: the page read and not yet taken by the transport.
+    charge: Charge | None = None
+    # The share of them in the event being written (the transport's, until it took it).
+    sending: int = 0
+
+    async def reserve(self, size: int) -> None:
+        """Reserve `size` bytes (a page's worth), waiting for room (holding nothing else)."""
+        self.release()
+        self.charge = await self.budget.acquire(self.namespace, size)
+
+    def hold(self, size: int) -> None:
+        """Keep `size` bytes of what the stream reserved (what it read holds)."""
+        if self.charge is not None:
+            self.charge.resize(size)
+
+    def release(self) -> None:
+        """Give back every byte the stream holds."""
+        charge, self.charge = self.charge, None
+        if charge is not None:
+            charge.release()
+
+
+class Hub(Protocol):
+    """What a stream's loop asks of the feed that opened it."""
+
+    @property
+    def store(self) -> FeedStore:
+        """The feed's reads."""
+
+    @property
+    def limits(self) -> WatchLimits:
+        """The feed's limits."""
+
+    @property
+    def closing(self) -> bool:
+        """True once the server stops: streams end with SERVER_SHUTTING_DOWN."""
+
+    def fresh(self, stream: Stream, read_time: datetime) -> datetime:
+        """The latest time the server found the stream's state current."""
+
+
+async def follow(
+    hub: Hub, stream: Stream, head: Snapshot, after: int, interval: float
+) -> AsyncGenerator[WatchEvent]:
+    """A stream's events from `after` on: the entries (replayed, then live), what later
+    writes retracted of those delivered, the turns that start and finish, heartbeats;
+    Erased, then the end, when the incarnation followed is erased. Reads only when woken
+    (`stream.woken`), and holds at most a page of entries, counted against the budget."""
+    limits = hub.limits
+    key, incarnation = head.key, head.incarnation
+    delivered = after
+    running: dict[str, RunningTurn] = {}  # the turns reported started, by turn id
+    version, read_time = head.version, head.read_time
+    # Retractions are reported after this version (-1: after the version of the
+    # append that wrote entry `after`, which a resuming client has seen).
+    since = -1
+    caught_up = False
+    quiet_since = time.monotonic()
+    while True:
+        if hub.closing:
+            raise shutting_down()
+        # Room for a page before the read (a wait here holds no connection). The
+        # wake-up flag is cleared after the wait and before the read: a write during
+        # either wakes the stream again.
+        await stream.reserve(limits.page_charge)
+        stream.woken.clear()
+        state = await hub.store.read_state(
+            key,
+            [(turn.turn_id, turn.fencing_token) for turn in running.values()],
+            delivered,
+            limits.page_entries,
+            limits.page_bytes,
+            since,
+        )
+        if state is None or state.snapshot.incarnation != incarnation:
+            stream.release()
+            yield Erased(incarnation)
+            transcript_metrics.WATCH_EVENTS.labels("erased").inc()
+            return
+        # The page's entries leave `state`: each is let go once the transport took it.
+        slices = deque(state.entries)
+        state = dataclasses.replace(state, entries=())
+        stream.hold(sum(piece.size_bytes for piece in slices))
+        snapshot = state.snapshot
+        # First what later writes retracted of the entries delivered before this read,
+        # then the entries after them (which carry their retraction, if any): once
+        # a version's entries are delivered, so is everything before it.
+        for retraction in state.retractions:
+            sequences = [s for s in retraction.sequences if s <= delivered]
+            yield Retracted(retraction.version, sequences, retraction.retract_time)
+            transcript_metrics.WATCH_EVENTS.labels("retracted").inc()
+            quiet_since = time.monotonic()
+        if more_retractions(state.retractions, limits.page_entries):
+            # A page of them (a stream resumed far back): the rest before any entry.
+            since = state.retractions[-1].version
+            continue
+        since = snapshot.version
+        while delivered < snapshot.last_sequence:
+            if not slices:
+                await stream.reserve(limits.page_charge)
+                slices = deque(
+                    await hub.store.read_entries(
+                        key,
+                        delivered,
+                        snapshot.last_sequence,
+                        limits.page_entries,
+                        limits.page_bytes,
+                    )
+                )
+                stream.hold(sum(piece.size_bytes for piece in slices))
+            if not slices or slices[0].entries[0].sequence != delivered + 1:
+                # Entries go only with their conversation, in the erasure's transaction.
+                stream.release()
+                yield Erased(incarnation)
+                transcript_metrics.WATCH_EVENTS.labels("erased").inc()
+                return
+            while slices:
+                piece = slices[0]
+                last, size = piece.entries[-1].sequence, piece.size_bytes
+                committed = piece.entries[-1].created_at
+                del piece
+                # Yielded with no reference kept here: once the servicer has written
+                # the event, its entries are garbage.
+                stream.sending = size
+                yield _appended(slices.popleft(), incarnation)
+                # The transport took it: its share of the page is given back.
+                stream.sending = 0
+                transcript_metrics.WATCH_EVENTS.labels("appended").inc()
+                if stream.charge is not None:
+                    stream.hold(stream.charge.size - size)
+                if delivered >= head.last_sequence:  # live, not replayed: how late
+                    _observe_delivery(committed)
+                delivered = last
+            quiet_since = time.monotonic()
+        stream.release()  # caught up: a stream that waits holds no bytes
+        live = {(turn.turn_id, turn.fencing_token) for turn in state.running}
+        for trace in state.traces:
+            if (trace.turn_id, trace.fencing_token) not in live:
+                del running[trace.turn_id]
+                yield finish_of(trace)
+                transcript_metrics.WATCH_EVENTS.labels("turn_finished").inc()
+                quiet_since = time.monotonic()
+        for turn in state.running:
+            if turn.turn_id not in running:
+                running[turn.turn_id] = turn
+                yield TurnStarted(turn.turn_id, turn.start_time, turn.exclusive)
+                transcript_metrics.WATCH_EVENTS.labels("turn_started").inc()
+                quiet_since = time.monotonic()
+        version, read_time = snapshot.version, snapshot.read_time
+        stream.seen = snapshot.fingerprint
+        if not caught_up:  # the replay is done
+            caught_up = True
+            yield Heartbeat(version, delivered, incarnation, read_time)
+            transcript_metrics.WATCH_EVENTS.labels("heartbeat").inc()
+            quiet_since = time.monotonic()
+        while True:
+            left = interval - (time.monotonic() - quiet_since)
+            if left <= 0:
+                yield Heartbeat(version, delivered, incarnation, hub.fresh(stream, read_time))
+                transcript_metrics.WATCH_EVENTS.labels("heartbeat").inc()
+                quiet_since = time.monotonic()
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await stream.woken.wait()
+                break
+
+
+def _appended(piece: AppendSlice, incarnation: int) -> Appended:
+    return Appended(piece.version, piece.last_sequence, incarnation, piece.entries)
+
+
+def _observe_delivery(committed: datetime) -> None:
+    """Commit to delivery of a live append (the database's clock against this host's)."""
+    seconds = (datetime.now(UTC) - committed).total_seconds()
+    transcript_metrics.WATCH_DELIVERY_SECONDS.observe(max(0.0, seconds))
