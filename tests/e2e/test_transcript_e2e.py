@@ -312,10 +312,12 @@ async def test_grpcurl_uses_reflection_without_proto_files(
         transcript_server.address,
         "runifold.transcript.v1.TranscriptService/AppendEntries",
     )
+    # The descriptors reflection serves carry each field's JSON name (buf generate writes
+    # them), so grpcurl answers in proto3 JSON's lowerCamelCase; requests may use either.
     assert json.loads(out) == {
         "version": "1",
-        "first_sequence": "1",
-        "last_sequence": "1",
+        "firstSequence": "1",
+        "lastSequence": "1",
         "usage": {},
     }
 
