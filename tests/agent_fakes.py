@@ -108,10 +108,16 @@ class FakeTranscripts:
         return _prior(got)
 
     async def renew_lease(
-        self, namespace: str, conversation_id: str, turn_id: str, fencing_token: int, ttl_s: float
+        self,
+        namespace: str,
+        conversation_id: str,
+        turn_id: str,
+        fencing_token: int,
+        ttl_s: float,
+        calling_model: bool = False,
     ) -> None:
         await self.service.leases.renew_turn_lease(
-            namespace, conversation_id, turn_id, fencing_token, ttl_s
+            namespace, conversation_id, turn_id, fencing_token, ttl_s, calling_model
         )
 
     async def release_lease(

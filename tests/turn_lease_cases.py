@@ -289,6 +289,51 @@ class TurnLeaseCases:
             await commit(service, namespace, cid, "t-1", stale.fencing_token)
         assert lost.value.reason == "TURN_LEASE_LOST"
 
+    async def test_a_turn_that_lost_its_lease_during_its_model_call_is_never_run_again(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
+        cid = await new_conversation(service, namespace)
+        stale = await lease(service, namespace, cid, "t-1", ttl_s=1.0)
+        await service.leases.renew_turn_lease(
+            namespace, cid, "t-1", stale.fencing_token, 1.0, calling_model=True
+        )
+        # Its holder stops in the model call and the lease lapses: a repeat of the turn id
+        # is not granted the lease (it would run the model a second time).
+        first = await asyncio.wait_for(acquire(service, namespace, cid, "t-1"), 15)
+        assert isinstance(first, EndedTurn) and first.reason == "TURN_INTERRUPTED"
+        assert first.output == () and first.usage == Usage()
+        other = await lease(service, namespace, cid, "t-2")
+        assert await commit(service, namespace, cid, "t-2", other.fencing_token) == 1
+        again = await acquire(service, namespace, cid, "t-1")
+        assert isinstance(again, EndedTurn) and again.reason == "TURN_INTERRUPTED"
+        with pytest.raises(DomainError) as lost:
+            await commit(service, namespace, cid, "t-1", stale.fencing_token)
+        assert lost.value.reason == "TURN_LEASE_LOST"
+
+    async def test_another_turn_keeps_a_lapsed_model_call_interrupted_not_dropped(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
+        cid = await new_conversation(service, namespace)
+        stale = await lease(service, namespace, cid, "t-1", ttl_s=1.0)
+        await service.leases.renew_turn_lease(
+            namespace, cid, "t-1", stale.fencing_token, 1.0, calling_model=True
+        )
+        granted: list[TurnLease] = []
+
+        async def exclusive() -> bool:  # granted once t-1's lease lapsed
+            try:
+                granted.append(
+                    await lease(service, namespace, cid, "t-2", mode=LeaseMode.EXCLUSIVE)
+                )
+            except DomainError as error:
+                assert error.reason == "CONVERSATION_BUSY"
+                return False
+            return True
+
+        await wait_for(exclusive, timeout=15, interval=0.1)
+        repeat = await acquire(service, namespace, cid, "t-1")
+        assert isinstance(repeat, EndedTurn) and repeat.reason == "TURN_INTERRUPTED"
+
     async def test_renewal_keeps_a_lease(self, service: TranscriptService, namespace: str) -> None:
         cid = await new_conversation(service, namespace)
         held = await lease(service, namespace, cid, "t-1", mode=LeaseMode.EXCLUSIVE, ttl_s=5.0)

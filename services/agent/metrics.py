@@ -23,3 +23,10 @@ MODEL_OUTPUT_INVALID = Counter(
     "runifold_model_output_invalid_total",
     "Turns whose model reply broke the transcript's limits (MODEL_OUTPUT_INVALID).",
 )
+TURN_WRITE_RETRIES = Counter(
+    "runifold_turn_write_retries_total",
+    "A turn's commit (what=commit) or the release that keeps its outcome (what=release) "
+    "sent again after TranscriptService or its database was unavailable: model work "
+    "that completed, kept through a blip.",
+    ["what"],
+)

@@ -62,9 +62,16 @@ class Transcripts(Protocol):
         waits (for the turns ahead, or a running turn of the same id) within the deadline."""
 
     async def renew_lease(
-        self, namespace: str, conversation_id: str, turn_id: str, fencing_token: int, ttl_s: float
+        self,
+        namespace: str,
+        conversation_id: str,
+        turn_id: str,
+        fencing_token: int,
+        ttl_s: float,
+        calling_model: bool = False,
     ) -> None:
-        """Extend the lease; TURN_LEASE_LOST when it lapsed or was taken over."""
+        """Extend the lease (and, `calling_model`, record that the model call begins);
+        TURN_LEASE_LOST when it lapsed or was taken over."""
 
     async def release_lease(
         self,

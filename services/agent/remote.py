@@ -162,7 +162,13 @@ class GrpcTranscripts:
         return LeaseState(reply.lease.fencing_token, reply.lease.created)
 
     async def renew_lease(
-        self, namespace: str, conversation_id: str, turn_id: str, fencing_token: int, ttl_s: float
+        self,
+        namespace: str,
+        conversation_id: str,
+        turn_id: str,
+        fencing_token: int,
+        ttl_s: float,
+        calling_model: bool = False,
     ) -> None:
         await self.peer.call(
             self.stub.RenewTurnLease,
@@ -172,6 +178,7 @@ class GrpcTranscripts:
                 turn_id=turn_id,
                 fencing_token=fencing_token,
                 ttl=_duration(ttl_s),
+                calling_model=calling_model,
             ),
         )
 

@@ -39,13 +39,14 @@ class TurnSweeper(Background):
 
     task_name = "transcript-turn-sweeper"
 
-    def __init__(self, store: PostgresTranscriptStore) -> None:
+    def __init__(self, store: PostgresTranscriptStore, retention_s: float) -> None:
         self.store = store
+        self.retention_s = retention_s
 
     async def run(self) -> None:
         while True:
             try:
-                while await self.store.sweep_turns(SWEEP_BATCH) >= SWEEP_BATCH:
+                while await self.store.sweep_turns(SWEEP_BATCH, self.retention_s) >= SWEEP_BATCH:
                     pass
             except Exception as error:
                 log.warning("turn sweep failed", extra={"error_type": type(error).__name__})
@@ -99,7 +100,7 @@ class TranscriptComponent:
         )
         # Lease waiters wake on the changes the feed hears of, from any replica.
         self.feed.on_change = self.service.leases.changed
-        self.sweeper = TurnSweeper(store)
+        self.sweeper = TurnSweeper(store, self.limits.turn_outcome_retention_s)
         self.sweeper.start()
 
     async def drain(self, timeout_s: float) -> None:

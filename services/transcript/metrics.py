@@ -21,6 +21,12 @@ TURN_QUEUE_FULL = Counter(
     "runifold_turn_queue_full_total",
     "Queued turns refused with TURN_QUEUE_FULL (the conversation's queue was full).",
 )
+TURNS_INTERRUPTED = Counter(
+    "runifold_turns_interrupted_total",
+    "Turns whose holder lost its lease after it began its model call, before it committed: "
+    "ended as TURN_INTERRUPTED (never run again under their turn_id; their outcome is lost). "
+    "Holders paused or cut off longer than their lease's TTL.",
+)
 TURN_LEASE_RETRIES = Counter(
     "runifold_turn_lease_retries_total",
     "Tries of a call waiting for a turn lease, by what started them: a change of its "

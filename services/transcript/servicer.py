@@ -302,6 +302,7 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             request.turn_id,
             request.fencing_token,
             convert.timedelta_from_request(request.ttl, "ttl", "INVALID_LEASE_TTL").total_seconds(),
+            request.calling_model,
         )
         return pb.RenewTurnLeaseResponse(lease=lease_to_proto(lease))
 

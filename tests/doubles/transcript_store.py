@@ -44,6 +44,7 @@ from services.transcript.leases.model import (
     Waiting,
     conversation_busy,
     decide_lease,
+    interrupted,
     turn_lease_lost,
 )
 from services.transcript.leases.store import WAIT_LEASE_S
@@ -58,6 +59,12 @@ def _random_token() -> int:
     return secrets.randbits(62) + 1
 
 
+def _interrupt(turn: _Turn, until: datetime) -> None:
+    """End a lapsed running turn whose holder began its model call (the store's
+    INTERRUPT): kept, with the interrupted outcome, until `until`."""
+    turn.state, turn.ended, turn.until = "ended", interrupted(), until
+
+
 @dataclass
 class _Turn:
     state: str
@@ -67,6 +74,7 @@ class _Turn:
     ticket: int | None = None  # its place in the queue, while it waits
     fencing_token: int | None = None  # its grant's, once granted
     ended: EndedTurn | None = None
+    model_called: bool = False  # its holder began its model call
 
     def row(self, turn_id: str, now: datetime) -> TurnRow:
         return TurnRow(
@@ -78,6 +86,7 @@ class _Turn:
             self.payload_hash,
             self.until >= now,
             self.ended,
+            self.model_called,
         )
 
 
@@ -365,10 +374,14 @@ class InMemoryTranscriptStore:
                 created = True
             stored = self._data[key]
             now = datetime.now(UTC)
+            retained = now + timedelta(seconds=request.outcome_retention_s)
             for turn_id, turn in list(stored.turns.items()):
                 lapsed = turn.state in ("waiting", "running") and turn.until < now
                 if lapsed and turn_id != request.turn_id:
-                    del stored.turns[turn_id]
+                    if turn.state == "running" and turn.model_called:
+                        _interrupt(turn, retained)  # never run again under its id
+                    else:
+                        del stored.turns[turn_id]
             own_turn = stored.turns.get(request.turn_id)
             own = own_turn.row(request.turn_id, now) if own_turn else None
             others = [
@@ -379,6 +392,10 @@ class InMemoryTranscriptStore:
                 and turn.until >= now
             ]
             decision = decide_lease(request, own, others, stored.appends.get(request.turn_id))
+            running = own_turn is not None and own_turn.state == "running"
+            if isinstance(decision, EndedTurn) and running:
+                assert own_turn is not None
+                _interrupt(own_turn, retained)  # interrupted: kept as its outcome
             if isinstance(decision, AppendRecord | EndedTurn):
                 return decision
             if isinstance(decision, Enqueue):
@@ -416,6 +433,7 @@ class InMemoryTranscriptStore:
         turn_id: str,
         fencing_token: int,
         ttl_s: float,
+        calling_model: bool = False,
     ) -> TurnLease | None:
         async with self._lock:
             stored = self._data.get((namespace, conversation_id))
@@ -429,6 +447,7 @@ class InMemoryTranscriptStore:
             ):
                 return None
             turn.until = now + timedelta(seconds=ttl_s)
+            turn.model_called = turn.model_called or calling_model
             return TurnLease(conversation_id, turn_id, fencing_token, turn.until, turn.exclusive)
 
     async def release_turn(
@@ -482,7 +501,7 @@ class InMemoryTranscriptStore:
             ):
                 del stored.turns[turn_id]
 
-    async def sweep_turns(self, limit: int) -> int:
+    async def sweep_turns(self, limit: int, retention_s: float = 24 * 3600.0) -> int:
         async with self._lock:
             now = datetime.now(UTC)
             swept = 0

@@ -209,3 +209,45 @@ async def test_a_paused_agent_resumes_and_its_late_append_is_refused_by_its_toke
             "answer to quick words",
         ]
         assert metrics.TURN_FENCING_TOKEN_REFUSALS._value.get() == refusals + 1
+
+
+async def test_a_turn_paused_in_its_model_call_is_interrupted_not_run_again(
+    fresh_database_url: str, tmp_path: Path, namespace: str
+) -> None:
+    """The agent running a turn stops (SIGSTOP) while the model answers, past its lease:
+    a repeat of the turn id through the other agent is not granted the lease (which would
+    call the model a second time): it is ABORTED / TURN_INTERRUPTED, and the model was
+    called once. The paused agent, resumed, cannot commit either."""
+    async with fake_openai() as model, services(fresh_database_url) as running:
+        held = Held(model, "interrupted words")
+        cid = await new_conversation(running, namespace)
+        request = turn(cid, namespace, "interrupted words")
+        async with (
+            agent(running, model, tmp_path / "a") as paused,
+            agent(running, model, tmp_path / "b") as other_agent,
+            grpc.aio.insecure_channel(paused.address) as to_paused,
+            grpc.aio.insecure_channel(other_agent.address) as to_other,
+        ):
+            late = asyncio.ensure_future(
+                stubs.agent(to_paused).RunConversation(request, timeout=90)
+            )
+            await wait_for(held.asked)
+            paused.process.send_signal(signal.SIGSTOP)
+            try:
+                with pytest.raises(grpc.aio.AioRpcError) as repeated:
+                    await stubs.agent(to_other).RunConversation(request, timeout=60)
+            finally:
+                held.release.set()
+                paused.process.send_signal(signal.SIGCONT)
+            with pytest.raises(grpc.aio.AioRpcError) as lost:
+                await late
+            # A repeat after that gets the same answer, without a model call either.
+            with pytest.raises(grpc.aio.AioRpcError) as again:
+                await stubs.agent(to_other).RunConversation(request, timeout=60)
+        assert repeated.value.code() == grpc.StatusCode.ABORTED
+        assert reason(repeated.value) == "TURN_INTERRUPTED"
+        assert reason(again.value) == "TURN_INTERRUPTED"
+        assert reason(lost.value) == "TURN_LEASE_LOST"
+        calls = [r for r in model.chat_requests if r.messages[-1]["content"] == "interrupted words"]
+        assert len(calls) == 1
+        assert await transcript_texts(running, namespace, cid) == []

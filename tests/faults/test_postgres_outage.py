@@ -15,14 +15,17 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psycopg
 import pytest
 
+from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import stubs
 from tests.conftest import wait_for
+from tests.fakes.openai_server import FakeReply, fake_openai
 from tests.faults.support import (
     NOT_SERVING,
     SERVING,
@@ -156,3 +159,69 @@ async def test_a_stalled_database_is_unavailable_not_internal(
     check_exactly_once(load, await stored_appends(fresh_database_url, namespace))
     assert value(metrics, "runifold_store_errors_total", store="transcript") == 1
     assert value(metrics, "grpc_server_handled_total", grpc_code="INTERNAL") == 0
+
+
+async def test_a_turn_whose_commit_meets_an_outage_commits_once_postgres_is_back(
+    tmp_path: Path,
+) -> None:
+    """The model answered; PostgreSQL is down when the turn appends: the agent sends the
+    same append again (its request id is the turn id) until PostgreSQL is back, and the
+    turn commits, with the one model call it made: completed model work is not lost to a
+    blip, nor run twice."""
+    namespace = f"outage-{uuid.uuid4().hex[:8]}"
+    release = asyncio.Event()
+    async with dedicated_postgres() as postgres, fake_openai() as model:
+
+        async def respond(body: Any) -> FakeReply:
+            await asyncio.wait_for(release.wait(), 60)
+            return FakeReply(text="the answer", usage=(10, 3))
+
+        model.respond_with(respond)
+        env = {
+            "DATABASE_URL": postgres.url,
+            "RUNIFOLD_AGENT_MODEL_URL": model.base_url,
+            "RUNIFOLD_AGENT_MODEL_NAME": "fake-model",
+            "RUNIFOLD_AGENT_MODEL_MAX_RETRIES": "0",
+            "RUNIFOLD_SUMMARY_WORKERS": "0",
+        }
+        async with (
+            service_process("services", env, tmp_path) as process,
+            channel_to(process.address) as channel,
+        ):
+            transcript, agent = stubs.transcript(channel), stubs.agent(channel)
+            created = await transcript.CreateConversation(
+                pb.CreateConversationRequest(namespace=namespace)
+            )
+            cid = created.conversation.conversation_id
+            running = asyncio.ensure_future(
+                agent.RunConversation(
+                    agent_pb.RunConversationRequest(
+                        namespace=namespace,
+                        conversation_id=cid,
+                        input=[user("hello")],
+                        turn_id="turn-through-an-outage",
+                    ),
+                    timeout=90,
+                )
+            )
+
+            async def asked() -> bool:
+                return bool(model.chat_requests)
+
+            await wait_for(asked, timeout=30)
+            await postgres.stop("fast")
+            release.set()  # the answer comes while the database is down
+
+            async def retried() -> bool:
+                metrics = await process.scrape()
+                return value(metrics, "runifold_turn_write_retries_total", what="commit") >= 1
+
+            await wait_for(retried, timeout=30)
+            await postgres.start()
+            result = await running
+            page = await transcript.ListEntries(
+                pb.ListEntriesRequest(namespace=namespace, conversation_id=cid)
+            )
+        assert result.conversation_version == 1 and not result.replayed
+        assert [e.message.text for e in page.entries] == ["hello", "the answer"]
+        assert len(model.chat_requests) == 1

@@ -36,6 +36,17 @@ def ended_error(ended: EndedState) -> DomainError:
     metadata = dict(ended.metadata)
     current = int(metadata.pop("current_version", "0"))
     expected = int(metadata.pop("expected_version", "0"))
+    if ended.reason == "TURN_INTERRUPTED":
+        return TurnNotCommitted(
+            ended.reason,
+            "the turn's model call began under a lease that lapsed before the turn committed "
+            "(its agent stopped or was cut off): its outcome is unknown, and it is never run "
+            "again under this turn_id; send the input again under a new turn_id",
+            outcome,
+            current,
+            expected,
+            **metadata,
+        )
     return TurnNotCommitted(
         ended.reason,
         "the turn ended earlier without committing; its completed outcome is attached",

@@ -51,6 +51,7 @@ from services.agent.model import (
 )
 from services.agent.ports import Memories, Summaries, Transcripts
 from services.agent.turn.budget import TurnBudget
+from services.agent.turn.commit import calling_model, commit, release
 from services.agent.turn.lease import LeaseKeeper, ended_error, ended_state, lease_lost
 from services.agent.turn.prompt import build_request, estimate_request_tokens, memory_query
 from services.agent.turn.replay import replay
@@ -212,8 +213,13 @@ class TurnRunner:
                 if not committed:
                     try:
                         await asyncio.shield(
-                            self.transcripts.release_lease(
-                                turn.namespace, conversation_id, turn_id, lease.fencing_token, ended
+                            release(
+                                self.transcripts,
+                                turn,
+                                conversation_id,
+                                turn_id,
+                                lease.fencing_token,
+                                ended,
                             )
                         )
                     except DomainError as error:
@@ -302,6 +308,14 @@ class TurnRunner:
         spend.require_call(estimate_request_tokens(request))
         if keeper.lost:  # never start model work the turn can no longer commit
             raise lease_lost()
+        await calling_model(
+            self.transcripts,
+            turn,
+            conversation_id,
+            turn_id,
+            lease.fencing_token,
+            self.config.turn_lease_ttl_s,
+        )
 
         yield Progress(Stage.CALLING_MODEL)
         response: ChatResponse | None = None
@@ -319,8 +333,9 @@ class TurnRunner:
 
         yield Progress(Stage.COMMITTING)
         try:
-            appended = await self.transcripts.append(
-                namespace,
+            appended = await commit(
+                self.transcripts,
+                turn,
                 conversation_id,
                 view.version,
                 [*turn.input, reply],

@@ -68,6 +68,8 @@ class LeaseRequest:
     queue_depth: int
     # The waiting row this caller already holds in the queue (QUEUED), if any.
     ticket: int | None = None
+    # How long an interrupted turn's outcome is kept (RUNIFOLD_TURN_OUTCOME_RETENTION_S).
+    outcome_retention_s: float = 24 * 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,8 @@ class TurnRow:
     payload_hash: bytes
     live: bool  # lease_until has not passed (meaningless for "ended")
     ended: EndedTurn | None = None
+    # Its holder said it began the model call (running rows only).
+    model_called: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +169,16 @@ def turn_lease_lost() -> DomainError:
     )
 
 
+# The reason an interrupted turn ended with: its holder began the model call, then lost
+# its lease before it committed. Its outcome is unknown, and nobody runs it again.
+TURN_INTERRUPTED = "TURN_INTERRUPTED"
+
+
+def interrupted() -> EndedTurn:
+    """The outcome of a turn whose holder lost its lease during its model call."""
+    return EndedTurn(output=(), usage=Usage(), reason=TURN_INTERRUPTED)
+
+
 def turn_queue_full(depth: int, retry_after_s: float) -> DomainError:
     """RESOURCE_EXHAUSTED: the conversation's queue of waiting turns is full."""
     return resource_exhausted(
@@ -186,7 +200,10 @@ def decide_lease(
     `own` is the row of the requested turn id (any state); `others` the live
     waiting and running rows of other turn ids. One turn id runs once: a committed
     turn replays (`prior`), an ended one returns its outcome, a live one is waited
-    for; an expired one is taken over. Then the mode: SHARED is granted at once;
+    for; an expired one is taken over, unless its holder had begun its model call
+    (then it is interrupted: `interrupted()`, which the store keeps as its outcome, so
+    that the model never runs twice for one turn id). Then the mode: SHARED is granted
+    at once;
     EXCLUSIVE only when nothing else runs or waits (else CONVERSATION_BUSY);
     QUEUED waits in ticket order, bounded by `queue_depth` (else TURN_QUEUE_FULL).
     """
@@ -204,6 +221,8 @@ def decide_lease(
             return WAIT_SAME_TURN
         if own.live and not (own.state == "waiting" and own.ticket == request.ticket):
             return WAIT_SAME_TURN
+        if own.state == "running" and own.model_called:
+            return interrupted()
         mine_waiting = own.live
         takeover = not own.live
     if request.mode == LeaseMode.SHARED:

@@ -193,6 +193,7 @@ class TurnLeases:
             payload_hash,
             create_if_missing,
             self.limits.turn_queue_depth,
+            outcome_retention_s=self.limits.turn_outcome_retention_s,
         )
         key = (namespace, cid)
         deadline = time.monotonic() + self.limits.turn_wait_max_s
@@ -280,13 +281,17 @@ class TurnLeases:
         turn_id_text: str,
         fencing_token: int,
         ttl_s: float,
+        calling_model: bool = False,
     ) -> TurnLease:
-        """Extend a lease the caller holds; ABORTED / TURN_LEASE_LOST when it lapsed."""
+        """Extend a lease the caller holds; ABORTED / TURN_LEASE_LOST when it lapsed. With
+        `calling_model` the holder says it begins its model call: if its lease lapses
+        from now on before it commits, no repeat of its turn id takes the lease over (the
+        turn ends as TURN_INTERRUPTED), so that the model never runs twice for one id."""
         validation.namespace(namespace)
         cid = conversation_id(conversation_id_text)
         turn_id = validation.request_id(turn_id_text, "turn_id") or ""
         lease = await self.store.renew_turn(
-            namespace, cid, turn_id, fencing_token, _lease_ttl(ttl_s)
+            namespace, cid, turn_id, fencing_token, _lease_ttl(ttl_s), calling_model
         )
         if lease is None:
             raise turn_lease_lost()

@@ -77,6 +77,17 @@ RETURNING conversation_key, false
 """
 
 
+# Running turns of other ids whose holder began its model call and then lost its lease:
+# interrupted, not dropped (a repeat of such an id must not run the model again).
+INTERRUPT_LAPSED = """
+UPDATE transcript.turns
+   SET state = 'ended', outcome = %(interrupted)s, end_time = now(),
+       lease_until = now() + make_interval(secs => %(retention_s)s)
+ WHERE conversation_key = %(key)s AND turn_id <> %(turn_id)s
+   AND state = 'running' AND lease_until < now() AND model_call_time IS NOT NULL
+"""
+
+
 DROP_LAPSED = """
 DELETE FROM transcript.turns
  WHERE conversation_key = %(key)s AND turn_id <> %(turn_id)s
@@ -88,7 +99,7 @@ RETURNING state
 # The requested turn's row (any state), and every live waiting or running row.
 TURN_ROWS = """
 SELECT turn_id, state, exclusive, ticket, fencing_token, payload_hash, lease_until >= now(),
-       outcome, end_time
+       outcome, end_time, model_call_time IS NOT NULL
   FROM transcript.turns
  WHERE conversation_key = %(key)s
    AND (turn_id = %(turn_id)s OR (state IN ('waiting', 'running') AND lease_until >= now()))
@@ -167,7 +178,9 @@ SELECT fencing_token, lease_until FROM granted
 RENEW = f"""
 WITH renewed AS (
     UPDATE transcript.turns
-       SET lease_until = now() + make_interval(secs => %(ttl_s)s)
+       SET lease_until = now() + make_interval(secs => %(ttl_s)s),
+           model_call_time = CASE WHEN %(calling_model)s THEN coalesce(model_call_time, now())
+                                  ELSE model_call_time END
      WHERE conversation_key = {KEY} AND turn_id = %(turn_id)s
        AND fencing_token = %(fencing_token)s AND state = 'running' AND lease_until >= now()
  RETURNING conversation_key, exclusive, lease_until
@@ -178,6 +191,25 @@ WITH renewed AS (
        AND c.lease_fencing_token = %(fencing_token)s
 )
 SELECT exclusive, lease_until FROM renewed
+"""
+
+
+# A running turn whose holder began its model call and then lost its lease: ended as
+# interrupted (the row the decision saw, by its fencing token), so that no repeat of its
+# id runs the model again; its exclusive lease on the conversation goes with it.
+INTERRUPT = """
+WITH ended AS (
+    UPDATE transcript.turns
+       SET state = 'ended', outcome = %(outcome)s, end_time = now(),
+           lease_until = now() + make_interval(secs => %(retention_s)s)
+     WHERE conversation_key = %(key)s AND turn_id = %(turn_id)s
+       AND fencing_token = %(seen_fencing_token)s AND state = 'running'
+ RETURNING fencing_token
+)
+UPDATE transcript.conversations AS c
+   SET lease_turn_id = NULL, lease_fencing_token = NULL, lease_until = NULL
+  FROM ended AS e
+ WHERE c.conversation_key = %(key)s AND c.lease_fencing_token = e.fencing_token
 """
 
 
@@ -218,6 +250,19 @@ WITH gone AS (
  RETURNING conversation_key
 )
 DELETE FROM transcript.turns WHERE conversation_key IN (SELECT conversation_key FROM gone)
+"""
+
+
+# The sweep's part of INTERRUPT_LAPSED, for conversations nobody asked for a lease since.
+SWEEP_INTERRUPTED = """
+UPDATE transcript.turns
+   SET state = 'ended', outcome = %(interrupted)s, end_time = now(),
+       lease_until = now() + make_interval(secs => %(retention_s)s)
+ WHERE ctid = ANY(ARRAY(
+       SELECT ctid FROM transcript.turns
+        WHERE state = 'running' AND model_call_time IS NOT NULL
+          AND lease_until < now() - make_interval(secs => %(grace_s)s)
+        LIMIT %(limit)s))
 """
 
 

@@ -38,8 +38,11 @@ from services.transcript.leases.model import (
     decide_lease,
     ended_from_json,
     ended_to_json,
+    interrupted,
 )
 
+# The stored outcome of an interrupted turn (the same for every one).
+_INTERRUPTED = Jsonb(ended_to_json(interrupted()))
 # A waiting turn's place in the queue lapses this long after its caller last
 # looked (the caller looks every RUNIFOLD_TURN_WAIT_POLL_S, at most 5 s): a
 # waiter whose process died stops holding up the turns behind it.
@@ -66,8 +69,10 @@ class TurnLeaseStore(Protocol):
         turn_id: str,
         fencing_token: int,
         ttl_s: float,
+        calling_model: bool = False,
     ) -> TurnLease | None:
-        """Extend a live lease; None when it expired or was taken over."""
+        """Extend a live lease (and, `calling_model`, record that its holder begins its
+        model call); None when it expired or was taken over."""
 
     async def release_turn(
         self,
@@ -86,9 +91,11 @@ class TurnLeaseStore(Protocol):
     ) -> None:
         """Give up a place in the queue (the waiting caller left)."""
 
-    async def sweep_turns(self, limit: int) -> int:
+    async def sweep_turns(self, limit: int, retention_s: float = 24 * 3600.0) -> int:
         """Delete up to `limit` lapsed rows: ended turns past retention, expired leases
-        and waiting places, and empty conversations whose creating turn vanished."""
+        and waiting places, and empty conversations whose creating turn vanished; keep a
+        lapsed lease whose holder had begun its model call as interrupted (for
+        `retention_s`)."""
 
 
 # --- PostgreSQL -------------------------------------------------------------
@@ -146,7 +153,12 @@ class PostgresTurnLeases(PostgresBase):
             params["key"], params["watched"] = row
             await conn.execute(sql.LOCK_TURN_ID, params)
             # Leases (and places) of other turns that lapsed: their holders are gone. The
-            # row goes, so a late append quoting its token finds nothing and is refused.
+            # row goes, so a late append quoting its token finds nothing and is refused;
+            # one whose holder had begun its model call is kept, as interrupted.
+            params["interrupted"] = _INTERRUPTED
+            params["retention_s"] = request.outcome_retention_s
+            cursor = await conn.execute(sql.INTERRUPT_LAPSED, params)
+            metrics.TURNS_INTERRUPTED.inc(cursor.rowcount)
             cursor = await conn.execute(sql.DROP_LAPSED, params)
             metrics.TURN_LEASE_EXPIRIES.inc(
                 sum(1 for (state,) in await cursor.fetchall() if state == "running")
@@ -164,6 +176,7 @@ class PostgresTurnLeases(PostgresBase):
                 live,
                 outcome,
                 end_time,
+                model_called,
             ) in await cursor.fetchall():
                 found = TurnRow(
                     turn_id,
@@ -174,6 +187,7 @@ class PostgresTurnLeases(PostgresBase):
                     bytes(digest),
                     live,
                     ended_from_json(outcome, end_time) if state == "ended" else None,
+                    model_called,
                 )
                 if turn_id == request.turn_id:
                     own = found
@@ -182,6 +196,13 @@ class PostgresTurnLeases(PostgresBase):
             prior_row = await fetch_one(conn, sql.PRIOR_APPEND, params)
             prior = record_from_row(prior_row) if prior_row else None
             decision = decide_lease(request, own, others, prior)
+            if isinstance(decision, EndedTurn) and own is not None and own.state == "running":
+                # Interrupted (its holder lost its lease during its model call): kept as
+                # the turn's outcome, so every later repeat gets it at once.
+                params["seen_fencing_token"] = own.fencing_token
+                params["outcome"] = _INTERRUPTED
+                await conn.execute(sql.INTERRUPT, params)
+                metrics.TURNS_INTERRUPTED.inc()
             if isinstance(decision, AppendRecord | EndedTurn):
                 return decision
             # The row this decision saw, by its ticket or its fencing token (see SEEN_ROW).
@@ -223,6 +244,7 @@ class PostgresTurnLeases(PostgresBase):
         turn_id: str,
         fencing_token: int,
         ttl_s: float,
+        calling_model: bool = False,
     ) -> TurnLease | None:
         async with self.db.connection() as conn:
             row = await fetch_one(
@@ -234,6 +256,7 @@ class PostgresTurnLeases(PostgresBase):
                     "turn_id": turn_id,
                     "fencing_token": fencing_token,
                     "ttl_s": ttl_s,
+                    "calling_model": calling_model,
                 },
             )
         if row is None:
@@ -290,8 +313,18 @@ class PostgresTurnLeases(PostgresBase):
                 },
             )
 
-    async def sweep_turns(self, limit: int) -> int:
+    async def sweep_turns(self, limit: int, retention_s: float = 24 * 3600.0) -> int:
         async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                sql.SWEEP_INTERRUPTED,
+                {
+                    "limit": limit,
+                    "grace_s": _EXPIRED_GRACE_S,
+                    "interrupted": _INTERRUPTED,
+                    "retention_s": retention_s,
+                },
+            )
+            metrics.TURNS_INTERRUPTED.inc(cursor.rowcount)
             cursor = await conn.execute(
                 sql.SWEEP_TURNS, {"limit": limit, "grace_s": _EXPIRED_GRACE_S}
             )

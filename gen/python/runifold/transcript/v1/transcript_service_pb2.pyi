@@ -1202,6 +1202,7 @@ class RenewTurnLeaseRequest(_message.Message):
     TURN_ID_FIELD_NUMBER: _builtins.int
     FENCING_TOKEN_FIELD_NUMBER: _builtins.int
     TTL_FIELD_NUMBER: _builtins.int
+    CALLING_MODEL_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID of the conversation."""
     namespace: _builtins.str
@@ -1210,6 +1211,13 @@ class RenewTurnLeaseRequest(_message.Message):
     """The turn."""
     fencing_token: _builtins.int
     """The lease's fencing token."""
+    calling_model: _builtins.bool
+    """The holder begins its model call now. Recorded with the renewal: if the lease
+    lapses from then on before the turn commits, no repeat of its turn_id takes
+    the lease over and runs the model again; the turn ends as TURN_INTERRUPTED
+    (AcquireTurnLease answers `ended` with that reason), so that the model runs
+    at most once per turn_id.
+    """
     @_builtins.property
     def ttl(self) -> _duration_pb2.Duration:
         """New duration from now: 0 means 30 s; 1 s to 10 min."""
@@ -1222,10 +1230,11 @@ class RenewTurnLeaseRequest(_message.Message):
         turn_id: _builtins.str = ...,
         fencing_token: _builtins.int = ...,
         ttl: _duration_pb2.Duration | None = ...,
+        calling_model: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["ttl", b"ttl"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "fencing_token", b"fencing_token", "namespace", b"namespace", "ttl", b"ttl", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calling_model", b"calling_model", "conversation_id", b"conversation_id", "fencing_token", b"fencing_token", "namespace", b"namespace", "ttl", b"ttl", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

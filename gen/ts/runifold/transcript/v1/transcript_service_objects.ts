@@ -1877,6 +1877,16 @@ export interface RenewTurnLeaseRequest {
    * @generated from field: google.protobuf.Duration ttl = 5;
    */
   'ttl'?: (Duration | null);
+  /**
+   * The holder begins its model call now. Recorded with the renewal: if the lease
+   * lapses from then on before the turn commits, no repeat of its turn_id takes
+   * the lease over and runs the model again; the turn ends as TURN_INTERRUPTED
+   * (AcquireTurnLease answers `ended` with that reason), so that the model runs
+   * at most once per turn_id.
+   *
+   * @generated from field: bool calling_model = 6;
+   */
+  'calling_model'?: (boolean);
 }
 
 /**
@@ -1915,6 +1925,16 @@ export interface RenewTurnLeaseRequest__Output {
    * @generated from field: google.protobuf.Duration ttl = 5;
    */
   'ttl': (Duration__Output | null);
+  /**
+   * The holder begins its model call now. Recorded with the renewal: if the lease
+   * lapses from then on before the turn commits, no repeat of its turn_id takes
+   * the lease over and runs the model again; the turn ends as TURN_INTERRUPTED
+   * (AcquireTurnLease answers `ended` with that reason), so that the model runs
+   * at most once per turn_id.
+   *
+   * @generated from field: bool calling_model = 6;
+   */
+  'calling_model': (boolean);
 }
 
 /**
