@@ -187,7 +187,7 @@ async def test_an_exclusive_lease_granted_while_an_append_waits_refuses_it(
             async with database.connection() as probe:
                 cursor = await probe.execute(
                     """SELECT count(*) FROM pg_stat_activity
-                        WHERE wait_event_type = 'Lock' AND query LIKE '%%WITH lease AS%%'"""
+                        WHERE wait_event_type = 'Lock' AND query LIKE '%%WITH locked AS%%'"""
                 )
                 row = await cursor.fetchone()
             return bool(row and row[0])
@@ -198,6 +198,50 @@ async def test_an_exclusive_lease_granted_while_an_append_waits_refuses_it(
         await appending
     assert caught.value.reason == "CONVERSATION_BUSY"
     assert (await service.get_conversation(namespace, cid)).version == 0
+
+
+async def test_an_append_takes_its_conversation_before_its_turn_as_lease_decisions_do(
+    database: Database, namespace: str
+) -> None:
+    """Lock order: a lease decision locks the conversation, then turn rows (dropping or
+    interrupting a lapsed lease); an append under a lease must take them in the same
+    order, or the two deadlock (found by the chaos campaign: DeadlockDetected, INTERNAL).
+    While the append waits for its conversation, its turn's row is not locked by it."""
+    service = make_service(PostgresTranscriptStore(database))
+    cid = await new_conversation(service, namespace)
+    lease = await service.leases.acquire_turn_lease(namespace, cid, "t-a", 1, 30.0, b"h", False)
+    assert isinstance(lease, TurnLease)
+    async with database.connection() as deciding:
+        await deciding.execute("BEGIN")
+        # What a lease decision of another turn holds while it looks at the turn rows.
+        await deciding.execute(
+            """SELECT 1 FROM transcript.conversations
+                WHERE namespace = %s AND conversation_id = %s FOR UPDATE""",
+            (namespace, uuid.UUID(cid)),
+        )
+        appending = asyncio.create_task(
+            service.append(
+                namespace, cid, None, [user("q")], "t-a", Usage(1, 1, 1), lease.fencing_token
+            )
+        )
+
+        async def waiting_for_the_conversation() -> bool:
+            async with database.connection() as probe:
+                cursor = await probe.execute(
+                    """SELECT count(*) FROM pg_stat_activity
+                        WHERE wait_event_type = 'Lock' AND datname = current_database()"""
+                )
+                row = await cursor.fetchone()
+            return bool(row and row[0])
+
+        await wait_for(waiting_for_the_conversation)
+        # The decision can go on to the turn rows: the append holds none of them.
+        await deciding.execute(
+            """SELECT 1 FROM transcript.turns WHERE turn_id = 't-a' FOR UPDATE NOWAIT"""
+        )
+        await deciding.execute("COMMIT")
+    result = await appending
+    assert result.record.version == 1
 
 
 async def test_turn_leases_and_places_in_line_survive_the_fencing_token_migration(

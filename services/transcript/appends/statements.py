@@ -33,13 +33,19 @@ STATE_FITS = f"""(%(conversation_state)s::jsonb IS NULL
 
 
 APPEND = statement(f"""
-WITH lease AS (
+WITH locked AS (
+    -- The conversation first, then the turn: the order every lease decision takes
+    -- them in (services/transcript/leases/store.py), so that an append and a lease
+    -- decision never wait for each other in a circle.
+    SELECT conversation_key FROM transcript.conversations
+     WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+       AND %(fencing_token)s::bigint IS NOT NULL
+       FOR NO KEY UPDATE
+), lease AS (
     -- The turn lease the append commits under, locked: an UPDATE of the row by a
     -- takeover that committed meanwhile is seen here, not an older snapshot.
     SELECT t.turn_id FROM transcript.turns AS t
-     WHERE t.conversation_key = (SELECT conversation_key FROM transcript.conversations
-                                  WHERE namespace = %(namespace)s
-                                    AND conversation_id = %(conversation_id)s)
+     WHERE t.conversation_key = (SELECT conversation_key FROM locked)
        AND t.turn_id = %(request_id)s AND t.fencing_token = %(fencing_token)s::bigint
        AND t.state = 'running' AND t.lease_until >= now()
        FOR UPDATE
