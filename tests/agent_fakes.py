@@ -127,6 +127,7 @@ class FakeTranscripts:
         turn_id: str,
         fencing_token: int,
         ended: EndedState | None,
+        model_call_failed: bool = False,
     ) -> bool:
         return await self.service.leases.release_turn_lease(
             namespace,
@@ -134,6 +135,7 @@ class FakeTranscripts:
             turn_id,
             fencing_token,
             EndedTurn(ended.output, ended.usage, ended.reason, ended.metadata) if ended else None,
+            model_call_failed,
         )
 
     async def entries(

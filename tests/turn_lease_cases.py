@@ -310,6 +310,28 @@ class TurnLeaseCases:
             await commit(service, namespace, cid, "t-1", stale.fencing_token)
         assert lost.value.reason == "TURN_LEASE_LOST"
 
+    async def test_a_lease_released_without_an_outcome_after_its_model_call_stays_interrupted(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
+        cid = await new_conversation(service, namespace)
+        held = await lease(service, namespace, cid, "t-1")
+        await service.leases.renew_turn_lease(
+            namespace, cid, "t-1", held.fencing_token, 30.0, calling_model=True
+        )
+        # The holder gives up without an outcome (its caller left during the model call,
+        # a failure it did not expect): a repeat must not call the model again.
+        assert await service.leases.release_turn_lease(
+            namespace, cid, "t-1", held.fencing_token, None
+        )
+        repeat = await acquire(service, namespace, cid, "t-1")
+        assert isinstance(repeat, EndedTurn) and repeat.reason == "TURN_INTERRUPTED"
+        # Before its model call, a release keeps nothing: the turn id runs again.
+        other = await lease(service, namespace, cid, "t-2")
+        assert await service.leases.release_turn_lease(
+            namespace, cid, "t-2", other.fencing_token, None
+        )
+        assert isinstance(await acquire(service, namespace, cid, "t-2"), TurnLease)
+
     async def test_another_turn_keeps_a_lapsed_model_call_interrupted_not_dropped(
         self, service: TranscriptService, namespace: str
     ) -> None:

@@ -80,8 +80,10 @@ class Transcripts(Protocol):
         turn_id: str,
         fencing_token: int,
         ended: EndedState | None,
+        model_call_failed: bool = False,
     ) -> bool:
-        """End the lease without an append, keeping `ended` for repeats of the turn id."""
+        """End the lease without an append, keeping `ended` for repeats of the turn id
+        (`model_call_failed`: the model call it began failed, so it may run again)."""
 
     async def entries(
         self, namespace: str, conversation_id: str, first: int, last: int

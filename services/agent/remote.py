@@ -189,6 +189,7 @@ class GrpcTranscripts:
         turn_id: str,
         fencing_token: int,
         ended: EndedState | None,
+        model_call_failed: bool = False,
     ) -> bool:
         reply = await self.peer.call(
             self.stub.ReleaseTurnLease,
@@ -197,6 +198,7 @@ class GrpcTranscripts:
                 conversation_id=conversation_id,
                 turn_id=turn_id,
                 fencing_token=fencing_token,
+                model_call_failed=model_call_failed,
                 ended=transcript_pb.EndedTurn(
                     output=[convert.message_to_proto(m) for m in ended.output],
                     usage=convert.usage_to_proto(ended.usage),

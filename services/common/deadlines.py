@@ -34,3 +34,9 @@ def remaining(timeout: float = DEFAULT_PEER_TIMEOUT_S) -> float:
     if left <= 0:
         raise deadline_exceeded()
     return min(timeout, left)
+
+
+def time_left() -> float | None:
+    """Seconds left of the inbound call's deadline (0 once passed), None without one."""
+    deadline = deadline_var.get()
+    return None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -42,7 +42,8 @@ TURNS_WAITING = Gauge(
 )
 TURN_LEASE_EXPIRIES = Counter(
     "runifold_turn_lease_expiries_total",
-    "Turn leases that lapsed and were taken over (the holder died or stalled).",
+    "Turn leases that lapsed (the holder died or stalled): taken over, or, when the "
+    "holder had begun its model call, interrupted (runifold_turns_interrupted_total).",
 )
 TURN_FENCING_TOKEN_REFUSALS = Counter(
     "runifold_turn_fencing_token_refusals_total",

@@ -315,6 +315,7 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             request.turn_id,
             request.fencing_token,
             ended_from_proto(request.ended) if request.HasField("ended") else None,
+            request.model_call_failed,
         )
         return pb.ReleaseTurnLeaseResponse(released=released)
 

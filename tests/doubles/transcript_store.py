@@ -458,6 +458,7 @@ class InMemoryTranscriptStore:
         fencing_token: int,
         ended: EndedTurn | None,
         retention_s: float,
+        model_call_failed: bool = False,
     ) -> bool:
         async with self._lock:
             key = (namespace, conversation_id)
@@ -468,6 +469,8 @@ class InMemoryTranscriptStore:
             if turn.fencing_token != fencing_token or turn.state != "running":
                 return False
             now = datetime.now(UTC)
+            if ended is None and turn.model_called and not model_call_failed:
+                ended = interrupted()  # a repeat must not call the model again
             if ended is not None:
                 stored.turns[turn_id] = replace(
                     turn,

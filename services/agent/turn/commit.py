@@ -117,12 +117,13 @@ async def release(
     turn_id: str,
     fencing_token: int,
     ended: EndedState | None,
+    model_call_failed: bool = False,
 ) -> bool:
     """End the lease without an append (keeping `ended` for repeats of the turn id),
     retried like the commit: a kept outcome is not lost to a blip."""
     return await _until_answered(
         lambda: transcripts.release_lease(
-            turn.namespace, conversation_id, turn_id, fencing_token, ended
+            turn.namespace, conversation_id, turn_id, fencing_token, ended, model_call_failed
         ),
         "release",
     )

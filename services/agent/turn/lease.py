@@ -70,6 +70,10 @@ class LeaseKeeper:
         self._transcripts = transcripts
         self._lease = (turn.namespace, conversation_id, turn_id, token)
         self.lost = False
+        # The outcome of the turn's model call, once it has one (kept if it cannot commit),
+        # and whether the call failed without an answer (the turn may then run again).
+        self.outcome: Outcome | None = None
+        self.model_call_failed = False
         self._task: asyncio.Task[None] | None = None
 
     def start(self, ttl_s: float) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -57,7 +56,7 @@ from services.agent.turn.prompt import build_request, estimate_request_tokens, m
 from services.agent.turn.replay import replay
 from services.agent.turn.reply import assistant_message, check_reply
 from services.common import admission
-from services.common.deadlines import deadline_var, remaining
+from services.common.deadlines import remaining, time_left
 from services.common.domain import (
     canonical_json,
     check_tool_pairing,
@@ -75,6 +74,7 @@ from services.llm.model import (
     ChatRequest,
     ChatResponse,
     ModelFailed,
+    ModelUnavailable,
 )
 
 log = logging.getLogger(__name__)
@@ -82,12 +82,6 @@ log = logging.getLogger(__name__)
 # A lease not granted within this delay means the turn waits (ENQUEUE, or a
 # running turn with the same id): the stream reports TURN_STAGE_WAITING.
 _WAITING_AFTER_S = 0.1
-
-
-def _time_left() -> float | None:
-    """Seconds left of the inbound call's deadline (None: no deadline)."""
-    deadline = deadline_var.get()
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 @dataclass(frozen=True, repr=False)  # its config holds the model API key
@@ -194,7 +188,7 @@ class TurnRunner:
                 # The lease came after a wait: the turn's model work waits for one of
                 # its namespace's turn slots, so that the limit holds however many
                 # waits end together (the lease is renewed meanwhile).
-                await slot.resume(_time_left())
+                await slot.resume(time_left())
             async for event in self._turn(
                 turn, conversation_id, turn_id, lease, keeper, recalling, preloading, stream
             ):
@@ -205,6 +199,18 @@ class TurnRunner:
             # lease belongs to whoever took it over).
             if error.reason != "TURN_LEASE_LOST":
                 ended = ended_state(error, error.outcome)
+            raise
+        except DomainError as error:
+            # Any other failure after the model answered (the commit's retries spent on an
+            # outage, the deadline): the outcome is kept too, so a repeat returns it
+            # instead of calling the model again.
+            if keeper.outcome is not None:
+                ended = EndedState(
+                    keeper.outcome.output,
+                    keeper.outcome.usage,
+                    "TURN_NOT_COMMITTED",
+                    {"cause": error.reason},
+                )
             raise
         finally:
             try:
@@ -220,6 +226,7 @@ class TurnRunner:
                                 turn_id,
                                 lease.fencing_token,
                                 ended,
+                                keeper.model_call_failed,
                             )
                         )
                     except DomainError as error:
@@ -319,16 +326,20 @@ class TurnRunner:
 
         yield Progress(Stage.CALLING_MODEL)
         response: ChatResponse | None = None
-        async for piece in self._call_model(request, stream):
-            if isinstance(piece, ChatDelta):
-                yield TextDelta(piece.text)
-            else:
-                response = piece
-        if response is None:
-            raise ModelFailed("the model stream ended without an answer")
+        try:
+            async for piece in self._call_model(request, stream):
+                if isinstance(piece, ChatDelta):
+                    yield TextDelta(piece.text)
+                else:
+                    response = piece
+            if response is None:
+                raise ModelFailed("the model stream ended without an answer")
+            reply = assistant_message(response)
+        except (ModelFailed, ModelUnavailable):
+            keeper.model_call_failed = True  # nothing came of it: the turn may run again
+            raise
         spend.used += response.usage
-        reply = assistant_message(response)
-        outcome = Outcome([reply], spend.used)
+        outcome = keeper.outcome = Outcome([reply], spend.used)
         check_reply(turn, reply, outcome, self.config.messages)
 
         yield Progress(Stage.COMMITTING)

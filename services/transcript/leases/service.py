@@ -304,9 +304,12 @@ class TurnLeases:
         turn_id_text: str,
         fencing_token: int,
         ended: EndedTurn | None,
+        model_call_failed: bool = False,
     ) -> bool:
         """End a lease without an append; with `ended`, keep the turn's outcome so that a
-        repeat of its id returns it. False when the lease was no longer held."""
+        repeat of its id returns it. Without: a turn that had begun its model call ends
+        as TURN_INTERRUPTED, unless `model_call_failed` (nothing came of that call). False
+        when the lease was no longer held."""
         validation.namespace(namespace)
         cid = conversation_id(conversation_id_text)
         turn_id = validation.request_id(turn_id_text, "turn_id") or ""
@@ -324,6 +327,7 @@ class TurnLeases:
             fencing_token,
             ended,
             self.limits.turn_outcome_retention_s,
+            model_call_failed,
         )
         self._wake_local((namespace, cid))
         return released

@@ -217,21 +217,26 @@ UPDATE transcript.conversations AS c
 # counts: nobody else holds it): kept as 'ended' with its outcome, or deleted.
 END_TURN = """
 WITH ended AS (
+    -- Kept: with the outcome given, or, when none is given but the holder had begun
+    -- its model call (and does not say it failed), as interrupted: a repeat must not
+    -- call the model again.
     UPDATE transcript.turns
-       SET state = 'ended', outcome = %(outcome)s, end_time = now(),
-           lease_until = now() + make_interval(secs => %(retention_s)s)
+       SET state = 'ended', outcome = coalesce(%(outcome)s, %(interrupted)s),
+           end_time = now(), lease_until = now() + make_interval(secs => %(retention_s)s)
      WHERE conversation_key = %(key)s AND turn_id = %(turn_id)s
        AND fencing_token = %(fencing_token)s AND state = 'running'
-       AND %(outcome)s::jsonb IS NOT NULL
- RETURNING 1
+       AND (%(outcome)s::jsonb IS NOT NULL
+            OR (model_call_time IS NOT NULL AND NOT %(model_call_failed)s))
+ RETURNING false
 ), dropped AS (
     DELETE FROM transcript.turns
      WHERE conversation_key = %(key)s AND turn_id = %(turn_id)s
        AND fencing_token = %(fencing_token)s AND state = 'running'
        AND %(outcome)s::jsonb IS NULL
- RETURNING 1
+       AND (model_call_time IS NULL OR %(model_call_failed)s)
+ RETURNING true
 )
-SELECT 1 FROM ended UNION ALL SELECT 1 FROM dropped
+SELECT * FROM ended UNION ALL SELECT * FROM dropped
 """
 
 

@@ -82,9 +82,12 @@ class TurnLeaseStore(Protocol):
         fencing_token: int,
         ended: EndedTurn | None,
         retention_s: float,
+        model_call_failed: bool = False,
     ) -> bool:
-        """End a lease without an append (recording `ended` when given); False when it
-        was no longer held. A conversation the turn created and never wrote goes too."""
+        """End a lease without an append (recording `ended` when given, or, when its
+        holder had begun its model call and does not say that call failed, the
+        interrupted outcome); False when it was no longer held. A conversation the turn
+        created and never wrote goes too."""
 
     async def leave_queue(
         self, namespace: str, conversation_id: uuid.UUID, turn_id: str, ticket: int
@@ -159,6 +162,7 @@ class PostgresTurnLeases(PostgresBase):
             params["retention_s"] = request.outcome_retention_s
             cursor = await conn.execute(sql.INTERRUPT_LAPSED, params)
             metrics.TURNS_INTERRUPTED.inc(cursor.rowcount)
+            metrics.TURN_LEASE_EXPIRIES.inc(cursor.rowcount)
             cursor = await conn.execute(sql.DROP_LAPSED, params)
             metrics.TURN_LEASE_EXPIRIES.inc(
                 sum(1 for (state,) in await cursor.fetchall() if state == "running")
@@ -203,6 +207,7 @@ class PostgresTurnLeases(PostgresBase):
                 params["outcome"] = _INTERRUPTED
                 await conn.execute(sql.INTERRUPT, params)
                 metrics.TURNS_INTERRUPTED.inc()
+                metrics.TURN_LEASE_EXPIRIES.inc()
             if isinstance(decision, AppendRecord | EndedTurn):
                 return decision
             # The row this decision saw, by its ticket or its fencing token (see SEEN_ROW).
@@ -272,6 +277,7 @@ class PostgresTurnLeases(PostgresBase):
         fencing_token: int,
         ended: EndedTurn | None,
         retention_s: float,
+        model_call_failed: bool = False,
     ) -> bool:
         params: dict[str, Any] = {
             "namespace": namespace,
@@ -279,7 +285,9 @@ class PostgresTurnLeases(PostgresBase):
             "turn_id": turn_id,
             "fencing_token": fencing_token,
             "outcome": Jsonb(ended_to_json(ended)) if ended is not None else None,
+            "interrupted": _INTERRUPTED,
             "retention_s": retention_s,
+            "model_call_failed": model_call_failed,
         }
         async with self.db.connection() as conn, conn.transaction():
             row = await fetch_one(conn, sql.LOCK_CONVERSATION, params)
@@ -291,7 +299,8 @@ class PostgresTurnLeases(PostgresBase):
             if held is None:
                 return False
             await conn.execute(sql.DROP_EXCLUSIVE, params)
-            if ended is None:
+            (dropped,) = held
+            if dropped:
                 # A conversation this turn created and nobody wrote goes with it.
                 await conn.execute(sql.DROP_PROVISIONAL, params)
         self.changed(key, watched)
@@ -325,6 +334,7 @@ class PostgresTurnLeases(PostgresBase):
                 },
             )
             metrics.TURNS_INTERRUPTED.inc(cursor.rowcount)
+            metrics.TURN_LEASE_EXPIRIES.inc(cursor.rowcount)
             cursor = await conn.execute(
                 sql.SWEEP_TURNS, {"limit": limit, "grace_s": _EXPIRED_GRACE_S}
             )

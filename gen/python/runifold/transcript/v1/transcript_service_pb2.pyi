@@ -1275,6 +1275,7 @@ class ReleaseTurnLeaseRequest(_message.Message):
     TURN_ID_FIELD_NUMBER: _builtins.int
     FENCING_TOKEN_FIELD_NUMBER: _builtins.int
     ENDED_FIELD_NUMBER: _builtins.int
+    MODEL_CALL_FAILED_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID of the conversation."""
     namespace: _builtins.str
@@ -1283,12 +1284,18 @@ class ReleaseTurnLeaseRequest(_message.Message):
     """The turn."""
     fencing_token: _builtins.int
     """The lease's fencing token."""
+    model_call_failed: _builtins.bool
+    """With `ended` absent: the model call the turn began failed without an answer
+    (the model refused it, or could not be reached), so nothing came of it and
+    a repeat of the `turn_id` may run it again.
+    """
     @_builtins.property
     def ended(self) -> Global___EndedTurn:
         """The outcome of the turn's completed model work, kept (for
         RUNIFOLD_TURN_OUTCOME_RETENTION_S) so that a repeat of the `turn_id`
         returns it instead of running the model again. Absent: the turn did no
-        model work worth keeping and may run again.
+        model work worth keeping and may run again, unless it began its model call
+        (RenewTurnLeaseRequest.calling_model): then it ends as TURN_INTERRUPTED.
         """
 
     def __init__(
@@ -1299,10 +1306,11 @@ class ReleaseTurnLeaseRequest(_message.Message):
         turn_id: _builtins.str = ...,
         fencing_token: _builtins.int = ...,
         ended: Global___EndedTurn | None = ...,
+        model_call_failed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["ended", b"ended"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "ended", b"ended", "fencing_token", b"fencing_token", "namespace", b"namespace", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "ended", b"ended", "fencing_token", b"fencing_token", "model_call_failed", b"model_call_failed", "namespace", b"namespace", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

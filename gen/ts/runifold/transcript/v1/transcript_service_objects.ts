@@ -1999,11 +1999,20 @@ export interface ReleaseTurnLeaseRequest {
    * The outcome of the turn's completed model work, kept (for
    * RUNIFOLD_TURN_OUTCOME_RETENTION_S) so that a repeat of the `turn_id`
    * returns it instead of running the model again. Absent: the turn did no
-   * model work worth keeping and may run again.
+   * model work worth keeping and may run again, unless it began its model call
+   * (RenewTurnLeaseRequest.calling_model): then it ends as TURN_INTERRUPTED.
    *
    * @generated from field: runifold.transcript.v1.EndedTurn ended = 5;
    */
   'ended'?: (EndedTurn | null);
+  /**
+   * With `ended` absent: the model call the turn began failed without an answer
+   * (the model refused it, or could not be reached), so nothing came of it and
+   * a repeat of the `turn_id` may run it again.
+   *
+   * @generated from field: bool model_call_failed = 6;
+   */
+  'model_call_failed'?: (boolean);
 }
 
 /**
@@ -2040,11 +2049,20 @@ export interface ReleaseTurnLeaseRequest__Output {
    * The outcome of the turn's completed model work, kept (for
    * RUNIFOLD_TURN_OUTCOME_RETENTION_S) so that a repeat of the `turn_id`
    * returns it instead of running the model again. Absent: the turn did no
-   * model work worth keeping and may run again.
+   * model work worth keeping and may run again, unless it began its model call
+   * (RenewTurnLeaseRequest.calling_model): then it ends as TURN_INTERRUPTED.
    *
    * @generated from field: runifold.transcript.v1.EndedTurn ended = 5;
    */
   'ended': (EndedTurn__Output | null);
+  /**
+   * With `ended` absent: the model call the turn began failed without an answer
+   * (the model refused it, or could not be reached), so nothing came of it and
+   * a repeat of the `turn_id` may run it again.
+   *
+   * @generated from field: bool model_call_failed = 6;
+   */
+  'model_call_failed': (boolean);
 }
 
 /**
