@@ -356,6 +356,24 @@ class TurnLeaseCases:
         repeat = await acquire(service, namespace, cid, "t-1")
         assert isinstance(repeat, EndedTurn) and repeat.reason == "TURN_INTERRUPTED"
 
+    async def test_a_waiter_is_not_granted_a_lease_of_the_conversation_made_after_an_erasure(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
+        cid = await new_conversation(service, namespace)
+        await lease(service, namespace, cid, "t-1")
+        waiting = metrics.TURNS_WAITING.labels("same_turn")
+        before = waiting._value.get()
+        repeat = asyncio.ensure_future(acquire(service, namespace, cid, "t-1"))
+        await wait_for(in_line(waiting, before + 1))  # a repeat of the running turn waits
+        await service.delete_conversation(namespace, cid)
+        await service.create_conversation(namespace, cid, {})  # another one, the same id
+        # The repeat waited for the turn of the erased conversation: it is not run in the
+        # new one (the model would run twice for one turn id).
+        with pytest.raises(DomainError) as erased:
+            await asyncio.wait_for(repeat, 15)
+        assert erased.value.reason == "CONVERSATION_ERASED"
+        assert isinstance(await acquire(service, namespace, cid, "t-1"), TurnLease)
+
     async def test_renewal_keeps_a_lease(self, service: TranscriptService, namespace: str) -> None:
         cid = await new_conversation(service, namespace)
         held = await lease(service, namespace, cid, "t-1", mode=LeaseMode.EXCLUSIVE, ttl_s=5.0)

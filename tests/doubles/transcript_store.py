@@ -29,6 +29,7 @@ from services.transcript.conversations.model import (
     Conversation,
     ScopedState,
     StateChange,
+    conversation_erased,
     conversation_not_found,
     request_id_reused,
     state_too_large,
@@ -373,6 +374,11 @@ class InMemoryTranscriptStore:
                 )
                 created = True
             stored = self._data[key]
+            # The incarnation stands for PostgreSQL's conversation key here: a conversation
+            # made again under its id is another one.
+            incarnation = stored.conversation.incarnation
+            if request.conversation_key is not None and request.conversation_key != incarnation:
+                raise conversation_erased()
             now = datetime.now(UTC)
             retained = now + timedelta(seconds=request.outcome_retention_s)
             for turn_id, turn in list(stored.turns.items()):
@@ -407,11 +413,12 @@ class InMemoryTranscriptStore:
                     now + timedelta(seconds=WAIT_LEASE_S),
                     ticket=ticket,
                 )
-                return Waiting(same_turn=False, ticket=ticket)
+                return Waiting(same_turn=False, ticket=ticket, key=incarnation)
             if not isinstance(decision, Granted):
                 if not decision.same_turn and own_turn is not None:
                     own_turn.until = now + timedelta(seconds=WAIT_LEASE_S)
-                return Waiting(decision.same_turn, None if decision.same_turn else request.ticket)
+                place = None if decision.same_turn else request.ticket
+                return Waiting(decision.same_turn, place, incarnation)
             token = _random_token()
             until = now + timedelta(seconds=request.ttl_s)
             stored.turns[request.turn_id] = _Turn(

@@ -130,6 +130,16 @@ def conversation_not_found() -> DomainError:
     return DomainError(Code.NOT_FOUND, "CONVERSATION_NOT_FOUND", "conversation not found")
 
 
+def conversation_erased() -> DomainError:
+    """NOT_FOUND: the conversation a call waited on was erased meanwhile (it may have been
+    made again under its id: that is another conversation)."""
+    return DomainError(
+        Code.NOT_FOUND,
+        "CONVERSATION_ERASED",
+        "the conversation was erased while this call waited for its turn lease",
+    )
+
+
 def state_too_large(scope: str, limit: int) -> DomainError:
     """INVALID_ARGUMENT: a state document would exceed its limit once changed."""
     return DomainError(

@@ -70,6 +70,9 @@ class LeaseRequest:
     ticket: int | None = None
     # How long an interrupted turn's outcome is kept (RUNIFOLD_TURN_OUTCOME_RETENTION_S).
     outcome_retention_s: float = 24 * 3600.0
+    # The conversation a waiting caller found first (its key): one found under the same
+    # id later is another conversation (the first was erased), and the wait ends.
+    conversation_key: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -220,6 +220,10 @@ class TurnLeases:
                 if attempt.ticket is not None and attempt.ticket != ticket:
                     ticket = attempt.ticket
                     request = replace(request, ticket=ticket)
+                if attempt.key and request.conversation_key is None:
+                    # From now on the wait is for this conversation: another one made
+                    # under its id after an erasure is not it.
+                    request = replace(request, conversation_key=attempt.key)
                 if attempt.key and not group.key:
                     group.key = attempt.key
                     self._by_key[attempt.key] = group

@@ -21,7 +21,11 @@ from psycopg.types.json import Jsonb
 
 from services.common.postgres.pool import AsyncConn, fetch_one
 from services.transcript import metrics
-from services.transcript.conversations.model import AppendRecord, conversation_not_found
+from services.transcript.conversations.model import (
+    AppendRecord,
+    conversation_erased,
+    conversation_not_found,
+)
 from services.transcript.conversations.statements import KEY
 from services.transcript.conversations.store import PostgresBase, record_from_row
 from services.transcript.leases import statements as sql
@@ -124,7 +128,11 @@ class PostgresTurnLeases(PostgresBase):
         # for appends), and against their own turn id's (an advisory lock).
         lock = sql.LOCK_CONVERSATION if request.mode != LeaseMode.SHARED else sql.SHARE_CONVERSATION
         async with self.db.connection() as conn:
-            if request.mode == LeaseMode.SHARED and request.ticket is None:
+            if (
+                request.mode == LeaseMode.SHARED
+                and request.ticket is None
+                and request.conversation_key is None
+            ):
                 # The common case in one statement: a turn id never seen here. The
                 # unique (conversation, turn id) index arbitrates racing duplicates;
                 # anything else (a known turn id, a missing conversation) takes the
@@ -153,6 +161,8 @@ class PostgresTurnLeases(PostgresBase):
                     row = await fetch_one(conn, lock, params)
             if row is None:
                 raise conversation_not_found()
+            if request.conversation_key is not None and row[0] != request.conversation_key:
+                raise conversation_erased()  # what the caller waited on is gone
             params["key"], params["watched"] = row
             await conn.execute(sql.LOCK_TURN_ID, params)
             # Leases (and places) of other turns that lapsed: their holders are gone. The
