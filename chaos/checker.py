@@ -12,8 +12,9 @@ What it checks (each a named invariant; a violation names the operations involve
   of its conversation is in the final incarnation; no summary, job, memory, or index
   point of an erased incarnation remains (memories: a memory whose write started before
   its source conversation's last erasure ended).
-- `one-model-call`: the model was called at most once per turn id, exactly once for a
-  turn acknowledged as run (not replayed).
+- `one-model-call`: the model was called at most once per turn id (unless the turn was
+  sent again after its conversation was erased: an erasure takes the turn ids with it),
+  exactly once for a turn acknowledged as run (not replayed).
 - `race-loser`: a turn that lost the race (TURN_CONFLICT) was told a current version
   past the one it read.
 - `watch-once`: every watch stream delivered each entry once, in order, with no gap;
@@ -261,7 +262,14 @@ class _Checker:
         for turn_id, ops in by_turn.items():
             calls = sum(self.final.model_calls.get(op.id, 0) for op in ops)
             self.case("one-model-call")
-            if calls > 1:
+            # An erasure erases the conversation's turn ids with it: a turn sent again
+            # after its conversation was erased is a new turn to the service.
+            first, last = min(op.start for op in ops), max(op.end for op in ops)
+            erased_between = any(
+                first < erasure.end < last
+                for erasure in self.erasures.get((ops[0].namespace, ops[0].conversation_id), [])
+            )
+            if calls > 1 and not erased_between:
                 self.fail(
                     "one-model-call",
                     f"turn {turn_id}: the model was called {calls} times",
