@@ -75,6 +75,7 @@ async def run(
     await model.start()
     counting = CountingModel(model, seed)
     cluster = Cluster(folder, model.base_url, failover=failover)
+    kept = keep
     try:
         started = time.monotonic()
         await cluster.start()
@@ -113,14 +114,19 @@ async def run(
             final = await collect(cluster, made.transcript, made.memory, counting)
         report = check(history.ops, history.faults, final)
         lines += report.lines()
-        if report.violations or keep:
+        kept = kept or bool(report.violations)
+        if kept:
             history.dump(folder / "history.jsonl")
             lines.append(f"history and logs kept in {folder}")
         return Outcome(report, folder, lines)
+    except BaseException:
+        kept = True  # a campaign that broke: its logs say why
+        lines.append(f"logs kept in {folder}")
+        raise
     finally:
         await cluster.close()
         await model.close()
-        if not keep and not history.ops:
+        if not kept:
             shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -81,8 +81,8 @@ class Nemesis:
         elif kind == "failover":
             assert cluster.primary is not None and cluster.standby is not None
             fault = self.history.fault(kind, cluster.primary.folder.name)
-            self.failover_at = time.monotonic()
             await cluster.primary.kill()
+            self.failover_at = time.monotonic()  # the primary is gone from here on
             from chaos.cluster import pgctl
 
             await pgctl("promote", str(cluster.standby.folder), str(cluster.standby.port))
