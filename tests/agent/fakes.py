@@ -30,7 +30,7 @@ from services.transcript.config import TranscriptLimits
 from services.transcript.conversations.model import AppendRecord
 from services.transcript.leases.model import EndedTurn, TurnLease
 from services.transcript.service import TranscriptService
-from tests.doubles.transcript_store import InMemoryTranscriptStore
+from tests.transcript.double import InMemoryTranscriptStore
 
 
 def _prior(record: AppendRecord) -> PriorAppend:

@@ -23,8 +23,8 @@ from services.agent.service import AgentService
 from services.common.domain import Budget, Message, Role, ToolCall, ToolDefinition, Usage
 from services.common.errors import Code, DomainError
 from services.llm.model import ChatModel, ChatRequest, ChatResponse
-from tests.agent_fakes import FakeMemories, FakeSummaries, FakeTranscripts, ScriptedModel, new_id
-from tests.conftest import wait_for
+from tests.agent.fakes import FakeMemories, FakeSummaries, FakeTranscripts, ScriptedModel, new_id
+from tests.support.waiting import wait_for
 
 NS = "tenant-a"
 NO_BUDGET = Budget()

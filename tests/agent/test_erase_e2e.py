@@ -32,8 +32,9 @@ from services.memory.component import MemoryComponent
 from services.summary.component import SummaryComponent
 from services.summary.config import SummaryConfig
 from services.transcript.component import TranscriptComponent
-from tests.conftest import server_settings, wait_for
-from tests.memory_support import memory_config
+from tests.memory.support import memory_config
+from tests.support.settings import server_settings
+from tests.support.waiting import wait_for
 
 
 def free_port() -> int:

@@ -31,8 +31,8 @@ from runifold_client import (
     TurnConflict,
     VersionConflict,
 )
-from tests.fakes.openai_server import FakeReply, fake_openai
-from tests.stack import Stack, full_stack
+from tests.support.fake_openai import FakeReply, fake_openai
+from tests.support.stack import Stack, full_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE = ROOT / "clients" / "node"

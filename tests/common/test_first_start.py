@@ -20,9 +20,9 @@ import pytest
 from runifold_client import AsyncClient, NotFound
 from services.common.server import serving
 from services.transcript.component import TranscriptComponent
-from tests.conftest import server_settings
-from tests.ops.process import service_process
-from tests.ops.tools import ROOT
+from tests.support.process import service_process
+from tests.support.settings import server_settings
+from tests.support.tools import ROOT
 
 
 @pytest.fixture

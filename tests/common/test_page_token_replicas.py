@@ -13,8 +13,8 @@ import grpc
 
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import stubs
-from tests.ops.process import service_process
-from tests.ops.tools import run
+from tests.support.process import service_process
+from tests.support.tools import run
 
 
 def test_a_server_beyond_loopback_refuses_to_start_without_the_secret() -> None:

@@ -29,8 +29,8 @@ from services.llm.openai import OpenAIChatModel
 from services.memory.embeddings.local import LocalEmbedder, _Pending
 from services.transcript.component import TranscriptComponent
 from services.transcript.config import TranscriptLimits
-from tests.conftest import wait_for
-from tests.fakes.openai_server import fake_openai
+from tests.support.fake_openai import fake_openai
+from tests.support.waiting import wait_for
 
 T = TypeVar("T")
 SEARCH = "/runifold.memory.v1.MemoryService/SearchMemories"

@@ -28,7 +28,8 @@ from services.common.channels import Peer, open_channel, outbound_metadata
 from services.common.logs import JsonFormatter
 from services.common.server import StartContext, serving
 from services.transcript.component import TranscriptComponent
-from tests.conftest import server_settings, wait_for
+from tests.support.settings import server_settings
+from tests.support.waiting import wait_for
 
 RELAY = "/runifold.test.Relay/Relay"
 SECRET_TEXT = "the launch code is 0000-secret"

@@ -1,7 +1,7 @@
 """A request whose bytes are not a valid message is INVALID_ARGUMENT / INVALID_REQUEST.
 
 grpc's own answer would be UNKNOWN with the parser's exception text; the
-shared interceptor answers instead (tests/security/test_hostile_input.py runs
+shared interceptor answers instead (tests/system/security/test_hostile_input.py runs
 this over every RPC).
 """
 

@@ -35,10 +35,10 @@ from services.common.auth import AuthSettings
 from services.common.http.settings import HttpSettings
 from services.common.server import RunningServer, serving
 from services.transcript.component import TranscriptComponent
-from tests.conftest import server_settings
-from tests.grpc_support import authorization, jwt_token, user
-from tests.ops.process import ServiceProcess, service_process
-from tests.ops.tools import ROOT
+from tests.support.grpc_calls import authorization, jwt_token, user
+from tests.support.process import ServiceProcess, service_process
+from tests.support.settings import server_settings
+from tests.support.tools import ROOT
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stack import HTTP_ON, Stack, full_stack
+from tests.support.stack import HTTP_ON, Stack, full_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [

@@ -21,9 +21,9 @@ from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from services.common import stubs
 from services.memory.proposals.prompt import SYSTEM_PROMPT as PROPOSER_PROMPT
-from tests.fakes.openai_server import FakeOpenAI, FakeReply, ReceivedRequest, fake_openai
-from tests.grpc_support import user
-from tests.ops.process import ServiceProcess, service_process
+from tests.support.fake_openai import FakeOpenAI, FakeReply, ReceivedRequest, fake_openai
+from tests.support.grpc_calls import user
+from tests.support.process import ServiceProcess, service_process
 
 SUMMARY_OPENING = "You maintain the running summary of a conversation"
 AGENT_ANSWER = "The agent's answer, from the fake model."

@@ -24,7 +24,7 @@ from services.llm.model import (
     ModelUnavailable,
 )
 from services.llm.openai import OpenAIChatModel
-from tests.fakes.openai_server import (
+from tests.support.fake_openai import (
     DISCONNECT,
     FakeOpenAI,
     FakeReply,

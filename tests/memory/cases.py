@@ -2,7 +2,7 @@
 
 tests/unit runs these cases on the in-memory store, tests/integration on
 PostgreSQL: both stores must give the domain the same guarantees. The index
-and embedder here are the deterministic fakes of tests/memory_support.py;
+and embedder here are the deterministic fakes of tests/memory/support.py;
 the real engines and model are exercised in tests/integration and tests/e2e.
 """
 
@@ -29,8 +29,8 @@ from services.memory.service import MemoryService
 from services.memory.store import MemoryStore
 from services.memory.writes.inputs import SourceInput
 from services.memory.writes.model import MemoryWrite
-from tests.conftest import wait_for
-from tests.memory_support import BruteForceIndex, FixedSources, HashEmbedder
+from tests.memory.support import BruteForceIndex, FixedSources, HashEmbedder
+from tests.support.waiting import wait_for
 
 
 class World:

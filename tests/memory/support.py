@@ -31,7 +31,7 @@ from services.memory.model import Key, SourceConversation
 from services.memory.proposals.proposer import Proposer
 from services.memory.search.lexical import Scored, SearchMode, fuse
 from services.transcript.component import TranscriptComponent
-from tests.conftest import server_settings
+from tests.support.settings import server_settings
 
 _WORD = re.compile(r"\w+")
 

@@ -13,9 +13,9 @@ from services.memory.config import MemoryConfig, parse_duration
 from services.memory.embeddings.openai import OpenAIEmbedder
 from services.memory.embeddings.protocol import EmbeddingUnavailable
 from services.memory.index.model import collection_name, point_id
-from tests.doubles.memory_store import InMemoryMemoryStore
-from tests.memory_cases import MemoryCases
-from tests.memory_evolve_cases import EvolvingMemoryCases
+from tests.memory.cases import MemoryCases
+from tests.memory.double import InMemoryMemoryStore
+from tests.memory.proposals.cases import EvolvingMemoryCases
 
 
 class TestInMemoryStore(MemoryCases):

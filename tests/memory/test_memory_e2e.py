@@ -29,9 +29,10 @@ from services.memory.index.edge import EdgeIndex
 from services.memory.index.model import IndexPoint
 from services.memory.index.qdrant.adapter import QdrantIndex
 from services.memory.store import PostgresMemoryStore
-from tests.conftest import server_settings, wait_for
-from tests.grpc_support import reason
-from tests.memory_support import memory_config, memory_server, outbox_drained
+from tests.memory.support import memory_config, memory_server, outbox_drained
+from tests.support.grpc_calls import reason
+from tests.support.settings import server_settings
+from tests.support.waiting import wait_for
 
 if TYPE_CHECKING:
     from runifold.memory.v1.memory_service_pb2_grpc import MemoryServiceAsyncStub

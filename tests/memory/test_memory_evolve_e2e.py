@@ -30,10 +30,11 @@ from services.memory.component import MemoryComponent
 from services.memory.index.model import NamespacedQuery
 from services.memory.proposals.prompt import PROPOSALS_SCHEMA, SYSTEM_PROMPT
 from services.memory.proposals.proposer import ChatModelProposer
-from tests.conftest import server_settings, wait_for
-from tests.fakes.openai_server import FakeOpenAI, FakeReply, fake_openai
-from tests.grpc_support import reason, status_detail
-from tests.memory_support import memory_config, memory_server, outbox_drained
+from tests.memory.support import memory_config, memory_server, outbox_drained
+from tests.support.fake_openai import FakeOpenAI, FakeReply, fake_openai
+from tests.support.grpc_calls import reason, status_detail
+from tests.support.settings import server_settings
+from tests.support.waiting import wait_for
 
 if TYPE_CHECKING:
     from runifold.memory.v1.memory_service_pb2_grpc import MemoryServiceAsyncStub

@@ -14,9 +14,9 @@ from services.common import migrations
 from services.common.postgres.pool import Database
 from services.memory.component import MIGRATIONS
 from services.memory.store import PostgresMemoryStore
-from tests.conftest import server_settings
-from tests.memory_cases import MemoryCases
-from tests.memory_evolve_cases import EvolvingMemoryCases
+from tests.memory.cases import MemoryCases
+from tests.memory.proposals.cases import EvolvingMemoryCases
+from tests.support.settings import server_settings
 
 OLD = uuid.UUID("00000000-0000-4000-8000-000000000001")
 

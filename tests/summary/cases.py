@@ -27,7 +27,7 @@ from services.summary.summarizers.offline import OfflineSummarizer
 from services.summary.summarizers.prompt import Summarizer
 from services.transcript.config import TranscriptLimits
 from services.transcript.service import TranscriptService
-from tests.doubles.transcript_store import InMemoryTranscriptStore
+from tests.transcript.double import InMemoryTranscriptStore
 
 
 class LocalTranscripts:

@@ -22,8 +22,7 @@ from services.summary.jobs.worker import SummaryWorkers
 from services.summary.store import SummaryStore
 from services.summary.summarizers.offline import OfflineSummarizer, offline_digest
 from services.summary.summarizers.prompt import SummaryOutput, SummaryPrompt
-from tests.doubles.summary_store import InMemorySummaryStore
-from tests.summary_cases import (
+from tests.summary.cases import (
     LocalTranscripts,
     SummaryStoreCases,
     assistant,
@@ -33,6 +32,7 @@ from tests.summary_cases import (
     tool,
     user,
 )
+from tests.summary.double import InMemorySummaryStore
 
 
 class TestSummaryStoreInMemory(SummaryStoreCases):
@@ -436,7 +436,7 @@ async def test_workers_run_in_the_background_and_stop_cleanly(
         async def drained() -> bool:
             return (await service.get_backlog(namespace)).depth == 0
 
-        from tests.conftest import wait_for
+        from tests.support.waiting import wait_for
 
         await wait_for(drained)
         await wait_for(lambda: _gauge_is(0))
@@ -473,7 +473,7 @@ async def test_a_conversation_created_again_under_its_id_starts_without_a_summar
 async def test_a_worker_stops_when_its_lease_is_lost_and_gives_jobs_back_on_stop(
     store: InMemorySummaryStore, transcripts: LocalTranscripts, namespace: str
 ) -> None:
-    from tests.conftest import wait_for
+    from tests.support.waiting import wait_for
 
     scripted = Scripted()
     scripted.delay = 30.0

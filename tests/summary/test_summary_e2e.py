@@ -29,10 +29,11 @@ from services.llm.settings import ModelSettings
 from services.summary.component import SummaryComponent
 from services.summary.config import SummaryConfig
 from services.transcript.component import TranscriptComponent
-from tests.conftest import server_settings, wait_for
-from tests.fakes.openai_server import FakeOpenAI, FakeReply, fake_openai
-from tests.grpc_support import check_health_follows_schema
-from tests.ops.process import service_process
+from tests.support.fake_openai import FakeOpenAI, FakeReply, fake_openai
+from tests.support.grpc_calls import check_health_follows_schema
+from tests.support.process import service_process
+from tests.support.settings import server_settings
+from tests.support.waiting import wait_for
 
 if TYPE_CHECKING:
     from runifold.summary.v1.summary_service_pb2_grpc import SummaryServiceAsyncStub

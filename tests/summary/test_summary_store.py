@@ -11,8 +11,8 @@ import pytest
 
 from services.common.postgres.pool import Database
 from services.summary.store import PostgresSummaryStore, SummaryStore
-from tests.conftest import server_settings
-from tests.summary_cases import SummaryStoreCases, new_job
+from tests.summary.cases import SummaryStoreCases, new_job
+from tests.support.settings import server_settings
 
 
 @pytest.fixture

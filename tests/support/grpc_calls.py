@@ -1,8 +1,8 @@
 """Helpers shared by the suites that talk to real gRPC servers.
 
 Messages and error details, health, JWT bearer credentials and certificate
-files: one definition each, used by tests/e2e, tests/faults, tests/ops and
-tests/security alike.
+files: one definition each, used by the tests of every service, tests/system and
+tests/ops alike.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from runifold.common.v1 import common_pb2
 from services.common import stubs
 from services.common.postgres.pool import Database
 from services.common.status import error_info
-from tests.conftest import server_settings, wait_for
+from tests.support.settings import server_settings
+from tests.support.waiting import wait_for
 
 Metadata = tuple[tuple[str, str], ...]
 M = TypeVar("M", bound=ProtoMessage)

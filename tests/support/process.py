@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.ops.tools import ROOT
+from tests.support.tools import ROOT
 
 _BANNER = re.compile(
     r"serving (?P<services>.*?) on (?P<address>[^\s;]+)(?:; metrics on (?P<url>\S+))?$"

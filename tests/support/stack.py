@@ -4,7 +4,7 @@ Every service runs for real: TranscriptService and SummaryService (with its
 background workers and the offline summarizer) on PostgreSQL, MemoryService
 with the real embedding model and Qdrant Edge, and AgentService calling an
 OpenAI-compatible model, which in tests is the fake HTTP server of
-tests/fakes/openai_server.py.
+tests/support/fake_openai.py.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from services.summary.component import SummaryComponent
 from services.summary.config import SummaryConfig
 from services.transcript.component import TranscriptComponent
 from services.transcript.config import TranscriptLimits
-from tests.conftest import server_settings
-from tests.fakes.openai_server import FakeOpenAI
-from tests.memory_support import memory_config
+from tests.memory.support import memory_config
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.settings import server_settings
 
 if TYPE_CHECKING:
     from runifold.agent.v1.agent_service_pb2_grpc import AgentServiceAsyncStub

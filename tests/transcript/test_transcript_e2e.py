@@ -26,8 +26,8 @@ from services.common.server import RunningServer, serving
 from services.common.status import error_info
 from services.common.stubs import transcript as stubs_for
 from services.transcript.component import TranscriptComponent
-from tests.conftest import server_settings
-from tests.grpc_support import check_health_follows_schema, health_status, user
+from tests.support.grpc_calls import check_health_follows_schema, health_status, user
+from tests.support.settings import server_settings
 
 if TYPE_CHECKING:
     from runifold.transcript.v1.transcript_service_pb2_grpc import (
@@ -217,7 +217,7 @@ async def test_append_over_the_size_limit_is_invalid_argument(
 ) -> None:
     cid = await create(transcript, namespace)
     # 4.1 MiB > the 4 MiB limit, under the transport cap just above it (a larger
-    # request is refused by grpc itself: tests/e2e/test_load_shedding_e2e.py).
+    # request is refused by grpc itself: tests/system/e2e/test_load_shedding_e2e.py).
     big = [user("y" * (200 * 1024)) for _ in range(21)]
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await transcript.AppendEntries(

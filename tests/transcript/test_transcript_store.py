@@ -28,10 +28,11 @@ from services.transcript.leases.model import (
 )
 from services.transcript.store import PostgresTranscriptStore, TranscriptStore
 from services.transcript.views.statements import VIEW_SQL
-from tests.conftest import server_settings, wait_for
-from tests.transcript_cases import TranscriptCases, make_service, new_conversation, user
-from tests.transcript_state_cases import TranscriptStateCases
-from tests.turn_lease_cases import TurnLeaseCases
+from tests.support.settings import server_settings
+from tests.support.waiting import wait_for
+from tests.transcript.appends.cases import TranscriptCases, make_service, new_conversation, user
+from tests.transcript.conversations.cases import TranscriptStateCases
+from tests.transcript.leases.cases import TurnLeaseCases
 
 
 class TestTranscriptOnPostgres(TranscriptCases):
@@ -143,7 +144,7 @@ async def test_append_is_one_statement_that_leaves_nothing_on_failure(
 async def test_store_outage_is_store_unavailable(shared_database_url: str, namespace: str) -> None:
     """A database that cannot be reached surfaces as UNAVAILABLE, not INTERNAL."""
     from services.common.errors import Code, DomainError
-    from tests.conftest import server_settings
+    from tests.support.settings import server_settings
 
     params = psycopg.conninfo.conninfo_to_dict(shared_database_url)
     params["dbname"] = "no_such_database_" + uuid.uuid4().hex[:6]

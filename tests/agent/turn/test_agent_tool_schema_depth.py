@@ -1,5 +1,5 @@
 """A tool schema nested beyond what the JSON parser recurses into is INVALID_TOOLS,
-not an unhandled RecursionError (found by tests/security/test_hostile_input.py:
+not an unhandled RecursionError (found by tests/system/security/test_hostile_input.py:
 RunConversation answered INTERNAL)."""
 
 from __future__ import annotations

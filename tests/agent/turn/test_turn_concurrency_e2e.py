@@ -19,10 +19,10 @@ import pytest
 from runifold.agent.v1 import agent_service_pb2 as pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from services.transcript.config import TranscriptLimits
-from tests.conftest import wait_for
-from tests.fakes.openai_server import FakeOpenAI, FakeReply, FakeToolCall, fake_openai
-from tests.grpc_support import reason, status_detail, user
-from tests.stack import Stack, full_stack
+from tests.support.fake_openai import FakeOpenAI, FakeReply, FakeToolCall, fake_openai
+from tests.support.grpc_calls import reason, status_detail, user
+from tests.support.stack import Stack, full_stack
+from tests.support.waiting import wait_for
 
 RACE = pb.CONCURRENCY_MODE_RACE
 REJECT = pb.CONCURRENCY_MODE_REJECT
@@ -31,7 +31,7 @@ QUEUE_DEPTH = 2
 
 
 def holds(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
-    """A plain predicate for tests.conftest.wait_for."""
+    """A plain predicate for tests.support.waiting.wait_for."""
 
     async def check() -> bool:
         return predicate()

@@ -1,9 +1,9 @@
 """A stand-in protoc plugin: records the request buf sends it (the parameter, the files to
 generate and the options managed mode set on them) as a JSON file, and generates nothing
-else. tests/ops/test_buf_templates.py runs the buf.gen.yaml templates with it in place of
+else. tests/clients/buf/test_buf_templates.py runs the buf.gen.yaml templates with it in place of
 their remote plugins, which would need the network.
 
-    python tests/ops/buf_recorder.py TAG   (a CodeGeneratorRequest on stdin)
+    python tests/clients/buf/buf_recorder.py TAG   (a CodeGeneratorRequest on stdin)
 """
 
 from __future__ import annotations

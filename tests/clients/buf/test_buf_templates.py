@@ -3,7 +3,7 @@
 Their remote plugins run on the Buf Schema Registry, out of reach here; each template
 runs as written otherwise (its inputs, managed mode, outputs and options), with every
 remote plugin replaced by a local stand-in that records what buf asked of it
-(tests/ops/buf_recorder.py).
+(tests/clients/buf/buf_recorder.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.ops.tools import BIN, ROOT, run
+from tests.support.tools import BIN, ROOT, run
 
 TEMPLATES = ROOT / "clients" / "buf"
 RECORDER = Path(__file__).with_name("buf_recorder.py")

@@ -19,9 +19,9 @@ import pytest
 
 from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
-from tests.stack import Stack, full_stack
+from tests.support.stack import Stack, full_stack
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BUILD = ROOT / "clients" / "go" / "build.sh"
 
 pytestmark = [

@@ -2,8 +2,8 @@
 its result printed as JSON on stdout. Tests run it to race a session object of theirs
 across the process boundary (see test_openai_agents.py).
 
-    python -m tests.integrations.session_peer TARGET NAMESPACE SESSION_ID pop
-    python -m tests.integrations.session_peer TARGET NAMESPACE SESSION_ID add ITEMS_JSON
+    python -m tests.clients.python.session_peer TARGET NAMESPACE SESSION_ID pop
+    python -m tests.clients.python.session_peer TARGET NAMESPACE SESSION_ID add ITEMS_JSON
 
 `add` reads the session first (get_items), then adds the items, as a run would.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 from runifold_client.openai_agents import RunifoldSession
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 async def call(target: str, namespace: str, session_id: str, op: str, *rest: str) -> Any:
@@ -41,7 +41,7 @@ async def run_peer(target: str, namespace: str, session_id: str, op: str, *rest:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "tests.integrations.session_peer",
+        "tests.clients.python.session_peer",
         target,
         namespace,
         session_id,

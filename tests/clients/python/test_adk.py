@@ -29,8 +29,8 @@ from google.genai import types
 from runifold_client import AsyncClient
 from runifold_client.adk import RunifoldMemoryService, RunifoldSessionService, event_to_message
 from runifold_client.errors import InvalidArgument
-from tests.conftest import wait_for
-from tests.stack import Stack, full_stack
+from tests.support.stack import Stack, full_stack
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture(scope="module")

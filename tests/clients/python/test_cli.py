@@ -22,7 +22,7 @@ import pytest
 import runifold_client
 from runifold_client import AsyncClient
 from runifold_client.cli import main, parser
-from tests.stack import Stack, full_stack
+from tests.support.stack import Stack, full_stack
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ from runifold_client import AsyncClient
 from runifold_client.cli import UsageError, _picked, main
 from services.common.server import RunningServer
 from services.memory.component import MemoryComponent
-from tests.conftest import wait_for
-from tests.memory_support import memory_config, memory_server, outbox_drained
+from tests.memory.support import memory_config, memory_server, outbox_drained
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture

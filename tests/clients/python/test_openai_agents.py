@@ -26,10 +26,10 @@ from openai import AsyncOpenAI
 
 from runifold_client import AsyncClient
 from runifold_client.openai_agents import RunifoldSession, SessionConflict
-from tests.conftest import wait_for
-from tests.fakes.openai_server import FakeOpenAI, FakeReply, FakeToolCall, fake_openai
-from tests.integrations.session_peer import run_peer
-from tests.stack import Stack, full_stack
+from tests.clients.python.session_peer import run_peer
+from tests.support.fake_openai import FakeOpenAI, FakeReply, FakeToolCall, fake_openai
+from tests.support.stack import Stack, full_stack
+from tests.support.waiting import wait_for
 
 set_tracing_disabled(True)  # the SDK would export traces to the network otherwise
 

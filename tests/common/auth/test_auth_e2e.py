@@ -25,9 +25,10 @@ from services.common.auth import INTERNAL_HEADER, ON_BEHALF_HEADER, XFCC_HEADER,
 from services.common.server import RunningServer, serving
 from services.common.status import error_info
 from services.transcript.component import TranscriptComponent
-from tests.conftest import server_settings, wait_for
-from tests.grpc_support import Metadata, authorization, jwt_token, user, write_pem
-from tests.stack import Stack, full_stack
+from tests.support.grpc_calls import Metadata, authorization, jwt_token, user, write_pem
+from tests.support.settings import server_settings
+from tests.support.stack import Stack, full_stack
+from tests.support.waiting import wait_for
 
 SECRET = "e2e-secret-" + "x" * 32
 

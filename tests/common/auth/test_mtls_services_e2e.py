@@ -26,8 +26,8 @@ from services.common.status import error_info
 from services.summary.component import SummaryComponent
 from services.summary.config import SummaryConfig
 from services.transcript.component import TranscriptComponent
-from tests.conftest import server_settings
-from tests.grpc_support import Metadata, authorization, jwt_token, write_pem
+from tests.support.grpc_calls import Metadata, authorization, jwt_token, write_pem
+from tests.support.settings import server_settings
 
 SECRET = "mtls-secret-" + "z" * 32
 

@@ -35,11 +35,12 @@ from services.common.http.settings import HttpSettings
 from services.common.server import RunningServer, serving
 from services.common.status import error_info
 from services.transcript.component import TranscriptComponent
-from tests.conftest import server_settings, wait_for
-from tests.grpc_support import authorization, jwt_token, user
-from tests.http_support import connect_call, post_json
-from tests.http_support import error_info as connect_error_info
-from tests.stack import HTTP_ON, Stack, full_stack
+from tests.support.grpc_calls import authorization, jwt_token, user
+from tests.support.http_calls import connect_call, post_json
+from tests.support.http_calls import error_info as connect_error_info
+from tests.support.settings import server_settings
+from tests.support.stack import HTTP_ON, Stack, full_stack
+from tests.support.waiting import wait_for
 
 TRANSCRIPT = "runifold.transcript.v1.TranscriptService"
 SUMMARY = "runifold.summary.v1.SummaryService"

@@ -33,9 +33,9 @@ from runifold.common.v1 import common_pb2
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import jsonb, status
 from services.common.logs import JsonFormatter
-from tests.grpc_support import status_detail, user
-from tests.http_support import post_json
-from tests.stack import HTTP_ON, Stack, full_stack
+from tests.support.grpc_calls import status_detail, user
+from tests.support.http_calls import post_json
+from tests.support.stack import HTTP_ON, Stack, full_stack
 
 # What no log may hold: it is in every refused document.
 SECRET = "card-4111-1111-1111-1111"

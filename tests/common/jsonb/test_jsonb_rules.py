@@ -1,5 +1,5 @@
-"""The jsonb rules of services/common/jsonb.py on known cases (tests/integration/
-test_jsonb_rules.py compares them with PostgreSQL's own on generated documents), and
+"""The jsonb rules of services/common/jsonb.py on known cases (test_jsonb_rules_on_postgres.py
+compares them with PostgreSQL's own on generated documents), and
 a logged traceback that names a driver error by its class and SQLSTATE only."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from services.common.logs import JsonFormatter, TextFormatter
 from services.common.messages import MessageLimits
 from services.transcript.config import TranscriptLimits
 from services.transcript.conversations.model import state_change
-from tests.jsonb_cases import ACCEPTED, REFUSED
+from tests.common.jsonb.cases import ACCEPTED, REFUSED
 
 
 @pytest.mark.parametrize("text", REFUSED.values(), ids=REFUSED.keys())

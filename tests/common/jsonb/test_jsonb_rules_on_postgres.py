@@ -1,5 +1,5 @@
 """Our jsonb rules (services/common/jsonb.py) and PostgreSQL's `::jsonb` give the same
-verdict on every JSON text: the known cases of tests/jsonb_cases.py, and generated
+verdict on every JSON text: the known cases of tests/common/jsonb/cases.py, and generated
 documents built to sit on the rules' edges (surrogate escapes lone and paired, \\u0000
 and look-alikes behind an escaped backslash, numbers around numeric's limits, and
 syntax mutations). Behind the rules, a data exception that reaches the database
@@ -22,7 +22,7 @@ from services.common import jsonb
 from services.common.errors import Code, DomainError
 from services.common.logs import JsonFormatter
 from services.common.postgres.pool import Database
-from tests.jsonb_cases import ACCEPTED, REFUSED
+from tests.common.jsonb.cases import ACCEPTED, REFUSED
 
 SECRET = "card-4111-1111-1111-1111"
 

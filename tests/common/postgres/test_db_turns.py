@@ -10,7 +10,8 @@ import contextvars
 from services.common import admission
 from services.common.errors import StoreUnavailable
 from services.common.postgres.pool import Database
-from tests.conftest import server_settings, wait_for
+from tests.support.settings import server_settings
+from tests.support.waiting import wait_for
 
 
 def _as(namespace: str) -> contextvars.Context:

@@ -27,9 +27,9 @@ from google.protobuf import json_format
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import stubs
 from services.common.status import error_info
-from tests.grpc_support import user
-from tests.http_support import post_json
-from tests.ops.process import service_process
+from tests.support.grpc_calls import user
+from tests.support.http_calls import post_json
+from tests.support.process import service_process
 
 SECRET = "card-4111-1111-1111-1111"
 REFUSED = ['"\\ud800"', '"\\udc00"', "1e1000000", "-1e1000000", "[" * 200 + "]" * 200]
@@ -51,8 +51,9 @@ def document(value: str) -> str:
 @pytest.fixture
 def data_dir() -> Iterator[Path]:
     """RUNIFOLD_DATA_DIR, outside pytest's tmp_path: as root, pgserver runs PostgreSQL
-    as another user and opens the folder's parents to it (tests/faults/
-    test_embedded_postgres.py). A postmaster a failed test left running is killed."""
+    as another user and opens the folder's parents to it
+    (tests/system/faults/test_embedded_postgres.py). A postmaster a failed test left
+    running is killed."""
     folder = Path(tempfile.mkdtemp(prefix="runifold-logs-")).resolve()
     yield folder
     with contextlib.suppress(OSError, ValueError, IndexError, psutil.Error):

@@ -33,7 +33,7 @@ from services.memory.index.protocol import IndexMismatch, IndexUnavailable, Vect
 from services.memory.index.qdrant.adapter import QdrantIndex
 from services.memory.search import lexical
 from services.memory.search.lexical import Fusion, FusionMethod, SearchMode
-from tests.memory_support import reference_search
+from tests.memory.support import reference_search
 
 MODEL = "test/contract-model"
 DIM = 16
@@ -543,7 +543,7 @@ async def test_a_name_or_number_the_vectors_miss_is_found_by_lexical_and_hybrid(
 ) -> None:
     """The query's vector lies near other facts (as a dense model's may for a rare
     name), its words only in one: dense misses it, lexical and hybrid rank it first, with
-    the BM25 every back-end computes alike (the reference in tests/memory_support.py)."""
+    the BM25 every back-end computes alike (the reference in tests/memory/support.py)."""
     index = await make_index(DIM)
     rng = np.random.default_rng(21)
     decoy = unit(rng)

@@ -37,8 +37,8 @@ from services.memory.model import MemorySource
 from services.memory.outbox.indexer import Indexer
 from services.memory.store import PostgresMemoryStore
 from services.memory.writes.model import MemoryWrite
-from tests.conftest import server_settings
-from tests.memory_support import memory_config
+from tests.memory.support import memory_config
+from tests.support.settings import server_settings
 
 FIRST = "runifold-indexer-1"
 

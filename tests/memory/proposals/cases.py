@@ -2,9 +2,9 @@
 with history, erasure of history, and ProposeMemories with the offline proposer.
 
 tests/unit runs these cases on the in-memory store, tests/integration on PostgreSQL. The
-index and embedder are the deterministic fakes of tests/memory_support.py (the brute-force
+index and embedder are the deterministic fakes of tests/memory/support.py (the brute-force
 index applies the query's valid-time term like the engines do); the real engines and model
-are exercised in tests/integration/test_memory_index.py and tests/e2e.
+are exercised in tests/memory/index/test_memory_index.py and tests/e2e.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from services.memory.proposals.prompt import ProposalPrompt
 from services.memory.proposals.proposer import Proposer, ProposerOutput
 from services.memory.store import MemoryStore
 from services.memory.writes.inputs import SourceInput, SupersedeInput, ValidityInput
-from tests.memory_cases import World, reason
-from tests.memory_support import entry_time
+from tests.memory.cases import World, reason
+from tests.memory.support import entry_time
 
 PARIS = "The user lives in Paris."
 BERLIN = "The user lives in Berlin."
@@ -99,7 +99,7 @@ class HeldProposer:
 
 
 class EvolvingMemoryCases:
-    """Subclasses provide a `store` fixture (and World comes from tests/memory_cases.py)."""
+    """Subclasses provide a `store` fixture (and World comes from tests/memory/cases.py)."""
 
     @pytest.fixture
     def world(self, store: MemoryStore, namespace: str) -> World:

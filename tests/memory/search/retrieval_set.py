@@ -10,7 +10,7 @@ Kinds:
 
 The set is made here, deterministically: people's facts from templates, the
 paraphrases by hand. `bench/retrieval.py` measures recall@5 / @10 of every mode on
-every back-end on it and chooses the fusion weight; tests/e2e/test_memory_hybrid_e2e.py
+every back-end on it and chooses the fusion weight; tests/memory/search/test_memory_hybrid_e2e.py
 uses it through the real service.
 """
 

@@ -16,11 +16,11 @@ from services.memory.component import MIGRATIONS
 from services.memory.index.model import IndexPoint, NamespacedQuery
 from services.memory.outbox.indexer import reindex, to_point
 from services.memory.search.lexical import SearchMode, query_terms
-from tests.conftest import wait_for
-from tests.e2e.test_memory_e2e import Client
-from tests.grpc_support import reason
-from tests.memory_retrieval_set import retrieval_set
-from tests.memory_support import memory_config, memory_server
+from tests.memory.search.retrieval_set import retrieval_set
+from tests.memory.support import memory_config, memory_server
+from tests.memory.test_memory_e2e import Client
+from tests.support.grpc_calls import reason
+from tests.support.waiting import wait_for
 
 MODES = {
     "dense": pb.SEARCH_MODE_DENSE,

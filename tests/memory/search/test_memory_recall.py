@@ -20,8 +20,8 @@ from runifold.memory.v1 import memory_service_pb2 as pb
 from runifold.transcript.v1 import transcript_service_pb2 as tpb
 from services.common import stubs
 from services.memory.component import MemoryComponent
-from tests.conftest import wait_for
-from tests.memory_support import memory_config, memory_server, outbox_drained
+from tests.memory.support import memory_config, memory_server, outbox_drained
+from tests.support.waiting import wait_for
 
 # key -> (answer fact, distractor sharing its words but not its meaning)
 FACTS: dict[str, tuple[str, str]] = {

@@ -1,6 +1,6 @@
 """UpsertMemory with an expiry outside what a timestamp or a clock can hold is
 INVALID_ARGUMENT / INVALID_EXPIRY, and writes nothing (found by
-tests/security/test_hostile_input.py: these were INTERNAL)."""
+tests/system/security/test_hostile_input.py: these were INTERNAL)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from runifold.memory.v1 import memory_service_pb2 as pb
 from runifold.transcript.v1 import transcript_service_pb2 as tpb
 from services.common import stubs
 from services.common.status import error_info
-from tests.memory_support import HashEmbedder, memory_config, memory_server
+from tests.memory.support import HashEmbedder, memory_config, memory_server
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 

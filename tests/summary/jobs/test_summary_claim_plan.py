@@ -20,7 +20,7 @@ from services.common.postgres.pool import Database
 from services.summary.jobs.model import JobState
 from services.summary.jobs.statements import CLAIM
 from services.summary.store import PostgresSummaryStore
-from tests.conftest import server_settings
+from tests.support.settings import server_settings
 
 # The indexes a claim may read the jobs table through.
 _CLAIM_INDEXES = {"jobs_due", "jobs_leases", "jobs_pkey"}

@@ -23,11 +23,11 @@ from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
-from tests.conftest import wait_for
-from tests.fakes.openai_server import FakeOpenAI, FakeReply, fake_openai
-from tests.gate import gated_proxy
-from tests.grpc_support import reason, user
-from tests.stack import Stack, full_stack
+from tests.support.fake_openai import FakeOpenAI, FakeReply, fake_openai
+from tests.support.grpc_calls import reason, user
+from tests.support.held import gated_proxy
+from tests.support.stack import Stack, full_stack
+from tests.support.waiting import wait_for
 
 GET_CONVERSATION = "/runifold.transcript.v1.TranscriptService/GetConversation"
 

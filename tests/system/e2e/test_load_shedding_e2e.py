@@ -44,14 +44,15 @@ from services.common import stubs
 from services.common.server import serving
 from services.common.status import error_info
 from services.transcript.component import TranscriptComponent
-from tests.conftest import server_settings, wait_for
-from tests.fakes.openai_server import FakeOpenAI, fake_openai
-from tests.grpc_support import reason, status_detail, user
-from tests.http_support import connect_call
-from tests.http_support import detail as http_detail
-from tests.http_support import error_info as http_error_info
-from tests.memory_support import memory_config, memory_server, outbox_drained
-from tests.stack import HTTP_ON, Stack, full_stack
+from tests.memory.support import memory_config, memory_server, outbox_drained
+from tests.support.fake_openai import FakeOpenAI, fake_openai
+from tests.support.grpc_calls import reason, status_detail, user
+from tests.support.http_calls import connect_call
+from tests.support.http_calls import detail as http_detail
+from tests.support.http_calls import error_info as http_error_info
+from tests.support.settings import server_settings
+from tests.support.stack import HTTP_ON, Stack, full_stack
+from tests.support.waiting import wait_for
 
 FLOOD = 600
 QUERY_CHARS = 4000

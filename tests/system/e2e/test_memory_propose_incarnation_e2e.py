@@ -24,10 +24,10 @@ from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold_client import AsyncClient, NotFound
 from services.llm.settings import ModelSettings
 from services.memory.proposals.prompt import SYSTEM_PROMPT
-from tests.conftest import wait_for
-from tests.fakes.openai_server import FakeOpenAI, FakeReply, fake_openai
-from tests.grpc_support import reason, user
-from tests.stack import Stack, full_stack
+from tests.support.fake_openai import FakeOpenAI, FakeReply, fake_openai
+from tests.support.grpc_calls import reason, user
+from tests.support.stack import Stack, full_stack
+from tests.support.waiting import wait_for
 
 PIN = "my bank PIN is 9931"
 # What the namesake says instead: entry 1 exists again, so the PIN's source (1, 1) is in range.

@@ -22,10 +22,10 @@ from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from services.common.logs import JsonFormatter
-from tests.conftest import wait_for
-from tests.fakes.openai_server import FakeOpenAI, FakeReply, fake_openai
-from tests.http_support import post_json
-from tests.stack import HTTP_ON, Stack, full_stack
+from tests.support.fake_openai import FakeOpenAI, FakeReply, fake_openai
+from tests.support.http_calls import post_json
+from tests.support.stack import HTTP_ON, Stack, full_stack
+from tests.support.waiting import wait_for
 
 SECRETS = {
     "user": "my passport number is X99-SECRET-1",

@@ -1,6 +1,6 @@
 """Create, stop and start a pgserver PostgreSQL from a process of its own.
 
-`python -m tests.faults.pgctl init DIR` prints {"url", "socket_dir", "user"};
+`python -m tests.system.faults.pgctl init DIR` prints {"url", "socket_dir", "user"};
 `stop DIR USER MODE` and `start DIR USER SOCKET_DIR` run pg_ctl as pgserver does.
 
 Why a process of its own: as root, pgserver runs initdb and pg_ctl as another

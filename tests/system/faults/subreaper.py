@@ -1,6 +1,6 @@
 """Run the all-in-one server as a container's PID 1 runs it: orphans become its children.
 
-`python -m tests.faults.subreaper` marks itself a child subreaper (Linux
+`python -m tests.system.faults.subreaper` marks itself a child subreaper (Linux
 PR_SET_CHILD_SUBREAPER), then runs `python -m services` in the same process. The
 postmaster that pg_ctl leaves behind is then this process's child, as it is under
 the image's PID 1, and nothing but this process can reap it.

@@ -32,9 +32,9 @@ from grpc_health.v1 import health_pb2
 from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common.status import error_info
-from tests.conftest import wait_for
-from tests.grpc_support import user
-from tests.ops.tools import ROOT
+from tests.support.grpc_calls import user
+from tests.support.tools import ROOT
+from tests.support.waiting import wait_for
 
 if TYPE_CHECKING:
     from runifold.agent.v1.agent_service_pb2_grpc import AgentServiceAsyncStub
@@ -51,7 +51,7 @@ class DedicatedPostgres:
     """A real PostgreSQL (pgserver's binaries) in a temporary folder, for one test.
 
     `stop()` and `start()` run pg_ctl as pgserver does, in a helper process
-    (tests/faults/pgctl.py says why); the server keeps its unix-socket folder,
+    (tests/system/faults/pgctl.py says why); the server keeps its unix-socket folder,
     so the URL stays the same across a restart.
     """
 
@@ -88,7 +88,7 @@ async def _pgctl(*args: str) -> str:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "tests.faults.pgctl",
+        "tests.system.faults.pgctl",
         *args,
         cwd=ROOT,
         stdin=asyncio.subprocess.DEVNULL,

@@ -31,10 +31,11 @@ from services.summary.component import SummaryComponent
 from services.summary.config import SummaryConfig
 from services.transcript import metrics
 from services.transcript.component import TranscriptComponent
-from tests.conftest import server_settings, wait_for
-from tests.fakes.openai_server import FakeOpenAI, FakeReply, fake_openai
-from tests.grpc_support import reason, status_detail, user
-from tests.ops.process import ServiceProcess, service_process
+from tests.support.fake_openai import FakeOpenAI, FakeReply, fake_openai
+from tests.support.grpc_calls import reason, status_detail, user
+from tests.support.process import ServiceProcess, service_process
+from tests.support.settings import server_settings
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -33,16 +33,16 @@ from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import stubs
-from tests.conftest import wait_for
-from tests.fakes.openai_server import FakeReply, fake_openai
-from tests.faults.support import (
+from tests.support.fake_openai import FakeReply, fake_openai
+from tests.support.grpc_calls import health_status, user
+from tests.support.process import service_process
+from tests.support.waiting import wait_for
+from tests.system.faults.support import (
     SERVING,
     channel_to,
     dedicated_postgres,
     failure,
 )
-from tests.grpc_support import health_status, user
-from tests.ops.process import service_process
 
 pytestmark = pytest.mark.slow
 

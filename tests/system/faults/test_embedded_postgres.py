@@ -31,10 +31,11 @@ from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import stubs
 from services.common.errors import StoreUnavailable
 from services.common.postgres.pool import Database
-from tests.conftest import server_settings, wait_for
-from tests.faults.support import NOT_SERVING, channel_to, dedicated_postgres
-from tests.grpc_support import health_status
-from tests.ops.process import ServiceProcess, service_process
+from tests.support.grpc_calls import health_status
+from tests.support.process import ServiceProcess, service_process
+from tests.support.settings import server_settings
+from tests.support.waiting import wait_for
+from tests.system.faults.support import NOT_SERVING, channel_to, dedicated_postgres
 
 ENV = {
     "DATABASE_URL": "",  # empty counts as unset: the embedded PostgreSQL
@@ -213,11 +214,11 @@ async def test_postmaster_sigkill_under_running_server_then_restart(
 async def test_clean_shutdown_after_postmaster_died_as_its_zombie_child(
     data_dir: Path, pgdata: Path
 ) -> None:
-    """The server as a container's PID 1 (tests/faults/subreaper.py): the killed
+    """The server as a container's PID 1 (tests/system/faults/subreaper.py): the killed
     postmaster stays its unreaped child. SIGTERM still ends the server cleanly
     (pgserver would wait a minute on `pg_ctl stop` of the zombie), and the next
     start serves."""
-    async with service_process("tests.faults.subreaper", ENV, data_dir) as first:
+    async with service_process("tests.system.faults.subreaper", ENV, data_dir) as first:
         conversation = await _create(first)
         postmaster = psutil.Process(int(_postmaster(pgdata)[0]))
         assert postmaster.ppid() == first.process.pid
@@ -229,7 +230,7 @@ async def test_clean_shutdown_after_postmaster_died_as_its_zombie_child(
         await wait_for(zombie)
     assert first.process.returncode == 0, "".join(first.output)[-3000:]
 
-    async with service_process("tests.faults.subreaper", ENV, data_dir) as second:
+    async with service_process("tests.system.faults.subreaper", ENV, data_dir) as second:
         await _still_there(second, conversation)
     assert second.process.returncode == 0
     await _none_left(pgdata)

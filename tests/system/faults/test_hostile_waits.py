@@ -28,10 +28,10 @@ import pytest
 from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import stubs
-from tests.conftest import wait_for
-from tests.fakes.openai_server import FakeOpenAI, FakeReply, fake_openai
-from tests.grpc_support import reason, user
-from tests.ops.process import ServiceProcess, service_process, value
+from tests.support.fake_openai import FakeOpenAI, FakeReply, fake_openai
+from tests.support.grpc_calls import reason, user
+from tests.support.process import ServiceProcess, service_process, value
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -22,8 +22,10 @@ import pytest
 
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import stubs
-from tests.conftest import wait_for
-from tests.faults.support import (
+from tests.support.grpc_calls import health_status, user
+from tests.support.process import service_process, value
+from tests.support.waiting import wait_for
+from tests.system.faults.support import (
     NOT_SERVING,
     SERVING,
     Acked,
@@ -36,8 +38,6 @@ from tests.faults.support import (
     stop_tasks,
     stored_appends,
 )
-from tests.grpc_support import health_status, user
-from tests.ops.process import service_process, value
 
 WRITERS = 8
 UNAVAILABLE = "UNAVAILABLE/STORE_UNAVAILABLE"

@@ -25,8 +25,9 @@ import psycopg
 import pytest
 
 from services.common import stubs
-from tests.conftest import wait_for
-from tests.faults.support import (
+from tests.support.process import service_process
+from tests.support.waiting import wait_for
+from tests.system.faults.support import (
     channel_to,
     check_exactly_once,
     run_turner,
@@ -35,7 +36,6 @@ from tests.faults.support import (
     stop_tasks,
     stored_appends,
 )
-from tests.ops.process import service_process
 
 if TYPE_CHECKING:
     from runifold.agent.v1.agent_service_pb2_grpc import AgentServiceAsyncStub

@@ -28,10 +28,10 @@ from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import stubs
-from tests.fakes.openai_server import FakeReply, fake_openai
-from tests.faults.support import failure, stored_appends
-from tests.grpc_support import user
-from tests.ops.process import service_process
+from tests.support.fake_openai import FakeReply, fake_openai
+from tests.support.grpc_calls import user
+from tests.support.process import service_process
+from tests.system.faults.support import failure, stored_appends
 
 if TYPE_CHECKING:
     from runifold.agent.v1.agent_service_pb2_grpc import AgentServiceAsyncStub

@@ -20,10 +20,10 @@ from runifold_client import AsyncClient
 from services.common import stubs
 from services.common.status import error_info
 from services.transcript.config import WatchLimits
-from tests.conftest import wait_for
-from tests.faults.support import dedicated_postgres
-from tests.ops.process import ServiceProcess, service_process, value
-from tests.watch_support import check_exactly_once_in_order
+from tests.support.process import ServiceProcess, service_process, value
+from tests.support.waiting import wait_for
+from tests.system.faults.support import dedicated_postgres
+from tests.transcript.watch.support import check_exactly_once_in_order
 
 # The stalled reader's backlog, and the bound on what the watcher's process may grow by
 # while it holds it: the stream holds a page (512 KiB) and the transport a window.

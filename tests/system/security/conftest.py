@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.fakes.openai_server import FakeOpenAI, fake_openai
-from tests.security.support import AUTH
-from tests.stack import HTTP_ON, Stack, full_stack
+from tests.support.fake_openai import FakeOpenAI, fake_openai
+from tests.support.stack import HTTP_ON, Stack, full_stack
+from tests.system.security.support import AUTH
 
 
 @pytest.fixture(scope="package")

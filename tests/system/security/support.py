@@ -28,10 +28,12 @@ from psycopg import sql
 import runifold
 from services.common.auth import AuthSettings
 from services.common.status import error_info
-from tests.grpc_support import Metadata as Metadata  # re-exported: the suites import it from here
-from tests.grpc_support import authorization, jwt_token
-from tests.http_support import connect_call, grpc_code_name
-from tests.http_support import error_info as connect_error_info
+from tests.support.grpc_calls import (
+    Metadata as Metadata,  # re-exported: the suites import it from here
+)
+from tests.support.grpc_calls import authorization, jwt_token
+from tests.support.http_calls import connect_call, grpc_code_name
+from tests.support.http_calls import error_info as connect_error_info
 
 SECRET = "security-suite-secret-" + "s" * 32
 AUDIENCE = "runifold"

@@ -12,10 +12,10 @@ from __future__ import annotations
 import uuid
 
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
-from tests.conftest import wait_for
-from tests.security.support import bearer, must
-from tests.security.worlds import build_world
-from tests.stack import Stack
+from tests.support.stack import Stack
+from tests.support.waiting import wait_for
+from tests.system.security.support import bearer, must
+from tests.system.security.worlds import build_world
 
 
 async def test_a_summary_job_runs_with_authentication_on(stack: Stack) -> None:

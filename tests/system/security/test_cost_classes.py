@@ -18,8 +18,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from services.common import admission, costs
 from services.common.settings import AdmissionLimits
-from tests.ops.tools import ROOT
-from tests.stack import HTTP_ON, full_stack
+from tests.support.stack import HTTP_ON, full_stack
+from tests.support.tools import ROOT
 
 WAITS = {"never", "queue", "lease", "stream"}
 

@@ -49,7 +49,8 @@ from hypothesis import strategies as st
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from services.common import stubs
 from services.common.validation import NAMESPACE_PATTERN
-from tests.security.support import (
+from tests.support.stack import Stack
+from tests.system.security.support import (
     RPCS,
     Metadata,
     Outcome,
@@ -60,8 +61,7 @@ from tests.security.support import (
     must,
     namespace_rows,
 )
-from tests.security.worlds import World, build_world
-from tests.stack import Stack
+from tests.system.security.worlds import World, build_world
 
 EXAMPLES_PER_RPC = 16
 RAW_EXAMPLES_PER_RPC = 5

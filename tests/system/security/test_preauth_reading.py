@@ -22,8 +22,8 @@ import grpc
 import pytest
 
 from runifold.transcript.v1 import transcript_service_pb2 as pb
-from tests.grpc_support import user
-from tests.ops.process import service_process
+from tests.support.grpc_calls import user
+from tests.support.process import service_process
 
 pytestmark = pytest.mark.slow
 

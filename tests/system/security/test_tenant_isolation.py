@@ -40,10 +40,11 @@ from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from services.common.http.bridge import GRPC_ONLY
-from tests.conftest import wait_for
-from tests.fakes.openai_server import FakeOpenAI
-from tests.grpc_support import user
-from tests.security.support import (
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.grpc_calls import user
+from tests.support.stack import Stack
+from tests.support.waiting import wait_for
+from tests.system.security.support import (
     RPC_BY_ID,
     RPCS,
     Metadata,
@@ -55,8 +56,7 @@ from tests.security.support import (
     must,
     namespace_rows,
 )
-from tests.security.worlds import World, build_world, indexed_search_ids, search_ids
-from tests.stack import Stack
+from tests.system.security.worlds import World, build_world, indexed_search_ids, search_ids
 
 # --- what a probe points at --------------------------------------------------------
 

@@ -19,9 +19,9 @@ from runifold.common.v1 import common_pb2
 from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
-from tests.conftest import wait_for
-from tests.grpc_support import user
-from tests.security.support import Metadata, must
+from tests.support.grpc_calls import user
+from tests.support.waiting import wait_for
+from tests.system.security.support import Metadata, must
 
 ENTRIES = 6
 

@@ -15,7 +15,7 @@ from services.common.errors import Code, DomainError, VersionConflict
 from services.transcript.conversations.model import StateChange
 from services.transcript.service import TranscriptService
 from services.transcript.store import TranscriptStore
-from tests.transcript_cases import assistant, make_service, tool, user
+from tests.transcript.appends.cases import assistant, make_service, tool, user
 
 
 def delta(

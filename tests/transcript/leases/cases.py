@@ -22,8 +22,8 @@ from services.transcript.conversations.model import AppendRecord
 from services.transcript.leases.model import EndedTurn, LeaseMode, TurnLease
 from services.transcript.service import TranscriptService
 from services.transcript.store import TranscriptStore
-from tests.conftest import wait_for
-from tests.transcript_cases import assistant, make_service, new_conversation, user
+from tests.support.waiting import wait_for
+from tests.transcript.appends.cases import assistant, make_service, new_conversation, user
 
 HASH = b"input-digest"
 

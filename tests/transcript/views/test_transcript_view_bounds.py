@@ -1,6 +1,6 @@
 """LoadView with a summarized_through at the top of int64 is SEQUENCE_OUT_OF_RANGE on
 PostgreSQL, not a bigint overflow in the view's range arithmetic (found by
-tests/security/test_hostile_input.py: it was INTERNAL)."""
+tests/system/security/test_hostile_input.py: it was INTERNAL)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from services.common.errors import Code, DomainError
 from services.common.postgres.pool import Database
 from services.transcript.store import PostgresTranscriptStore
-from tests.transcript_cases import make_service, new_conversation, user
+from tests.transcript.appends.cases import make_service, new_conversation, user
 
 INT64_MAX = 2**63 - 1
 

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from services.common.domain import Message, Role
 from services.transcript.store import TranscriptStore
-from tests.doubles.transcript_store import InMemoryTranscriptStore
-from tests.transcript_cases import TranscriptCases, assistant, make_service, tool, user
-from tests.transcript_state_cases import TranscriptStateCases
-from tests.turn_lease_cases import TurnLeaseCases
+from tests.transcript.appends.cases import TranscriptCases, assistant, make_service, tool, user
+from tests.transcript.conversations.cases import TranscriptStateCases
+from tests.transcript.double import InMemoryTranscriptStore
+from tests.transcript.leases.cases import TurnLeaseCases
 
 
 class TestTranscriptOnMemoryStore(TranscriptCases):

@@ -17,7 +17,7 @@ import h2.settings
 
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common.status import error_info
-from tests.conftest import wait_for
+from tests.support.waiting import wait_for
 
 if TYPE_CHECKING:
     from runifold.transcript.v1.transcript_service_pb2_grpc import TranscriptServiceAsyncStub

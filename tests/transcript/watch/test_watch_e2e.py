@@ -2,7 +2,7 @@
 resume, turn events, heartbeats, erasure and incarnations, namespaces, limits, shutdown.
 
 Across processes (a writer on one, a watcher on another) and across a PostgreSQL
-restart: tests/ops/test_watch_replicas.py and tests/faults/test_watch_faults.py.
+restart: tests/transcript/watch/test_watch_replicas.py and tests/system/faults/test_watch_faults.py.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from services.common.status import error_info
 from services.transcript.component import TranscriptComponent
 from services.transcript.config import TranscriptLimits, WatchLimits
 from services.transcript.watch.store import PostgresFeedStore
-from tests.conftest import server_settings, wait_for
-from tests.grpc_support import status_detail, user
-from tests.watch_support import Follower, check_exactly_once_in_order, versions_of
+from tests.support.grpc_calls import status_detail, user
+from tests.support.settings import server_settings
+from tests.support.waiting import wait_for
+from tests.transcript.watch.support import Follower, check_exactly_once_in_order, versions_of
 
 if TYPE_CHECKING:
     from runifold.transcript.v1.transcript_service_pb2_grpc import (

@@ -24,10 +24,10 @@ from services.transcript.config import (
     DEFAULT_BUFFERED_BYTES_PER_NAMESPACE,
     WatchLimits,
 )
-from tests.conftest import wait_for
-from tests.grpc_support import user
-from tests.ops.process import ServiceProcess, service_process, value
-from tests.watch_support import Follower, UnreadStreams
+from tests.support.grpc_calls import user
+from tests.support.process import ServiceProcess, service_process, value
+from tests.support.waiting import wait_for
+from tests.transcript.watch.support import Follower, UnreadStreams
 
 MiB = 1024 * 1024
 # The namespace's limit of streams (RUNIFOLD_WATCH_MAX_WATCHERS_PER_NAMESPACE), all unread,

@@ -15,9 +15,9 @@ import grpc
 
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import stubs
-from tests.grpc_support import user
-from tests.ops.process import service_process, value
-from tests.watch_support import Follower, check_exactly_once_in_order, versions_of
+from tests.support.grpc_calls import user
+from tests.support.process import service_process, value
+from tests.transcript.watch.support import Follower, check_exactly_once_in_order, versions_of
 
 WRITERS = 4
 APPENDS = 25
