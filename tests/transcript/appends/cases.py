@@ -1,79 +1,35 @@
-"""Behaviour of the transcript domain, run against every TranscriptStore.
-
-tests/unit runs these cases on the in-memory store, tests/integration on
-PostgreSQL: both stores must give the domain the same guarantees.
+"""AppendEntries (compare-and-swap, request ids, tool pairing, limits; the state changes
+and retractions a write carries; native representations), run against every
+TranscriptStore: test_appends_domain.py on the in-memory store, test_appends_store.py on
+PostgreSQL.
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
-from typing import Any
+import json
 
 import pytest
 
 from services.common.domain import Message, Role, ToolCall, Usage
 from services.common.errors import Code, DomainError, VersionConflict
-from services.common.pagination import PageTokens
-from services.transcript.config import TranscriptLimits
 from services.transcript.service import TranscriptService
 from services.transcript.store import TranscriptStore
+from tests.transcript.support import (
+    ServiceCases,
+    assistant,
+    created,
+    delta,
+    make_service,
+    new_conversation,
+    reason_of,
+    tool,
+    user,
+)
 
 
-def user(text: str = "hello") -> Message:
-    return Message(Role.USER, text)
-
-
-def assistant(text: str = "hi", *calls: str) -> Message:
-    return Message(
-        Role.ASSISTANT, text, tool_calls=tuple(ToolCall(c, "lookup", '{"q": 1}') for c in calls)
-    )
-
-
-def tool(call_id: str, text: str = "result") -> Message:
-    return Message(Role.TOOL, text, tool_call_id=call_id)
-
-
-def make_service(store: TranscriptStore, **limits: Any) -> TranscriptService:
-    return TranscriptService(
-        store, TranscriptLimits(**limits), PageTokens(b"secret-for-tests-0123")
-    )
-
-
-async def new_conversation(service: TranscriptService, namespace: str) -> str:
-    conversation, created = await service.create_conversation(namespace, "", {})
-    assert created
-    return str(conversation.conversation_id)
-
-
-def reason_of(error: pytest.ExceptionInfo[DomainError]) -> str:
-    return error.value.reason
-
-
-class TranscriptCases:
+class AppendCases(ServiceCases):
     """Subclasses provide a `store` fixture."""
-
-    @pytest.fixture
-    def service(self, store: TranscriptStore) -> TranscriptService:
-        return make_service(store)
-
-    async def test_create_is_idempotent_per_namespace(
-        self, service: TranscriptService, namespace: str
-    ) -> None:
-        cid = str(uuid.uuid4())
-        first, created = await service.create_conversation(namespace, cid, {"a": "b"})
-        again, created_again = await service.create_conversation(namespace, cid, {})
-        assert created and not created_again
-        assert again.conversation_id == first.conversation_id and again.labels == {"a": "b"}
-        # The same id in another namespace is another conversation, not a conflict.
-        other, created_other = await service.create_conversation(namespace + "-b", cid, {})
-        assert created_other and other.namespace == namespace + "-b"
-
-    async def test_server_made_ids_are_uuid7(
-        self, service: TranscriptService, namespace: str
-    ) -> None:
-        conversation, _ = await service.create_conversation(namespace, "", {})
-        assert conversation.conversation_id.version == 7
 
     async def test_append_bumps_version_once_and_sequences_by_count(
         self, service: TranscriptService, namespace: str
@@ -260,245 +216,176 @@ class TranscriptCases:
         with pytest.raises(VersionConflict):
             await service.append(namespace, cid, 0, [tool("c1")], "")
 
-    async def test_other_namespace_sees_not_found(
+    async def test_state_commits_with_the_append_under_its_version(
         self, service: TranscriptService, namespace: str
     ) -> None:
-        cid = await new_conversation(service, namespace)
-        other = namespace + "-other"
-        calls = [
-            service.get_conversation(other, cid),
-            service.append(other, cid, 0, [user()], ""),
-            service.list_entries(other, cid, 0, 0, 0, ""),
-            service.load_view(other, cid, 4, 4, 0),
-        ]
-        for call in calls:
-            with pytest.raises(DomainError) as caught:
-                await call
-            assert caught.value.code is Code.NOT_FOUND
-            assert reason_of(caught) == "CONVERSATION_NOT_FOUND"
-        assert await service.delete_conversation(other, cid) is None
+        """Each scope's delta merges its top-level keys (a nested object replaces the
+        stored value whole, null is stored); the conversation's under its version, the
+        user's and the namespace's each under a version of its own."""
+        cid = await created(service, namespace)
+        first = await service.append(
+            namespace,
+            cid,
+            0,
+            [user("hi")],
+            "r1",
+            state=delta({"a": 1, "nested": {"x": 1, "y": 2}}, {"lang": "en"}, {"plan": "pro"}),
+        )
+        assert (first.record.version, first.user_state_version) == (1, 1)
+        assert first.namespace_state_version == 1
+        second = await service.append(
+            namespace, cid, 1, [], "r2", state=delta({"nested": {"x": 9}, "b": None}, {"tz": 1})
+        )
+        assert (second.record.version, second.user_state_version) == (2, 2)
+        assert second.namespace_state_version == 0  # unchanged
+        assert (second.record.first_sequence, second.record.last_sequence) == (2, 1)
+        conversation = await service.get_conversation(namespace, cid)
+        assert json.loads(conversation.state_json) == {"a": 1, "nested": {"x": 9}, "b": None}
+        assert conversation.version == 2 and conversation.last_sequence == 1
+        space, alice = await service.get_state(namespace, ["alice"])
+        assert (json.loads(space.state_json), space.version) == ({"plan": "pro"}, 1)
+        assert (json.loads(alice.state_json), alice.version) == ({"lang": "en", "tz": 1}, 2)
+
+    async def test_a_losing_writer_changes_no_state(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
+        """Of two writers at one version one commits; the other's state never lands."""
+        cid = await created(service, namespace)
+        results = await asyncio.gather(
+            *(
+                service.append(
+                    namespace, cid, 0, [user(f"w{i}")], f"w{i}", state=delta({"w": i}, {"w": i})
+                )
+                for i in range(2)
+            ),
+            return_exceptions=True,
+        )
+        winners = [r for r in results if not isinstance(r, BaseException)]
+        assert len(winners) == 1
+        assert [type(r) for r in results if isinstance(r, BaseException)] == [VersionConflict]
+        won = results.index(winners[0])
+        conversation = await service.get_conversation(namespace, cid)
+        _, alice = await service.get_state(namespace, ["alice"])
+        assert json.loads(conversation.state_json) == {"w": won}
+        assert (json.loads(alice.state_json), alice.version) == ({"w": won}, 1)
+
+    async def test_a_user_delta_needs_a_user(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
+        conversation, _ = await service.create_conversation(namespace, "", {})
+        cid = str(conversation.conversation_id)
+        with pytest.raises(DomainError) as error:
+            await service.append(namespace, cid, 0, [user()], "r", state=delta(None, {"k": 1}))
+        assert (error.value.code, error.value.reason) == (Code.FAILED_PRECONDITION, "NO_USER")
         assert (await service.get_conversation(namespace, cid)).version == 0
 
-    @pytest.mark.parametrize("bad", ["", "a" * 129, "tenant/1", "tenant 1", "ténant", "a\x00"])
-    async def test_invalid_namespaces_are_rejected(
-        self, service: TranscriptService, bad: str
-    ) -> None:
-        with pytest.raises(DomainError) as caught:
-            await service.create_conversation(bad, "", {})
-        assert reason_of(caught) == "INVALID_NAMESPACE"
-
-    @pytest.mark.parametrize(
-        "bad", ["x", "123", "{" + str(uuid.uuid4()) + "}", str(uuid.uuid4()).replace("-", "")]
-    )
-    async def test_invalid_conversation_ids_are_rejected(
-        self, service: TranscriptService, namespace: str, bad: str
-    ) -> None:
-        with pytest.raises(DomainError) as caught:
-            await service.get_conversation(namespace, bad)
-        assert reason_of(caught) == "INVALID_CONVERSATION_ID"
-
-    async def test_conversation_ids_are_case_insensitive(
-        self, service: TranscriptService, namespace: str
-    ) -> None:
-        cid = await new_conversation(service, namespace)
-        found = await service.get_conversation(namespace, cid.upper())
-        assert str(found.conversation_id) == cid
-
-    async def test_list_entries_pages_with_tokens_bound_to_the_request(
-        self, service: TranscriptService, namespace: str
-    ) -> None:
-        cid = await new_conversation(service, namespace)
-        await service.append(namespace, cid, 0, [user(str(i)) for i in range(25)], "")
-        seen, token = [], ""
-        while True:
-            page = await service.list_entries(namespace, cid, 3, 0, 10, token)
-            seen += [e.sequence for e in page.entries]
-            token = page.next_page_token
-            if not token:
-                break
-        assert seen == list(range(4, 26))
-        first = await service.list_entries(namespace, cid, 0, 0, 5, "")
-        for args in [
-            (namespace + "x", cid, 0, 0, 5),
-            (namespace, cid, 1, 0, 5),
-            (namespace, cid, 0, 7, 5),
-        ]:
-            with pytest.raises(DomainError) as caught:
-                await service.list_entries(*args, first.next_page_token)
-            assert reason_of(caught) in {"INVALID_PAGE_TOKEN", "CONVERSATION_NOT_FOUND"}
-        tampered = (
-            first.next_page_token[:-2]
-            + ("A" if first.next_page_token[-2] != "A" else "B")
-            + first.next_page_token[-1]
-        )
-        with pytest.raises(DomainError) as caught:
-            await service.list_entries(namespace, cid, 0, 0, 5, tampered)
-        assert reason_of(caught) == "INVALID_PAGE_TOKEN"
-        bounded = await service.list_entries(namespace, cid, 0, 7, 0, "")
-        assert [e.sequence for e in bounded.entries] == list(range(1, 8))
-
-    async def test_list_conversations_pages_inside_the_namespace(
-        self, service: TranscriptService, namespace: str
-    ) -> None:
-        made = {await new_conversation(service, namespace) for _ in range(7)}
-        await new_conversation(service, namespace + "-other")
-        seen, token = [], ""
-        while True:
-            page = await service.list_conversations(namespace, 3, token)
-            seen += [str(c.conversation_id) for c in page.conversations]
-            token = page.next_page_token
-            if not token:
-                break
-        assert set(seen) == made and seen == sorted(seen, key=uuid.UUID)
-        with pytest.raises(DomainError) as caught:
-            await service.list_conversations(
-                namespace + "-other",
-                3,
-                (await service.list_conversations(namespace, 3, "")).next_page_token,
+    async def test_state_limits(self, store: TranscriptStore, namespace: str) -> None:
+        """A document that would outgrow RUNIFOLD_MAX_STATE_BYTES is refused whole,
+        nothing of the write lands; a delta that is no JSON object is refused too."""
+        service = make_service(store, max_state_bytes=1024)
+        cid = await created(service, namespace)
+        await service.append(namespace, cid, 0, [user()], "r1", state=delta(None, {"a": "x" * 600}))
+        with pytest.raises(DomainError) as error:
+            await service.append(
+                namespace, cid, 1, [user()], "r2", state=delta({"c": 1}, {"b": "y" * 600})
             )
-        assert reason_of(caught) == "INVALID_PAGE_TOKEN"
+        assert (error.value.reason, error.value.metadata["scope"]) == ("STATE_TOO_LARGE", "user")
+        conversation = await service.get_conversation(namespace, cid)
+        assert (conversation.version, conversation.state_json) == (1, "{}")
+        for bad in ("[1]", "{", '{"a": NaN}'):
+            with pytest.raises(DomainError) as error:
+                service.state_change(bad, "", "", "state_delta")
+            assert error.value.reason == "INVALID_STATE"
 
-    async def test_delete_erases_entries_and_is_idempotent(
+    async def test_retraction_is_recorded_not_deleted(
         self, service: TranscriptService, namespace: str
     ) -> None:
-        cid = await new_conversation(service, namespace)
-        await service.append(namespace, cid, 0, [user(), assistant()], "r")
-        assert await service.delete_conversation(namespace, cid) == 2
-        assert await service.delete_conversation(namespace, cid) is None
-        with pytest.raises(DomainError):
-            await service.get_conversation(namespace, cid)
-        # Re-creating the id starts a new, empty transcript.
-        conversation, created = await service.create_conversation(namespace, cid, {})
-        assert created and conversation.version == 0
-        again = await service.append(namespace, cid, 0, [user()], "r")
-        assert not again.replayed and again.record.version == 1
+        """A retracted entry keeps its sequence and content, ListEntries shows it with
+        the retracting version, and views leave it out of the window."""
+        cid = await created(service, namespace)
+        await service.append(namespace, cid, 0, [user("a"), assistant("b"), user("c")], "r1")
+        result = await service.append(namespace, cid, 1, [], "pop", retract=[3])
+        assert result.record.version == 2
+        entries = (await service.list_entries(namespace, cid, 0, 0, 0, "")).entries
+        assert [(e.sequence, e.message.text, e.retracted_version) for e in entries] == [
+            (1, "a", 0),
+            (2, "b", 0),
+            (3, "c", 2),
+        ]
+        assert entries[2].retract_time is not None
+        view = await service.load_view(namespace, cid, 3, 1, 0)
+        assert [e.sequence for e in view.window] == [1, 2]
+        await service.append(namespace, cid, 2, [user("d")], "r2")
+        assert [e.sequence for e in (await service.load_view(namespace, cid, 2, 1, 0)).window] == [
+            4
+        ]
 
-    # -- views ------------------------------------------------------------------
-
-    async def test_view_splits_window_buffer_and_backlog(
+    async def test_what_cannot_be_retracted(
         self, service: TranscriptService, namespace: str
     ) -> None:
-        cid = await new_conversation(service, namespace)
-        await service.append(namespace, cid, 0, [user(str(i)) for i in range(1, 101)], "")
-        view = await service.load_view(namespace, cid, 16, 30, 10)
-        assert view.version == 1 and view.last_sequence == 100
-        assert [e.sequence for e in view.window] == list(range(85, 101))
-        assert [e.sequence for e in view.summary_buffer] == list(range(11, 41))
-        assert view.summary_backlog == 84 - 40
-        caught_up = await service.load_view(namespace, cid, 16, 100, 84)
-        assert caught_up.summary_buffer == [] and caught_up.summary_backlog == 0
-        short = await service.load_view(namespace, cid, 200, 10, 0)
-        assert len(short.window) == 100 and short.summary_buffer == []
+        """A missing, already retracted, tool call or tool result entry is refused with
+        nothing written; a retraction names the version it read."""
+        cid = await created(service, namespace)
+        await service.append(namespace, cid, 0, [user("q"), assistant("", "c1"), tool("c1")], "r1")
+        await service.append(namespace, cid, 1, [assistant("done")], "r2")
+        await service.append(namespace, cid, 2, [], "r3", retract=[4])
+        for sequence in (2, 3, 4, 9):
+            with pytest.raises(DomainError) as error:
+                await service.append(namespace, cid, 3, [], f"x{sequence}", retract=[sequence])
+            assert (error.value.code, error.value.reason) == (
+                Code.FAILED_PRECONDITION,
+                "ENTRY_NOT_RETRACTABLE",
+            )
+            assert str(error.value.metadata["sequence"]) == str(sequence)
+        assert (await service.get_conversation(namespace, cid)).version == 3
+        for retract, reason in (([1], "EXPECTED_VERSION_REQUIRED"), ([0], "INVALID_SEQUENCE")):
+            with pytest.raises(DomainError) as error:
+                expected = None if reason == "EXPECTED_VERSION_REQUIRED" else 3
+                await service.append(namespace, cid, expected, [], "y", retract=retract)
+            assert error.value.reason == reason
+        with pytest.raises(VersionConflict):
+            await service.append(namespace, cid, 2, [], "z", retract=[1])
 
-    async def test_empty_conversation_view(
+    async def test_a_write_with_nothing_is_refused(
         self, service: TranscriptService, namespace: str
     ) -> None:
-        cid = await new_conversation(service, namespace)
-        view = await service.load_view(namespace, cid, 16, 16, 0)
-        assert (
-            view.version,
-            view.last_sequence,
-            list(view.window),
-            list(view.summary_buffer),
-            view.summary_backlog,
-        ) == (0, 0, [], [], 0)
+        cid = await created(service, namespace)
+        with pytest.raises(DomainError) as error:
+            await service.append(namespace, cid, 0, [], "r")
+        assert error.value.reason == "NO_MESSAGES"
 
-    async def test_window_never_starts_with_an_orphaned_tool_result(
+    async def test_a_retried_write_replays_and_a_changed_one_is_refused(
         self, service: TranscriptService, namespace: str
     ) -> None:
-        cid = await new_conversation(service, namespace)
-        await service.append(
-            namespace,
-            cid,
-            0,
-            [
-                user("q"),
-                assistant("", "a", "b"),
-                tool("a"),
-                tool("b"),
-                assistant("answer"),
-            ],
-            "",
+        """The request id covers state and retractions too."""
+        cid = await created(service, namespace)
+        await service.append(namespace, cid, 0, [user("a"), user("b")], "r1")
+        first = await service.append(
+            namespace, cid, 1, [], "pop", state=delta({"k": 1}), retract=[2]
         )
-        # Window 3 would start at the first result (3): it starts after the results.
-        view = await service.load_view(namespace, cid, 3, 10, 0)
-        assert [e.sequence for e in view.window] == [5]
-        assert [e.sequence for e in view.summary_buffer] == [1, 2, 3, 4]
-        # Window 2 would start at a result with nothing after the group but the answer.
-        view = await service.load_view(namespace, cid, 2, 10, 0)
-        assert [e.sequence for e in view.window] == [5]
-        await service.append(namespace, cid, 1, [user("q2"), assistant("", "c")], "")
-        await service.append(namespace, cid, 2, [tool("c")], "")
-        # The transcript ends inside a group: shrinking would empty the window,
-        # so it starts at the call instead.
-        view = await service.load_view(namespace, cid, 1, 10, 0)
-        assert [e.sequence for e in view.window] == [7, 8]
-        assert view.window[0].message.tool_calls
-
-    async def test_buffer_never_separates_a_tool_call_from_its_results(
-        self, service: TranscriptService, namespace: str
-    ) -> None:
-        cid = await new_conversation(service, namespace)
-        await service.append(
-            namespace,
-            cid,
-            0,
-            [
-                user("1"),
-                user("2"),
-                assistant("", "a", "b"),
-                tool("a"),
-                tool("b"),
-                user("6"),
-                user("7"),
-                user("8"),
-            ],
-            "",
+        again = await service.append(
+            namespace, cid, 1, [], "pop", state=delta({"k": 1}), retract=[2]
         )
-        # A batch of 4 would end after result "a": it ends before the call.
-        view = await service.load_view(namespace, cid, 1, 4, 0)
-        assert [e.sequence for e in view.summary_buffer] == [1, 2]
-        assert view.summary_backlog == 7 - 2
-        # From the call on, a batch of 1 cannot shrink: it takes the whole group.
-        view = await service.load_view(namespace, cid, 1, 1, 2)
-        assert [e.sequence for e in view.summary_buffer] == [3, 4, 5]
-        assert view.summary_backlog == 2
+        assert again.replayed and again.record.version == first.record.version == 2
+        for changed in (
+            {"state": delta({"k": 2}), "retract": [2]},
+            {"state": delta({"k": 1}), "retract": [1]},
+        ):
+            with pytest.raises(DomainError) as error:
+                await service.append(namespace, cid, 1, [], "pop", **changed)  # type: ignore[arg-type]
+            assert error.value.reason == "REQUEST_ID_REUSED"
 
-    async def test_view_reports_a_committed_request(
+    async def test_native_json_round_trips_verbatim(
         self, service: TranscriptService, namespace: str
     ) -> None:
-        cid = await new_conversation(service, namespace)
-        await service.append(namespace, cid, 0, [user(), assistant()], "turn-1", Usage(3, 4, 1))
-        view = await service.load_view(namespace, cid, 4, 4, 0, "turn-1")
-        assert view.prior_append is not None
-        assert (
-            view.prior_append.first_sequence,
-            view.prior_append.last_sequence,
-            view.prior_append.usage,
-        ) == (1, 2, Usage(3, 4, 1))
-        assert (await service.load_view(namespace, cid, 4, 4, 0, "turn-2")).prior_append is None
-
-    @pytest.mark.parametrize(
-        ("window", "batch", "through", "reason"),
-        [
-            (0, 1, 0, "INVALID_WINDOW"),
-            (4097, 1, 0, "INVALID_WINDOW"),
-            (1, 0, 0, "INVALID_SUMMARY_BATCH"),
-            (1, 4097, 0, "INVALID_SUMMARY_BATCH"),
-            (1, 1, -1, "INVALID_SEQUENCE"),
-            (1, 1, 99, "SEQUENCE_OUT_OF_RANGE"),
-        ],
-    )
-    async def test_view_bounds(
-        self,
-        service: TranscriptService,
-        namespace: str,
-        window: int,
-        batch: int,
-        through: int,
-        reason: str,
-    ) -> None:
-        cid = await new_conversation(service, namespace)
-        with pytest.raises(DomainError) as caught:
-            await service.load_view(namespace, cid, window, batch, through)
-        assert reason_of(caught) == reason
+        """Stored as written (spacing, key order, escapes); no JSON is refused."""
+        cid = await created(service, namespace)
+        native = '{"type":"reasoning",  "z": 1, "a":"\\u00e9", "n": [1.50, null]}'
+        message = Message(Role.ASSISTANT, "thinking", native_json=native)
+        await service.append(namespace, cid, 0, [message], "r1")
+        (entry,) = (await service.list_entries(namespace, cid, 0, 0, 0, "")).entries
+        assert entry.message.native_json == native
+        with pytest.raises(DomainError) as error:
+            bad = Message(Role.USER, "x", native_json="{")
+            await service.append(namespace, cid, 1, [bad], "r2")
+        assert error.value.reason == "INVALID_NATIVE_JSON"

@@ -1,9 +1,10 @@
-"""Turn leases, run against every TranscriptStore (in-memory in tests/unit, PostgreSQL in
-tests/integration): one model call per turn id, exclusive and queued turns, the fence.
+"""Turn leases, run against every TranscriptStore (test_leases_domain.py on the in-memory
+store, test_leases_store.py on PostgreSQL): one model call per turn id, exclusive and
+queued turns, the fencing token.
 
 These drive TranscriptService directly. The guarantees across processes (an agent
-killed or paused mid-turn, two agent replicas) are proven in tests/faults and
-tests/e2e.
+killed or paused mid-turn, two agent replicas) are proven in tests/system/faults and
+tests/agent.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from services.transcript.leases.model import EndedTurn, LeaseMode, TurnLease
 from services.transcript.service import TranscriptService
 from services.transcript.store import TranscriptStore
 from tests.support.waiting import wait_for
-from tests.transcript.appends.cases import assistant, make_service, new_conversation, user
+from tests.transcript.support import assistant, make_service, new_conversation, user
 
 HASH = b"input-digest"
 

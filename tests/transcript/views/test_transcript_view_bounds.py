@@ -9,7 +9,7 @@ import pytest
 from services.common.errors import Code, DomainError
 from services.common.postgres.pool import Database
 from services.transcript.store import PostgresTranscriptStore
-from tests.transcript.appends.cases import make_service, new_conversation, user
+from tests.transcript.support import make_service, new_conversation, user
 
 INT64_MAX = 2**63 - 1
 

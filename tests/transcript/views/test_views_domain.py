@@ -1,4 +1,4 @@
-"""Transcript domain rules on the in-memory store, plus view invariants by property."""
+"""ListEntries and LoadView on the in-memory store, plus the view invariants by property."""
 
 from __future__ import annotations
 
@@ -11,19 +11,12 @@ from hypothesis import strategies as st
 
 from services.common.domain import Message, Role
 from services.transcript.store import TranscriptStore
-from tests.transcript.appends.cases import TranscriptCases, assistant, make_service, tool, user
-from tests.transcript.conversations.cases import TranscriptStateCases
 from tests.transcript.double import InMemoryTranscriptStore
-from tests.transcript.leases.cases import TurnLeaseCases
+from tests.transcript.support import assistant, make_service, tool, user
+from tests.transcript.views.cases import ViewCases
 
 
-class TestTranscriptOnMemoryStore(TranscriptCases):
-    @pytest.fixture
-    def store(self) -> TranscriptStore:
-        return InMemoryTranscriptStore()
-
-
-class TestTurnLeasesOnMemoryStore(TurnLeaseCases):
+class TestViewsOnMemoryStore(ViewCases):
     @pytest.fixture
     def store(self) -> TranscriptStore:
         return InMemoryTranscriptStore()
@@ -94,9 +87,3 @@ def test_view_invariants(
             assert buffer, "progress is always possible"
 
     _run(scenario())
-
-
-class TestTranscriptStateOnMemoryStore(TranscriptStateCases):
-    @pytest.fixture
-    def store(self) -> TranscriptStore:
-        return InMemoryTranscriptStore()
