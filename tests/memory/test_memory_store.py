@@ -1,10 +1,10 @@
-"""The memory domain cases on PostgreSQL (a fresh migrated database per test)."""
+"""The reads every memory feature shares, on PostgreSQL (a fresh migrated database per
+test), and a schema migrated with memories written before valid time."""
 
 from __future__ import annotations
 
 import shutil
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -15,30 +15,16 @@ from services.common.postgres.pool import Database
 from services.memory.component import MIGRATIONS
 from services.memory.store import PostgresMemoryStore
 from tests.memory.cases import MemoryCases
-from tests.memory.proposals.cases import EvolvingMemoryCases
 from tests.support.settings import server_settings
 
+
+class TestMemoryOnPostgres(MemoryCases):
+    @pytest.fixture
+    def store(self, postgres_store: PostgresMemoryStore) -> PostgresMemoryStore:
+        return postgres_store
+
+
 OLD = uuid.UUID("00000000-0000-4000-8000-000000000001")
-
-
-@pytest.fixture
-async def postgres_store(fresh_database_url: str) -> AsyncIterator[PostgresMemoryStore]:
-    db = Database(fresh_database_url, server_settings())
-    await db.open()
-    yield PostgresMemoryStore(db)
-    await db.close()
-
-
-class TestPostgresStore(MemoryCases):
-    @pytest.fixture
-    def store(self, postgres_store: PostgresMemoryStore) -> PostgresMemoryStore:
-        return postgres_store
-
-
-class TestEvolvingPostgresStore(EvolvingMemoryCases):
-    @pytest.fixture
-    def store(self, postgres_store: PostgresMemoryStore) -> PostgresMemoryStore:
-        return postgres_store
 
 
 async def test_memories_written_before_valid_time_became_valid_when_created(
