@@ -1,90 +1,39 @@
-"""Summary domain rules on the in-memory stores: commits, passes, budgets, output checks,
-the offline digest, and the queue workers' decisions."""
+"""Summary domain rules on the in-memory stores: commits, passes, budgets, output checks
+(the job queue's workers: jobs/test_jobs_domain.py; the offline digest:
+summarizers/test_offline.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 import uuid
-from collections.abc import Sequence
 
 import pytest
 
 from services.common.channels import deadline_var
-from services.common.domain import Budget, Entry, Role, Usage
+from services.common.domain import Budget, Role, Usage
 from services.common.errors import Code, DomainError
-from services.llm.model import ModelTimeout, ModelUnavailable
-from services.summary import metrics
-from services.summary.config import SummaryConfig
-from services.summary.jobs.model import JobState
-from services.summary.jobs.worker import SummaryWorkers
 from services.summary.store import SummaryStore
-from services.summary.summarizers.offline import OfflineSummarizer, offline_digest
 from services.summary.summarizers.prompt import SummaryOutput, SummaryPrompt
-from tests.summary.cases import (
+from tests.summary.cases import SummaryStoreCases
+from tests.summary.double import InMemorySummaryStore
+from tests.summary.support import (
     LocalTranscripts,
-    SummaryStoreCases,
+    Scripted,
     assistant,
     chat,
     make_service,
     new_conversation,
+    reason,
     tool,
     user,
 )
-from tests.summary.double import InMemorySummaryStore
 
 
 class TestSummaryStoreInMemory(SummaryStoreCases):
     @pytest.fixture
     def store(self) -> SummaryStore:
         return InMemorySummaryStore(history_limit=3)
-
-
-class Scripted:
-    """A summarizer whose answers the test decides; records what it was given."""
-
-    provider = "scripted"
-
-    def __init__(self, text: str = "summary", usage: Usage | None = None) -> None:
-        self.text = text
-        self.usage = usage or Usage(100, 10, 1)
-        self.calls: list[tuple[str | None, list[int], int]] = []
-        self.error: Exception | None = None
-        self.delay = 0.0
-
-    def prepare(
-        self, previous: str | None, entries: Sequence[Entry], *, max_output_tokens: int
-    ) -> SummaryPrompt:
-        return SummaryPrompt(previous, entries, max_output_tokens, "", "", 10 * len(entries))
-
-    async def summarize(self, prompt: SummaryPrompt, *, timeout: float) -> SummaryOutput:
-        entries = prompt.entries
-        self.calls.append(
-            (prompt.previous, [e.sequence for e in entries], prompt.max_output_tokens)
-        )
-        if self.delay:
-            try:
-                await asyncio.wait_for(asyncio.Event().wait(), min(self.delay, timeout))
-            except TimeoutError:
-                raise ModelTimeout() from None
-        if self.error is not None:
-            raise self.error
-        return SummaryOutput(f"{self.text} through {entries[-1].sequence}", self.usage)
-
-
-def reason(error: pytest.ExceptionInfo[DomainError]) -> tuple[Code, str]:
-    return error.value.code, error.value.reason
-
-
-@pytest.fixture
-def transcripts() -> LocalTranscripts:
-    return LocalTranscripts()
-
-
-@pytest.fixture
-def store() -> InMemorySummaryStore:
-    return InMemorySummaryStore()
 
 
 # -- CommitSummary -------------------------------------------------------------------
@@ -276,181 +225,6 @@ async def test_the_deadline_bounds_the_model_call(
     assert await store.get_summary(namespace, uuid.UUID(cid)) is None
 
 
-# -- the offline digest ------------------------------------------------------------------
-
-
-def entries(messages: Sequence[object], start: int = 1) -> list[Entry]:
-    from datetime import UTC, datetime
-
-    return [
-        Entry(start + i, m, datetime.now(UTC))  # type: ignore[arg-type]
-        for i, m in enumerate(messages)
-    ]
-
-
-def test_offline_digest_is_readable_deterministic_and_bounded() -> None:
-    first = entries(
-        [
-            user("How do I rotate the API keys of the billing service?"),
-            assistant("", "k1"),
-            tool("k1", "keys rotated at 10:00"),
-            assistant("Done: the keys were rotated."),
-        ]
-    )
-    digest = offline_digest(None, first, 4096)
-    assert digest == offline_digest(None, first, 4096)
-    assert "through entry 4" in digest
-    assert "How do I rotate the API keys of the billing service?" in digest
-    assert "assistant called lookup" in digest and "keys rotated at 10:00" in digest
-    assert "Tools called: lookup (1)." in digest
-
-    many = entries([user(f"message number {i} " + "word " * 60) for i in range(500)], start=5)
-    grown = offline_digest(digest, many, 2048)
-    assert len(grown.encode()) <= 2048
-    assert "through entry 504" in grown
-    assert "Counted: 501 user messages, 2 assistant messages, 1 tool results." in grown
-    assert "How do I rotate" in grown  # the opening is kept
-    assert "message number 499" in grown  # the most recent is kept
-    assert "message number 10 " not in grown  # the middle made room
-
-    foreign = offline_digest("A summary a model wrote.", first, 4096)
-    assert "Earlier summary (excerpt): A summary a model wrote." in foreign
-
-
-async def test_offline_summarizer_reports_usage() -> None:
-    summarizer = OfflineSummarizer()
-    prompt = summarizer.prepare(None, entries(chat(6)), max_output_tokens=1024)
-    output = await summarizer.summarize(prompt, timeout=1.0)
-    assert output.usage.model_calls == 1
-    assert output.usage.input_tokens > 0 and output.usage.output_tokens > 0
-    assert output.text.startswith("Conversation summary through entry 6")
-
-
-# -- the queue workers -----------------------------------------------------------------
-
-
-def worker_config(**overrides: object) -> SummaryConfig:
-    from dataclasses import replace
-
-    base = SummaryConfig(
-        workers=0, backoff_base_s=0.0, backoff_max_s=0.0, max_failures=2, lease_s=30
-    )
-    return replace(base, **overrides)  # type: ignore[arg-type]
-
-
-async def test_workers_finish_retry_park_and_end_jobs(
-    store: InMemorySummaryStore, transcripts: LocalTranscripts, namespace: str
-) -> None:
-    scripted = Scripted()
-    config = worker_config()
-    service = make_service(store, transcripts, scripted, config)
-    workers = SummaryWorkers(service, config)
-    cid = await new_conversation(transcripts, namespace, chat(40))
-    job, _ = await service.request_summary(namespace, cid, 4, 8)
-
-    # An outage: retried, never parked, however often.
-    scripted.error = ModelUnavailable()
-    parked = metrics.SUMMARY_JOB_FAILURES.labels("parked")._value.get()
-    for _ in range(5):
-        assert await workers.run_once("w")
-    stored = await store.get_job(job.job_id)
-    assert stored is not None and stored.state is JobState.PENDING
-    assert (stored.attempts, stored.failures, stored.last_error) == (5, 0, "MODEL_UNAVAILABLE")
-
-    # The model is back: the job drains the whole backlog and is done.
-    scripted.error = None
-    assert await workers.run_once("w")
-    stored = await store.get_job(job.job_id)
-    assert stored is not None and stored.state is JobState.DONE
-    summary = await store.get_summary(namespace, uuid.UUID(cid))
-    assert summary is not None and summary.through_sequence == 36
-    assert not await workers.run_once("w")
-
-    # A failure that is not an outage counts; the second one parks the job.
-    await transcripts.service.append(namespace, cid, None, chat(10), "")
-    job, created = await service.request_summary(namespace, cid, 4, 8)
-    assert created
-    scripted.error = DomainError(Code.FAILED_PRECONDITION, "MODEL_FAILED", "refused")
-    assert await workers.run_once("w")
-    assert await workers.run_once("w")
-    stored = await store.get_job(job.job_id)
-    assert stored is not None and stored.state is JobState.FAILED
-    assert metrics.SUMMARY_JOB_FAILURES.labels("parked")._value.get() == parked + 1
-    assert (await service.get_backlog(namespace)).failed_count == 1
-
-    # A conversation erased while its job waits: the job ends, it does not loop.
-    scripted.error = None
-    job, _ = await service.request_summary(namespace, cid, 4, 8)
-    await transcripts.service.delete_conversation(namespace, cid)
-    assert await workers.run_once("w")
-    ended = await store.get_job(job.job_id)
-    assert ended is not None and ended.state is JobState.DONE
-    assert not await workers.run_once("w")
-    assert (await service.get_backlog(namespace)).depth == 0
-
-
-async def test_a_job_refused_by_load_shedding_waits_and_is_never_parked(
-    store: InMemorySummaryStore, transcripts: LocalTranscripts, namespace: str
-) -> None:
-    """A refusal that carries a retry delay (OVERLOADED, a namespace at its limit)
-    says "later", not "never": the job goes back without a counted failure, due
-    no sooner than the delay the refusal asked for."""
-    scripted = Scripted()
-    config = worker_config(max_failures=1)
-    service = make_service(store, transcripts, scripted, config)
-    workers = SummaryWorkers(service, config)
-
-    for reason in ("OVERLOADED", "NAMESPACE_CONCURRENCY_LIMIT", "NAMESPACE_SHARE_EXCEEDED"):
-        cid = await new_conversation(transcripts, namespace, chat(40))
-        job, _ = await service.request_summary(namespace, cid, 4, 8)
-        scripted.error = DomainError(Code.RESOURCE_EXHAUSTED, reason, "busy", retry_after_s=30.0)
-        assert await workers.run_once("w")
-        stored = await store.get_job(job.job_id)
-        assert stored is not None and stored.state is JobState.PENDING, reason
-        assert (stored.failures, stored.last_error) == (0, reason)
-        # Not due again before the delay asked for (the configured backoff here is 0).
-        assert not await workers.run_once("w"), reason
-
-    cid = await new_conversation(transcripts, namespace, chat(40))
-    job, _ = await service.request_summary(namespace, cid, 4, 8)
-    # Without a retry delay (a budget that does not cover the call) it counts.
-    scripted.error = DomainError(Code.RESOURCE_EXHAUSTED, "BUDGET_EXHAUSTED", "no budget")
-    assert await workers.run_once("w")
-    stored = await store.get_job(job.job_id)
-    assert stored is not None and stored.state is JobState.FAILED
-
-
-async def test_workers_run_in_the_background_and_stop_cleanly(
-    store: InMemorySummaryStore, transcripts: LocalTranscripts, namespace: str
-) -> None:
-    config = worker_config(workers=2, poll_interval_s=0.05, gauge_interval_s=0.05)
-    service = make_service(store, transcripts, Scripted(), config)
-    workers = SummaryWorkers(service, config)
-    service.on_enqueue = workers.wake
-    await workers.start()
-    try:
-        cids = [await new_conversation(transcripts, namespace, chat(30)) for _ in range(5)]
-        for cid in cids:
-            await service.request_summary(namespace, cid, 4, 8)
-
-        async def drained() -> bool:
-            return (await service.get_backlog(namespace)).depth == 0
-
-        from tests.support.waiting import wait_for
-
-        await wait_for(drained)
-        await wait_for(lambda: _gauge_is(0))
-    finally:
-        await workers.stop()
-    for cid in cids:
-        summary = await store.get_summary(namespace, uuid.UUID(cid))
-        assert summary is not None and summary.through_sequence == 26
-
-
-async def _gauge_is(value: float) -> bool:
-    return bool(metrics.SUMMARY_JOBS_DEPTH._value.get() == value)
-
-
 async def test_a_conversation_created_again_under_its_id_starts_without_a_summary(
     store: InMemorySummaryStore, transcripts: LocalTranscripts, namespace: str
 ) -> None:
@@ -468,58 +242,6 @@ async def test_a_conversation_created_again_under_its_id_starts_without_a_summar
     await transcripts.service.create_conversation(namespace, cid, {})
     await transcripts.service.append(namespace, cid, None, chat(2), "")
     assert await service.get_summary(namespace, cid) is None
-
-
-async def test_a_worker_stops_when_its_lease_is_lost_and_gives_jobs_back_on_stop(
-    store: InMemorySummaryStore, transcripts: LocalTranscripts, namespace: str
-) -> None:
-    from tests.support.waiting import wait_for
-
-    scripted = Scripted()
-    scripted.delay = 30.0
-    config = worker_config(lease_s=0.3)
-    service = make_service(store, transcripts, scripted, config)
-    workers = SummaryWorkers(service, config)
-    cid = await new_conversation(transcripts, namespace, chat(20))
-    job, _ = await service.request_summary(namespace, cid, 4, 8)
-
-    async def calls(count: int) -> bool:
-        return len(scripted.calls) >= count
-
-    # Another worker takes the job over: the first one notices at its next heartbeat.
-    run = asyncio.create_task(workers.run_once("w1"))
-    await wait_for(lambda: calls(1))
-    row = store._jobs[job.job_id]
-    row.job = dataclasses.replace(row.job, lease_token=uuid.uuid4())
-    assert await asyncio.wait_for(run, 10)
-    assert await store.get_summary(namespace, uuid.UUID(cid)) is None
-
-    # Shutdown while a job runs: the job goes back untouched (its attempt is not counted).
-    other = await new_conversation(transcripts, namespace, chat(20))
-    second, _ = await service.request_summary(namespace, other, 4, 8)
-    run = asyncio.create_task(workers.run_once("w2"))
-    await wait_for(lambda: calls(2))
-    run.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await run
-    stored = await store.get_job(second.job_id)
-    assert stored is not None and stored.state is JobState.PENDING and stored.attempts == 0
-
-
-async def test_a_job_whose_workers_keep_dying_is_parked(
-    store: InMemorySummaryStore, transcripts: LocalTranscripts, namespace: str
-) -> None:
-    config = worker_config(max_failures=1)
-    service = make_service(store, transcripts, Scripted(), config)
-    workers = SummaryWorkers(service, config)
-    cid = await new_conversation(transcripts, namespace, chat(20))
-    job, _ = await service.request_summary(namespace, cid, 4, 8)
-    assert await store.claim("crashed", 0.01) is not None  # and never heard of again
-    await asyncio.sleep(0.05)  # let that lease lapse (a duration, not a condition)
-    assert await workers.run_once("w")
-    stored = await store.get_job(job.job_id)
-    assert stored is not None and stored.state is JobState.FAILED
-    assert stored.last_error == "LEASE_EXPIRED"
 
 
 async def test_a_retracted_entry_is_covered_but_never_summarized(namespace: str) -> None:
