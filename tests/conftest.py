@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from services.common import migrations, stubs
+from services.common import admission, migrations, stubs
 from services.common.postgres.pool import Database
 from services.common.server import RunningServer, serving
 from services.transcript.component import TranscriptComponent
@@ -153,6 +153,15 @@ async def channel(transcript_server: RunningServer) -> AsyncIterator[grpc.aio.Ch
 @pytest.fixture
 def transcript(channel: grpc.aio.Channel) -> TranscriptServiceAsyncStub:
     return stubs.transcript(channel)
+
+
+@pytest.fixture
+def own_context() -> Iterator[None]:
+    """Admission keeps each call's slot in a context variable: leave none behind."""
+    slot, namespace = admission._slot_var.set(None), admission.namespace_var.set(None)
+    yield
+    admission._slot_var.reset(slot)
+    admission.namespace_var.reset(namespace)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

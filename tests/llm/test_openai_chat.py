@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -32,6 +33,7 @@ from tests.support.fake_openai import (
     RawReply,
     fake_openai,
 )
+from tests.support.waiting import holds, wait_for
 
 REQUEST = ChatRequest(
     messages=(ChatMessage("system", "be brief"), ChatMessage("user", "hello there")),
@@ -278,3 +280,40 @@ async def test_fake_server_embeddings_are_deterministic_unit_vectors(server: Fak
     assert len(vectors) == 2 and len(vectors[0]) == server.embedding_dim
     assert again.json()["data"][0]["embedding"] == vectors[0]
     assert abs(sum(v * v for v in vectors[1]) - 1.0) < 1e-9
+
+
+@pytest.mark.usefixtures("own_context")
+async def test_chat_model_calls_beyond_the_queue_are_overloaded_and_waits_end_at_the_deadline() -> (
+    None
+):
+    release = asyncio.Event()
+
+    async def held(body: Any) -> str:
+        await release.wait()
+        return "done"
+
+    async with fake_openai() as server:
+        server.respond_with(held)
+        model = OpenAIChatModel(
+            server.base_url, "fake", max_retries=0, max_concurrent=1, max_queued=1
+        )
+        request = ChatRequest([ChatMessage("user", "hello")])
+        try:
+            running = asyncio.ensure_future(model.complete(request, timeout=30))
+            await wait_for(holds(lambda: len(server.chat_requests) == 1))
+            # One waits behind it; the wait ends at its deadline, its place given up.
+            with pytest.raises(DomainError) as late:
+                await model.complete(request, timeout=0.2)
+            assert late.value.reason == "DEADLINE_EXCEEDED"
+            waiting = asyncio.ensure_future(model.complete(request, timeout=30))
+            await wait_for(holds(lambda: model._slots.waiting == 1))
+            with pytest.raises(DomainError) as refused:
+                await model.complete(request, timeout=30)
+            assert refused.value.reason == "OVERLOADED"
+            assert refused.value.metadata == {"resource": "model"}
+            assert refused.value.retry_after_s is not None and refused.value.retry_after_s > 0
+            assert len(server.chat_requests) == 1, "neither reached the model"
+            release.set()
+            assert [r.text for r in await asyncio.gather(running, waiting)] == ["done", "done"]
+        finally:
+            await model.aclose()

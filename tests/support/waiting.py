@@ -18,3 +18,12 @@ async def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached within the deadline")
         await asyncio.sleep(interval)
+
+
+def holds(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    """A plain predicate as the async one `wait_for` polls."""
+
+    async def check() -> bool:
+        return predicate()
+
+    return check
