@@ -8,6 +8,8 @@ copy of it, others share one database and isolate themselves by namespace.
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import tempfile
 import uuid
@@ -21,9 +23,11 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from services.common import admission, migrations, stubs
+from services.common.logs import JsonFormatter
 from services.common.postgres.pool import Database
 from services.common.server import RunningServer, serving
 from services.transcript.component import TranscriptComponent
+from tests.support.fake_openai import FakeOpenAI, fake_openai
 from tests.support.settings import server_settings
 
 if TYPE_CHECKING:
@@ -153,6 +157,30 @@ async def channel(transcript_server: RunningServer) -> AsyncIterator[grpc.aio.Ch
 @pytest.fixture
 def transcript(channel: grpc.aio.Channel) -> TranscriptServiceAsyncStub:
     return stubs.transcript(channel)
+
+
+@pytest.fixture(scope="module")
+async def model() -> AsyncIterator[FakeOpenAI]:
+    """The fake OpenAI-compatible model server, one for a module's tests."""
+    async with fake_openai() as server:
+        yield server
+
+
+@pytest.fixture
+def captured() -> Iterator[io.StringIO]:
+    """Every record of every logger at DEBUG, as the server writes it (JSON lines)."""
+    buffer = io.StringIO()
+    handler = logging.StreamHandler(buffer)
+    handler.setFormatter(JsonFormatter("test"))
+    root = logging.getLogger()
+    previous = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        yield buffer
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(previous)
 
 
 @pytest.fixture

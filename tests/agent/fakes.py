@@ -235,15 +235,15 @@ class ScriptedModel:
     """A ChatModel that records requests and answers from a script."""
 
     respond: Responder = lambda request: ChatResponse("ok", usage=Usage(3, 2, 1))
-    gate: asyncio.Event | None = None
+    release: asyncio.Event | None = None
     requests: list[ChatRequest] = field(default_factory=list)
     provider: str = "scripted"
     model: str = "scripted-1"
 
     async def complete(self, request: ChatRequest, *, timeout: float) -> ChatResponse:
         self.requests.append(request)
-        if self.gate is not None:
-            await self.gate.wait()
+        if self.release is not None:
+            await self.release.wait()
         return self.respond(request)
 
     async def stream(

@@ -116,17 +116,17 @@ async def _count(items: Sequence[object], n: int) -> bool:
 
 
 async def test_two_turns_at_one_version_one_commits_the_other_gets_its_outcome() -> None:
-    gate = asyncio.Event()
+    release = asyncio.Event()
     model = ScriptedModel(
         respond=lambda r: ChatResponse(f"answer to {r.messages[-1].content}", usage=Usage(7, 3, 1)),
-        gate=gate,
+        release=release,
     )
     world = World(model)
     cid = await world.conversation(2)
     first = asyncio.create_task(world.agent.run(world.turn(cid, "one")))
     second = asyncio.create_task(world.agent.run(world.turn(cid, "two")))
     await wait_for(lambda: _count(model.requests, 2))
-    gate.set()
+    release.set()
     results = await asyncio.gather(first, second, return_exceptions=True)
     wins = [r for r in results if isinstance(r, TurnResult)]
     conflicts = [r for r in results if isinstance(r, TurnConflict)]

@@ -17,18 +17,12 @@ from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from services.common.status import error_info
-from tests.support.fake_openai import FakeOpenAI, FakeReply, FakeToolCall, fake_openai
+from tests.support.fake_openai import FakeOpenAI, FakeReply, FakeToolCall
 from tests.support.grpc_calls import reason, user
 from tests.support.stack import Stack, full_stack
 from tests.support.waiting import wait_for
 
 ROLE_USER = common_pb2.ROLE_USER
-
-
-@pytest.fixture(scope="module")
-async def model() -> AsyncIterator[FakeOpenAI]:
-    async with fake_openai() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 
 
-class GatedProxy:
+class HoldingProxy:
     """Forwards to `target` (set once the real server is up); holds calls on request."""
 
     def __init__(self) -> None:
@@ -33,12 +33,12 @@ class GatedProxy:
         TranscriptService/GetConversation'): the call is forwarded at once, its answer kept.
         Returns (held, release): `held` is set once the answer is in and waits, the test
         sets `release` to deliver it."""
-        gate = (asyncio.Event(), asyncio.Event())
-        self._holds[method] = gate
-        return gate
+        hold = (asyncio.Event(), asyncio.Event())
+        self._holds[method] = hold
+        return hold
 
     async def _forward(self, method: str, request: bytes, context: Any) -> bytes:
-        gate = self._holds.pop(method, None)
+        hold = self._holds.pop(method, None)
         assert self._channel is not None
         call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = self._channel.unary_unary(method)
         metadata = tuple(
@@ -52,8 +52,8 @@ class GatedProxy:
             trailers = tuple(error.trailing_metadata() or ())
             await context.abort(error.code(), error.details() or "", trailers)
             raise  # unreachable: abort raises
-        if gate is not None:
-            held, release = gate
+        if hold is not None:
+            held, release = hold
             held.set()
             await asyncio.wait_for(release.wait(), 60)  # bounded: a stuck test fails
         return reply
@@ -92,9 +92,9 @@ class GatedProxy:
 
 
 @contextlib.asynccontextmanager
-async def gated_proxy() -> AsyncIterator[GatedProxy]:
-    """A started GatedProxy for the duration of a block (call `connect` before use)."""
-    proxy = GatedProxy()
+async def holding_proxy() -> AsyncIterator[HoldingProxy]:
+    """A started HoldingProxy for the duration of a block (call `connect` before use)."""
+    proxy = HoldingProxy()
     await proxy.start()
     try:
         yield proxy

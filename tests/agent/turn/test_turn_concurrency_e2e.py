@@ -19,7 +19,7 @@ import pytest
 from runifold.agent.v1 import agent_service_pb2 as pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from services.transcript.config import TranscriptLimits
-from tests.support.fake_openai import FakeOpenAI, FakeReply, FakeToolCall, fake_openai
+from tests.support.fake_openai import FakeOpenAI, FakeReply, FakeToolCall
 from tests.support.grpc_calls import reason, status_detail, user
 from tests.support.stack import Stack, full_stack
 from tests.support.waiting import wait_for
@@ -40,31 +40,25 @@ def holds(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
 
 
 class HeldModel:
-    """Answers each chat request only once the test opens the gate of its last user text."""
+    """Answers each chat request only once the test releases its last user text."""
 
     def __init__(self, model: FakeOpenAI) -> None:
         self.model = model
-        self.gates: dict[str, asyncio.Event] = {}
+        self.releases: dict[str, asyncio.Event] = {}
         self.reply: dict[str, FakeReply] = {}
         model.respond_with(self._respond)
 
-    def gate(self, text: str) -> asyncio.Event:
-        return self.gates.setdefault(text, asyncio.Event())
+    def release(self, text: str) -> asyncio.Event:
+        return self.releases.setdefault(text, asyncio.Event())
 
     async def _respond(self, body: Any) -> FakeReply:
         text = body["messages"][-1]["content"]
-        await asyncio.wait_for(self.gate(text).wait(), 30)  # bounded: a stuck test fails
+        await asyncio.wait_for(self.release(text).wait(), 30)  # bounded: a stuck test fails
         return self.reply.get(text, FakeReply(text=f"answer to {text}", usage=(10, 3)))
 
     def asked(self, text: str) -> int:
         """How many chat requests ended with this user text."""
         return sum(1 for r in self.model.chat_requests if r.messages[-1]["content"] == text)
-
-
-@pytest.fixture(scope="module")
-async def model() -> AsyncIterator[FakeOpenAI]:
-    async with fake_openai() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +127,7 @@ async def test_one_turn_id_sent_twice_at_once_calls_the_model_once(
     await wait_for(holds(lambda: held.asked("only once") == 1))
     second = asyncio.ensure_future(stack.agent.RunConversation(request))
     await wait_for(holds(_waiting_for_same_turn))
-    held.gate("only once").set()
+    held.release("only once").set()
     results = await asyncio.gather(first, second)
     assert held.asked("only once") == 1, "the model ran once for one turn_id"
     assert sorted(r.replayed for r in results) == [False, True]
@@ -187,10 +181,10 @@ async def test_reject_refuses_a_second_turn_before_any_model_call(
     assert reason(fenced.value) == "CONVERSATION_BUSY"
     assert _counter("runifold_turn_busy_refusals_total", where="lease") == refused["lease"] + 1
     assert _counter("runifold_turn_busy_refusals_total", where="append") == refused["append"] + 1
-    held.gate("first").set()
+    held.release("first").set()
     assert (await first).conversation_version == 1
     # Done: the next REJECT turn runs.
-    held.gate("third").set()
+    held.release("third").set()
     assert (
         await stack.agent.RunConversation(turn(namespace, cid, "third", REJECT))
     ).conversation_version == 2
@@ -224,7 +218,7 @@ async def test_enqueue_runs_turns_in_arrival_order_each_on_the_last_ones_version
     assert held.asked("two") == held.asked("three") == 0, "queued turns call no model yet"
 
     for text in ("one", "two", "three"):
-        held.gate(text).set()
+        held.release(text).set()
     results = [await first, *[await task for task in queued]]
     assert [r.conversation_version for r in results] == [1, 2, 3]
     # Each queued turn saw the turn before it: its prompt held that turn's answer.
@@ -265,8 +259,8 @@ async def test_a_queued_turn_streams_that_it_waits(
         if event.HasField("progress"):
             stages.append(event.progress.stage)
             if event.progress.stage == pb.TURN_STAGE_WAITING:
-                held.gate("ahead").set()
-                held.gate("behind").set()
+                held.release("ahead").set()
+                held.release("behind").set()
         if event.HasField("result"):
             assert event.result.conversation_version == 2
     assert stages[:2] == [pb.TURN_STAGE_LOADING_CONTEXT, pb.TURN_STAGE_WAITING]
@@ -281,9 +275,9 @@ async def test_race_lets_both_run_and_the_loser_keeps_its_outcome_for_its_turn_i
     a, b = turn(namespace, cid, "alpha"), turn(namespace, cid, "beta")
     tasks = [asyncio.ensure_future(stack.agent.RunConversation(r)) for r in (a, b)]
     await wait_for(holds(lambda: held.asked("alpha") == held.asked("beta") == 1))
-    held.gate("alpha").set()
+    held.release("alpha").set()
     await tasks[0]
-    held.gate("beta").set()
+    held.release("beta").set()
     with pytest.raises(grpc.aio.AioRpcError) as lost:
         await tasks[1]
     assert reason(lost.value) == "TURN_CONFLICT"
@@ -312,7 +306,7 @@ async def test_a_reply_over_the_transcripts_limits_keeps_its_outcome_and_appends
     request = turn(namespace, cid, "use the tools")
     request.tools.add(name="lookup", parameters_json_schema='{"type": "object"}')
     held.reply["use the tools"] = reply
-    held.gate("use the tools").set()
+    held.release("use the tools").set()
     with pytest.raises(grpc.aio.AioRpcError) as invalid:
         await stack.agent.RunConversation(request)
     assert invalid.value.code() == grpc.StatusCode.FAILED_PRECONDITION

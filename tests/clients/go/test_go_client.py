@@ -12,14 +12,13 @@ import asyncio
 import re
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
-from tests.support.stack import Stack, full_stack
+from tests.support.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[3]
 BUILD = ROOT / "clients" / "go" / "build.sh"
@@ -31,14 +30,6 @@ pytestmark = [
         reason="no Go toolchain: `make tools` installs golang-go and Debian's gRPC packages",
     ),
 ]
-
-
-@pytest.fixture(scope="module")
-async def stack(
-    shared_database_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Stack]:
-    async with full_stack(shared_database_url, tmp_path_factory.mktemp("go"), None) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

@@ -29,16 +29,8 @@ from google.genai import types
 from runifold_client import AsyncClient
 from runifold_client.adk import RunifoldMemoryService, RunifoldSessionService, event_to_message
 from runifold_client.errors import InvalidArgument
-from tests.support.stack import Stack, full_stack
+from tests.support.stack import Stack
 from tests.support.waiting import wait_for
-
-
-@pytest.fixture(scope="module")
-async def stack(
-    shared_database_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Stack]:
-    async with full_stack(shared_database_url, tmp_path_factory.mktemp("adk"), None) as s:
-        yield s
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,15 +22,7 @@ import pytest
 import runifold_client
 from runifold_client import AsyncClient
 from runifold_client.cli import main, parser
-from tests.support.stack import Stack, full_stack
-
-
-@pytest.fixture(scope="module")
-async def stack(
-    shared_database_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Stack]:
-    async with full_stack(shared_database_url, tmp_path_factory.mktemp("cli"), None) as s:
-        yield s
+from tests.support.stack import Stack
 
 
 def _env(**extra: str) -> dict[str, str]:

@@ -28,7 +28,7 @@ from runifold_client import AsyncClient
 from runifold_client.openai_agents import RunifoldSession, SessionConflict
 from tests.clients.python.session_peer import run_peer
 from tests.support.fake_openai import FakeOpenAI, FakeReply, FakeToolCall, fake_openai
-from tests.support.stack import Stack, full_stack
+from tests.support.stack import Stack
 from tests.support.waiting import wait_for
 
 set_tracing_disabled(True)  # the SDK would export traces to the network otherwise
@@ -38,14 +38,6 @@ set_tracing_disabled(True)  # the SDK would export traces to the network otherwi
 async def model_server() -> AsyncIterator[FakeOpenAI]:
     async with fake_openai() as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-async def stack(
-    shared_database_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Stack]:
-    async with full_stack(shared_database_url, tmp_path_factory.mktemp("oa"), None) as s:
-        yield s
 
 
 @pytest.fixture
@@ -312,13 +304,13 @@ async def test_pops_at_once_from_two_processes_return_each_item_once(
     held, release = asyncio.Event(), asyncio.Event()
     original = client.append
 
-    async def gated(*args: Any, **kwargs: Any) -> Any:
+    async def held_append(*args: Any, **kwargs: Any) -> Any:
         if kwargs.get("retract_sequences") and not held.is_set():
             held.set()
             await release.wait()
         return await original(*args, **kwargs)
 
-    client.append = gated  # type: ignore[method-assign]
+    client.append = held_append  # type: ignore[method-assign]
     try:
         pop = asyncio.create_task(mine.pop_item())
         async with asyncio.timeout(60):  # a hang guard, not a threshold

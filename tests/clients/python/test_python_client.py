@@ -489,11 +489,11 @@ def test_an_async_client_works_from_any_event_loop() -> None:
         client = AsyncClient(server.address, namespace="tenant-a", timeout=5)
         assert asyncio.run(client.backlog()).depth == 1
         assert asyncio.run(client.backlog()).depth == 2
-        gate = threading.Barrier(3)
+        barrier = threading.Barrier(3)
         depths: list[int] = []
 
         def elsewhere() -> None:
-            gate.wait()
+            barrier.wait()
             depths.append(asyncio.run(client.backlog()).depth)
 
         threads = [threading.Thread(target=elsewhere) for _ in range(3)]

@@ -16,9 +16,8 @@ model's output passed through, kept as text (docs/transcript.md).
 from __future__ import annotations
 
 import io
-import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +31,6 @@ from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.common.v1 import common_pb2
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import jsonb, status
-from services.common.logs import JsonFormatter
 from tests.support.grpc_calls import status_detail, user
 from tests.support.http_calls import post_json
 from tests.support.stack import HTTP_ON, Stack, full_stack
@@ -72,23 +70,6 @@ async def stack(
         shared_database_url, tmp_path_factory.mktemp("json-rules"), None, http=HTTP_ON
     ) as running:
         yield running
-
-
-@pytest.fixture
-def captured() -> Iterator[io.StringIO]:
-    """Every record of every logger at DEBUG, as the server writes it (JSON lines)."""
-    buffer = io.StringIO()
-    handler = logging.StreamHandler(buffer)
-    handler.setFormatter(JsonFormatter("test"))
-    root = logging.getLogger()
-    previous = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
-    try:
-        yield buffer
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(previous)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ the value's text.
 from __future__ import annotations
 
 import io
-import logging
 from collections.abc import Iterator
 
 import psycopg
@@ -20,7 +19,6 @@ from hypothesis import strategies as st
 
 from services.common import jsonb
 from services.common.errors import Code, DomainError
-from services.common.logs import JsonFormatter
 from services.common.postgres.pool import Database
 from tests.common.jsonb.cases import ACCEPTED, REFUSED
 
@@ -195,23 +193,6 @@ def test_the_same_verdict_as_postgres(
     conn: psycopg.Connection[tuple[object, ...]], text: str
 ) -> None:
     assert we_take(text) == postgres_takes(conn, text), text[:300]
-
-
-@pytest.fixture
-def captured() -> Iterator[io.StringIO]:
-    """Every record of every logger, as the service writes it (JSON lines)."""
-    buffer = io.StringIO()
-    handler = logging.StreamHandler(buffer)
-    handler.setFormatter(JsonFormatter("test"))
-    root = logging.getLogger()
-    previous = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
-    try:
-        yield buffer
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(previous)
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,7 @@ FIRST = "runifold-indexer-1"
 
 
 class HeldEmbedder:
-    """The real model behind a gate: the first call waits for `release` once it began."""
+    """The real model, held: the first call waits for `release` once it began."""
 
     def __init__(self, inner: Embedder) -> None:
         self.inner = inner

@@ -23,9 +23,9 @@ from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
-from tests.support.fake_openai import FakeOpenAI, FakeReply, fake_openai
+from tests.support.fake_openai import FakeOpenAI, FakeReply
 from tests.support.grpc_calls import reason, user
-from tests.support.held import gated_proxy
+from tests.support.held import holding_proxy
 from tests.support.stack import Stack, full_stack
 from tests.support.waiting import wait_for
 
@@ -47,12 +47,6 @@ class HeldSummarizer:
 
     async def asked(self) -> bool:
         return len(self.model.chat_requests) >= 1
-
-
-@pytest.fixture(scope="module")
-async def model() -> AsyncIterator[FakeOpenAI]:
-    async with fake_openai() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +169,7 @@ async def test_an_upsert_between_its_source_check_and_its_write_cannot_outlive_t
     # Every call to TranscriptService goes through the proxy (the services reach each
     # other over gRPC even in one process), so one reply can be held.
     async with (
-        gated_proxy() as proxy,
+        holding_proxy() as proxy,
         full_stack(
             shared_database_url,
             tmp_path,

@@ -45,7 +45,7 @@ from services.common.server import serving
 from services.common.status import error_info
 from services.transcript.component import TranscriptComponent
 from tests.memory.support import memory_config, memory_server, outbox_drained
-from tests.support.fake_openai import FakeOpenAI, fake_openai
+from tests.support.fake_openai import FakeOpenAI
 from tests.support.grpc_calls import reason, status_detail, user
 from tests.support.http_calls import connect_call
 from tests.support.http_calls import detail as http_detail
@@ -257,36 +257,30 @@ async def test_a_full_embedding_queue_answers_overloaded_with_a_retry_delay(
 
 
 class HeldModel:
-    """Answers each chat request once the test opens the gate of its last user text."""
+    """Answers each chat request once the test releases its last user text."""
 
     def __init__(self, model: FakeOpenAI) -> None:
         self.model = model
-        self.gates: dict[str, asyncio.Event] = {}
+        self.releases: dict[str, asyncio.Event] = {}
         model.respond_with(self._respond)
 
-    def gate(self, text: str) -> asyncio.Event:
-        return self.gates.setdefault(text, asyncio.Event())
+    def release(self, text: str) -> asyncio.Event:
+        return self.releases.setdefault(text, asyncio.Event())
 
     async def _respond(self, body: Any) -> str:
         text = body["messages"][-1]["content"]
-        await asyncio.wait_for(self.gate(text).wait(), 30)  # bounded: a stuck test fails
+        await asyncio.wait_for(self.release(text).wait(), 30)  # bounded: a stuck test fails
         return f"answer to {text}"
 
     def asked(self, text: str) -> bool:
         return any(r.messages[-1]["content"] == text for r in self.model.chat_requests)
 
     def open_all(self) -> None:
-        for event in self.gates.values():
+        for event in self.releases.values():
             event.set()
 
 
 TURN_LIMIT = 2
-
-
-@pytest.fixture(scope="module")
-async def model() -> AsyncIterator[FakeOpenAI]:
-    async with fake_openai() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
@@ -385,13 +379,13 @@ async def test_a_namespace_at_its_turn_limit_is_refused_while_another_is_served(
     cid = await conversation(stack, other)
     served = asyncio.ensure_future(stack.agent.RunConversation(turn(other, cid, "b1")))
     await wait_for(asked(held, "b1"))
-    held.gate("b1").set()
+    held.release("b1").set()
     assert (await served).outcome.output[0].text == "answer to b1"
     held.open_all()
     for task in running:
         assert (await task).conversation_version == 1
     # Below its limit again, the namespace is served.
-    held.gate("a5").set()
+    held.release("a5").set()
     again = await stack.agent.RunConversation(
         turn(namespace, await conversation(stack, namespace), "a5")
     )
@@ -439,7 +433,7 @@ async def test_a_turn_waiting_for_its_lease_holds_no_admission_slot(
     stack: Stack, held: HeldModel, namespace: str
 ) -> None:
     enqueue = agent_pb.CONCURRENCY_MODE_ENQUEUE
-    held.gate("two").set()  # answered as soon as it gets its lease
+    held.release("two").set()  # answered as soon as it gets its lease
     busy = await conversation(stack, namespace)
     first = asyncio.ensure_future(
         stack.agent.RunConversation(turn(namespace, busy, "one", enqueue))

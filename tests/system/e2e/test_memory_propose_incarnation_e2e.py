@@ -24,7 +24,7 @@ from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold_client import AsyncClient, NotFound
 from services.llm.settings import ModelSettings
 from services.memory.proposals.prompt import SYSTEM_PROMPT
-from tests.support.fake_openai import FakeOpenAI, FakeReply, fake_openai
+from tests.support.fake_openai import FakeOpenAI, FakeReply
 from tests.support.grpc_calls import reason, user
 from tests.support.stack import Stack, full_stack
 from tests.support.waiting import wait_for
@@ -66,12 +66,6 @@ class ProposerModel:
 
     async def asked(self) -> bool:
         return len(self.model.chat_requests) >= 1
-
-
-@pytest.fixture(scope="module")
-async def model() -> AsyncIterator[FakeOpenAI]:
-    async with fake_openai() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import io
 import json
-import logging
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import grpc
@@ -21,7 +20,6 @@ from runifold.common.v1 import common_pb2
 from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
-from services.common.logs import JsonFormatter
 from tests.support.fake_openai import FakeOpenAI, FakeReply, fake_openai
 from tests.support.http_calls import post_json
 from tests.support.stack import HTTP_ON, Stack, full_stack
@@ -35,22 +33,6 @@ SECRETS = {
     "answer": "the model answers SECRET-ANSWER-5",
     "bad": "rejected text SECRET-BAD-6",
 }
-
-
-@pytest.fixture
-def captured() -> Iterator[io.StringIO]:
-    buffer = io.StringIO()
-    handler = logging.StreamHandler(buffer)
-    handler.setFormatter(JsonFormatter("test"))
-    root = logging.getLogger()
-    previous = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
-    try:
-        yield buffer
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(previous)
 
 
 @pytest.fixture
