@@ -1,5 +1,5 @@
-"""JSON texts on either side of PostgreSQL's jsonb rules: the unit tests check
-services/common/jsonb.py against them, the integration tests PostgreSQL itself."""
+"""JSON texts on either side of PostgreSQL's jsonb rules: test_jsonb_rules.py checks
+services/common/jsonb.py against them, test_jsonb_rules_on_postgres.py PostgreSQL itself."""
 
 from __future__ import annotations
 
