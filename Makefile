@@ -59,7 +59,7 @@ $(DEV_STAMP): $(RUN_STAMP)
 	@echo "==> $(TORCH) (the CPU build, first: the embedding tests' reference)"
 	$(PIP) $(TORCH)
 	@echo "==> the development tools (pytest, ruff, mypy, buf, grpcurl, ...) and the"
-	@echo "    framework integrations' extras (openai-agents, google-adk: tests/integrations)"
+	@echo "    framework integrations' extras (openai-agents, google-adk: tests/clients/python)"
 	$(PIP) -e './clients/python[openai-agents,adk]' -e '.[dev]'
 	$(PIP) --no-deps -e ./gen/python
 	@touch $@
@@ -72,7 +72,7 @@ dev: $(DEV_STAMP)
 
 ## Tools the tests need beyond pip: Go (go-tools, below), promtool (Debian's prometheus
 ## package; its service is not started) for tests/ops, and Debian's chromium with its
-## chromedriver for the console's browser tests (tests/e2e/test_console_browser.py; they
+## chromedriver for the console's browser tests (tests/console/test_console_browser.py; they
 ## skip, saying why, only when these cannot be installed). kubectl (for `kubectl
 ## kustomize`) comes with this kind of machine. Fast when already there.
 tools: go-tools

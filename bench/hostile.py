@@ -51,7 +51,7 @@ from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from runifold_client.policy import user
 from services.common import stubs
-from tests.grpc_support import reason
+from tests.support.grpc_calls import reason
 
 QUIET, HOSTILE = "bench-quiet", "bench-hostile"
 PROBE_SECONDS = 8.0

@@ -25,7 +25,7 @@
    rows are committed in one transaction; the time until the outbox is empty
    is measured, and the index is checked to hold them all. The real model
    embeds every memory; two more layouts use an OpenAI-compatible embeddings
-   endpoint that answers after REMOTE_EMBEDDING_S (tests/fakes/openai_server.py,
+   endpoint that answers after REMOTE_EMBEDDING_S (tests/support/fake_openai.py,
    in the bench's process), where an indexer mostly waits on I/O.
 
 Corpus: embedding 100,000 texts with the real model takes ~5 minutes on 2
@@ -78,7 +78,7 @@ from services.memory.index.model import IndexPoint, collection_name, point_id
 from services.memory.index.pgvector.adapter import PgvectorIndex
 from services.memory.index.protocol import VectorIndex
 from services.memory.search import lexical as lexical_vectors
-from tests.fakes.openai_server import fake_openai
+from tests.support.fake_openai import fake_openai
 
 NAMESPACES = 100
 BASE_TEXTS = 2000

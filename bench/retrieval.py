@@ -2,7 +2,7 @@
 
 1. Recall@5 and @10 of dense, lexical and hybrid search on every back-end (Qdrant
    Edge, qdrant-client's local mode, pgvector), by question kind, on the labelled set
-   of tests/memory_retrieval_set.py (facts embedded with the real model). Each search
+   of tests/memory/search/retrieval_set.py (facts embedded with the real model). Each search
    asks the index for limit x 2 + 8 candidates and keeps the first 10, as the service
    does. Hybrid runs over a sweep of fusion weights (score fusion) and with RRF; the
    weight with the best recall@5 overall (averaged over back-ends) is the one
@@ -39,7 +39,7 @@ from services.memory.index.protocol import VectorIndex
 from services.memory.index.qdrant.adapter import QdrantIndex
 from services.memory.search import lexical
 from services.memory.search.lexical import Fusion, FusionMethod, SearchMode
-from tests.memory_retrieval_set import KINDS, retrieval_set
+from tests.memory.search.retrieval_set import KINDS, retrieval_set
 
 WEIGHTS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 BACKENDS = ("edge", "qdrant", "pgvector")

@@ -27,7 +27,7 @@ from chaos.nemesis import Nemesis
 from chaos.workload import NAMESPACES, Endpoints, Workload, clients, conversation_ids
 from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.transcript.v1 import transcript_service_pb2 as pb
-from tests.fakes.openai_server import FakeOpenAI, FakeReply
+from tests.support.fake_openai import FakeOpenAI, FakeReply
 
 
 @dataclass

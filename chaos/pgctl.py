@@ -13,7 +13,7 @@
 
 pgserver's binaries (PostgreSQL 16, the ones the project runs on). As root, PostgreSQL
 runs as pgserver's system user; the user switch happens in a forked child, which is why
-this runs in a process that imports no gRPC (tests/faults/pgctl.py says more).
+this runs in a process that imports no gRPC (tests/system/faults/pgctl.py says more).
 """
 
 from __future__ import annotations

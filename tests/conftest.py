@@ -8,22 +8,30 @@ copy of it, others share one database and isolate themselves by namespace.
 
 from __future__ import annotations
 
-import asyncio
+import io
+import logging
 import os
 import tempfile
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+import grpc
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from services.common import migrations
+from services.common import admission, migrations, stubs
+from services.common.logs import JsonFormatter
 from services.common.postgres.pool import Database
-from services.common.settings import Settings
+from services.common.server import RunningServer, serving
+from services.transcript.component import TranscriptComponent
+from tests.support.fake_openai import FakeOpenAI, fake_openai
+from tests.support.settings import server_settings
+
+if TYPE_CHECKING:
+    from runifold.transcript.v1.transcript_service_pb2_grpc import TranscriptServiceAsyncStub
 
 MIGRATION_DIRS: dict[str, Path] = {
     "transcript": Path("services/transcript/migrations"),
@@ -31,6 +39,7 @@ MIGRATION_DIRS: dict[str, Path] = {
     "memory": Path("services/memory/migrations"),
 }
 TEMPLATE = "runifold_template"
+TESTS = Path(__file__).resolve().parent
 
 
 def with_database(url: str, dbname: str) -> str:
@@ -38,35 +47,6 @@ def with_database(url: str, dbname: str) -> str:
     params = conninfo_to_dict(url)
     params["dbname"] = dbname
     return make_conninfo("", **params)
-
-
-def server_settings(**overrides: str) -> Settings:
-    """Settings for an in-process server on an ephemeral loopback port."""
-    env = {
-        "RUNIFOLD_LISTEN": "127.0.0.1:0",
-        "RUNIFOLD_METRICS_LISTEN": "off",
-        "RUNIFOLD_HEALTH_INTERVAL_S": "0.2",
-        "RUNIFOLD_SHUTDOWN_GRACE_S": "2",
-        "RUNIFOLD_PAGE_TOKEN_SECRET": "test-secret-0123456789",
-        "RUNIFOLD_DB_POOL_MIN": "1",
-        "RUNIFOLD_DB_POOL_MAX": "8",
-        "RUNIFOLD_LOG_LEVEL": "WARNING",
-    }
-    env.update(overrides)
-    return Settings.from_env(env)
-
-
-async def wait_for(
-    predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0, interval: float = 0.05
-) -> None:
-    """Poll an async predicate until true, failing after a deadline (never a bare sleep)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if await predicate():
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached within the deadline")
-        await asyncio.sleep(interval)
 
 
 @pytest.fixture(scope="session")
@@ -159,7 +139,69 @@ async def database(shared_database_url: str) -> AsyncIterator[Database]:
     await db.close()
 
 
-def pytest_collection_modifyitems(items: list[Any]) -> None:
-    """Keep a stable order: unit, then integration, then end-to-end."""
-    order = {"unit": 0, "integration": 1, "e2e": 2}
-    items.sort(key=lambda item: order.get(Path(str(item.fspath)).parent.name, 3))
+@pytest.fixture
+async def transcript_server(shared_database_url: str) -> AsyncIterator[RunningServer]:
+    """TranscriptService alone, on the shared database."""
+    async with serving(
+        [TranscriptComponent()], server_settings(), database_url=shared_database_url
+    ) as running:
+        yield running
+
+
+@pytest.fixture
+async def channel(transcript_server: RunningServer) -> AsyncIterator[grpc.aio.Channel]:
+    async with grpc.aio.insecure_channel(transcript_server.address) as ch:
+        yield ch
+
+
+@pytest.fixture
+def transcript(channel: grpc.aio.Channel) -> TranscriptServiceAsyncStub:
+    return stubs.transcript(channel)
+
+
+@pytest.fixture(scope="module")
+async def model() -> AsyncIterator[FakeOpenAI]:
+    """The fake OpenAI-compatible model server, one for a module's tests."""
+    async with fake_openai() as server:
+        yield server
+
+
+@pytest.fixture
+def captured() -> Iterator[io.StringIO]:
+    """Every record of every logger at DEBUG, as the server writes it (JSON lines)."""
+    buffer = io.StringIO()
+    handler = logging.StreamHandler(buffer)
+    handler.setFormatter(JsonFormatter("test"))
+    root = logging.getLogger()
+    previous = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        yield buffer
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(previous)
+
+
+@pytest.fixture
+def own_context() -> Iterator[None]:
+    """Admission keeps each call's slot in a context variable: leave none behind."""
+    slot, namespace = admission._slot_var.set(None), admission.namespace_var.set(None)
+    yield
+    admission._slot_var.reset(slot)
+    admission.namespace_var.reset(namespace)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Keep a stable order: the tests of each service and client first, then the whole
+    system's (tests/system), then the operations checks (tests/ops)."""
+    order = {"system": 1, "ops": 2}
+
+    def rank(item: pytest.Item) -> int:
+        try:
+            parts = item.path.relative_to(TESTS).parts
+        except ValueError:
+            return 0
+        return order.get(parts[0], 0) if len(parts) > 1 else 0
+
+    items.sort(key=rank)

@@ -3,7 +3,7 @@
 # GOPATH mode over Debian's Go packages in /usr/share/gocode (grpc 1.33, protobuf 1.28,
 # genproto: `make tools` installs them), no module proxy. The checkout is linked into a
 # temporary GOPATH under the import path that proto/'s go_package options name.
-#   clients/go/build.sh OUTPUT      (`make go` runs it; so does tests/e2e/test_go_client.py)
+#   clients/go/build.sh OUTPUT      (`make go` runs it; so does tests/clients/go/test_go_client.py)
 set -euo pipefail
 out=$(realpath -m "${1:?usage: clients/go/build.sh OUTPUT}")
 root=$(cd "$(dirname "$0")/../.." && pwd)

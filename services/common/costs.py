@@ -3,7 +3,7 @@ call may hold in memory, and how it waits. One table, by method path, for gRPC a
 HTTP port alike (they serve the same methods through the same guard).
 
 A method that is not in this table cannot be served without a decision: the test
-tests/security/test_cost_classes.py walks every service's descriptors and the HTTP
+tests/system/security/test_cost_classes.py walks every service's descriptors and the HTTP
 port's routes and fails for a method that declares nothing. docs/production.md shows
 the table (rendered by `table()`; the test checks the page agrees).
 

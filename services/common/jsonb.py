@@ -26,7 +26,7 @@ besides (src/backend/utils/adt/jsonfuncs.c, common/jsonapi.c, numeric.c):
 
 Python's json module differs otherwise only where it is more lenient (NaN and
 Infinity) or stricter (integers beyond 4300 digits); both are handled here.
-tests/integration/test_jsonb_rules.py compares these rules with PostgreSQL's own
+tests/common/jsonb/test_jsonb_rules_on_postgres.py compares these rules with PostgreSQL's own
 `::jsonb` on generated documents.
 """
 

@@ -136,7 +136,7 @@ def server_options(cap: int, transport: TransportLimits) -> list[tuple[str, int]
         ("grpc.so_reuseport", 0),
         # No bandwidth-delay probing: it grows each stream's receive window to megabytes,
         # so that a caller can park that much per call in the transport before any of our
-        # code refuses it (as on main: tests/security/test_preauth_reading.py).
+        # code refuses it (as on main: tests/system/security/test_preauth_reading.py).
         ("grpc.http2.bdp_probe", 0),
         # A connection must finish its handshake (TLS, and the client's HTTP/2
         # SETTINGS) within this time, or it is closed: a socket that never speaks

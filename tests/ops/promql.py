@@ -11,7 +11,7 @@ from types import ModuleType
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from tests.ops.tools import ROOT
+from tests.support.tools import ROOT
 
 Metric = Counter | Gauge | Histogram
 

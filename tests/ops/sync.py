@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from tests.ops.tools import ROOT
+from tests.support.tools import ROOT
 
 RULES = ROOT / "deploy/prometheus/rules/runifold.rules.yml"
 PROMETHEUS_RULE = ROOT / "k8s/base/prometheusrule.yaml"

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from tests.ops.grpc_names import GRPC_NAMES
-from tests.ops.tools import ROOT, compose_binary, promtool, run
+from tests.support.tools import ROOT, compose_binary, promtool, run
 
 COMPOSE = ROOT / "docker-compose.yml"
 PEERS = {

@@ -17,7 +17,7 @@ from tests.ops.promql import (
     metric_objects,
 )
 from tests.ops.test_prometheus_rules import alerting_rules
-from tests.ops.tools import ROOT, promtool, run
+from tests.support.tools import ROOT, promtool, run
 
 DASHBOARD = ROOT / "deploy/grafana/runifold.json"
 

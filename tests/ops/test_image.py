@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from tests.ops.tools import ROOT
+from tests.support.tools import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
 

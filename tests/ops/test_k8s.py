@@ -23,7 +23,7 @@ import yaml
 
 from tests.ops.grpc_names import GRPC_NAMES
 from tests.ops.sync import PROMETHEUS_RULE, RULES, render
-from tests.ops.tools import ROOT, kubernetes_validate, run
+from tests.support.tools import ROOT, kubernetes_validate, run
 
 OVERLAYS = {"base": ROOT / "k8s/base", "production": ROOT / "k8s/overlays/production"}
 # Who may open a connection to whom (from the *_SERVICE_ADDR each service needs).

@@ -29,11 +29,11 @@ from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common import stubs
-from tests.conftest import wait_for
-from tests.grpc_support import user
-from tests.ops.process import ServiceProcess, service_process, value
 from tests.ops.promql import metric_objects
-from tests.ops.tools import ROOT, check_metrics, run
+from tests.support.grpc_calls import user
+from tests.support.process import ServiceProcess, service_process, value
+from tests.support.tools import ROOT, check_metrics, run
+from tests.support.waiting import wait_for
 
 TRANSCRIPT = "runifold.transcript.v1.TranscriptService"
 AGENT = "runifold.agent.v1.AgentService"

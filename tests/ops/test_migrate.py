@@ -11,8 +11,8 @@ import pytest
 from services import migrate
 from services.common import migrations
 from services.common.postgres.pool import Database
-from tests.conftest import server_settings
-from tests.ops.tools import run
+from tests.support.settings import server_settings
+from tests.support.tools import run
 
 
 async def test_applies_every_service_schema_then_checks(bare_database_url: str) -> None:

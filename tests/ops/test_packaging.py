@@ -1,7 +1,7 @@
 """The three distributions of the checkout and what each depends on, read from their
 pyproject.toml files: the services (the root) and the client (clients/python) each name
 the generated code (runifold-proto, gen/python) by a direct reference into the checkout,
-and neither names the other. tests/e2e/test_clients_e2e.py installs the client into a
+and neither names the other. tests/clients/test_clients_e2e.py installs the client into a
 fresh virtual environment; the image's test (test_image.py) holds the services' build.
 """
 
@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from tests.ops.tools import ROOT
+from tests.support.tools import ROOT
 
 SERVICES = ROOT
 CLIENT = ROOT / "clients" / "python"

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from tests.ops.promql import SCRAPE_SERIES, exported_names, metric_names
-from tests.ops.tools import ROOT, promtool, run
+from tests.support.tools import ROOT, promtool, run
 
 RULES = ROOT / "deploy/prometheus/rules/runifold.rules.yml"
 TESTS = sorted((ROOT / "deploy/prometheus/tests").glob("*.test.yml"))

@@ -95,7 +95,7 @@ class Database:
             # retry instead of a background retry loop backing off for minutes.
             # The pool grows back on demand: the next request (or health probe)
             # that finds no idle connection opens one, so a returning database
-            # is picked up at once (tests/faults/test_postgres_outage.py).
+            # is picked up at once (tests/system/faults/test_postgres_outage.py).
             reconnect_timeout=0,
             name=name,
         )

@@ -24,7 +24,7 @@ Fusion, for a hybrid query: dense candidates (the cosine's top N) and lexical on
   fusion, weighted; w = 0.5 is the classic one; a candidate sharing no term has no
   lexical rank).
 
-The weight was chosen on the labelled set of tests/memory_retrieval_set.py (see
+The weight was chosen on the labelled set of tests/memory/search/retrieval_set.py (see
 docs/memory.md, "Search modes").
 """
 

@@ -19,7 +19,7 @@ ENTRY_COLUMNS = (
 # buffer; an empty range when they merged). The conversation key is an InitPlan
 # parameter, so each range is an index range scan on the (conversation_key,
 # sequence) primary key: the cost is the number of entries returned, whatever
-# the transcript's length (tests/integration checks the plan).
+# the transcript's length (tests/transcript/views/test_views_store.py checks the plan).
 VIEW_ENTRIES_SQL = f"""
 WITH c AS MATERIALIZED (
     SELECT conversation_key FROM transcript.conversations
@@ -44,7 +44,8 @@ SELECT {ENTRY_COLUMNS}
 # batch + 1, low - 1)]), computed here from the `last` this statement reads. The conversation row
 # is an InitPlan, so each entry range is an index range scan on the
 # (conversation_key, sequence) primary key: the cost is the number of entries
-# returned, whatever the transcript's length (tests/integration checks the plan).
+# returned, whatever the transcript's length (tests/transcript/views/test_views_store.py
+# checks the plan).
 VIEW_SQL = f"""
 WITH c AS MATERIALIZED (
     SELECT conversation_key, version, last_sequence, incarnation,

@@ -1,6 +1,7 @@
 """The reads of entries in the store: the protocol (`ViewStore`) and its PostgreSQL
 adapter. A view is one statement and one snapshot; its cost grows with the window and
-the batch, never with the transcript's length (tests/integration checks the plans).
+the batch, never with the transcript's length (tests/transcript/views/test_views_store.py
+checks the plans).
 """
 
 from __future__ import annotations

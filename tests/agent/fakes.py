@@ -1,0 +1,267 @@
+"""In-process stand-ins for the orchestrator's ports, for the agent's unit tests.
+
+Transcripts run the REAL transcript domain on the in-memory store, so every
+transcript rule (compare-and-swap, idempotency, views, tool pairing) applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+
+from services.agent.model import (
+    AppendState,
+    EndedState,
+    LeaseState,
+    PriorAppend,
+    Recall,
+    Recalled,
+    Summarized,
+    SummaryState,
+    ViewState,
+)
+from services.common.domain import Budget, Entry, Message, Usage
+from services.common.errors import DomainError, StoreUnavailable
+from services.common.pagination import PageTokens
+from services.llm.model import ChatDelta, ChatRequest, ChatResponse, budget_exhausted
+from services.transcript.config import TranscriptLimits
+from services.transcript.conversations.model import AppendRecord
+from services.transcript.leases.model import EndedTurn, TurnLease
+from services.transcript.service import TranscriptService
+from tests.transcript.double import InMemoryTranscriptStore
+
+
+def _prior(record: AppendRecord) -> PriorAppend:
+    return PriorAppend(record.version, record.first_sequence, record.last_sequence, record.usage)
+
+
+class FakeTranscripts:
+    def __init__(self) -> None:
+        self.service = TranscriptService(
+            InMemoryTranscriptStore(), TranscriptLimits(), PageTokens(b"agent-tests-secret!")
+        )
+
+    async def create_conversation(self, namespace: str, conversation_id: str) -> tuple[str, bool]:
+        conversation, created = await self.service.create_conversation(
+            namespace, conversation_id, {}
+        )
+        return str(conversation.conversation_id), created
+
+    async def load_view(
+        self,
+        namespace: str,
+        conversation_id: str,
+        window: int,
+        summary_batch: int,
+        summarized_through: int,
+        request_id: str,
+    ) -> ViewState:
+        view = await self.service.load_view(
+            namespace, conversation_id, window, summary_batch, summarized_through, request_id
+        )
+        prior = view.prior_append
+        return ViewState(
+            view.version,
+            view.window,
+            view.summary_buffer,
+            view.summary_backlog,
+            _prior(prior) if prior else None,
+        )
+
+    async def append(
+        self,
+        namespace: str,
+        conversation_id: str,
+        expected_version: int,
+        messages: Sequence[Message],
+        request_id: str,
+        usage: Usage,
+        fencing_token: int | None = None,
+    ) -> AppendState:
+        result = await self.service.append(
+            namespace, conversation_id, expected_version, messages, request_id, usage, fencing_token
+        )
+        record = result.record
+        return AppendState(
+            record.version, record.first_sequence, record.last_sequence, result.replayed
+        )
+
+    async def acquire_lease(
+        self,
+        namespace: str,
+        conversation_id: str,
+        turn_id: str,
+        mode: int,
+        ttl_s: float,
+        payload_hash: bytes,
+        create_if_missing: bool,
+    ) -> LeaseState | PriorAppend | EndedState:
+        got = await self.service.leases.acquire_turn_lease(
+            namespace, conversation_id, turn_id, mode, ttl_s, payload_hash, create_if_missing
+        )
+        if isinstance(got, TurnLease):
+            return LeaseState(got.fencing_token, got.created)
+        if isinstance(got, EndedTurn):
+            return EndedState(got.output, got.usage, got.reason, got.metadata)
+        return _prior(got)
+
+    async def renew_lease(
+        self,
+        namespace: str,
+        conversation_id: str,
+        turn_id: str,
+        fencing_token: int,
+        ttl_s: float,
+        calling_model: bool = False,
+    ) -> None:
+        await self.service.leases.renew_turn_lease(
+            namespace, conversation_id, turn_id, fencing_token, ttl_s, calling_model
+        )
+
+    async def release_lease(
+        self,
+        namespace: str,
+        conversation_id: str,
+        turn_id: str,
+        fencing_token: int,
+        ended: EndedState | None,
+        model_call_failed: bool = False,
+    ) -> bool:
+        return await self.service.leases.release_turn_lease(
+            namespace,
+            conversation_id,
+            turn_id,
+            fencing_token,
+            EndedTurn(ended.output, ended.usage, ended.reason, ended.metadata) if ended else None,
+            model_call_failed,
+        )
+
+    async def entries(
+        self, namespace: str, conversation_id: str, first: int, last: int
+    ) -> list[Entry]:
+        page = await self.service.list_entries(
+            namespace, conversation_id, first - 1, last, 1000, ""
+        )
+        return list(page.entries)
+
+    async def incarnation(self, namespace: str, conversation_id: str) -> int | None:
+        try:
+            found = await self.service.get_conversation(namespace, conversation_id)
+        except DomainError as error:
+            if error.reason == "CONVERSATION_NOT_FOUND":
+                return None
+            raise
+        return found.incarnation
+
+    async def delete_conversation(
+        self, namespace: str, conversation_id: str, incarnation: int
+    ) -> int:
+        return await self.service.delete_conversation(namespace, conversation_id, incarnation) or 0
+
+    async def messages(self, namespace: str, conversation_id: str) -> list[Message]:
+        page = await self.service.list_entries(namespace, conversation_id, 0, 0, 1000, "")
+        return [entry.message for entry in page.entries]
+
+
+class FakeSummaries:
+    """Summarizes by counting entries; one model call and 10 output tokens per pass."""
+
+    def __init__(self, transcripts: FakeTranscripts) -> None:
+        self.transcripts = transcripts
+        self.summaries: dict[str, SummaryState] = {}
+        self.jobs: list[str] = []
+
+    async def get(self, namespace: str, conversation_id: str) -> SummaryState:
+        return self.summaries.get(conversation_id, SummaryState())
+
+    async def summarize(
+        self,
+        namespace: str,
+        conversation_id: str,
+        window: int,
+        summary_batch: int,
+        max_passes: int,
+        budget: Budget,
+    ) -> Summarized:
+        usage, passes = Usage(), 0
+        current = await self.get(namespace, conversation_id)
+        while passes < max_passes:
+            view = await self.transcripts.load_view(
+                namespace, conversation_id, window, summary_batch, current.through_sequence, ""
+            )
+            if not view.summary_buffer:
+                break
+            if usage.model_calls >= budget.max_model_calls:
+                raise budget_exhausted("max_model_calls", budget.max_model_calls)
+            through = view.summary_buffer[-1].sequence
+            current = SummaryState(f"summary of entries 1..{through}", through)
+            self.summaries[conversation_id] = current
+            usage += Usage(5, 10, 1)
+            passes += 1
+        return Summarized(current, passes, usage)
+
+    async def request(
+        self, namespace: str, conversation_id: str, window: int, summary_batch: int
+    ) -> str:
+        job = f"job-{len(self.jobs) + 1}"
+        self.jobs.append(conversation_id)
+        return job
+
+    async def erase(self, namespace: str, conversation_id: str, incarnation: int) -> int:
+        erased = int(self.summaries.pop(conversation_id, None) is not None)
+        erased += self.jobs.count(conversation_id)
+        self.jobs = [job for job in self.jobs if job != conversation_id]
+        return erased
+
+
+class FakeMemories:
+    def __init__(self, memories: Sequence[Recalled] = ()) -> None:
+        self.memories = list(memories)
+        self.queries: list[tuple[str, str, int]] = []
+        self.down = False
+
+    async def search(self, namespace: str, query: str, limit: int) -> Recall:
+        self.queries.append((namespace, query, limit))
+        return Recall(self.memories[:limit])
+
+    async def forget_conversation(
+        self, namespace: str, conversation_id: str, incarnation: int
+    ) -> int:
+        if self.down:
+            raise StoreUnavailable("memory")
+        forgotten, self.memories = len(self.memories), []
+        return forgotten
+
+
+Responder = Callable[[ChatRequest], ChatResponse]
+
+
+@dataclass
+class ScriptedModel:
+    """A ChatModel that records requests and answers from a script."""
+
+    respond: Responder = lambda request: ChatResponse("ok", usage=Usage(3, 2, 1))
+    release: asyncio.Event | None = None
+    requests: list[ChatRequest] = field(default_factory=list)
+    provider: str = "scripted"
+    model: str = "scripted-1"
+
+    async def complete(self, request: ChatRequest, *, timeout: float) -> ChatResponse:
+        self.requests.append(request)
+        if self.release is not None:
+            await self.release.wait()
+        return self.respond(request)
+
+    async def stream(
+        self, request: ChatRequest, *, timeout: float
+    ) -> AsyncIterator[ChatDelta | ChatResponse]:
+        response = await self.complete(request, timeout=timeout)
+        for word in response.text.split(" "):
+            yield ChatDelta(word + " ")
+        yield response
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())

@@ -1,0 +1,319 @@
+"""The `runifold` command (issue 15): help on every command, --version, --json with every
+field (zero values included), chat keeping a refused message and resending it, slash
+commands handled locally, and the errors a person meets first naming what fixes them.
+
+The command runs as a person runs it, its own process, against a real all-in-one server
+with the offline model (what `make run` serves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import runifold_client
+from runifold_client import AsyncClient
+from runifold_client.cli import main, parser
+from tests.support.stack import Stack
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNIFOLD_")}
+    return {**env, **extra}
+
+
+async def runifold(
+    stack: Stack | None, *args: str, stdin: str = "", env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    """Run `runifold ARGS` (its own process); the exit status, stdout and stderr."""
+    extra = {"RUNIFOLD_TARGET": stack.address} if stack is not None else {}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "runifold_client.cli",
+        *args,
+        env=env or _env(COLUMNS="200", **extra),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(stdin.encode()), timeout=120)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+# -- help and version (no server) ------------------------------------------------------
+
+
+def _commands(
+    command: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    yield path, command
+    for action in command._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, (*path, name))
+
+
+COMMANDS = list(_commands(parser()))
+BARE = [(p, c) for p, c in COMMANDS if not any(a.option_strings == ["--json"] for a in c._actions)]
+
+
+def _ids(commands: list[tuple[tuple[str, ...], argparse.ArgumentParser]]) -> list[str]:
+    return [" ".join(path) or "runifold" for path, _ in commands]
+
+
+def test_the_command_tree_has_the_list_get_show_commands() -> None:
+    paths = {" ".join(path) for path, _ in COMMANDS}
+    assert {
+        "chat",
+        "turn",
+        "transcript list",
+        "transcript get",
+        "transcript show",
+        "transcript watch",
+        "summary show",
+        "memory list",
+        "memory get",
+        "memory search",
+        "backlog",
+    } <= paths
+
+
+@pytest.mark.parametrize(("path", "command"), COMMANDS, ids=_ids(COMMANDS))
+def test_every_command_has_help_with_defaults_and_the_environment(
+    path: tuple[str, ...], command: argparse.ArgumentParser, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*path, "--help"])
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"usage: runifold {' '.join(path)}".rstrip())
+    assert "RUNIFOLD_TARGET" in text and "RUNIFOLD_NAMESPACE" in text
+    for action in command._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                assert choice.help, f"{path} {choice.dest}: no help"
+            continue
+        assert action.help, f"{' '.join(path)} {action.option_strings or action.dest}: no help"
+        if action.option_strings and action.default not in (None, False, "", argparse.SUPPRESS):
+            assert f"(default: {action.default})" in " ".join(text.split()), (
+                f"{' '.join(path)} {action.option_strings}: default not shown"
+            )
+
+
+@pytest.mark.parametrize(("path", "command"), BARE, ids=_ids(BARE))
+def test_a_bare_command_or_group_prints_its_help(
+    path: tuple[str, ...], command: argparse.ArgumentParser, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(list(path)) == 0
+    assert capsys.readouterr().out == command.format_help()
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"runifold {runifold_client.__version__}\n"
+
+
+async def test_a_missing_namespace_names_the_flag_and_the_variable() -> None:
+    code, out, err = await runifold(None, "backlog")
+    assert code == 2 and out == ""
+    assert err.strip() == "runifold: no namespace: pass --namespace NAME or set RUNIFOLD_NAMESPACE"
+
+
+async def test_an_unreachable_server_names_the_target_and_the_variable() -> None:
+    code, out, _ = await runifold(None, "backlog", "-n", "x", "--target", "127.0.0.1:1")
+    assert code == 1
+    assert "cannot reach a server at 127.0.0.1:1" in out and "RUNIFOLD_TARGET" in out
+
+
+# -- against the server ------------------------------------------------------------------
+
+
+async def test_json_prints_every_field_with_zero_values(stack: Stack, namespace: str) -> None:
+    code, out, _ = await runifold(stack, "backlog", "-n", namespace, "--json")
+    assert code == 0
+    assert json.loads(out) == {
+        "depth": 0,
+        "oldest_pending_age": "0s",
+        "failed_count": 0,
+        "running_count": 0,
+    }
+
+    code, out, _ = await runifold(stack, "memory", "search", "anything", "-n", namespace, "--json")
+    assert code == 0 and json.loads(out) == {
+        "results": [],
+        "degraded": False,
+        "mode": "SEARCH_MODE_HYBRID",
+    }
+
+    code, out, _ = await runifold(stack, "transcript", "create", "-n", namespace, "--json")
+    conversation = json.loads(out)
+    assert code == 0
+    assert conversation["version"] == 0 and conversation["last_sequence"] == 0
+    assert conversation["labels"] == {} and conversation["namespace"] == namespace
+
+    cid = conversation["conversation_id"]
+    code, out, _ = await runifold(stack, "summary", "show", cid, "-n", namespace, "--json")
+    assert code == 0 and json.loads(out) == {"summary": None}
+
+
+async def test_turn_and_the_listings_print_one_document_per_line(
+    stack: Stack, namespace: str
+) -> None:
+    code, out, _ = await runifold(stack, "turn", "Hello there", "-n", namespace, "--json")
+    assert code == 0, out
+    turn = json.loads(out)
+    assert turn["conversation_version"] == 1 and turn["replayed"] is False
+    assert turn["context"]["memory_degraded"] is False  # a zero value, printed
+    assert turn["context"]["summary_through_sequence"] == 0
+    cid = turn["conversation_id"]
+
+    code, out, _ = await runifold(stack, "transcript", "show", cid, "-n", namespace, "--json")
+    entries = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and [e["sequence"] for e in entries] == [1, 2]
+    assert entries[0]["message"]["text"] == "Hello there"
+    assert entries[0]["message"]["tool_call_id"] == ""
+
+    code, out, _ = await runifold(stack, "transcript", "list", "-n", namespace, "--json")
+    assert code == 0 and [json.loads(line)["conversation_id"] for line in out.splitlines()] == [cid]
+
+    code, out, _ = await runifold(stack, "turn", "Hello again", "-n", namespace, "-c", cid)
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert "version 2 · entries 3..4 · window 1..2" in lines[-2], out
+    assert lines[-1] == f"conversation {cid}"
+
+
+async def test_memory_add_get_list_and_a_source_out_of_range(stack: Stack, namespace: str) -> None:
+    async with AsyncClient(stack.address, namespace=namespace) as client:
+        done = await client.run_conversation("We ship on Friday.")
+    cid = done.conversation_id
+    base = ("-n", namespace, "--json")
+    code, out, _ = await runifold(
+        stack, "memory", "add", "Ship on Friday.", "-c", cid, "--from", "1", "--through", "1", *base
+    )
+    assert code == 0, out
+    memory = json.loads(out)
+    code, out, _ = await runifold(stack, "memory", "get", memory["memory_id"], *base)
+    assert code == 0 and json.loads(out)["content"] == "Ship on Friday."
+    code, out, _ = await runifold(stack, "memory", "list", "-c", cid, *base)
+    assert code == 0 and [json.loads(line)["memory_id"] for line in out.splitlines()] == [
+        memory["memory_id"]
+    ]
+
+    code, out, _ = await runifold(
+        stack, "memory", "add", "Too far.", "-c", cid, "--from", "1", "--through", "9", *base
+    )
+    error: dict[str, Any] = json.loads(out)["error"]
+    assert code == 1 and error["reason"] == "SOURCE_OUT_OF_RANGE"
+    assert error["metadata"]["last_sequence"] == "2" and "last sequence is 2" in error["message"]
+
+
+async def test_chat_keeps_a_refused_message_and_resends_it(stack: Stack, namespace: str) -> None:
+    """Window 2: the third message finds entries 1..2 outside the window with no summary,
+    and is refused with SUMMARY_REQUIRED. It is kept; /summarize summarizes and resends
+    it. /help and an unknown slash command never reach the model."""
+    script = "\n".join(
+        ["first", "second", "third", "/summarize", "/help", "/nonsense", "/id", "/quit", ""]
+    )
+    code, out, err = await runifold(
+        stack, "chat", "-n", namespace, "--window", "2", "--memory", "0", stdin=script
+    )
+    assert code == 0, out + err
+    assert "not sent" in out and "Your message is kept" in out and "/summarize" in out
+    assert "/retry" in out and "resend the message the server refused" in out  # /help
+    assert "unknown command: /nonsense" in " ".join(out.split())
+    assert "version 3 · entries 5..6" in out, out
+    async with AsyncClient(stack.address, namespace=namespace) as client:
+        (conversation,) = [c async for c in client.list_conversations()]
+        texts = [e.message.text async for e in client.entries(conversation.conversation_id)]
+        summary = await client.get_summary(conversation.conversation_id)
+    assert conversation.conversation_id in out  # /id
+    assert texts[0::2] == ["first", "second", "third"], "each message sent once, none lost"
+    assert summary is not None and summary.through_sequence >= 2
+
+
+async def test_chat_json_prints_one_document_per_event(stack: Stack, namespace: str) -> None:
+    script = "hello\nagain\nnow\n/retry\n"
+    code, out, _ = await runifold(
+        stack, "chat", "-n", namespace, "--window", "2", "--memory", "0", "--json", stdin=script
+    )
+    documents = [json.loads(line) for line in out.splitlines()]
+    assert code == 0
+    assert [d.get("conversation_version") for d in documents[:2]] == [1, 2]
+    refused = documents[2]
+    assert refused["error"]["reason"] == "SUMMARY_REQUIRED" and refused["kept"] == "now"
+    assert int(refused["error"]["metadata"]["backlog"]) >= 0
+    # The resend may find the background job done (the turn runs) or not (refused again,
+    # still kept): either way the message is not lost.
+    last = documents[3]
+    assert last.get("conversation_version") == 3 or last.get("kept") == "now"
+
+
+async def test_a_missing_conversation_id_says_so_and_names_the_argument(
+    stack: Stack, namespace: str
+) -> None:
+    code, out, _ = await runifold(stack, "transcript", "get", "", "-n", namespace)
+    assert code == 1
+    assert "INVALID_CONVERSATION_ID: conversation_id is missing" in out
+    assert "hint: check the conversation id" in " ".join(out.split())
+
+
+async def test_transcript_watch_follows_like_tail_and_ends_with_the_erasure(
+    stack: Stack, namespace: str
+) -> None:
+    async with AsyncClient(stack.address, namespace=namespace) as client:
+        cid = (await client.create_conversation()).conversation_id
+        await client.append(cid, ["first", "second"])
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "runifold_client.cli",
+            "transcript",
+            "watch",
+            cid,
+            "-n",
+            namespace,
+            "--json",
+            env=_env(RUNIFOLD_TARGET=stack.address),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert process.stdout is not None
+
+        async def document() -> dict[str, Any]:
+            line = await asyncio.wait_for(process.stdout.readline(), timeout=60)  # type: ignore[union-attr]
+            assert line, "the command ended early"
+            parsed: dict[str, Any] = json.loads(line)
+            return parsed
+
+        try:
+            replayed = await document()
+            assert [e["sequence"] for e in replayed["appended"]["entries"]] == [1, 2]
+            assert replayed["appended"]["version"] == 1
+            await client.append(cid, ["third"])
+            live = await document()
+            assert live["appended"]["entries"][0]["message"]["text"] == "third"
+            undo = await client.append(cid, [], expected_version=2, retract_sequences=[1])
+            retracted = await document()
+            assert retracted["retracted"]["sequences"] == [1]
+            assert retracted["retracted"]["version"] == undo.version
+            await client.delete_conversation(cid)
+            erased = await document()
+            assert set(erased) == {"erased"}
+            assert await asyncio.wait_for(process.wait(), timeout=60) == 0
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
