@@ -61,7 +61,8 @@ class WriteStore(Protocol):
         self, namespace: str, conversation_id: uuid.UUID, low: int, high: int, incarnation: int = 0
     ) -> int:
         """Erase every memory with a source range of the conversation overlapping [low, high];
-        with an `incarnation`, leave its tombstone first (later writes naming it are refused)."""
+        with an `incarnation`, leave its tombstone first (later writes naming it are refused)
+        and delete the conversation's curation jobs and cursor."""
 
     async def erased(self, namespace: str, conversation_id: uuid.UUID, incarnation: int) -> bool:
         """Whether an erasure fenced this incarnation of the conversation (within
@@ -182,6 +183,18 @@ class PostgresWrites:
                     """INSERT INTO memory.erasures (namespace, conversation_id, incarnation)
                        VALUES (%s, %s, %s) ON CONFLICT DO NOTHING""",
                     (namespace, conversation_id, incarnation),
+                )
+                # Its curation jobs (a running one finds its lease gone and stops; its
+                # batch in flight is refused by the tombstone) and its cursor.
+                await conn.execute(
+                    """DELETE FROM memory.curation_jobs
+                        WHERE namespace = %s AND conversation_id = %s""",
+                    (namespace, conversation_id),
+                )
+                await conn.execute(
+                    """DELETE FROM memory.curation_cursors
+                        WHERE namespace = %s AND conversation_id = %s""",
+                    (namespace, conversation_id),
                 )
             cursor = await conn.execute(
                 sql.ERASE.format(victims=sql.BY_SOURCE, extra=""),

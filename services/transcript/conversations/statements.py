@@ -11,12 +11,12 @@ from __future__ import annotations
 
 CONVERSATION_COLUMNS = (
     "conversation_id, namespace, version, last_sequence, create_time, update_time, labels, "
-    "incarnation, user_id, state::text"
+    "incarnation, user_id, state::text, curated_through"
 )
 # The same without the state (CONVERSATION_VIEW_BASIC listings): '' in its place.
 CONVERSATION_BASIC_COLUMNS = (
     "conversation_id, namespace, version, last_sequence, create_time, update_time, labels, "
-    "incarnation, user_id, ''"
+    "incarnation, user_id, '', curated_through"
 )
 
 # The state a write would leave in a user's (user_id = the conversation's) or the
@@ -76,4 +76,18 @@ SELECT %(user_state)s::jsonb IS NOT NULL
                > %(max_state_bytes)s,
        %(namespace_state)s::jsonb IS NOT NULL
            AND octet_length({NAMESPACE_STATE_AFTER}::text) > %(max_state_bytes)s
+"""
+
+
+# How far curation read the conversation (MarkCurated): monotonic, never past the last
+# entry, only for the incarnation named (0: the current one). Nothing is written when
+# the conversation is elsewhere, another incarnation, or shorter than asked (the store
+# then reads it to say which).
+MARK_CURATED = f"""
+UPDATE transcript.conversations
+   SET curated_through = greatest(curated_through, %(curated_through)s)
+ WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+   AND (%(incarnation)s::bigint = 0 OR incarnation = %(incarnation)s::bigint)
+   AND %(curated_through)s <= last_sequence
+RETURNING {CONVERSATION_COLUMNS}
 """

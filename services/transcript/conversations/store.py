@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from psycopg.types.json import Jsonb
 
 from services.common.domain import Usage
+from services.common.errors import DomainError
 from services.common.postgres.pool import AsyncConn, Database
 from services.transcript.conversations import statements as sql
 from services.transcript.conversations.model import (
@@ -25,6 +26,8 @@ from services.transcript.conversations.model import (
     ScopedState,
     StateChange,
     conversation_not_found,
+    curated_through_out_of_range,
+    incarnation_erased,
     state_too_large,
 )
 
@@ -71,6 +74,13 @@ class ConversationStore(Protocol):
     async def read_states(self, namespace: str, user_ids: Sequence[str]) -> list[ScopedState]:
         """The stored state documents among these users' ("" for the namespace's)."""
 
+    async def mark_curated(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int, curated_through: int
+    ) -> Conversation:
+        """Raise its `curated_through` to this sequence unless it is already higher (only
+        the `incarnation` named, when not 0); return it. CONVERSATION_NOT_FOUND,
+        CONVERSATION_ERASED (another incarnation) or SEQUENCE_OUT_OF_RANGE writes nothing."""
+
     async def delete_conversation(
         self, namespace: str, conversation_id: uuid.UUID, incarnation: int = 0
     ) -> int | None:
@@ -81,7 +91,17 @@ class ConversationStore(Protocol):
 def conversation_from_row(row: Sequence[Any]) -> Conversation:
     """A conversation from its columns (sql.CONVERSATION_COLUMNS)."""
     return Conversation(
-        row[0], row[1], row[2], row[3], row[4], row[5], row[6] or {}, row[7], row[8], row[9]
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        row[5],
+        row[6] or {},
+        row[7],
+        row[8],
+        row[9],
+        row[10] if len(row) > 10 else 0,
     )
 
 
@@ -105,6 +125,15 @@ def state_parameters(state: StateChange) -> dict[str, Any]:
         "user_state": state.user,
         "namespace_state": state.namespace,
     }
+
+
+def mark_refused(found: Conversation | None, incarnation: int) -> DomainError:
+    """Why MarkCurated wrote nothing, given the conversation as it is now."""
+    if found is None:
+        return conversation_not_found()
+    if incarnation and found.incarnation != incarnation:
+        return incarnation_erased()
+    return curated_through_out_of_range(found.last_sequence)
 
 
 async def read_conversation(
@@ -214,6 +243,25 @@ class PostgresConversations(PostgresBase):
                 (namespace, list(user_ids)),
             )
             return [ScopedState(*row) for row in await cursor.fetchall()]
+
+    async def mark_curated(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int, curated_through: int
+    ) -> Conversation:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                sql.MARK_CURATED,
+                {
+                    "namespace": namespace,
+                    "conversation_id": conversation_id,
+                    "incarnation": incarnation,
+                    "curated_through": curated_through,
+                },
+            )
+            row = await cursor.fetchone()
+            if row is not None:
+                return conversation_from_row(row)
+            found = await read_conversation(conn, namespace, conversation_id)
+        raise mark_refused(found, incarnation)
 
     async def delete_conversation(
         self, namespace: str, conversation_id: uuid.UUID, incarnation: int = 0

@@ -50,8 +50,11 @@ class ViewStore(Protocol):
         after_sequence: int,
         through_sequence: int | None,
         limit: int,
+        retracted_after_version: int = 0,
     ) -> list[Entry] | None:
-        """Up to `limit` entries after a sequence; None when the conversation is missing."""
+        """Up to `limit` entries after a sequence (only those a write after
+        `retracted_after_version` retracted, when it is not 0); None when the conversation
+        is missing."""
 
 
 def entry_from_row(row: Sequence[Any]) -> Entry:
@@ -147,16 +150,18 @@ class PostgresViews(PostgresBase):
         after_sequence: int,
         through_sequence: int | None,
         limit: int,
+        retracted_after_version: int = 0,
     ) -> list[Entry] | None:
         async with self.db.connection() as conn:
             cursor = await conn.execute(
-                sql.LIST_ENTRIES,
+                sql.LIST_RETRACTED_ENTRIES if retracted_after_version else sql.LIST_ENTRIES,
                 {
                     "namespace": namespace,
                     "conversation_id": conversation_id,
                     "after": after_sequence,
                     "limit": limit,
                     "through": SEQUENCE_MAX if through_sequence is None else through_sequence,
+                    "retracted_after": retracted_after_version,
                 },
             )
             rows = await cursor.fetchall()

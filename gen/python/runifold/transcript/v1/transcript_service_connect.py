@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, GetConversationRequest, GetConversationResponse, GetStateRequest, GetStateResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, LoadViewRequest, LoadViewResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
+from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, GetConversationRequest, GetConversationResponse, GetStateRequest, GetStateResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, LoadViewRequest, LoadViewResponse, MarkCuratedRequest, MarkCuratedResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -144,6 +144,16 @@ class TranscriptService(Protocol):
         `Erased` when it is erased. A stream that ends with UNAVAILABLE or
         RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
         last sequence received: nothing is missed and nothing repeats.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def mark_curated(self, request: MarkCuratedRequest, ctx: RequestContext[MarkCuratedRequest, MarkCuratedResponse], /) -> MarkCuratedResponse:
+        """
+        Records how far automatic curation has read a conversation
+        (Conversation.curated_through): monotonic (a lower value changes nothing),
+        never past the last entry, and only for the incarnation named (an erased
+        one is NOT_FOUND / CONVERSATION_ERASED). MemoryService's curation jobs
+        call it after they store what a batch of entries stated.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -292,6 +302,17 @@ class TranscriptServiceASGIApplication(ConnectASGIApplication[TranscriptService]
                         stream_type=StreamType.SERVER_STREAM,
                     ),
                     function=svc.watch_conversation,
+                ),
+                "/runifold.transcript.v1.TranscriptService/MarkCurated": Endpoint.unary(
+                    method=MethodInfo(
+                        name="MarkCurated",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=MarkCuratedRequest,
+                        output=MarkCuratedResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.mark_curated,
                 ),
             },
             interceptors=interceptors,
@@ -644,6 +665,33 @@ class TranscriptServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def mark_curated(
+        self,
+        request: MarkCuratedRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> MarkCuratedResponse:
+        """
+        Records how far automatic curation has read a conversation
+        (Conversation.curated_through): monotonic (a lower value changes nothing),
+        never past the last entry, and only for the incarnation named (an erased
+        one is NOT_FOUND / CONVERSATION_ERASED). MemoryService's curation jobs
+        call it after they store what a batch of entries stated.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="MarkCurated",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=MarkCuratedRequest,
+                output=MarkCuratedResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class TranscriptServiceSync(Protocol):
     """
@@ -752,6 +800,16 @@ class TranscriptServiceSync(Protocol):
         `Erased` when it is erased. A stream that ends with UNAVAILABLE or
         RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
         last sequence received: nothing is missed and nothing repeats.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def mark_curated(self, request: MarkCuratedRequest, ctx: RequestContext[MarkCuratedRequest, MarkCuratedResponse], /) -> MarkCuratedResponse:
+        """
+        Records how far automatic curation has read a conversation
+        (Conversation.curated_through): monotonic (a lower value changes nothing),
+        never past the last entry, and only for the incarnation named (an erased
+        one is NOT_FOUND / CONVERSATION_ERASED). MemoryService's curation jobs
+        call it after they store what a batch of entries stated.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -898,6 +956,17 @@ class TranscriptServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.SERVER_STREAM,
                     ),
                     function=service.watch_conversation,
+                ),
+                "/runifold.transcript.v1.TranscriptService/MarkCurated": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="MarkCurated",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=MarkCuratedRequest,
+                        output=MarkCuratedResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.mark_curated,
                 ),
             },
             interceptors=interceptors,
@@ -1246,6 +1315,33 @@ class TranscriptServiceClientSync(ConnectClientSync):
                 output=WatchConversationResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.SERVER_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def mark_curated(
+        self,
+        request: MarkCuratedRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> MarkCuratedResponse:
+        """
+        Records how far automatic curation has read a conversation
+        (Conversation.curated_through): monotonic (a lower value changes nothing),
+        never past the last entry, and only for the incarnation named (an erased
+        one is NOT_FOUND / CONVERSATION_ERASED). MemoryService's curation jobs
+        call it after they store what a batch of entries stated.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="MarkCurated",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=MarkCuratedRequest,
+                output=MarkCuratedResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
             ),
             headers=headers,
             timeout_ms=timeout_ms,

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file runifold/memory/v1/memory_service.proto.
  */
 export const file_runifold_memory_v1_memory_service: GenFile = /*@__PURE__*/
-  fileDesc("CidydW5pZm9sZC9tZW1vcnkvdjEvbWVtb3J5X3NlcnZpY2UucHJvdG8SEnJ1bmlmb2xkLm1lbW9yeS52MSJtCgxNZW1vcnlTb3VyY2USFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhUKDWZyb21fc2VxdWVuY2UYAiABKAMSGAoQdGhyb3VnaF9zZXF1ZW5jZRgDIAEoAxITCgtpbmNhcm5hdGlvbhgEIAEoAyK8BAoGTWVtb3J5EhEKCW1lbW9yeV9pZBgBIAEoCRIRCgluYW1lc3BhY2UYAiABKAkSDwoHY29udGVudBgDIAEoCRIxCgdzb3VyY2VzGAQgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRI6CghtZXRhZGF0YRgFIAMoCzIoLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnkuTWV0YWRhdGFFbnRyeRIQCghyZXZpc2lvbhgGIAEoAxIvCgtjcmVhdGVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLdXBkYXRlX3RpbWUYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2V4cGlyZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIXCg9lbWJlZGRpbmdfbW9kZWwYCiABKAkSGwoTZW1iZWRkaW5nX2RpbWVuc2lvbhgLIAEoBRIzCg92YWxpZF9mcm9tX3RpbWUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjQKEHZhbGlkX3VudGlsX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDXN1cGVyc2VkZWRfYnkYDiABKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIlsKEFN1cGVyc2VkZWRNZW1vcnkSEQoJbWVtb3J5X2lkGAEgASgJEh4KEWV4cGVjdGVkX3JldmlzaW9uGAIgASgDSACIAQFCFAoSX2V4cGVjdGVkX3JldmlzaW9uIsEEChNVcHNlcnRNZW1vcnlSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIRCgltZW1vcnlfaWQYAiABKAkSDwoHY29udGVudBgDIAEoCRIxCgdzb3VyY2VzGAQgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRJHCghtZXRhZGF0YRgFIAMoCzI1LnJ1bmlmb2xkLm1lbW9yeS52MS5VcHNlcnRNZW1vcnlSZXF1ZXN0Lk1ldGFkYXRhRW50cnkSHgoRZXhwZWN0ZWRfcmV2aXNpb24YBiABKANIAIgBARIvCgtleHBpcmVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJgoDdHRsGAggASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhIKCnJlcXVlc3RfaWQYCSABKAkSMwoPdmFsaWRfZnJvbV90aW1lGAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI0ChB2YWxpZF91bnRpbF90aW1lGAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI4CgpzdXBlcnNlZGVzGAwgAygLMiQucnVuaWZvbGQubWVtb3J5LnYxLlN1cGVyc2VkZWRNZW1vcnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQhQKEl9leHBlY3RlZF9yZXZpc2lvbiKDAQoUVXBzZXJ0TWVtb3J5UmVzcG9uc2USKgoGbWVtb3J5GAEgASgLMhoucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeRIPCgdjcmVhdGVkGAIgASgIEi4KCnN1cGVyc2VkZWQYAyADKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5IjgKEEdldE1lbW9yeVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCW1lbW9yeV9pZBgCIAEoCSI/ChFHZXRNZW1vcnlSZXNwb25zZRIqCgZtZW1vcnkYASABKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5IrEBChNMaXN0TWVtb3JpZXNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCRIXCg9jb252ZXJzYXRpb25faWQYBCABKAkSLgoKYXNfb2ZfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFwoPaWdub3JlX3ZhbGlkaXR5GAYgASgIIl0KFExpc3RNZW1vcmllc1Jlc3BvbnNlEiwKCG1lbW9yaWVzGAEgAygLMhoucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiyAIKFVNlYXJjaE1lbW9yaWVzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVlcnkYAiABKAkSDQoFbGltaXQYAyABKAUSVgoPbWV0YWRhdGFfZmlsdGVyGAQgAygLMj0ucnVuaWZvbGQubWVtb3J5LnYxLlNlYXJjaE1lbW9yaWVzUmVxdWVzdC5NZXRhZGF0YUZpbHRlckVudHJ5EhEKCW1pbl9zY29yZRgFIAEoAhIuCgphc19vZl90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCgRtb2RlGAcgASgOMh4ucnVuaWZvbGQubWVtb3J5LnYxLlNlYXJjaE1vZGUaNQoTTWV0YWRhdGFGaWx0ZXJFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIqEBCgxTY29yZWRNZW1vcnkSKgoGbWVtb3J5GAEgASgLMhoucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeRINCgVzY29yZRgCIAEoAhIYCgtkZW5zZV9zY29yZRgDIAEoAkgAiAEBEhoKDWxleGljYWxfc2NvcmUYBCABKAJIAYgBAUIOCgxfZGVuc2Vfc2NvcmVCEAoOX2xleGljYWxfc2NvcmUiiwEKFlNlYXJjaE1lbW9yaWVzUmVzcG9uc2USMQoHcmVzdWx0cxgBIAMoCzIgLnJ1bmlmb2xkLm1lbW9yeS52MS5TY29yZWRNZW1vcnkSEAoIZGVncmFkZWQYAiABKAgSLAoEbW9kZRgDIAEoDjIeLnJ1bmlmb2xkLm1lbW9yeS52MS5TZWFyY2hNb2RlInEKE0RlbGV0ZU1lbW9yeVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCW1lbW9yeV9pZBgCIAEoCRIeChFleHBlY3RlZF9yZXZpc2lvbhgDIAEoA0gAiAEBQhQKEl9leHBlY3RlZF9yZXZpc2lvbiInChREZWxldGVNZW1vcnlSZXNwb25zZRIPCgdkZWxldGVkGAEgASgIIocBChNGb3JnZXRTb3VyY2VSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSFQoNZnJvbV9zZXF1ZW5jZRgDIAEoAxIYChB0aHJvdWdoX3NlcXVlbmNlGAQgASgDEhMKC2luY2FybmF0aW9uGAUgASgDIi0KFEZvcmdldFNvdXJjZVJlc3BvbnNlEhUKDWRlbGV0ZWRfY291bnQYASABKAMiaQoaTGlzdE1lbW9yeVJldmlzaW9uc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCW1lbW9yeV9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCSKPBAoOTWVtb3J5UmV2aXNpb24SEAoIcmV2aXNpb24YASABKAMSLgoEa2luZBgCIAEoDjIgLnJ1bmlmb2xkLm1lbW9yeS52MS5SZXZpc2lvbktpbmQSDgoGcmVhc29uGAMgASgJEi8KC3JlY29yZF90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZlcmFzZWQYBSABKAgSDwoHY29udGVudBgGIAEoCRIxCgdzb3VyY2VzGAcgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRJCCghtZXRhZGF0YRgIIAMoCzIwLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlSZXZpc2lvbi5NZXRhZGF0YUVudHJ5Ei8KC2V4cGlyZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIzCg92YWxpZF9mcm9tX3RpbWUYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjQKEHZhbGlkX3VudGlsX3RpbWUYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDXN1cGVyc2VkZWRfYnkYDCABKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIm0KG0xpc3RNZW1vcnlSZXZpc2lvbnNSZXNwb25zZRI1CglyZXZpc2lvbnMYASADKAsyIi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5UmV2aXNpb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIsgCChZQcm9wb3NlTWVtb3JpZXNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSFQoNZnJvbV9zZXF1ZW5jZRgDIAEoAxIYChB0aHJvdWdoX3NlcXVlbmNlGAQgASgDEioKBmJ1ZGdldBgFIAEoCzIaLnJ1bmlmb2xkLmNvbW1vbi52MS5CdWRnZXQSFQoNbWF4X3Byb3Bvc2FscxgGIAEoBRJXCg9tZXRhZGF0YV9maWx0ZXIYByADKAsyPi5ydW5pZm9sZC5tZW1vcnkudjEuUHJvcG9zZU1lbW9yaWVzUmVxdWVzdC5NZXRhZGF0YUZpbHRlckVudHJ5GjUKE01ldGFkYXRhRmlsdGVyRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASLpAQoOTWVtb3J5UHJvcG9zYWwSDwoHY29udGVudBgBIAEoCRIxCgdzb3VyY2VzGAIgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRIzCg92YWxpZF9mcm9tX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjIKBmFjdGlvbhgEIAEoDjIiLnJ1bmlmb2xkLm1lbW9yeS52MS5Qcm9wb3NhbEFjdGlvbhIaChJyZWxhdGVkX21lbW9yeV9pZHMYBSADKAkSDgoGcmVhc29uGAYgASgJIqMBChdQcm9wb3NlTWVtb3JpZXNSZXNwb25zZRI1Cglwcm9wb3NhbHMYASADKAsyIi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5UHJvcG9zYWwSKAoFdXNhZ2UYAiABKAsyGS5ydW5pZm9sZC5jb21tb24udjEuVXNhZ2USFQoNZHJvcHBlZF9jb3VudBgDIAEoBRIQCghwcm9wb3NlchgEIAEoCSpxCgpTZWFyY2hNb2RlEhsKF1NFQVJDSF9NT0RFX1VOU1BFQ0lGSUVEEAASFQoRU0VBUkNIX01PREVfREVOU0UQARIXChNTRUFSQ0hfTU9ERV9MRVhJQ0FMEAISFgoSU0VBUkNIX01PREVfSFlCUklEEAMqYAoMUmV2aXNpb25LaW5kEh0KGVJFVklTSU9OX0tJTkRfVU5TUEVDSUZJRUQQABIXChNSRVZJU0lPTl9LSU5EX1dSSVRFEAESGAoUUkVWSVNJT05fS0lORF9ERUxFVEUQAiqIAQoOUHJvcG9zYWxBY3Rpb24SHwobUFJPUE9TQUxfQUNUSU9OX1VOU1BFQ0lGSUVEEAASFwoTUFJPUE9TQUxfQUNUSU9OX0FERBABEh0KGVBST1BPU0FMX0FDVElPTl9TVVBFUlNFREUQAhIdChlQUk9QT1NBTF9BQ1RJT05fRFVQTElDQVRFEAMywgYKDU1lbW9yeVNlcnZpY2USYQoMVXBzZXJ0TWVtb3J5EicucnVuaWZvbGQubWVtb3J5LnYxLlVwc2VydE1lbW9yeVJlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuVXBzZXJ0TWVtb3J5UmVzcG9uc2USWAoJR2V0TWVtb3J5EiQucnVuaWZvbGQubWVtb3J5LnYxLkdldE1lbW9yeVJlcXVlc3QaJS5ydW5pZm9sZC5tZW1vcnkudjEuR2V0TWVtb3J5UmVzcG9uc2USYQoMTGlzdE1lbW9yaWVzEicucnVuaWZvbGQubWVtb3J5LnYxLkxpc3RNZW1vcmllc1JlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuTGlzdE1lbW9yaWVzUmVzcG9uc2USZwoOU2VhcmNoTWVtb3JpZXMSKS5ydW5pZm9sZC5tZW1vcnkudjEuU2VhcmNoTWVtb3JpZXNSZXF1ZXN0GioucnVuaWZvbGQubWVtb3J5LnYxLlNlYXJjaE1lbW9yaWVzUmVzcG9uc2USYQoMRGVsZXRlTWVtb3J5EicucnVuaWZvbGQubWVtb3J5LnYxLkRlbGV0ZU1lbW9yeVJlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuRGVsZXRlTWVtb3J5UmVzcG9uc2USYQoMRm9yZ2V0U291cmNlEicucnVuaWZvbGQubWVtb3J5LnYxLkZvcmdldFNvdXJjZVJlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuRm9yZ2V0U291cmNlUmVzcG9uc2USdgoTTGlzdE1lbW9yeVJldmlzaW9ucxIuLnJ1bmlmb2xkLm1lbW9yeS52MS5MaXN0TWVtb3J5UmV2aXNpb25zUmVxdWVzdBovLnJ1bmlmb2xkLm1lbW9yeS52MS5MaXN0TWVtb3J5UmV2aXNpb25zUmVzcG9uc2USagoPUHJvcG9zZU1lbW9yaWVzEioucnVuaWZvbGQubWVtb3J5LnYxLlByb3Bvc2VNZW1vcmllc1JlcXVlc3QaKy5ydW5pZm9sZC5tZW1vcnkudjEuUHJvcG9zZU1lbW9yaWVzUmVzcG9uc2VCQVo/Z2l0aHViLmNvbS9ydW5pZm9sZC9ydW5pZm9sZC9nZW4vZ28vcnVuaWZvbGQvbWVtb3J5L3YxO21lbW9yeXYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_runifold_common_v1_common]);
+  fileDesc("CidydW5pZm9sZC9tZW1vcnkvdjEvbWVtb3J5X3NlcnZpY2UucHJvdG8SEnJ1bmlmb2xkLm1lbW9yeS52MSJtCgxNZW1vcnlTb3VyY2USFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhUKDWZyb21fc2VxdWVuY2UYAiABKAMSGAoQdGhyb3VnaF9zZXF1ZW5jZRgDIAEoAxITCgtpbmNhcm5hdGlvbhgEIAEoAyK8BAoGTWVtb3J5EhEKCW1lbW9yeV9pZBgBIAEoCRIRCgluYW1lc3BhY2UYAiABKAkSDwoHY29udGVudBgDIAEoCRIxCgdzb3VyY2VzGAQgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRI6CghtZXRhZGF0YRgFIAMoCzIoLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnkuTWV0YWRhdGFFbnRyeRIQCghyZXZpc2lvbhgGIAEoAxIvCgtjcmVhdGVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLdXBkYXRlX3RpbWUYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2V4cGlyZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIXCg9lbWJlZGRpbmdfbW9kZWwYCiABKAkSGwoTZW1iZWRkaW5nX2RpbWVuc2lvbhgLIAEoBRIzCg92YWxpZF9mcm9tX3RpbWUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjQKEHZhbGlkX3VudGlsX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDXN1cGVyc2VkZWRfYnkYDiABKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIlsKEFN1cGVyc2VkZWRNZW1vcnkSEQoJbWVtb3J5X2lkGAEgASgJEh4KEWV4cGVjdGVkX3JldmlzaW9uGAIgASgDSACIAQFCFAoSX2V4cGVjdGVkX3JldmlzaW9uIsEEChNVcHNlcnRNZW1vcnlSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIRCgltZW1vcnlfaWQYAiABKAkSDwoHY29udGVudBgDIAEoCRIxCgdzb3VyY2VzGAQgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRJHCghtZXRhZGF0YRgFIAMoCzI1LnJ1bmlmb2xkLm1lbW9yeS52MS5VcHNlcnRNZW1vcnlSZXF1ZXN0Lk1ldGFkYXRhRW50cnkSHgoRZXhwZWN0ZWRfcmV2aXNpb24YBiABKANIAIgBARIvCgtleHBpcmVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJgoDdHRsGAggASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhIKCnJlcXVlc3RfaWQYCSABKAkSMwoPdmFsaWRfZnJvbV90aW1lGAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI0ChB2YWxpZF91bnRpbF90aW1lGAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI4CgpzdXBlcnNlZGVzGAwgAygLMiQucnVuaWZvbGQubWVtb3J5LnYxLlN1cGVyc2VkZWRNZW1vcnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQhQKEl9leHBlY3RlZF9yZXZpc2lvbiKDAQoUVXBzZXJ0TWVtb3J5UmVzcG9uc2USKgoGbWVtb3J5GAEgASgLMhoucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeRIPCgdjcmVhdGVkGAIgASgIEi4KCnN1cGVyc2VkZWQYAyADKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5IjgKEEdldE1lbW9yeVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCW1lbW9yeV9pZBgCIAEoCSI/ChFHZXRNZW1vcnlSZXNwb25zZRIqCgZtZW1vcnkYASABKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5IrEBChNMaXN0TWVtb3JpZXNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCRIXCg9jb252ZXJzYXRpb25faWQYBCABKAkSLgoKYXNfb2ZfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFwoPaWdub3JlX3ZhbGlkaXR5GAYgASgIIl0KFExpc3RNZW1vcmllc1Jlc3BvbnNlEiwKCG1lbW9yaWVzGAEgAygLMhoucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiyAIKFVNlYXJjaE1lbW9yaWVzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVlcnkYAiABKAkSDQoFbGltaXQYAyABKAUSVgoPbWV0YWRhdGFfZmlsdGVyGAQgAygLMj0ucnVuaWZvbGQubWVtb3J5LnYxLlNlYXJjaE1lbW9yaWVzUmVxdWVzdC5NZXRhZGF0YUZpbHRlckVudHJ5EhEKCW1pbl9zY29yZRgFIAEoAhIuCgphc19vZl90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCgRtb2RlGAcgASgOMh4ucnVuaWZvbGQubWVtb3J5LnYxLlNlYXJjaE1vZGUaNQoTTWV0YWRhdGFGaWx0ZXJFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIqEBCgxTY29yZWRNZW1vcnkSKgoGbWVtb3J5GAEgASgLMhoucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeRINCgVzY29yZRgCIAEoAhIYCgtkZW5zZV9zY29yZRgDIAEoAkgAiAEBEhoKDWxleGljYWxfc2NvcmUYBCABKAJIAYgBAUIOCgxfZGVuc2Vfc2NvcmVCEAoOX2xleGljYWxfc2NvcmUiiwEKFlNlYXJjaE1lbW9yaWVzUmVzcG9uc2USMQoHcmVzdWx0cxgBIAMoCzIgLnJ1bmlmb2xkLm1lbW9yeS52MS5TY29yZWRNZW1vcnkSEAoIZGVncmFkZWQYAiABKAgSLAoEbW9kZRgDIAEoDjIeLnJ1bmlmb2xkLm1lbW9yeS52MS5TZWFyY2hNb2RlInEKE0RlbGV0ZU1lbW9yeVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCW1lbW9yeV9pZBgCIAEoCRIeChFleHBlY3RlZF9yZXZpc2lvbhgDIAEoA0gAiAEBQhQKEl9leHBlY3RlZF9yZXZpc2lvbiInChREZWxldGVNZW1vcnlSZXNwb25zZRIPCgdkZWxldGVkGAEgASgIIocBChNGb3JnZXRTb3VyY2VSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSFQoNZnJvbV9zZXF1ZW5jZRgDIAEoAxIYChB0aHJvdWdoX3NlcXVlbmNlGAQgASgDEhMKC2luY2FybmF0aW9uGAUgASgDIi0KFEZvcmdldFNvdXJjZVJlc3BvbnNlEhUKDWRlbGV0ZWRfY291bnQYASABKAMiaQoaTGlzdE1lbW9yeVJldmlzaW9uc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCW1lbW9yeV9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCSKPBAoOTWVtb3J5UmV2aXNpb24SEAoIcmV2aXNpb24YASABKAMSLgoEa2luZBgCIAEoDjIgLnJ1bmlmb2xkLm1lbW9yeS52MS5SZXZpc2lvbktpbmQSDgoGcmVhc29uGAMgASgJEi8KC3JlY29yZF90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZlcmFzZWQYBSABKAgSDwoHY29udGVudBgGIAEoCRIxCgdzb3VyY2VzGAcgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRJCCghtZXRhZGF0YRgIIAMoCzIwLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlSZXZpc2lvbi5NZXRhZGF0YUVudHJ5Ei8KC2V4cGlyZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIzCg92YWxpZF9mcm9tX3RpbWUYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjQKEHZhbGlkX3VudGlsX3RpbWUYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDXN1cGVyc2VkZWRfYnkYDCABKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIm0KG0xpc3RNZW1vcnlSZXZpc2lvbnNSZXNwb25zZRI1CglyZXZpc2lvbnMYASADKAsyIi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5UmV2aXNpb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIsgCChZQcm9wb3NlTWVtb3JpZXNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSFQoNZnJvbV9zZXF1ZW5jZRgDIAEoAxIYChB0aHJvdWdoX3NlcXVlbmNlGAQgASgDEioKBmJ1ZGdldBgFIAEoCzIaLnJ1bmlmb2xkLmNvbW1vbi52MS5CdWRnZXQSFQoNbWF4X3Byb3Bvc2FscxgGIAEoBRJXCg9tZXRhZGF0YV9maWx0ZXIYByADKAsyPi5ydW5pZm9sZC5tZW1vcnkudjEuUHJvcG9zZU1lbW9yaWVzUmVxdWVzdC5NZXRhZGF0YUZpbHRlckVudHJ5GjUKE01ldGFkYXRhRmlsdGVyRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASLpAQoOTWVtb3J5UHJvcG9zYWwSDwoHY29udGVudBgBIAEoCRIxCgdzb3VyY2VzGAIgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRIzCg92YWxpZF9mcm9tX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjIKBmFjdGlvbhgEIAEoDjIiLnJ1bmlmb2xkLm1lbW9yeS52MS5Qcm9wb3NhbEFjdGlvbhIaChJyZWxhdGVkX21lbW9yeV9pZHMYBSADKAkSDgoGcmVhc29uGAYgASgJIqMBChdQcm9wb3NlTWVtb3JpZXNSZXNwb25zZRI1Cglwcm9wb3NhbHMYASADKAsyIi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5UHJvcG9zYWwSKAoFdXNhZ2UYAiABKAsyGS5ydW5pZm9sZC5jb21tb24udjEuVXNhZ2USFQoNZHJvcHBlZF9jb3VudBgDIAEoBRIQCghwcm9wb3NlchgEIAEoCSJEChZSZXF1ZXN0Q3VyYXRpb25SZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAki6gEKC0N1cmF0aW9uSm9iEg4KBmpvYl9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSEQoJbmFtZXNwYWNlGAMgASgJEjMKBXN0YXRlGAQgASgOMiQucnVuaWZvbGQubWVtb3J5LnYxLkN1cmF0aW9uSm9iU3RhdGUSEAoIYXR0ZW1wdHMYBSABKAUSLwoLY3JlYXRlX3RpbWUYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC2luY2FybmF0aW9uGAcgASgDEhIKCmxhc3RfZXJyb3IYCCABKAkiWAoXUmVxdWVzdEN1cmF0aW9uUmVzcG9uc2USLAoDam9iGAEgASgLMh8ucnVuaWZvbGQubWVtb3J5LnYxLkN1cmF0aW9uSm9iEg8KB2NyZWF0ZWQYAiABKAgiLgoZR2V0Q3VyYXRpb25CYWNrbG9nUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAki4QEKGkdldEN1cmF0aW9uQmFja2xvZ1Jlc3BvbnNlEg0KBWRlcHRoGAEgASgDEjUKEm9sZGVzdF9wZW5kaW5nX2FnZRgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIUCgxmYWlsZWRfY291bnQYAyABKAMSFQoNcnVubmluZ19jb3VudBgEIAEoAxIdChVtb2RlbF9jYWxsc190aGlzX2hvdXIYBSABKAMSGAoQdG9rZW5zX3RoaXNfaG91chgGIAEoAxIXCg9mYWN0c190aGlzX2hvdXIYByABKAMqcQoKU2VhcmNoTW9kZRIbChdTRUFSQ0hfTU9ERV9VTlNQRUNJRklFRBAAEhUKEVNFQVJDSF9NT0RFX0RFTlNFEAESFwoTU0VBUkNIX01PREVfTEVYSUNBTBACEhYKElNFQVJDSF9NT0RFX0hZQlJJRBADKmAKDFJldmlzaW9uS2luZBIdChlSRVZJU0lPTl9LSU5EX1VOU1BFQ0lGSUVEEAASFwoTUkVWSVNJT05fS0lORF9XUklURRABEhgKFFJFVklTSU9OX0tJTkRfREVMRVRFEAIqiAEKDlByb3Bvc2FsQWN0aW9uEh8KG1BST1BPU0FMX0FDVElPTl9VTlNQRUNJRklFRBAAEhcKE1BST1BPU0FMX0FDVElPTl9BREQQARIdChlQUk9QT1NBTF9BQ1RJT05fU1VQRVJTRURFEAISHQoZUFJPUE9TQUxfQUNUSU9OX0RVUExJQ0FURRADKrIBChBDdXJhdGlvbkpvYlN0YXRlEiIKHkNVUkFUSU9OX0pPQl9TVEFURV9VTlNQRUNJRklFRBAAEh4KGkNVUkFUSU9OX0pPQl9TVEFURV9QRU5ESU5HEAESHgoaQ1VSQVRJT05fSk9CX1NUQVRFX1JVTk5JTkcQAhIbChdDVVJBVElPTl9KT0JfU1RBVEVfRE9ORRADEh0KGUNVUkFUSU9OX0pPQl9TVEFURV9GQUlMRUQQBDKjCAoNTWVtb3J5U2VydmljZRJhCgxVcHNlcnRNZW1vcnkSJy5ydW5pZm9sZC5tZW1vcnkudjEuVXBzZXJ0TWVtb3J5UmVxdWVzdBooLnJ1bmlmb2xkLm1lbW9yeS52MS5VcHNlcnRNZW1vcnlSZXNwb25zZRJYCglHZXRNZW1vcnkSJC5ydW5pZm9sZC5tZW1vcnkudjEuR2V0TWVtb3J5UmVxdWVzdBolLnJ1bmlmb2xkLm1lbW9yeS52MS5HZXRNZW1vcnlSZXNwb25zZRJhCgxMaXN0TWVtb3JpZXMSJy5ydW5pZm9sZC5tZW1vcnkudjEuTGlzdE1lbW9yaWVzUmVxdWVzdBooLnJ1bmlmb2xkLm1lbW9yeS52MS5MaXN0TWVtb3JpZXNSZXNwb25zZRJnCg5TZWFyY2hNZW1vcmllcxIpLnJ1bmlmb2xkLm1lbW9yeS52MS5TZWFyY2hNZW1vcmllc1JlcXVlc3QaKi5ydW5pZm9sZC5tZW1vcnkudjEuU2VhcmNoTWVtb3JpZXNSZXNwb25zZRJhCgxEZWxldGVNZW1vcnkSJy5ydW5pZm9sZC5tZW1vcnkudjEuRGVsZXRlTWVtb3J5UmVxdWVzdBooLnJ1bmlmb2xkLm1lbW9yeS52MS5EZWxldGVNZW1vcnlSZXNwb25zZRJhCgxGb3JnZXRTb3VyY2USJy5ydW5pZm9sZC5tZW1vcnkudjEuRm9yZ2V0U291cmNlUmVxdWVzdBooLnJ1bmlmb2xkLm1lbW9yeS52MS5Gb3JnZXRTb3VyY2VSZXNwb25zZRJ2ChNMaXN0TWVtb3J5UmV2aXNpb25zEi4ucnVuaWZvbGQubWVtb3J5LnYxLkxpc3RNZW1vcnlSZXZpc2lvbnNSZXF1ZXN0Gi8ucnVuaWZvbGQubWVtb3J5LnYxLkxpc3RNZW1vcnlSZXZpc2lvbnNSZXNwb25zZRJqCg9Qcm9wb3NlTWVtb3JpZXMSKi5ydW5pZm9sZC5tZW1vcnkudjEuUHJvcG9zZU1lbW9yaWVzUmVxdWVzdBorLnJ1bmlmb2xkLm1lbW9yeS52MS5Qcm9wb3NlTWVtb3JpZXNSZXNwb25zZRJqCg9SZXF1ZXN0Q3VyYXRpb24SKi5ydW5pZm9sZC5tZW1vcnkudjEuUmVxdWVzdEN1cmF0aW9uUmVxdWVzdBorLnJ1bmlmb2xkLm1lbW9yeS52MS5SZXF1ZXN0Q3VyYXRpb25SZXNwb25zZRJzChJHZXRDdXJhdGlvbkJhY2tsb2cSLS5ydW5pZm9sZC5tZW1vcnkudjEuR2V0Q3VyYXRpb25CYWNrbG9nUmVxdWVzdBouLnJ1bmlmb2xkLm1lbW9yeS52MS5HZXRDdXJhdGlvbkJhY2tsb2dSZXNwb25zZUJBWj9naXRodWIuY29tL3J1bmlmb2xkL3J1bmlmb2xkL2dlbi9nby9ydW5pZm9sZC9tZW1vcnkvdjE7bWVtb3J5djFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_runifold_common_v1_common]);
 
 /**
  * The transcript range a memory was derived from.
@@ -1103,6 +1103,219 @@ export const ProposeMemoriesResponseSchema: GenMessage<ProposeMemoriesResponse> 
   messageDesc(file_runifold_memory_v1_memory_service, 21);
 
 /**
+ * Request of RequestCuration.
+ *
+ * @generated from message runifold.memory.v1.RequestCurationRequest
+ */
+export type RequestCurationRequest = Message<"runifold.memory.v1.RequestCurationRequest"> & {
+  /**
+   * Namespace of the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * UUID of the conversation to curate.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  conversationId: string;
+};
+
+/**
+ * Describes the message runifold.memory.v1.RequestCurationRequest.
+ * Use `create(RequestCurationRequestSchema)` to create a new message.
+ */
+export const RequestCurationRequestSchema: GenMessage<RequestCurationRequest> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 22);
+
+/**
+ * A background curation job of one conversation.
+ *
+ * @generated from message runifold.memory.v1.CurationJob
+ */
+export type CurationJob = Message<"runifold.memory.v1.CurationJob"> & {
+  /**
+   * Job identifier (UUID).
+   *
+   * @generated from field: string job_id = 1;
+   */
+  jobId: string;
+
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  conversationId: string;
+
+  /**
+   * Namespace that owns it.
+   *
+   * @generated from field: string namespace = 3;
+   */
+  namespace: string;
+
+  /**
+   * Current state.
+   *
+   * @generated from field: runifold.memory.v1.CurationJobState state = 4;
+   */
+  state: CurationJobState;
+
+  /**
+   * Attempts made so far.
+   *
+   * @generated from field: int32 attempts = 5;
+   */
+  attempts: number;
+
+  /**
+   * When it was created.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 6;
+   */
+  createTime?: Timestamp | undefined;
+
+  /**
+   * The conversation's incarnation it curates (Conversation.incarnation).
+   *
+   * @generated from field: int64 incarnation = 7;
+   */
+  incarnation: bigint;
+
+  /**
+   * Why its last attempt did not finish (an ErrorInfo reason such as
+   * CURATION_BUDGET_EXHAUSTED or LEASE_EXPIRED); empty when none failed.
+   *
+   * @generated from field: string last_error = 8;
+   */
+  lastError: string;
+};
+
+/**
+ * Describes the message runifold.memory.v1.CurationJob.
+ * Use `create(CurationJobSchema)` to create a new message.
+ */
+export const CurationJobSchema: GenMessage<CurationJob> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 23);
+
+/**
+ * Response of RequestCuration.
+ *
+ * @generated from message runifold.memory.v1.RequestCurationResponse
+ */
+export type RequestCurationResponse = Message<"runifold.memory.v1.RequestCurationResponse"> & {
+  /**
+   * The waiting or running job of the conversation.
+   *
+   * @generated from field: runifold.memory.v1.CurationJob job = 1;
+   */
+  job?: CurationJob | undefined;
+
+  /**
+   * False when the conversation already had a waiting or running job.
+   *
+   * @generated from field: bool created = 2;
+   */
+  created: boolean;
+};
+
+/**
+ * Describes the message runifold.memory.v1.RequestCurationResponse.
+ * Use `create(RequestCurationResponseSchema)` to create a new message.
+ */
+export const RequestCurationResponseSchema: GenMessage<RequestCurationResponse> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 24);
+
+/**
+ * Request of GetCurationBacklog.
+ *
+ * @generated from message runifold.memory.v1.GetCurationBacklogRequest
+ */
+export type GetCurationBacklogRequest = Message<"runifold.memory.v1.GetCurationBacklogRequest"> & {
+  /**
+   * Namespace to report on.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+};
+
+/**
+ * Describes the message runifold.memory.v1.GetCurationBacklogRequest.
+ * Use `create(GetCurationBacklogRequestSchema)` to create a new message.
+ */
+export const GetCurationBacklogRequestSchema: GenMessage<GetCurationBacklogRequest> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 25);
+
+/**
+ * Response of GetCurationBacklog.
+ *
+ * @generated from message runifold.memory.v1.GetCurationBacklogResponse
+ */
+export type GetCurationBacklogResponse = Message<"runifold.memory.v1.GetCurationBacklogResponse"> & {
+  /**
+   * Jobs waiting or running.
+   *
+   * @generated from field: int64 depth = 1;
+   */
+  depth: bigint;
+
+  /**
+   * Age of the oldest waiting or running job; zero when the queue is empty.
+   *
+   * @generated from field: google.protobuf.Duration oldest_pending_age = 2;
+   */
+  oldestPendingAge?: Duration | undefined;
+
+  /**
+   * Jobs parked after too many failures.
+   *
+   * @generated from field: int64 failed_count = 3;
+   */
+  failedCount: bigint;
+
+  /**
+   * Jobs claimed by a worker right now.
+   *
+   * @generated from field: int64 running_count = 4;
+   */
+  runningCount: bigint;
+
+  /**
+   * Model calls charged to the namespace's curation in the current hour
+   * (RUNIFOLD_CURATION_MAX_MODEL_CALLS_PER_HOUR).
+   *
+   * @generated from field: int64 model_calls_this_hour = 5;
+   */
+  modelCallsThisHour: bigint;
+
+  /**
+   * Tokens (input and output) charged in the current hour
+   * (RUNIFOLD_CURATION_MAX_TOKENS_PER_HOUR).
+   *
+   * @generated from field: int64 tokens_this_hour = 6;
+   */
+  tokensThisHour: bigint;
+
+  /**
+   * Memories curated in the current hour (added or superseding).
+   *
+   * @generated from field: int64 facts_this_hour = 7;
+   */
+  factsThisHour: bigint;
+};
+
+/**
+ * Describes the message runifold.memory.v1.GetCurationBacklogResponse.
+ * Use `create(GetCurationBacklogResponseSchema)` to create a new message.
+ */
+export const GetCurationBacklogResponseSchema: GenMessage<GetCurationBacklogResponse> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 26);
+
+/**
  * What a search ranks by.
  *
  * @generated from enum runifold.memory.v1.SearchMode
@@ -1220,6 +1433,55 @@ export const ProposalActionSchema: GenEnum<ProposalAction> = /*@__PURE__*/
   enumDesc(file_runifold_memory_v1_memory_service, 2);
 
 /**
+ * State of a curation job.
+ *
+ * @generated from enum runifold.memory.v1.CurationJobState
+ */
+export enum CurationJobState {
+  /**
+   * Not used.
+   *
+   * @generated from enum value: CURATION_JOB_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Waiting for a worker (possibly after a failed attempt, or until the
+   * namespace's hourly budget allows it: see `last_error`).
+   *
+   * @generated from enum value: CURATION_JOB_STATE_PENDING = 1;
+   */
+  PENDING = 1,
+
+  /**
+   * Claimed by a worker.
+   *
+   * @generated from enum value: CURATION_JOB_STATE_RUNNING = 2;
+   */
+  RUNNING = 2,
+
+  /**
+   * Finished: every entry through the conversation's last sequence was curated.
+   *
+   * @generated from enum value: CURATION_JOB_STATE_DONE = 3;
+   */
+  DONE = 3,
+
+  /**
+   * Parked after too many failed attempts (RUNIFOLD_CURATION_JOB_MAX_FAILURES).
+   *
+   * @generated from enum value: CURATION_JOB_STATE_FAILED = 4;
+   */
+  FAILED = 4,
+}
+
+/**
+ * Describes the enum runifold.memory.v1.CurationJobState.
+ */
+export const CurationJobStateSchema: GenEnum<CurationJobState> = /*@__PURE__*/
+  enumDesc(file_runifold_memory_v1_memory_service, 3);
+
+/**
  * Curated semantic memory with provenance.
  *
  * A memory is a fact worth keeping across conversations. Each one names the
@@ -1326,6 +1588,32 @@ export const MemoryService: GenService<{
     methodKind: "unary";
     input: typeof ProposeMemoriesRequestSchema;
     output: typeof ProposeMemoriesResponseSchema;
+  },
+  /**
+   * Asks for the automatic curation of a conversation: a durable background job
+   * proposes facts from the entries after the conversation's `curated_through`
+   * (TranscriptService), stores them with their exact source ranges (duplicates
+   * skipped, changed facts superseded) and advances `curated_through`. One
+   * waiting or running job per conversation: a repeat returns it (a running one
+   * runs again when it finishes). AgentService calls it after a turn whose
+   * policy says CURATION_MODE_AUTO.
+   *
+   * @generated from rpc runifold.memory.v1.MemoryService.RequestCuration
+   */
+  requestCuration: {
+    methodKind: "unary";
+    input: typeof RequestCurationRequestSchema;
+    output: typeof RequestCurationResponseSchema;
+  },
+  /**
+   * Reports the curation job queue of a namespace and its hourly budget.
+   *
+   * @generated from rpc runifold.memory.v1.MemoryService.GetCurationBacklog
+   */
+  getCurationBacklog: {
+    methodKind: "unary";
+    input: typeof GetCurationBacklogRequestSchema;
+    output: typeof GetCurationBacklogResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_runifold_memory_v1_memory_service, 0);

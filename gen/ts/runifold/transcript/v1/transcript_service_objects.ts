@@ -165,6 +165,14 @@ export interface Conversation {
    * @generated from field: string state_json = 10;
    */
   'state_json'?: (string);
+  /**
+   * Entries through this sequence have been read by automatic curation
+   * (MemoryService: what they state is in memory, with its sources). 0: none
+   * yet. Monotonic within an incarnation; set by MarkCurated.
+   *
+   * @generated from field: int64 curated_through = 11;
+   */
+  'curated_through'?: (number | string | bigint);
 }
 
 /**
@@ -239,6 +247,14 @@ export interface Conversation__Output {
    * @generated from field: string state_json = 10;
    */
   'state_json': (string);
+  /**
+   * Entries through this sequence have been read by automatic curation
+   * (MemoryService: what they state is in memory, with its sources). 0: none
+   * yet. Monotonic within an incarnation; set by MarkCurated.
+   *
+   * @generated from field: int64 curated_through = 11;
+   */
+  'curated_through': (number);
 }
 
 /**
@@ -795,6 +811,16 @@ export interface ListEntriesRequest {
    * @generated from field: int64 through_sequence = 6;
    */
   'through_sequence'?: (number | string | bigint);
+  /**
+   * When set, only the entries a write after this version retracted (their
+   * `retracted_version` is greater). Found through the writes that retracted
+   * something (transcript migration 0005): its cost grows with those writes
+   * and the entries returned, never with the transcript's length. Writes
+   * recorded before that migration are not seen.
+   *
+   * @generated from field: int64 retracted_after_version = 7;
+   */
+  'retracted_after_version'?: (number | string | bigint);
 }
 
 /**
@@ -839,6 +865,16 @@ export interface ListEntriesRequest__Output {
    * @generated from field: int64 through_sequence = 6;
    */
   'through_sequence': (number);
+  /**
+   * When set, only the entries a write after this version retracted (their
+   * `retracted_version` is greater). Found through the writes that retracted
+   * something (transcript migration 0005): its cost grows with those writes
+   * and the entries returned, never with the transcript's length. Writes
+   * recorded before that migration are not seen.
+   *
+   * @generated from field: int64 retracted_after_version = 7;
+   */
+  'retracted_after_version': (number);
 }
 
 /**
@@ -2638,6 +2674,100 @@ export interface Erased__Output {
 }
 
 /**
+ * Request of MarkCurated.
+ *
+ * @generated from message runifold.transcript.v1.MarkCuratedRequest
+ */
+export interface MarkCuratedRequest {
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id'?: (string);
+  /**
+   * Namespace that owns it.
+   *
+   * @generated from field: string namespace = 2;
+   */
+  'namespace'?: (string);
+  /**
+   * The incarnation that was read (Conversation.incarnation); 0: the current one.
+   *
+   * @generated from field: int64 incarnation = 3;
+   */
+  'incarnation'?: (number | string | bigint);
+  /**
+   * Entries through this sequence were curated; at most `last_sequence`.
+   *
+   * @generated from field: int64 curated_through = 4;
+   */
+  'curated_through'?: (number | string | bigint);
+}
+
+/**
+ * Request of MarkCurated.
+ *
+ * @generated from message runifold.transcript.v1.MarkCuratedRequest
+ */
+export interface MarkCuratedRequest__Output {
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id': (string);
+  /**
+   * Namespace that owns it.
+   *
+   * @generated from field: string namespace = 2;
+   */
+  'namespace': (string);
+  /**
+   * The incarnation that was read (Conversation.incarnation); 0: the current one.
+   *
+   * @generated from field: int64 incarnation = 3;
+   */
+  'incarnation': (number);
+  /**
+   * Entries through this sequence were curated; at most `last_sequence`.
+   *
+   * @generated from field: int64 curated_through = 4;
+   */
+  'curated_through': (number);
+}
+
+/**
+ * Response of MarkCurated.
+ *
+ * @generated from message runifold.transcript.v1.MarkCuratedResponse
+ */
+export interface MarkCuratedResponse {
+  /**
+   * The conversation, with its `curated_through` (the larger of the stored
+   * value and the one sent).
+   *
+   * @generated from field: runifold.transcript.v1.Conversation conversation = 1;
+   */
+  'conversation'?: (Conversation | null);
+}
+
+/**
+ * Response of MarkCurated.
+ *
+ * @generated from message runifold.transcript.v1.MarkCuratedResponse
+ */
+export interface MarkCuratedResponse__Output {
+  /**
+   * The conversation, with its `curated_through` (the larger of the stored
+   * value and the one sent).
+   *
+   * @generated from field: runifold.transcript.v1.Conversation conversation = 1;
+   */
+  'conversation': (Conversation__Output | null);
+}
+
+/**
  * Append-only conversation transcripts with compare-and-swap versioning.
  *
  * A conversation's `version` counts committed appends. Each entry has a
@@ -2749,5 +2879,15 @@ export interface TranscriptService__Methods {
    * @generated from rpc runifold.transcript.v1.TranscriptService.WatchConversation
    */
   watchConversation: { request: WatchConversationRequest; response: WatchConversationResponse__Output };
+  /**
+   * Records how far automatic curation has read a conversation
+   * (Conversation.curated_through): monotonic (a lower value changes nothing),
+   * never past the last entry, and only for the incarnation named (an erased
+   * one is NOT_FOUND / CONVERSATION_ERASED). MemoryService's curation jobs
+   * call it after they store what a batch of entries stated.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.MarkCurated
+   */
+  markCurated: { request: MarkCuratedRequest; response: MarkCuratedResponse__Output };
 }
 
