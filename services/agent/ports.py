@@ -138,3 +138,6 @@ class Memories(Protocol):
     ) -> int:
         """Delete every memory derived from the conversation and leave a tombstone of
         `incarnation` (when not 0) that refuses later writes; return how many were deleted."""
+
+    async def request_curation(self, namespace: str, conversation_id: str) -> None:
+        """Queue the automatic curation of the conversation (RequestCuration)."""

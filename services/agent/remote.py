@@ -357,3 +357,9 @@ class GrpcMemories:
             ),
         )
         return int(reply.deleted_count)
+
+    async def request_curation(self, namespace: str, conversation_id: str) -> None:
+        await self.peer.call(
+            self.stub.RequestCuration,
+            memory_pb.RequestCurationRequest(namespace=namespace, conversation_id=conversation_id),
+        )

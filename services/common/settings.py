@@ -122,7 +122,7 @@ class AdmissionLimits:
     upserts: int = 16
     proposals: int = 4
     # RequestCuration calls (an enqueue each; the jobs' cost is the curation budget's).
-    curations: int = 8
+    curations: int = 16
     # Turns of a namespace waiting for their lease (without their turn slot).
     waiting_turns: int = 32
     # The retry hint before any call of a kind has finished (then: their mean duration).
@@ -152,7 +152,7 @@ class AdmissionLimits:
             summarizes=limit("RUNIFOLD_NAMESPACE_MAX_SUMMARIZE", 8),
             upserts=limit("RUNIFOLD_NAMESPACE_MAX_UPSERTS", 16),
             proposals=limit("RUNIFOLD_NAMESPACE_MAX_PROPOSALS", 4),
-            curations=limit("RUNIFOLD_NAMESPACE_MAX_CURATION_REQUESTS", 8),
+            curations=limit("RUNIFOLD_NAMESPACE_MAX_CURATION_REQUESTS", 16),
             waiting_turns=limit("RUNIFOLD_NAMESPACE_MAX_WAITING_TURNS", 32),
             retry_after_s=env_float(
                 env, "RUNIFOLD_ADMISSION_RETRY_AFTER_S", 1.0, minimum=0.1, maximum=60.0

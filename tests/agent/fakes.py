@@ -220,6 +220,7 @@ class FakeMemories:
     def __init__(self, memories: Sequence[Recalled] = ()) -> None:
         self.memories = list(memories)
         self.queries: list[tuple[str, str, int]] = []
+        self.curation_requests: list[tuple[str, str]] = []
         self.down = False
 
     async def search(self, namespace: str, query: str, limit: int) -> Recall:
@@ -233,6 +234,11 @@ class FakeMemories:
             raise StoreUnavailable("memory")
         forgotten, self.memories = len(self.memories), []
         return forgotten
+
+    async def request_curation(self, namespace: str, conversation_id: str) -> None:
+        if self.down:
+            raise StoreUnavailable("memory")
+        self.curation_requests.append((namespace, conversation_id))
 
 
 Responder = Callable[[ChatRequest], ChatResponse]

@@ -10,6 +10,14 @@ from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.common.v1 import common_pb2
 
 SummaryModeName = Literal["require", "auto"]
+# "default": the namespace's (the server's RUNIFOLD_CURATION, RUNIFOLD_CURATION_NAMESPACES).
+CurationModeName = Literal["default", "off", "auto"]
+
+_CURATION = {
+    "default": agent_pb.CURATION_MODE_UNSPECIFIED,
+    "off": agent_pb.CURATION_MODE_OFF,
+    "auto": agent_pb.CURATION_MODE_AUTO,
+}
 
 
 @dataclass(frozen=True)
@@ -21,6 +29,10 @@ class ConversationContextPolicy:
     memory_limit: memories retrieved (0 turns semantic memory off; at most 256).
     summary_mode: "require" fails with SummaryRequired (and enqueues a job);
         "auto" runs the trusted summarizer first, in at most max_summary_passes.
+    curation: "auto" asks for the automatic curation of the conversation into memory
+        once the turn commits (in the background); "off" does not; "default" leaves it
+        to the namespace's default (on in the all-in-one server, off in a service
+        deployed alone unless its operator set it).
     """
 
     window: int = 16
@@ -28,6 +40,13 @@ class ConversationContextPolicy:
     memory_limit: int = 0
     summary_mode: SummaryModeName = "require"
     max_summary_passes: int = 1
+    curation: CurationModeName = "default"
+
+    def with_curation(self, mode: CurationModeName = "auto") -> ConversationContextPolicy:
+        """The same policy with curation after the turn "auto" (or "off", "default")."""
+        if mode not in _CURATION:
+            raise ValueError("curation must be 'default', 'off' or 'auto'")
+        return replace(self, curation=mode)
 
     def with_semantic_memory(self, limit: int) -> ConversationContextPolicy:
         """The same policy with bounded memory lookup (1..256)."""
@@ -52,6 +71,7 @@ class ConversationContextPolicy:
                 else agent_pb.SUMMARY_MODE_REQUIRE
             ),
             max_summary_passes=self.max_summary_passes,
+            curation=_CURATION[self.curation],
         )
 
 

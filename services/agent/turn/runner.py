@@ -30,6 +30,7 @@ from services.agent.config import AgentConfig
 from services.agent.model import (
     ConcurrencyMode,
     ContextReport,
+    CurationMode,
     EndedState,
     LeaseState,
     ModelOutputInvalid,
@@ -51,6 +52,7 @@ from services.agent.model import (
 from services.agent.ports import Memories, Summaries, Transcripts
 from services.agent.turn.budget import TurnBudget
 from services.agent.turn.commit import calling_model, commit, release
+from services.agent.turn.curation import CurationRequests
 from services.agent.turn.lease import LeaseKeeper, ended_error, ended_state, lease_lost
 from services.agent.turn.prompt import build_request, estimate_request_tokens, memory_query
 from services.agent.turn.replay import replay
@@ -93,6 +95,8 @@ class TurnRunner:
     memories: Memories
     model: ChatModel
     config: AgentConfig
+    # Where a committed AUTO turn asks for curation (None: never asked).
+    curation: CurationRequests | None = None
 
     async def events(self, turn: Turn, stream: bool) -> AsyncIterator[TurnEvent]:
         """The turn as events (the request is already checked)."""
@@ -375,6 +379,9 @@ class TurnRunner:
             yield await replay(self.transcripts, turn, conversation_id, latest.prior_append)
             return
         metrics.TURNS.labels("replayed" if appended.replayed else "committed").inc()
+        if turn.policy.curation is CurationMode.AUTO and self.curation is not None:
+            # In the background: the answer does not wait (see turn/curation.py).
+            self.curation.request(namespace, conversation_id)
         yield TurnResult(
             conversation_id=conversation_id,
             conversation_version=appended.version,

@@ -174,4 +174,6 @@ class Client:
     forget_source = _blocking(AsyncClient.forget_source)
     propose_memories = _blocking(AsyncClient.propose_memories)
     confirm_proposal = _blocking(AsyncClient.confirm_proposal)
+    request_curation = _blocking(AsyncClient.request_curation)
+    curation_backlog = _blocking(AsyncClient.curation_backlog)
     memory_revisions = _iterating(AsyncClient.memory_revisions)
