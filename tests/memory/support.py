@@ -227,6 +227,8 @@ class FixedSources:
         self.conversations: dict[tuple[str, uuid.UUID], int] = {}
         self.texts: dict[tuple[str, uuid.UUID], list[str]] = {}
         self.incarnations: dict[tuple[str, uuid.UUID], int] = {}
+        # What curation marked (MarkCurated), by conversation.
+        self.curated: dict[tuple[str, uuid.UUID], int] = {}
 
     def add(self, namespace: str, last_sequence: int, texts: Sequence[str] = ()) -> str:
         cid = uuid.uuid4()
@@ -271,6 +273,20 @@ class FixedSources:
             )
             for n in range(max(1, from_sequence), min(last, through_sequence) + 1)
         ]
+
+    async def mark_curated(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int, curated_through: int
+    ) -> None:
+        self.curated[(namespace, conversation_id)] = curated_through
+
+    async def retracted(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        after_version: int,
+        through_sequence: int,
+    ) -> list[int]:
+        return []  # FixedSources' entries are never retracted
 
 
 async def outbox_drained(component: MemoryComponent) -> bool:

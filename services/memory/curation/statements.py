@@ -64,6 +64,11 @@ RETURNING {JOB_COLUMNS}
 """
 
 
+# Enqueues of one namespace, one at a time: its cap of waiting jobs is counted by one
+# enqueue at a time (each sees the jobs the ones before it queued).
+LOCK_NAMESPACE_QUEUE = "SELECT pg_advisory_xact_lock(hashtextextended('curation/' || %s, 0))"
+
+
 ACTIVE_COUNT = f"""
 SELECT count(*) FROM (SELECT 1 FROM memory.curation_jobs
                        WHERE namespace = %(namespace)s AND state IN {ACTIVE}

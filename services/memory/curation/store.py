@@ -217,6 +217,7 @@ class PostgresCurationStore:
             for _ in range(_ENQUEUE_ROUNDS):
                 async with conn.transaction():
                     await _refuse_erased(conn, namespace, conversation_id, incarnation)
+                    await conn.execute(sql.LOCK_NAMESPACE_QUEUE, (namespace,))
                     row = await fetch_one(conn, sql.INSERT_JOB, params)
                     if row is not None:
                         return _job(row), True
