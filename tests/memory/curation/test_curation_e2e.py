@@ -33,6 +33,7 @@ async def stack(
         tmp_path_factory.mktemp("curation"),
         None,
         memory={"curation_poll_interval_s": 0.05},
+        curation=True,  # the all-in-one server's default: AUTO
     ) as running:
         yield running
 
