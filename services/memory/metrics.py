@@ -77,6 +77,11 @@ CURATION_JOB_MODEL_CALLS = Histogram(
     "Proposer calls made by one attempt of a curation job.",
     buckets=(0, 1, 2, 4, 8, 16, 32),
 )
+CURATION_JOB_TOKENS = Histogram(
+    "runifold_memory_curation_job_tokens",
+    "Tokens (input and output) of the proposer calls of one attempt of a curation job.",
+    buckets=(0, 500, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000),
+)
 
 # Exported for compatibility only, each beside the metric that replaces it.
 DEPRECATED = frozenset({"runifold_memory_index_lag"})

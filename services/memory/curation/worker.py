@@ -183,6 +183,7 @@ class CurationWorkers:
     def _observe(run: CurationRun) -> None:
         metrics.CURATION_JOB_FACTS.observe(run.added)
         metrics.CURATION_JOB_MODEL_CALLS.observe(run.model_calls)
+        metrics.CURATION_JOB_TOKENS.observe(run.usage.input_tokens + run.usage.output_tokens)
 
     async def _record_failure(
         self,

@@ -142,3 +142,24 @@ async def test_retracted_entries_cost_no_model_call_and_are_never_curated(
     backlog = await world.service.curation_backlog(namespace)
     assert (backlog.depth, backlog.model_calls_this_hour) == (0, 0)
     assert (await world.queue.backlog(namespace, datetime.now(UTC))).tokens_this_hour == 0
+
+
+def sample(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+async def test_each_job_counts_its_model_calls_tokens_and_facts(
+    world: World, namespace: str
+) -> None:
+    cid = await world.conversation(namespace, "I live in Lima.", "I work at Acme.")
+    await world.request(namespace, cid)
+    names = ("facts", "model_calls", "tokens")
+    before = {n: sample(f"runifold_memory_curation_job_{n}_sum") for n in names}
+    jobs = sample("runifold_memory_curation_job_facts_count")
+    assert await world.workers.run_once("w")
+    after = {n: sample(f"runifold_memory_curation_job_{n}_sum") for n in names}
+    assert sample("runifold_memory_curation_job_facts_count") == jobs + 1
+    assert after["facts"] - before["facts"] == 2
+    assert after["model_calls"] - before["model_calls"] == 1
+    backlog = await world.queue.backlog(namespace, datetime.now(UTC))
+    assert after["tokens"] - before["tokens"] == backlog.tokens_this_hour > 0
