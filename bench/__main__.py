@@ -2,8 +2,9 @@
 
 No thresholds are asserted: goals are printed next to the measured ratios.
 `python -m bench transcript` runs one suite; `summary-claim`, `memory-indexing` and
-`memory-validity`, `retrieval-quality` and `retrieval-latency` run one part of the
-summary, memory and retrieval suites alone.
+`memory-validity`, `retrieval-quality`, `retrieval-latency` and `curation-quality`,
+`-throughput`, `-claim`, `-latency` run one part of the summary, memory, retrieval and
+curation suites alone.
 """
 
 from __future__ import annotations
@@ -15,7 +16,17 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from bench import agent, embedding, hostile, memory, retrieval, summary, transcript, watch
+from bench import (
+    agent,
+    curation,
+    embedding,
+    hostile,
+    memory,
+    retrieval,
+    summary,
+    transcript,
+    watch,
+)
 from bench.common import postgres
 
 SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
@@ -27,12 +38,17 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "watch": watch.run,
     "retrieval": retrieval.run,
     "hostile": hostile.run,
+    "curation": curation.run,
     # Parts of the suites above, to run alone.
     "summary-claim": summary.claim_cost,
     "memory-indexing": memory.indexing,
     "memory-validity": memory.validity,
     "retrieval-quality": retrieval.quality,
     "retrieval-latency": retrieval.latency,
+    "curation-quality": curation.quality,
+    "curation-throughput": curation.throughput,
+    "curation-claim": curation.claim_cost,
+    "curation-latency": curation.latency,
 }
 DEFAULT = [
     "transcript",
@@ -43,6 +59,7 @@ DEFAULT = [
     "watch",
     "retrieval",
     "hostile",
+    "curation",
 ]
 
 
