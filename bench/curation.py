@@ -177,6 +177,8 @@ def _score(conversation: list[Said], listed: list[memory_pb.Memory], now: float,
         fresh = any(_mentions(c, values[-1]) for c in open_now)
         stale = any(_mentions(c, old) for c in open_now for old in values[:-1])
         s.superseded_right += fresh and not stale
+        if not (fresh and not stale):
+            s.notes.append(f"{values[-1]!r} {'open' if fresh else 'missing'}, older still open")
     s.leaks += sum(any(_mentions(c, v) for c in open_now) for v in leaked)
 
 
@@ -203,8 +205,16 @@ def _scripted(body: Any) -> FakeReply:
     assert body["messages"][0]["content"] == SYSTEM_PROMPT
     read = body["messages"][-1]["content"]
     shown = _MEMORY.findall(read)
-    proposals = []
+    # A careful reader: of several statements of one topic in the entries read, the
+    # latest is the fact (the earlier ones were never true at the end of the batch).
+    latest: dict[str, tuple[str, str]] = {}
     for sequence, text in _ENTRY.findall(read):
+        for pattern, template in _RULES:
+            match = pattern.search(text)
+            if match is not None:
+                latest[template.split("{}")[0]] = (sequence, text)
+    proposals = []
+    for sequence, text in latest.values():
         for pattern, template in _RULES:
             match = pattern.search(text)
             if match is None:
@@ -352,6 +362,7 @@ async def quality(postgres_url: str) -> list[str]:
     ]
     offline = await _quality_run(postgres_url, "offline", {"RUNIFOLD_CURATOR_MODEL_URL": "offline"})
     lines.append(_quality_row("offline proposer", offline))
+    lines += [f"  not superseded: {note}" for note in offline.notes]
     async with fake_openai() as model:
         model.respond_with(_scripted)
         scripted = await _quality_run(
@@ -363,6 +374,7 @@ async def quality(postgres_url: str) -> list[str]:
             },
         )
     lines.append(_quality_row("OpenAI-compatible (scripted fake)", scripted))
+    lines += [f"  not superseded: {note}" for note in scripted.notes]
     return lines
 
 
