@@ -418,14 +418,15 @@ async def _drain(url: str, transcript: str, processes: int, cids: list[str]) -> 
         async with grpc.aio.insecure_channel(addresses[0]) as channel:
             memory = stubs.memory(channel)
             start = time.perf_counter()
-            await asyncio.gather(
-                *(
-                    memory.RequestCuration(
-                        memory_pb.RequestCurationRequest(namespace=namespace, conversation_id=c)
+            for first in range(0, len(mine), 8):  # within the namespace's 16 in flight
+                await asyncio.gather(
+                    *(
+                        memory.RequestCuration(
+                            memory_pb.RequestCurationRequest(namespace=namespace, conversation_id=c)
+                        )
+                        for c in mine[first : first + 8]
                     )
-                    for c in mine
                 )
-            )
             while True:
                 backlog = await memory.GetCurationBacklog(
                     memory_pb.GetCurationBacklogRequest(namespace=namespace)
