@@ -106,11 +106,10 @@ async def make_run(clone: Path) -> AsyncIterator[tuple[str, str]]:
 
 async def test_a_fresh_clone_runs_the_first_screen(tmp_path: Path) -> None:
     clone = tmp_path / "runifold"
-    subprocess.run(
-        ["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone)],
-        check=True,
-        capture_output=True,
+    cloning = await asyncio.create_subprocess_exec(
+        "git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone)
     )
+    assert await cloning.wait() == 0
     async with make_run(clone) as (address, http):
         assert (clone / ".venv" / "bin" / "grpcurl").exists(), "make run installs grpcurl"
         for language, code in first_screen():
