@@ -403,7 +403,9 @@ async def _drain(url: str, transcript: str, processes: int, cids: list[str]) -> 
         "RUNIFOLD_MEMORY_INDEX": "pgvector",
         "RUNIFOLD_DB_POOL_MIN": "2",
     }
-    namespace = f"bench-curation-throughput-{uuid.uuid4().hex[:6]}"
+    # A namespace per conversation: without a user, a namespace's memory is one
+    # person's, and one conversation's facts would supersede another's.
+    prefix = f"bench-curation-throughput-{uuid.uuid4().hex[:6]}"
     async with contextlib.AsyncExitStack() as stack:
         addresses = [
             await stack.enter_async_context(server_process("services.memory", url, env))
@@ -414,28 +416,39 @@ async def _drain(url: str, transcript: str, processes: int, cids: list[str]) -> 
             mine = []
             for k in range(len(cids)):
                 texts = [t.format(k=k) for t in _THROUGHPUT_TEXTS]
-                mine.append(await seed_conversation(stub, namespace, texts))
-        async with grpc.aio.insecure_channel(addresses[0]) as channel:
+                namespace = f"{prefix}-{k}"
+                mine.append((namespace, await seed_conversation(stub, namespace, texts)))
+        async with (
+            grpc.aio.insecure_channel(addresses[0]) as channel,
+            await psycopg.AsyncConnection.connect(url, autocommit=True) as conn,
+        ):
             memory = stubs.memory(channel)
             start = time.perf_counter()
-            for first in range(0, len(mine), 8):  # within the namespace's 16 in flight
+            for first in range(0, len(mine), 8):
                 await asyncio.gather(
                     *(
                         memory.RequestCuration(
-                            memory_pb.RequestCurationRequest(namespace=namespace, conversation_id=c)
+                            memory_pb.RequestCurationRequest(namespace=ns, conversation_id=c)
                         )
-                        for c in mine[first : first + 8]
+                        for ns, c in mine[first : first + 8]
                     )
                 )
             while True:
-                backlog = await memory.GetCurationBacklog(
-                    memory_pb.GetCurationBacklogRequest(namespace=namespace)
+                cursor = await conn.execute(
+                    "SELECT count(*) FROM memory.curation_jobs"
+                    " WHERE state IN ('pending', 'running') AND namespace LIKE %s",
+                    (prefix + "-%",),
                 )
-                if backlog.depth == 0:
+                row = await cursor.fetchone()
+                if row is not None and row[0] == 0:
                     break
                 await asyncio.sleep(0.01)  # progress poll of a background queue
             elapsed = time.perf_counter() - start
-            return elapsed, int(backlog.facts_this_hour)
+            cursor = await conn.execute(
+                "SELECT count(*) FROM memory.memories WHERE namespace LIKE %s", (prefix + "-%",)
+            )
+            row = await cursor.fetchone()
+            return elapsed, int(row[0]) if row else 0
 
 
 async def throughput(postgres_url: str) -> list[str]:
