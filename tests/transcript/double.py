@@ -33,6 +33,7 @@ from services.transcript.conversations.model import (
     StateChange,
     conversation_erased,
     conversation_not_found,
+    preview,
     request_id_reused,
     state_too_large,
 )
@@ -109,12 +110,12 @@ class _Stored:
         return None
 
 
-def _preview_text(entries: Sequence[Entry]) -> str:
-    """What the store reads for a listing's preview: the start of the first standing user
-    message among the first PREVIEW_ENTRIES entries."""
+def _preview(entries: Sequence[Entry]) -> str:
+    """A listing's preview, as the store makes it: of the first standing user message
+    among the first PREVIEW_ENTRIES entries (the start the statement reads)."""
     for entry in entries[:PREVIEW_ENTRIES]:
         if entry.message.role == Role.USER and not entry.retracted_version:
-            return entry.message.text[: PREVIEW_CHARS + 1]
+            return preview(entry.message.text[: PREVIEW_CHARS + 1])
     return ""
 
 
@@ -364,7 +365,7 @@ class InMemoryTranscriptStore:
             replace(
                 stored.conversation,
                 state_json=stored.conversation.state_json if with_state else "",
-                preview=_preview_text(stored.entries),
+                preview=_preview(stored.entries),
             )
             for stored in listed[:limit]
         ]

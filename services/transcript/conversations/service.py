@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 
 import uuid_utils
@@ -25,7 +25,6 @@ from services.transcript.conversations.model import (
     ScopedState,
     StateChange,
     conversation_not_found,
-    preview,
     state_change,
     user_id,
 )
@@ -167,7 +166,7 @@ class Conversations:
             if newest_first:
                 position["after_time"] = last.create_time.isoformat()
             next_token = self.page_tokens.encode("conversations", namespace, request, position)
-        return ConversationPage([replace(c, preview=preview(c.preview)) for c in page], next_token)
+        return ConversationPage(page, next_token)
 
     async def list_namespaces(
         self, size: int, token: str, granted: frozenset[str] | None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -29,6 +28,7 @@ from services.transcript.conversations.model import (
     ScopedState,
     StateChange,
     conversation_not_found,
+    preview,
     state_too_large,
 )
 
@@ -74,9 +74,9 @@ class ConversationStore(Protocol):
         """Conversations of a namespace (of one user, when given) in id order after the
         id `after`, or newest first (decreasing create_time, then id) after the cursor
         (`after_time`, `after`); their state only when asked (else state_json is "").
-        Each carries in `preview` the start of its first user message that is not
-        retracted among its first PREVIEW_ENTRIES entries (PREVIEW_CHARS + 1
-        characters at most, as written: model.preview() clips it), or "".
+        Each carries its `preview`: model.preview() of its first user message that is
+        not retracted among its first PREVIEW_ENTRIES entries (read: PREVIEW_CHARS + 1
+        characters at most), or "".
         Its cost is the page's: never the namespace's size nor a conversation's length."""
 
     async def list_namespaces(
@@ -95,10 +95,21 @@ class ConversationStore(Protocol):
         erased, or None if it did not exist."""
 
 
-def conversation_from_row(row: Sequence[Any]) -> Conversation:
-    """A conversation from its columns (sql.CONVERSATION_COLUMNS)."""
+def conversation_from_row(row: Sequence[Any], preview_text: str | None = None) -> Conversation:
+    """A conversation from its columns (sql.CONVERSATION_COLUMNS), with a listing's
+    preview made of the text its statement read (model.preview)."""
     return Conversation(
-        row[0], row[1], row[2], row[3], row[4], row[5], row[6] or {}, row[7], row[8], row[9]
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        row[5],
+        row[6] or {},
+        row[7],
+        row[8],
+        row[9],
+        preview(preview_text) if preview_text else "",
     )
 
 
@@ -225,10 +236,7 @@ class PostgresConversations(PostgresBase):
         async with self.db.connection() as conn:
             cursor = await conn.execute(statement, params)
             # Each row: the key, the conversation's columns, the preview's text.
-            return [
-                replace(conversation_from_row(row[1:-1]), preview=row[-1] or "")
-                for row in await cursor.fetchall()
-            ]
+            return [conversation_from_row(row[1:-1], row[-1]) for row in await cursor.fetchall()]
 
     async def list_namespaces(
         self, after: str, limit: int, among: Sequence[str] | None = None
