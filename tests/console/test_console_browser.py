@@ -305,6 +305,11 @@ def test_the_console_shows_a_conversation_its_memories_and_the_backlog(
     assert "hello from the console" in css(driver, f"#entry-{seeded.entries + 1} .text").text
     driver.execute_script("document.getElementById('chat').scrollIntoView()")
     shot(driver, "2b-chat", docs="console-chat")
+    # A window that holds the whole transcript has no start to mark (the marker used to
+    # sit above entry 1, inside the summarized part).
+    driver.get(f"{server.http_url}/?namespace={ns}&conversation={seeded.newer_id}")
+    assert css(driver, "#window-facts").text == "entries 1\u20131 (the whole transcript)"
+    assert css(driver, "#entry-1") and not all_css(driver, "#window-start")
 
     # Memories; a memory's source link opens the entries it came from.
     css(driver, 'a[data-tab="memories"]').click()

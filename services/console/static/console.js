@@ -138,8 +138,10 @@ async function showNamespaces(pageToken) {
 
 // -- conversations -------------------------------------------------------------------
 
+// Ids are UUIDv7: their start is the time (alike for conversations made together), their
+// end random, so the end tells them apart.
 function shortId(id) {
-  return `${String(id).slice(0, 8)}…`;
+  return `…${String(id).slice(-8)}`;
 }
 
 async function showConversations(pageToken) {
