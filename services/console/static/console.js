@@ -94,7 +94,7 @@ async function route() {
   const needs = { conversations: TRANSCRIPT, memories: MEMORY, backlog: SUMMARY };
   for (const a of document.querySelectorAll("#tabs a")) {
     a.classList.toggle("active", a.dataset.tab === tab);
-    a.hidden = !served(needs[a.dataset.tab]);
+    a.hidden = !served(needs[a.dataset.tab]) || !state.namespace; // nothing to show before one is chosen
   }
   try {
     if (!state.namespace) {
