@@ -451,6 +451,16 @@ async def test_with_authentication_the_console_reads_with_the_user_s_own_token(
         assert "not served on this port" in css(driver, "#summary").text
         assert not css(driver, 'a[data-tab="memories"]').is_displayed()
         assert not all_css(driver, "button.action")
+        # The home page lists the namespaces a token grants that hold conversations,
+        # and only those (the database holds many others). (A token of one namespace
+        # opens it at once.)
+        two = jwt_token(SECRET, namespace, f"{namespace}-empty")
+        use_token = "sessionStorage.setItem('runifold.console.token', arguments[0])"
+        driver.execute_script(use_token, two)
+        driver.get(f"{url}/")
+        css(driver, f'#namespace-list li[data-namespace="{namespace}"]')
+        assert [li.text for li in all_css(driver, "#namespace-list li")] == [namespace]
+        driver.execute_script(use_token, token)
         # Another namespace: refused by the API itself, the console shows the refusal.
         driver.get(f"{url}/?namespace={namespace}-other")
         waiting(driver).until(lambda d: "NAMESPACE_NOT_GRANTED" in css(d, "#status").text)
