@@ -125,15 +125,15 @@ def refusal_error(status: int, scope: Mapping[str, Any], services: list[str]) ->
         return DomainError(
             Code.UNIMPLEMENTED,
             "METHOD_NOT_FOUND",
-            f"{service} has no method {named or 'of that name'} "
-            "(its methods are in the metadata, and in docs/api.md)",
+            f"{service} has no method {named or 'of that name'}; its methods: "
+            + ", ".join(methods),
             metadata={"service": service, "methods": ", ".join(methods)},
         )
     return DomainError(
         Code.UNIMPLEMENTED,
         "METHOD_NOT_FOUND",
-        "no such service on this port (calls are POST /<package>.<Service>/<Method>; the "
-        "services it serves are in the metadata)",
+        "no such service on this port (calls are POST /<package>.<Service>/<Method>); it "
+        "serves " + ", ".join(sorted(services)),
         metadata={"services": ", ".join(sorted(services))},
     )
 

@@ -342,7 +342,11 @@ async def test_every_refusal_says_what_the_port_accepts(stack: Stack) -> None:
         )
         assert nowhere.status_code == 404
         services = nowhere.json()["details"][0]["debug"]["metadata"]["services"]
-        assert TRANSCRIPT in services.split(", ")
+        assert TRANSCRIPT in services.split(", ") and TRANSCRIPT in nowhere.json()["message"]
+        # The text form names the same (curl or a browser shows no metadata).
+        browsed_home = await client.get(f"{stack.http_url}/runifold.nothing.v1.NoService/Get")
+        assert browsed_home.text.startswith("404 Not Found: no such service on this port")
+        assert TRANSCRIPT in browsed_home.text
         # A browser's GET: 405 in words; with Accept: application/json, Connect's shape.
         browsed = await client.get(get)
         assert browsed.status_code == 405 and browsed.headers["allow"] == "POST"
