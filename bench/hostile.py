@@ -29,6 +29,10 @@ its peak during the flood, and what the flood got (ok, refused by reason).
   console lists them.
 - namespaces: 32 in flight, pages of 1000 namespaces (ListNamespaces, over 300
   namespaces); probe: the same page of 50 conversations.
+- receipts: 32 callers in flight reading and merging into the receipt of an erased
+  conversation (AgentService.GetErasureReceipt, TranscriptService.GetErasureReceipt and
+  RecordErasureReceipt, MemoryService.GetMemoryErasure: exempt classes, short statements
+  by key); probe: AgentService.GetErasureReceipt.
 """
 
 from __future__ import annotations
@@ -153,6 +157,20 @@ async def _seed(channel: grpc.aio.Channel) -> dict[str, Any]:
         await _conversation(transcript, HOSTILE, [WORDS[0]])
     for i in range(300):
         await _conversation(transcript, f"bench-other-{i:03d}")
+    agent = stubs.agent(channel)
+    for namespace in (QUIET, HOSTILE):
+        erased = await _conversation(transcript, namespace, WORDS)
+        got = await transcript.GetConversation(
+            pb.GetConversationRequest(namespace=namespace, conversation_id=erased)
+        )
+        reply = await agent.EraseConversation(
+            agent_pb.EraseConversationRequest(namespace=namespace, conversation_id=erased)
+        )
+        seeds[namespace]["erased"] = {
+            "conversation": erased,
+            "incarnation": got.conversation.incarnation,
+            "receipt": reply.receipt.receipt_id,
+        }
     return seeds
 
 
@@ -233,6 +251,11 @@ def _probes(
             )
         )
 
+    async def receipt(i: int) -> None:
+        await agent.GetErasureReceipt(
+            agent_pb.GetErasureReceiptRequest(namespace=QUIET, receipt_id=mine["erased"]["receipt"])
+        )
+
     return {
         "appends": append,
         "searches": search,
@@ -243,6 +266,7 @@ def _probes(
         "watch unread": read,
         "listings": listing,
         "namespaces": listing,
+        "receipts": receipt,
     }
 
 
@@ -256,6 +280,7 @@ PROBE_NAMES = {
     "watch unread": "Get + ListEntries",
     "listings": "ListConversations",
     "namespaces": "ListConversations",
+    "receipts": "GetErasureReceipt",
 }
 
 
@@ -425,6 +450,40 @@ async def _flood(kind: str, address: str, seeds: dict[str, Any], tally: Counter[
                 _forever(tally, functools.partial(transcript.ListNamespaces, namespaces))
                 for _ in range(32)
             ]
+        elif kind == "receipts":
+            erased = mine["erased"]
+            readers: list[Callable[[], Awaitable[Any]]] = [
+                functools.partial(
+                    agent.GetErasureReceipt,
+                    agent_pb.GetErasureReceiptRequest(
+                        namespace=HOSTILE, receipt_id=erased["receipt"]
+                    ),
+                ),
+                functools.partial(
+                    transcript.GetErasureReceipt,
+                    pb.GetErasureReceiptRequest(
+                        namespace=HOSTILE, conversation_id=erased["conversation"]
+                    ),
+                ),
+                functools.partial(
+                    transcript.RecordErasureReceipt,
+                    pb.RecordErasureReceiptRequest(
+                        namespace=HOSTILE,
+                        conversation_id=erased["conversation"],
+                        incarnation=erased["incarnation"],
+                        progress=pb.ErasureProgress(counts={"entries": 1}),
+                    ),
+                ),
+                functools.partial(
+                    memory.GetMemoryErasure,
+                    memory_pb.GetMemoryErasureRequest(
+                        namespace=HOSTILE,
+                        conversation_id=erased["conversation"],
+                        incarnation=erased["incarnation"],
+                    ),
+                ),
+            ]
+            tasks = [_forever(tally, readers[w % len(readers)]) for w in range(32)]
         await asyncio.gather(*tasks)
 
 

@@ -113,6 +113,17 @@ COSTS: dict[str, CostClass] = {
         _PAGE + " of namespace names (each at most 128 characters)",
         "never",
     ),
+    _T + "RecordErasureReceipt": CostClass(
+        "exempt",
+        _ONE_WRITE + " (one upsert of the receipt; erasure is never refused for load): "
+        "made only for an incarnation that exists, or merged into one kept, so rows are "
+        "bounded by the conversations a namespace had",
+        _REQUEST + ": at most 32 counts and 32 part names",
+        "never",
+    ),
+    _T + "GetErasureReceipt": CostClass(
+        "exempt", _ONE_READ + " (by key)", "one receipt (at most 32 counts)", "never"
+    ),
     # -- SummaryService -----------------------------------------------------------------
     _S + "GetSummary": CostClass("exempt", _ONE_READ, "one summary", "never"),
     _S + "CommitSummary": CostClass(
@@ -162,6 +173,13 @@ COSTS: dict[str, CostClass] = {
         "the entries read (at most the range's 256 entries) and the proposals",
         "queue",
     ),
+    _M + "GetMemoryErasure": CostClass(
+        "exempt",
+        _ONE_READ + " (by key) and one update by key (records when the index caught up, "
+        "from one probe of the outbox's primary key)",
+        "one erasure's counts",
+        "never",
+    ),
     # -- AgentService -------------------------------------------------------------------
     _A + "RunConversation": CostClass(
         "turn",
@@ -182,6 +200,13 @@ COSTS: dict[str, CostClass] = {
         "erasure is never refused for load: a person's right to erasure does not wait "
         "for a tenant's quota (each step is a short transaction on one service)",
         "the counts of what was erased",
+        "never",
+    ),
+    _A + "GetErasureReceipt": CostClass(
+        "exempt",
+        "a receipt read by key on TranscriptService; while only the index is left, one "
+        "GetMemoryErasure and one RecordErasureReceipt (each a short statement by key)",
+        "one receipt",
         "never",
     ),
     # -- served beside the services ------------------------------------------------------

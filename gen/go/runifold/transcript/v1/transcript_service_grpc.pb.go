@@ -67,6 +67,13 @@ type TranscriptServiceClient interface {
 	// namespace for a "*" grant); with it off, every namespace. In name order,
 	// paginated (AIP-158); each page costs one index probe per namespace.
 	ListNamespaces(ctx context.Context, in *ListNamespacesRequest, opts ...grpc.CallOption) (*ListNamespacesResponse, error)
+	// Records the receipt of an erasure of one incarnation of a conversation
+	// (AgentService.EraseConversation calls it), or merges what a later call of
+	// the same erasure reports: counts only grow, parts only leave `remaining`.
+	// One receipt per incarnation.
+	RecordErasureReceipt(ctx context.Context, in *RecordErasureReceiptRequest, opts ...grpc.CallOption) (*RecordErasureReceiptResponse, error)
+	// Returns a kept erasure receipt: by id, or the latest of a conversation.
+	GetErasureReceipt(ctx context.Context, in *GetErasureReceiptRequest, opts ...grpc.CallOption) (*GetErasureReceiptResponse, error)
 }
 
 type transcriptServiceClient struct {
@@ -217,6 +224,24 @@ func (c *transcriptServiceClient) ListNamespaces(ctx context.Context, in *ListNa
 	return out, nil
 }
 
+func (c *transcriptServiceClient) RecordErasureReceipt(ctx context.Context, in *RecordErasureReceiptRequest, opts ...grpc.CallOption) (*RecordErasureReceiptResponse, error) {
+	out := new(RecordErasureReceiptResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/RecordErasureReceipt", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *transcriptServiceClient) GetErasureReceipt(ctx context.Context, in *GetErasureReceiptRequest, opts ...grpc.CallOption) (*GetErasureReceiptResponse, error) {
+	out := new(GetErasureReceiptResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/GetErasureReceipt", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TranscriptServiceServer is the server API for TranscriptService service.
 // All implementations must embed UnimplementedTranscriptServiceServer
 // for forward compatibility
@@ -271,6 +296,13 @@ type TranscriptServiceServer interface {
 	// namespace for a "*" grant); with it off, every namespace. In name order,
 	// paginated (AIP-158); each page costs one index probe per namespace.
 	ListNamespaces(context.Context, *ListNamespacesRequest) (*ListNamespacesResponse, error)
+	// Records the receipt of an erasure of one incarnation of a conversation
+	// (AgentService.EraseConversation calls it), or merges what a later call of
+	// the same erasure reports: counts only grow, parts only leave `remaining`.
+	// One receipt per incarnation.
+	RecordErasureReceipt(context.Context, *RecordErasureReceiptRequest) (*RecordErasureReceiptResponse, error)
+	// Returns a kept erasure receipt: by id, or the latest of a conversation.
+	GetErasureReceipt(context.Context, *GetErasureReceiptRequest) (*GetErasureReceiptResponse, error)
 	mustEmbedUnimplementedTranscriptServiceServer()
 }
 
@@ -316,6 +348,12 @@ func (UnimplementedTranscriptServiceServer) WatchConversation(*WatchConversation
 }
 func (UnimplementedTranscriptServiceServer) ListNamespaces(context.Context, *ListNamespacesRequest) (*ListNamespacesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListNamespaces not implemented")
+}
+func (UnimplementedTranscriptServiceServer) RecordErasureReceipt(context.Context, *RecordErasureReceiptRequest) (*RecordErasureReceiptResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RecordErasureReceipt not implemented")
+}
+func (UnimplementedTranscriptServiceServer) GetErasureReceipt(context.Context, *GetErasureReceiptRequest) (*GetErasureReceiptResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetErasureReceipt not implemented")
 }
 func (UnimplementedTranscriptServiceServer) mustEmbedUnimplementedTranscriptServiceServer() {}
 
@@ -567,6 +605,42 @@ func _TranscriptService_ListNamespaces_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TranscriptService_RecordErasureReceipt_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RecordErasureReceiptRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).RecordErasureReceipt(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/RecordErasureReceipt",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).RecordErasureReceipt(ctx, req.(*RecordErasureReceiptRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TranscriptService_GetErasureReceipt_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetErasureReceiptRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).GetErasureReceipt(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/GetErasureReceipt",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).GetErasureReceipt(ctx, req.(*GetErasureReceiptRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _TranscriptService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "runifold.transcript.v1.TranscriptService",
 	HandlerType: (*TranscriptServiceServer)(nil),
@@ -618,6 +692,14 @@ var _TranscriptService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListNamespaces",
 			Handler:    _TranscriptService_ListNamespaces_Handler,
+		},
+		{
+			MethodName: "RecordErasureReceipt",
+			Handler:    _TranscriptService_RecordErasureReceipt_Handler,
+		},
+		{
+			MethodName: "GetErasureReceipt",
+			Handler:    _TranscriptService_GetErasureReceipt_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
