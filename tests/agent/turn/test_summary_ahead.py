@@ -174,8 +174,7 @@ async def test_the_summary_ahead_says_which_window_messages_it_also_covers() -> 
     covered = through - 8
     assert covered > 0
     assert (
-        f'<summary through_sequence="{through}" covers_first_messages_below="{covered}">'
-        in context
+        f'<summary through_sequence="{through}" covers_first_messages_below="{covered}">' in context
     )
 
 

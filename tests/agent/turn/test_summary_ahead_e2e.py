@@ -56,9 +56,7 @@ async def test_a_require_chat_loop_whose_queue_keeps_up_is_never_refused(
     )
 
     async def queue_idle() -> bool:
-        backlog = await stack.summary.GetBacklog(
-            summary_pb.GetBacklogRequest(namespace=namespace)
-        )
+        backlog = await stack.summary.GetBacklog(summary_pb.GetBacklogRequest(namespace=namespace))
         return backlog.depth == 0
 
     results = []

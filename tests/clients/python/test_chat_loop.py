@@ -136,4 +136,3 @@ async def test_runifold_chat_typed_into_line_after_line_never_stumbles(
         (conversation,) = [c async for c in client.list_conversations()]
         texts = [e.message.text async for e in client.entries(conversation.conversation_id)]
     assert texts[0::2] == lines, "each line sent once, in order"
-
