@@ -12,6 +12,9 @@ turn's input a user message, window 16. Loops:
 - REQUIRE, back to back: the same with no pause, the queue's hardest case.
 - the client's defaults (AUTO), back to back: errors (goal 0), and the turns that had to
   summarize within themselves because the queue had fallen behind.
+- the baseline: a server with RUNIFOLD_AGENT_SUMMARY_LEAD=0 (no job ahead: a job only for
+  a refused turn, as before issue 29), REQUIRE and AUTO back to back: the refusals, and
+  the turns that summarize within themselves, that the jobs ahead take away.
 
 Per loop: refusals; the prompt (the offline model says how many window messages it was
 given verbatim and whether a summary came with them: never more than the window plus one
@@ -21,7 +24,8 @@ and the oldest one's age); how far ahead of the window the summary was (entries 
 window it also covered) at each turn; the turn's latency.
 
 `python -m bench chat-loop` is the quick profile (the default `make bench`);
-`python -m bench chat-loop-full` is the full one: 200 turns at one turn a second (~4 min).
+`python -m bench chat-loop-full` is the full one: 200 turns a loop, the paced one at one
+turn a second (~5 min).
 """
 
 from __future__ import annotations
@@ -35,7 +39,13 @@ import uuid
 from dataclasses import dataclass, field
 
 from bench.common import Stats, new_database, server_process
-from runifold_client import AsyncClient, ConversationContextPolicy, SummaryRequired
+from runifold_client import (
+    AsyncClient,
+    ConversationContextPolicy,
+    RunifoldError,
+    SummaryRequired,
+    TurnResult,
+)
 
 NAMESPACE = "bench-chat-loop"
 WINDOW = ConversationContextPolicy().window
@@ -80,7 +90,8 @@ class Loop:
             f"({self.inline_passes} passes)",
             f"  prompt: at most {self.longest_verbatim} window messages verbatim (window "
             f"{WINDOW}; over it: {self.over_window}) + a summary block in "
-            f"{self.summary_blocks} turns; input tokens at turn {WINDOW // 2 + 1} {full}, "
+            f"{self.summary_blocks} turns; the turn's input tokens (a summarizer call within it "
+            f"included) at turn {WINDOW // 2 + 1} {full}, "
             f"at turn {len(tokens) // 2} {half}, at the last {tokens[-1] if tokens else 0}, "
             f"max {max(tokens, default=0)}",
             f"  summary queue before a turn: busy in {self.queue_busy} of {self.turns} turns, "
@@ -116,7 +127,8 @@ async def _loop(
                 )
             turn_id = str(uuid.uuid4())
             began = time.perf_counter()
-            while True:
+            result: TurnResult | None = None
+            while result is None:
                 try:
                     result = await client.run_conversation(
                         f"message {k + 1}: a line of the chat",
@@ -124,10 +136,14 @@ async def _loop(
                         turn_id=turn_id,
                         policy=policy,
                     )
-                    break
                 except SummaryRequired:
                     loop.refusals += 1
-                    await _queue_idle(client)
+                    await _queue_idle(client)  # then the same turn again, as a chat resends
+                except RunifoldError:
+                    loop.errors += 1  # any other failure: counted, and the loop goes on
+                    break
+            if result is None:
+                continue
             loop.latencies.append(time.perf_counter() - began)
             loop.turns += 1
             verbatim = _VERBATIM.search(result.text)
@@ -152,18 +168,22 @@ async def _run(postgres_url: str, turns: int, paced: float, title: str) -> list[
     url = new_database(postgres_url)
     lines = [f"## A chat loop with the defaults: summaries ahead of the window ({title})", ""]
     require = ConversationContextPolicy().with_summary_required()
+    auto = ConversationContextPolicy()
     with tempfile.TemporaryDirectory(prefix="runifold-bench-chat-") as data:
         async with server_process("services", url, {"RUNIFOLD_DATA_DIR": data}) as address:
             loops = [
                 await _loop(address, f"REQUIRE, {1 / paced:.0f} turn(s)/s", turns, paced, require),
                 await _loop(address, "REQUIRE, back to back", turns, 0.0, require),
+                await _loop(address, "client defaults (AUTO), back to back", turns, 0.0, auto),
+            ]
+        # The baseline: no job ahead (a job only for a refused turn), as before issue 29.
+        off = {"RUNIFOLD_DATA_DIR": data, "RUNIFOLD_AGENT_SUMMARY_LEAD": "0"}
+        async with server_process("services", url, off) as address:
+            loops += [
                 await _loop(
-                    address,
-                    "client defaults (AUTO), back to back",
-                    turns,
-                    0.0,
-                    ConversationContextPolicy(),
+                    address, "baseline, lead 0: REQUIRE, back to back", turns, 0.0, require
                 ),
+                await _loop(address, "baseline, lead 0: AUTO, back to back", turns, 0.0, auto),
             ]
     for loop in loops:
         lines += loop.rows()
