@@ -61,7 +61,7 @@ class AgentConfig:
                 maximum=SUMMARY_BATCH_RANGE[1],
             ),
             summary_lead=env_int(
-                env, "RUNIFOLD_AGENT_SUMMARY_LEAD", 8, minimum=0, maximum=WINDOW_RANGE[1] - 1
+                env, "RUNIFOLD_AGENT_SUMMARY_LEAD", 8, minimum=0, maximum=WINDOW_RANGE[1] // 2
             ),
             default_budget=Budget(
                 max_output_tokens=env_int(

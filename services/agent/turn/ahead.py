@@ -22,9 +22,10 @@ from __future__ import annotations
 
 
 def effective_lead(window: int, lead: int) -> int:
-    """The lead a window allows: at most `window - 1` (a job's window keeps at least the
-    newest entry out of the summary), never negative."""
-    return max(0, min(lead, window - 1))
+    """The lead a window allows: at most half of it (the newer half of a window is never
+    also in the summary: the prompt repeats, summarized, at most half of what it shows
+    verbatim), never negative."""
+    return max(0, min(lead, window // 2))
 
 
 def summary_ahead(summarized_through: int, last_sequence: int, window: int) -> int:

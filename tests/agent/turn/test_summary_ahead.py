@@ -30,9 +30,9 @@ NS = "tenant-ahead"
 
 @pytest.mark.parametrize(
     ("window", "lead", "expected"),
-    [(16, 8, 8), (16, 0, 0), (4, 8, 3), (1, 8, 0), (4096, 4095, 4095), (16, 15, 15)],
+    [(16, 8, 8), (16, 0, 0), (4, 8, 2), (1, 8, 0), (4096, 2048, 2048), (16, 15, 8), (9, 8, 4)],
 )
-def test_the_lead_a_window_allows_keeps_its_newest_entry_out(
+def test_the_lead_a_window_allows_is_at_most_half_of_it(
     window: int, lead: int, expected: int
 ) -> None:
     assert effective_lead(window, lead) == expected
@@ -56,8 +56,9 @@ def test_the_lead_a_window_allows_keeps_its_newest_entry_out(
         # Window 1 allows no lead, but the job still runs ahead of the next turn.
         (1, 8, 0, 2, 1),
         (1, 8, 1, 2, None),
-        # A tiny window: the lead is cut to window - 1.
-        (4, 8, 0, 4, 1),
+        # A small window: the lead is cut to half of it.
+        (4, 8, 0, 4, 2),
+        (4, 8, 2, 4, None),
     ],
 )
 def test_a_job_is_due_once_the_summary_is_no_more_than_half_the_lead_ahead(
@@ -79,8 +80,8 @@ def test_the_lead_setting_is_read_once_and_checked() -> None:
     assert AgentConfig().summary_lead == 8
     assert AgentConfig.from_env({}).summary_lead == 8
     assert AgentConfig.from_env({"RUNIFOLD_AGENT_SUMMARY_LEAD": "0"}).summary_lead == 0
-    assert AgentConfig.from_env({"RUNIFOLD_AGENT_SUMMARY_LEAD": "4095"}).summary_lead == 4095
-    for bad in ("-1", "4096", "eight", "8.5"):
+    assert AgentConfig.from_env({"RUNIFOLD_AGENT_SUMMARY_LEAD": "2048"}).summary_lead == 2048
+    for bad in ("-1", "2049", "eight", "8.5"):
         with pytest.raises(SettingsError, match="RUNIFOLD_AGENT_SUMMARY_LEAD"):
             AgentConfig.from_env({"RUNIFOLD_AGENT_SUMMARY_LEAD": bad})
 
