@@ -3,6 +3,11 @@ client with its defaults, and `runifold chat` typed into line after line under a
 pseudo-terminal, against `python -m services` started with nothing but its database (the
 server's defaults, the offline model: what `make run` serves). Before issue 29, the
 tenth turn of either was refused with SUMMARY_REQUIRED, and every other turn after it.
+The seed's semantics stay available: a turn that asks for REQUIRE is still refused when
+the summary is behind its window, and the same turn goes through once the job ran.
+
+The offline model answers with what it was given ("Context: N earlier message(s) in the
+window", "Summary (through S)"), so each answer shows the prompt the turn built.
 """
 
 from __future__ import annotations
@@ -19,13 +24,32 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from runifold_client import AsyncClient, Client, TurnResult
+from runifold_client import (
+    AsyncClient,
+    Client,
+    ConversationContextPolicy,
+    SummaryRequired,
+    TurnResult,
+)
 from tests.support.process import ServiceProcess, service_process
 from tests.support.tools import ROOT
+from tests.support.waiting import wait_for
 
 TURNS = 30
 CHAT_LINES = 20
+WINDOW = ConversationContextPolicy().window
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+_VERBATIM = re.compile(r"Context: (\d+) earlier message")
+_SUMMARY = re.compile(r"Summary \(through (\d+)\)")
+
+
+def prompt_of(result: TurnResult) -> tuple[int, int | None]:
+    """What the offline model was given: the window messages verbatim before the input,
+    and the summary block's through_sequence (None: no summary block)."""
+    verbatim = _VERBATIM.search(result.text)
+    assert verbatim, result.text
+    summary = _SUMMARY.search(result.text)
+    return int(verbatim[1]), int(summary[1]) if summary else None
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +78,73 @@ async def test_a_chat_loop_with_the_client_defaults_never_stumbles(
 
     results = await asyncio.to_thread(chat)  # the blocking client, as a script uses it
 
+    # 0 errors: every turn answered (a SummaryRequired or any other error would have
+    # ended the loop), each once.
     assert [r.last_sequence for r in results] == [2 * k for k in range(1, TURNS + 1)]
-    for result in results:
+    for k, result in enumerate(results, start=1):
         context = result.context
         assert context is not None
-        # The model saw at most the default window verbatim, and the summary covered
-        # everything before it.
-        assert context.window_last_sequence - context.window_first_sequence + 1 <= 16
+        verbatim, summary_through = prompt_of(result)
+        # The prompt: the default window's newest entries verbatim (never cut for the
+        # summary ahead, never more) plus at most one summary block, the one the turn
+        # reports, which covers everything before the window.
+        assert verbatim == min(2 * (k - 1), WINDOW), f"turn {k}: {result.text}"
+        if verbatim:  # turn 1's window is empty (0..0)
+            assert context.window_last_sequence - context.window_first_sequence + 1 == verbatim
+        assert summary_through == (context.summary_through_sequence or None), f"turn {k}"
         assert context.summary_through_sequence >= context.window_first_sequence - 1
     assert results[-1].context is not None and results[-1].context.summary_through_sequence > 0
+
+
+async def test_require_is_still_refused_when_the_summary_is_behind_its_window(
+    server: ServiceProcess, namespace: str
+) -> None:
+    """The seed's semantics, through the same client and server: a REQUIRE turn whose
+    window leaves unsummarized entries outside it is refused with SummaryRequired, nothing
+    appended, a job enqueued; the same turn goes through once the queue ran it. The jobs
+    ahead follow the window turns use (16 here, so they summarize at most what lies
+    outside a window of 8): a turn that narrows its window to 4 finds the summary behind
+    whatever the queue's pace, as one the queue has not kept up with would."""
+    require = ConversationContextPolicy().with_summary_required()
+    async with AsyncClient(server.address, namespace=namespace) as client:
+        conversation_id = (await client.create_conversation()).conversation_id
+        for k in range(1, 10):  # nothing outside the window yet: never refused
+            await client.run_conversation(
+                f"message {k}", conversation_id=conversation_id, policy=require
+            )
+        narrow = ConversationContextPolicy(window=4).with_summary_required()
+        with pytest.raises(SummaryRequired) as refused:
+            await client.run_conversation(
+                "message 10", conversation_id=conversation_id, turn_id="turn-10", policy=narrow
+            )
+        assert refused.value.backlog > 0 and refused.value.job_id
+        assert (await client.get_conversation(conversation_id)).last_sequence == 18
+
+        async def queue_idle() -> bool:
+            return (await client.backlog()).depth == 0
+
+        await wait_for(queue_idle, timeout=60)
+        result = await client.run_conversation(
+            "message 10", conversation_id=conversation_id, turn_id="turn-10", policy=narrow
+        )
+        assert result.last_sequence == 20 and result.context is not None
+        assert result.context.summary_passes == 0
+        assert result.context.summary_through_sequence >= result.context.window_first_sequence - 1
+        assert prompt_of(result) == (4, result.context.summary_through_sequence)
+
+        # The client's default mode (AUTO) with the summary behind: the turn summarizes
+        # within itself instead of refusing. Once the queue is idle the jobs ahead of the
+        # window of 4 reached entry 18 (what leaves a window of 2); entry 19 is outside
+        # a window of 1.
+        await wait_for(queue_idle, timeout=60)
+        result = await client.run_conversation(
+            "message 11",
+            conversation_id=conversation_id,
+            policy=ConversationContextPolicy(window=1),
+        )
+        assert result.context is not None and result.context.summary_passes >= 1
+        assert result.context.summary_through_sequence == 19
+        assert prompt_of(result) == (1, 19)
 
 
 def _chat_under_a_pty(target: str, namespace: str, lines: list[str]) -> tuple[int, str]:
