@@ -200,8 +200,10 @@ class SummaryService:
         server defaults) and must finish before the request's deadline.
         When another writer moves the summary meanwhile, the pass's result is
         dropped (the summary never regresses) and work continues from the newer
-        summary; every attempt counts against `max_summary_passes`, and only
-        committed passes are reported. Raises RESOURCE_EXHAUSTED /
+        summary; that attempt does not count against `max_summary_passes` (the
+        other writer made progress: a turn whose pass lost to a background job
+        still finishes what the job left; the budget still bounds model calls),
+        and only committed passes are reported. Raises RESOURCE_EXHAUSTED /
         BUDGET_EXHAUSTED when the budget does not cover the next pass; passes
         committed before stay committed, and the error's metadata reports them
         and the usage spent. Every commit names the conversation's incarnation:
@@ -257,7 +259,11 @@ class SummaryService:
                     if error.reason != "SUMMARY_CONFLICT":
                         raise
                     # Another summarizer (a background job) moved the summary forward
-                    # meanwhile: nothing regressed; carry on from where it is now.
+                    # meanwhile: nothing regressed; carry on from where it is now. The
+                    # attempt is given back: summaries only move forward, so this
+                    # repeats at most once per newer summary, each call charged to the
+                    # budget.
+                    attempts -= 1
                     current = await self.store.get_summary(namespace, cid)
                     through = current.through_sequence if current else 0
                     view = await self.transcripts.load_view(
