@@ -24,6 +24,11 @@ its peak during the flood, and what the flood got (ok, refused by reason).
 - watch idle: 128 streams on conversations of their own, read; probe: AppendEntries.
 - watch unread: 128 streams over 80 entries of 250 KiB, never read; probe:
   GetConversation and a page of ListEntries.
+- listings: 32 in flight, pages of 1000 conversations newest first with their previews
+  (over 700 conversations); probe: a page of 50 conversations newest first, as the
+  console lists them.
+- namespaces: 32 in flight, pages of 1000 namespaces (ListNamespaces, over 300
+  namespaces); probe: the same page of 50 conversations.
 """
 
 from __future__ import annotations
@@ -142,6 +147,12 @@ async def _seed(channel: grpc.aio.Channel) -> dict[str, Any]:
             )
         )
     seeds[HOSTILE]["big"] = big
+    # Listings with something to preview: 500 more conversations of a user message each;
+    # namespaces to list.
+    for _ in range(500):
+        await _conversation(transcript, HOSTILE, [WORDS[0]])
+    for i in range(300):
+        await _conversation(transcript, f"bench-other-{i:03d}")
     return seeds
 
 
@@ -215,6 +226,13 @@ def _probes(
             pb.ListEntriesRequest(namespace=QUIET, conversation_id=mine["talk"], page_size=20)
         )
 
+    async def listing(i: int) -> None:
+        await transcript.ListConversations(
+            pb.ListConversationsRequest(
+                namespace=QUIET, page_size=50, order=pb.CONVERSATION_ORDER_NEWEST_FIRST
+            )
+        )
+
     return {
         "appends": append,
         "searches": search,
@@ -223,6 +241,8 @@ def _probes(
         "lease waits": lease,
         "watch idle": append,
         "watch unread": read,
+        "listings": listing,
+        "namespaces": listing,
     }
 
 
@@ -234,6 +254,8 @@ PROBE_NAMES = {
     "lease waits": "Get + lease + release",
     "watch idle": "AppendEntries",
     "watch unread": "Get + ListEntries",
+    "listings": "ListConversations",
+    "namespaces": "ListConversations",
 }
 
 
@@ -389,6 +411,20 @@ async def _flood(kind: str, address: str, seeds: dict[str, Any], tally: Counter[
                 calls.append(call)
                 tally["streams"] += 1
             tasks = [asyncio.Event().wait()]  # never read
+        elif kind == "listings":
+            conversations = pb.ListConversationsRequest(
+                namespace=HOSTILE, page_size=1000, order=pb.CONVERSATION_ORDER_NEWEST_FIRST
+            )
+            tasks = [
+                _forever(tally, functools.partial(transcript.ListConversations, conversations))
+                for _ in range(32)
+            ]
+        elif kind == "namespaces":
+            namespaces = pb.ListNamespacesRequest(page_size=1000)
+            tasks = [
+                _forever(tally, functools.partial(transcript.ListNamespaces, namespaces))
+                for _ in range(32)
+            ]
         await asyncio.gather(*tasks)
 
 

@@ -70,7 +70,12 @@ COSTS: dict[str, CostClass] = {
         "never",
     ),
     _T + "ListConversations": CostClass(
-        "exempt", _ONE_READ, _PAGE + " of conversations (100 with their state)", "never"
+        "exempt",
+        _ONE_READ + " (one index range scan, and one probe of at most 16 entries per "
+        "conversation for its preview)",
+        _PAGE + " of conversations (50 with their state), each with a preview of at most "
+        "200 characters",
+        "never",
     ),
     _T + "DeleteConversation": CostClass(
         "exempt", _ONE_WRITE + " (batched deletes)", "the conversation's key", "never"
@@ -99,6 +104,14 @@ COSTS: dict[str, CostClass] = {
         "2 x (RUNIFOLD_WATCH_PAGE_BYTES + RUNIFOLD_MAX_MESSAGE_BYTES + 256 KiB) + 64 KiB "
         "(about 2 MiB): one page read and one message in flight",
         "stream",
+    ),
+    _T + "ListNamespaces": CostClass(
+        "exempt",
+        _ONE_READ + " (one index probe per namespace listed, or per namespace the "
+        "identity grants: never a scan of the conversations); its callers take turns on "
+        "the pool as one lane, apart from every namespace's",
+        _PAGE + " of namespace names (each at most 128 characters)",
+        "never",
     ),
     # -- SummaryService -----------------------------------------------------------------
     _S + "GetSummary": CostClass("exempt", _ONE_READ, "one summary", "never"),

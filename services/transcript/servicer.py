@@ -13,6 +13,7 @@ from runifold.transcript.v1 import transcript_service_pb2 as pb
 from runifold.transcript.v1 import transcript_service_pb2_grpc as pb_grpc
 from services.common import convert
 from services.common import messages as message_rules
+from services.common.auth import ALL, identity_var
 from services.common.errors import DomainError, StreamStalled
 from services.transcript import metrics as transcript_metrics
 from services.transcript.conversations.model import AppendRecord, Conversation, ScopedState
@@ -38,6 +39,7 @@ def conversation_to_proto(conversation: Conversation) -> pb.Conversation:
         incarnation=conversation.incarnation,
         user_id=conversation.user_id or "",
         state_json=conversation.state_json,
+        preview=conversation.preview,
     )
 
 
@@ -252,10 +254,22 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             request.page_token,
             request.user_id,
             request.view == pb.CONVERSATION_VIEW_FULL,
+            int(request.order),
         )
         return pb.ListConversationsResponse(
             conversations=[conversation_to_proto(c) for c in page.conversations],
             next_page_token=page.next_page_token,
+        )
+
+    async def ListNamespaces(
+        self, request: pb.ListNamespacesRequest, context: Context
+    ) -> pb.ListNamespacesResponse:
+        # The caller's grants, as the guard authenticated them (no identity: auth off).
+        identity = identity_var.get()
+        granted = None if identity is None or ALL in identity.namespaces else identity.namespaces
+        page = await self.service.list_namespaces(request.page_size, request.page_token, granted)
+        return pb.ListNamespacesResponse(
+            namespaces=page.namespaces, next_page_token=page.next_page_token
         )
 
     async def DeleteConversation(

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
-from services.common.domain import Entry
+from services.common.domain import Entry, Role
 from services.common.errors import VersionConflict
 from services.transcript.appends.model import (
     AppendResult,
@@ -25,12 +25,15 @@ from services.transcript.appends.model import (
 )
 from services.transcript.conversations.model import (
     NO_STATE_CHANGE,
+    PREVIEW_CHARS,
+    PREVIEW_ENTRIES,
     AppendRecord,
     Conversation,
     ScopedState,
     StateChange,
     conversation_erased,
     conversation_not_found,
+    preview,
     request_id_reused,
     state_too_large,
 )
@@ -105,6 +108,15 @@ class _Stored:
             if turn.state == "running" and turn.exclusive and turn.until >= now:
                 return turn_id, turn
         return None
+
+
+def _preview(entries: Sequence[Entry]) -> str:
+    """A listing's preview, as the store makes it: of the first standing user message
+    among the first PREVIEW_ENTRIES entries (the start the statement reads)."""
+    for entry in entries[:PREVIEW_ENTRIES]:
+        if entry.message.role == Role.USER and not entry.retracted_version:
+            return preview(entry.message.text[: PREVIEW_CHARS + 1])
+    return ""
 
 
 def _merged(stored: str, delta: str | None) -> str:
@@ -328,16 +340,44 @@ class InMemoryTranscriptStore:
         limit: int,
         user_id: str | None = None,
         with_state: bool = False,
+        newest_first: bool = False,
+        after_time: datetime | None = None,
     ) -> list[Conversation]:
-        ids = sorted(
-            cid
-            for (ns, cid), stored in self._data.items()
-            if ns == namespace
-            and (after is None or cid > after)
-            and (user_id is None or stored.conversation.user_id == user_id)
-        )
-        found = [self._data[(namespace, cid)].conversation for cid in ids[:limit]]
-        return found if with_state else [replace(c, state_json="") for c in found]
+        listed = [
+            stored
+            for (ns, _), stored in self._data.items()
+            if ns == namespace and (user_id is None or stored.conversation.user_id == user_id)
+        ]
+
+        def position(stored: _Stored) -> tuple[datetime, uuid.UUID]:
+            return stored.conversation.create_time, stored.conversation.conversation_id
+
+        if newest_first:
+            listed.sort(key=position, reverse=True)
+            if after is not None:
+                assert after_time is not None
+                listed = [s for s in listed if position(s) < (after_time, after)]
+        else:
+            listed.sort(key=lambda stored: stored.conversation.conversation_id)
+            if after is not None:
+                listed = [s for s in listed if s.conversation.conversation_id > after]
+        found = [
+            replace(
+                stored.conversation,
+                state_json=stored.conversation.state_json if with_state else "",
+                preview=_preview(stored.entries),
+            )
+            for stored in listed[:limit]
+        ]
+        return found
+
+    async def list_namespaces(
+        self, after: str, limit: int, among: Sequence[str] | None = None
+    ) -> list[str]:
+        held = {ns for ns, _ in self._data}
+        if among is not None:
+            held &= set(among)
+        return sorted(ns for ns in held if ns > after)[:limit]
 
     async def delete_conversation(
         self, namespace: str, conversation_id: uuid.UUID, incarnation: int = 0

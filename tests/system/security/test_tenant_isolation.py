@@ -151,6 +151,10 @@ class Case:
     probes: tuple[Probe, ...]
     # What (b) may answer: a read or write of an id unknown in A.
     allowed: frozenset[str] = frozenset({"OK", "NOT_FOUND", "INVALID_ARGUMENT"})
+    # An RPC that names no namespace (ListNamespaces): its answer is filtered by the
+    # caller's grants instead, so (a) and (b) become: A's call answers A's namespace and
+    # nothing of B's (the check of everything received, below, looks for B's name).
+    unscoped: bool = False
 
 
 def _turn(cls: type[Any], create: bool = False) -> Probe:
@@ -235,6 +239,13 @@ CASES: dict[str, Case] = {
                 namespace=ns, conversation_id=t.conversation_id
             ),
         )
+    ),
+    "TranscriptService.ListNamespaces": Case(
+        (
+            lambda ns, t, own: transcript_pb.ListNamespacesRequest(),
+            lambda ns, t, own: transcript_pb.ListNamespacesRequest(page_size=1),
+        ),
+        unscoped=True,
     ),
     "TranscriptService.GetState": Case(
         (
@@ -623,6 +634,11 @@ async def test_tenant_a_cannot_reach_tenant_b(
     b_target = target_of(b)
     for index, probe in enumerate(case.probes):
         where = f"{rpc.id} probe {index}"
+        if case.unscoped:
+            mine = await call(probe(a.namespace, b_target, a))
+            assert mine.ok, f"{where}: {mine.describe()}"
+            assert MessageToDict(mine.replies[0])["namespaces"] == [a.namespace], where
+            continue
         # (a) B's namespace: refused before anything is read.
         denied = await call(probe(b.namespace, b_target, a))
         assert denied.code == grpc.StatusCode.PERMISSION_DENIED, f"{where}: {denied.describe()}"

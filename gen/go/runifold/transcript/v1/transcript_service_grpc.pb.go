@@ -32,7 +32,9 @@ type TranscriptServiceClient interface {
 	// Its cost grows with `window` and `summary_batch`, never with the
 	// transcript's length.
 	LoadView(ctx context.Context, in *LoadViewRequest, opts ...grpc.CallOption) (*LoadViewResponse, error)
-	// Lists the conversations of a namespace, newest id last (AIP-158).
+	// Lists the conversations of a namespace (AIP-158): in increasing id order,
+	// or newest first (ListConversationsRequest.order), each with a preview of
+	// its first user message.
 	ListConversations(ctx context.Context, in *ListConversationsRequest, opts ...grpc.CallOption) (*ListConversationsResponse, error)
 	// Erases a conversation and every entry of it. Idempotent.
 	DeleteConversation(ctx context.Context, in *DeleteConversationRequest, opts ...grpc.CallOption) (*DeleteConversationResponse, error)
@@ -60,6 +62,11 @@ type TranscriptServiceClient interface {
 	// RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
 	// last sequence received: nothing is missed and nothing repeats.
 	WatchConversation(ctx context.Context, in *WatchConversationRequest, opts ...grpc.CallOption) (TranscriptService_WatchConversationClient, error)
+	// Lists the namespaces that hold conversations, among those the caller may
+	// read: with authentication on, only namespaces its identity grants (every
+	// namespace for a "*" grant); with it off, every namespace. In name order,
+	// paginated (AIP-158); each page costs one index probe per namespace.
+	ListNamespaces(ctx context.Context, in *ListNamespacesRequest, opts ...grpc.CallOption) (*ListNamespacesResponse, error)
 }
 
 type transcriptServiceClient struct {
@@ -201,6 +208,15 @@ func (x *transcriptServiceWatchConversationClient) Recv() (*WatchConversationRes
 	return m, nil
 }
 
+func (c *transcriptServiceClient) ListNamespaces(ctx context.Context, in *ListNamespacesRequest, opts ...grpc.CallOption) (*ListNamespacesResponse, error) {
+	out := new(ListNamespacesResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/ListNamespaces", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TranscriptServiceServer is the server API for TranscriptService service.
 // All implementations must embed UnimplementedTranscriptServiceServer
 // for forward compatibility
@@ -220,7 +236,9 @@ type TranscriptServiceServer interface {
 	// Its cost grows with `window` and `summary_batch`, never with the
 	// transcript's length.
 	LoadView(context.Context, *LoadViewRequest) (*LoadViewResponse, error)
-	// Lists the conversations of a namespace, newest id last (AIP-158).
+	// Lists the conversations of a namespace (AIP-158): in increasing id order,
+	// or newest first (ListConversationsRequest.order), each with a preview of
+	// its first user message.
 	ListConversations(context.Context, *ListConversationsRequest) (*ListConversationsResponse, error)
 	// Erases a conversation and every entry of it. Idempotent.
 	DeleteConversation(context.Context, *DeleteConversationRequest) (*DeleteConversationResponse, error)
@@ -248,6 +266,11 @@ type TranscriptServiceServer interface {
 	// RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
 	// last sequence received: nothing is missed and nothing repeats.
 	WatchConversation(*WatchConversationRequest, TranscriptService_WatchConversationServer) error
+	// Lists the namespaces that hold conversations, among those the caller may
+	// read: with authentication on, only namespaces its identity grants (every
+	// namespace for a "*" grant); with it off, every namespace. In name order,
+	// paginated (AIP-158); each page costs one index probe per namespace.
+	ListNamespaces(context.Context, *ListNamespacesRequest) (*ListNamespacesResponse, error)
 	mustEmbedUnimplementedTranscriptServiceServer()
 }
 
@@ -290,6 +313,9 @@ func (UnimplementedTranscriptServiceServer) ReleaseTurnLease(context.Context, *R
 }
 func (UnimplementedTranscriptServiceServer) WatchConversation(*WatchConversationRequest, TranscriptService_WatchConversationServer) error {
 	return status.Errorf(codes.Unimplemented, "method WatchConversation not implemented")
+}
+func (UnimplementedTranscriptServiceServer) ListNamespaces(context.Context, *ListNamespacesRequest) (*ListNamespacesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListNamespaces not implemented")
 }
 func (UnimplementedTranscriptServiceServer) mustEmbedUnimplementedTranscriptServiceServer() {}
 
@@ -523,6 +549,24 @@ func (x *transcriptServiceWatchConversationServer) Send(m *WatchConversationResp
 	return x.ServerStream.SendMsg(m)
 }
 
+func _TranscriptService_ListNamespaces_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListNamespacesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).ListNamespaces(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/ListNamespaces",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).ListNamespaces(ctx, req.(*ListNamespacesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _TranscriptService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "runifold.transcript.v1.TranscriptService",
 	HandlerType: (*TranscriptServiceServer)(nil),
@@ -570,6 +614,10 @@ var _TranscriptService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReleaseTurnLease",
 			Handler:    _TranscriptService_ReleaseTurnLease_Handler,
+		},
+		{
+			MethodName: "ListNamespaces",
+			Handler:    _TranscriptService_ListNamespaces_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, GetConversationRequest, GetConversationResponse, GetStateRequest, GetStateResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, LoadViewRequest, LoadViewResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
+from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, GetConversationRequest, GetConversationResponse, GetStateRequest, GetStateResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, ListNamespacesRequest, ListNamespacesResponse, LoadViewRequest, LoadViewResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -93,7 +93,9 @@ class TranscriptService(Protocol):
 
     async def list_conversations(self, request: ListConversationsRequest, ctx: RequestContext[ListConversationsRequest, ListConversationsResponse], /) -> ListConversationsResponse:
         """
-        Lists the conversations of a namespace, newest id last (AIP-158).
+        Lists the conversations of a namespace (AIP-158): in increasing id order,
+        or newest first (ListConversationsRequest.order), each with a preview of
+        its first user message.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -144,6 +146,15 @@ class TranscriptService(Protocol):
         `Erased` when it is erased. A stream that ends with UNAVAILABLE or
         RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
         last sequence received: nothing is missed and nothing repeats.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def list_namespaces(self, request: ListNamespacesRequest, ctx: RequestContext[ListNamespacesRequest, ListNamespacesResponse], /) -> ListNamespacesResponse:
+        """
+        Lists the namespaces that hold conversations, among those the caller may
+        read: with authentication on, only namespaces its identity grants (every
+        namespace for a "*" grant); with it off, every namespace. In name order,
+        paginated (AIP-158); each page costs one index probe per namespace.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -292,6 +303,17 @@ class TranscriptServiceASGIApplication(ConnectASGIApplication[TranscriptService]
                         stream_type=StreamType.SERVER_STREAM,
                     ),
                     function=svc.watch_conversation,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ListNamespaces": Endpoint.unary(
+                    method=MethodInfo(
+                        name="ListNamespaces",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ListNamespacesRequest,
+                        output=ListNamespacesResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.list_namespaces,
                 ),
             },
             interceptors=interceptors,
@@ -477,7 +499,9 @@ class TranscriptServiceClient(ConnectClient):
         timeout_ms: int | None = None,
     ) -> ListConversationsResponse:
         """
-        Lists the conversations of a namespace, newest id last (AIP-158).
+        Lists the conversations of a namespace (AIP-158): in increasing id order,
+        or newest first (ListConversationsRequest.order), each with a preview of
+        its first user message.
         """
         return await self.execute_unary(
             request=request,
@@ -644,6 +668,32 @@ class TranscriptServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def list_namespaces(
+        self,
+        request: ListNamespacesRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListNamespacesResponse:
+        """
+        Lists the namespaces that hold conversations, among those the caller may
+        read: with authentication on, only namespaces its identity grants (every
+        namespace for a "*" grant); with it off, every namespace. In name order,
+        paginated (AIP-158); each page costs one index probe per namespace.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListNamespaces",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ListNamespacesRequest,
+                output=ListNamespacesResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class TranscriptServiceSync(Protocol):
     """
@@ -701,7 +751,9 @@ class TranscriptServiceSync(Protocol):
 
     def list_conversations(self, request: ListConversationsRequest, ctx: RequestContext[ListConversationsRequest, ListConversationsResponse], /) -> ListConversationsResponse:
         """
-        Lists the conversations of a namespace, newest id last (AIP-158).
+        Lists the conversations of a namespace (AIP-158): in increasing id order,
+        or newest first (ListConversationsRequest.order), each with a preview of
+        its first user message.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -752,6 +804,15 @@ class TranscriptServiceSync(Protocol):
         `Erased` when it is erased. A stream that ends with UNAVAILABLE or
         RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
         last sequence received: nothing is missed and nothing repeats.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def list_namespaces(self, request: ListNamespacesRequest, ctx: RequestContext[ListNamespacesRequest, ListNamespacesResponse], /) -> ListNamespacesResponse:
+        """
+        Lists the namespaces that hold conversations, among those the caller may
+        read: with authentication on, only namespaces its identity grants (every
+        namespace for a "*" grant); with it off, every namespace. In name order,
+        paginated (AIP-158); each page costs one index probe per namespace.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -898,6 +959,17 @@ class TranscriptServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.SERVER_STREAM,
                     ),
                     function=service.watch_conversation,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ListNamespaces": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="ListNamespaces",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ListNamespacesRequest,
+                        output=ListNamespacesResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.list_namespaces,
                 ),
             },
             interceptors=interceptors,
@@ -1083,7 +1155,9 @@ class TranscriptServiceClientSync(ConnectClientSync):
         timeout_ms: int | None = None,
     ) -> ListConversationsResponse:
         """
-        Lists the conversations of a namespace, newest id last (AIP-158).
+        Lists the conversations of a namespace (AIP-158): in increasing id order,
+        or newest first (ListConversationsRequest.order), each with a preview of
+        its first user message.
         """
         return self.execute_unary(
             request=request,
@@ -1246,6 +1320,32 @@ class TranscriptServiceClientSync(ConnectClientSync):
                 output=WatchConversationResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.SERVER_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def list_namespaces(
+        self,
+        request: ListNamespacesRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListNamespacesResponse:
+        """
+        Lists the namespaces that hold conversations, among those the caller may
+        read: with authentication on, only namespaces its identity grants (every
+        namespace for a "*" grant); with it off, every namespace. In name order,
+        paginated (AIP-158); each page costs one index probe per namespace.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListNamespaces",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ListNamespacesRequest,
+                output=ListNamespacesResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
             ),
             headers=headers,
             timeout_ms=timeout_ms,

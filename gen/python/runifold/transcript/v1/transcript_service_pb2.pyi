@@ -136,6 +136,34 @@ TURN_FINISH_LAPSED: TurnFinish.ValueType  # 4
 """Its lease lapsed (its process stalled or died), or was taken over."""
 Global___TurnFinish: _TypeAlias = TurnFinish  # noqa: Y015
 
+class _ConversationOrder:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConversationOrderEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConversationOrder.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONVERSATION_ORDER_UNSPECIFIED: _ConversationOrder.ValueType  # 0
+    """Same as CONVERSATION_ORDER_ID."""
+    CONVERSATION_ORDER_ID: _ConversationOrder.ValueType  # 1
+    """Increasing conversation id (UUIDv7 ids the server made sort by creation)."""
+    CONVERSATION_ORDER_NEWEST_FIRST: _ConversationOrder.ValueType  # 2
+    """Newest first: decreasing creation time (`create_time`), then decreasing
+    id. A conversation created while a listing pages is not in its later pages.
+    """
+
+class ConversationOrder(_ConversationOrder, metaclass=_ConversationOrderEnumTypeWrapper):
+    """The order of ListConversations."""
+
+CONVERSATION_ORDER_UNSPECIFIED: ConversationOrder.ValueType  # 0
+"""Same as CONVERSATION_ORDER_ID."""
+CONVERSATION_ORDER_ID: ConversationOrder.ValueType  # 1
+"""Increasing conversation id (UUIDv7 ids the server made sort by creation)."""
+CONVERSATION_ORDER_NEWEST_FIRST: ConversationOrder.ValueType  # 2
+"""Newest first: decreasing creation time (`create_time`), then decreasing
+id. A conversation created while a listing pages is not in its later pages.
+"""
+Global___ConversationOrder: _TypeAlias = ConversationOrder  # noqa: Y015
+
 @_typing.final
 class Conversation(_message.Message):
     """A conversation and its counters."""
@@ -172,6 +200,7 @@ class Conversation(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     USER_ID_FIELD_NUMBER: _builtins.int
     STATE_JSON_FIELD_NUMBER: _builtins.int
+    PREVIEW_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID in canonical text form."""
     namespace: _builtins.str
@@ -194,6 +223,13 @@ class Conversation(_message.Message):
     state_json: _builtins.str
     """The conversation's state, a JSON object ("{}" when nothing was set), at
     `version`. Empty in ListConversations unless CONVERSATION_VIEW_FULL.
+    """
+    preview: _builtins.str
+    """The text of its first user message, clipped to 200 characters (an
+    ellipsis marks a clipped one), for listings: the first ROLE_USER entry
+    among its first 16 entries that is not retracted, or empty when there is
+    none. Set by ListConversations only (one index probe per conversation);
+    empty in every other response. Untrusted text, as the transcript is.
     """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
@@ -220,10 +256,11 @@ class Conversation(_message.Message):
         incarnation: _builtins.int = ...,
         user_id: _builtins.str = ...,
         state_json: _builtins.str = ...,
+        preview: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "incarnation", b"incarnation", "labels", b"labels", "last_sequence", b"last_sequence", "namespace", b"namespace", "state_json", b"state_json", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "incarnation", b"incarnation", "labels", b"labels", "last_sequence", b"last_sequence", "namespace", b"namespace", "preview", b"preview", "state_json", b"state_json", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -783,6 +820,7 @@ class ListConversationsRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     USER_ID_FIELD_NUMBER: _builtins.int
     VIEW_FIELD_NUMBER: _builtins.int
+    ORDER_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     """Namespace to list."""
     page_size: _builtins.int
@@ -793,6 +831,10 @@ class ListConversationsRequest(_message.Message):
     """Only the conversations of this user (Conversation.user_id); empty: all."""
     view: Global___ConversationView.ValueType
     """How much of each conversation to return."""
+    order: Global___ConversationOrder.ValueType
+    """The order of the listing; a page token continues only the order it came
+    from (INVALID_ARGUMENT / INVALID_PAGE_TOKEN otherwise).
+    """
     def __init__(
         self,
         *,
@@ -801,10 +843,11 @@ class ListConversationsRequest(_message.Message):
         page_token: _builtins.str = ...,
         user_id: _builtins.str = ...,
         view: Global___ConversationView.ValueType = ...,
+        order: Global___ConversationOrder.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id", "view", b"view"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "order", b"order", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id", "view", b"view"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -822,7 +865,7 @@ class ListConversationsResponse(_message.Message):
     """Token of the next page; empty on the last page."""
     @_builtins.property
     def conversations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Conversation]:
-        """Conversations in increasing id order."""
+        """Conversations in the order asked (ListConversationsRequest.order)."""
 
     def __init__(
         self,
@@ -1663,3 +1706,57 @@ class Erased(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Erased: _TypeAlias = Erased  # noqa: Y015
+
+@_typing.final
+class ListNamespacesRequest(_message.Message):
+    """Request of ListNamespaces."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """Maximum namespaces per page: 0 means 100, at most 1000."""
+    page_token: _builtins.str
+    """Opaque token from a previous response (of the same caller's identity)."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListNamespacesRequest: _TypeAlias = ListNamespacesRequest  # noqa: Y015
+
+@_typing.final
+class ListNamespacesResponse(_message.Message):
+    """Response of ListNamespaces."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token of the next page; empty on the last page."""
+    @_builtins.property
+    def namespaces(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Namespaces that hold at least one conversation, in increasing name order."""
+
+    def __init__(
+        self,
+        *,
+        namespaces: _abc.Iterable[_builtins.str] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespaces", b"namespaces", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListNamespacesResponse: _TypeAlias = ListNamespacesResponse  # noqa: Y015

@@ -68,7 +68,10 @@ class TranscriptServiceStub:
     transcript's length.
     """
     ListConversations: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ListConversationsRequest, _transcript_service_pb2.ListConversationsResponse]
-    """Lists the conversations of a namespace, newest id last (AIP-158)."""
+    """Lists the conversations of a namespace (AIP-158): in increasing id order,
+    or newest first (ListConversationsRequest.order), each with a preview of
+    its first user message.
+    """
     DeleteConversation: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.DeleteConversationRequest, _transcript_service_pb2.DeleteConversationResponse]
     """Erases a conversation and every entry of it. Idempotent."""
     GetState: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.GetStateRequest, _transcript_service_pb2.GetStateResponse]
@@ -98,6 +101,12 @@ class TranscriptServiceStub:
     `Erased` when it is erased. A stream that ends with UNAVAILABLE or
     RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
     last sequence received: nothing is missed and nothing repeats.
+    """
+    ListNamespaces: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ListNamespacesRequest, _transcript_service_pb2.ListNamespacesResponse]
+    """Lists the namespaces that hold conversations, among those the caller may
+    read: with authentication on, only namespaces its identity grants (every
+    namespace for a "*" grant); with it off, every namespace. In name order,
+    paginated (AIP-158); each page costs one index probe per namespace.
     """
 
 @_typing.type_check_only
@@ -140,7 +149,10 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     transcript's length.
     """
     ListConversations: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ListConversationsRequest, _transcript_service_pb2.ListConversationsResponse]  # type: ignore[assignment]
-    """Lists the conversations of a namespace, newest id last (AIP-158)."""
+    """Lists the conversations of a namespace (AIP-158): in increasing id order,
+    or newest first (ListConversationsRequest.order), each with a preview of
+    its first user message.
+    """
     DeleteConversation: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.DeleteConversationRequest, _transcript_service_pb2.DeleteConversationResponse]  # type: ignore[assignment]
     """Erases a conversation and every entry of it. Idempotent."""
     GetState: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.GetStateRequest, _transcript_service_pb2.GetStateResponse]  # type: ignore[assignment]
@@ -170,6 +182,12 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     `Erased` when it is erased. A stream that ends with UNAVAILABLE or
     RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
     last sequence received: nothing is missed and nothing repeats.
+    """
+    ListNamespaces: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ListNamespacesRequest, _transcript_service_pb2.ListNamespacesResponse]  # type: ignore[assignment]
+    """Lists the namespaces that hold conversations, among those the caller may
+    read: with authentication on, only namespaces its identity grants (every
+    namespace for a "*" grant); with it off, every namespace. In name order,
+    paginated (AIP-158); each page costs one index probe per namespace.
     """
 
 class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -245,7 +263,10 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _transcript_service_pb2.ListConversationsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_transcript_service_pb2.ListConversationsResponse, _abc.Awaitable[_transcript_service_pb2.ListConversationsResponse]]:
-        """Lists the conversations of a namespace, newest id last (AIP-158)."""
+        """Lists the conversations of a namespace (AIP-158): in increasing id order,
+        or newest first (ListConversationsRequest.order), each with a preview of
+        its first user message.
+        """
 
     @_abc_1.abstractmethod
     def DeleteConversation(
@@ -311,6 +332,18 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         `Erased` when it is erased. A stream that ends with UNAVAILABLE or
         RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
         last sequence received: nothing is missed and nothing repeats.
+        """
+
+    @_abc_1.abstractmethod
+    def ListNamespaces(
+        self,
+        request: _transcript_service_pb2.ListNamespacesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.ListNamespacesResponse, _abc.Awaitable[_transcript_service_pb2.ListNamespacesResponse]]:
+        """Lists the namespaces that hold conversations, among those the caller may
+        read: with authentication on, only namespaces its identity grants (every
+        namespace for a "*" grant); with it off, every namespace. In name order,
+        paginated (AIP-158); each page costs one index probe per namespace.
         """
 
 def add_TranscriptServiceServicer_to_server(servicer: TranscriptServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

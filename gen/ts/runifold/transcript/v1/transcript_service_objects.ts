@@ -94,6 +94,32 @@ export type TurnFinish =
 export type TurnFinish__Output = typeof TurnFinish[keyof typeof TurnFinish];
 
 /**
+ * The order of ListConversations.
+ *
+ * @generated from enum runifold.transcript.v1.ConversationOrder
+ */
+export const ConversationOrder = {
+  CONVERSATION_ORDER_UNSPECIFIED: 'CONVERSATION_ORDER_UNSPECIFIED',
+  CONVERSATION_ORDER_ID: 'CONVERSATION_ORDER_ID',
+  CONVERSATION_ORDER_NEWEST_FIRST: 'CONVERSATION_ORDER_NEWEST_FIRST',
+} as const;
+
+/**
+ * The order of ListConversations.
+ *
+ * @generated from enum runifold.transcript.v1.ConversationOrder
+ */
+export type ConversationOrder =
+  | 'CONVERSATION_ORDER_UNSPECIFIED'
+  | 0
+  | 'CONVERSATION_ORDER_ID'
+  | 1
+  | 'CONVERSATION_ORDER_NEWEST_FIRST'
+  | 2
+
+export type ConversationOrder__Output = typeof ConversationOrder[keyof typeof ConversationOrder];
+
+/**
  * A conversation and its counters.
  *
  * @generated from message runifold.transcript.v1.Conversation
@@ -165,6 +191,16 @@ export interface Conversation {
    * @generated from field: string state_json = 10;
    */
   'state_json'?: (string);
+  /**
+   * The text of its first user message, clipped to 200 characters (an
+   * ellipsis marks a clipped one), for listings: the first ROLE_USER entry
+   * among its first 16 entries that is not retracted, or empty when there is
+   * none. Set by ListConversations only (one index probe per conversation);
+   * empty in every other response. Untrusted text, as the transcript is.
+   *
+   * @generated from field: string preview = 11;
+   */
+  'preview'?: (string);
 }
 
 /**
@@ -239,6 +275,16 @@ export interface Conversation__Output {
    * @generated from field: string state_json = 10;
    */
   'state_json': (string);
+  /**
+   * The text of its first user message, clipped to 200 characters (an
+   * ellipsis marks a clipped one), for listings: the first ROLE_USER entry
+   * among its first 16 entries that is not retracted, or empty when there is
+   * none. Set by ListConversations only (one index probe per conversation);
+   * empty in every other response. Untrusted text, as the transcript is.
+   *
+   * @generated from field: string preview = 11;
+   */
+  'preview': (string);
 }
 
 /**
@@ -1207,6 +1253,13 @@ export interface ListConversationsRequest {
    * @generated from field: runifold.transcript.v1.ConversationView view = 5;
    */
   'view'?: (ConversationView);
+  /**
+   * The order of the listing; a page token continues only the order it came
+   * from (INVALID_ARGUMENT / INVALID_PAGE_TOKEN otherwise).
+   *
+   * @generated from field: runifold.transcript.v1.ConversationOrder order = 6;
+   */
+  'order'?: (ConversationOrder);
 }
 
 /**
@@ -1245,6 +1298,13 @@ export interface ListConversationsRequest__Output {
    * @generated from field: runifold.transcript.v1.ConversationView view = 5;
    */
   'view': (ConversationView__Output);
+  /**
+   * The order of the listing; a page token continues only the order it came
+   * from (INVALID_ARGUMENT / INVALID_PAGE_TOKEN otherwise).
+   *
+   * @generated from field: runifold.transcript.v1.ConversationOrder order = 6;
+   */
+  'order': (ConversationOrder__Output);
 }
 
 /**
@@ -1254,7 +1314,7 @@ export interface ListConversationsRequest__Output {
  */
 export interface ListConversationsResponse {
   /**
-   * Conversations in increasing id order.
+   * Conversations in the order asked (ListConversationsRequest.order).
    *
    * @generated from field: repeated runifold.transcript.v1.Conversation conversations = 1;
    */
@@ -1274,7 +1334,7 @@ export interface ListConversationsResponse {
  */
 export interface ListConversationsResponse__Output {
   /**
-   * Conversations in increasing id order.
+   * Conversations in the order asked (ListConversationsRequest.order).
    *
    * @generated from field: repeated runifold.transcript.v1.Conversation conversations = 1;
    */
@@ -2638,6 +2698,86 @@ export interface Erased__Output {
 }
 
 /**
+ * Request of ListNamespaces.
+ *
+ * @generated from message runifold.transcript.v1.ListNamespacesRequest
+ */
+export interface ListNamespacesRequest {
+  /**
+   * Maximum namespaces per page: 0 means 100, at most 1000.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  'page_size'?: (number);
+  /**
+   * Opaque token from a previous response (of the same caller's identity).
+   *
+   * @generated from field: string page_token = 2;
+   */
+  'page_token'?: (string);
+}
+
+/**
+ * Request of ListNamespaces.
+ *
+ * @generated from message runifold.transcript.v1.ListNamespacesRequest
+ */
+export interface ListNamespacesRequest__Output {
+  /**
+   * Maximum namespaces per page: 0 means 100, at most 1000.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  'page_size': (number);
+  /**
+   * Opaque token from a previous response (of the same caller's identity).
+   *
+   * @generated from field: string page_token = 2;
+   */
+  'page_token': (string);
+}
+
+/**
+ * Response of ListNamespaces.
+ *
+ * @generated from message runifold.transcript.v1.ListNamespacesResponse
+ */
+export interface ListNamespacesResponse {
+  /**
+   * Namespaces that hold at least one conversation, in increasing name order.
+   *
+   * @generated from field: repeated string namespaces = 1;
+   */
+  'namespaces'?: (string)[];
+  /**
+   * Token of the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  'next_page_token'?: (string);
+}
+
+/**
+ * Response of ListNamespaces.
+ *
+ * @generated from message runifold.transcript.v1.ListNamespacesResponse
+ */
+export interface ListNamespacesResponse__Output {
+  /**
+   * Namespaces that hold at least one conversation, in increasing name order.
+   *
+   * @generated from field: repeated string namespaces = 1;
+   */
+  'namespaces': (string)[];
+  /**
+   * Token of the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  'next_page_token': (string);
+}
+
+/**
  * Append-only conversation transcripts with compare-and-swap versioning.
  *
  * A conversation's `version` counts committed appends. Each entry has a
@@ -2694,7 +2834,9 @@ export interface TranscriptService__Methods {
    */
   loadView: { request: LoadViewRequest; response: LoadViewResponse__Output };
   /**
-   * Lists the conversations of a namespace, newest id last (AIP-158).
+   * Lists the conversations of a namespace (AIP-158): in increasing id order,
+   * or newest first (ListConversationsRequest.order), each with a preview of
+   * its first user message.
    *
    * @generated from rpc runifold.transcript.v1.TranscriptService.ListConversations
    */
@@ -2749,5 +2891,14 @@ export interface TranscriptService__Methods {
    * @generated from rpc runifold.transcript.v1.TranscriptService.WatchConversation
    */
   watchConversation: { request: WatchConversationRequest; response: WatchConversationResponse__Output };
+  /**
+   * Lists the namespaces that hold conversations, among those the caller may
+   * read: with authentication on, only namespaces its identity grants (every
+   * namespace for a "*" grant); with it off, every namespace. In name order,
+   * paginated (AIP-158); each page costs one index probe per namespace.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.ListNamespaces
+   */
+  listNamespaces: { request: ListNamespacesRequest; response: ListNamespacesResponse__Output };
 }
 
