@@ -3,7 +3,8 @@
 No thresholds are asserted: goals are printed next to the measured ratios.
 `python -m bench transcript` runs one suite; `summary-claim`, `memory-indexing` and
 `memory-validity`, `retrieval-quality` and `retrieval-latency` run one part of the
-summary, memory and retrieval suites alone.
+summary, memory and retrieval suites alone; `chat-loop-full` is the chat loop's full
+profile (200 turns at one turn a second; the default runs its quick profile).
 """
 
 from __future__ import annotations
@@ -15,7 +16,17 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from bench import agent, embedding, hostile, memory, retrieval, summary, transcript, watch
+from bench import (
+    agent,
+    chat_loop,
+    embedding,
+    hostile,
+    memory,
+    retrieval,
+    summary,
+    transcript,
+    watch,
+)
 from bench.common import postgres
 
 SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
@@ -23,6 +34,7 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "summary": summary.run,
     "memory": memory.run,
     "agent": agent.run,
+    "chat-loop": chat_loop.run,
     "embedding": embedding.run,
     "watch": watch.run,
     "retrieval": retrieval.run,
@@ -33,12 +45,14 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "memory-validity": memory.validity,
     "retrieval-quality": retrieval.quality,
     "retrieval-latency": retrieval.latency,
+    "chat-loop-full": chat_loop.full,
 }
 DEFAULT = [
     "transcript",
     "summary",
     "memory",
     "agent",
+    "chat-loop",
     "embedding",
     "watch",
     "retrieval",

@@ -239,6 +239,10 @@ class FakeSummaries:
         self.summaries: dict[str, SummaryState] = {}
         self.jobs: list[str] = []
         self.erased: dict[tuple[str, int], tuple[int, int]] = {}
+        # Every job asked for: (conversation, window, summary batch).
+        self.requested: list[tuple[str, int, int]] = []
+        # When set, RequestSummary fails with it (SummaryService unreachable).
+        self.request_error: DomainError | None = None
 
     async def get(self, namespace: str, conversation_id: str) -> SummaryState:
         return self.summaries.get(conversation_id, SummaryState())
@@ -272,9 +276,20 @@ class FakeSummaries:
     async def request(
         self, namespace: str, conversation_id: str, window: int, summary_batch: int
     ) -> str:
+        if self.request_error is not None:
+            raise self.request_error
         job = f"job-{len(self.jobs) + 1}"
         self.jobs.append(conversation_id)
+        self.requested.append((conversation_id, window, summary_batch))
         return job
+
+    async def run_jobs(self, namespace: str) -> None:
+        """Run every job asked for so far, as the queue's workers would (until no
+        backlog remains), and empty the queue."""
+        requested, self.requested = self.requested, []
+        self.jobs = []
+        for conversation_id, window, batch in requested:
+            await self.summarize(namespace, conversation_id, window, batch, 64, Budget(0, 64, 0))
 
     async def erase(self, namespace: str, conversation_id: str, incarnation: int) -> SummaryErasure:
         summaries = int(self.summaries.pop(conversation_id, None) is not None)

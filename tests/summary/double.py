@@ -127,6 +127,8 @@ class InMemorySummaryStore:
             if active is not None:
                 if active.job.state == JobState.RUNNING and active.requested_again is None:
                     active.requested_again = datetime.now(UTC)
+                if job.window < active.job.window:  # it reaches as far as each request
+                    active.job = replace(active.job, window=job.window)
                 return active.job, False
             now = datetime.now(UTC)
             stored = Job(

@@ -25,7 +25,7 @@ import { SummaryCalls } from "./summary.js";
 import { TranscriptCalls } from "./transcript.js";
 
 export * from "./errors.js";
-export { assistant, toolResult, user, type Input, type TurnOptions } from "./agent.js";
+export { DEFAULT_SUMMARY_MODE, assistant, toolResult, user, type Input, type TurnOptions } from "./agent.js";
 export { DEFAULT_TARGET, PAGE_SIZE, type CallOptions, type ClientOptions } from "./connection.js";
 export { newConversationId, type WatchOptions } from "./transcript.js";
 export type { WatchPosition } from "./watch.js";

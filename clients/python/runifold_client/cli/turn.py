@@ -20,12 +20,19 @@ _CONCURRENCY = {
 }
 
 
+# A turn's defaults are the client's (ConversationContextPolicy), so that the CLI and a
+# program written against the client behave alike.
+_DEFAULT = ConversationContextPolicy()
+
+
 def _policy(args: argparse.Namespace) -> ConversationContextPolicy:
     policy = ConversationContextPolicy(window=args.window, summary_batch=args.summary_batch)
     if args.memory:
         policy = policy.with_semantic_memory(args.memory)
     if args.auto_summary:
         policy = policy.with_auto_summary(args.auto_summary)
+    else:
+        policy = policy.with_summary_required()
     return policy
 
 
@@ -41,14 +48,14 @@ def _turn_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--window",
         type=int,
-        default=16,
+        default=_DEFAULT.window,
         metavar="N",
         help="recent entries given to the model (1..4096)",
     )
     group.add_argument(
         "--summary-batch",
         type=int,
-        default=64,
+        default=_DEFAULT.summary_batch,
         metavar="N",
         help="entries summarized per pass (1..4096)",
     )
@@ -62,10 +69,11 @@ def _turn_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--auto-summary",
         type=int,
-        default=0,
+        default=_DEFAULT.max_summary_passes if _DEFAULT.summary_mode == "auto" else 0,
         metavar="PASSES",
         help="summarize within the turn, in at most PASSES passes, when older entries wait "
-        "(0: refuse with SUMMARY_REQUIRED and enqueue a background job)",
+        "because the background queue has not summarized them yet (0: refuse with "
+        "SUMMARY_REQUIRED and enqueue a background job instead)",
     )
     group.add_argument(
         "--system",

@@ -140,7 +140,10 @@ class AgentCalls(Connection):
         """Run one agent turn; raises TurnConflict, SummaryRequired, ... on failure.
 
         A `turn_id` is made for you when you pass none: a retry of the same call
-        (gRPC's, or yours with the same id) returns the first outcome.
+        (gRPC's, or yours with the same id) returns the first outcome. The default
+        policy (`ConversationContextPolicy()`) summarizes within the turn when the
+        server's background queue has not kept the summary ahead, so a chat loop never
+        meets SummaryRequired; a policy `with_summary_required()` gets it instead.
         """
         request = _turn_request(
             agent_pb.RunConversationRequest,
