@@ -94,7 +94,21 @@ class Unauthenticated(RunifoldError):
 
 
 class Unavailable(RunifoldError):
-    """A store or service is unavailable; retry later (the client already retried)."""
+    """A store or service is unavailable; retry later (the client already retried).
+
+    One that never reached a Runifold server (reason UNAVAILABLE: no ErrorInfo) names
+    the address the client called: in its message, once, and as `target`."""
+
+    target: str = ""
+
+    @classmethod
+    def unreachable(cls, error: Unavailable, target: str) -> Unavailable:
+        """`error` (a call that reached no server) saying where the client called."""
+        prefix = f"cannot reach {target}: "
+        message = error.message if error.message.startswith(prefix) else prefix + error.message
+        found = cls(error.code, error.reason, message, error.metadata, error.details)
+        found.target = target
+        return found
 
 
 class DeadlineExceeded(RunifoldError):

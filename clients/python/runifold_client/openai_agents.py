@@ -27,7 +27,7 @@ from agents.memory.session_settings import (
 from runifold.common.v1 import common_pb2
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold_client import _framework as fw
-from runifold_client.client import DEFAULT_TARGET, AsyncClient
+from runifold_client.client import AsyncClient
 from runifold_client.errors import NotFound, RunifoldError, VersionConflict
 
 if TYPE_CHECKING:
@@ -145,8 +145,8 @@ class RunifoldSession:
         self,
         session_id: str,
         *,
-        target: str = DEFAULT_TARGET,
-        namespace: str = "",
+        target: str | None = None,
+        namespace: str | None = None,
         token: str | None = None,
         client: AsyncClient | None = None,
         session_settings: SessionSettings | dict[str, Any] | None = None,

@@ -15,7 +15,7 @@ from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold_client import _framework as fw
 from runifold_client.adk.events import _text_of
 from runifold_client.adk.scope import APP_LABEL, USER_LABEL, _Scope
-from runifold_client.client import DEFAULT_TARGET, AsyncClient, source
+from runifold_client.client import AsyncClient, source
 from runifold_client.errors import NotFound
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class RunifoldMemoryService(BaseMemoryService):  # type: ignore[misc]  # google.
     def __init__(
         self,
         *,
-        target: str = DEFAULT_TARGET,
+        target: str | None = None,
         namespace: str | None = None,
         token: str | None = None,
         client: AsyncClient | None = None,

@@ -17,7 +17,6 @@ from runifold.common.v1 import common_pb2
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold_client.client.connection import PAGE_SIZE, Connection, duration
 from runifold_client.client.watch import Position, backoff_s, resumable
-from runifold_client.errors import from_rpc_error
 from runifold_client.policy import InputLike, messages
 
 
@@ -244,7 +243,7 @@ class TranscriptCalls(Connection):
                         return
                 return
             except grpc.aio.AioRpcError as error:
-                failure = from_rpc_error(error)
+                failure = self._failure(error)
                 if not (resume and resumable(failure)):
                     raise failure from None
             finally:
