@@ -56,7 +56,9 @@ class RunifoldError(Exception):
         metadata: Mapping[str, str] | None = None,
         details: tuple[Any, ...] = (),
     ) -> None:
-        super().__init__(f"{code.name} {reason}: {message}")
+        # A reason that only repeats the code (no ErrorInfo) is said once.
+        status = code.name if reason == code.name else f"{code.name} {reason}"
+        super().__init__(f"{status}: {message}")
         self.code = code
         self.reason = reason
         self.message = message

@@ -223,9 +223,11 @@ class TranscriptCalls(Connection):
         reported started twice; a turn that finished while the stream was down is reported
         `turn_finished` with `TURN_FINISH_UNSPECIFIED` (how it ended is not known). Other
         errors are raised (NotFound, ResourceExhausted / WATCHER_LIMIT with its
-        `retry_delay`, ...).
+        `retry_delay`, ...), and so is a first stream that reaches no server at all
+        (`Unavailable` naming the address: a wrong target is said, not waited on).
         """
         position = Position(after_sequence, incarnation)
+        reached = False  # whether a stream ever delivered an event
         while True:
             request = transcript_pb.WatchConversationRequest(
                 namespace=self._ns(namespace),
@@ -237,6 +239,7 @@ class TranscriptCalls(Connection):
             call = self.transcripts.WatchConversation(request, metadata=self._metadata)
             try:
                 async for received in call:
+                    reached = True
                     for event in position.see(received):
                         yield event
                     if received.WhichOneof("event") == "erased":
@@ -244,7 +247,8 @@ class TranscriptCalls(Connection):
                 return
             except grpc.aio.AioRpcError as error:
                 failure = self._failure(error)
-                if not (resume and resumable(failure)):
+                never_reached = not reached and failure.reason == "UNAVAILABLE"
+                if not (resume and resumable(failure)) or never_reached:
                     raise failure from None
             finally:
                 call.cancel()
