@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -139,19 +140,48 @@ def _error_document(error: RunifoldError) -> dict[str, Any]:
 # What gRPC says when something answers at the address, but not gRPC: an HTTP/1 server
 # (or any other protocol), or an HTTP/2 one whose answer is no gRPC reply (Connect only).
 _NOT_GRPC = ("http1.x server", "Failed parsing HTTP/2", "Received http2 header with status")
-# Answered by Runifold's HTTP port to anyone (docs/console.md): it names the services.
+# Answered by Runifold's HTTP port to anyone (docs/console.md) when the console is on:
+# it names the services.
 _HTTP_PORT_PROBE = "/console/api/session"
+# Answered by Runifold's HTTP port whatever else is on: a Connect call of one of its
+# methods (an empty request: refused, with a Connect error document, or answered).
+_CONNECT_PROBE = "/runifold.summary.v1.SummaryService/GetBacklog"
+
+
+def _json_of(request: urllib.request.Request, timeout: float) -> Any:
+    """The JSON document an HTTP request is answered with (an error status's too)."""
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:  # noqa: S310  # http:// built here
+            return json.loads(reply.read(256 * 1024))
+    except urllib.error.HTTPError as error:  # a refusal: its body says whose
+        with error:
+            return json.loads(error.read(256 * 1024))
 
 
 def _runifold_http_port(target: str, timeout: float = 2.0) -> bool:
     """Whether `target` is a Runifold server's HTTP port (JSON, Connect, the console)."""
-    try:
-        with urllib.request.urlopen(f"http://{target}{_HTTP_PORT_PROBE}", timeout=timeout) as r:
-            body = json.loads(r.read(256 * 1024))
-    except (OSError, ValueError):
-        return False
-    services = body.get("services") if isinstance(body, dict) else None
-    return isinstance(services, list) and any(str(s).startswith("runifold.") for s in services)
+    console = urllib.request.Request(f"http://{target}{_HTTP_PORT_PROBE}")
+    connect = urllib.request.Request(
+        f"http://{target}{_CONNECT_PROBE}",
+        data=b"{}",
+        headers={"Content-Type": "application/json", "Connect-Protocol-Version": "1"},
+    )
+    for request in (console, connect):
+        try:
+            body = _json_of(request, timeout)
+        except (OSError, ValueError):  # nothing, or no JSON: not this probe's answer
+            continue
+        if not isinstance(body, dict):
+            continue
+        services = body.get("services")
+        if isinstance(services, list) and any(str(s).startswith("runifold.") for s in services):
+            return True
+        # A Connect reply of the method: the backlog's fields, or a refusal of the request
+        # (no namespace, no token); a server without the method answers unimplemented.
+        code = body.get("code")
+        if request is connect and code not in {"unimplemented", "not_found"}:
+            return isinstance(code, str) or "depth" in body or body == {}
+    return False
 
 
 def _unreachable_hint(target: str, message: str) -> str:
