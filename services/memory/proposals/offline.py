@@ -41,8 +41,8 @@ _RELATIVES = (
 _FREQUENCIES = "always|usually|normally|generally|typically|often|regularly|rarely|never"
 # Words after a frequency that take no third-person -s ("I always can't sleep").
 _UNCONJUGATED = frozenset(
-    "can can't cannot could couldn't will won't would wouldn't shall should shouldn't "
-    "may might must".split()
+    {"can", "can't", "cannot", "could", "couldn't", "will", "won't", "would", "wouldn't"}
+    | {"shall", "should", "shouldn't", "may", "might", "must"}
 )
 _IRREGULAR = {"have": "has", "do": "does", "go": "goes", "am": "is", "don't": "doesn't"}
 
