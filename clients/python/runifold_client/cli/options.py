@@ -80,7 +80,7 @@ def _connection(*, defaults: bool = False) -> argparse.ArgumentParser:
         type=float,
         default=default(DEFAULT_TIMEOUT),
         metavar="SECONDS",
-        help=f"deadline of each call (default: {DEFAULT_TIMEOUT:g})",
+        help=f"deadline of each call (default: {DEFAULT_TIMEOUT})",
     )
     group.add_argument(
         "--json",
