@@ -195,7 +195,7 @@ def cmd_memory(args: argparse.Namespace, output: Output) -> int:
 
 def add_parser(commands: Any, common: Sequence[argparse.ArgumentParser]) -> None:
     """The `memory` group."""
-    _, memory = _group(commands, "memory", "curated semantic memory", "memory_command")
+    _, memory = _group(commands, "memory", "curated semantic memory", "memory_command", common)
     add = _add(memory, "add", "curate a fact from a transcript range (or an external URI)", common)
     add.add_argument("content", help="the fact")
     add.add_argument(

@@ -178,7 +178,7 @@ def cmd_receipt(args: argparse.Namespace, output: Output) -> int:
 def add_parser(commands: Any, common: Sequence[argparse.ArgumentParser]) -> None:
     """The `transcript` group."""
     _, transcript = _group(
-        commands, "transcript", "conversations and their entries", "transcript_command"
+        commands, "transcript", "conversations and their entries", "transcript_command", common
     )
     _add(transcript, "list", "list the conversations of the namespace", common)
     get = _add(transcript, "get", "a conversation's version and counters", common)

@@ -13,7 +13,7 @@ import grpc
 from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.common.v1 import common_pb2
 from runifold_client.client.connection import Connection
-from runifold_client.errors import Outcome, from_rpc_error
+from runifold_client.errors import Outcome
 from runifold_client.policy import Budget, ConversationContextPolicy, InputLike, Tool, messages
 
 
@@ -197,7 +197,7 @@ class AgentCalls(Connection):
             async for event in call:
                 yield event
         except grpc.aio.AioRpcError as error:
-            raise from_rpc_error(error) from None
+            raise self._failure(error) from None
 
     async def erase_conversation(
         self, conversation_id: str, *, namespace: str | None = None
