@@ -100,6 +100,15 @@ COSTS: dict[str, CostClass] = {
         "(about 2 MiB): one page read and one message in flight",
         "stream",
     ),
+    _T + "RecordErasureReceipt": CostClass(
+        "exempt",
+        _ONE_WRITE + " (one upsert of the receipt; erasure is never refused for load)",
+        _REQUEST + ": at most 32 counts and 32 part names",
+        "never",
+    ),
+    _T + "GetErasureReceipt": CostClass(
+        "exempt", _ONE_READ + " (by key)", "one receipt (at most 32 counts)", "never"
+    ),
     # -- SummaryService -----------------------------------------------------------------
     _S + "GetSummary": CostClass("exempt", _ONE_READ, "one summary", "never"),
     _S + "CommitSummary": CostClass(
@@ -149,6 +158,13 @@ COSTS: dict[str, CostClass] = {
         "the entries read (at most the range's 256 entries) and the proposals",
         "queue",
     ),
+    _M + "GetMemoryErasure": CostClass(
+        "exempt",
+        _ONE_READ + " (by key) and one update by key (records when the index caught up, "
+        "from one probe of the outbox's primary key)",
+        "one erasure's counts",
+        "never",
+    ),
     # -- AgentService -------------------------------------------------------------------
     _A + "RunConversation": CostClass(
         "turn",
@@ -169,6 +185,13 @@ COSTS: dict[str, CostClass] = {
         "erasure is never refused for load: a person's right to erasure does not wait "
         "for a tenant's quota (each step is a short transaction on one service)",
         "the counts of what was erased",
+        "never",
+    ),
+    _A + "GetErasureReceipt": CostClass(
+        "exempt",
+        "a receipt read by key on TranscriptService; while only the index is left, one "
+        "GetMemoryErasure and one RecordErasureReceipt (each a short statement by key)",
+        "one receipt",
         "never",
     ),
     # -- served beside the services ------------------------------------------------------

@@ -15,7 +15,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from runifold.memory.v1 import memory_service_pb2 as pb
 from runifold.memory.v1 import memory_service_pb2_grpc as pb_grpc
 from services.common import convert
-from services.memory.model import Memory, MemorySource, RevisionRecord
+from services.memory.model import ExternalSource, Memory, MemoryErasure, RevisionRecord, Source
 from services.memory.proposals.model import ADD, DUPLICATE, SUPERSEDE, Proposal
 from services.memory.service import MemoryService
 from services.memory.writes.inputs import SourceInput, SupersedeInput, ValidityInput
@@ -37,10 +37,12 @@ _MODES_IN = {
 _MODES_OUT = {name: value for value, name in _MODES_IN.items() if name}
 
 
-def sources_to_proto(sources: Sequence[MemorySource]) -> list[pb.MemorySource]:
+def sources_to_proto(sources: Sequence[Source]) -> list[pb.MemorySource]:
     """The wire form of sources."""
     return [
-        pb.MemorySource(
+        pb.MemorySource(external_uri=s.uri)
+        if isinstance(s, ExternalSource)
+        else pb.MemorySource(
             conversation_id=str(s.conversation_id),
             from_sequence=s.from_sequence,
             through_sequence=s.through_sequence,
@@ -48,6 +50,19 @@ def sources_to_proto(sources: Sequence[MemorySource]) -> list[pb.MemorySource]:
         )
         for s in sources
     ]
+
+
+def erasure_to_proto(erasure: MemoryErasure) -> pb.MemoryErasure:
+    """The wire form of an erasure's counts."""
+    return pb.MemoryErasure(
+        conversation_id=str(erasure.conversation_id),
+        incarnation=erasure.incarnation,
+        memories_deleted=erasure.memories_deleted,
+        revisions_erased=erasure.revisions_erased,
+        index_points=erasure.index_points,
+        erase_time=convert.timestamp(erasure.erase_time),
+        index_complete_time=convert.timestamp(erasure.index_complete_time),
+    )
 
 
 def _time(request: Any, field: str, reason: str) -> datetime | None:
@@ -133,7 +148,13 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             request.memory_id,
             request.content,
             [
-                SourceInput(s.conversation_id, s.from_sequence, s.through_sequence, s.incarnation)
+                SourceInput(
+                    s.conversation_id,
+                    s.from_sequence,
+                    s.through_sequence,
+                    s.incarnation,
+                    s.external_uri,
+                )
                 for s in request.sources
             ],
             dict(request.metadata),
@@ -215,14 +236,18 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     async def ForgetSource(
         self, request: pb.ForgetSourceRequest, context: Context
     ) -> pb.ForgetSourceResponse:
-        count = await self.service.forget_source(
+        forgotten = await self.service.forget_source(
             request.namespace,
             request.conversation_id,
             request.from_sequence,
             request.through_sequence,
             request.incarnation,
+            request.external_uri,
         )
-        return pb.ForgetSourceResponse(deleted_count=count)
+        return pb.ForgetSourceResponse(
+            deleted_count=forgotten.deleted,
+            erasure=erasure_to_proto(forgotten.erasure) if forgotten.erasure else None,
+        )
 
     async def ListMemoryRevisions(
         self, request: pb.ListMemoryRevisionsRequest, context: Context
@@ -253,3 +278,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             dropped_count=result.dropped,
             proposer=result.proposer,
         )
+
+    async def GetMemoryErasure(
+        self, request: pb.GetMemoryErasureRequest, context: Context
+    ) -> pb.GetMemoryErasureResponse:
+        erasure = await self.service.erasure(
+            request.namespace, request.conversation_id, request.incarnation
+        )
+        return pb.GetMemoryErasureResponse(erasure=erasure_to_proto(erasure))

@@ -30,6 +30,7 @@ from services.summary.model import (
     NewSummary,
     SummarizeResult,
     Summary,
+    SummaryErasure,
     conversation_erased,
 )
 from services.summary.ports import Transcripts
@@ -311,13 +312,17 @@ class SummaryService:
             self.on_enqueue()
         return job, created
 
-    async def erase(self, namespace: str, conversation_id_text: str, incarnation: int = 0) -> int:
+    async def erase(
+        self, namespace: str, conversation_id_text: str, incarnation: int = 0
+    ) -> SummaryErasure:
         """Erase every summary, history row and job of a conversation (idempotent).
 
         Used when a conversation is erased, before its transcript is (the transcript
         is another service's). With its `incarnation`, the erasure also leaves its
         tombstone: a commit or job for it is refused from now on, even one whose model
         call is in flight. A running job notices at its next step (its lease is gone) and stops.
+        Returns the rows this call erased, and what every erasure of the incarnation erased
+        (the tombstone adds them up: a retry reports the first call's too).
         """
         validation.namespace(namespace)
         if incarnation < 0:

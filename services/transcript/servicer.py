@@ -17,6 +17,7 @@ from services.common.errors import DomainError, StreamStalled
 from services.transcript import metrics as transcript_metrics
 from services.transcript.conversations.model import AppendRecord, Conversation, ScopedState
 from services.transcript.leases.model import EndedTurn, TurnLease
+from services.transcript.receipts.model import ErasureProgress, ErasureReceipt
 from services.transcript.service import TranscriptService
 from services.transcript.watch import model as events
 from services.transcript.watch.model import watcher_too_slow
@@ -38,6 +39,20 @@ def conversation_to_proto(conversation: Conversation) -> pb.Conversation:
         incarnation=conversation.incarnation,
         user_id=conversation.user_id or "",
         state_json=conversation.state_json,
+    )
+
+
+def receipt_to_proto(receipt: ErasureReceipt) -> pb.ErasureReceipt:
+    """The wire form of an erasure receipt."""
+    return pb.ErasureReceipt(
+        receipt_id=str(receipt.receipt_id),
+        conversation_id=str(receipt.conversation_id),
+        namespace=receipt.namespace,
+        incarnation=receipt.incarnation,
+        counts=dict(receipt.counts),
+        remaining=list(receipt.remaining),
+        create_time=convert.timestamp(receipt.create_time),
+        complete_time=convert.timestamp(receipt.complete_time),
     )
 
 
@@ -262,11 +277,39 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
         self, request: pb.DeleteConversationRequest, context: Context
     ) -> pb.DeleteConversationResponse:
         deleted = await self.service.delete_conversation(
-            request.namespace, request.conversation_id, request.incarnation
+            request.namespace,
+            request.conversation_id,
+            request.incarnation,
+            ErasureProgress(dict(request.receipt.counts), list(request.receipt.remaining))
+            if request.HasField("receipt")
+            else None,
         )
         return pb.DeleteConversationResponse(
-            deleted=deleted is not None, entries_deleted=deleted or 0
+            deleted=deleted.deleted,
+            entries_deleted=deleted.entries,
+            appends_deleted=deleted.appends,
+            receipt=receipt_to_proto(deleted.receipt) if deleted.receipt else None,
         )
+
+    async def RecordErasureReceipt(
+        self, request: pb.RecordErasureReceiptRequest, context: Context
+    ) -> pb.RecordErasureReceiptResponse:
+        receipt = await self.service.record_receipt(
+            request.namespace,
+            request.conversation_id,
+            request.incarnation,
+            dict(request.progress.counts),
+            list(request.progress.remaining),
+        )
+        return pb.RecordErasureReceiptResponse(receipt=receipt_to_proto(receipt))
+
+    async def GetErasureReceipt(
+        self, request: pb.GetErasureReceiptRequest, context: Context
+    ) -> pb.GetErasureReceiptResponse:
+        receipt = await self.service.get_receipt(
+            request.namespace, request.receipt_id, request.conversation_id
+        )
+        return pb.GetErasureReceiptResponse(receipt=receipt_to_proto(receipt))
 
     async def GetState(self, request: pb.GetStateRequest, context: Context) -> pb.GetStateResponse:
         states = await self.service.get_state(request.namespace, list(request.user_ids))

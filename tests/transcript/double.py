@@ -27,6 +27,7 @@ from services.transcript.conversations.model import (
     NO_STATE_CHANGE,
     AppendRecord,
     Conversation,
+    Deletion,
     ScopedState,
     StateChange,
     conversation_erased,
@@ -49,6 +50,13 @@ from services.transcript.leases.model import (
     turn_lease_lost,
 )
 from services.transcript.leases.store import WAIT_LEASE_S
+from services.transcript.receipts.model import (
+    APPENDS,
+    ENTRIES,
+    ErasureProgress,
+    ErasureReceipt,
+    merge,
+)
 from services.transcript.views.model import ViewRead, view_ranges
 
 # Queue tickets, one counter for every conversation (transcript.turn_tickets).
@@ -121,6 +129,8 @@ class InMemoryTranscriptStore:
         self._data: dict[tuple[str, uuid.UUID], _Stored] = {}
         # (namespace, user_id or "" for the namespace's own) -> its state document.
         self._states: dict[tuple[str, str], ScopedState] = {}
+        # Erasure receipts by (namespace, conversation id, incarnation).
+        self._receipts: dict[tuple[str, uuid.UUID, int], ErasureReceipt] = {}
         self._lock = asyncio.Lock()
 
     def _scoped_after(
@@ -340,14 +350,85 @@ class InMemoryTranscriptStore:
         return found if with_state else [replace(c, state_json="") for c in found]
 
     async def delete_conversation(
-        self, namespace: str, conversation_id: uuid.UUID, incarnation: int = 0
-    ) -> int | None:
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        incarnation: int = 0,
+        receipt: ErasureProgress | None = None,
+    ) -> Deletion:
         async with self._lock:
             stored = self._data.get((namespace, conversation_id))
-            if stored is None or incarnation not in (0, stored.conversation.incarnation):
-                return None
-            del self._data[(namespace, conversation_id)]
-            return len(stored.entries)
+            erased = Deletion(False)
+            if stored is not None and incarnation in (0, stored.conversation.incarnation):
+                del self._data[(namespace, conversation_id)]
+                erased = Deletion(True, len(stored.entries), stored.conversation.version)
+            if receipt is None or not incarnation:
+                return erased
+            counts = {**receipt.counts, ENTRIES: erased.entries, APPENDS: erased.appends}
+            kept = self._record(
+                namespace, conversation_id, incarnation, ErasureProgress(counts, receipt.remaining)
+            )
+            return replace(erased, receipt=kept)
+
+    # -- erasure receipts (the same rule as the PostgreSQL store: receipts.model.merge) --
+
+    def _record(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        incarnation: int,
+        progress: ErasureProgress,
+        receipt_id: uuid.UUID | None = None,
+    ) -> ErasureReceipt:
+        key = (namespace, conversation_id, incarnation)
+        self._receipts[key] = merge(
+            self._receipts.get(key),
+            progress,
+            receipt_id=receipt_id or uuid.uuid4(),
+            namespace=namespace,
+            conversation_id=conversation_id,
+            incarnation=incarnation,
+            now=datetime.now(UTC),
+        )
+        return self._receipts[key]
+
+    async def record_receipt(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        incarnation: int,
+        progress: ErasureProgress,
+        receipt_id: uuid.UUID,
+    ) -> ErasureReceipt:
+        async with self._lock:
+            return self._record(namespace, conversation_id, incarnation, progress, receipt_id)
+
+    async def get_receipt(self, namespace: str, receipt_id: uuid.UUID) -> ErasureReceipt | None:
+        found = [
+            r
+            for (ns, _, _), r in self._receipts.items()
+            if ns == namespace and r.receipt_id == receipt_id
+        ]
+        return found[0] if found else None
+
+    async def latest_receipt(
+        self, namespace: str, conversation_id: uuid.UUID
+    ) -> ErasureReceipt | None:
+        mine = [
+            r for (ns, cid, _), r in self._receipts.items() if (ns, cid) == (namespace, conversation_id)
+        ]
+        return max(mine, key=lambda r: (r.create_time, r.receipt_id)) if mine else None
+
+    async def sweep_receipts(self, retention_s: float, limit: int) -> int:
+        async with self._lock:
+            cutoff = datetime.now(UTC) - timedelta(seconds=retention_s)
+            old = sorted(
+                (k for k, r in self._receipts.items() if r.create_time <= cutoff),
+                key=lambda k: self._receipts[k].create_time,
+            )[:limit]
+            for key in old:
+                del self._receipts[key]
+            return len(old)
 
     # -- turn leases (the same rule as the PostgreSQL store: model.decide_lease) ----
 

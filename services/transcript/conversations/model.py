@@ -19,6 +19,7 @@ from datetime import datetime
 from services.common import jsonb, validation
 from services.common.domain import Usage
 from services.common.errors import Code, DomainError, invalid_argument
+from services.transcript.receipts.model import ErasureReceipt
 
 # A user id: like a label value, short and without NUL.
 MAX_USER_ID_CHARS = 128
@@ -79,6 +80,17 @@ class ScopedState:
     state_json: str = "{}"
     version: int = 0
     update_time: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Deletion:
+    """What DeleteConversation did: whether it deleted the conversation, the entries and
+    appends it erased, and the erasure receipt it recorded (when asked for one)."""
+
+    deleted: bool
+    entries: int = 0
+    appends: int = 0
+    receipt: ErasureReceipt | None = None
 
 
 def user_id(value: str, field: str = "user_id") -> str:

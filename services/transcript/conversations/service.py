@@ -19,6 +19,7 @@ from services.transcript.config import TranscriptLimits
 from services.transcript.conversations.model import (
     NO_STATE_CHANGE,
     Conversation,
+    Deletion,
     ScopedState,
     StateChange,
     conversation_not_found,
@@ -26,6 +27,8 @@ from services.transcript.conversations.model import (
     user_id,
 )
 from services.transcript.conversations.store import ConversationStore
+from services.transcript.receipts.model import ErasureProgress, check_progress
+from services.transcript.receipts.service import incarnation_to_erase
 
 # Users one GetState reads; a page of conversations with their state (CONVERSATION_VIEW_FULL).
 MAX_STATE_USERS = 100
@@ -147,15 +150,27 @@ class Conversations:
         return ConversationPage(page, next_token)
 
     async def delete_conversation(
-        self, namespace: str, conversation_id_text: str, incarnation: int = 0
-    ) -> int | None:
+        self,
+        namespace: str,
+        conversation_id_text: str,
+        incarnation: int = 0,
+        receipt: ErasureProgress | None = None,
+    ) -> Deletion:
         """Erase a conversation (only that incarnation, when given: one erased and made
-        again meanwhile is left alone); None when there was nothing to erase."""
+        again meanwhile is left alone); `deleted` False when there was nothing to erase.
+
+        With a `receipt` (what an erasure erased elsewhere and what remains), record the
+        erasure receipt of `incarnation` in the same transaction, with the entries and
+        appends erased: the transcript is never gone without its receipt. Recorded even
+        when there was nothing left to delete (a retry: it merges)."""
         validation.namespace(namespace)
         if incarnation < 0:
             raise invalid_argument(
                 "INVALID_INCARNATION", "incarnation must not be negative", field="incarnation"
             )
+        if receipt is not None:
+            incarnation_to_erase(incarnation)
+            receipt = check_progress(receipt.counts, receipt.remaining)
         return await self.store.delete_conversation(
-            namespace, conversation_id(conversation_id_text), incarnation
+            namespace, conversation_id(conversation_id_text), incarnation, receipt
         )

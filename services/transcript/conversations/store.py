@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+import uuid_utils
 from psycopg.types.json import Jsonb
 
 from services.common.domain import Usage
@@ -22,11 +23,14 @@ from services.transcript.conversations.model import (
     NO_STATE_CHANGE,
     AppendRecord,
     Conversation,
+    Deletion,
     ScopedState,
     StateChange,
     conversation_not_found,
     state_too_large,
 )
+from services.transcript.receipts.model import APPENDS, ENTRIES, ErasureProgress
+from services.transcript.receipts.store import record_in
 
 
 class ChangeSink(Protocol):
@@ -72,10 +76,16 @@ class ConversationStore(Protocol):
         """The stored state documents among these users' ("" for the namespace's)."""
 
     async def delete_conversation(
-        self, namespace: str, conversation_id: uuid.UUID, incarnation: int = 0
-    ) -> int | None:
-        """Erase it (only that incarnation, when given); return the number of entries
-        erased, or None if it did not exist."""
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        incarnation: int = 0,
+        receipt: ErasureProgress | None = None,
+    ) -> Deletion:
+        """Erase it (only that incarnation, when given); return what was erased. With a
+        `receipt` (and an incarnation), record the incarnation's erasure receipt in the
+        same transaction: `receipt`'s counts and remaining parts, with "entries" and
+        "appends" this call erased (ReceiptStore.record_receipt's merge)."""
 
 
 def conversation_from_row(row: Sequence[Any]) -> Conversation:
@@ -216,8 +226,12 @@ class PostgresConversations(PostgresBase):
             return [ScopedState(*row) for row in await cursor.fetchall()]
 
     async def delete_conversation(
-        self, namespace: str, conversation_id: uuid.UUID, incarnation: int = 0
-    ) -> int | None:
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        incarnation: int = 0,
+        receipt: ErasureProgress | None = None,
+    ) -> Deletion:
         async with self.db.connection() as conn, conn.transaction():
             cursor = await conn.execute(
                 f"""DELETE FROM transcript.conversations
@@ -227,14 +241,31 @@ class PostgresConversations(PostgresBase):
                 (namespace, conversation_id, incarnation, incarnation),
             )
             row = await cursor.fetchone()
-            if row is None:
-                return None
-            key, watched = row
-            await conn.execute("DELETE FROM transcript.appends WHERE conversation_key = %s", (key,))
-            await conn.execute("DELETE FROM transcript.turns WHERE conversation_key = %s", (key,))
-            cursor = await conn.execute(
-                "DELETE FROM transcript.entries WHERE conversation_key = %s", (key,)
-            )
-            deleted: int = cursor.rowcount
-        self.changed(key, watched)
-        return deleted
+            erased = Deletion(False)
+            if row is not None:
+                key, watched = row
+                cursor = await conn.execute(
+                    "DELETE FROM transcript.appends WHERE conversation_key = %s", (key,)
+                )
+                appends: int = cursor.rowcount
+                await conn.execute(
+                    "DELETE FROM transcript.turns WHERE conversation_key = %s", (key,)
+                )
+                cursor = await conn.execute(
+                    "DELETE FROM transcript.entries WHERE conversation_key = %s", (key,)
+                )
+                erased = Deletion(True, cursor.rowcount, appends)
+            if receipt is not None and incarnation:
+                counts = {**receipt.counts, ENTRIES: erased.entries, APPENDS: erased.appends}
+                kept = await record_in(
+                    conn,
+                    namespace,
+                    conversation_id,
+                    incarnation,
+                    ErasureProgress(counts, receipt.remaining),
+                    uuid.UUID(str(uuid_utils.uuid7())),
+                )
+                erased = Deletion(erased.deleted, erased.entries, erased.appends, kept)
+        if row is not None:
+            self.changed(key, watched)
+        return erased

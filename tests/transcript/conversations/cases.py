@@ -60,7 +60,7 @@ class ConversationCases(ServiceCases):
                 await call
             assert caught.value.code is Code.NOT_FOUND
             assert reason_of(caught) == "CONVERSATION_NOT_FOUND"
-        assert await service.delete_conversation(other, cid) is None
+        assert not (await service.delete_conversation(other, cid)).deleted
         assert (await service.get_conversation(namespace, cid)).version == 0
 
     @pytest.mark.parametrize("bad", ["", "a" * 129, "tenant/1", "tenant 1", "ténant", "a\x00"])
@@ -114,8 +114,9 @@ class ConversationCases(ServiceCases):
     ) -> None:
         cid = await new_conversation(service, namespace)
         await service.append(namespace, cid, 0, [user(), assistant()], "r")
-        assert await service.delete_conversation(namespace, cid) == 2
-        assert await service.delete_conversation(namespace, cid) is None
+        erased = await service.delete_conversation(namespace, cid)
+        assert (erased.deleted, erased.entries, erased.appends, erased.receipt) == (True, 2, 1, None)
+        assert not (await service.delete_conversation(namespace, cid)).deleted
         with pytest.raises(DomainError):
             await service.get_conversation(namespace, cid)
         # Re-creating the id starts a new, empty transcript.

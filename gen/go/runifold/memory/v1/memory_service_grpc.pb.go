@@ -42,6 +42,11 @@ type MemoryServiceClient interface {
 	// source names the conversation's incarnation; a conversation erased (or
 	// erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
 	ProposeMemories(ctx context.Context, in *ProposeMemoriesRequest, opts ...grpc.CallOption) (*ProposeMemoriesResponse, error)
+	// What the erasure of one incarnation of a conversation (ForgetSource with
+	// an `incarnation`) erased, over all its calls, and whether the vector
+	// index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+	// kept.
+	GetMemoryErasure(ctx context.Context, in *GetMemoryErasureRequest, opts ...grpc.CallOption) (*GetMemoryErasureResponse, error)
 }
 
 type memoryServiceClient struct {
@@ -124,6 +129,15 @@ func (c *memoryServiceClient) ProposeMemories(ctx context.Context, in *ProposeMe
 	return out, nil
 }
 
+func (c *memoryServiceClient) GetMemoryErasure(ctx context.Context, in *GetMemoryErasureRequest, opts ...grpc.CallOption) (*GetMemoryErasureResponse, error) {
+	out := new(GetMemoryErasureResponse)
+	err := c.cc.Invoke(ctx, "/runifold.memory.v1.MemoryService/GetMemoryErasure", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MemoryServiceServer is the server API for MemoryService service.
 // All implementations must embed UnimplementedMemoryServiceServer
 // for forward compatibility
@@ -153,6 +167,11 @@ type MemoryServiceServer interface {
 	// source names the conversation's incarnation; a conversation erased (or
 	// erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
 	ProposeMemories(context.Context, *ProposeMemoriesRequest) (*ProposeMemoriesResponse, error)
+	// What the erasure of one incarnation of a conversation (ForgetSource with
+	// an `incarnation`) erased, over all its calls, and whether the vector
+	// index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+	// kept.
+	GetMemoryErasure(context.Context, *GetMemoryErasureRequest) (*GetMemoryErasureResponse, error)
 	mustEmbedUnimplementedMemoryServiceServer()
 }
 
@@ -183,6 +202,9 @@ func (UnimplementedMemoryServiceServer) ListMemoryRevisions(context.Context, *Li
 }
 func (UnimplementedMemoryServiceServer) ProposeMemories(context.Context, *ProposeMemoriesRequest) (*ProposeMemoriesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ProposeMemories not implemented")
+}
+func (UnimplementedMemoryServiceServer) GetMemoryErasure(context.Context, *GetMemoryErasureRequest) (*GetMemoryErasureResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetMemoryErasure not implemented")
 }
 func (UnimplementedMemoryServiceServer) mustEmbedUnimplementedMemoryServiceServer() {}
 
@@ -341,6 +363,24 @@ func _MemoryService_ProposeMemories_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MemoryService_GetMemoryErasure_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetMemoryErasureRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MemoryServiceServer).GetMemoryErasure(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.memory.v1.MemoryService/GetMemoryErasure",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MemoryServiceServer).GetMemoryErasure(ctx, req.(*GetMemoryErasureRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _MemoryService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "runifold.memory.v1.MemoryService",
 	HandlerType: (*MemoryServiceServer)(nil),
@@ -376,6 +416,10 @@ var _MemoryService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ProposeMemories",
 			Handler:    _MemoryService_ProposeMemories_Handler,
+		},
+		{
+			MethodName: "GetMemoryErasure",
+			Handler:    _MemoryService_GetMemoryErasure_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -60,6 +60,13 @@ type TranscriptServiceClient interface {
 	// RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
 	// last sequence received: nothing is missed and nothing repeats.
 	WatchConversation(ctx context.Context, in *WatchConversationRequest, opts ...grpc.CallOption) (TranscriptService_WatchConversationClient, error)
+	// Records the receipt of an erasure of one incarnation of a conversation
+	// (AgentService.EraseConversation calls it), or merges what a later call of
+	// the same erasure reports: counts only grow, parts only leave `remaining`.
+	// One receipt per incarnation.
+	RecordErasureReceipt(ctx context.Context, in *RecordErasureReceiptRequest, opts ...grpc.CallOption) (*RecordErasureReceiptResponse, error)
+	// Returns a kept erasure receipt: by id, or the latest of a conversation.
+	GetErasureReceipt(ctx context.Context, in *GetErasureReceiptRequest, opts ...grpc.CallOption) (*GetErasureReceiptResponse, error)
 }
 
 type transcriptServiceClient struct {
@@ -201,6 +208,24 @@ func (x *transcriptServiceWatchConversationClient) Recv() (*WatchConversationRes
 	return m, nil
 }
 
+func (c *transcriptServiceClient) RecordErasureReceipt(ctx context.Context, in *RecordErasureReceiptRequest, opts ...grpc.CallOption) (*RecordErasureReceiptResponse, error) {
+	out := new(RecordErasureReceiptResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/RecordErasureReceipt", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *transcriptServiceClient) GetErasureReceipt(ctx context.Context, in *GetErasureReceiptRequest, opts ...grpc.CallOption) (*GetErasureReceiptResponse, error) {
+	out := new(GetErasureReceiptResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/GetErasureReceipt", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TranscriptServiceServer is the server API for TranscriptService service.
 // All implementations must embed UnimplementedTranscriptServiceServer
 // for forward compatibility
@@ -248,6 +273,13 @@ type TranscriptServiceServer interface {
 	// RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
 	// last sequence received: nothing is missed and nothing repeats.
 	WatchConversation(*WatchConversationRequest, TranscriptService_WatchConversationServer) error
+	// Records the receipt of an erasure of one incarnation of a conversation
+	// (AgentService.EraseConversation calls it), or merges what a later call of
+	// the same erasure reports: counts only grow, parts only leave `remaining`.
+	// One receipt per incarnation.
+	RecordErasureReceipt(context.Context, *RecordErasureReceiptRequest) (*RecordErasureReceiptResponse, error)
+	// Returns a kept erasure receipt: by id, or the latest of a conversation.
+	GetErasureReceipt(context.Context, *GetErasureReceiptRequest) (*GetErasureReceiptResponse, error)
 	mustEmbedUnimplementedTranscriptServiceServer()
 }
 
@@ -290,6 +322,12 @@ func (UnimplementedTranscriptServiceServer) ReleaseTurnLease(context.Context, *R
 }
 func (UnimplementedTranscriptServiceServer) WatchConversation(*WatchConversationRequest, TranscriptService_WatchConversationServer) error {
 	return status.Errorf(codes.Unimplemented, "method WatchConversation not implemented")
+}
+func (UnimplementedTranscriptServiceServer) RecordErasureReceipt(context.Context, *RecordErasureReceiptRequest) (*RecordErasureReceiptResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RecordErasureReceipt not implemented")
+}
+func (UnimplementedTranscriptServiceServer) GetErasureReceipt(context.Context, *GetErasureReceiptRequest) (*GetErasureReceiptResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetErasureReceipt not implemented")
 }
 func (UnimplementedTranscriptServiceServer) mustEmbedUnimplementedTranscriptServiceServer() {}
 
@@ -523,6 +561,42 @@ func (x *transcriptServiceWatchConversationServer) Send(m *WatchConversationResp
 	return x.ServerStream.SendMsg(m)
 }
 
+func _TranscriptService_RecordErasureReceipt_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RecordErasureReceiptRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).RecordErasureReceipt(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/RecordErasureReceipt",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).RecordErasureReceipt(ctx, req.(*RecordErasureReceiptRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TranscriptService_GetErasureReceipt_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetErasureReceiptRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).GetErasureReceipt(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/GetErasureReceipt",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).GetErasureReceipt(ctx, req.(*GetErasureReceiptRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _TranscriptService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "runifold.transcript.v1.TranscriptService",
 	HandlerType: (*TranscriptServiceServer)(nil),
@@ -570,6 +644,14 @@ var _TranscriptService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReleaseTurnLease",
 			Handler:    _TranscriptService_ReleaseTurnLease_Handler,
+		},
+		{
+			MethodName: "RecordErasureReceipt",
+			Handler:    _TranscriptService_RecordErasureReceipt_Handler,
+		},
+		{
+			MethodName: "GetErasureReceipt",
+			Handler:    _TranscriptService_GetErasureReceipt_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

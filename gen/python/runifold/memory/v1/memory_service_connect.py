@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .memory_service_pb2 import DeleteMemoryRequest, DeleteMemoryResponse, ForgetSourceRequest, ForgetSourceResponse, GetMemoryRequest, GetMemoryResponse, ListMemoriesRequest, ListMemoriesResponse, ListMemoryRevisionsRequest, ListMemoryRevisionsResponse, ProposeMemoriesRequest, ProposeMemoriesResponse, SearchMemoriesRequest, SearchMemoriesResponse, UpsertMemoryRequest, UpsertMemoryResponse
+from .memory_service_pb2 import DeleteMemoryRequest, DeleteMemoryResponse, ForgetSourceRequest, ForgetSourceResponse, GetMemoryErasureRequest, GetMemoryErasureResponse, GetMemoryRequest, GetMemoryResponse, ListMemoriesRequest, ListMemoriesResponse, ListMemoryRevisionsRequest, ListMemoryRevisionsResponse, ProposeMemoriesRequest, ProposeMemoriesResponse, SearchMemoriesRequest, SearchMemoriesResponse, UpsertMemoryRequest, UpsertMemoryResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Iterable, Mapping
@@ -108,6 +108,15 @@ class MemoryService(Protocol):
         the application confirms a proposal by sending it to UpsertMemory. Every
         source names the conversation's incarnation; a conversation erased (or
         erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def get_memory_erasure(self, request: GetMemoryErasureRequest, ctx: RequestContext[GetMemoryErasureRequest, GetMemoryErasureResponse], /) -> GetMemoryErasureResponse:
+        """
+        What the erasure of one incarnation of a conversation (ForgetSource with
+        an `incarnation`) erased, over all its calls, and whether the vector
+        index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+        kept.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -212,6 +221,17 @@ class MemoryServiceASGIApplication(ConnectASGIApplication[MemoryService]):
                         stream_type=StreamType.UNARY,
                     ),
                     function=svc.propose_memories,
+                ),
+                "/runifold.memory.v1.MemoryService/GetMemoryErasure": Endpoint.unary(
+                    method=MethodInfo(
+                        name="GetMemoryErasure",
+                        service_name="runifold.memory.v1.MemoryService",
+                        input=GetMemoryErasureRequest,
+                        output=GetMemoryErasureResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.get_memory_erasure,
                 ),
             },
             interceptors=interceptors,
@@ -460,6 +480,32 @@ class MemoryServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def get_memory_erasure(
+        self,
+        request: GetMemoryErasureRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> GetMemoryErasureResponse:
+        """
+        What the erasure of one incarnation of a conversation (ForgetSource with
+        an `incarnation`) erased, over all its calls, and whether the vector
+        index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+        kept.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetMemoryErasure",
+                service_name="runifold.memory.v1.MemoryService",
+                input=GetMemoryErasureRequest,
+                output=GetMemoryErasureResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class MemoryServiceSync(Protocol):
     """
@@ -532,6 +578,15 @@ class MemoryServiceSync(Protocol):
         the application confirms a proposal by sending it to UpsertMemory. Every
         source names the conversation's incarnation; a conversation erased (or
         erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def get_memory_erasure(self, request: GetMemoryErasureRequest, ctx: RequestContext[GetMemoryErasureRequest, GetMemoryErasureResponse], /) -> GetMemoryErasureResponse:
+        """
+        What the erasure of one incarnation of a conversation (ForgetSource with
+        an `incarnation`) erased, over all its calls, and whether the vector
+        index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+        kept.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -634,6 +689,17 @@ class MemoryServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.UNARY,
                     ),
                     function=service.propose_memories,
+                ),
+                "/runifold.memory.v1.MemoryService/GetMemoryErasure": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="GetMemoryErasure",
+                        service_name="runifold.memory.v1.MemoryService",
+                        input=GetMemoryErasureRequest,
+                        output=GetMemoryErasureResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.get_memory_erasure,
                 ),
             },
             interceptors=interceptors,
@@ -876,6 +942,32 @@ class MemoryServiceClientSync(ConnectClientSync):
                 service_name="runifold.memory.v1.MemoryService",
                 input=ProposeMemoriesRequest,
                 output=ProposeMemoriesResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def get_memory_erasure(
+        self,
+        request: GetMemoryErasureRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> GetMemoryErasureResponse:
+        """
+        What the erasure of one incarnation of a conversation (ForgetSource with
+        an `incarnation`) erased, over all its calls, and whether the vector
+        index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+        kept.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetMemoryErasure",
+                service_name="runifold.memory.v1.MemoryService",
+                input=GetMemoryErasureRequest,
+                output=GetMemoryErasureResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
             ),

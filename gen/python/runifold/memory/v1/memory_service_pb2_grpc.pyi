@@ -76,6 +76,12 @@ class MemoryServiceStub:
     source names the conversation's incarnation; a conversation erased (or
     erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
     """
+    GetMemoryErasure: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryErasureRequest, _memory_service_pb2.GetMemoryErasureResponse]
+    """What the erasure of one incarnation of a conversation (ForgetSource with
+    an `incarnation`) erased, over all its calls, and whether the vector
+    index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+    kept.
+    """
 
 @_typing.type_check_only
 class MemoryServiceAsyncStub(MemoryServiceStub):
@@ -124,6 +130,12 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     the application confirms a proposal by sending it to UpsertMemory. Every
     source names the conversation's incarnation; a conversation erased (or
     erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
+    """
+    GetMemoryErasure: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryErasureRequest, _memory_service_pb2.GetMemoryErasureResponse]  # type: ignore[assignment]
+    """What the erasure of one incarnation of a conversation (ForgetSource with
+    an `incarnation`) erased, over all its calls, and whether the vector
+    index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+    kept.
     """
 
 class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -218,6 +230,18 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         the application confirms a proposal by sending it to UpsertMemory. Every
         source names the conversation's incarnation; a conversation erased (or
         erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
+        """
+
+    @_abc_1.abstractmethod
+    def GetMemoryErasure(
+        self,
+        request: _memory_service_pb2.GetMemoryErasureRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_service_pb2.GetMemoryErasureResponse, _abc.Awaitable[_memory_service_pb2.GetMemoryErasureResponse]]:
+        """What the erasure of one incarnation of a conversation (ForgetSource with
+        an `incarnation`) erased, over all its calls, and whether the vector
+        index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+        kept.
         """
 
 def add_MemoryServiceServicer_to_server(servicer: MemoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, GetConversationRequest, GetConversationResponse, GetStateRequest, GetStateResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, LoadViewRequest, LoadViewResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
+from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, GetConversationRequest, GetConversationResponse, GetErasureReceiptRequest, GetErasureReceiptResponse, GetStateRequest, GetStateResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, LoadViewRequest, LoadViewResponse, RecordErasureReceiptRequest, RecordErasureReceiptResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -144,6 +144,21 @@ class TranscriptService(Protocol):
         `Erased` when it is erased. A stream that ends with UNAVAILABLE or
         RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
         last sequence received: nothing is missed and nothing repeats.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def record_erasure_receipt(self, request: RecordErasureReceiptRequest, ctx: RequestContext[RecordErasureReceiptRequest, RecordErasureReceiptResponse], /) -> RecordErasureReceiptResponse:
+        """
+        Records the receipt of an erasure of one incarnation of a conversation
+        (AgentService.EraseConversation calls it), or merges what a later call of
+        the same erasure reports: counts only grow, parts only leave `remaining`.
+        One receipt per incarnation.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def get_erasure_receipt(self, request: GetErasureReceiptRequest, ctx: RequestContext[GetErasureReceiptRequest, GetErasureReceiptResponse], /) -> GetErasureReceiptResponse:
+        """
+        Returns a kept erasure receipt: by id, or the latest of a conversation.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -292,6 +307,28 @@ class TranscriptServiceASGIApplication(ConnectASGIApplication[TranscriptService]
                         stream_type=StreamType.SERVER_STREAM,
                     ),
                     function=svc.watch_conversation,
+                ),
+                "/runifold.transcript.v1.TranscriptService/RecordErasureReceipt": Endpoint.unary(
+                    method=MethodInfo(
+                        name="RecordErasureReceipt",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=RecordErasureReceiptRequest,
+                        output=RecordErasureReceiptResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.record_erasure_receipt,
+                ),
+                "/runifold.transcript.v1.TranscriptService/GetErasureReceipt": Endpoint.unary(
+                    method=MethodInfo(
+                        name="GetErasureReceipt",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=GetErasureReceiptRequest,
+                        output=GetErasureReceiptResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.get_erasure_receipt,
                 ),
             },
             interceptors=interceptors,
@@ -644,6 +681,55 @@ class TranscriptServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def record_erasure_receipt(
+        self,
+        request: RecordErasureReceiptRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> RecordErasureReceiptResponse:
+        """
+        Records the receipt of an erasure of one incarnation of a conversation
+        (AgentService.EraseConversation calls it), or merges what a later call of
+        the same erasure reports: counts only grow, parts only leave `remaining`.
+        One receipt per incarnation.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="RecordErasureReceipt",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=RecordErasureReceiptRequest,
+                output=RecordErasureReceiptResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def get_erasure_receipt(
+        self,
+        request: GetErasureReceiptRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> GetErasureReceiptResponse:
+        """
+        Returns a kept erasure receipt: by id, or the latest of a conversation.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetErasureReceipt",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=GetErasureReceiptRequest,
+                output=GetErasureReceiptResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class TranscriptServiceSync(Protocol):
     """
@@ -752,6 +838,21 @@ class TranscriptServiceSync(Protocol):
         `Erased` when it is erased. A stream that ends with UNAVAILABLE or
         RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
         last sequence received: nothing is missed and nothing repeats.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def record_erasure_receipt(self, request: RecordErasureReceiptRequest, ctx: RequestContext[RecordErasureReceiptRequest, RecordErasureReceiptResponse], /) -> RecordErasureReceiptResponse:
+        """
+        Records the receipt of an erasure of one incarnation of a conversation
+        (AgentService.EraseConversation calls it), or merges what a later call of
+        the same erasure reports: counts only grow, parts only leave `remaining`.
+        One receipt per incarnation.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def get_erasure_receipt(self, request: GetErasureReceiptRequest, ctx: RequestContext[GetErasureReceiptRequest, GetErasureReceiptResponse], /) -> GetErasureReceiptResponse:
+        """
+        Returns a kept erasure receipt: by id, or the latest of a conversation.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -898,6 +999,28 @@ class TranscriptServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.SERVER_STREAM,
                     ),
                     function=service.watch_conversation,
+                ),
+                "/runifold.transcript.v1.TranscriptService/RecordErasureReceipt": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="RecordErasureReceipt",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=RecordErasureReceiptRequest,
+                        output=RecordErasureReceiptResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.record_erasure_receipt,
+                ),
+                "/runifold.transcript.v1.TranscriptService/GetErasureReceipt": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="GetErasureReceipt",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=GetErasureReceiptRequest,
+                        output=GetErasureReceiptResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.get_erasure_receipt,
                 ),
             },
             interceptors=interceptors,
@@ -1246,6 +1369,55 @@ class TranscriptServiceClientSync(ConnectClientSync):
                 output=WatchConversationResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.SERVER_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def record_erasure_receipt(
+        self,
+        request: RecordErasureReceiptRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> RecordErasureReceiptResponse:
+        """
+        Records the receipt of an erasure of one incarnation of a conversation
+        (AgentService.EraseConversation calls it), or merges what a later call of
+        the same erasure reports: counts only grow, parts only leave `remaining`.
+        One receipt per incarnation.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="RecordErasureReceipt",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=RecordErasureReceiptRequest,
+                output=RecordErasureReceiptResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def get_erasure_receipt(
+        self,
+        request: GetErasureReceiptRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> GetErasureReceiptResponse:
+        """
+        Returns a kept erasure receipt: by id, or the latest of a conversation.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetErasureReceipt",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=GetErasureReceiptRequest,
+                output=GetErasureReceiptResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
             ),
             headers=headers,
             timeout_ms=timeout_ms,

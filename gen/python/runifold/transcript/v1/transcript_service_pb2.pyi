@@ -847,6 +847,7 @@ class DeleteConversationRequest(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     NAMESPACE_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    RECEIPT_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID of the conversation."""
     namespace: _builtins.str
@@ -856,16 +857,24 @@ class DeleteConversationRequest(_message.Message):
     erased and made again meanwhile under the same id is left alone
     (`deleted` false). 0: whatever incarnation exists.
     """
+    @_builtins.property
+    def receipt(self) -> Global___ErasureProgress:
+        """With `incarnation`: record the erasure's receipt in the same transaction
+        as the deletion (with the entries and appends this call erases), as
+        RecordErasureReceipt does.
+        """
+
     def __init__(
         self,
         *,
         conversation_id: _builtins.str = ...,
         namespace: _builtins.str = ...,
         incarnation: _builtins.int = ...,
+        receipt: Global___ErasureProgress | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "incarnation", b"incarnation", "namespace", b"namespace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "incarnation", b"incarnation", "namespace", b"namespace", "receipt", b"receipt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -879,19 +888,29 @@ class DeleteConversationResponse(_message.Message):
 
     DELETED_FIELD_NUMBER: _builtins.int
     ENTRIES_DELETED_FIELD_NUMBER: _builtins.int
+    APPENDS_DELETED_FIELD_NUMBER: _builtins.int
+    RECEIPT_FIELD_NUMBER: _builtins.int
     deleted: _builtins.bool
     """False when there was nothing to delete (already deleted or never existed)."""
     entries_deleted: _builtins.int
     """Number of entries erased."""
+    appends_deleted: _builtins.int
+    """Number of committed appends (versions) erased."""
+    @_builtins.property
+    def receipt(self) -> Global___ErasureReceipt:
+        """The receipt recorded, when the request asked for one."""
+
     def __init__(
         self,
         *,
         deleted: _builtins.bool = ...,
         entries_deleted: _builtins.int = ...,
+        appends_deleted: _builtins.int = ...,
+        receipt: Global___ErasureReceipt | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted", "entries_deleted", b"entries_deleted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["appends_deleted", b"appends_deleted", "deleted", b"deleted", "entries_deleted", b"entries_deleted", "receipt", b"receipt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1663,3 +1682,253 @@ class Erased(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Erased: _TypeAlias = Erased  # noqa: Y015
+
+@_typing.final
+class ErasureProgress(_message.Message):
+    """What an erasure reports of its progress: counts of what it erased in each
+    store, and the parts it has not erased yet.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class CountsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    COUNTS_FIELD_NUMBER: _builtins.int
+    REMAINING_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Per store, what was erased (names of 1..32 characters of [a-z_]; at most
+        32). A count recorded before is kept if it is larger.
+        """
+
+    @_builtins.property
+    def remaining(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Parts not yet erased (same names). A part once erased never comes back."""
+
+    def __init__(
+        self,
+        *,
+        counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        remaining: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "remaining", b"remaining"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ErasureProgress: _TypeAlias = ErasureProgress  # noqa: Y015
+
+@_typing.final
+class ErasureReceipt(_message.Message):
+    """The receipt of the erasure of one incarnation of a conversation: counts,
+    never content.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class CountsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    RECEIPT_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    COUNTS_FIELD_NUMBER: _builtins.int
+    REMAINING_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    COMPLETE_TIME_FIELD_NUMBER: _builtins.int
+    receipt_id: _builtins.str
+    """UUID of the receipt."""
+    conversation_id: _builtins.str
+    """UUID of the erased conversation."""
+    namespace: _builtins.str
+    """Namespace that owned it."""
+    incarnation: _builtins.int
+    """The incarnation erased."""
+    @_builtins.property
+    def counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Per store, what was erased: "entries" and "appends" (this service's), and
+        what the eraser recorded for the other stores.
+        """
+
+    @_builtins.property
+    def remaining(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Parts not yet erased."""
+
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was first recorded."""
+
+    @_builtins.property
+    def complete_time(self) -> _timestamp_pb2.Timestamp:
+        """When `remaining` became empty; absent until then."""
+
+    def __init__(
+        self,
+        *,
+        receipt_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        remaining: _abc.Iterable[_builtins.str] | None = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        complete_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["complete_time", b"complete_time", "create_time", b"create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete_time", b"complete_time", "conversation_id", b"conversation_id", "counts", b"counts", "create_time", b"create_time", "incarnation", b"incarnation", "namespace", b"namespace", "receipt_id", b"receipt_id", "remaining", b"remaining"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ErasureReceipt: _TypeAlias = ErasureReceipt  # noqa: Y015
+
+@_typing.final
+class RecordErasureReceiptRequest(_message.Message):
+    """Request of RecordErasureReceipt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace that owns the conversation."""
+    conversation_id: _builtins.str
+    """UUID of the conversation."""
+    incarnation: _builtins.int
+    """The incarnation being erased (not 0)."""
+    @_builtins.property
+    def progress(self) -> Global___ErasureProgress:
+        """What the erasure erased so far, and what remains."""
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        progress: Global___ErasureProgress | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "incarnation", b"incarnation", "namespace", b"namespace", "progress", b"progress"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordErasureReceiptRequest: _TypeAlias = RecordErasureReceiptRequest  # noqa: Y015
+
+@_typing.final
+class RecordErasureReceiptResponse(_message.Message):
+    """Response of RecordErasureReceipt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECEIPT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def receipt(self) -> Global___ErasureReceipt:
+        """The receipt as kept after the merge."""
+
+    def __init__(
+        self,
+        *,
+        receipt: Global___ErasureReceipt | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordErasureReceiptResponse: _TypeAlias = RecordErasureReceiptResponse  # noqa: Y015
+
+@_typing.final
+class GetErasureReceiptRequest(_message.Message):
+    """Request of GetErasureReceipt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    RECEIPT_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace that owned the conversation."""
+    receipt_id: _builtins.str
+    """UUID of the receipt; or empty, with `conversation_id`."""
+    conversation_id: _builtins.str
+    """UUID of the conversation: its latest receipt (when `receipt_id` is empty)."""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        receipt_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "namespace", b"namespace", "receipt_id", b"receipt_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetErasureReceiptRequest: _TypeAlias = GetErasureReceiptRequest  # noqa: Y015
+
+@_typing.final
+class GetErasureReceiptResponse(_message.Message):
+    """Response of GetErasureReceipt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECEIPT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def receipt(self) -> Global___ErasureReceipt:
+        """The receipt."""
+
+    def __init__(
+        self,
+        *,
+        receipt: Global___ErasureReceipt | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetErasureReceiptResponse: _TypeAlias = GetErasureReceiptResponse  # noqa: Y015

@@ -110,6 +110,16 @@ class TranscriptServiceStub:
                 request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationRequest.SerializeToString,
                 response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationResponse.FromString,
                 _registered_method=True)
+        self.RecordErasureReceipt = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/RecordErasureReceipt',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.RecordErasureReceiptRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.RecordErasureReceiptResponse.FromString,
+                _registered_method=True)
+        self.GetErasureReceipt = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/GetErasureReceipt',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetErasureReceiptRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetErasureReceiptResponse.FromString,
+                _registered_method=True)
 
 
 class TranscriptServiceServicer:
@@ -234,6 +244,23 @@ class TranscriptServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordErasureReceipt(self, request, context):
+        """Records the receipt of an erasure of one incarnation of a conversation
+        (AgentService.EraseConversation calls it), or merges what a later call of
+        the same erasure reports: counts only grow, parts only leave `remaining`.
+        One receipt per incarnation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetErasureReceipt(self, request, context):
+        """Returns a kept erasure receipt: by id, or the latest of a conversation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TranscriptServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -296,6 +323,16 @@ def add_TranscriptServiceServicer_to_server(servicer, server):
                     servicer.WatchConversation,
                     request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationRequest.FromString,
                     response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationResponse.SerializeToString,
+            ),
+            'RecordErasureReceipt': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordErasureReceipt,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.RecordErasureReceiptRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.RecordErasureReceiptResponse.SerializeToString,
+            ),
+            'GetErasureReceipt': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetErasureReceipt,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetErasureReceiptRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetErasureReceiptResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -638,6 +675,60 @@ class TranscriptService:
             '/runifold.transcript.v1.TranscriptService/WatchConversation',
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationRequest.SerializeToString,
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordErasureReceipt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/RecordErasureReceipt',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.RecordErasureReceiptRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.RecordErasureReceiptResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetErasureReceipt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/GetErasureReceipt',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetErasureReceiptRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetErasureReceiptResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -99,6 +99,14 @@ class TranscriptServiceStub:
     RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
     last sequence received: nothing is missed and nothing repeats.
     """
+    RecordErasureReceipt: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.RecordErasureReceiptRequest, _transcript_service_pb2.RecordErasureReceiptResponse]
+    """Records the receipt of an erasure of one incarnation of a conversation
+    (AgentService.EraseConversation calls it), or merges what a later call of
+    the same erasure reports: counts only grow, parts only leave `remaining`.
+    One receipt per incarnation.
+    """
+    GetErasureReceipt: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.GetErasureReceiptRequest, _transcript_service_pb2.GetErasureReceiptResponse]
+    """Returns a kept erasure receipt: by id, or the latest of a conversation."""
 
 @_typing.type_check_only
 class TranscriptServiceAsyncStub(TranscriptServiceStub):
@@ -171,6 +179,14 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
     last sequence received: nothing is missed and nothing repeats.
     """
+    RecordErasureReceipt: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.RecordErasureReceiptRequest, _transcript_service_pb2.RecordErasureReceiptResponse]  # type: ignore[assignment]
+    """Records the receipt of an erasure of one incarnation of a conversation
+    (AgentService.EraseConversation calls it), or merges what a later call of
+    the same erasure reports: counts only grow, parts only leave `remaining`.
+    One receipt per incarnation.
+    """
+    GetErasureReceipt: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.GetErasureReceiptRequest, _transcript_service_pb2.GetErasureReceiptResponse]  # type: ignore[assignment]
+    """Returns a kept erasure receipt: by id, or the latest of a conversation."""
 
 class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
     """Append-only conversation transcripts with compare-and-swap versioning.
@@ -312,5 +328,25 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
         last sequence received: nothing is missed and nothing repeats.
         """
+
+    @_abc_1.abstractmethod
+    def RecordErasureReceipt(
+        self,
+        request: _transcript_service_pb2.RecordErasureReceiptRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.RecordErasureReceiptResponse, _abc.Awaitable[_transcript_service_pb2.RecordErasureReceiptResponse]]:
+        """Records the receipt of an erasure of one incarnation of a conversation
+        (AgentService.EraseConversation calls it), or merges what a later call of
+        the same erasure reports: counts only grow, parts only leave `remaining`.
+        One receipt per incarnation.
+        """
+
+    @_abc_1.abstractmethod
+    def GetErasureReceipt(
+        self,
+        request: _transcript_service_pb2.GetErasureReceiptRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.GetErasureReceiptResponse, _abc.Awaitable[_transcript_service_pb2.GetErasureReceiptResponse]]:
+        """Returns a kept erasure receipt: by id, or the latest of a conversation."""
 
 def add_TranscriptServiceServicer_to_server(servicer: TranscriptServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

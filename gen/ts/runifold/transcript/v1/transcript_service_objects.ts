@@ -1313,6 +1313,14 @@ export interface DeleteConversationRequest {
    * @generated from field: int64 incarnation = 3;
    */
   'incarnation'?: (number | string | bigint);
+  /**
+   * With `incarnation`: record the erasure's receipt in the same transaction
+   * as the deletion (with the entries and appends this call erases), as
+   * RecordErasureReceipt does.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureProgress receipt = 4;
+   */
+  'receipt'?: (ErasureProgress | null);
 }
 
 /**
@@ -1341,6 +1349,14 @@ export interface DeleteConversationRequest__Output {
    * @generated from field: int64 incarnation = 3;
    */
   'incarnation': (number);
+  /**
+   * With `incarnation`: record the erasure's receipt in the same transaction
+   * as the deletion (with the entries and appends this call erases), as
+   * RecordErasureReceipt does.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureProgress receipt = 4;
+   */
+  'receipt': (ErasureProgress__Output | null);
 }
 
 /**
@@ -1361,6 +1377,18 @@ export interface DeleteConversationResponse {
    * @generated from field: int64 entries_deleted = 2;
    */
   'entries_deleted'?: (number | string | bigint);
+  /**
+   * Number of committed appends (versions) erased.
+   *
+   * @generated from field: int64 appends_deleted = 3;
+   */
+  'appends_deleted'?: (number | string | bigint);
+  /**
+   * The receipt recorded, when the request asked for one.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureReceipt receipt = 4;
+   */
+  'receipt'?: (ErasureReceipt | null);
 }
 
 /**
@@ -1381,6 +1409,18 @@ export interface DeleteConversationResponse__Output {
    * @generated from field: int64 entries_deleted = 2;
    */
   'entries_deleted': (number);
+  /**
+   * Number of committed appends (versions) erased.
+   *
+   * @generated from field: int64 appends_deleted = 3;
+   */
+  'appends_deleted': (number);
+  /**
+   * The receipt recorded, when the request asked for one.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureReceipt receipt = 4;
+   */
+  'receipt': (ErasureReceipt__Output | null);
 }
 
 /**
@@ -2638,6 +2678,338 @@ export interface Erased__Output {
 }
 
 /**
+ * What an erasure reports of its progress: counts of what it erased in each
+ * store, and the parts it has not erased yet.
+ *
+ * @generated from message runifold.transcript.v1.ErasureProgress
+ */
+export interface ErasureProgress {
+  /**
+   * Per store, what was erased (names of 1..32 characters of [a-z_]; at most
+   * 32). A count recorded before is kept if it is larger.
+   *
+   * @generated from field: map<string, int64> counts = 1;
+   */
+  'counts'?: ({[key: string]: number | string | bigint});
+  /**
+   * Parts not yet erased (same names). A part once erased never comes back.
+   *
+   * @generated from field: repeated string remaining = 2;
+   */
+  'remaining'?: (string)[];
+}
+
+/**
+ * What an erasure reports of its progress: counts of what it erased in each
+ * store, and the parts it has not erased yet.
+ *
+ * @generated from message runifold.transcript.v1.ErasureProgress
+ */
+export interface ErasureProgress__Output {
+  /**
+   * Per store, what was erased (names of 1..32 characters of [a-z_]; at most
+   * 32). A count recorded before is kept if it is larger.
+   *
+   * @generated from field: map<string, int64> counts = 1;
+   */
+  'counts': ({[key: string]: number});
+  /**
+   * Parts not yet erased (same names). A part once erased never comes back.
+   *
+   * @generated from field: repeated string remaining = 2;
+   */
+  'remaining': (string)[];
+}
+
+/**
+ * The receipt of the erasure of one incarnation of a conversation: counts,
+ * never content.
+ *
+ * @generated from message runifold.transcript.v1.ErasureReceipt
+ */
+export interface ErasureReceipt {
+  /**
+   * UUID of the receipt.
+   *
+   * @generated from field: string receipt_id = 1;
+   */
+  'receipt_id'?: (string);
+  /**
+   * UUID of the erased conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id'?: (string);
+  /**
+   * Namespace that owned it.
+   *
+   * @generated from field: string namespace = 3;
+   */
+  'namespace'?: (string);
+  /**
+   * The incarnation erased.
+   *
+   * @generated from field: int64 incarnation = 4;
+   */
+  'incarnation'?: (number | string | bigint);
+  /**
+   * Per store, what was erased: "entries" and "appends" (this service's), and
+   * what the eraser recorded for the other stores.
+   *
+   * @generated from field: map<string, int64> counts = 5;
+   */
+  'counts'?: ({[key: string]: number | string | bigint});
+  /**
+   * Parts not yet erased.
+   *
+   * @generated from field: repeated string remaining = 6;
+   */
+  'remaining'?: (string)[];
+  /**
+   * When it was first recorded.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 7;
+   */
+  'create_time'?: (Timestamp | null);
+  /**
+   * When `remaining` became empty; absent until then.
+   *
+   * @generated from field: google.protobuf.Timestamp complete_time = 8;
+   */
+  'complete_time'?: (Timestamp | null);
+}
+
+/**
+ * The receipt of the erasure of one incarnation of a conversation: counts,
+ * never content.
+ *
+ * @generated from message runifold.transcript.v1.ErasureReceipt
+ */
+export interface ErasureReceipt__Output {
+  /**
+   * UUID of the receipt.
+   *
+   * @generated from field: string receipt_id = 1;
+   */
+  'receipt_id': (string);
+  /**
+   * UUID of the erased conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id': (string);
+  /**
+   * Namespace that owned it.
+   *
+   * @generated from field: string namespace = 3;
+   */
+  'namespace': (string);
+  /**
+   * The incarnation erased.
+   *
+   * @generated from field: int64 incarnation = 4;
+   */
+  'incarnation': (number);
+  /**
+   * Per store, what was erased: "entries" and "appends" (this service's), and
+   * what the eraser recorded for the other stores.
+   *
+   * @generated from field: map<string, int64> counts = 5;
+   */
+  'counts': ({[key: string]: number});
+  /**
+   * Parts not yet erased.
+   *
+   * @generated from field: repeated string remaining = 6;
+   */
+  'remaining': (string)[];
+  /**
+   * When it was first recorded.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 7;
+   */
+  'create_time': (Timestamp__Output | null);
+  /**
+   * When `remaining` became empty; absent until then.
+   *
+   * @generated from field: google.protobuf.Timestamp complete_time = 8;
+   */
+  'complete_time': (Timestamp__Output | null);
+}
+
+/**
+ * Request of RecordErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.RecordErasureReceiptRequest
+ */
+export interface RecordErasureReceiptRequest {
+  /**
+   * Namespace that owns the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace'?: (string);
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id'?: (string);
+  /**
+   * The incarnation being erased (not 0).
+   *
+   * @generated from field: int64 incarnation = 3;
+   */
+  'incarnation'?: (number | string | bigint);
+  /**
+   * What the erasure erased so far, and what remains.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureProgress progress = 4;
+   */
+  'progress'?: (ErasureProgress | null);
+}
+
+/**
+ * Request of RecordErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.RecordErasureReceiptRequest
+ */
+export interface RecordErasureReceiptRequest__Output {
+  /**
+   * Namespace that owns the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace': (string);
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id': (string);
+  /**
+   * The incarnation being erased (not 0).
+   *
+   * @generated from field: int64 incarnation = 3;
+   */
+  'incarnation': (number);
+  /**
+   * What the erasure erased so far, and what remains.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureProgress progress = 4;
+   */
+  'progress': (ErasureProgress__Output | null);
+}
+
+/**
+ * Response of RecordErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.RecordErasureReceiptResponse
+ */
+export interface RecordErasureReceiptResponse {
+  /**
+   * The receipt as kept after the merge.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureReceipt receipt = 1;
+   */
+  'receipt'?: (ErasureReceipt | null);
+}
+
+/**
+ * Response of RecordErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.RecordErasureReceiptResponse
+ */
+export interface RecordErasureReceiptResponse__Output {
+  /**
+   * The receipt as kept after the merge.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureReceipt receipt = 1;
+   */
+  'receipt': (ErasureReceipt__Output | null);
+}
+
+/**
+ * Request of GetErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.GetErasureReceiptRequest
+ */
+export interface GetErasureReceiptRequest {
+  /**
+   * Namespace that owned the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace'?: (string);
+  /**
+   * UUID of the receipt; or empty, with `conversation_id`.
+   *
+   * @generated from field: string receipt_id = 2;
+   */
+  'receipt_id'?: (string);
+  /**
+   * UUID of the conversation: its latest receipt (when `receipt_id` is empty).
+   *
+   * @generated from field: string conversation_id = 3;
+   */
+  'conversation_id'?: (string);
+}
+
+/**
+ * Request of GetErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.GetErasureReceiptRequest
+ */
+export interface GetErasureReceiptRequest__Output {
+  /**
+   * Namespace that owned the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace': (string);
+  /**
+   * UUID of the receipt; or empty, with `conversation_id`.
+   *
+   * @generated from field: string receipt_id = 2;
+   */
+  'receipt_id': (string);
+  /**
+   * UUID of the conversation: its latest receipt (when `receipt_id` is empty).
+   *
+   * @generated from field: string conversation_id = 3;
+   */
+  'conversation_id': (string);
+}
+
+/**
+ * Response of GetErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.GetErasureReceiptResponse
+ */
+export interface GetErasureReceiptResponse {
+  /**
+   * The receipt.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureReceipt receipt = 1;
+   */
+  'receipt'?: (ErasureReceipt | null);
+}
+
+/**
+ * Response of GetErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.GetErasureReceiptResponse
+ */
+export interface GetErasureReceiptResponse__Output {
+  /**
+   * The receipt.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureReceipt receipt = 1;
+   */
+  'receipt': (ErasureReceipt__Output | null);
+}
+
+/**
  * Append-only conversation transcripts with compare-and-swap versioning.
  *
  * A conversation's `version` counts committed appends. Each entry has a
@@ -2749,5 +3121,20 @@ export interface TranscriptService__Methods {
    * @generated from rpc runifold.transcript.v1.TranscriptService.WatchConversation
    */
   watchConversation: { request: WatchConversationRequest; response: WatchConversationResponse__Output };
+  /**
+   * Records the receipt of an erasure of one incarnation of a conversation
+   * (AgentService.EraseConversation calls it), or merges what a later call of
+   * the same erasure reports: counts only grow, parts only leave `remaining`.
+   * One receipt per incarnation.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.RecordErasureReceipt
+   */
+  recordErasureReceipt: { request: RecordErasureReceiptRequest; response: RecordErasureReceiptResponse__Output };
+  /**
+   * Returns a kept erasure receipt: by id, or the latest of a conversation.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.GetErasureReceipt
+   */
+  getErasureReceipt: { request: GetErasureReceiptRequest; response: GetErasureReceiptResponse__Output };
 }
 
