@@ -12,6 +12,7 @@ and ProposeMemories, which would spend model calls again.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -186,6 +187,16 @@ class Connection:
                 )
                 found = self._channels[loop] = _LoopChannel(channel)
             return found
+
+    def for_caller(self, *, token: str | None, namespace: str = "") -> Self:
+        """This client acting for another caller: its bearer token and default namespace,
+        over the same channels (no connection is opened). For a server that calls
+        Runifold on behalf of many callers (`runifold mcp` over HTTP); close the client
+        it came from, never the view."""
+        view = copy.copy(self)
+        view._metadata = _metadata(token)
+        view.namespace = namespace
+        return view
 
     @property
     def channel(self) -> grpc.aio.Channel:
