@@ -167,7 +167,8 @@ async def _http(url: str, bearer: str) -> AsyncIterator[Client]:
 def _data(result: CallToolResult) -> dict[str, Any]:
     assert not result.is_error, result.content
     assert result.structured_content is not None
-    return result.structured_content
+    data: dict[str, Any] = result.structured_content
+    return data
 
 
 def _error(result: CallToolResult) -> dict[str, Any]:
@@ -282,16 +283,16 @@ async def test_stdio_lists_and_calls_every_tool(stack: Stack) -> None:
         assert json.loads(read.contents[0].text)["memory"]["content"] == "The user lives in Porto."  # type: ignore[union-attr]
         read = await client.read_resource(f"runifold://conversations/{cid}")
         assert json.loads(read.contents[0].text)["version"] == 3  # type: ignore[union-attr]
-        templates = {t.uri_template for t in (await client.list_resource_templates()).resource_templates}
+        templates = {
+            t.uri_template for t in (await client.list_resource_templates()).resource_templates
+        }
         assert templates == {
             "runifold://conversations/{conversation_id}",
             "runifold://memories/{memory_id}",
         }
 
 
-async def test_errors_are_tool_errors_with_runifold_reasons(
-    stack: Stack, http_url: str
-) -> None:
+async def test_errors_are_tool_errors_with_runifold_reasons(stack: Stack, http_url: str) -> None:
     bearer = token(_ns())
     async with _http(http_url, bearer) as client:
         stored = _data(await client.call_tool("remember", {"fact": "The user is left-handed."}))
@@ -330,9 +331,7 @@ async def test_errors_are_tool_errors_with_runifold_reasons(
             )
         )
         assert conflict["reason"] == "VERSION_CONFLICT"
-        half = _error(
-            await client.call_tool("remember", {"fact": "A fact.", "from_sequence": 1})
-        )
+        half = _error(await client.call_tool("remember", {"fact": "A fact.", "from_sequence": 1}))
         assert half["reason"] == "INVALID_ARGUMENT"
 
 
@@ -363,21 +362,25 @@ async def test_two_tokens_never_see_each_other(stack: Stack, http_url: str) -> N
             await alice.call_tool("remember", {"fact": "The user's locker code is 4711."})
         )["memory"]
         await wait_for(lambda: _found(alice, "locker code", secret["memory_id"]))
-        assert _data(await bob.call_tool("search_memories", {"query": "locker code"}))[
-            "results"
-        ] == []
+        assert (
+            _data(await bob.call_tool("search_memories", {"query": "locker code"}))["results"] == []
+        )
         assert _data(await bob.call_tool("list_conversations", {}))["conversations"] == []
         assert (await bob.list_resources()).resources == []
-        assert _error(await bob.call_tool("read_conversation", {"conversation_id": cid}))[
-            "code"
-        ] == "NOT_FOUND"
+        assert (
+            _error(await bob.call_tool("read_conversation", {"conversation_id": cid}))["code"]
+            == "NOT_FOUND"
+        )
         # Another namespace's memory is not there to delete (its existence not revealed).
-        assert _data(
-            await bob.call_tool(
-                "forget_memory",
-                {"memory_id": secret["memory_id"], "expected_revision": secret["revision"]},
-            )
-        )["deleted"] is False
+        assert (
+            _data(
+                await bob.call_tool(
+                    "forget_memory",
+                    {"memory_id": secret["memory_id"], "expected_revision": secret["revision"]},
+                )
+            )["deleted"]
+            is False
+        )
         with pytest.raises(Exception, match="NOT_FOUND"):
             await bob.read_resource(f"runifold://memories/{secret['memory_id']}")
         # Alice's fact is still there, unchanged.
@@ -419,9 +422,7 @@ async def test_a_flood_from_one_token_meets_the_namespace_limit_while_another_is
         assert _data(await first)["stored"] is False
 
 
-async def test_a_listener_hears_of_changes_to_its_conversation(
-    stack: Stack, http_url: str
-) -> None:
+async def test_a_listener_hears_of_changes_to_its_conversation(stack: Stack, http_url: str) -> None:
     bearer = token(_ns())
     cid = await _conversation(stack, bearer, "first")
     uri = f"runifold://conversations/{cid}"

@@ -5,12 +5,13 @@ documents, never free text of the answer: a model reads them as data."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NotRequired
 
 import grpc
 from google.protobuf import timestamp_pb2
 from mcp.types import CallToolResult, TextContent
-from typing_extensions import NotRequired, TypedDict
+# pydantic (the SDK's output schemas) needs typing_extensions' TypedDict before Python 3.12.
+from typing_extensions import TypedDict
 
 from runifold.common.v1 import common_pb2
 from runifold.memory.v1 import memory_service_pb2 as memory_pb
@@ -180,7 +181,9 @@ def entry(pb: common_pb2.Entry) -> Entry:
     }
 
 
-def tool_error(reason: str, message: str, code: str, metadata: dict[str, str] | None = None) -> CallToolResult:
+def tool_error(
+    reason: str, message: str, code: str, metadata: dict[str, str] | None = None
+) -> CallToolResult:
     """An MCP tool error (isError) carrying Runifold's reason and message, as JSON text
     and as structured content; never a traceback."""
     error: dict[str, Any] = {"code": code, "reason": reason, "message": message}

@@ -30,7 +30,6 @@ from mcp.server.mcpserver.exceptions import ResourceError
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
-    CallToolResult,
     ListResourcesResult,
     PaginatedRequestParams,
     Resource,
@@ -208,7 +207,9 @@ def _tools(server: MCPServer[Any], runifold: Runifold) -> None:
     )
     @tool_errors
     async def search_memories(
-        query: Annotated[str, Field(description="What to look for, in plain words (1 byte to 4 KiB).")],
+        query: Annotated[
+            str, Field(description="What to look for, in plain words (1 byte to 4 KiB).")
+        ],
         ctx: Context,
         limit: Annotated[int, Field(ge=1, le=50, description="The most memories to return.")] = 8,
         as_of: Annotated[
@@ -232,7 +233,7 @@ def _tools(server: MCPServer[Any], runifold: Runifold) -> None:
         title="Remember a fact",
         description=(
             "Store one durable fact about the user or their work, stated in one short "
-            "sentence (\"The user prefers metric units.\"). When the fact comes from a "
+            'sentence ("The user prefers metric units."). When the fact comes from a '
             "stored conversation, give its id and the range of entries it comes from; "
             "otherwise it is recorded as coming from this MCP session. Cost: one write "
             "and one embedding; limited per namespace like every write."
@@ -240,7 +241,9 @@ def _tools(server: MCPServer[Any], runifold: Runifold) -> None:
     )
     @tool_errors
     async def remember(
-        fact: Annotated[str, Field(description="The fact, one self-contained sentence (at most 16 KiB).")],
+        fact: Annotated[
+            str, Field(description="The fact, one self-contained sentence (at most 16 KiB).")
+        ],
         ctx: Context,
         conversation_id: Annotated[
             str | None, Field(description="The conversation the fact comes from, if any.")
@@ -267,9 +270,7 @@ def _tools(server: MCPServer[Any], runifold: Runifold) -> None:
             sources = [
                 memory_pb.MemorySource(external_uri=runifold.session_uri(ctx.request_context))
             ]
-        reply = await caller.upsert_memory(
-            fact, sources=sources, metadata={ORIGIN_KEY: "remember"}
-        )
+        reply = await caller.upsert_memory(fact, sources=sources, metadata={ORIGIN_KEY: "remember"})
         return {"notice": DATA_NOTICE, "memory": results.memory(reply.memory)}
 
     @server.tool(
@@ -286,7 +287,9 @@ def _tools(server: MCPServer[Any], runifold: Runifold) -> None:
     async def propose_memories(
         conversation_id: Annotated[str, Field(description="The conversation to read.")],
         from_sequence: Annotated[int, Field(ge=1, description="First entry to read (1-based).")],
-        through_sequence: Annotated[int, Field(ge=1, description="Last entry to read (inclusive).")],
+        through_sequence: Annotated[
+            int, Field(ge=1, description="Last entry to read (inclusive).")
+        ],
         ctx: Context,
         max_proposals: Annotated[
             int, Field(ge=0, le=50, description="The most proposals; 0: the server's default.")
@@ -364,7 +367,9 @@ def _tools(server: MCPServer[Any], runifold: Runifold) -> None:
     async def list_conversations(
         ctx: Context,
         page_size: Annotated[int, Field(ge=1, le=100, description="Conversations per page.")] = 20,
-        page_token: Annotated[str, Field(description="From the previous page; empty: the first.")] = "",
+        page_token: Annotated[
+            str, Field(description="From the previous page; empty: the first.")
+        ] = "",
     ) -> results.ConversationsResult:
         caller = runifold.caller(ctx.request_context)
         # One page (the client's listing iterates every page).
