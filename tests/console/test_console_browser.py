@@ -59,6 +59,8 @@ TURNS = 3
 PAIRS = 8  # appends of a user and an assistant message after the turns
 SUMMARY_THROUGH = 6
 SOURCE = (3, 4)
+# An external source that is a valid absolute URI and would run a script if followed.
+HOSTILE_URI = "javascript:window.pwned=1"
 
 
 @dataclass
@@ -144,7 +146,10 @@ async def seeded(server: ServiceProcess) -> Seeded:
         )
         hostile = await memory.UpsertMemory(
             memory_pb.UpsertMemoryRequest(
-                namespace=namespace, content=HOSTILE_MEMORY, sources=[source]
+                namespace=namespace,
+                content=HOSTILE_MEMORY,
+                # A source outside the transcript too: an absolute URI, and a hostile one.
+                sources=[source, memory_pb.MemorySource(external_uri=HOSTILE_URI)],
             )
         )
         await summary.RequestSummary(
@@ -258,9 +263,12 @@ def test_the_console_shows_a_conversation_its_memories_and_the_backlog(
     css(driver, 'a[data-tab="memories"]').click()
     item = css(driver, f'li.memory[data-memory="{seeded.memory_id}"]')
     assert "teal" in item.text
-    assert (
-        HOSTILE_MEMORY in css(driver, f'li.memory[data-memory="{seeded.hostile_memory_id}"]').text
-    )
+    hostile_item = css(driver, f'li.memory[data-memory="{seeded.hostile_memory_id}"]')
+    assert HOSTILE_MEMORY in hostile_item.text
+    # Its origin: the transcript range (a link), and the external URI as text, never a link.
+    external = hostile_item.find_element("css selector", ".source.external")
+    assert external.text == HOSTILE_URI
+    assert not external.find_elements("css selector", "a")
     no_script_ran(driver)
     shot(driver, "3-memories")
     item.find_element("css selector", ".source a").click()

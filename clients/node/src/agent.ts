@@ -1,4 +1,5 @@
-// AgentService's calls: a turn (whole, or streamed) and erasing a conversation everywhere.
+// AgentService's calls: a turn (whole, or streamed), erasing a conversation everywhere, and
+// the erasure's receipt.
 
 import type * as grpc from "@grpc/grpc-js";
 
@@ -9,6 +10,7 @@ import type {
   ConcurrencyMode,
   ContextPolicy,
   EraseConversationResponse__Output,
+  ErasureReceipt__Output,
   RunConversationRequest,
   RunConversationResponse__Output,
   StreamConversationResponse__Output,
@@ -92,12 +94,27 @@ export class AgentCalls extends Connection {
     }
   }
 
-  /** Erase a conversation everywhere: entries, summaries, jobs, derived memories. */
+  /** Erase a conversation everywhere: entries, summaries, jobs, derived memories. The
+   * reply's `receipt` says what was erased in each store (counts, never content). */
   eraseConversation(conversationId: string, options?: CallOptions): Promise<EraseConversationResponse__Output> {
     return this.unary(
       AGENT.eraseConversation,
       { namespace: this.ns(options), conversation_id: conversationId },
       options,
     );
+  }
+
+  /** The receipt of an erasure, by its id (or, with `conversationId` and an empty id, the
+   * latest of that conversation); `complete_time` is set once the vector index caught up. */
+  async getErasureReceipt(
+    receiptId: string,
+    options: CallOptions & { conversationId?: string } = {},
+  ): Promise<ErasureReceipt__Output> {
+    const reply = await this.unary(
+      AGENT.getErasureReceipt,
+      { namespace: this.ns(options), receipt_id: receiptId, conversation_id: options.conversationId ?? "" },
+      options,
+    );
+    return reply.receipt!;
   }
 }

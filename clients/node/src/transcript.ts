@@ -13,6 +13,8 @@ import type {
   Conversation__Output,
   DeleteConversationResponse__Output,
   EndedTurn,
+  ErasureProgress,
+  ErasureReceipt__Output as TranscriptErasureReceipt__Output,
   GetStateResponse__Output,
   LoadViewResponse__Output,
   StateDelta,
@@ -307,6 +309,24 @@ export class TranscriptCalls extends Connection {
       },
       options,
     );
+  }
+
+  /** Record (or merge into) the receipt of an erasure of one incarnation of a conversation:
+   * what eraseConversation calls; an application erasing its own way may report here too.
+   * Counts only grow and parts only leave `remaining`. (Read receipts with
+   * getErasureReceipt, AgentService's, which completes them.) */
+  async recordErasureReceipt(
+    conversationId: string,
+    incarnation: number,
+    progress: ErasureProgress,
+    options?: CallOptions,
+  ): Promise<TranscriptErasureReceipt__Output> {
+    const reply = await this.unary(
+      TRANSCRIPT.recordErasureReceipt,
+      { namespace: this.ns(options), conversation_id: conversationId, incarnation, progress },
+      options,
+    );
+    return reply.receipt!;
   }
 
   /** Take a turn lease before model work (`lease`), or learn that the turn committed

@@ -107,5 +107,11 @@ describe("AgentService", () => {
     assert.equal(erased.memories_deleted, 1);
     assert.equal(erased.entries_deleted, 2);
     await assert.rejects(client.getConversation(turn.conversation_id), NotFound);
+    const receipt = erased.receipt!;
+    assert.deepEqual([receipt.entries, receipt.appends, receipt.memories], [2, 1, 1]);
+    const again = await client.getErasureReceipt("", { conversationId: turn.conversation_id });
+    assert.equal(again.receipt_id, receipt.receipt_id);
+    assert.equal((await client.getErasureReceipt(receipt.receipt_id)).memory_revisions, 1);
+    await assert.rejects(client.getErasureReceipt(receipt.receipt_id, { namespace: `${client.namespace}-b` }), NotFound);
   });
 });

@@ -309,6 +309,9 @@ function actionButton(label, question, run, kind = "") {
 
 function sourcesNode(ns, sources, current) {
   return el("span", { class: "sources" }, sources.map((src) => {
+    // A source outside the transcript: its URI as text, never a link (any scheme is
+    // accepted, javascript: included).
+    if (src.externalUri) return el("span", { class: "source external", title: "external source" }, src.externalUri);
     const from = int(src.fromSequence);
     const through = int(src.throughSequence) || from;
     const label = `${src.conversationId === current ? "" : src.conversationId.slice(0, 8) + "… "}entries ${from}–${through}`;

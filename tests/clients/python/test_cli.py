@@ -317,3 +317,65 @@ async def test_transcript_watch_follows_like_tail_and_ends_with_the_erasure(
             if process.returncode is None:
                 process.kill()
                 await process.wait()
+
+
+async def test_memory_from_a_uri_is_listed_with_it_and_forgotten_by_it(
+    stack: Stack, namespace: str
+) -> None:
+    base = ("-n", namespace, "--json")
+    note = "mcp://notes.example/42"
+    code, out, _ = await runifold(
+        stack, "memory", "add", "Prefers green tea.", "--uri", note, *base
+    )
+    assert code == 0, out
+    memory = json.loads(out)
+    assert memory["sources"] == [
+        {
+            "conversation_id": "",
+            "from_sequence": 0,
+            "through_sequence": 0,
+            "incarnation": 0,
+            "external_uri": note,
+        }
+    ]
+    code, out, _ = await runifold(stack, "memory", "list", "-n", namespace)
+    assert code == 0 and note in out and "Prefers green tea." in out
+    code, _, err = await runifold(
+        stack, "memory", "forget", "--uri", note, "-c", memory["memory_id"], *base
+    )
+    assert code == 2 and "--uri" in err
+    code, out, _ = await runifold(stack, "memory", "forget", "--uri", note, *base)
+    assert code == 0 and json.loads(out) == {"deleted_count": 1}
+    code, out, _ = await runifold(stack, "memory", "get", memory["memory_id"], *base)
+    assert code == 1 and json.loads(out)["error"]["reason"] == "MEMORY_NOT_FOUND"
+
+
+async def test_transcript_erase_prints_the_receipt_and_receipt_reads_it_again(
+    stack: Stack, namespace: str
+) -> None:
+    async with AsyncClient(stack.address, namespace=namespace) as client:
+        done = await client.run_conversation("Erase me, keep the receipt.")
+    cid = done.conversation_id
+    code, out, _ = await runifold(stack, "transcript", "erase", cid, "-n", namespace)
+    assert code == 0, out
+    words = out.split()
+    assert "erased" in words and "receipt" in words and "memory_revisions" in words, out
+    assert "Erase" not in out  # counts, never content
+    code, out, _ = await runifold(
+        stack, "transcript", "receipt", "--conversation", cid, "-n", namespace, "--json"
+    )
+    assert code == 0, out
+    receipt = json.loads(out)
+    assert (receipt["conversation_id"], receipt["entries"], receipt["appends"]) == (cid, 2, 1)
+    code, out, _ = await runifold(
+        stack, "transcript", "receipt", receipt["receipt_id"], "-n", namespace, "--json"
+    )
+    assert code == 0 and json.loads(out)["receipt_id"] == receipt["receipt_id"]
+    code, out, _ = await runifold(
+        stack, "transcript", "receipt", receipt["receipt_id"], "-n", f"{namespace}-b", "--json"
+    )
+    assert code == 1 and json.loads(out)["error"]["reason"] == "ERASURE_RECEIPT_NOT_FOUND"
+    code, _, err = await runifold(stack, "transcript", "receipt", "-n", namespace)
+    assert code == 2 and "--conversation" in err
+    code, out, _ = await runifold(stack, "erase", cid, "-n", namespace, "--json")
+    assert code == 0 and json.loads(out)["receipt"]["receipt_id"] == receipt["receipt_id"]

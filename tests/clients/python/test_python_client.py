@@ -553,3 +553,13 @@ def test_errors_of_your_own_blocking_stubs_map_the_same_way() -> None:
     error = outcome["error"]
     assert isinstance(error, VersionConflict) and isinstance(error, RunifoldError)
     assert error.current_version == 7 and error.message == MESSAGE
+
+
+def test_a_source_is_a_transcript_range_or_an_external_uri() -> None:
+    ranged = source("c1", 1, 3, 7)
+    assert (ranged.conversation_id, ranged.from_sequence, ranged.through_sequence) == ("c1", 1, 3)
+    assert ranged.incarnation == 7 and ranged.external_uri == ""
+    external = source(external_uri="mcp://notes/42")
+    assert external == memory_pb.MemorySource(external_uri="mcp://notes/42")
+    with pytest.raises(ValueError):
+        source("c1", 1, 3, external_uri="mcp://notes/42")

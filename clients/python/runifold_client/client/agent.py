@@ -199,10 +199,26 @@ class AgentCalls(Connection):
     async def erase_conversation(
         self, conversation_id: str, *, namespace: str | None = None
     ) -> agent_pb.EraseConversationResponse:
-        """Erase a conversation everywhere (entries, summaries, jobs, derived memories)."""
+        """Erase a conversation everywhere (entries, summaries, jobs, derived memories);
+        the response's `receipt` says what was erased in each store (counts, no content)."""
         return await self._call(
             self.agent.EraseConversation,
             agent_pb.EraseConversationRequest(
                 conversation_id=conversation_id, namespace=self._ns(namespace)
             ),
         )
+
+    async def erasure_receipt(
+        self, receipt_id: str = "", *, conversation_id: str = "", namespace: str | None = None
+    ) -> agent_pb.ErasureReceipt:
+        """The receipt of an erasure, by its id (or the latest of `conversation_id`):
+        counts per store, and `complete_time` once the vector index caught up too."""
+        reply = await self._call(
+            self.agent.GetErasureReceipt,
+            agent_pb.GetErasureReceiptRequest(
+                namespace=self._ns(namespace),
+                receipt_id=receipt_id,
+                conversation_id=conversation_id,
+            ),
+        )
+        return reply.receipt

@@ -289,6 +289,30 @@ class TranscriptCalls(Connection):
             ),
         )
 
+    async def record_erasure_receipt(
+        self,
+        conversation_id: str,
+        incarnation: int,
+        counts: Mapping[str, int],
+        remaining: Sequence[str] = (),
+        *,
+        namespace: str | None = None,
+    ) -> transcript_pb.ErasureReceipt:
+        """Record (or merge into) the receipt of an erasure of one incarnation of a
+        conversation: what erase_conversation does for you; an application that erases its
+        own way may report here too. Counts only grow, parts only leave `remaining`. Read
+        receipts with erasure_receipt (AgentService's: it completes them)."""
+        reply = await self._call(
+            self.transcripts.RecordErasureReceipt,
+            transcript_pb.RecordErasureReceiptRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id,
+                incarnation=incarnation,
+                progress=transcript_pb.ErasureProgress(counts=counts, remaining=remaining),
+            ),
+        )
+        return reply.receipt
+
     async def acquire_turn_lease(
         self,
         conversation_id: str,
