@@ -10,8 +10,7 @@ from typing import Any, NotRequired
 import grpc
 from google.protobuf import timestamp_pb2
 from mcp.types import CallToolResult, TextContent
-# pydantic (the SDK's output schemas) needs typing_extensions' TypedDict before Python 3.12.
-from typing_extensions import TypedDict
+from typing_extensions import TypedDict  # pydantic's (the SDK's) before Python 3.12
 
 from runifold.common.v1 import common_pb2
 from runifold.memory.v1 import memory_service_pb2 as memory_pb

@@ -41,7 +41,6 @@ from pydantic import Field
 
 import runifold_client
 from runifold.common.v1 import common_pb2
-from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold_client.client import AsyncClient, source
 from runifold_client.errors import NotFound, RunifoldError
@@ -267,9 +266,7 @@ def _tools(server: MCPServer[Any], runifold: Runifold) -> None:
         elif from_sequence is not None or through_sequence is not None:
             raise ArgumentError("conversation_id", "a range needs the conversation it is in")
         else:
-            sources = [
-                memory_pb.MemorySource(external_uri=runifold.session_uri(ctx.request_context))
-            ]
+            sources = [source(external_uri=runifold.session_uri(ctx.request_context))]
         reply = await caller.upsert_memory(fact, sources=sources, metadata={ORIGIN_KEY: "remember"})
         return {"notice": DATA_NOTICE, "memory": results.memory(reply.memory)}
 
