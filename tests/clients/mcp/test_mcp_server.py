@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -145,13 +146,14 @@ async def http_url(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> As
         await process.wait()
 
 
-def _stdio(stack: Stack, bearer: str) -> Client:
+def _stdio(stack: Stack, bearer: str, mode: str = "auto") -> Client:
     return Client(
         StdioServerParameters(
             command=sys.executable,
             args=["-m", "runifold_client.cli", "mcp"],
             env=_env(stack, RUNIFOLD_TOKEN=bearer),
-        )
+        ),
+        mode=mode,  # type: ignore[arg-type]
     )
 
 
@@ -290,6 +292,18 @@ async def test_stdio_lists_and_calls_every_tool(stack: Stack) -> None:
             "runifold://conversations/{conversation_id}",
             "runifold://memories/{memory_id}",
         }
+
+
+async def test_a_handshake_era_client_is_served(stack: Stack) -> None:
+    """Most MCP clients in use speak the initialize handshake (protocol 2025-*)."""
+    bearer = token(_ns())
+    cid = await _conversation(stack, bearer, "hello")
+    async with _stdio(stack, bearer, mode="legacy") as client:
+        assert {tool.name for tool in (await client.list_tools()).tools} == TOOLS
+        view = _data(await client.call_tool("read_conversation", {"conversation_id": cid}))
+        assert [e["text"] for e in view["recent"]] == ["hello"]
+        resources = {r.uri for r in (await client.list_resources()).resources}
+        assert resources == {f"runifold://conversations/{cid}"}
 
 
 async def test_errors_are_tool_errors_with_runifold_reasons(stack: Stack, http_url: str) -> None:
@@ -453,3 +467,36 @@ def test_unauthenticated_http_listens_on_loopback_only() -> None:
         {"RUNIFOLD_ALLOW_INSECURE": "1"}, transport="http", listen="0.0.0.0:8765"
     )
     assert McpSettings.from_env({}, transport="http", listen="127.0.0.1:0")
+
+
+def _inspector() -> str | None:
+    """The MCP Inspector's command (npm @modelcontextprotocol/inspector): $MCP_INSPECTOR,
+    else `mcp-inspector` on the PATH."""
+    return os.environ.get("MCP_INSPECTOR") or shutil.which("mcp-inspector")
+
+
+@pytest.mark.skipif(_inspector() is None, reason="the MCP Inspector is not installed")
+async def test_the_mcp_inspector_lists_the_tools(stack: Stack) -> None:
+    """The Inspector's command-line mode, a client other than the SDK's, over stdio."""
+    inspector = _inspector()
+    assert inspector is not None
+    env = _env(stack, RUNIFOLD_TOKEN=token(_ns()))
+    process = await asyncio.create_subprocess_exec(
+        inspector,
+        "--cli",
+        *(f"-e{key}={env[key]}" for key in ("PYTHONPATH", "RUNIFOLD_TARGET", "RUNIFOLD_TOKEN")),
+        sys.executable,
+        "-m",
+        "runifold_client.cli",
+        "mcp",
+        "--method",
+        "tools/list",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 120)  # bounded: a hang fails
+    assert process.returncode == 0, err.decode()
+    listed = json.loads(out)
+    assert {tool["name"] for tool in listed["tools"]} == TOOLS
+    print(out.decode())  # the output docs/integrations.md shows
