@@ -153,7 +153,7 @@ def _stdio(stack: Stack, bearer: str, mode: str = "auto") -> Client:
             args=["-m", "runifold_client.cli", "mcp"],
             env=_env(stack, RUNIFOLD_TOKEN=bearer),
         ),
-        mode=mode,  # type: ignore[arg-type]
+        mode=mode,
     )
 
 
