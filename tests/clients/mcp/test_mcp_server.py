@@ -346,7 +346,8 @@ async def test_errors_are_tool_errors_with_runifold_reasons(stack: Stack, http_u
         )
         assert conflict["reason"] == "VERSION_CONFLICT"
         half = _error(await client.call_tool("remember", {"fact": "A fact.", "from_sequence": 1}))
-        assert half["reason"] == "INVALID_ARGUMENT"
+        assert (half["code"], half["reason"]) == ("INVALID_ARGUMENT", "INVALID_SOURCE_RANGE")
+        assert half["metadata"]["field"] == "conversation_id"
 
 
 async def test_an_injected_memory_comes_back_as_data(stack: Stack, http_url: str) -> None:
@@ -420,7 +421,10 @@ async def test_a_flood_from_one_token_meets_the_namespace_limit_while_another_is
         )
         for result in flood:
             refused = _error(result)
-            assert refused["code"] == "RESOURCE_EXHAUSTED", refused
+            assert (refused["code"], refused["reason"]) == (
+                "RESOURCE_EXHAUSTED",
+                "NAMESPACE_CONCURRENCY_LIMIT",
+            ), refused
             assert float(refused["metadata"]["retry_after_s"]) > 0
         # The other token's calls are served meanwhile, a proposal among them.
         served = _data(
@@ -484,6 +488,9 @@ async def test_the_mcp_inspector_lists_the_tools(stack: Stack) -> None:
     process = await asyncio.create_subprocess_exec(
         inspector,
         "--cli",
+        # Bounded: the machine's other tests slow the server's start down.
+        "--connect-timeout",
+        "120000",
         *(f"-e{key}={env[key]}" for key in ("PYTHONPATH", "RUNIFOLD_TARGET", "RUNIFOLD_TOKEN")),
         sys.executable,
         "-m",

@@ -204,8 +204,7 @@ def from_runifold(error: RunifoldError) -> CallToolResult:
     return tool_error(error.reason, error.message, error.code.name, metadata)
 
 
-def invalid(field: str, message: str) -> CallToolResult:
-    """A tool error for an argument refused before Runifold is called."""
-    return tool_error(
-        "INVALID_ARGUMENT", f"{field}: {message}", grpc.StatusCode.INVALID_ARGUMENT.name
-    )
+def invalid(reason: str, field: str, message: str) -> CallToolResult:
+    """A tool error for an argument refused before Runifold is called (the reason is the
+    one Runifold gives the same mistake; metadata `field` names the argument)."""
+    return tool_error(reason, message, grpc.StatusCode.INVALID_ARGUMENT.name, {"field": field})

@@ -81,7 +81,7 @@ def tool_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
             answer: Any = results.from_runifold(error)
             return answer  # type: ignore[no-any-return]
         except ArgumentError as error:
-            invalid: Any = results.invalid(error.field, str(error))
+            invalid: Any = results.invalid(error.reason, error.field, str(error))
             return invalid  # type: ignore[no-any-return]
 
     return wrapper
@@ -90,8 +90,9 @@ def tool_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
 class ArgumentError(ValueError):
     """A tool argument refused before Runifold is called."""
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, reason: str, field: str, message: str) -> None:
         super().__init__(message)
+        self.reason = reason
         self.field = field
 
 
@@ -157,7 +158,9 @@ class Runifold:
 
 def _positive(field: str, value: int | None) -> int:
     if value is None or value < 1:
-        raise ArgumentError(field, "must be a sequence number (1 or more)")
+        raise ArgumentError(
+            "INVALID_SOURCE_RANGE", field, f"{field} must be a sequence number (1 or more)"
+        )
     return value
 
 
@@ -264,7 +267,11 @@ def _tools(server: MCPServer[Any], runifold: Runifold) -> None:
                 )
             ]
         elif from_sequence is not None or through_sequence is not None:
-            raise ArgumentError("conversation_id", "a range needs the conversation it is in")
+            raise ArgumentError(
+                "INVALID_SOURCE_RANGE",
+                "conversation_id",
+                "a range needs conversation_id, the conversation it is in",
+            )
         else:
             sources = [source(external_uri=runifold.session_uri(ctx.request_context))]
         reply = await caller.upsert_memory(fact, sources=sources, metadata={ORIGIN_KEY: "remember"})
@@ -289,7 +296,7 @@ def _tools(server: MCPServer[Any], runifold: Runifold) -> None:
         ],
         ctx: Context,
         max_proposals: Annotated[
-            int, Field(ge=0, le=50, description="The most proposals; 0: the server's default.")
+            int, Field(ge=0, le=32, description="The most proposals; 0: the server's default.")
         ] = 0,
     ) -> results.ProposalsResult:
         reply = await runifold.caller(ctx.request_context).propose_memories(

@@ -43,7 +43,8 @@ class McpSettings:
     auth: str = "none"
     allow_insecure: bool = False
     timeout_s: float = 30.0
-    # The most conversations a listen stream may follow (each is one WatchConversation).
+    # The most conversations a listen stream may follow (each is one WatchConversation;
+    # RUNIFOLD_MCP_MAX_WATCHED).
     max_watched: int = 16
 
     @classmethod
@@ -64,6 +65,9 @@ class McpSettings:
             timeout = float(env.get("RUNIFOLD_MCP_TIMEOUT_S", "30"))
         except ValueError:
             raise SettingsError("RUNIFOLD_MCP_TIMEOUT_S must be a number of seconds") from None
+        watched = env.get("RUNIFOLD_MCP_MAX_WATCHED", "16")
+        if not watched.isdigit() or not 1 <= int(watched) <= 1024:
+            raise SettingsError("RUNIFOLD_MCP_MAX_WATCHED must be 1..1024")
         settings = cls(
             target=str(options.get("target") or env.get("RUNIFOLD_TARGET") or DEFAULT_TARGET),
             token=str(options.get("token") or env.get("RUNIFOLD_TOKEN", "")),
@@ -74,6 +78,7 @@ class McpSettings:
             auth=auth,
             allow_insecure=env.get("RUNIFOLD_ALLOW_INSECURE", "").lower() in {"1", "true", "yes"},
             timeout_s=timeout,
+            max_watched=int(watched),
         )
         settings.check()
         return settings
