@@ -464,13 +464,16 @@ async def test_http_refuses_a_request_without_a_token(http_url: str) -> None:
 
 
 def test_unauthenticated_http_listens_on_loopback_only() -> None:
+    env = {"RUNIFOLD_NAMESPACE": "tenant-1"}
     with pytest.raises(SettingsError, match="RUNIFOLD_MCP_AUTH"):
-        McpSettings.from_env({}, transport="http", listen="0.0.0.0:8765")
+        McpSettings.from_env(env, transport="http", listen="0.0.0.0:8765")
     assert McpSettings.from_env({}, transport="http", listen="0.0.0.0:8765", auth="bearer")
     assert McpSettings.from_env(
-        {"RUNIFOLD_ALLOW_INSECURE": "1"}, transport="http", listen="0.0.0.0:8765"
+        {**env, "RUNIFOLD_ALLOW_INSECURE": "1"}, transport="http", listen="0.0.0.0:8765"
     )
-    assert McpSettings.from_env({}, transport="http", listen="127.0.0.1:0")
+    assert McpSettings.from_env(env, transport="http", listen="127.0.0.1:0")
+    with pytest.raises(SettingsError, match="no namespace"):
+        McpSettings.from_env({}, transport="stdio")
 
 
 def _inspector() -> str | None:

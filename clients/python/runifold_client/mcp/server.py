@@ -151,7 +151,7 @@ class Runifold:
         session (Streamable HTTP's session id), else this server process."""
         headers = getattr(request_context.request, "headers", None)
         session = str(headers.get("mcp-session-id", "")) if headers is not None else ""
-        if not re.fullmatch(r"[\x21-\x7e]{1,128}", session):
+        if not re.fullmatch(r"[A-Za-z0-9._~-]{1,128}", session):
             session = self.process_session
         return f"mcp://runifold/sessions/{session}"
 

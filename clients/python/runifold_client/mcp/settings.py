@@ -89,6 +89,12 @@ class McpSettings:
             raise SettingsError("RUNIFOLD_MCP_AUTH=bearer is for --transport http")
         if self.timeout_s <= 0:
             raise SettingsError("RUNIFOLD_MCP_TIMEOUT_S must be positive")
+        if self.auth == "none" and not self.token and not self.namespace:
+            # With a token, Runifold takes the one namespace it grants; without either,
+            # every call would be refused.
+            raise SettingsError(
+                "no namespace: set RUNIFOLD_NAMESPACE (--namespace) or RUNIFOLD_TOKEN (--token)"
+            )
         if (
             self.transport == "http"
             and self.auth == "none"
