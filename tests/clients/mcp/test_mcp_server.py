@@ -453,6 +453,14 @@ async def test_a_listener_hears_of_changes_to_its_conversation(stack: Stack, htt
         assert getattr(event, "uri", None) == uri
 
 
+async def test_runifold_judges_the_token(http_url: str) -> None:
+    """The MCP server holds no keys: a forged token is refused by Runifold, as a tool error."""
+    forged = token(_ns())[:-4] + "AAAA"
+    async with _http(http_url, forged) as client:
+        refused = _error(await client.call_tool("list_conversations", {}))
+        assert refused["code"] == "UNAUTHENTICATED"
+
+
 async def test_http_refuses_a_request_without_a_token(http_url: str) -> None:
     async with httpx2.AsyncClient() as http:
         reply = await http.post(
