@@ -24,11 +24,14 @@ import httpx2
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import SubscriptionLost
+from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult
 
 from runifold_client import AsyncClient
 from runifold_client.mcp.settings import McpSettings, SettingsError
 from services.llm.settings import model_settings
+from services.transcript.config import TranscriptLimits, WatchLimits
 from tests.support.fake_openai import FakeOpenAI, FakeReply, fake_openai
 from tests.support.stack import Stack, full_stack
 from tests.support.waiting import holds, wait_for
@@ -92,6 +95,7 @@ async def stack(
         fake,
         auth=AUTH,
         settings={"RUNIFOLD_NAMESPACE_MAX_PROPOSALS": "1"},
+        transcript_limits=TranscriptLimits(watch=WatchLimits(max_watchers_per_namespace=1)),
         memory={"chat_model": curator},
     ) as running:
         yield running
@@ -451,6 +455,24 @@ async def test_a_listener_hears_of_changes_to_its_conversation(stack: Stack, htt
             with anyio.fail_after(60):  # bounded: a missing event fails the test
                 event = await events.__anext__()
         assert getattr(event, "uri", None) == uri
+
+
+async def test_a_refused_watch_ends_the_listen_stream(stack: Stack, http_url: str) -> None:
+    """One watcher per namespace here: a second listener's watch is refused by Runifold
+    (WATCHER_LIMIT), and its stream ends (the client listens again) rather than staying
+    open and silent."""
+    bearer = token(_ns())
+    first = await _conversation(stack, bearer, "a")
+    second = await _conversation(stack, bearer, "b")
+    async with (
+        _http(http_url, bearer) as client,
+        client.listen(resource_subscriptions=[f"runifold://conversations/{first}"]),
+    ):
+        with anyio.fail_after(60), pytest.raises((SubscriptionLost, MCPError)):
+            async with client.listen(
+                resource_subscriptions=[f"runifold://conversations/{second}"]
+            ) as events:
+                await events.__anext__()
 
 
 async def test_runifold_judges_the_token(http_url: str) -> None:

@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import anyio
+import anyio.abc
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.context import ServerRequestContext
@@ -559,39 +560,55 @@ class WatchingListen:
                 code=-32602,
                 message=f"at most {self.runifold.settings.max_watched} conversations per listen",
             )
+        # Each conversation's position is read before the acknowledgement: a change the
+        # client makes once it is acknowledged comes after it, so none is missed.
+        positions = []
+        for uri, conversation_id in watched:
+            try:
+                conversation = await caller.get_conversation(conversation_id)
+            except NotFound:
+                continue  # not in this namespace: nothing to tell (its existence neither)
+            except RunifoldError as error:
+                raise MCPError(code=-32603, message=f"{error.reason}: {error.message}") from None
+            positions.append((uri, conversation_id, int(conversation.last_sequence)))
         bus = InMemorySubscriptionBus()
         handler = ListenHandler(bus, max_subscriptions=1)
         answer: SubscriptionsListenResult | None = None
+        failures: list[RunifoldError] = []
         async with anyio.create_task_group() as group:
-            for uri, conversation_id in watched:
-                group.start_soon(self._follow, caller, bus, uri, conversation_id)
+            for position in positions:
+                group.start_soon(self._follow, caller, bus, failures, group, *position)
             try:
                 answer = await handler(ctx, params)
             finally:
                 group.cancel_scope.cancel()
-        assert answer is not None
+        if answer is None:
+            # A watch was refused (WATCHER_LIMIT, ...): end the stream with its reason,
+            # so that the client listens again rather than waiting for nothing.
+            refused = failures[0]
+            raise MCPError(code=-32603, message=f"{refused.reason}: {refused.message}")
         return answer
 
     @staticmethod
     async def _follow(
-        caller: AsyncClient, bus: InMemorySubscriptionBus, uri: str, conversation_id: str
+        caller: AsyncClient,
+        bus: InMemorySubscriptionBus,
+        failures: list[RunifoldError],
+        group: anyio.abc.TaskGroup,
+        uri: str,
+        conversation_id: str,
+        after_sequence: int,
     ) -> None:
-        """Publish `uri` updated at each event that changes the conversation."""
-        last = await _last_sequence(caller, conversation_id)
-        if last is None:
-            return
+        """Publish `uri` updated at each event that changes the conversation (the watch
+        resumes by itself across a replica's restart)."""
         try:
-            async for event in caller.watch_conversation(conversation_id, after_sequence=last):
+            async for event in caller.watch_conversation(
+                conversation_id, after_sequence=after_sequence
+            ):
                 if event.WhichOneof("event") in {"appended", "retracted", "erased"}:
                     await bus.publish(ResourceUpdated(uri=uri))
-        except RunifoldError:
-            return  # gone, or refused: nothing more will change for this listener
-
-
-async def _last_sequence(caller: AsyncClient, conversation_id: str) -> int | None:
-    try:
-        return int((await caller.get_conversation(conversation_id)).last_sequence)
-    except NotFound:
-        return None
-    except RunifoldError:
-        return None
+        except NotFound:
+            return  # erased (its last event was published): nothing more will change
+        except RunifoldError as error:
+            failures.append(error)
+            group.cancel_scope.cancel()
