@@ -24,6 +24,10 @@ its peak during the flood, and what the flood got (ok, refused by reason).
 - watch idle: 128 streams on conversations of their own, read; probe: AppendEntries.
 - watch unread: 128 streams over 80 entries of 250 KiB, never read; probe:
   GetConversation and a page of ListEntries.
+- receipts: 32 callers in flight reading and merging into the receipt of an erased
+  conversation (AgentService.GetErasureReceipt, TranscriptService.GetErasureReceipt and
+  RecordErasureReceipt, MemoryService.GetMemoryErasure: exempt classes, short statements
+  by key); probe: AgentService.GetErasureReceipt.
 """
 
 from __future__ import annotations
@@ -142,6 +146,20 @@ async def _seed(channel: grpc.aio.Channel) -> dict[str, Any]:
             )
         )
     seeds[HOSTILE]["big"] = big
+    agent = stubs.agent(channel)
+    for namespace in (QUIET, HOSTILE):
+        erased = await _conversation(transcript, namespace, WORDS)
+        got = await transcript.GetConversation(
+            pb.GetConversationRequest(namespace=namespace, conversation_id=erased)
+        )
+        reply = await agent.EraseConversation(
+            agent_pb.EraseConversationRequest(namespace=namespace, conversation_id=erased)
+        )
+        seeds[namespace]["erased"] = {
+            "conversation": erased,
+            "incarnation": got.conversation.incarnation,
+            "receipt": reply.receipt.receipt_id,
+        }
     return seeds
 
 
@@ -215,6 +233,11 @@ def _probes(
             pb.ListEntriesRequest(namespace=QUIET, conversation_id=mine["talk"], page_size=20)
         )
 
+    async def receipt(i: int) -> None:
+        await agent.GetErasureReceipt(
+            agent_pb.GetErasureReceiptRequest(namespace=QUIET, receipt_id=mine["erased"]["receipt"])
+        )
+
     return {
         "appends": append,
         "searches": search,
@@ -223,6 +246,7 @@ def _probes(
         "lease waits": lease,
         "watch idle": append,
         "watch unread": read,
+        "receipts": receipt,
     }
 
 
@@ -234,6 +258,7 @@ PROBE_NAMES = {
     "lease waits": "Get + lease + release",
     "watch idle": "AppendEntries",
     "watch unread": "Get + ListEntries",
+    "receipts": "GetErasureReceipt",
 }
 
 
@@ -389,6 +414,40 @@ async def _flood(kind: str, address: str, seeds: dict[str, Any], tally: Counter[
                 calls.append(call)
                 tally["streams"] += 1
             tasks = [asyncio.Event().wait()]  # never read
+        elif kind == "receipts":
+            erased = mine["erased"]
+            readers: list[Callable[[], Awaitable[Any]]] = [
+                functools.partial(
+                    agent.GetErasureReceipt,
+                    agent_pb.GetErasureReceiptRequest(
+                        namespace=HOSTILE, receipt_id=erased["receipt"]
+                    ),
+                ),
+                functools.partial(
+                    transcript.GetErasureReceipt,
+                    pb.GetErasureReceiptRequest(
+                        namespace=HOSTILE, conversation_id=erased["conversation"]
+                    ),
+                ),
+                functools.partial(
+                    transcript.RecordErasureReceipt,
+                    pb.RecordErasureReceiptRequest(
+                        namespace=HOSTILE,
+                        conversation_id=erased["conversation"],
+                        incarnation=erased["incarnation"],
+                        progress=pb.ErasureProgress(counts={"entries": 1}),
+                    ),
+                ),
+                functools.partial(
+                    memory.GetMemoryErasure,
+                    memory_pb.GetMemoryErasureRequest(
+                        namespace=HOSTILE,
+                        conversation_id=erased["conversation"],
+                        incarnation=erased["incarnation"],
+                    ),
+                ),
+            ]
+            tasks = [_forever(tally, readers[w % len(readers)]) for w in range(32)]
         await asyncio.gather(*tasks)
 
 

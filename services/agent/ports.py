@@ -117,9 +117,10 @@ class Transcripts(Protocol):
         incarnation: int,
         counts: Mapping[str, int],
         remaining: Sequence[str],
-    ) -> Receipt:
+    ) -> Receipt | None:
         """Record the erasure receipt of an incarnation, or merge into the one kept (counts
-        only grow, parts only leave `remaining`)."""
+        only grow, parts only leave `remaining`); None when neither that incarnation nor a
+        receipt of it exists any more (deleted meanwhile by a plain DeleteConversation)."""
 
     async def get_receipt(
         self, namespace: str, receipt_id: str, conversation_id: str = ""
@@ -150,9 +151,7 @@ class Summaries(Protocol):
     ) -> str:
         """Enqueue a background job; return its id."""
 
-    async def erase(
-        self, namespace: str, conversation_id: str, incarnation: int
-    ) -> SummaryErasure:
+    async def erase(self, namespace: str, conversation_id: str, incarnation: int) -> SummaryErasure:
         """Erase the conversation's summaries, history and jobs, and leave a tombstone of
         `incarnation` (when not 0) that refuses later commits and jobs; return the rows
         erased, and what every erasure of the incarnation erased."""

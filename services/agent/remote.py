@@ -310,16 +310,21 @@ class GrpcTranscripts:
         incarnation: int,
         counts: Mapping[str, int],
         remaining: Sequence[str],
-    ) -> Receipt:
-        reply = await self.peer.call(
-            self.stub.RecordErasureReceipt,
-            transcript_pb.RecordErasureReceiptRequest(
-                namespace=namespace,
-                conversation_id=conversation_id,
-                incarnation=incarnation,
-                progress=transcript_pb.ErasureProgress(counts=counts, remaining=remaining),
-            ),
-        )
+    ) -> Receipt | None:
+        try:
+            reply = await self.peer.call(
+                self.stub.RecordErasureReceipt,
+                transcript_pb.RecordErasureReceiptRequest(
+                    namespace=namespace,
+                    conversation_id=conversation_id,
+                    incarnation=incarnation,
+                    progress=transcript_pb.ErasureProgress(counts=counts, remaining=remaining),
+                ),
+            )
+        except DomainError as error:
+            if error.reason == "CONVERSATION_NOT_FOUND":
+                return None
+            raise
         return _receipt(reply.receipt)
 
     async def get_receipt(
@@ -397,9 +402,7 @@ class GrpcSummaries:
         )
         return reply.job.job_id
 
-    async def erase(
-        self, namespace: str, conversation_id: str, incarnation: int
-    ) -> SummaryErasure:
+    async def erase(self, namespace: str, conversation_id: str, incarnation: int) -> SummaryErasure:
         reply = await self.peer.call(
             self.stub.EraseSummaries,
             summary_pb.EraseSummariesRequest(

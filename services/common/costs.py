@@ -102,7 +102,9 @@ COSTS: dict[str, CostClass] = {
     ),
     _T + "RecordErasureReceipt": CostClass(
         "exempt",
-        _ONE_WRITE + " (one upsert of the receipt; erasure is never refused for load)",
+        _ONE_WRITE + " (one upsert of the receipt; erasure is never refused for load): "
+        "made only for an incarnation that exists, or merged into one kept, so rows are "
+        "bounded by the conversations a namespace had",
         _REQUEST + ": at most 32 counts and 32 part names",
         "never",
     ),

@@ -122,7 +122,7 @@ class PostgresSummaryStore(PostgresJobStore):
 
     async def erase_conversation(
         self, namespace: str, conversation_id: uuid.UUID, incarnation: int
-    ) -> int:
+    ) -> SummaryErasure:
         params = {
             "namespace": namespace,
             "conversation_id": conversation_id,

@@ -202,22 +202,25 @@ class FakeTranscripts:
         incarnation: int,
         counts: Mapping[str, int],
         remaining: Sequence[str],
-    ) -> Receipt:
+    ) -> Receipt | None:
         if self.down:
             raise StoreUnavailable("transcript")
-        return _receipt(
-            await self.service.record_receipt(
-                namespace, conversation_id, incarnation, counts, remaining
+        try:
+            return _receipt(
+                await self.service.record_receipt(
+                    namespace, conversation_id, incarnation, counts, remaining
+                )
             )
-        )
+        except DomainError as error:
+            if error.reason == "CONVERSATION_NOT_FOUND":
+                return None
+            raise
 
     async def get_receipt(
         self, namespace: str, receipt_id: str, conversation_id: str = ""
     ) -> Receipt | None:
         try:
-            return _receipt(
-                await self.service.get_receipt(namespace, receipt_id, conversation_id)
-            )
+            return _receipt(await self.service.get_receipt(namespace, receipt_id, conversation_id))
         except DomainError as error:
             if error.reason == "ERASURE_RECEIPT_NOT_FOUND":
                 return None
@@ -273,9 +276,7 @@ class FakeSummaries:
         self.jobs.append(conversation_id)
         return job
 
-    async def erase(
-        self, namespace: str, conversation_id: str, incarnation: int
-    ) -> SummaryErasure:
+    async def erase(self, namespace: str, conversation_id: str, incarnation: int) -> SummaryErasure:
         summaries = int(self.summaries.pop(conversation_id, None) is not None)
         jobs = self.jobs.count(conversation_id)
         self.jobs = [job for job in self.jobs if job != conversation_id]

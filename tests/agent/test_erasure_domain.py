@@ -30,7 +30,12 @@ async def test_a_retried_partial_erasure_completes_one_receipt() -> None:
     # Recorded meanwhile: what the first call erased, and every part it could not.
     partial = first.receipt
     assert partial is not None and partial.incarnation == incarnation
-    assert dict(partial.counts) == {"summaries": 1, "summary_jobs": 1, "curation_jobs": 0, "forks": 0}
+    assert dict(partial.counts) == {
+        "summaries": 1,
+        "summary_jobs": 1,
+        "curation_jobs": 0,
+        "forks": 0,
+    }
     assert list(partial.remaining) == ["memory", "memory_index", "transcript"]
     assert partial.complete_time is None
     world.memories.down = False

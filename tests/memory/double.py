@@ -331,7 +331,10 @@ class InMemoryMemoryStore:
                 and (after is None or m.memory_id > after)
                 and (
                     conversation_id is None
-                    or any(s.conversation_id == conversation_id for s in m.sources)
+                    or any(
+                        isinstance(s, MemorySource) and s.conversation_id == conversation_id
+                        for s in m.sources
+                    )
                 )
             ),
             key=lambda m: m.memory_id,

@@ -362,8 +362,11 @@ class InMemoryTranscriptStore:
             if stored is not None and incarnation in (0, stored.conversation.incarnation):
                 del self._data[(namespace, conversation_id)]
                 erased = Deletion(True, len(stored.entries), stored.conversation.version)
+            kept_key = (namespace, conversation_id, incarnation)
             if receipt is None or not incarnation:
                 return erased
+            if not erased.deleted and kept_key not in self._receipts:
+                return erased  # never a receipt of a conversation that was not there
             counts = {**receipt.counts, ENTRIES: erased.entries, APPENDS: erased.appends}
             kept = self._record(
                 namespace, conversation_id, incarnation, ErasureProgress(counts, receipt.remaining)
@@ -399,8 +402,12 @@ class InMemoryTranscriptStore:
         incarnation: int,
         progress: ErasureProgress,
         receipt_id: uuid.UUID,
-    ) -> ErasureReceipt:
+    ) -> ErasureReceipt | None:
         async with self._lock:
+            stored = self._data.get((namespace, conversation_id))
+            exists = stored is not None and stored.conversation.incarnation == incarnation
+            if not exists and (namespace, conversation_id, incarnation) not in self._receipts:
+                return None
             return self._record(namespace, conversation_id, incarnation, progress, receipt_id)
 
     async def get_receipt(self, namespace: str, receipt_id: uuid.UUID) -> ErasureReceipt | None:
@@ -415,7 +422,9 @@ class InMemoryTranscriptStore:
         self, namespace: str, conversation_id: uuid.UUID
     ) -> ErasureReceipt | None:
         mine = [
-            r for (ns, cid, _), r in self._receipts.items() if (ns, cid) == (namespace, conversation_id)
+            r
+            for (ns, cid, _), r in self._receipts.items()
+            if (ns, cid) == (namespace, conversation_id)
         ]
         return max(mine, key=lambda r: (r.create_time, r.receipt_id)) if mine else None
 

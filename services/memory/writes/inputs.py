@@ -205,7 +205,9 @@ def parse_sources(
                     field=f"{field}.external_uri",
                 )
             parsed.append(
-                ExternalSource(external_uri(source.external_uri, f"{field}.external_uri", max_uri_bytes))
+                ExternalSource(
+                    external_uri(source.external_uri, f"{field}.external_uri", max_uri_bytes)
+                )
             )
             continue
         cid = conversation_id(source.conversation_id, f"{field}.conversation_id")

@@ -30,7 +30,7 @@ from services.transcript.conversations.model import (
     state_too_large,
 )
 from services.transcript.receipts.model import APPENDS, ENTRIES, ErasureProgress
-from services.transcript.receipts.store import record_in
+from services.transcript.receipts.store import receipt_kept, record_in
 
 
 class ChangeSink(Protocol):
@@ -255,7 +255,16 @@ class PostgresConversations(PostgresBase):
                     "DELETE FROM transcript.entries WHERE conversation_key = %s", (key,)
                 )
                 erased = Deletion(True, cursor.rowcount, appends)
-            if receipt is not None and incarnation:
+            # Only for what this call deleted, or an erasure whose receipt is kept (its
+            # retry): never a receipt of a conversation that was not there.
+            if (
+                receipt is not None
+                and incarnation
+                and (
+                    row is not None
+                    or await receipt_kept(conn, namespace, conversation_id, incarnation)
+                )
+            ):
                 counts = {**receipt.counts, ENTRIES: erased.entries, APPENDS: erased.appends}
                 kept = await record_in(
                     conn,

@@ -71,7 +71,9 @@ def check_progress(counts: Mapping[str, int], remaining: Sequence[str]) -> Erasu
                 )
     if any(value < 0 for value in counts.values()):
         raise invalid_argument(
-            "INVALID_ERASURE_PROGRESS", "progress.counts must not be negative", field="progress.counts"
+            "INVALID_ERASURE_PROGRESS",
+            "progress.counts must not be negative",
+            field="progress.counts",
         )
     return ErasureProgress(dict(counts), sorted(set(remaining)))
 

@@ -11,6 +11,7 @@ import uuid_utils
 from services.common import validation
 from services.common.errors import invalid_argument
 from services.common.validation import conversation_id
+from services.transcript.conversations.model import conversation_not_found
 from services.transcript.receipts.model import ErasureReceipt, check_progress, receipt_not_found
 from services.transcript.receipts.store import ReceiptStore
 
@@ -42,18 +43,25 @@ class Receipts:
     ) -> ErasureReceipt:
         """Make the receipt of an erasure of one incarnation of a conversation, or merge
         what a later call of the same erasure reports into it: counts only grow, parts
-        only leave `remaining`, and it is complete once nothing remains. The conversation
-        need not exist any more (the receipt outlives it)."""
+        only leave `remaining`, and it is complete once nothing remains.
+
+        A receipt is made only for an incarnation that exists (an erasure records one before
+        it deletes the transcript), and merged into once made, whether the conversation is
+        still there or not (the receipt outlives it). Otherwise CONVERSATION_NOT_FOUND: a
+        caller cannot fill the table with receipts of conversations it never had."""
         validation.namespace(namespace)
         cid = conversation_id(conversation_id_text)
         progress = check_progress(counts, remaining)
-        return await self.store.record_receipt(
+        kept = await self.store.record_receipt(
             namespace,
             cid,
             incarnation_to_erase(incarnation),
             progress,
             uuid.UUID(str(uuid_utils.uuid7())),
         )
+        if kept is None:
+            raise conversation_not_found()
+        return kept
 
     async def get_receipt(
         self, namespace: str, receipt_id_text: str, conversation_id_text: str = ""

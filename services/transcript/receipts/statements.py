@@ -18,9 +18,10 @@ VALUES (%(receipt_id)s, %(namespace)s, %(conversation_id)s, %(incarnation)s, %(c
         CASE WHEN cardinality(%(remaining)s::text[]) = 0 THEN now() END)
 ON CONFLICT (namespace, conversation_id, incarnation) DO UPDATE
    SET counts = (
-           SELECT coalesce(jsonb_object_agg(k, greatest(coalesce((r.counts ->> k)::bigint, 0),
-                                                         coalesce((excluded.counts ->> k)::bigint, 0))),
-                           '{{}}'::jsonb)
+           SELECT coalesce(
+                      jsonb_object_agg(k, greatest(coalesce((r.counts ->> k)::bigint, 0),
+                                                   coalesce((excluded.counts ->> k)::bigint, 0))),
+                      '{{}}'::jsonb)
              FROM (SELECT jsonb_object_keys(r.counts)
                    UNION SELECT jsonb_object_keys(excluded.counts)) AS names (k)),
        remaining = ARRAY(SELECT unnest(r.remaining) INTERSECT SELECT unnest(excluded.remaining)
@@ -29,6 +30,26 @@ ON CONFLICT (namespace, conversation_id, incarnation) DO UPDATE
                                 CASE WHEN NOT (r.remaining && excluded.remaining) THEN now() END),
        update_time = now()
 RETURNING {COLUMNS}
+"""
+
+
+# A receipt may be made for an incarnation that exists, or merged into once made.
+RECORDABLE = """
+SELECT 1 FROM transcript.conversations
+ WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+   AND incarnation = %(incarnation)s
+UNION ALL
+SELECT 1 FROM transcript.erasure_receipts
+ WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+   AND incarnation = %(incarnation)s
+LIMIT 1
+"""
+
+
+KEPT = """
+SELECT 1 FROM transcript.erasure_receipts
+ WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+   AND incarnation = %(incarnation)s
 """
 
 

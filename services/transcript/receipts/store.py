@@ -25,9 +25,10 @@ class ReceiptStore(Protocol):
         incarnation: int,
         progress: ErasureProgress,
         receipt_id: uuid.UUID,
-    ) -> ErasureReceipt:
+    ) -> ErasureReceipt | None:
         """Make the incarnation's receipt (with `receipt_id`) or merge `progress` into the
-        one kept (model.merge); return it as kept."""
+        one kept (model.merge); return it as kept. None, and nothing written, when neither
+        that incarnation of the conversation nor a receipt of it exists."""
 
     async def get_receipt(self, namespace: str, receipt_id: uuid.UUID) -> ErasureReceipt | None:
         """The receipt, or None (also for another namespace's)."""
@@ -80,6 +81,18 @@ async def record_in(
     return receipt_from_row(row)
 
 
+async def receipt_kept(
+    conn: AsyncConn, namespace: str, conversation_id: uuid.UUID, incarnation: int
+) -> bool:
+    """Whether a receipt of that incarnation is kept (seen from `conn`'s transaction)."""
+    row = await fetch_one(
+        conn,
+        sql.KEPT,
+        {"namespace": namespace, "conversation_id": conversation_id, "incarnation": incarnation},
+    )
+    return row is not None
+
+
 class PostgresReceipts:
     """The receipt methods of PostgresTranscriptStore."""
 
@@ -92,8 +105,17 @@ class PostgresReceipts:
         incarnation: int,
         progress: ErasureProgress,
         receipt_id: uuid.UUID,
-    ) -> ErasureReceipt:
+    ) -> ErasureReceipt | None:
         async with self.db.connection() as conn:
+            params = {
+                "namespace": namespace,
+                "conversation_id": conversation_id,
+                "incarnation": incarnation,
+            }
+            # Checked before the upsert, not in one transaction: a conversation deleted in
+            # between was there when the erasure asked (a receipt of it is right).
+            if await fetch_one(conn, sql.RECORDABLE, params) is None:
+                return None
             return await record_in(
                 conn, namespace, conversation_id, incarnation, progress, receipt_id
             )

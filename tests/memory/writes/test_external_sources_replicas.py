@@ -3,7 +3,8 @@ services.memory`, two processes on one database and one pgvector index): memorie
 written through one replica from a URI (one of them also from a transcript range) are
 forgotten through it, and the other replica's searches return nothing of them, at once
 (searches re-read PostgreSQL) and once the index has caught up (the index holds no point
-of them); what came from another URI stays.
+of them); what came from another URI stays. On the wire, a memory still needs a source
+of one kind or the other (INVALID_ARGUMENT naming the field).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
+import pytest
+from google.rpc import error_details_pb2
 
 from runifold.common.v1 import common_pb2
 from runifold.memory.v1 import memory_service_pb2 as pb
@@ -20,6 +23,7 @@ from services.common.server import serving
 from services.memory.config import LOCAL_MODEL_DIMENSION, LOCAL_MODEL_NAME
 from services.memory.index.pgvector.adapter import PgvectorIndex
 from services.transcript.component import TranscriptComponent
+from tests.support.grpc_calls import reason, status_detail
 from tests.support.process import service_process
 from tests.support.settings import server_settings
 from tests.support.waiting import wait_for
@@ -71,6 +75,32 @@ async def test_a_uri_forgotten_on_one_replica_is_gone_from_the_others_searches(
                     pb.UpsertMemoryRequest(namespace=namespace, content=content, sources=sources)
                 )
                 return made.memory.memory_id
+
+            # At least one source, of one kind: none, an empty one, both kinds in one.
+            for sources, expected, field in (
+                ([], "NO_SOURCES", "sources"),
+                ([pb.MemorySource()], "INVALID_CONVERSATION_ID", "sources[0].conversation_id"),
+                (
+                    [pb.MemorySource(conversation_id=cid, from_sequence=1, external_uri=NOTE)],
+                    "INVALID_EXTERNAL_URI",
+                    "sources[0].external_uri",
+                ),
+                (
+                    [pb.MemorySource(external_uri="notes/42")],
+                    "INVALID_EXTERNAL_URI",
+                    "sources[0].external_uri",
+                ),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await writer.UpsertMemory(
+                        pb.UpsertMemoryRequest(
+                            namespace=namespace, content="A fact.", sources=sources
+                        )
+                    )
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert reason(refused.value) == expected
+                violations = status_detail(refused.value, error_details_pb2.BadRequest)
+                assert [v.field for v in violations.field_violations] == [field]
 
             note = pb.MemorySource(external_uri=NOTE)
             forgotten = {

@@ -48,7 +48,9 @@ async def _rows(db: Database, sql: str, *params: object) -> int:
     return int(row[0])
 
 
-async def _store_counts(db: Database, namespace: str, cid: str, memory_ids: list[str]) -> dict:
+async def _store_counts(
+    db: Database, namespace: str, cid: str, memory_ids: list[str]
+) -> dict[str, int]:
     """What the stores hold of the conversation, as the receipt names it."""
     conversation = uuid.UUID(cid)
     key = (
@@ -212,7 +214,9 @@ async def test_the_receipt_counts_what_the_stores_held_and_they_hold_none_of_it_
         # Kept after the erasure; completed once the index caught up.
         async def complete() -> bool:
             got = await stack.agent.GetErasureReceipt(
-                agent_pb.GetErasureReceiptRequest(namespace=namespace, receipt_id=receipt.receipt_id)
+                agent_pb.GetErasureReceiptRequest(
+                    namespace=namespace, receipt_id=receipt.receipt_id
+                )
             )
             return got.receipt.HasField("complete_time")
 

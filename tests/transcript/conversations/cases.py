@@ -115,7 +115,12 @@ class ConversationCases(ServiceCases):
         cid = await new_conversation(service, namespace)
         await service.append(namespace, cid, 0, [user(), assistant()], "r")
         erased = await service.delete_conversation(namespace, cid)
-        assert (erased.deleted, erased.entries, erased.appends, erased.receipt) == (True, 2, 1, None)
+        assert (erased.deleted, erased.entries, erased.appends, erased.receipt) == (
+            True,
+            2,
+            1,
+            None,
+        )
         assert not (await service.delete_conversation(namespace, cid)).deleted
         with pytest.raises(DomainError):
             await service.get_conversation(namespace, cid)

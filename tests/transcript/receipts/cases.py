@@ -16,6 +16,14 @@ from services.transcript.service import TranscriptService
 from tests.transcript.support import ServiceCases, assistant, new_conversation, reason_of, user
 
 
+async def _incarnation(
+    service: TranscriptService, namespace: str, cid: str = ""
+) -> tuple[str, int]:
+    """A conversation (made with `cid` when given) and its incarnation."""
+    conversation, _ = await service.create_conversation(namespace, cid, {})
+    return str(conversation.conversation_id), conversation.incarnation
+
+
 class ReceiptCases(ServiceCases):
     """Subclasses provide a `store` fixture."""
 
@@ -83,9 +91,12 @@ class ReceiptCases(ServiceCases):
     async def test_racing_reports_make_one_receipt(
         self, service: TranscriptService, namespace: str
     ) -> None:
-        cid = str(uuid.uuid4())
+        cid, incarnation = await _incarnation(service, namespace)
         made = await asyncio.gather(
-            *(service.record_receipt(namespace, cid, 7, {"memories": i}, []) for i in range(8))
+            *(
+                service.record_receipt(namespace, cid, incarnation, {"memories": i}, [])
+                for i in range(8)
+            )
         )
         assert len({r.receipt_id for r in made}) == 1
         assert (await service.get_receipt(namespace, "", cid)).counts == {"memories": 7}
@@ -93,8 +104,8 @@ class ReceiptCases(ServiceCases):
     async def test_a_receipt_is_not_found_under_another_namespace(
         self, service: TranscriptService, namespace: str
     ) -> None:
-        cid = str(uuid.uuid4())
-        receipt = await service.record_receipt(namespace, cid, 5, {"entries": 1}, [])
+        cid, incarnation = await _incarnation(service, namespace)
+        receipt = await service.record_receipt(namespace, cid, incarnation, {"entries": 1}, [])
         for ns, rid, conversation in (
             (namespace + "-b", str(receipt.receipt_id), ""),
             (namespace + "-b", "", cid),
@@ -109,9 +120,12 @@ class ReceiptCases(ServiceCases):
     async def test_the_latest_receipt_of_an_id_made_again(
         self, service: TranscriptService, namespace: str
     ) -> None:
-        cid = str(uuid.uuid4())
-        older = await service.record_receipt(namespace, cid, 11, {"entries": 1}, [])
-        newer = await service.record_receipt(namespace, cid, 12, {"entries": 2}, [])
+        cid, first = await _incarnation(service, namespace)
+        older = await service.record_receipt(namespace, cid, first, {"entries": 1}, [])
+        await service.delete_conversation(namespace, cid, first)
+        _, second = await _incarnation(service, namespace, cid)
+        assert second != first
+        newer = await service.record_receipt(namespace, cid, second, {"entries": 2}, [])
         assert older.receipt_id != newer.receipt_id
         assert (await service.get_receipt(namespace, "", cid)).receipt_id == newer.receipt_id
         assert (await service.get_receipt(namespace, str(older.receipt_id))).counts == {
@@ -124,11 +138,19 @@ class ReceiptCases(ServiceCases):
         cid = str(uuid.uuid4())
         cases = [
             (service.record_receipt(namespace, cid, 0, {}, []), "INVALID_INCARNATION"),
-            (service.record_receipt(namespace, cid, 1, {"Entries": 1}, []), "INVALID_ERASURE_PROGRESS"),
-            (service.record_receipt(namespace, cid, 1, {"entries": -1}, []), "INVALID_ERASURE_PROGRESS"),
+            (
+                service.record_receipt(namespace, cid, 1, {"Entries": 1}, []),
+                "INVALID_ERASURE_PROGRESS",
+            ),
+            (
+                service.record_receipt(namespace, cid, 1, {"entries": -1}, []),
+                "INVALID_ERASURE_PROGRESS",
+            ),
             (service.record_receipt(namespace, cid, 1, {}, ["x" * 33]), "INVALID_ERASURE_PROGRESS"),
             (
-                service.record_receipt(namespace, cid, 1, {f"c_{'a' * i}": 1 for i in range(33)}, []),
+                service.record_receipt(
+                    namespace, cid, 1, {f"c_{'a' * i}": 1 for i in range(33)}, []
+                ),
                 "INVALID_ERASURE_PROGRESS",
             ),
             (service.record_receipt(namespace, "nope", 1, {}, []), "INVALID_CONVERSATION_ID"),
@@ -148,10 +170,39 @@ class ReceiptCases(ServiceCases):
     async def test_receipts_past_their_retention_are_swept(
         self, service: TranscriptService, namespace: str
     ) -> None:
-        cid = str(uuid.uuid4())
-        await service.record_receipt(namespace, cid, 3, {"entries": 1}, [])
+        cid, incarnation = await _incarnation(service, namespace)
+        await service.record_receipt(namespace, cid, incarnation, {"entries": 1}, [])
         sweep = service.store.sweep_receipts
         assert await sweep(3600.0, 100) == 0
         assert await sweep(0.0, 100) >= 1
         with pytest.raises(DomainError):
             await service.get_receipt(namespace, "", cid)
+
+    async def test_no_receipt_is_made_for_a_conversation_that_was_not_there(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
+        # Receipts are exempt from admission (erasure is never refused for load): a caller
+        # must not fill the table with receipts of conversations it never had.
+        cid, incarnation = await _incarnation(service, namespace)
+        for ns, conversation, inc in (
+            (namespace, str(uuid.uuid4()), 1),  # never made
+            (namespace, cid, incarnation + 1),  # not that incarnation
+            (f"{namespace}-b", cid, incarnation),  # another namespace's
+        ):
+            with pytest.raises(DomainError) as caught:
+                await service.record_receipt(ns, conversation, inc, {"entries": 1}, [])
+            assert (caught.value.code, reason_of(caught)) == (
+                Code.NOT_FOUND,
+                "CONVERSATION_NOT_FOUND",
+            )
+            erased = await service.delete_conversation(
+                ns, conversation, inc, ErasureProgress({"entries": 1}, [])
+            )
+            assert not erased.deleted and erased.receipt is None
+            with pytest.raises(DomainError):
+                await service.get_receipt(ns, "", conversation)
+        # Once made, it is merged into after the conversation is gone (a retry).
+        made = await service.record_receipt(namespace, cid, incarnation, {}, ["transcript"])
+        await service.delete_conversation(namespace, cid, incarnation)
+        merged = await service.record_receipt(namespace, cid, incarnation, {"memories": 1}, [])
+        assert merged.receipt_id == made.receipt_id and merged.complete_time is not None
