@@ -22,7 +22,7 @@ import grpc
 from rich.console import Console
 
 import runifold_client
-from runifold_client.cli import chat, memory, summary, transcript, turn
+from runifold_client.cli import chat, mcp, memory, summary, transcript, turn
 from runifold_client.cli.memory import _picked
 from runifold_client.cli.options import ENVIRONMENT, Formatter, _connection
 from runifold_client.cli.output import Output, UsageError, _print_error, plain
@@ -37,7 +37,8 @@ examples:
   runifold transcript watch ID --namespace tenant-42 --json
   runifold memory search "when do we ship" --namespace tenant-42 --json
   runifold memory propose ID --from 1 --through 40 --namespace tenant-42
-  runifold backlog --namespace tenant-42"""
+  runifold backlog --namespace tenant-42
+  runifold mcp --transport http --auth bearer --listen 0.0.0.0:8765"""
 
 # The commands in the order `runifold --help` lists them.
 _COMMANDS = (
@@ -48,6 +49,7 @@ _COMMANDS = (
     memory.add_parser,
     summary.add_backlog_parser,
     transcript.add_erase_parser,
+    mcp.add_parser,
 )
 
 

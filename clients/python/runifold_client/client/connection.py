@@ -15,6 +15,7 @@ What a client is not given it reads from the environment the `runifold` command 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import threading
@@ -209,6 +210,16 @@ class Connection:
                 )
                 found = self._channels[loop] = _LoopChannel(channel)
             return found
+
+    def for_caller(self, *, token: str | None, namespace: str = "") -> Self:
+        """This client acting for another caller: its bearer token and default namespace,
+        over the same channels (no connection is opened). For a server that calls
+        Runifold on behalf of many callers (`runifold mcp` over HTTP); close the client
+        it came from, never the view."""
+        view = copy.copy(self)
+        view._metadata = _metadata(token)
+        view.namespace = namespace
+        return view
 
     @property
     def channel(self) -> grpc.aio.Channel:

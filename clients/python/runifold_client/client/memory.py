@@ -183,10 +183,11 @@ class MemoryCalls(Connection):
         metadata_filter: Mapping[str, str] | None = None,
         min_score: float = 0.0,
         mode: str = "",
+        as_of: datetime | None = None,
     ) -> memory_pb.SearchMemoriesResponse:
         """Search inside one namespace (`limit` 1..256). `mode`: "dense" (the embedding
         model's cosine), "lexical" (BM25 over the words), "hybrid" (both fused), or ""
-        (the server's default)."""
+        (the server's default). `as_of`: only memories valid at that time (default: now)."""
         if mode not in _SEARCH_MODES:
             raise ValueError(f"mode must be one of {', '.join(repr(m) for m in _SEARCH_MODES)}")
         return await self._call(
@@ -198,6 +199,7 @@ class MemoryCalls(Connection):
                 metadata_filter=metadata_filter,
                 min_score=min_score,
                 mode=_SEARCH_MODES[mode],
+                as_of_time=timestamp(as_of),
             ),
         )
 
