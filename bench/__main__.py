@@ -1,10 +1,11 @@
 """`make bench`: every benchmark suite against one real PostgreSQL; prints figures.
 
 No thresholds are asserted: goals are printed next to the measured ratios.
-`python -m bench transcript` runs one suite; `summary-claim`, `memory-indexing` and
+`python -m bench transcript` runs one suite; `summary-claim`, `memory-indexing`,
 `memory-validity`, `retrieval-quality`, `retrieval-latency` and `curation-quality`,
 `-throughput`, `-claim`, `-latency` run one part of the summary, memory, retrieval and
-curation suites alone.
+curation suites alone; `chat-loop-full` is the chat loop's full
+profile (200 turns at one turn a second; the default runs its quick profile).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from bench import (
     agent,
+    chat_loop,
     curation,
     embedding,
     hostile,
@@ -34,6 +36,7 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "summary": summary.run,
     "memory": memory.run,
     "agent": agent.run,
+    "chat-loop": chat_loop.run,
     "embedding": embedding.run,
     "watch": watch.run,
     "retrieval": retrieval.run,
@@ -49,12 +52,14 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "curation-throughput": curation.throughput,
     "curation-claim": curation.claim_cost,
     "curation-latency": curation.latency,
+    "chat-loop-full": chat_loop.full,
 }
 DEFAULT = [
     "transcript",
     "summary",
     "memory",
     "agent",
+    "chat-loop",
     "embedding",
     "watch",
     "retrieval",

@@ -70,7 +70,12 @@ COSTS: dict[str, CostClass] = {
         "never",
     ),
     _T + "ListConversations": CostClass(
-        "exempt", _ONE_READ, _PAGE + " of conversations (100 with their state)", "never"
+        "exempt",
+        _ONE_READ + " (one index range scan, and one probe of at most 16 entries per "
+        "conversation for its preview)",
+        _PAGE + " of conversations (50 with their state), each with a preview of at most "
+        "200 characters",
+        "never",
     ),
     _T + "DeleteConversation": CostClass(
         "exempt", _ONE_WRITE + " (batched deletes)", "the conversation's key", "never"
@@ -105,6 +110,25 @@ COSTS: dict[str, CostClass] = {
         _ONE_WRITE + " (one conditional update of the conversation row)",
         "one conversation row",
         "never",
+    ),
+    _T + "ListNamespaces": CostClass(
+        "exempt",
+        _ONE_READ + " (one index probe per namespace listed, or per namespace the "
+        "identity grants: never a scan of the conversations); its callers take turns on "
+        "the pool as one lane, apart from every namespace's",
+        _PAGE + " of namespace names (each at most 128 characters)",
+        "never",
+    ),
+    _T + "RecordErasureReceipt": CostClass(
+        "exempt",
+        _ONE_WRITE + " (one upsert of the receipt; erasure is never refused for load): "
+        "made only for an incarnation that exists, or merged into one kept, so rows are "
+        "bounded by the conversations a namespace had",
+        _REQUEST + ": at most 32 counts and 32 part names",
+        "never",
+    ),
+    _T + "GetErasureReceipt": CostClass(
+        "exempt", _ONE_READ + " (by key)", "one receipt (at most 32 counts)", "never"
     ),
     # -- SummaryService -----------------------------------------------------------------
     _S + "GetSummary": CostClass("exempt", _ONE_READ, "one summary", "never"),
@@ -169,6 +193,13 @@ COSTS: dict[str, CostClass] = {
         "a few counts",
         "never",
     ),
+    _M + "GetMemoryErasure": CostClass(
+        "exempt",
+        _ONE_READ + " (by key) and one update by key (records when the index caught up, "
+        "from one probe of the outbox's primary key)",
+        "one erasure's counts",
+        "never",
+    ),
     # -- AgentService -------------------------------------------------------------------
     _A + "RunConversation": CostClass(
         "turn",
@@ -189,6 +220,13 @@ COSTS: dict[str, CostClass] = {
         "erasure is never refused for load: a person's right to erasure does not wait "
         "for a tenant's quota (each step is a short transaction on one service)",
         "the counts of what was erased",
+        "never",
+    ),
+    _A + "GetErasureReceipt": CostClass(
+        "exempt",
+        "a receipt read by key on TranscriptService; while only the index is left, one "
+        "GetMemoryErasure and one RecordErasureReceipt (each a short statement by key)",
+        "one receipt",
         "never",
     ),
     # -- served beside the services ------------------------------------------------------

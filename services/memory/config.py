@@ -66,6 +66,8 @@ class MemoryLimits:
     max_content_bytes: int = 16 * 1024
     max_query_bytes: int = 4 * 1024
     max_sources: int = 32
+    # An external source's URI (RUNIFOLD_MEMORY_MAX_EXTERNAL_URI_BYTES), in UTF-8 bytes.
+    max_external_uri_bytes: int = 2048
 
 
 @dataclass(frozen=True)
@@ -364,5 +366,10 @@ class MemoryConfig:
             ),
             sweep_batch=env_int(
                 env, "RUNIFOLD_MEMORY_SWEEP_BATCH", 500, minimum=1, maximum=100_000
+            ),
+            limits=MemoryLimits(
+                max_external_uri_bytes=env_int(
+                    env, "RUNIFOLD_MEMORY_MAX_EXTERNAL_URI_BYTES", 2048, minimum=64, maximum=65_536
+                )
             ),
         )

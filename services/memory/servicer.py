@@ -17,7 +17,7 @@ from runifold.memory.v1 import memory_service_pb2 as pb
 from runifold.memory.v1 import memory_service_pb2_grpc as pb_grpc
 from services.common import convert
 from services.memory.curation.model import CurationJob
-from services.memory.model import Memory, MemorySource, RevisionRecord
+from services.memory.model import ExternalSource, Memory, MemoryErasure, RevisionRecord, Source
 from services.memory.proposals.model import ADD, DUPLICATE, SUPERSEDE, Proposal
 from services.memory.service import MemoryService
 from services.memory.writes.inputs import SourceInput, SupersedeInput, ValidityInput
@@ -39,10 +39,12 @@ _MODES_IN = {
 _MODES_OUT = {name: value for value, name in _MODES_IN.items() if name}
 
 
-def sources_to_proto(sources: Sequence[MemorySource]) -> list[pb.MemorySource]:
+def sources_to_proto(sources: Sequence[Source]) -> list[pb.MemorySource]:
     """The wire form of sources."""
     return [
-        pb.MemorySource(
+        pb.MemorySource(external_uri=s.uri)
+        if isinstance(s, ExternalSource)
+        else pb.MemorySource(
             conversation_id=str(s.conversation_id),
             from_sequence=s.from_sequence,
             through_sequence=s.through_sequence,
@@ -63,6 +65,19 @@ def curation_job_to_proto(job: CurationJob) -> pb.CurationJob:
         create_time=convert.timestamp(job.create_time),
         incarnation=job.incarnation,
         last_error=job.last_error,
+    )
+
+
+def erasure_to_proto(erasure: MemoryErasure) -> pb.MemoryErasure:
+    """The wire form of an erasure's counts."""
+    return pb.MemoryErasure(
+        conversation_id=str(erasure.conversation_id),
+        incarnation=erasure.incarnation,
+        memories_deleted=erasure.memories_deleted,
+        revisions_erased=erasure.revisions_erased,
+        index_points=erasure.index_points,
+        erase_time=convert.timestamp(erasure.erase_time),
+        index_complete_time=convert.timestamp(erasure.index_complete_time),
     )
 
 
@@ -149,7 +164,13 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             request.memory_id,
             request.content,
             [
-                SourceInput(s.conversation_id, s.from_sequence, s.through_sequence, s.incarnation)
+                SourceInput(
+                    s.conversation_id,
+                    s.from_sequence,
+                    s.through_sequence,
+                    s.incarnation,
+                    s.external_uri,
+                )
                 for s in request.sources
             ],
             dict(request.metadata),
@@ -231,14 +252,18 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     async def ForgetSource(
         self, request: pb.ForgetSourceRequest, context: Context
     ) -> pb.ForgetSourceResponse:
-        count = await self.service.forget_source(
+        forgotten = await self.service.forget_source(
             request.namespace,
             request.conversation_id,
             request.from_sequence,
             request.through_sequence,
             request.incarnation,
+            request.external_uri,
         )
-        return pb.ForgetSourceResponse(deleted_count=count)
+        return pb.ForgetSourceResponse(
+            deleted_count=forgotten.deleted,
+            erasure=erasure_to_proto(forgotten.erasure) if forgotten.erasure else None,
+        )
 
     async def ListMemoryRevisions(
         self, request: pb.ListMemoryRevisionsRequest, context: Context
@@ -293,3 +318,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             tokens_this_hour=backlog.tokens_this_hour,
             facts_this_hour=backlog.facts_this_hour,
         )
+
+    async def GetMemoryErasure(
+        self, request: pb.GetMemoryErasureRequest, context: Context
+    ) -> pb.GetMemoryErasureResponse:
+        erasure = await self.service.erasure(
+            request.namespace, request.conversation_id, request.incarnation
+        )
+        return pb.GetMemoryErasureResponse(erasure=erasure_to_proto(erasure))

@@ -9,7 +9,8 @@ SQL (statements.py):
 - appends/: AppendEntries, one atomic append with compare-and-swap and idempotency;
 - views/: LoadView (the bounded context of a turn) and ListEntries;
 - leases/: turn leases (`TranscriptService.leases`);
-- watch/: WatchConversation, served beside this class (component.py wires it).
+- watch/: WatchConversation, served beside this class (component.py wires it);
+- receipts/: erasure receipts, recorded by erasures and kept after them.
 
 Takes a `TranscriptStore`; knows nothing of gRPC or SQL.
 """
@@ -21,11 +22,12 @@ from services.transcript.appends.service import Appends
 from services.transcript.config import TranscriptLimits
 from services.transcript.conversations.service import Conversations
 from services.transcript.leases.service import TurnLeases
+from services.transcript.receipts.service import Receipts
 from services.transcript.store import TranscriptStore
 from services.transcript.views.service import Views
 
 
-class TranscriptService(Conversations, Appends, Views):
+class TranscriptService(Conversations, Appends, Views, Receipts):
     """Conversations and their append-only entries."""
 
     store: TranscriptStore

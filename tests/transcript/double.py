@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
-from services.common.domain import Entry
+from services.common.domain import Entry, Role
 from services.common.errors import VersionConflict
 from services.transcript.appends.model import (
     AppendResult,
@@ -25,12 +25,16 @@ from services.transcript.appends.model import (
 )
 from services.transcript.conversations.model import (
     NO_STATE_CHANGE,
+    PREVIEW_CHARS,
+    PREVIEW_ENTRIES,
     AppendRecord,
     Conversation,
+    Deletion,
     ScopedState,
     StateChange,
     conversation_erased,
     conversation_not_found,
+    preview,
     request_id_reused,
     state_too_large,
 )
@@ -50,6 +54,13 @@ from services.transcript.leases.model import (
     turn_lease_lost,
 )
 from services.transcript.leases.store import WAIT_LEASE_S
+from services.transcript.receipts.model import (
+    APPENDS,
+    ENTRIES,
+    ErasureProgress,
+    ErasureReceipt,
+    merge,
+)
 from services.transcript.views.model import ViewRead, view_ranges
 
 # Queue tickets, one counter for every conversation (transcript.turn_tickets).
@@ -108,6 +119,15 @@ class _Stored:
         return None
 
 
+def _preview(entries: Sequence[Entry]) -> str:
+    """A listing's preview, as the store makes it: of the first standing user message
+    among the first PREVIEW_ENTRIES entries (the start the statement reads)."""
+    for entry in entries[:PREVIEW_ENTRIES]:
+        if entry.message.role == Role.USER and not entry.retracted_version:
+            return preview(entry.message.text[: PREVIEW_CHARS + 1])
+    return ""
+
+
 def _merged(stored: str, delta: str | None) -> str:
     """A state document with a delta's top-level keys replaced (jsonb ||)."""
     if delta is None:
@@ -122,6 +142,8 @@ class InMemoryTranscriptStore:
         self._data: dict[tuple[str, uuid.UUID], _Stored] = {}
         # (namespace, user_id or "" for the namespace's own) -> its state document.
         self._states: dict[tuple[str, str], ScopedState] = {}
+        # Erasure receipts by (namespace, conversation id, incarnation).
+        self._receipts: dict[tuple[str, uuid.UUID, int], ErasureReceipt] = {}
         self._lock = asyncio.Lock()
 
     def _scoped_after(
@@ -351,26 +373,134 @@ class InMemoryTranscriptStore:
         limit: int,
         user_id: str | None = None,
         with_state: bool = False,
+        newest_first: bool = False,
+        after_time: datetime | None = None,
     ) -> list[Conversation]:
-        ids = sorted(
-            cid
-            for (ns, cid), stored in self._data.items()
-            if ns == namespace
-            and (after is None or cid > after)
-            and (user_id is None or stored.conversation.user_id == user_id)
-        )
-        found = [self._data[(namespace, cid)].conversation for cid in ids[:limit]]
-        return found if with_state else [replace(c, state_json="") for c in found]
+        listed = [
+            stored
+            for (ns, _), stored in self._data.items()
+            if ns == namespace and (user_id is None or stored.conversation.user_id == user_id)
+        ]
+
+        def position(stored: _Stored) -> tuple[datetime, uuid.UUID]:
+            return stored.conversation.create_time, stored.conversation.conversation_id
+
+        if newest_first:
+            listed.sort(key=position, reverse=True)
+            if after is not None:
+                assert after_time is not None
+                listed = [s for s in listed if position(s) < (after_time, after)]
+        else:
+            listed.sort(key=lambda stored: stored.conversation.conversation_id)
+            if after is not None:
+                listed = [s for s in listed if s.conversation.conversation_id > after]
+        found = [
+            replace(
+                stored.conversation,
+                state_json=stored.conversation.state_json if with_state else "",
+                preview=_preview(stored.entries),
+            )
+            for stored in listed[:limit]
+        ]
+        return found
+
+    async def list_namespaces(
+        self, after: str, limit: int, among: Sequence[str] | None = None
+    ) -> list[str]:
+        held = {ns for ns, _ in self._data}
+        if among is not None:
+            held &= set(among)
+        return sorted(ns for ns in held if ns > after)[:limit]
 
     async def delete_conversation(
-        self, namespace: str, conversation_id: uuid.UUID, incarnation: int = 0
-    ) -> int | None:
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        incarnation: int = 0,
+        receipt: ErasureProgress | None = None,
+    ) -> Deletion:
         async with self._lock:
             stored = self._data.get((namespace, conversation_id))
-            if stored is None or incarnation not in (0, stored.conversation.incarnation):
+            erased = Deletion(False)
+            if stored is not None and incarnation in (0, stored.conversation.incarnation):
+                del self._data[(namespace, conversation_id)]
+                erased = Deletion(True, len(stored.entries), stored.conversation.version)
+            kept_key = (namespace, conversation_id, incarnation)
+            if receipt is None or not incarnation:
+                return erased
+            if not erased.deleted and kept_key not in self._receipts:
+                return erased  # never a receipt of a conversation that was not there
+            counts = {**receipt.counts, ENTRIES: erased.entries, APPENDS: erased.appends}
+            kept = self._record(
+                namespace, conversation_id, incarnation, ErasureProgress(counts, receipt.remaining)
+            )
+            return replace(erased, receipt=kept)
+
+    # -- erasure receipts (the same rule as the PostgreSQL store: receipts.model.merge) --
+
+    def _record(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        incarnation: int,
+        progress: ErasureProgress,
+        receipt_id: uuid.UUID | None = None,
+    ) -> ErasureReceipt:
+        key = (namespace, conversation_id, incarnation)
+        self._receipts[key] = merge(
+            self._receipts.get(key),
+            progress,
+            receipt_id=receipt_id or uuid.uuid4(),
+            namespace=namespace,
+            conversation_id=conversation_id,
+            incarnation=incarnation,
+            now=datetime.now(UTC),
+        )
+        return self._receipts[key]
+
+    async def record_receipt(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        incarnation: int,
+        progress: ErasureProgress,
+        receipt_id: uuid.UUID,
+    ) -> ErasureReceipt | None:
+        async with self._lock:
+            stored = self._data.get((namespace, conversation_id))
+            exists = stored is not None and stored.conversation.incarnation == incarnation
+            if not exists and (namespace, conversation_id, incarnation) not in self._receipts:
                 return None
-            del self._data[(namespace, conversation_id)]
-            return len(stored.entries)
+            return self._record(namespace, conversation_id, incarnation, progress, receipt_id)
+
+    async def get_receipt(self, namespace: str, receipt_id: uuid.UUID) -> ErasureReceipt | None:
+        found = [
+            r
+            for (ns, _, _), r in self._receipts.items()
+            if ns == namespace and r.receipt_id == receipt_id
+        ]
+        return found[0] if found else None
+
+    async def latest_receipt(
+        self, namespace: str, conversation_id: uuid.UUID
+    ) -> ErasureReceipt | None:
+        mine = [
+            r
+            for (ns, cid, _), r in self._receipts.items()
+            if (ns, cid) == (namespace, conversation_id)
+        ]
+        return max(mine, key=lambda r: (r.create_time, r.receipt_id)) if mine else None
+
+    async def sweep_receipts(self, retention_s: float, limit: int) -> int:
+        async with self._lock:
+            cutoff = datetime.now(UTC) - timedelta(seconds=retention_s)
+            old = sorted(
+                (k for k, r in self._receipts.items() if r.create_time <= cutoff),
+                key=lambda k: self._receipts[k].create_time,
+            )[:limit]
+            for key in old:
+                del self._receipts[key]
+            return len(old)
 
     # -- turn leases (the same rule as the PostgreSQL store: model.decide_lease) ----
 

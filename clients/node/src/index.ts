@@ -25,8 +25,24 @@ import { SummaryCalls } from "./summary.js";
 import { TranscriptCalls } from "./transcript.js";
 
 export * from "./errors.js";
-export { assistant, toolResult, user, type Input, type TurnOptions } from "./agent.js";
-export { DEFAULT_TARGET, PAGE_SIZE, type CallOptions, type ClientOptions } from "./connection.js";
+export {
+  DEFAULT_SUMMARY_MODE,
+  assistant,
+  toolResult,
+  user,
+  type Input,
+  type TurnOptions,
+} from "./agent.js";
+export {
+  DEFAULT_TARGET,
+  NAMESPACE_ENV,
+  PAGE_SIZE,
+  TARGET_ENV,
+  TOKEN_ENV,
+  fromEnvironment,
+  type CallOptions,
+  type ClientOptions,
+} from "./connection.js";
 export { newConversationId, type WatchOptions } from "./transcript.js";
 export type { WatchPosition } from "./watch.js";
 export { ConcurrencyMode, SummaryMode, TurnStage } from "./gen/runifold/agent/v1/agent_service_objects.js";

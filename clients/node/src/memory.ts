@@ -5,6 +5,7 @@ import { type CallOptions, Connection, PAGE_SIZE, duration, randomId, rpcs, time
 import type { Budget } from "./gen/runifold/common/v1/common_objects.js";
 import { MemoryService } from "./gen/runifold/memory/v1/memory_service_pb.js";
 import type {
+  MemoryErasure__Output,
   MemoryProposal__Output,
   MemoryRevision__Output,
   MemoryService__Methods,
@@ -179,10 +180,18 @@ export class MemoryCalls extends Connection {
     return reply.deleted;
   }
 
-  /** Delete every memory derived from a conversation (or a range of it); the count. */
+  /** Delete every memory derived from a conversation (or a range of it), or, with
+   * `externalUri` (and an empty conversation id), every memory one of whose sources is that
+   * URI, exactly; the count. A memory with several sources goes when any one is forgotten.
+   * (A source outside a transcript is written as `{ external_uri: "mcp://notes/42" }`.) */
   async forgetSource(
     conversationId: string,
-    options: CallOptions & { fromSequence?: number; throughSequence?: number; incarnation?: number } = {},
+    options: CallOptions & {
+      fromSequence?: number;
+      throughSequence?: number;
+      incarnation?: number;
+      externalUri?: string;
+    } = {},
   ): Promise<number> {
     const reply = await this.unary(
       MEMORY.forgetSource,
@@ -192,10 +201,26 @@ export class MemoryCalls extends Connection {
         from_sequence: options.fromSequence ?? 0,
         through_sequence: options.throughSequence ?? 0,
         incarnation: options.incarnation ?? 0,
+        external_uri: options.externalUri ?? "",
       },
       options,
     );
     return reply.deleted_count;
+  }
+
+  /** What the erasure of one incarnation of a conversation erased in MemoryService, and
+   * whether the vector index has caught up (`index_complete_time`). */
+  async getMemoryErasure(
+    conversationId: string,
+    incarnation: number,
+    options?: CallOptions,
+  ): Promise<MemoryErasure__Output> {
+    const reply = await this.unary(
+      MEMORY.getMemoryErasure,
+      { namespace: this.ns(options), conversation_id: conversationId, incarnation },
+      options,
+    );
+    return reply.erasure!;
   }
 
   /** Every revision of a memory, oldest first (erased ones keep only number, kind, time). */

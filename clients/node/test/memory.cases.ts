@@ -42,6 +42,11 @@ describe("MemoryService", () => {
     await assert.rejects(client.getMemory(memory.memory_id), NotFound);
     await client.remember("Another fact.", { conversationId: id, fromSequence: 2, throughSequence: 2 });
     assert.equal(await client.forgetSource(id), 1);
+    const note = "mcp://notes.example/7";
+    const external = await client.upsertMemory("A fact from a note.", { sources: [{ external_uri: note }] });
+    assert.equal(external.memory!.sources[0].external_uri, note);
+    assert.equal(await client.forgetSource("", { externalUri: note }), 1);
+    await assert.rejects(client.getMemory(external.memory!.memory_id), NotFound);
   });
 
   test("propose, confirm, supersede with history, search as of a time", async () => {

@@ -121,7 +121,8 @@ SUPERSEDE = write_statement(
 # write a tombstone and an outbox row, in one statement. The memories an erased one
 # superseded are reopened (a new revision, validity open again, their history no
 # longer naming it): what the erased memory's content caused goes with it. Returns
-# one row per memory erased, with whether it was still live (not yet expired).
+# one row per memory erased, with whether it was still live (not yet expired), and on
+# every row how many revisions had their content erased (an erasure receipt counts them).
 ERASE = f"""
 WITH d AS (
     DELETE FROM memory.memories AS m
@@ -134,6 +135,7 @@ WITH d AS (
            valid_from_time = NULL, valid_until_time = NULL, superseded_by = NULL
       FROM d
      WHERE h.namespace = d.namespace AND h.memory_id = d.memory_id AND h.content IS NOT NULL
+ RETURNING h.revision
 ), t AS (
     INSERT INTO memory.revisions (namespace, memory_id, revision, kind, reason)
     SELECT namespace, memory_id, revision + 1, 'delete', %(reason)s FROM d
@@ -166,7 +168,7 @@ WITH d AS (
     UNION ALL
     SELECT namespace, memory_id FROM r
 )
-SELECT live FROM d
+SELECT live, (SELECT count(*) FROM p) AS revisions FROM d
 """
 
 
@@ -183,6 +185,14 @@ SELECT namespace, memory_id FROM memory.memories
 """
 
 
+# The memories one of whose sources is an external URI: containment, so that the GIN
+# index on sources (jsonb_path_ops) finds them; jsonb compares the strings exactly.
+BY_EXTERNAL = """
+SELECT namespace, memory_id FROM memory.memories
+ WHERE namespace = %(namespace)s AND sources @> %(containment)s
+"""
+
+
 EXPIRED = """
 SELECT namespace, memory_id FROM memory.memories
  WHERE expire_time IS NOT NULL AND expire_time <= now()
@@ -195,3 +205,53 @@ SELECT namespace, memory_id FROM memory.memories
 # Writes and erasures naming one conversation, one at a time (the same key as the
 # summary service's, in its own database or schema).
 LOCK_CONVERSATION = "SELECT pg_advisory_xact_lock(hashtextextended(%s || '/' || %s, 0))"
+
+
+# An erasure's tombstone (the incarnation it fenced), adding up what every erasure of
+# the incarnation deleted. `outbox_through`: an outbox position no lower than the index
+# writes this one queued (its own rows are visible to it), so that the index has caught
+# up with the erasure once no row at or below it is left.
+RECORD_ERASURE = """
+INSERT INTO memory.erasures AS e
+       (namespace, conversation_id, incarnation, memories, revisions, index_points,
+        outbox_through)
+VALUES (%(namespace)s, %(conversation_id)s, %(incarnation)s, %(memories)s, %(revisions)s,
+        %(memories)s,
+        CASE WHEN %(memories)s > 0 THEN (SELECT max(seq) FROM memory.outbox) END)
+ON CONFLICT (namespace, conversation_id, incarnation) DO UPDATE
+   SET memories = e.memories + excluded.memories,
+       revisions = e.revisions + excluded.revisions,
+       index_points = e.index_points + excluded.index_points,
+       outbox_through = greatest(e.outbox_through, excluded.outbox_through)
+"""
+
+
+# An outbox row at or below an erasure's `outbox_through`: the index is not there yet.
+_PENDING = "EXISTS (SELECT 1 FROM memory.outbox AS o WHERE o.seq <= e.outbox_through)"
+
+
+# Record when the index caught up with an erasure (once: the first time it is seen).
+INDEX_CAUGHT_UP = f"""
+UPDATE memory.erasures AS e SET index_complete_time = now()
+ WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+   AND incarnation = %(incarnation)s AND index_complete_time IS NULL
+   AND (outbox_through IS NULL OR NOT {_PENDING})
+"""
+
+
+ERASURE = """
+SELECT conversation_id, incarnation, memories, revisions, index_points, erase_time,
+       index_complete_time
+  FROM memory.erasures
+ WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+   AND incarnation = %(incarnation)s
+"""
+
+
+# Tombstones past their retention, except those whose index writes are still queued
+# (their receipts would never learn that the index caught up).
+PRUNE_ERASURES = f"""
+DELETE FROM memory.erasures AS e
+ WHERE erase_time < now() - make_interval(secs => %(retention_s)s)
+   AND (outbox_through IS NULL OR index_complete_time IS NOT NULL OR NOT {_PENDING})
+"""

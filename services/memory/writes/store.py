@@ -15,8 +15,8 @@ from typing import Any, Protocol
 import psycopg
 from psycopg.types.json import Jsonb
 
-from services.common.postgres.pool import Database, fetch_one
-from services.memory.model import invalid_validity, memory_not_found
+from services.common.postgres.pool import AsyncConn, Database, fetch_one
+from services.memory.model import Forgotten, MemoryErasure, invalid_validity, memory_not_found
 from services.memory.rows import memory_from_row, sources_json
 from services.memory.statements import LIVE, LIVE_M
 from services.memory.writes import statements as sql
@@ -59,10 +59,21 @@ class WriteStore(Protocol):
 
     async def forget_source(
         self, namespace: str, conversation_id: uuid.UUID, low: int, high: int, incarnation: int = 0
-    ) -> int:
+    ) -> Forgotten:
         """Erase every memory with a source range of the conversation overlapping [low, high];
-        with an `incarnation`, leave its tombstone first (later writes naming it are refused)
-        and delete the conversation's curation jobs and cursor."""
+        with an `incarnation`, leave its tombstone (later writes naming it are refused), which
+        adds up what every erasure of the incarnation erased (Forgotten.erasure), and
+        delete the conversation's curation jobs and cursor."""
+
+    async def forget_external(self, namespace: str, uri: str) -> int:
+        """Erase every memory one of whose sources is the external `uri` (exactly); return
+        how many. Nothing is fenced: a later write may name the URI again."""
+
+    async def erasure(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int
+    ) -> MemoryErasure | None:
+        """The erasure of that incarnation (None when no tombstone of it is kept), its
+        `index_complete_time` recorded once no index write it queued is left in the outbox."""
 
     async def erased(self, namespace: str, conversation_id: uuid.UUID, incarnation: int) -> bool:
         """Whether an erasure fenced this incarnation of the conversation (within
@@ -70,7 +81,7 @@ class WriteStore(Protocol):
 
     async def sweep_requests(self, older_than_s: float) -> int:
         """Forget request ids recorded more than `older_than_s` ago, and erasure tombstones
-        older than ERASURE_RETENTION_S."""
+        older than ERASURE_RETENTION_S whose index writes are all applied."""
 
     async def sweep_expired(self, limit: int) -> int:
         """Erase up to `limit` expired memories; return how many."""
@@ -175,15 +186,15 @@ class PostgresWrites:
 
     async def forget_source(
         self, namespace: str, conversation_id: uuid.UUID, low: int, high: int, incarnation: int = 0
-    ) -> int:
+    ) -> Forgotten:
+        params = {
+            "namespace": namespace,
+            "conversation_id": conversation_id,
+            "incarnation": incarnation,
+        }
         async with self.db.connection() as conn, conn.transaction():
             if incarnation:
                 await conn.execute(sql.LOCK_CONVERSATION, (namespace, str(conversation_id)))
-                await conn.execute(
-                    """INSERT INTO memory.erasures (namespace, conversation_id, incarnation)
-                       VALUES (%s, %s, %s) ON CONFLICT DO NOTHING""",
-                    (namespace, conversation_id, incarnation),
-                )
                 # Its curation jobs (a running one finds its lease gone and stops; its
                 # batch in flight is refused by the tombstone) and its cursor.
                 await conn.execute(
@@ -207,7 +218,39 @@ class PostgresWrites:
                     "reason": "forget_source",
                 },
             )
+            rows = await cursor.fetchall()
+            if not incarnation:
+                return Forgotten(len(rows))
+            # The tombstone, under the lock and in the erasure's transaction: later writes
+            # naming the incarnation are refused, and it adds this call's counts up.
+            await conn.execute(
+                sql.RECORD_ERASURE,
+                {**params, "memories": len(rows), "revisions": rows[0][1] if rows else 0},
+            )
+            return Forgotten(len(rows), await _erasure(conn, params))
+
+    async def forget_external(self, namespace: str, uri: str) -> int:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                sql.ERASE.format(victims=sql.BY_EXTERNAL, extra=""),
+                {
+                    "namespace": namespace,
+                    "containment": Jsonb([{"u": uri}]),
+                    "reason": "forget_source",
+                },
+            )
             return len(await cursor.fetchall())
+
+    async def erasure(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int
+    ) -> MemoryErasure | None:
+        params = {
+            "namespace": namespace,
+            "conversation_id": conversation_id,
+            "incarnation": incarnation,
+        }
+        async with self.db.connection() as conn:
+            return await _erasure(conn, params)
 
     async def erased(self, namespace: str, conversation_id: uuid.UUID, incarnation: int) -> bool:
         async with self.db.connection() as conn:
@@ -225,10 +268,7 @@ class PostgresWrites:
                 "DELETE FROM memory.requests WHERE recorded_at < now() - make_interval(secs => %s)",
                 (older_than_s,),
             )
-            await conn.execute(
-                "DELETE FROM memory.erasures WHERE erase_time < now() - make_interval(secs => %s)",
-                (ERASURE_RETENTION_S,),
-            )
+            await conn.execute(sql.PRUNE_ERASURES, {"retention_s": ERASURE_RETENTION_S})
             return cursor.rowcount
 
     async def sweep_expired(self, limit: int) -> int:
@@ -238,3 +278,11 @@ class PostgresWrites:
                 {"limit": limit, "reason": "expired"},
             )
             return len(await cursor.fetchall())
+
+
+async def _erasure(conn: AsyncConn, params: dict[str, Any]) -> MemoryErasure | None:
+    """The erasure of an incarnation, its index completion recorded first if the outbox has
+    applied every index write it queued (seen from `conn`'s transaction)."""
+    await conn.execute(sql.INDEX_CAUGHT_UP, params)
+    row = await fetch_one(conn, sql.ERASURE, params)
+    return MemoryErasure(*row) if row is not None else None

@@ -21,12 +21,26 @@ _SEARCH_MODES = {
 
 
 def source(
-    conversation_id: str, from_sequence: int, through_sequence: int, incarnation: int = 0
+    conversation_id: str = "",
+    from_sequence: int = 0,
+    through_sequence: int = 0,
+    incarnation: int = 0,
+    *,
+    external_uri: str = "",
 ) -> memory_pb.MemorySource:
     """A transcript range a memory comes from (both ends inclusive, 1-based). With the
     conversation's `incarnation` (Conversation.incarnation when you read the range), a
     write is refused once that incarnation is erased, even if the id was made again; 0:
-    whatever incarnation is current when the write checks its sources."""
+    whatever incarnation is current when the write checks its sources.
+
+    Or, with `external_uri` alone, a source outside a Runifold transcript (an MCP
+    client's note, a LangGraph store item, a document): an absolute URI such as
+    "mcp://notes/42", kept exactly as given; forget_source(external_uri=...) deletes
+    what names it."""
+    if external_uri:
+        if conversation_id or from_sequence or through_sequence or incarnation:
+            raise ValueError("a source is a transcript range or an external URI, not both")
+        return memory_pb.MemorySource(external_uri=external_uri)
     return memory_pb.MemorySource(
         conversation_id=conversation_id,
         from_sequence=from_sequence,
@@ -169,10 +183,11 @@ class MemoryCalls(Connection):
         metadata_filter: Mapping[str, str] | None = None,
         min_score: float = 0.0,
         mode: str = "",
+        as_of: datetime | None = None,
     ) -> memory_pb.SearchMemoriesResponse:
         """Search inside one namespace (`limit` 1..256). `mode`: "dense" (the embedding
         model's cosine), "lexical" (BM25 over the words), "hybrid" (both fused), or ""
-        (the server's default)."""
+        (the server's default). `as_of`: only memories valid at that time (default: now)."""
         if mode not in _SEARCH_MODES:
             raise ValueError(f"mode must be one of {', '.join(repr(m) for m in _SEARCH_MODES)}")
         return await self._call(
@@ -184,6 +199,7 @@ class MemoryCalls(Connection):
                 metadata_filter=metadata_filter,
                 min_score=min_score,
                 mode=_SEARCH_MODES[mode],
+                as_of_time=timestamp(as_of),
             ),
         )
 
@@ -204,14 +220,17 @@ class MemoryCalls(Connection):
 
     async def forget_source(
         self,
-        conversation_id: str,
+        conversation_id: str = "",
         *,
         namespace: str | None = None,
         from_sequence: int = 0,
         through_sequence: int = 0,
         incarnation: int = 0,
+        external_uri: str = "",
     ) -> int:
-        """Delete every memory derived from a conversation (or a range of it); the count."""
+        """Delete every memory derived from a conversation (or a range of it), or with
+        `external_uri` instead, every memory one of whose sources is that URI (exactly);
+        the count. A memory with several sources goes when any one is forgotten."""
         reply = await self._call(
             self.memories.ForgetSource,
             memory_pb.ForgetSourceRequest(
@@ -220,9 +239,25 @@ class MemoryCalls(Connection):
                 from_sequence=from_sequence,
                 through_sequence=through_sequence,
                 incarnation=incarnation,
+                external_uri=external_uri,
             ),
         )
         return int(reply.deleted_count)
+
+    async def memory_erasure(
+        self, conversation_id: str, incarnation: int, *, namespace: str | None = None
+    ) -> memory_pb.MemoryErasure:
+        """What the erasure of one incarnation of a conversation erased in MemoryService
+        (counts), and `index_complete_time` once the vector index caught up with it."""
+        reply = await self._call(
+            self.memories.GetMemoryErasure,
+            memory_pb.GetMemoryErasureRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id,
+                incarnation=incarnation,
+            ),
+        )
+        return reply.erasure
 
     async def propose_memories(
         self,

@@ -52,6 +52,11 @@ type MemoryServiceClient interface {
 	RequestCuration(ctx context.Context, in *RequestCurationRequest, opts ...grpc.CallOption) (*RequestCurationResponse, error)
 	// Reports the curation job queue of a namespace and its hourly budget.
 	GetCurationBacklog(ctx context.Context, in *GetCurationBacklogRequest, opts ...grpc.CallOption) (*GetCurationBacklogResponse, error)
+	// What the erasure of one incarnation of a conversation (ForgetSource with
+	// an `incarnation`) erased, over all its calls, and whether the vector
+	// index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+	// kept.
+	GetMemoryErasure(ctx context.Context, in *GetMemoryErasureRequest, opts ...grpc.CallOption) (*GetMemoryErasureResponse, error)
 }
 
 type memoryServiceClient struct {
@@ -152,6 +157,15 @@ func (c *memoryServiceClient) GetCurationBacklog(ctx context.Context, in *GetCur
 	return out, nil
 }
 
+func (c *memoryServiceClient) GetMemoryErasure(ctx context.Context, in *GetMemoryErasureRequest, opts ...grpc.CallOption) (*GetMemoryErasureResponse, error) {
+	out := new(GetMemoryErasureResponse)
+	err := c.cc.Invoke(ctx, "/runifold.memory.v1.MemoryService/GetMemoryErasure", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MemoryServiceServer is the server API for MemoryService service.
 // All implementations must embed UnimplementedMemoryServiceServer
 // for forward compatibility
@@ -191,6 +205,11 @@ type MemoryServiceServer interface {
 	RequestCuration(context.Context, *RequestCurationRequest) (*RequestCurationResponse, error)
 	// Reports the curation job queue of a namespace and its hourly budget.
 	GetCurationBacklog(context.Context, *GetCurationBacklogRequest) (*GetCurationBacklogResponse, error)
+	// What the erasure of one incarnation of a conversation (ForgetSource with
+	// an `incarnation`) erased, over all its calls, and whether the vector
+	// index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+	// kept.
+	GetMemoryErasure(context.Context, *GetMemoryErasureRequest) (*GetMemoryErasureResponse, error)
 	mustEmbedUnimplementedMemoryServiceServer()
 }
 
@@ -227,6 +246,9 @@ func (UnimplementedMemoryServiceServer) RequestCuration(context.Context, *Reques
 }
 func (UnimplementedMemoryServiceServer) GetCurationBacklog(context.Context, *GetCurationBacklogRequest) (*GetCurationBacklogResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetCurationBacklog not implemented")
+}
+func (UnimplementedMemoryServiceServer) GetMemoryErasure(context.Context, *GetMemoryErasureRequest) (*GetMemoryErasureResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetMemoryErasure not implemented")
 }
 func (UnimplementedMemoryServiceServer) mustEmbedUnimplementedMemoryServiceServer() {}
 
@@ -421,6 +443,24 @@ func _MemoryService_GetCurationBacklog_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MemoryService_GetMemoryErasure_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetMemoryErasureRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MemoryServiceServer).GetMemoryErasure(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.memory.v1.MemoryService/GetMemoryErasure",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MemoryServiceServer).GetMemoryErasure(ctx, req.(*GetMemoryErasureRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _MemoryService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "runifold.memory.v1.MemoryService",
 	HandlerType: (*MemoryServiceServer)(nil),
@@ -464,6 +504,10 @@ var _MemoryService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetCurationBacklog",
 			Handler:    _MemoryService_GetCurationBacklog_Handler,
+		},
+		{
+			MethodName: "GetMemoryErasure",
+			Handler:    _MemoryService_GetMemoryErasure_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .memory_service_pb2 import DeleteMemoryRequest, DeleteMemoryResponse, ForgetSourceRequest, ForgetSourceResponse, GetCurationBacklogRequest, GetCurationBacklogResponse, GetMemoryRequest, GetMemoryResponse, ListMemoriesRequest, ListMemoriesResponse, ListMemoryRevisionsRequest, ListMemoryRevisionsResponse, ProposeMemoriesRequest, ProposeMemoriesResponse, RequestCurationRequest, RequestCurationResponse, SearchMemoriesRequest, SearchMemoriesResponse, UpsertMemoryRequest, UpsertMemoryResponse
+from .memory_service_pb2 import DeleteMemoryRequest, DeleteMemoryResponse, ForgetSourceRequest, ForgetSourceResponse, GetCurationBacklogRequest, GetCurationBacklogResponse, GetMemoryErasureRequest, GetMemoryErasureResponse, GetMemoryRequest, GetMemoryResponse, ListMemoriesRequest, ListMemoriesResponse, ListMemoryRevisionsRequest, ListMemoryRevisionsResponse, ProposeMemoriesRequest, ProposeMemoriesResponse, RequestCurationRequest, RequestCurationResponse, SearchMemoriesRequest, SearchMemoriesResponse, UpsertMemoryRequest, UpsertMemoryResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Iterable, Mapping
@@ -126,6 +126,15 @@ class MemoryService(Protocol):
     async def get_curation_backlog(self, request: GetCurationBacklogRequest, ctx: RequestContext[GetCurationBacklogRequest, GetCurationBacklogResponse], /) -> GetCurationBacklogResponse:
         """
         Reports the curation job queue of a namespace and its hourly budget.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def get_memory_erasure(self, request: GetMemoryErasureRequest, ctx: RequestContext[GetMemoryErasureRequest, GetMemoryErasureResponse], /) -> GetMemoryErasureResponse:
+        """
+        What the erasure of one incarnation of a conversation (ForgetSource with
+        an `incarnation`) erased, over all its calls, and whether the vector
+        index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+        kept.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -252,6 +261,17 @@ class MemoryServiceASGIApplication(ConnectASGIApplication[MemoryService]):
                         stream_type=StreamType.UNARY,
                     ),
                     function=svc.get_curation_backlog,
+                ),
+                "/runifold.memory.v1.MemoryService/GetMemoryErasure": Endpoint.unary(
+                    method=MethodInfo(
+                        name="GetMemoryErasure",
+                        service_name="runifold.memory.v1.MemoryService",
+                        input=GetMemoryErasureRequest,
+                        output=GetMemoryErasureResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.get_memory_erasure,
                 ),
             },
             interceptors=interceptors,
@@ -552,6 +572,32 @@ class MemoryServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def get_memory_erasure(
+        self,
+        request: GetMemoryErasureRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> GetMemoryErasureResponse:
+        """
+        What the erasure of one incarnation of a conversation (ForgetSource with
+        an `incarnation`) erased, over all its calls, and whether the vector
+        index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+        kept.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetMemoryErasure",
+                service_name="runifold.memory.v1.MemoryService",
+                input=GetMemoryErasureRequest,
+                output=GetMemoryErasureResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class MemoryServiceSync(Protocol):
     """
@@ -642,6 +688,15 @@ class MemoryServiceSync(Protocol):
     def get_curation_backlog(self, request: GetCurationBacklogRequest, ctx: RequestContext[GetCurationBacklogRequest, GetCurationBacklogResponse], /) -> GetCurationBacklogResponse:
         """
         Reports the curation job queue of a namespace and its hourly budget.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def get_memory_erasure(self, request: GetMemoryErasureRequest, ctx: RequestContext[GetMemoryErasureRequest, GetMemoryErasureResponse], /) -> GetMemoryErasureResponse:
+        """
+        What the erasure of one incarnation of a conversation (ForgetSource with
+        an `incarnation`) erased, over all its calls, and whether the vector
+        index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+        kept.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -766,6 +821,17 @@ class MemoryServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.UNARY,
                     ),
                     function=service.get_curation_backlog,
+                ),
+                "/runifold.memory.v1.MemoryService/GetMemoryErasure": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="GetMemoryErasure",
+                        service_name="runifold.memory.v1.MemoryService",
+                        input=GetMemoryErasureRequest,
+                        output=GetMemoryErasureResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.get_memory_erasure,
                 ),
             },
             interceptors=interceptors,
@@ -1060,6 +1126,32 @@ class MemoryServiceClientSync(ConnectClientSync):
                 service_name="runifold.memory.v1.MemoryService",
                 input=GetCurationBacklogRequest,
                 output=GetCurationBacklogResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def get_memory_erasure(
+        self,
+        request: GetMemoryErasureRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> GetMemoryErasureResponse:
+        """
+        What the erasure of one incarnation of a conversation (ForgetSource with
+        an `incarnation`) erased, over all its calls, and whether the vector
+        index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+        kept.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetMemoryErasure",
+                service_name="runifold.memory.v1.MemoryService",
+                input=GetMemoryErasureRequest,
+                output=GetMemoryErasureResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
             ),

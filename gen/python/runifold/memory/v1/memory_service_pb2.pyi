@@ -144,7 +144,11 @@ Global___CurationJobState: _TypeAlias = CurationJobState  # noqa: Y015
 
 @_typing.final
 class MemorySource(_message.Message):
-    """The transcript range a memory was derived from."""
+    """Where a memory came from: a range of a Runifold transcript
+    (`conversation_id`, `from_sequence`, `through_sequence`), or a source outside
+    one, named by `external_uri` (then the other fields are empty). A memory has
+    at least one source.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -152,6 +156,7 @@ class MemorySource(_message.Message):
     FROM_SEQUENCE_FIELD_NUMBER: _builtins.int
     THROUGH_SEQUENCE_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    EXTERNAL_URI_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID of the conversation, in the memory's namespace."""
     from_sequence: _builtins.int
@@ -168,6 +173,13 @@ class MemorySource(_message.Message):
     0: whatever incarnation is current at the source check. Not recorded with
     a stored memory: Memory.sources and MemoryRevision.sources report 0.
     """
+    external_uri: _builtins.str
+    """A source outside a Runifold transcript (an MCP client's note, a LangGraph
+    store item, an imported document): an absolute URI (a scheme, then ":"),
+    at most RUNIFOLD_MEMORY_MAX_EXTERNAL_URI_BYTES, no control characters or
+    spaces. Stored and compared exactly as sent. ForgetSource with this
+    `external_uri` deletes the memory.
+    """
     def __init__(
         self,
         *,
@@ -175,10 +187,11 @@ class MemorySource(_message.Message):
         from_sequence: _builtins.int = ...,
         through_sequence: _builtins.int = ...,
         incarnation: _builtins.int = ...,
+        external_uri: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "from_sequence", b"from_sequence", "incarnation", b"incarnation", "through_sequence", b"through_sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "external_uri", b"external_uri", "from_sequence", b"from_sequence", "incarnation", b"incarnation", "through_sequence", b"through_sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -240,7 +253,7 @@ class Memory(_message.Message):
     """UUID of the memory that superseded this one; empty when none did."""
     @_builtins.property
     def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemorySource]:
-        """Where it came from (1..32 ranges)."""
+        """Where it came from (1..32 sources: transcript ranges, external URIs)."""
 
     @_builtins.property
     def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -379,7 +392,9 @@ class UpsertMemoryRequest(_message.Message):
     """
     @_builtins.property
     def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemorySource]:
-        """Where it came from; at least one, each validated against the transcript."""
+        """Where it came from; at least one. A transcript range is validated
+        against TranscriptService; an external URI is checked for form only.
+        """
 
     @_builtins.property
     def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -821,6 +836,7 @@ class ForgetSourceRequest(_message.Message):
     FROM_SEQUENCE_FIELD_NUMBER: _builtins.int
     THROUGH_SEQUENCE_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    EXTERNAL_URI_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     """Namespace that owns the memories."""
     conversation_id: _builtins.str
@@ -838,6 +854,11 @@ class ForgetSourceRequest(_message.Message):
     (or an earlier one) as a source is refused, even one already in flight.
     Requires from_sequence = through_sequence = 0.
     """
+    external_uri: _builtins.str
+    """Instead of `conversation_id`: delete every memory one of whose sources is
+    this external URI (exactly: compared byte for byte), whatever its other
+    sources. Later writes naming it are not refused.
+    """
     def __init__(
         self,
         *,
@@ -846,10 +867,11 @@ class ForgetSourceRequest(_message.Message):
         from_sequence: _builtins.int = ...,
         through_sequence: _builtins.int = ...,
         incarnation: _builtins.int = ...,
+        external_uri: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "from_sequence", b"from_sequence", "incarnation", b"incarnation", "namespace", b"namespace", "through_sequence", b"through_sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "external_uri", b"external_uri", "from_sequence", b"from_sequence", "incarnation", b"incarnation", "namespace", b"namespace", "through_sequence", b"through_sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -862,16 +884,22 @@ class ForgetSourceResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     DELETED_COUNT_FIELD_NUMBER: _builtins.int
+    ERASURE_FIELD_NUMBER: _builtins.int
     deleted_count: _builtins.int
     """Memories deleted because a source overlapped the range."""
+    @_builtins.property
+    def erasure(self) -> Global___MemoryErasure:
+        """With an `incarnation`: the erasure of that incarnation over all its calls."""
+
     def __init__(
         self,
         *,
         deleted_count: _builtins.int = ...,
+        erasure: Global___MemoryErasure | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["erasure", b"erasure"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted_count", b"deleted_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted_count", b"deleted_count", "erasure", b"erasure"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1393,3 +1421,112 @@ class GetCurationBacklogResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetCurationBacklogResponse: _TypeAlias = GetCurationBacklogResponse  # noqa: Y015
+
+@_typing.final
+class MemoryErasure(_message.Message):
+    """What the erasure of one incarnation of a conversation erased in
+    MemoryService, over every ForgetSource call with that incarnation. Counts,
+    never content.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    MEMORIES_DELETED_FIELD_NUMBER: _builtins.int
+    REVISIONS_ERASED_FIELD_NUMBER: _builtins.int
+    INDEX_POINTS_FIELD_NUMBER: _builtins.int
+    ERASE_TIME_FIELD_NUMBER: _builtins.int
+    INDEX_COMPLETE_TIME_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """UUID of the conversation."""
+    incarnation: _builtins.int
+    """The incarnation erased."""
+    memories_deleted: _builtins.int
+    """Memories deleted."""
+    revisions_erased: _builtins.int
+    """Revisions of those memories whose content was erased."""
+    index_points: _builtins.int
+    """Vector index points the erasure removes: one per deleted memory."""
+    @_builtins.property
+    def erase_time(self) -> _timestamp_pb2.Timestamp:
+        """When the erasure was first made."""
+
+    @_builtins.property
+    def index_complete_time(self) -> _timestamp_pb2.Timestamp:
+        """When the index had caught up with it (every index write it queued
+        applied); absent until then.
+        """
+
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        memories_deleted: _builtins.int = ...,
+        revisions_erased: _builtins.int = ...,
+        index_points: _builtins.int = ...,
+        erase_time: _timestamp_pb2.Timestamp | None = ...,
+        index_complete_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["erase_time", b"erase_time", "index_complete_time", b"index_complete_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "erase_time", b"erase_time", "incarnation", b"incarnation", "index_complete_time", b"index_complete_time", "index_points", b"index_points", "memories_deleted", b"memories_deleted", "revisions_erased", b"revisions_erased"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MemoryErasure: _TypeAlias = MemoryErasure  # noqa: Y015
+
+@_typing.final
+class GetMemoryErasureRequest(_message.Message):
+    """Request of GetMemoryErasure."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace that owns the memories."""
+    conversation_id: _builtins.str
+    """UUID of the conversation."""
+    incarnation: _builtins.int
+    """The incarnation erased (not 0)."""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "incarnation", b"incarnation", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetMemoryErasureRequest: _TypeAlias = GetMemoryErasureRequest  # noqa: Y015
+
+@_typing.final
+class GetMemoryErasureResponse(_message.Message):
+    """Response of GetMemoryErasure."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERASURE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def erasure(self) -> Global___MemoryErasure:
+        """The erasure."""
+
+    def __init__(
+        self,
+        *,
+        erasure: Global___MemoryErasure | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["erasure", b"erasure"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["erasure", b"erasure"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetMemoryErasureResponse: _TypeAlias = GetMemoryErasureResponse  # noqa: Y015

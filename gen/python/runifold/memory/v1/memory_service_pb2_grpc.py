@@ -98,6 +98,11 @@ class MemoryServiceStub:
                 request_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetCurationBacklogRequest.SerializeToString,
                 response_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetCurationBacklogResponse.FromString,
                 _registered_method=True)
+        self.GetMemoryErasure = channel.unary_unary(
+                '/runifold.memory.v1.MemoryService/GetMemoryErasure',
+                request_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetMemoryErasureRequest.SerializeToString,
+                response_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetMemoryErasureResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryServiceServicer:
@@ -202,6 +207,16 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetMemoryErasure(self, request, context):
+        """What the erasure of one incarnation of a conversation (ForgetSource with
+        an `incarnation`) erased, over all its calls, and whether the vector
+        index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+        kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -254,6 +269,11 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.GetCurationBacklog,
                     request_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetCurationBacklogRequest.FromString,
                     response_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetCurationBacklogResponse.SerializeToString,
+            ),
+            'GetMemoryErasure': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMemoryErasure,
+                    request_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetMemoryErasureRequest.FromString,
+                    response_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetMemoryErasureResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -540,6 +560,33 @@ class MemoryService:
             '/runifold.memory.v1.MemoryService/GetCurationBacklog',
             runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetCurationBacklogRequest.SerializeToString,
             runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetCurationBacklogResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMemoryErasure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.memory.v1.MemoryService/GetMemoryErasure',
+            runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetMemoryErasureRequest.SerializeToString,
+            runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetMemoryErasureResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -87,6 +87,12 @@ class MemoryServiceStub:
     """
     GetCurationBacklog: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.GetCurationBacklogRequest, _memory_service_pb2.GetCurationBacklogResponse]
     """Reports the curation job queue of a namespace and its hourly budget."""
+    GetMemoryErasure: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryErasureRequest, _memory_service_pb2.GetMemoryErasureResponse]
+    """What the erasure of one incarnation of a conversation (ForgetSource with
+    an `incarnation`) erased, over all its calls, and whether the vector
+    index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+    kept.
+    """
 
 @_typing.type_check_only
 class MemoryServiceAsyncStub(MemoryServiceStub):
@@ -147,6 +153,12 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     """
     GetCurationBacklog: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.GetCurationBacklogRequest, _memory_service_pb2.GetCurationBacklogResponse]  # type: ignore[assignment]
     """Reports the curation job queue of a namespace and its hourly budget."""
+    GetMemoryErasure: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryErasureRequest, _memory_service_pb2.GetMemoryErasureResponse]  # type: ignore[assignment]
+    """What the erasure of one incarnation of a conversation (ForgetSource with
+    an `incarnation`) erased, over all its calls, and whether the vector
+    index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+    kept.
+    """
 
 class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     """Curated semantic memory with provenance.
@@ -264,5 +276,17 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_memory_service_pb2.GetCurationBacklogResponse, _abc.Awaitable[_memory_service_pb2.GetCurationBacklogResponse]]:
         """Reports the curation job queue of a namespace and its hourly budget."""
+
+    @_abc_1.abstractmethod
+    def GetMemoryErasure(
+        self,
+        request: _memory_service_pb2.GetMemoryErasureRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_service_pb2.GetMemoryErasureResponse, _abc.Awaitable[_memory_service_pb2.GetMemoryErasureResponse]]:
+        """What the erasure of one incarnation of a conversation (ForgetSource with
+        an `incarnation`) erased, over all its calls, and whether the vector
+        index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+        kept.
+        """
 
 def add_MemoryServiceServicer_to_server(servicer: MemoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

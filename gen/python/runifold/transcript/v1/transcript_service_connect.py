@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, GetConversationRequest, GetConversationResponse, GetStateRequest, GetStateResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, LoadViewRequest, LoadViewResponse, MarkCuratedRequest, MarkCuratedResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
+from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, GetConversationRequest, GetConversationResponse, GetErasureReceiptRequest, GetErasureReceiptResponse, GetStateRequest, GetStateResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, ListNamespacesRequest, ListNamespacesResponse, LoadViewRequest, LoadViewResponse, MarkCuratedRequest, MarkCuratedResponse, RecordErasureReceiptRequest, RecordErasureReceiptResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -93,7 +93,9 @@ class TranscriptService(Protocol):
 
     async def list_conversations(self, request: ListConversationsRequest, ctx: RequestContext[ListConversationsRequest, ListConversationsResponse], /) -> ListConversationsResponse:
         """
-        Lists the conversations of a namespace, newest id last (AIP-158).
+        Lists the conversations of a namespace (AIP-158): in increasing id order,
+        or newest first (ListConversationsRequest.order), each with a preview of
+        its first user message.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -154,6 +156,30 @@ class TranscriptService(Protocol):
         never past the last entry, and only for the incarnation named (an erased
         one is NOT_FOUND / CONVERSATION_ERASED). MemoryService's curation jobs
         call it after they store what a batch of entries stated.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def list_namespaces(self, request: ListNamespacesRequest, ctx: RequestContext[ListNamespacesRequest, ListNamespacesResponse], /) -> ListNamespacesResponse:
+        """
+        Lists the namespaces that hold conversations, among those the caller may
+        read: with authentication on, only namespaces its identity grants (every
+        namespace for a "*" grant); with it off, every namespace. In name order,
+        paginated (AIP-158); each page costs one index probe per namespace.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def record_erasure_receipt(self, request: RecordErasureReceiptRequest, ctx: RequestContext[RecordErasureReceiptRequest, RecordErasureReceiptResponse], /) -> RecordErasureReceiptResponse:
+        """
+        Records the receipt of an erasure of one incarnation of a conversation
+        (AgentService.EraseConversation calls it), or merges what a later call of
+        the same erasure reports: counts only grow, parts only leave `remaining`.
+        One receipt per incarnation.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def get_erasure_receipt(self, request: GetErasureReceiptRequest, ctx: RequestContext[GetErasureReceiptRequest, GetErasureReceiptResponse], /) -> GetErasureReceiptResponse:
+        """
+        Returns a kept erasure receipt: by id, or the latest of a conversation.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -313,6 +339,39 @@ class TranscriptServiceASGIApplication(ConnectASGIApplication[TranscriptService]
                         stream_type=StreamType.UNARY,
                     ),
                     function=svc.mark_curated,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ListNamespaces": Endpoint.unary(
+                    method=MethodInfo(
+                        name="ListNamespaces",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ListNamespacesRequest,
+                        output=ListNamespacesResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.list_namespaces,
+                ),
+                "/runifold.transcript.v1.TranscriptService/RecordErasureReceipt": Endpoint.unary(
+                    method=MethodInfo(
+                        name="RecordErasureReceipt",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=RecordErasureReceiptRequest,
+                        output=RecordErasureReceiptResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.record_erasure_receipt,
+                ),
+                "/runifold.transcript.v1.TranscriptService/GetErasureReceipt": Endpoint.unary(
+                    method=MethodInfo(
+                        name="GetErasureReceipt",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=GetErasureReceiptRequest,
+                        output=GetErasureReceiptResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.get_erasure_receipt,
                 ),
             },
             interceptors=interceptors,
@@ -498,7 +557,9 @@ class TranscriptServiceClient(ConnectClient):
         timeout_ms: int | None = None,
     ) -> ListConversationsResponse:
         """
-        Lists the conversations of a namespace, newest id last (AIP-158).
+        Lists the conversations of a namespace (AIP-158): in increasing id order,
+        or newest first (ListConversationsRequest.order), each with a preview of
+        its first user message.
         """
         return await self.execute_unary(
             request=request,
@@ -692,6 +753,81 @@ class TranscriptServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def list_namespaces(
+        self,
+        request: ListNamespacesRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListNamespacesResponse:
+        """
+        Lists the namespaces that hold conversations, among those the caller may
+        read: with authentication on, only namespaces its identity grants (every
+        namespace for a "*" grant); with it off, every namespace. In name order,
+        paginated (AIP-158); each page costs one index probe per namespace.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListNamespaces",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ListNamespacesRequest,
+                output=ListNamespacesResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def record_erasure_receipt(
+        self,
+        request: RecordErasureReceiptRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> RecordErasureReceiptResponse:
+        """
+        Records the receipt of an erasure of one incarnation of a conversation
+        (AgentService.EraseConversation calls it), or merges what a later call of
+        the same erasure reports: counts only grow, parts only leave `remaining`.
+        One receipt per incarnation.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="RecordErasureReceipt",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=RecordErasureReceiptRequest,
+                output=RecordErasureReceiptResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def get_erasure_receipt(
+        self,
+        request: GetErasureReceiptRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> GetErasureReceiptResponse:
+        """
+        Returns a kept erasure receipt: by id, or the latest of a conversation.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetErasureReceipt",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=GetErasureReceiptRequest,
+                output=GetErasureReceiptResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class TranscriptServiceSync(Protocol):
     """
@@ -749,7 +885,9 @@ class TranscriptServiceSync(Protocol):
 
     def list_conversations(self, request: ListConversationsRequest, ctx: RequestContext[ListConversationsRequest, ListConversationsResponse], /) -> ListConversationsResponse:
         """
-        Lists the conversations of a namespace, newest id last (AIP-158).
+        Lists the conversations of a namespace (AIP-158): in increasing id order,
+        or newest first (ListConversationsRequest.order), each with a preview of
+        its first user message.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -810,6 +948,30 @@ class TranscriptServiceSync(Protocol):
         never past the last entry, and only for the incarnation named (an erased
         one is NOT_FOUND / CONVERSATION_ERASED). MemoryService's curation jobs
         call it after they store what a batch of entries stated.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def list_namespaces(self, request: ListNamespacesRequest, ctx: RequestContext[ListNamespacesRequest, ListNamespacesResponse], /) -> ListNamespacesResponse:
+        """
+        Lists the namespaces that hold conversations, among those the caller may
+        read: with authentication on, only namespaces its identity grants (every
+        namespace for a "*" grant); with it off, every namespace. In name order,
+        paginated (AIP-158); each page costs one index probe per namespace.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def record_erasure_receipt(self, request: RecordErasureReceiptRequest, ctx: RequestContext[RecordErasureReceiptRequest, RecordErasureReceiptResponse], /) -> RecordErasureReceiptResponse:
+        """
+        Records the receipt of an erasure of one incarnation of a conversation
+        (AgentService.EraseConversation calls it), or merges what a later call of
+        the same erasure reports: counts only grow, parts only leave `remaining`.
+        One receipt per incarnation.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def get_erasure_receipt(self, request: GetErasureReceiptRequest, ctx: RequestContext[GetErasureReceiptRequest, GetErasureReceiptResponse], /) -> GetErasureReceiptResponse:
+        """
+        Returns a kept erasure receipt: by id, or the latest of a conversation.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -967,6 +1129,39 @@ class TranscriptServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.UNARY,
                     ),
                     function=service.mark_curated,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ListNamespaces": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="ListNamespaces",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ListNamespacesRequest,
+                        output=ListNamespacesResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.list_namespaces,
+                ),
+                "/runifold.transcript.v1.TranscriptService/RecordErasureReceipt": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="RecordErasureReceipt",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=RecordErasureReceiptRequest,
+                        output=RecordErasureReceiptResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.record_erasure_receipt,
+                ),
+                "/runifold.transcript.v1.TranscriptService/GetErasureReceipt": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="GetErasureReceipt",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=GetErasureReceiptRequest,
+                        output=GetErasureReceiptResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.get_erasure_receipt,
                 ),
             },
             interceptors=interceptors,
@@ -1152,7 +1347,9 @@ class TranscriptServiceClientSync(ConnectClientSync):
         timeout_ms: int | None = None,
     ) -> ListConversationsResponse:
         """
-        Lists the conversations of a namespace, newest id last (AIP-158).
+        Lists the conversations of a namespace (AIP-158): in increasing id order,
+        or newest first (ListConversationsRequest.order), each with a preview of
+        its first user message.
         """
         return self.execute_unary(
             request=request,
@@ -1340,6 +1537,81 @@ class TranscriptServiceClientSync(ConnectClientSync):
                 service_name="runifold.transcript.v1.TranscriptService",
                 input=MarkCuratedRequest,
                 output=MarkCuratedResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def list_namespaces(
+        self,
+        request: ListNamespacesRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListNamespacesResponse:
+        """
+        Lists the namespaces that hold conversations, among those the caller may
+        read: with authentication on, only namespaces its identity grants (every
+        namespace for a "*" grant); with it off, every namespace. In name order,
+        paginated (AIP-158); each page costs one index probe per namespace.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListNamespaces",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ListNamespacesRequest,
+                output=ListNamespacesResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def record_erasure_receipt(
+        self,
+        request: RecordErasureReceiptRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> RecordErasureReceiptResponse:
+        """
+        Records the receipt of an erasure of one incarnation of a conversation
+        (AgentService.EraseConversation calls it), or merges what a later call of
+        the same erasure reports: counts only grow, parts only leave `remaining`.
+        One receipt per incarnation.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="RecordErasureReceipt",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=RecordErasureReceiptRequest,
+                output=RecordErasureReceiptResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def get_erasure_receipt(
+        self,
+        request: GetErasureReceiptRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> GetErasureReceiptResponse:
+        """
+        Returns a kept erasure receipt: by id, or the latest of a conversation.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetErasureReceipt",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=GetErasureReceiptRequest,
+                output=GetErasureReceiptResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
             ),

@@ -123,7 +123,10 @@ export type CurationJobState =
 export type CurationJobState__Output = typeof CurationJobState[keyof typeof CurationJobState];
 
 /**
- * The transcript range a memory was derived from.
+ * Where a memory came from: a range of a Runifold transcript
+ * (`conversation_id`, `from_sequence`, `through_sequence`), or a source outside
+ * one, named by `external_uri` (then the other fields are empty). A memory has
+ * at least one source.
  *
  * @generated from message runifold.memory.v1.MemorySource
  */
@@ -159,10 +162,23 @@ export interface MemorySource {
    * @generated from field: int64 incarnation = 4;
    */
   'incarnation'?: (number | string | bigint);
+  /**
+   * A source outside a Runifold transcript (an MCP client's note, a LangGraph
+   * store item, an imported document): an absolute URI (a scheme, then ":"),
+   * at most RUNIFOLD_MEMORY_MAX_EXTERNAL_URI_BYTES, no control characters or
+   * spaces. Stored and compared exactly as sent. ForgetSource with this
+   * `external_uri` deletes the memory.
+   *
+   * @generated from field: string external_uri = 5;
+   */
+  'external_uri'?: (string);
 }
 
 /**
- * The transcript range a memory was derived from.
+ * Where a memory came from: a range of a Runifold transcript
+ * (`conversation_id`, `from_sequence`, `through_sequence`), or a source outside
+ * one, named by `external_uri` (then the other fields are empty). A memory has
+ * at least one source.
  *
  * @generated from message runifold.memory.v1.MemorySource
  */
@@ -198,6 +214,16 @@ export interface MemorySource__Output {
    * @generated from field: int64 incarnation = 4;
    */
   'incarnation': (number);
+  /**
+   * A source outside a Runifold transcript (an MCP client's note, a LangGraph
+   * store item, an imported document): an absolute URI (a scheme, then ":"),
+   * at most RUNIFOLD_MEMORY_MAX_EXTERNAL_URI_BYTES, no control characters or
+   * spaces. Stored and compared exactly as sent. ForgetSource with this
+   * `external_uri` deletes the memory.
+   *
+   * @generated from field: string external_uri = 5;
+   */
+  'external_uri': (string);
 }
 
 /**
@@ -225,7 +251,7 @@ export interface Memory {
    */
   'content'?: (string);
   /**
-   * Where it came from (1..32 ranges).
+   * Where it came from (1..32 sources: transcript ranges, external URIs).
    *
    * @generated from field: repeated runifold.memory.v1.MemorySource sources = 4;
    */
@@ -318,7 +344,7 @@ export interface Memory__Output {
    */
   'content': (string);
   /**
-   * Where it came from (1..32 ranges).
+   * Where it came from (1..32 sources: transcript ranges, external URIs).
    *
    * @generated from field: repeated runifold.memory.v1.MemorySource sources = 4;
    */
@@ -453,7 +479,8 @@ export interface UpsertMemoryRequest {
    */
   'content'?: (string);
   /**
-   * Where it came from; at least one, each validated against the transcript.
+   * Where it came from; at least one. A transcript range is validated
+   * against TranscriptService; an external URI is checked for form only.
    *
    * @generated from field: repeated runifold.memory.v1.MemorySource sources = 4;
    */
@@ -546,7 +573,8 @@ export interface UpsertMemoryRequest__Output {
    */
   'content': (string);
   /**
-   * Where it came from; at least one, each validated against the transcript.
+   * Where it came from; at least one. A transcript range is validated
+   * against TranscriptService; an external URI is checked for form only.
    *
    * @generated from field: repeated runifold.memory.v1.MemorySource sources = 4;
    */
@@ -1219,6 +1247,14 @@ export interface ForgetSourceRequest {
    * @generated from field: int64 incarnation = 5;
    */
   'incarnation'?: (number | string | bigint);
+  /**
+   * Instead of `conversation_id`: delete every memory one of whose sources is
+   * this external URI (exactly: compared byte for byte), whatever its other
+   * sources. Later writes naming it are not refused.
+   *
+   * @generated from field: string external_uri = 6;
+   */
+  'external_uri'?: (string);
 }
 
 /**
@@ -1262,6 +1298,14 @@ export interface ForgetSourceRequest__Output {
    * @generated from field: int64 incarnation = 5;
    */
   'incarnation': (number);
+  /**
+   * Instead of `conversation_id`: delete every memory one of whose sources is
+   * this external URI (exactly: compared byte for byte), whatever its other
+   * sources. Later writes naming it are not refused.
+   *
+   * @generated from field: string external_uri = 6;
+   */
+  'external_uri': (string);
 }
 
 /**
@@ -1276,6 +1320,12 @@ export interface ForgetSourceResponse {
    * @generated from field: int64 deleted_count = 1;
    */
   'deleted_count'?: (number | string | bigint);
+  /**
+   * With an `incarnation`: the erasure of that incarnation over all its calls.
+   *
+   * @generated from field: runifold.memory.v1.MemoryErasure erasure = 2;
+   */
+  'erasure'?: (MemoryErasure | null);
 }
 
 /**
@@ -1290,6 +1340,12 @@ export interface ForgetSourceResponse__Output {
    * @generated from field: int64 deleted_count = 1;
    */
   'deleted_count': (number);
+  /**
+   * With an `incarnation`: the erasure of that incarnation over all its calls.
+   *
+   * @generated from field: runifold.memory.v1.MemoryErasure erasure = 2;
+   */
+  'erasure': (MemoryErasure__Output | null);
 }
 
 /**
@@ -2157,6 +2213,192 @@ export interface GetCurationBacklogResponse__Output {
 }
 
 /**
+ * What the erasure of one incarnation of a conversation erased in
+ * MemoryService, over every ForgetSource call with that incarnation. Counts,
+ * never content.
+ *
+ * @generated from message runifold.memory.v1.MemoryErasure
+ */
+export interface MemoryErasure {
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id'?: (string);
+  /**
+   * The incarnation erased.
+   *
+   * @generated from field: int64 incarnation = 2;
+   */
+  'incarnation'?: (number | string | bigint);
+  /**
+   * Memories deleted.
+   *
+   * @generated from field: int64 memories_deleted = 3;
+   */
+  'memories_deleted'?: (number | string | bigint);
+  /**
+   * Revisions of those memories whose content was erased.
+   *
+   * @generated from field: int64 revisions_erased = 4;
+   */
+  'revisions_erased'?: (number | string | bigint);
+  /**
+   * Vector index points the erasure removes: one per deleted memory.
+   *
+   * @generated from field: int64 index_points = 5;
+   */
+  'index_points'?: (number | string | bigint);
+  /**
+   * When the erasure was first made.
+   *
+   * @generated from field: google.protobuf.Timestamp erase_time = 6;
+   */
+  'erase_time'?: (Timestamp | null);
+  /**
+   * When the index had caught up with it (every index write it queued
+   * applied); absent until then.
+   *
+   * @generated from field: google.protobuf.Timestamp index_complete_time = 7;
+   */
+  'index_complete_time'?: (Timestamp | null);
+}
+
+/**
+ * What the erasure of one incarnation of a conversation erased in
+ * MemoryService, over every ForgetSource call with that incarnation. Counts,
+ * never content.
+ *
+ * @generated from message runifold.memory.v1.MemoryErasure
+ */
+export interface MemoryErasure__Output {
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id': (string);
+  /**
+   * The incarnation erased.
+   *
+   * @generated from field: int64 incarnation = 2;
+   */
+  'incarnation': (number);
+  /**
+   * Memories deleted.
+   *
+   * @generated from field: int64 memories_deleted = 3;
+   */
+  'memories_deleted': (number);
+  /**
+   * Revisions of those memories whose content was erased.
+   *
+   * @generated from field: int64 revisions_erased = 4;
+   */
+  'revisions_erased': (number);
+  /**
+   * Vector index points the erasure removes: one per deleted memory.
+   *
+   * @generated from field: int64 index_points = 5;
+   */
+  'index_points': (number);
+  /**
+   * When the erasure was first made.
+   *
+   * @generated from field: google.protobuf.Timestamp erase_time = 6;
+   */
+  'erase_time': (Timestamp__Output | null);
+  /**
+   * When the index had caught up with it (every index write it queued
+   * applied); absent until then.
+   *
+   * @generated from field: google.protobuf.Timestamp index_complete_time = 7;
+   */
+  'index_complete_time': (Timestamp__Output | null);
+}
+
+/**
+ * Request of GetMemoryErasure.
+ *
+ * @generated from message runifold.memory.v1.GetMemoryErasureRequest
+ */
+export interface GetMemoryErasureRequest {
+  /**
+   * Namespace that owns the memories.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace'?: (string);
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id'?: (string);
+  /**
+   * The incarnation erased (not 0).
+   *
+   * @generated from field: int64 incarnation = 3;
+   */
+  'incarnation'?: (number | string | bigint);
+}
+
+/**
+ * Request of GetMemoryErasure.
+ *
+ * @generated from message runifold.memory.v1.GetMemoryErasureRequest
+ */
+export interface GetMemoryErasureRequest__Output {
+  /**
+   * Namespace that owns the memories.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace': (string);
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id': (string);
+  /**
+   * The incarnation erased (not 0).
+   *
+   * @generated from field: int64 incarnation = 3;
+   */
+  'incarnation': (number);
+}
+
+/**
+ * Response of GetMemoryErasure.
+ *
+ * @generated from message runifold.memory.v1.GetMemoryErasureResponse
+ */
+export interface GetMemoryErasureResponse {
+  /**
+   * The erasure.
+   *
+   * @generated from field: runifold.memory.v1.MemoryErasure erasure = 1;
+   */
+  'erasure'?: (MemoryErasure | null);
+}
+
+/**
+ * Response of GetMemoryErasure.
+ *
+ * @generated from message runifold.memory.v1.GetMemoryErasureResponse
+ */
+export interface GetMemoryErasureResponse__Output {
+  /**
+   * The erasure.
+   *
+   * @generated from field: runifold.memory.v1.MemoryErasure erasure = 1;
+   */
+  'erasure': (MemoryErasure__Output | null);
+}
+
+/**
  * Curated semantic memory with provenance.
  *
  * A memory is a fact worth keeping across conversations. Each one names the
@@ -2250,5 +2492,14 @@ export interface MemoryService__Methods {
    * @generated from rpc runifold.memory.v1.MemoryService.GetCurationBacklog
    */
   getCurationBacklog: { request: GetCurationBacklogRequest; response: GetCurationBacklogResponse__Output };
+  /**
+   * What the erasure of one incarnation of a conversation (ForgetSource with
+   * an `incarnation`) erased, over all its calls, and whether the vector
+   * index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+   * kept.
+   *
+   * @generated from rpc runifold.memory.v1.MemoryService.GetMemoryErasure
+   */
+  getMemoryErasure: { request: GetMemoryErasureRequest; response: GetMemoryErasureResponse__Output };
 }
 
