@@ -191,8 +191,13 @@ async def test_the_python_client_policy_asks_for_curation(stack: Stack, namespac
             "I like jazz.", conversation_id=conversation_id, policy=policy.with_curation("auto")
         )
         await curated(stack, namespace, conversation_id, 4)
-        backlog = await client.curation_backlog()
-        assert backlog.depth == 0 and backlog.facts_this_hour == 2
+
+        async def job_done() -> bool:
+            # The cursor moves inside the job's last batch; the job ends right after.
+            return (await client.curation_backlog()).depth == 0
+
+        await wait_for(job_done, timeout=30)
+        assert (await client.curation_backlog()).facts_this_hour == 2
         assert sorted(await memories(stack, namespace)) == [
             "The user likes jazz.",
             "The user works at Acme.",
