@@ -175,6 +175,7 @@ class Client:
     load_view = _blocking(AsyncClient.load_view)
     delete_conversation = _blocking(AsyncClient.delete_conversation)
     record_erasure_receipt = _blocking(AsyncClient.record_erasure_receipt)
+    mark_curated = _blocking(AsyncClient.mark_curated)
     acquire_turn_lease = _blocking(AsyncClient.acquire_turn_lease)
     renew_turn_lease = _blocking(AsyncClient.renew_turn_lease)
     release_turn_lease = _blocking(AsyncClient.release_turn_lease)

@@ -316,6 +316,29 @@ class TranscriptCalls(Connection):
         )
         return reply.receipt
 
+    async def mark_curated(
+        self,
+        conversation_id: str,
+        curated_through: int,
+        *,
+        incarnation: int = 0,
+        namespace: str | None = None,
+    ) -> transcript_pb.Conversation:
+        """Record how far automatic curation read the conversation (its
+        `curated_through`): monotonic, never past the last entry, only for `incarnation`
+        (0: the current one). MemoryService's curation jobs call it; an application that
+        curates its own way may too, so that AUTO curation starts after what it did."""
+        reply = await self._call(
+            self.transcripts.MarkCurated,
+            transcript_pb.MarkCuratedRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id,
+                incarnation=incarnation,
+                curated_through=curated_through,
+            ),
+        )
+        return reply.conversation
+
     async def acquire_turn_lease(
         self,
         conversation_id: str,
