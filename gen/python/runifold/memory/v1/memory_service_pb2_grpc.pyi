@@ -76,6 +76,14 @@ class MemoryServiceStub:
     source names the conversation's incarnation; a conversation erased (or
     erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
     """
+    WatchMemories: _grpc.UnaryStreamMultiCallable[_memory_service_pb2.WatchMemoriesRequest, _memory_service_pb2.WatchMemoriesResponse]
+    """Follows the memories of a namespace: every change (created, updated,
+    superseded, deleted, expired, erased) after `after_change_sequence`, each
+    exactly once and in the order the changes committed, whichever replica
+    wrote them; then the changes as they commit, with a heartbeat while it is
+    quiet. A client whose stream breaks watches again from the last
+    `change_sequence` it received. Served over gRPC only (not the HTTP port).
+    """
 
 @_typing.type_check_only
 class MemoryServiceAsyncStub(MemoryServiceStub):
@@ -124,6 +132,14 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     the application confirms a proposal by sending it to UpsertMemory. Every
     source names the conversation's incarnation; a conversation erased (or
     erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
+    """
+    WatchMemories: _aio.UnaryStreamMultiCallable[_memory_service_pb2.WatchMemoriesRequest, _memory_service_pb2.WatchMemoriesResponse]  # type: ignore[assignment]
+    """Follows the memories of a namespace: every change (created, updated,
+    superseded, deleted, expired, erased) after `after_change_sequence`, each
+    exactly once and in the order the changes committed, whichever replica
+    wrote them; then the changes as they commit, with a heartbeat while it is
+    quiet. A client whose stream breaks watches again from the last
+    `change_sequence` it received. Served over gRPC only (not the HTTP port).
     """
 
 class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -218,6 +234,20 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         the application confirms a proposal by sending it to UpsertMemory. Every
         source names the conversation's incarnation; a conversation erased (or
         erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
+        """
+
+    @_abc_1.abstractmethod
+    def WatchMemories(
+        self,
+        request: _memory_service_pb2.WatchMemoriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_memory_service_pb2.WatchMemoriesResponse], _abc.AsyncIterator[_memory_service_pb2.WatchMemoriesResponse]]:
+        """Follows the memories of a namespace: every change (created, updated,
+        superseded, deleted, expired, erased) after `after_change_sequence`, each
+        exactly once and in the order the changes committed, whichever replica
+        wrote them; then the changes as they commit, with a heartbeat while it is
+        quiet. A client whose stream breaks watches again from the last
+        `change_sequence` it received. Served over gRPC only (not the HTTP port).
         """
 
 def add_MemoryServiceServicer_to_server(servicer: MemoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

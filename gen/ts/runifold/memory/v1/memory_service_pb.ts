@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file runifold/memory/v1/memory_service.proto.
  */
 export const file_runifold_memory_v1_memory_service: GenFile = /*@__PURE__*/
-  fileDesc("CidydW5pZm9sZC9tZW1vcnkvdjEvbWVtb3J5X3NlcnZpY2UucHJvdG8SEnJ1bmlmb2xkLm1lbW9yeS52MSJtCgxNZW1vcnlTb3VyY2USFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhUKDWZyb21fc2VxdWVuY2UYAiABKAMSGAoQdGhyb3VnaF9zZXF1ZW5jZRgDIAEoAxITCgtpbmNhcm5hdGlvbhgEIAEoAyK8BAoGTWVtb3J5EhEKCW1lbW9yeV9pZBgBIAEoCRIRCgluYW1lc3BhY2UYAiABKAkSDwoHY29udGVudBgDIAEoCRIxCgdzb3VyY2VzGAQgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRI6CghtZXRhZGF0YRgFIAMoCzIoLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnkuTWV0YWRhdGFFbnRyeRIQCghyZXZpc2lvbhgGIAEoAxIvCgtjcmVhdGVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLdXBkYXRlX3RpbWUYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2V4cGlyZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIXCg9lbWJlZGRpbmdfbW9kZWwYCiABKAkSGwoTZW1iZWRkaW5nX2RpbWVuc2lvbhgLIAEoBRIzCg92YWxpZF9mcm9tX3RpbWUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjQKEHZhbGlkX3VudGlsX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDXN1cGVyc2VkZWRfYnkYDiABKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIlsKEFN1cGVyc2VkZWRNZW1vcnkSEQoJbWVtb3J5X2lkGAEgASgJEh4KEWV4cGVjdGVkX3JldmlzaW9uGAIgASgDSACIAQFCFAoSX2V4cGVjdGVkX3JldmlzaW9uIsEEChNVcHNlcnRNZW1vcnlSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIRCgltZW1vcnlfaWQYAiABKAkSDwoHY29udGVudBgDIAEoCRIxCgdzb3VyY2VzGAQgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRJHCghtZXRhZGF0YRgFIAMoCzI1LnJ1bmlmb2xkLm1lbW9yeS52MS5VcHNlcnRNZW1vcnlSZXF1ZXN0Lk1ldGFkYXRhRW50cnkSHgoRZXhwZWN0ZWRfcmV2aXNpb24YBiABKANIAIgBARIvCgtleHBpcmVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJgoDdHRsGAggASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhIKCnJlcXVlc3RfaWQYCSABKAkSMwoPdmFsaWRfZnJvbV90aW1lGAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI0ChB2YWxpZF91bnRpbF90aW1lGAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI4CgpzdXBlcnNlZGVzGAwgAygLMiQucnVuaWZvbGQubWVtb3J5LnYxLlN1cGVyc2VkZWRNZW1vcnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQhQKEl9leHBlY3RlZF9yZXZpc2lvbiKDAQoUVXBzZXJ0TWVtb3J5UmVzcG9uc2USKgoGbWVtb3J5GAEgASgLMhoucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeRIPCgdjcmVhdGVkGAIgASgIEi4KCnN1cGVyc2VkZWQYAyADKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5IjgKEEdldE1lbW9yeVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCW1lbW9yeV9pZBgCIAEoCSI/ChFHZXRNZW1vcnlSZXNwb25zZRIqCgZtZW1vcnkYASABKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5IrEBChNMaXN0TWVtb3JpZXNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCRIXCg9jb252ZXJzYXRpb25faWQYBCABKAkSLgoKYXNfb2ZfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFwoPaWdub3JlX3ZhbGlkaXR5GAYgASgIIl0KFExpc3RNZW1vcmllc1Jlc3BvbnNlEiwKCG1lbW9yaWVzGAEgAygLMhoucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiyAIKFVNlYXJjaE1lbW9yaWVzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVlcnkYAiABKAkSDQoFbGltaXQYAyABKAUSVgoPbWV0YWRhdGFfZmlsdGVyGAQgAygLMj0ucnVuaWZvbGQubWVtb3J5LnYxLlNlYXJjaE1lbW9yaWVzUmVxdWVzdC5NZXRhZGF0YUZpbHRlckVudHJ5EhEKCW1pbl9zY29yZRgFIAEoAhIuCgphc19vZl90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCgRtb2RlGAcgASgOMh4ucnVuaWZvbGQubWVtb3J5LnYxLlNlYXJjaE1vZGUaNQoTTWV0YWRhdGFGaWx0ZXJFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIqEBCgxTY29yZWRNZW1vcnkSKgoGbWVtb3J5GAEgASgLMhoucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeRINCgVzY29yZRgCIAEoAhIYCgtkZW5zZV9zY29yZRgDIAEoAkgAiAEBEhoKDWxleGljYWxfc2NvcmUYBCABKAJIAYgBAUIOCgxfZGVuc2Vfc2NvcmVCEAoOX2xleGljYWxfc2NvcmUiiwEKFlNlYXJjaE1lbW9yaWVzUmVzcG9uc2USMQoHcmVzdWx0cxgBIAMoCzIgLnJ1bmlmb2xkLm1lbW9yeS52MS5TY29yZWRNZW1vcnkSEAoIZGVncmFkZWQYAiABKAgSLAoEbW9kZRgDIAEoDjIeLnJ1bmlmb2xkLm1lbW9yeS52MS5TZWFyY2hNb2RlInEKE0RlbGV0ZU1lbW9yeVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCW1lbW9yeV9pZBgCIAEoCRIeChFleHBlY3RlZF9yZXZpc2lvbhgDIAEoA0gAiAEBQhQKEl9leHBlY3RlZF9yZXZpc2lvbiInChREZWxldGVNZW1vcnlSZXNwb25zZRIPCgdkZWxldGVkGAEgASgIIocBChNGb3JnZXRTb3VyY2VSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSFQoNZnJvbV9zZXF1ZW5jZRgDIAEoAxIYChB0aHJvdWdoX3NlcXVlbmNlGAQgASgDEhMKC2luY2FybmF0aW9uGAUgASgDIi0KFEZvcmdldFNvdXJjZVJlc3BvbnNlEhUKDWRlbGV0ZWRfY291bnQYASABKAMiaQoaTGlzdE1lbW9yeVJldmlzaW9uc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCW1lbW9yeV9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCSKPBAoOTWVtb3J5UmV2aXNpb24SEAoIcmV2aXNpb24YASABKAMSLgoEa2luZBgCIAEoDjIgLnJ1bmlmb2xkLm1lbW9yeS52MS5SZXZpc2lvbktpbmQSDgoGcmVhc29uGAMgASgJEi8KC3JlY29yZF90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZlcmFzZWQYBSABKAgSDwoHY29udGVudBgGIAEoCRIxCgdzb3VyY2VzGAcgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRJCCghtZXRhZGF0YRgIIAMoCzIwLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlSZXZpc2lvbi5NZXRhZGF0YUVudHJ5Ei8KC2V4cGlyZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIzCg92YWxpZF9mcm9tX3RpbWUYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjQKEHZhbGlkX3VudGlsX3RpbWUYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDXN1cGVyc2VkZWRfYnkYDCABKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIm0KG0xpc3RNZW1vcnlSZXZpc2lvbnNSZXNwb25zZRI1CglyZXZpc2lvbnMYASADKAsyIi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5UmV2aXNpb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIsgCChZQcm9wb3NlTWVtb3JpZXNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSFQoNZnJvbV9zZXF1ZW5jZRgDIAEoAxIYChB0aHJvdWdoX3NlcXVlbmNlGAQgASgDEioKBmJ1ZGdldBgFIAEoCzIaLnJ1bmlmb2xkLmNvbW1vbi52MS5CdWRnZXQSFQoNbWF4X3Byb3Bvc2FscxgGIAEoBRJXCg9tZXRhZGF0YV9maWx0ZXIYByADKAsyPi5ydW5pZm9sZC5tZW1vcnkudjEuUHJvcG9zZU1lbW9yaWVzUmVxdWVzdC5NZXRhZGF0YUZpbHRlckVudHJ5GjUKE01ldGFkYXRhRmlsdGVyRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASLpAQoOTWVtb3J5UHJvcG9zYWwSDwoHY29udGVudBgBIAEoCRIxCgdzb3VyY2VzGAIgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRIzCg92YWxpZF9mcm9tX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjIKBmFjdGlvbhgEIAEoDjIiLnJ1bmlmb2xkLm1lbW9yeS52MS5Qcm9wb3NhbEFjdGlvbhIaChJyZWxhdGVkX21lbW9yeV9pZHMYBSADKAkSDgoGcmVhc29uGAYgASgJIqMBChdQcm9wb3NlTWVtb3JpZXNSZXNwb25zZRI1Cglwcm9wb3NhbHMYASADKAsyIi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5UHJvcG9zYWwSKAoFdXNhZ2UYAiABKAsyGS5ydW5pZm9sZC5jb21tb24udjEuVXNhZ2USFQoNZHJvcHBlZF9jb3VudBgDIAEoBRIQCghwcm9wb3NlchgEIAEoCSpxCgpTZWFyY2hNb2RlEhsKF1NFQVJDSF9NT0RFX1VOU1BFQ0lGSUVEEAASFQoRU0VBUkNIX01PREVfREVOU0UQARIXChNTRUFSQ0hfTU9ERV9MRVhJQ0FMEAISFgoSU0VBUkNIX01PREVfSFlCUklEEAMqYAoMUmV2aXNpb25LaW5kEh0KGVJFVklTSU9OX0tJTkRfVU5TUEVDSUZJRUQQABIXChNSRVZJU0lPTl9LSU5EX1dSSVRFEAESGAoUUkVWSVNJT05fS0lORF9ERUxFVEUQAiqIAQoOUHJvcG9zYWxBY3Rpb24SHwobUFJPUE9TQUxfQUNUSU9OX1VOU1BFQ0lGSUVEEAASFwoTUFJPUE9TQUxfQUNUSU9OX0FERBABEh0KGVBST1BPU0FMX0FDVElPTl9TVVBFUlNFREUQAhIdChlQUk9QT1NBTF9BQ1RJT05fRFVQTElDQVRFEAMywgYKDU1lbW9yeVNlcnZpY2USYQoMVXBzZXJ0TWVtb3J5EicucnVuaWZvbGQubWVtb3J5LnYxLlVwc2VydE1lbW9yeVJlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuVXBzZXJ0TWVtb3J5UmVzcG9uc2USWAoJR2V0TWVtb3J5EiQucnVuaWZvbGQubWVtb3J5LnYxLkdldE1lbW9yeVJlcXVlc3QaJS5ydW5pZm9sZC5tZW1vcnkudjEuR2V0TWVtb3J5UmVzcG9uc2USYQoMTGlzdE1lbW9yaWVzEicucnVuaWZvbGQubWVtb3J5LnYxLkxpc3RNZW1vcmllc1JlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuTGlzdE1lbW9yaWVzUmVzcG9uc2USZwoOU2VhcmNoTWVtb3JpZXMSKS5ydW5pZm9sZC5tZW1vcnkudjEuU2VhcmNoTWVtb3JpZXNSZXF1ZXN0GioucnVuaWZvbGQubWVtb3J5LnYxLlNlYXJjaE1lbW9yaWVzUmVzcG9uc2USYQoMRGVsZXRlTWVtb3J5EicucnVuaWZvbGQubWVtb3J5LnYxLkRlbGV0ZU1lbW9yeVJlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuRGVsZXRlTWVtb3J5UmVzcG9uc2USYQoMRm9yZ2V0U291cmNlEicucnVuaWZvbGQubWVtb3J5LnYxLkZvcmdldFNvdXJjZVJlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuRm9yZ2V0U291cmNlUmVzcG9uc2USdgoTTGlzdE1lbW9yeVJldmlzaW9ucxIuLnJ1bmlmb2xkLm1lbW9yeS52MS5MaXN0TWVtb3J5UmV2aXNpb25zUmVxdWVzdBovLnJ1bmlmb2xkLm1lbW9yeS52MS5MaXN0TWVtb3J5UmV2aXNpb25zUmVzcG9uc2USagoPUHJvcG9zZU1lbW9yaWVzEioucnVuaWZvbGQubWVtb3J5LnYxLlByb3Bvc2VNZW1vcmllc1JlcXVlc3QaKy5ydW5pZm9sZC5tZW1vcnkudjEuUHJvcG9zZU1lbW9yaWVzUmVzcG9uc2VCQVo/Z2l0aHViLmNvbS9ydW5pZm9sZC9ydW5pZm9sZC9nZW4vZ28vcnVuaWZvbGQvbWVtb3J5L3YxO21lbW9yeXYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_runifold_common_v1_common]);
+  fileDesc("CidydW5pZm9sZC9tZW1vcnkvdjEvbWVtb3J5X3NlcnZpY2UucHJvdG8SEnJ1bmlmb2xkLm1lbW9yeS52MSJtCgxNZW1vcnlTb3VyY2USFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhUKDWZyb21fc2VxdWVuY2UYAiABKAMSGAoQdGhyb3VnaF9zZXF1ZW5jZRgDIAEoAxITCgtpbmNhcm5hdGlvbhgEIAEoAyK8BAoGTWVtb3J5EhEKCW1lbW9yeV9pZBgBIAEoCRIRCgluYW1lc3BhY2UYAiABKAkSDwoHY29udGVudBgDIAEoCRIxCgdzb3VyY2VzGAQgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRI6CghtZXRhZGF0YRgFIAMoCzIoLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnkuTWV0YWRhdGFFbnRyeRIQCghyZXZpc2lvbhgGIAEoAxIvCgtjcmVhdGVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLdXBkYXRlX3RpbWUYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2V4cGlyZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIXCg9lbWJlZGRpbmdfbW9kZWwYCiABKAkSGwoTZW1iZWRkaW5nX2RpbWVuc2lvbhgLIAEoBRIzCg92YWxpZF9mcm9tX3RpbWUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjQKEHZhbGlkX3VudGlsX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDXN1cGVyc2VkZWRfYnkYDiABKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIlsKEFN1cGVyc2VkZWRNZW1vcnkSEQoJbWVtb3J5X2lkGAEgASgJEh4KEWV4cGVjdGVkX3JldmlzaW9uGAIgASgDSACIAQFCFAoSX2V4cGVjdGVkX3JldmlzaW9uIsEEChNVcHNlcnRNZW1vcnlSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIRCgltZW1vcnlfaWQYAiABKAkSDwoHY29udGVudBgDIAEoCRIxCgdzb3VyY2VzGAQgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRJHCghtZXRhZGF0YRgFIAMoCzI1LnJ1bmlmb2xkLm1lbW9yeS52MS5VcHNlcnRNZW1vcnlSZXF1ZXN0Lk1ldGFkYXRhRW50cnkSHgoRZXhwZWN0ZWRfcmV2aXNpb24YBiABKANIAIgBARIvCgtleHBpcmVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJgoDdHRsGAggASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhIKCnJlcXVlc3RfaWQYCSABKAkSMwoPdmFsaWRfZnJvbV90aW1lGAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI0ChB2YWxpZF91bnRpbF90aW1lGAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI4CgpzdXBlcnNlZGVzGAwgAygLMiQucnVuaWZvbGQubWVtb3J5LnYxLlN1cGVyc2VkZWRNZW1vcnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQhQKEl9leHBlY3RlZF9yZXZpc2lvbiKDAQoUVXBzZXJ0TWVtb3J5UmVzcG9uc2USKgoGbWVtb3J5GAEgASgLMhoucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeRIPCgdjcmVhdGVkGAIgASgIEi4KCnN1cGVyc2VkZWQYAyADKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5IjgKEEdldE1lbW9yeVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCW1lbW9yeV9pZBgCIAEoCSI/ChFHZXRNZW1vcnlSZXNwb25zZRIqCgZtZW1vcnkYASABKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5IrEBChNMaXN0TWVtb3JpZXNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCRIXCg9jb252ZXJzYXRpb25faWQYBCABKAkSLgoKYXNfb2ZfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFwoPaWdub3JlX3ZhbGlkaXR5GAYgASgIIl0KFExpc3RNZW1vcmllc1Jlc3BvbnNlEiwKCG1lbW9yaWVzGAEgAygLMhoucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiyAIKFVNlYXJjaE1lbW9yaWVzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVlcnkYAiABKAkSDQoFbGltaXQYAyABKAUSVgoPbWV0YWRhdGFfZmlsdGVyGAQgAygLMj0ucnVuaWZvbGQubWVtb3J5LnYxLlNlYXJjaE1lbW9yaWVzUmVxdWVzdC5NZXRhZGF0YUZpbHRlckVudHJ5EhEKCW1pbl9zY29yZRgFIAEoAhIuCgphc19vZl90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCgRtb2RlGAcgASgOMh4ucnVuaWZvbGQubWVtb3J5LnYxLlNlYXJjaE1vZGUaNQoTTWV0YWRhdGFGaWx0ZXJFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIqEBCgxTY29yZWRNZW1vcnkSKgoGbWVtb3J5GAEgASgLMhoucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeRINCgVzY29yZRgCIAEoAhIYCgtkZW5zZV9zY29yZRgDIAEoAkgAiAEBEhoKDWxleGljYWxfc2NvcmUYBCABKAJIAYgBAUIOCgxfZGVuc2Vfc2NvcmVCEAoOX2xleGljYWxfc2NvcmUiiwEKFlNlYXJjaE1lbW9yaWVzUmVzcG9uc2USMQoHcmVzdWx0cxgBIAMoCzIgLnJ1bmlmb2xkLm1lbW9yeS52MS5TY29yZWRNZW1vcnkSEAoIZGVncmFkZWQYAiABKAgSLAoEbW9kZRgDIAEoDjIeLnJ1bmlmb2xkLm1lbW9yeS52MS5TZWFyY2hNb2RlInEKE0RlbGV0ZU1lbW9yeVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCW1lbW9yeV9pZBgCIAEoCRIeChFleHBlY3RlZF9yZXZpc2lvbhgDIAEoA0gAiAEBQhQKEl9leHBlY3RlZF9yZXZpc2lvbiInChREZWxldGVNZW1vcnlSZXNwb25zZRIPCgdkZWxldGVkGAEgASgIIocBChNGb3JnZXRTb3VyY2VSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSFQoNZnJvbV9zZXF1ZW5jZRgDIAEoAxIYChB0aHJvdWdoX3NlcXVlbmNlGAQgASgDEhMKC2luY2FybmF0aW9uGAUgASgDIi0KFEZvcmdldFNvdXJjZVJlc3BvbnNlEhUKDWRlbGV0ZWRfY291bnQYASABKAMiaQoaTGlzdE1lbW9yeVJldmlzaW9uc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCW1lbW9yeV9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCSKPBAoOTWVtb3J5UmV2aXNpb24SEAoIcmV2aXNpb24YASABKAMSLgoEa2luZBgCIAEoDjIgLnJ1bmlmb2xkLm1lbW9yeS52MS5SZXZpc2lvbktpbmQSDgoGcmVhc29uGAMgASgJEi8KC3JlY29yZF90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZlcmFzZWQYBSABKAgSDwoHY29udGVudBgGIAEoCRIxCgdzb3VyY2VzGAcgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRJCCghtZXRhZGF0YRgIIAMoCzIwLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlSZXZpc2lvbi5NZXRhZGF0YUVudHJ5Ei8KC2V4cGlyZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIzCg92YWxpZF9mcm9tX3RpbWUYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjQKEHZhbGlkX3VudGlsX3RpbWUYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDXN1cGVyc2VkZWRfYnkYDCABKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIm0KG0xpc3RNZW1vcnlSZXZpc2lvbnNSZXNwb25zZRI1CglyZXZpc2lvbnMYASADKAsyIi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5UmV2aXNpb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIsgCChZQcm9wb3NlTWVtb3JpZXNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSFQoNZnJvbV9zZXF1ZW5jZRgDIAEoAxIYChB0aHJvdWdoX3NlcXVlbmNlGAQgASgDEioKBmJ1ZGdldBgFIAEoCzIaLnJ1bmlmb2xkLmNvbW1vbi52MS5CdWRnZXQSFQoNbWF4X3Byb3Bvc2FscxgGIAEoBRJXCg9tZXRhZGF0YV9maWx0ZXIYByADKAsyPi5ydW5pZm9sZC5tZW1vcnkudjEuUHJvcG9zZU1lbW9yaWVzUmVxdWVzdC5NZXRhZGF0YUZpbHRlckVudHJ5GjUKE01ldGFkYXRhRmlsdGVyRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASLpAQoOTWVtb3J5UHJvcG9zYWwSDwoHY29udGVudBgBIAEoCRIxCgdzb3VyY2VzGAIgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRIzCg92YWxpZF9mcm9tX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjIKBmFjdGlvbhgEIAEoDjIiLnJ1bmlmb2xkLm1lbW9yeS52MS5Qcm9wb3NhbEFjdGlvbhIaChJyZWxhdGVkX21lbW9yeV9pZHMYBSADKAkSDgoGcmVhc29uGAYgASgJIqMBChdQcm9wb3NlTWVtb3JpZXNSZXNwb25zZRI1Cglwcm9wb3NhbHMYASADKAsyIi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5UHJvcG9zYWwSKAoFdXNhZ2UYAiABKAsyGS5ydW5pZm9sZC5jb21tb24udjEuVXNhZ2USFQoNZHJvcHBlZF9jb3VudBgDIAEoBRIQCghwcm9wb3NlchgEIAEoCSJ/ChRXYXRjaE1lbW9yaWVzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSHQoVYWZ0ZXJfY2hhbmdlX3NlcXVlbmNlGAIgASgDEjUKEmhlYXJ0YmVhdF9pbnRlcnZhbBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKNAQoVV2F0Y2hNZW1vcmllc1Jlc3BvbnNlEjEKBmNoYW5nZRgBIAEoCzIfLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlFdmVudEgAEjgKCWhlYXJ0YmVhdBgCIAEoCzIjLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlIZWFydGJlYXRIAEIHCgVldmVudCLbAQoLTWVtb3J5RXZlbnQSFwoPY2hhbmdlX3NlcXVlbmNlGAEgASgDEjEKBGtpbmQYAiABKA4yIy5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5RXZlbnRLaW5kEhEKCW1lbW9yeV9pZBgDIAEoCRIQCghyZXZpc2lvbhgEIAEoAxIqCgZtZW1vcnkYBSABKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5Ei8KC2NoYW5nZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJZCg9NZW1vcnlIZWFydGJlYXQSFwoPY2hhbmdlX3NlcXVlbmNlGAEgASgDEi0KCXJlYWRfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAqcQoKU2VhcmNoTW9kZRIbChdTRUFSQ0hfTU9ERV9VTlNQRUNJRklFRBAAEhUKEVNFQVJDSF9NT0RFX0RFTlNFEAESFwoTU0VBUkNIX01PREVfTEVYSUNBTBACEhYKElNFQVJDSF9NT0RFX0hZQlJJRBADKmAKDFJldmlzaW9uS2luZBIdChlSRVZJU0lPTl9LSU5EX1VOU1BFQ0lGSUVEEAASFwoTUkVWSVNJT05fS0lORF9XUklURRABEhgKFFJFVklTSU9OX0tJTkRfREVMRVRFEAIqiAEKDlByb3Bvc2FsQWN0aW9uEh8KG1BST1BPU0FMX0FDVElPTl9VTlNQRUNJRklFRBAAEhcKE1BST1BPU0FMX0FDVElPTl9BREQQARIdChlQUk9QT1NBTF9BQ1RJT05fU1VQRVJTRURFEAISHQoZUFJPUE9TQUxfQUNUSU9OX0RVUExJQ0FURRADKvABCg9NZW1vcnlFdmVudEtpbmQSIQodTUVNT1JZX0VWRU5UX0tJTkRfVU5TUEVDSUZJRUQQABIdChlNRU1PUllfRVZFTlRfS0lORF9DUkVBVEVEEAESHQoZTUVNT1JZX0VWRU5UX0tJTkRfVVBEQVRFRBACEiAKHE1FTU9SWV9FVkVOVF9LSU5EX1NVUEVSU0VERUQQAxIdChlNRU1PUllfRVZFTlRfS0lORF9ERUxFVEVEEAQSHQoZTUVNT1JZX0VWRU5UX0tJTkRfRVhQSVJFRBAFEhwKGE1FTU9SWV9FVkVOVF9LSU5EX0VSQVNFRBAGMqoHCg1NZW1vcnlTZXJ2aWNlEmEKDFVwc2VydE1lbW9yeRInLnJ1bmlmb2xkLm1lbW9yeS52MS5VcHNlcnRNZW1vcnlSZXF1ZXN0GigucnVuaWZvbGQubWVtb3J5LnYxLlVwc2VydE1lbW9yeVJlc3BvbnNlElgKCUdldE1lbW9yeRIkLnJ1bmlmb2xkLm1lbW9yeS52MS5HZXRNZW1vcnlSZXF1ZXN0GiUucnVuaWZvbGQubWVtb3J5LnYxLkdldE1lbW9yeVJlc3BvbnNlEmEKDExpc3RNZW1vcmllcxInLnJ1bmlmb2xkLm1lbW9yeS52MS5MaXN0TWVtb3JpZXNSZXF1ZXN0GigucnVuaWZvbGQubWVtb3J5LnYxLkxpc3RNZW1vcmllc1Jlc3BvbnNlEmcKDlNlYXJjaE1lbW9yaWVzEikucnVuaWZvbGQubWVtb3J5LnYxLlNlYXJjaE1lbW9yaWVzUmVxdWVzdBoqLnJ1bmlmb2xkLm1lbW9yeS52MS5TZWFyY2hNZW1vcmllc1Jlc3BvbnNlEmEKDERlbGV0ZU1lbW9yeRInLnJ1bmlmb2xkLm1lbW9yeS52MS5EZWxldGVNZW1vcnlSZXF1ZXN0GigucnVuaWZvbGQubWVtb3J5LnYxLkRlbGV0ZU1lbW9yeVJlc3BvbnNlEmEKDEZvcmdldFNvdXJjZRInLnJ1bmlmb2xkLm1lbW9yeS52MS5Gb3JnZXRTb3VyY2VSZXF1ZXN0GigucnVuaWZvbGQubWVtb3J5LnYxLkZvcmdldFNvdXJjZVJlc3BvbnNlEnYKE0xpc3RNZW1vcnlSZXZpc2lvbnMSLi5ydW5pZm9sZC5tZW1vcnkudjEuTGlzdE1lbW9yeVJldmlzaW9uc1JlcXVlc3QaLy5ydW5pZm9sZC5tZW1vcnkudjEuTGlzdE1lbW9yeVJldmlzaW9uc1Jlc3BvbnNlEmoKD1Byb3Bvc2VNZW1vcmllcxIqLnJ1bmlmb2xkLm1lbW9yeS52MS5Qcm9wb3NlTWVtb3JpZXNSZXF1ZXN0GisucnVuaWZvbGQubWVtb3J5LnYxLlByb3Bvc2VNZW1vcmllc1Jlc3BvbnNlEmYKDVdhdGNoTWVtb3JpZXMSKC5ydW5pZm9sZC5tZW1vcnkudjEuV2F0Y2hNZW1vcmllc1JlcXVlc3QaKS5ydW5pZm9sZC5tZW1vcnkudjEuV2F0Y2hNZW1vcmllc1Jlc3BvbnNlMAFCQVo/Z2l0aHViLmNvbS9ydW5pZm9sZC9ydW5pZm9sZC9nZW4vZ28vcnVuaWZvbGQvbWVtb3J5L3YxO21lbW9yeXYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_runifold_common_v1_common]);
 
 /**
  * The transcript range a memory was derived from.
@@ -1103,6 +1103,176 @@ export const ProposeMemoriesResponseSchema: GenMessage<ProposeMemoriesResponse> 
   messageDesc(file_runifold_memory_v1_memory_service, 21);
 
 /**
+ * Request of WatchMemories.
+ *
+ * @generated from message runifold.memory.v1.WatchMemoriesRequest
+ */
+export type WatchMemoriesRequest = Message<"runifold.memory.v1.WatchMemoriesRequest"> & {
+  /**
+   * Namespace whose memories to follow.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * Deliver the changes after this one (0: every change from the namespace's
+   * first). A client resuming a stream sends the last `change_sequence` it
+   * received (MemoryEvent or MemoryHeartbeat). Beyond the namespace's last
+   * change is INVALID_ARGUMENT / SEQUENCE_OUT_OF_RANGE.
+   *
+   * @generated from field: int64 after_change_sequence = 2;
+   */
+  afterChangeSequence: bigint;
+
+  /**
+   * How long the stream may stay quiet before a heartbeat: 0 means the
+   * server's default (RUNIFOLD_MEMORY_WATCH_HEARTBEAT_S, 30 s); 1 s to 5 min.
+   *
+   * @generated from field: google.protobuf.Duration heartbeat_interval = 3;
+   */
+  heartbeatInterval?: Duration | undefined;
+};
+
+/**
+ * Describes the message runifold.memory.v1.WatchMemoriesRequest.
+ * Use `create(WatchMemoriesRequestSchema)` to create a new message.
+ */
+export const WatchMemoriesRequestSchema: GenMessage<WatchMemoriesRequest> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 22);
+
+/**
+ * One event of WatchMemories: exactly one field is set.
+ *
+ * @generated from message runifold.memory.v1.WatchMemoriesResponse
+ */
+export type WatchMemoriesResponse = Message<"runifold.memory.v1.WatchMemoriesResponse"> & {
+  /**
+   * The event.
+   *
+   * @generated from oneof runifold.memory.v1.WatchMemoriesResponse.event
+   */
+  event: {
+    /**
+     * A change of a memory of the namespace.
+     *
+     * @generated from field: runifold.memory.v1.MemoryEvent change = 1;
+     */
+    value: MemoryEvent;
+    case: "change";
+  } | {
+    /**
+     * Nothing new: the stream is caught up with the namespace.
+     *
+     * @generated from field: runifold.memory.v1.MemoryHeartbeat heartbeat = 2;
+     */
+    value: MemoryHeartbeat;
+    case: "heartbeat";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message runifold.memory.v1.WatchMemoriesResponse.
+ * Use `create(WatchMemoriesResponseSchema)` to create a new message.
+ */
+export const WatchMemoriesResponseSchema: GenMessage<WatchMemoriesResponse> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 23);
+
+/**
+ * One change of a memory. A memory leaves once: by exactly one DELETED,
+ * EXPIRED or ERASED event.
+ *
+ * @generated from message runifold.memory.v1.MemoryEvent
+ */
+export type MemoryEvent = Message<"runifold.memory.v1.MemoryEvent"> & {
+  /**
+   * Its number in the namespace: 1, 2, 3, ... without gaps, in the order the
+   * changes committed. Send the last one received to resume.
+   *
+   * @generated from field: int64 change_sequence = 1;
+   */
+  changeSequence: bigint;
+
+  /**
+   * What the change did.
+   *
+   * @generated from field: runifold.memory.v1.MemoryEventKind kind = 2;
+   */
+  kind: MemoryEventKind;
+
+  /**
+   * UUID of the memory.
+   *
+   * @generated from field: string memory_id = 3;
+   */
+  memoryId: string;
+
+  /**
+   * The memory's revision the change wrote (for a removal: its tombstone's,
+   * as ListMemoryRevisions reports it).
+   *
+   * @generated from field: int64 revision = 4;
+   */
+  revision: bigint;
+
+  /**
+   * The memory as of that revision. Absent for DELETED, EXPIRED and ERASED,
+   * and for a change of a memory removed since: a removal erases the content
+   * of the memory's whole history, so a stream that replays it no longer
+   * finds the content (ListMemoryRevisions shows the same).
+   *
+   * @generated from field: runifold.memory.v1.Memory memory = 5;
+   */
+  memory?: Memory | undefined;
+
+  /**
+   * When the change was recorded (MemoryRevision.record_time).
+   *
+   * @generated from field: google.protobuf.Timestamp change_time = 6;
+   */
+  changeTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message runifold.memory.v1.MemoryEvent.
+ * Use `create(MemoryEventSchema)` to create a new message.
+ */
+export const MemoryEventSchema: GenMessage<MemoryEvent> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 24);
+
+/**
+ * The stream is caught up: every change through `change_sequence` has been
+ * delivered. Sent once the replay is done, then whenever the stream was quiet
+ * for the heartbeat interval. A commit wakes the stream at once (PostgreSQL
+ * LISTEN/NOTIFY, whichever replica it went through); the server also looks
+ * again on a timer, so `read_time` is at most RUNIFOLD_MEMORY_WATCH_POLL_S old.
+ *
+ * @generated from message runifold.memory.v1.MemoryHeartbeat
+ */
+export type MemoryHeartbeat = Message<"runifold.memory.v1.MemoryHeartbeat"> & {
+  /**
+   * The namespace's last change delivered: send it back when resuming.
+   *
+   * @generated from field: int64 change_sequence = 1;
+   */
+  changeSequence: bigint;
+
+  /**
+   * When the server last looked at the namespace.
+   *
+   * @generated from field: google.protobuf.Timestamp read_time = 2;
+   */
+  readTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message runifold.memory.v1.MemoryHeartbeat.
+ * Use `create(MemoryHeartbeatSchema)` to create a new message.
+ */
+export const MemoryHeartbeatSchema: GenMessage<MemoryHeartbeat> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 25);
+
+/**
  * What a search ranks by.
  *
  * @generated from enum runifold.memory.v1.SearchMode
@@ -1220,6 +1390,73 @@ export const ProposalActionSchema: GenEnum<ProposalAction> = /*@__PURE__*/
   enumDesc(file_runifold_memory_v1_memory_service, 2);
 
 /**
+ * What a change did to a memory.
+ *
+ * @generated from enum runifold.memory.v1.MemoryEventKind
+ */
+export enum MemoryEventKind {
+  /**
+   * Never sent.
+   *
+   * @generated from enum value: MEMORY_EVENT_KIND_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * UpsertMemory created it.
+   *
+   * @generated from enum value: MEMORY_EVENT_KIND_CREATED = 1;
+   */
+  CREATED = 1,
+
+  /**
+   * UpsertMemory replaced it, or its validity was open again because the
+   * memory that had superseded it was deleted.
+   *
+   * @generated from enum value: MEMORY_EVENT_KIND_UPDATED = 2;
+   */
+  UPDATED = 2,
+
+  /**
+   * A newer memory superseded it (UpsertMemory.supersedes): its validity is
+   * closed and it names its successor.
+   *
+   * @generated from enum value: MEMORY_EVENT_KIND_SUPERSEDED = 3;
+   */
+  SUPERSEDED = 3,
+
+  /**
+   * DeleteMemory deleted it.
+   *
+   * @generated from enum value: MEMORY_EVENT_KIND_DELETED = 4;
+   */
+  DELETED = 4,
+
+  /**
+   * It expired (its `expire_time` passed): reported when the server removes
+   * it, within RUNIFOLD_MEMORY_SWEEP_INTERVAL_S of its expiry (or when its id is
+   * created again), never by a read. A memory deleted or erased after it
+   * lapsed and before that is reported DELETED or ERASED instead.
+   *
+   * @generated from enum value: MEMORY_EVENT_KIND_EXPIRED = 5;
+   */
+  EXPIRED = 5,
+
+  /**
+   * ForgetSource (or AgentService.EraseConversation) erased it with its source.
+   *
+   * @generated from enum value: MEMORY_EVENT_KIND_ERASED = 6;
+   */
+  ERASED = 6,
+}
+
+/**
+ * Describes the enum runifold.memory.v1.MemoryEventKind.
+ */
+export const MemoryEventKindSchema: GenEnum<MemoryEventKind> = /*@__PURE__*/
+  enumDesc(file_runifold_memory_v1_memory_service, 3);
+
+/**
  * Curated semantic memory with provenance.
  *
  * A memory is a fact worth keeping across conversations. Each one names the
@@ -1326,6 +1563,21 @@ export const MemoryService: GenService<{
     methodKind: "unary";
     input: typeof ProposeMemoriesRequestSchema;
     output: typeof ProposeMemoriesResponseSchema;
+  },
+  /**
+   * Follows the memories of a namespace: every change (created, updated,
+   * superseded, deleted, expired, erased) after `after_change_sequence`, each
+   * exactly once and in the order the changes committed, whichever replica
+   * wrote them; then the changes as they commit, with a heartbeat while it is
+   * quiet. A client whose stream breaks watches again from the last
+   * `change_sequence` it received. Served over gRPC only (not the HTTP port).
+   *
+   * @generated from rpc runifold.memory.v1.MemoryService.WatchMemories
+   */
+  watchMemories: {
+    methodKind: "server_streaming";
+    input: typeof WatchMemoriesRequestSchema;
+    output: typeof WatchMemoriesResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_runifold_memory_v1_memory_service, 0);
