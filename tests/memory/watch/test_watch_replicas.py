@@ -12,6 +12,7 @@ import asyncio
 import collections
 import uuid
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psycopg
@@ -101,13 +102,11 @@ async def test_a_watcher_on_one_replica_sees_every_change_of_racing_writers_on_a
             # What each memory must go through, in its order: (kind, revision).
             expected: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
 
-            async def upsert(content: str, cid: str, **fields: object) -> pb.UpsertMemoryResponse:
-                sources = fields.pop("sources", None) or [source(cid)]
-                return await writer.UpsertMemory(
-                    pb.UpsertMemoryRequest(
-                        namespace=namespace, content=content, sources=sources, **fields
-                    )
-                )
+            async def upsert(content: str, cid: str, **fields: Any) -> pb.UpsertMemoryResponse:
+                request = pb.UpsertMemoryRequest(namespace=namespace, content=content, **fields)
+                if not request.sources:
+                    request.sources.append(source(cid))
+                return await writer.UpsertMemory(request)
 
             async def write(w: int) -> None:
                 cid = await conversation(transcript, namespace)
