@@ -7,6 +7,7 @@ into a blocking call (each async iterator into an iterator); it adds no logic of
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import threading
 import weakref
@@ -122,13 +123,27 @@ class Client:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     def _iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
+        stepping: asyncio.Task[Any] | None = None
+
         async def step() -> tuple[bool, T | None]:
+            nonlocal stepping
+            stepping = asyncio.current_task()
             try:
                 return True, await anext(items)
             except StopAsyncIteration:
                 return False, None
+            finally:
+                stepping = None
 
         async def close() -> None:
+            # Interrupted while waiting for the next item (Ctrl-C in the calling thread):
+            # that wait still runs on the loop; it ends first, or closing would find the
+            # iterator running.
+            waiting = stepping
+            if waiting is not None and not waiting.done():
+                waiting.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await waiting
             aclose = getattr(items, "aclose", None)
             if aclose is not None:
                 await aclose()
