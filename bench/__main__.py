@@ -15,7 +15,17 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from bench import agent, embedding, hostile, memory, retrieval, summary, transcript, watch
+from bench import (
+    agent,
+    embedding,
+    hostile,
+    memory,
+    memory_watch,
+    retrieval,
+    summary,
+    transcript,
+    watch,
+)
 from bench.common import postgres
 
 SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
@@ -25,6 +35,7 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "agent": agent.run,
     "embedding": embedding.run,
     "watch": watch.run,
+    "memory-watch": memory_watch.run,
     "retrieval": retrieval.run,
     "hostile": hostile.run,
     # Parts of the suites above, to run alone.
@@ -41,6 +52,7 @@ DEFAULT = [
     "agent",
     "embedding",
     "watch",
+    "memory-watch",
     "retrieval",
     "hostile",
 ]
