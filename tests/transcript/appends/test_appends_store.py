@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 
 from services.common.domain import Usage
 from services.common.errors import Code, DomainError
 from services.common.postgres.pool import Database
+from services.transcript.appends import statements as store_sql
 from services.transcript.leases.model import TurnLease
 from services.transcript.store import PostgresTranscriptStore, TranscriptStore
 from tests.support.waiting import wait_for
@@ -126,3 +128,45 @@ async def test_an_append_takes_its_conversation_before_its_turn_as_lease_decisio
         await deciding.execute("COMMIT")
     result = await appending
     assert result.record.version == 1
+
+
+async def test_an_append_stopped_by_a_lease_that_ends_before_its_diagnosis_is_tried_again(
+    database: Database, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exclusive lease holds the conversation when the append's statement runs and is
+    gone when the append asks why it wrote nothing: nothing refuses it any more, so it is
+    tried again and commits (found by the chaos campaign: such an append answered
+    VERSION_CONFLICT at its own version, a race that never was)."""
+    service = make_service(PostgresTranscriptStore(database))
+    cid = await new_conversation(service, namespace)
+    async with database.connection() as conn:  # what an exclusive lease writes
+        await conn.execute(
+            """UPDATE transcript.conversations
+                  SET lease_turn_id = 'another-turn', lease_fencing_token = 7,
+                      lease_until = now() + interval '1 minute'
+                WHERE namespace = %s AND conversation_id = %s""",
+            (namespace, uuid.UUID(cid)),
+        )
+    statement = store_sql.APPEND
+    ran: list[bool] = []
+
+    class EndsTheLeaseAfterTheFirstTry:
+        text = statement.text
+
+        async def execute(self, conn: Any, params: Any) -> Any:
+            cursor = await statement.execute(conn, params)
+            if not ran:  # the lease ends between the statement and the diagnosis
+                ran.append(True)
+                async with database.connection() as other:
+                    await other.execute(
+                        """UPDATE transcript.conversations
+                              SET lease_turn_id = NULL, lease_fencing_token = NULL,
+                                  lease_until = NULL
+                            WHERE namespace = %s AND conversation_id = %s""",
+                        (namespace, uuid.UUID(cid)),
+                    )
+            return cursor
+
+    monkeypatch.setattr(store_sql, "APPEND", EndsTheLeaseAfterTheFirstTry())
+    result = await service.append(namespace, cid, 0, [user("q")], "r-after-the-lease")
+    assert ran and result.record.version == 1 and not result.replayed
