@@ -22,6 +22,7 @@ from bench import (
     embedding,
     hostile,
     memory,
+    memory_watch,
     retrieval,
     summary,
     transcript,
@@ -37,6 +38,7 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "chat-loop": chat_loop.run,
     "embedding": embedding.run,
     "watch": watch.run,
+    "memory-watch": memory_watch.run,
     "retrieval": retrieval.run,
     "hostile": hostile.run,
     # Parts of the suites above, to run alone.
@@ -55,6 +57,7 @@ DEFAULT = [
     "chat-loop",
     "embedding",
     "watch",
+    "memory-watch",
     "retrieval",
     "hostile",
 ]

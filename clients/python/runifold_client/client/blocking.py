@@ -195,3 +195,4 @@ class Client:
     propose_memories = _blocking(AsyncClient.propose_memories)
     confirm_proposal = _blocking(AsyncClient.confirm_proposal)
     memory_revisions = _iterating(AsyncClient.memory_revisions)
+    watch_memories = _iterating(AsyncClient.watch_memories)
