@@ -65,7 +65,12 @@ def _commands(
 
 
 COMMANDS = list(_commands(parser()))
-BARE = [(p, c) for p, c in COMMANDS if not any(a.option_strings == ["--json"] for a in c._actions)]
+# The root and the groups: what a command alone prints is its help.
+BARE = [
+    (p, c)
+    for p, c in COMMANDS
+    if any(isinstance(a, argparse._SubParsersAction) for a in c._actions)
+]
 
 
 def _ids(commands: list[tuple[tuple[str, ...], argparse.ArgumentParser]]) -> list[str]:
