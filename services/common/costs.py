@@ -172,6 +172,16 @@ COSTS: dict[str, CostClass] = {
         "never",
     ),
     _M + "ListMemoryRevisions": CostClass("exempt", _ONE_READ, _PAGE + " of revisions", "never"),
+    _M + "WatchMemories": CostClass(
+        "exempt",
+        "streams are limited per namespace and per process (RUNIFOLD_MEMORY_WATCH_MAX_WATCHERS*), "
+        "and the bytes they hold by a byte budget per namespace and per process "
+        "(RUNIFOLD_MEMORY_WATCH_MAX_BUFFERED_BYTES*); an idle stream costs no connection, no "
+        "query and no buffered bytes; a write pays one row update of its namespace's feed",
+        "2 x (512 KiB page + 272 KiB largest change + 256 x 2 KiB) + 64 KiB (about 2.6 MiB): "
+        "one page read and one message in flight",
+        "stream",
+    ),
     _M + "ProposeMemories": CostClass(
         "propose",
         "a transcript read, an embedding batch, an index search per entry and a model call: "

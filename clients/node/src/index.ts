@@ -44,6 +44,7 @@ export {
   type ClientOptions,
 } from "./connection.js";
 export { newConversationId, type WatchOptions } from "./transcript.js";
+export type { WatchMemoriesOptions } from "./memory.js";
 export type { WatchPosition } from "./watch.js";
 export { ConcurrencyMode, SummaryMode, TurnStage } from "./gen/runifold/agent/v1/agent_service_objects.js";
 export { Role } from "./gen/runifold/common/v1/common_objects.js";
@@ -63,9 +64,11 @@ export type {
 } from "./gen/runifold/common/v1/common_objects.js";
 export type {
   Memory__Output as Memory,
+  MemoryEvent__Output as MemoryEvent,
   MemorySource,
   SearchMemoriesResponse__Output as SearchMemoriesResponse,
   UpsertMemoryResponse__Output as UpsertMemoryResponse,
+  WatchMemoriesResponse__Output as MemoryWatchEvent,
 } from "./gen/runifold/memory/v1/memory_service_objects.js";
 export type {
   GetBacklogResponse__Output as GetBacklogResponse,

@@ -4,12 +4,16 @@ into PostgresMemoryStore (store.py).
 Every write is ONE SQL statement in autocommit: the change to the memory row,
 its history row and its outbox row are written together or not at all, so
 the index can never miss a write (transactional outbox). Only when the
-statement wrote nothing do we look at why.
+statement wrote nothing do we look at why. The same statement numbers the
+write's changes in its namespace's change feed (WatchMemories): the history row
+is the feed's record, and the statement says, after the commit, whether a
+process watches the namespace (`ChangeSink`).
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 import psycopg
@@ -17,7 +21,7 @@ from psycopg.types.json import Jsonb
 
 from services.common.postgres.pool import AsyncConn, Database, fetch_one
 from services.memory.model import Forgotten, MemoryErasure, invalid_validity, memory_not_found
-from services.memory.rows import memory_from_row, sources_json
+from services.memory.rows import COLUMN_COUNT, memory_from_row, sources_json
 from services.memory.statements import LIVE, LIVE_M
 from services.memory.writes import statements as sql
 from services.memory.writes import transaction
@@ -26,6 +30,14 @@ from services.memory.writes.model import MemoryWrite, WriteResult, memory_exists
 # Erasure tombstones are kept this long: far longer than a source check and its write
 # can be apart (a request's deadline is minutes at most).
 ERASURE_RETENTION_S = 7 * 24 * 3600.0
+
+
+class ChangeSink(Protocol):
+    """Where a store reports the committed writes of watched namespaces (WatchMemories)."""
+
+    def changed(self, key: int) -> None:
+        """The namespace of feed key `key` changed (called after the commit; must not
+        block)."""
 
 
 class WriteStore(Protocol):
@@ -103,13 +115,28 @@ def _write_params(write: MemoryWrite) -> dict[str, Any]:
     }
 
 
+def _watched(rows: Iterable[Sequence[Any]], column: int) -> set[int]:
+    """The feed keys to announce that a write statement's rows name (column `column`)."""
+    return {row[column] for row in rows if row[column] is not None}
+
+
 class PostgresWrites:
     """The write methods of PostgresMemoryStore."""
 
     db: Database
+    # Told of each committed change to a watched namespace (WatchMemories).
+    changes: ChangeSink | None = None
+
+    def announce(self, keys: Iterable[int]) -> None:
+        """Writes to the namespaces of these feed keys committed: wake their streams."""
+        if self.changes is not None:
+            for key in keys:
+                self.changes.changed(key)
 
     async def create(self, write: MemoryWrite) -> WriteResult:
         params = _write_params(write)
+        watched: set[int] = set()
+        result: WriteResult | None = None
         async with self.db.connection() as conn, conn.transaction():
             replayed = await transaction.check_sources_and_claim(conn, write)
             if replayed is not None:
@@ -118,9 +145,12 @@ class PostgresWrites:
             for _ in range(2):
                 row = await fetch_one(conn, sql.CREATE, params)
                 if row is not None:
-                    return await transaction.recorded(
+                    # Its supersessions are in its namespace: the same feed key.
+                    watched |= _watched([row], COLUMN_COUNT)
+                    result = await transaction.recorded(
                         conn, write, memory_from_row(row), locked, created=True
                     )
+                    break
                 # The id is taken. A lapsed memory the sweeper has not reached
                 # yet is gone for every reader: erase it, then create again.
                 erased = await fetch_one(
@@ -130,10 +160,17 @@ class PostgresWrites:
                 )
                 if erased is None:
                     break
-        raise memory_exists()
+                watched |= _watched([erased], 1)
+        if result is None:
+            raise memory_exists()
+        self.announce(watched)
+        return result
 
     async def update(self, write: MemoryWrite) -> WriteResult:
         params = _write_params(write)
+        result: WriteResult | None = None
+        watched: set[int] = set()
+        current: Sequence[Any] | None = None
         try:
             async with self.db.connection() as conn, conn.transaction():
                 replayed = await transaction.check_sources_and_claim(conn, write)
@@ -142,15 +179,21 @@ class PostgresWrites:
                 locked = await transaction.lock_superseded(conn, write, updating=True)
                 row = await fetch_one(conn, sql.UPDATE, params)
                 if row is not None:
-                    return await transaction.recorded(
+                    result = await transaction.recorded(
                         conn, write, memory_from_row(row), locked, created=False
                     )
-                current = await fetch_one(conn, sql.CURRENT_REVISION, params)
+                    # Its supersessions are in its namespace: the same feed key.
+                    watched = _watched([row], COLUMN_COUNT)
+                else:
+                    current = await fetch_one(conn, sql.CURRENT_REVISION, params)
         except psycopg.errors.CheckViolation as exc:
             # The validity given, with the one kept, would end before it starts.
             if exc.diag.constraint_name == "memories_validity":
                 raise invalid_validity() from None
             raise
+        if result is not None:
+            self.announce(watched)
+            return result
         if current is None:
             raise memory_not_found()
         assert write.expected_revision is not None
@@ -176,6 +219,7 @@ class PostgresWrites:
                 params,
             )
             if row is not None:
+                self.announce(_watched([row], 1))
                 return bool(row[0])
             if expected_revision is None:
                 return False
@@ -219,15 +263,18 @@ class PostgresWrites:
                 },
             )
             rows = await cursor.fetchall()
-            if not incarnation:
-                return Forgotten(len(rows))
-            # The tombstone, under the lock and in the erasure's transaction: later writes
-            # naming the incarnation are refused, and it adds this call's counts up.
-            await conn.execute(
-                sql.RECORD_ERASURE,
-                {**params, "memories": len(rows), "revisions": rows[0][1] if rows else 0},
-            )
-            return Forgotten(len(rows), await _erasure(conn, params))
+            erasure = None
+            if incarnation:
+                # The tombstone, under the lock and in the erasure's transaction: later
+                # writes naming the incarnation are refused, and it adds this call's
+                # counts up.
+                await conn.execute(
+                    sql.RECORD_ERASURE,
+                    {**params, "memories": len(rows), "revisions": rows[0][2] if rows else 0},
+                )
+                erasure = await _erasure(conn, params)
+        self.announce(_watched(rows, 1))
+        return Forgotten(len(rows), erasure)
 
     async def forget_external(self, namespace: str, uri: str) -> int:
         async with self.db.connection() as conn:
@@ -239,7 +286,9 @@ class PostgresWrites:
                     "reason": "forget_source",
                 },
             )
-            return len(await cursor.fetchall())
+            rows = await cursor.fetchall()
+        self.announce(_watched(rows, 1))
+        return len(rows)
 
     async def erasure(
         self, namespace: str, conversation_id: uuid.UUID, incarnation: int
@@ -277,7 +326,9 @@ class PostgresWrites:
                 sql.ERASE.format(victims=sql.EXPIRED, extra=""),
                 {"limit": limit, "reason": "expired"},
             )
-            return len(await cursor.fetchall())
+            rows = await cursor.fetchall()
+        self.announce(_watched(rows, 1))
+        return len(rows)
 
 
 async def _erasure(conn: AsyncConn, params: dict[str, Any]) -> MemoryErasure | None:

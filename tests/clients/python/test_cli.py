@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -64,7 +65,12 @@ def _commands(
 
 
 COMMANDS = list(_commands(parser()))
-BARE = [(p, c) for p, c in COMMANDS if not any(a.option_strings == ["--json"] for a in c._actions)]
+# The root and the groups: what a command alone prints is its help.
+BARE = [
+    (p, c)
+    for p, c in COMMANDS
+    if any(isinstance(a, argparse._SubParsersAction) for a in c._actions)
+]
 
 
 def _ids(commands: list[tuple[tuple[str, ...], argparse.ArgumentParser]]) -> list[str]:
@@ -436,3 +442,61 @@ async def test_transcript_erase_prints_the_receipt_and_receipt_reads_it_again(
     assert code == 2 and "--conversation" in err
     code, out, _ = await runifold(stack, "erase", cid, "-n", namespace, "--json")
     assert code == 0 and json.loads(out)["receipt"]["receipt_id"] == receipt["receipt_id"]
+
+
+async def test_memory_watch_follows_every_change_and_ends_quietly_on_ctrl_c(
+    stack: Stack, namespace: str
+) -> None:
+    async with AsyncClient(stack.address, namespace=namespace) as client:
+        cid = (await client.create_conversation()).conversation_id
+        await client.append(cid, ["I drink green tea.", "I moved to Lyon."])
+        first = await client.remember(
+            "Drinks green tea.", conversation_id=cid, from_sequence=1, through_sequence=1
+        )
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "runifold_client.cli",
+            "memory",
+            "watch",
+            "-n",
+            namespace,
+            "--json",
+            env=_env(RUNIFOLD_TARGET=stack.address),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert process.stdout is not None and process.stderr is not None
+
+        async def document() -> dict[str, Any]:
+            line = await asyncio.wait_for(process.stdout.readline(), timeout=60)  # type: ignore[union-attr]
+            assert line, "the command ended early"
+            parsed: dict[str, Any] = json.loads(line)
+            return parsed
+
+        try:
+            replayed = (await document())["change"]
+            assert (replayed["change_sequence"], replayed["kind"]) == (
+                1,
+                "MEMORY_EVENT_KIND_CREATED",
+            )
+            assert replayed["memory"]["content"] == "Drinks green tea."
+            second = await client.remember(
+                "Lives in Lyon.", conversation_id=cid, from_sequence=2, through_sequence=2
+            )
+            live = (await document())["change"]
+            assert (live["change_sequence"], live["memory_id"]) == (2, second.memory_id)
+            await client.delete_memory(first.memory_id)
+            deleted = (await document())["change"]
+            assert (deleted["change_sequence"], deleted["kind"]) == (3, "MEMORY_EVENT_KIND_DELETED")
+            assert deleted["memory_id"] == first.memory_id
+            assert "memory" not in deleted
+            # Ctrl-C ends it quietly: no traceback, the shell's status for an interrupt.
+            process.send_signal(signal.SIGINT)
+            status = await asyncio.wait_for(process.wait(), timeout=60)
+            err = await process.stderr.read()
+            assert (status, err) == (130, b""), err.decode()
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()

@@ -1,6 +1,7 @@
 """`runifold memory ...`: curated semantic memory (add, get, list, search, delete, forget),
-and proposals from a transcript range that a person picks from. A memory's sources are
-transcript ranges or external URIs (--uri)."""
+and proposals from a transcript range that a person picks from, and the change feed of a
+namespace's memories (watch). A memory's sources are transcript ranges or external URIs
+(--uri)."""
 
 from __future__ import annotations
 
@@ -120,11 +121,50 @@ def cmd_memory_propose(args: argparse.Namespace, output: Output, client: Client)
     return 0
 
 
+# MemoryEventKind's values, as the feed prints them.
+_KINDS = {
+    memory_pb.MEMORY_EVENT_KIND_CREATED: "created",
+    memory_pb.MEMORY_EVENT_KIND_UPDATED: "updated",
+    memory_pb.MEMORY_EVENT_KIND_SUPERSEDED: "superseded",
+    memory_pb.MEMORY_EVENT_KIND_DELETED: "deleted",
+    memory_pb.MEMORY_EVENT_KIND_EXPIRED: "expired",
+    memory_pb.MEMORY_EVENT_KIND_ERASED: "erased",
+}
+
+
+def cmd_memory_watch(args: argparse.Namespace, output: Output, client: Client) -> int:
+    """Follow the namespace's memories like `tail -f`: every change after --after, each
+    once and in order, then the changes as they commit; resumes by itself when the stream
+    breaks. Runs until interrupted (Ctrl-C ends it quietly)."""
+    heartbeats = args.heartbeats
+    for event in client.watch_memories(
+        after_change_sequence=args.after, heartbeat_interval=args.heartbeat or None
+    ):
+        kind = event.WhichOneof("event")
+        if output.json:
+            if kind != "heartbeat" or heartbeats:
+                output.message(event)
+            continue
+        if kind == "change":
+            change = event.change
+            what = _KINDS.get(change.kind, "changed")
+            text = f" {change.memory.content}" if change.HasField("memory") else ""
+            output.console.print(
+                f"{change.change_sequence:>6} {what:<10} {change.memory_id} "
+                f"r{change.revision}{escape(text)}"
+            )
+        elif kind == "heartbeat" and heartbeats:
+            output.line(f"[dim]       caught up: change {event.heartbeat.change_sequence}[/dim]")
+    return 0
+
+
 def cmd_memory(args: argparse.Namespace, output: Output) -> int:
     with _client(args) as client:
         command = args.memory_command
         if command == "propose":
             return cmd_memory_propose(args, output, client)
+        if command == "watch":
+            return cmd_memory_watch(args, output, client)
         if command == "add":
             ranged = bool(args.conversation or args.from_sequence or args.through_sequence)
             if args.uri and ranged:
@@ -320,6 +360,31 @@ def add_parser(commands: Any, common: Sequence[argparse.ArgumentParser]) -> None
     )
     propose.add_argument(
         "--yes", action="store_true", help="store every proposal but duplicates, without asking"
+    )
+    watch = _add(
+        memory,
+        "watch",
+        "follow the namespace's memories like tail -f: every change, once, in order",
+        common,
+    )
+    watch.add_argument(
+        "--after",
+        type=int,
+        default=0,
+        metavar="N",
+        help="start after this change sequence (0: replay every change first)",
+    )
+    watch.add_argument(
+        "--heartbeat",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="how often a quiet stream says it is alive, 1..300 s (0: the server's default)",
+    )
+    watch.add_argument(
+        "--heartbeats",
+        action="store_true",
+        help="print the heartbeats too (with --json: emit them)",
     )
     for choice in memory.choices.values():
         choice.set_defaults(handler=cmd_memory)

@@ -198,3 +198,4 @@ class Client:
     request_curation = _blocking(AsyncClient.request_curation)
     curation_backlog = _blocking(AsyncClient.curation_backlog)
     memory_revisions = _iterating(AsyncClient.memory_revisions)
+    watch_memories = _iterating(AsyncClient.watch_memories)

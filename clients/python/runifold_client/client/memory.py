@@ -1,14 +1,20 @@
 """MemoryService's calls: curated memories (written, read, listed, searched, deleted,
-forgotten with their source), their revisions, and proposals to confirm."""
+forgotten with their source), their revisions, proposals to confirm, and the change feed
+of a namespace's memories."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime, timedelta
 
+import grpc
+
 from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold_client.client.connection import PAGE_SIZE, Connection, duration, timestamp
+from runifold_client.client.watch import backoff_s, resumable
+from runifold_client.errors import from_rpc_error
 from runifold_client.policy import Budget
 
 # search_memories' `mode` and what it asks the server for.
@@ -345,3 +351,51 @@ class MemoryCalls(Connection):
         )
         async for item in pages:
             yield item
+
+    async def watch_memories(
+        self,
+        *,
+        namespace: str | None = None,
+        after_change_sequence: int = 0,
+        heartbeat_interval: float | timedelta | None = None,
+        resume: bool = True,
+        max_backoff: float = 5.0,
+    ) -> AsyncIterator[memory_pb.WatchMemoriesResponse]:
+        """Follow the memories of a namespace (MemoryService.WatchMemories): every change
+        after `after_change_sequence` (`change` events: created, updated, superseded,
+        deleted, expired, erased), each once and in the order the changes committed, then
+        the changes as they commit, with `heartbeat`s while it is quiet. It has no
+        deadline: stop iterating (or cancel) to leave.
+
+        With `resume` (the default) a stream that breaks (UNAVAILABLE: a replica restarted
+        or shut down, the network; RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW: this reader fell
+        behind) is watched again from the last change sequence received, with backoff:
+        nothing is missed and nothing repeats. Other errors are raised (ResourceExhausted /
+        WATCHER_LIMIT with its `retry_delay`, InvalidArgument / SEQUENCE_OUT_OF_RANGE for a
+        sequence the namespace never reached, ...).
+        """
+        after, attempt = after_change_sequence, 0
+        while True:
+            request = memory_pb.WatchMemoriesRequest(
+                namespace=self._ns(namespace),
+                after_change_sequence=after,
+                heartbeat_interval=duration(heartbeat_interval),
+            )
+            call = self.memories.WatchMemories(request, metadata=self._metadata)
+            try:
+                async for event in call:
+                    if event.WhichOneof("event") == "change":
+                        after = event.change.change_sequence
+                    else:
+                        after = max(after, event.heartbeat.change_sequence)
+                        attempt = 0
+                    yield event
+                return
+            except grpc.aio.AioRpcError as error:
+                failure = from_rpc_error(error)
+                if not (resume and resumable(failure)):
+                    raise failure from None
+            finally:
+                call.cancel()
+            await asyncio.sleep(backoff_s(attempt, max_backoff))
+            attempt += 1

@@ -57,6 +57,13 @@ type MemoryServiceClient interface {
 	// index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
 	// kept.
 	GetMemoryErasure(ctx context.Context, in *GetMemoryErasureRequest, opts ...grpc.CallOption) (*GetMemoryErasureResponse, error)
+	// Follows the memories of a namespace: every change (created, updated,
+	// superseded, deleted, expired, erased) after `after_change_sequence`, each
+	// exactly once and in the order the changes committed, whichever replica
+	// wrote them; then the changes as they commit, with a heartbeat while it is
+	// quiet. A client whose stream breaks watches again from the last
+	// `change_sequence` it received. Served over gRPC only (not the HTTP port).
+	WatchMemories(ctx context.Context, in *WatchMemoriesRequest, opts ...grpc.CallOption) (MemoryService_WatchMemoriesClient, error)
 }
 
 type memoryServiceClient struct {
@@ -166,6 +173,38 @@ func (c *memoryServiceClient) GetMemoryErasure(ctx context.Context, in *GetMemor
 	return out, nil
 }
 
+func (c *memoryServiceClient) WatchMemories(ctx context.Context, in *WatchMemoriesRequest, opts ...grpc.CallOption) (MemoryService_WatchMemoriesClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_MemoryService_serviceDesc.Streams[0], "/runifold.memory.v1.MemoryService/WatchMemories", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &memoryServiceWatchMemoriesClient{stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+type MemoryService_WatchMemoriesClient interface {
+	Recv() (*WatchMemoriesResponse, error)
+	grpc.ClientStream
+}
+
+type memoryServiceWatchMemoriesClient struct {
+	grpc.ClientStream
+}
+
+func (x *memoryServiceWatchMemoriesClient) Recv() (*WatchMemoriesResponse, error) {
+	m := new(WatchMemoriesResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // MemoryServiceServer is the server API for MemoryService service.
 // All implementations must embed UnimplementedMemoryServiceServer
 // for forward compatibility
@@ -210,6 +249,13 @@ type MemoryServiceServer interface {
 	// index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
 	// kept.
 	GetMemoryErasure(context.Context, *GetMemoryErasureRequest) (*GetMemoryErasureResponse, error)
+	// Follows the memories of a namespace: every change (created, updated,
+	// superseded, deleted, expired, erased) after `after_change_sequence`, each
+	// exactly once and in the order the changes committed, whichever replica
+	// wrote them; then the changes as they commit, with a heartbeat while it is
+	// quiet. A client whose stream breaks watches again from the last
+	// `change_sequence` it received. Served over gRPC only (not the HTTP port).
+	WatchMemories(*WatchMemoriesRequest, MemoryService_WatchMemoriesServer) error
 	mustEmbedUnimplementedMemoryServiceServer()
 }
 
@@ -249,6 +295,9 @@ func (UnimplementedMemoryServiceServer) GetCurationBacklog(context.Context, *Get
 }
 func (UnimplementedMemoryServiceServer) GetMemoryErasure(context.Context, *GetMemoryErasureRequest) (*GetMemoryErasureResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetMemoryErasure not implemented")
+}
+func (UnimplementedMemoryServiceServer) WatchMemories(*WatchMemoriesRequest, MemoryService_WatchMemoriesServer) error {
+	return status.Errorf(codes.Unimplemented, "method WatchMemories not implemented")
 }
 func (UnimplementedMemoryServiceServer) mustEmbedUnimplementedMemoryServiceServer() {}
 
@@ -461,6 +510,27 @@ func _MemoryService_GetMemoryErasure_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MemoryService_WatchMemories_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchMemoriesRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(MemoryServiceServer).WatchMemories(m, &memoryServiceWatchMemoriesServer{stream})
+}
+
+type MemoryService_WatchMemoriesServer interface {
+	Send(*WatchMemoriesResponse) error
+	grpc.ServerStream
+}
+
+type memoryServiceWatchMemoriesServer struct {
+	grpc.ServerStream
+}
+
+func (x *memoryServiceWatchMemoriesServer) Send(m *WatchMemoriesResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
 var _MemoryService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "runifold.memory.v1.MemoryService",
 	HandlerType: (*MemoryServiceServer)(nil),
@@ -510,6 +580,12 @@ var _MemoryService_serviceDesc = grpc.ServiceDesc{
 			Handler:    _MemoryService_GetMemoryErasure_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchMemories",
+			Handler:       _MemoryService_WatchMemories_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "runifold/memory/v1/memory_service.proto",
 }

@@ -21,10 +21,10 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .memory_service_pb2 import DeleteMemoryRequest, DeleteMemoryResponse, ForgetSourceRequest, ForgetSourceResponse, GetCurationBacklogRequest, GetCurationBacklogResponse, GetMemoryErasureRequest, GetMemoryErasureResponse, GetMemoryRequest, GetMemoryResponse, ListMemoriesRequest, ListMemoriesResponse, ListMemoryRevisionsRequest, ListMemoryRevisionsResponse, ProposeMemoriesRequest, ProposeMemoriesResponse, RequestCurationRequest, RequestCurationResponse, SearchMemoriesRequest, SearchMemoriesResponse, UpsertMemoryRequest, UpsertMemoryResponse
+from .memory_service_pb2 import DeleteMemoryRequest, DeleteMemoryResponse, ForgetSourceRequest, ForgetSourceResponse, GetCurationBacklogRequest, GetCurationBacklogResponse, GetMemoryErasureRequest, GetMemoryErasureResponse, GetMemoryRequest, GetMemoryResponse, ListMemoriesRequest, ListMemoriesResponse, ListMemoryRevisionsRequest, ListMemoryRevisionsResponse, ProposeMemoriesRequest, ProposeMemoriesResponse, RequestCurationRequest, RequestCurationResponse, SearchMemoriesRequest, SearchMemoriesResponse, UpsertMemoryRequest, UpsertMemoryResponse, WatchMemoriesRequest, WatchMemoriesResponse
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Iterable, Mapping
+    from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
 
     from connectrpc.codec import Codec
     from connectrpc.compression import Compression
@@ -135,6 +135,17 @@ class MemoryService(Protocol):
         an `incarnation`) erased, over all its calls, and whether the vector
         index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
         kept.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def watch_memories(self, request: WatchMemoriesRequest, ctx: RequestContext[WatchMemoriesRequest, WatchMemoriesResponse], /) -> AsyncIterator[WatchMemoriesResponse]:
+        """
+        Follows the memories of a namespace: every change (created, updated,
+        superseded, deleted, expired, erased) after `after_change_sequence`, each
+        exactly once and in the order the changes committed, whichever replica
+        wrote them; then the changes as they commit, with a heartbeat while it is
+        quiet. A client whose stream breaks watches again from the last
+        `change_sequence` it received. Served over gRPC only (not the HTTP port).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -272,6 +283,17 @@ class MemoryServiceASGIApplication(ConnectASGIApplication[MemoryService]):
                         stream_type=StreamType.UNARY,
                     ),
                     function=svc.get_memory_erasure,
+                ),
+                "/runifold.memory.v1.MemoryService/WatchMemories": Endpoint.server_stream(
+                    method=MethodInfo(
+                        name="WatchMemories",
+                        service_name="runifold.memory.v1.MemoryService",
+                        input=WatchMemoriesRequest,
+                        output=WatchMemoriesResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.SERVER_STREAM,
+                    ),
+                    function=svc.watch_memories,
                 ),
             },
             interceptors=interceptors,
@@ -598,6 +620,34 @@ class MemoryServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    def watch_memories(
+        self,
+        request: WatchMemoriesRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> AsyncIterator[WatchMemoriesResponse]:
+        """
+        Follows the memories of a namespace: every change (created, updated,
+        superseded, deleted, expired, erased) after `after_change_sequence`, each
+        exactly once and in the order the changes committed, whichever replica
+        wrote them; then the changes as they commit, with a heartbeat while it is
+        quiet. A client whose stream breaks watches again from the last
+        `change_sequence` it received. Served over gRPC only (not the HTTP port).
+        """
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="WatchMemories",
+                service_name="runifold.memory.v1.MemoryService",
+                input=WatchMemoriesRequest,
+                output=WatchMemoriesResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.SERVER_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class MemoryServiceSync(Protocol):
     """
@@ -697,6 +747,17 @@ class MemoryServiceSync(Protocol):
         an `incarnation`) erased, over all its calls, and whether the vector
         index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
         kept.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def watch_memories(self, request: WatchMemoriesRequest, ctx: RequestContext[WatchMemoriesRequest, WatchMemoriesResponse], /) -> Iterator[WatchMemoriesResponse]:
+        """
+        Follows the memories of a namespace: every change (created, updated,
+        superseded, deleted, expired, erased) after `after_change_sequence`, each
+        exactly once and in the order the changes committed, whichever replica
+        wrote them; then the changes as they commit, with a heartbeat while it is
+        quiet. A client whose stream breaks watches again from the last
+        `change_sequence` it received. Served over gRPC only (not the HTTP port).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -832,6 +893,17 @@ class MemoryServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.UNARY,
                     ),
                     function=service.get_memory_erasure,
+                ),
+                "/runifold.memory.v1.MemoryService/WatchMemories": EndpointSync.server_stream(
+                    method=MethodInfo(
+                        name="WatchMemories",
+                        service_name="runifold.memory.v1.MemoryService",
+                        input=WatchMemoriesRequest,
+                        output=WatchMemoriesResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.SERVER_STREAM,
+                    ),
+                    function=service.watch_memories,
                 ),
             },
             interceptors=interceptors,
@@ -1154,6 +1226,34 @@ class MemoryServiceClientSync(ConnectClientSync):
                 output=GetMemoryErasureResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def watch_memories(
+        self,
+        request: WatchMemoriesRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> Iterator[WatchMemoriesResponse]:
+        """
+        Follows the memories of a namespace: every change (created, updated,
+        superseded, deleted, expired, erased) after `after_change_sequence`, each
+        exactly once and in the order the changes committed, whichever replica
+        wrote them; then the changes as they commit, with a heartbeat while it is
+        quiet. A client whose stream breaks watches again from the last
+        `change_sequence` it received. Served over gRPC only (not the HTTP port).
+        """
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="WatchMemories",
+                service_name="runifold.memory.v1.MemoryService",
+                input=WatchMemoriesRequest,
+                output=WatchMemoriesResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.SERVER_STREAM,
             ),
             headers=headers,
             timeout_ms=timeout_ms,

@@ -142,6 +142,62 @@ CURATION_JOB_STATE_FAILED: CurationJobState.ValueType  # 4
 """Parked after too many failed attempts (RUNIFOLD_CURATION_JOB_MAX_FAILURES)."""
 Global___CurationJobState: _TypeAlias = CurationJobState  # noqa: Y015
 
+class _MemoryEventKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _MemoryEventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MemoryEventKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MEMORY_EVENT_KIND_UNSPECIFIED: _MemoryEventKind.ValueType  # 0
+    """Never sent."""
+    MEMORY_EVENT_KIND_CREATED: _MemoryEventKind.ValueType  # 1
+    """UpsertMemory created it."""
+    MEMORY_EVENT_KIND_UPDATED: _MemoryEventKind.ValueType  # 2
+    """UpsertMemory replaced it, or its validity was open again because the
+    memory that had superseded it was deleted.
+    """
+    MEMORY_EVENT_KIND_SUPERSEDED: _MemoryEventKind.ValueType  # 3
+    """A newer memory superseded it (UpsertMemory.supersedes): its validity is
+    closed and it names its successor.
+    """
+    MEMORY_EVENT_KIND_DELETED: _MemoryEventKind.ValueType  # 4
+    """DeleteMemory deleted it."""
+    MEMORY_EVENT_KIND_EXPIRED: _MemoryEventKind.ValueType  # 5
+    """It expired (its `expire_time` passed): reported when the server removes
+    it, within RUNIFOLD_MEMORY_SWEEP_INTERVAL_S of its expiry (or when its id is
+    created again), never by a read. A memory deleted or erased after it
+    lapsed and before that is reported DELETED or ERASED instead.
+    """
+    MEMORY_EVENT_KIND_ERASED: _MemoryEventKind.ValueType  # 6
+    """ForgetSource (or AgentService.EraseConversation) erased it with its source."""
+
+class MemoryEventKind(_MemoryEventKind, metaclass=_MemoryEventKindEnumTypeWrapper):
+    """What a change did to a memory."""
+
+MEMORY_EVENT_KIND_UNSPECIFIED: MemoryEventKind.ValueType  # 0
+"""Never sent."""
+MEMORY_EVENT_KIND_CREATED: MemoryEventKind.ValueType  # 1
+"""UpsertMemory created it."""
+MEMORY_EVENT_KIND_UPDATED: MemoryEventKind.ValueType  # 2
+"""UpsertMemory replaced it, or its validity was open again because the
+memory that had superseded it was deleted.
+"""
+MEMORY_EVENT_KIND_SUPERSEDED: MemoryEventKind.ValueType  # 3
+"""A newer memory superseded it (UpsertMemory.supersedes): its validity is
+closed and it names its successor.
+"""
+MEMORY_EVENT_KIND_DELETED: MemoryEventKind.ValueType  # 4
+"""DeleteMemory deleted it."""
+MEMORY_EVENT_KIND_EXPIRED: MemoryEventKind.ValueType  # 5
+"""It expired (its `expire_time` passed): reported when the server removes
+it, within RUNIFOLD_MEMORY_SWEEP_INTERVAL_S of its expiry (or when its id is
+created again), never by a read. A memory deleted or erased after it
+lapsed and before that is reported DELETED or ERASED instead.
+"""
+MEMORY_EVENT_KIND_ERASED: MemoryEventKind.ValueType  # 6
+"""ForgetSource (or AgentService.EraseConversation) erased it with its source."""
+Global___MemoryEventKind: _TypeAlias = MemoryEventKind  # noqa: Y015
+
 @_typing.final
 class MemorySource(_message.Message):
     """Where a memory came from: a range of a Runifold transcript
@@ -1530,3 +1586,162 @@ class GetMemoryErasureResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetMemoryErasureResponse: _TypeAlias = GetMemoryErasureResponse  # noqa: Y015
+
+@_typing.final
+class WatchMemoriesRequest(_message.Message):
+    """Request of WatchMemories."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    AFTER_CHANGE_SEQUENCE_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace whose memories to follow."""
+    after_change_sequence: _builtins.int
+    """Deliver the changes after this one (0: every change from the namespace's
+    first). A client resuming a stream sends the last `change_sequence` it
+    received (MemoryEvent or MemoryHeartbeat). Beyond the namespace's last
+    change is INVALID_ARGUMENT / SEQUENCE_OUT_OF_RANGE.
+    """
+    @_builtins.property
+    def heartbeat_interval(self) -> _duration_pb2.Duration:
+        """How long the stream may stay quiet before a heartbeat: 0 means the
+        server's default (RUNIFOLD_MEMORY_WATCH_HEARTBEAT_S, 30 s); 1 s to 5 min.
+        """
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        after_change_sequence: _builtins.int = ...,
+        heartbeat_interval: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_change_sequence", b"after_change_sequence", "heartbeat_interval", b"heartbeat_interval", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchMemoriesRequest: _TypeAlias = WatchMemoriesRequest  # noqa: Y015
+
+@_typing.final
+class WatchMemoriesResponse(_message.Message):
+    """One event of WatchMemories: exactly one field is set."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGE_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def change(self) -> Global___MemoryEvent:
+        """A change of a memory of the namespace."""
+
+    @_builtins.property
+    def heartbeat(self) -> Global___MemoryHeartbeat:
+        """Nothing new: the stream is caught up with the namespace."""
+
+    def __init__(
+        self,
+        *,
+        change: Global___MemoryEvent | None = ...,
+        heartbeat: Global___MemoryHeartbeat | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "event", b"event", "heartbeat", b"heartbeat"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "event", b"event", "heartbeat", b"heartbeat"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["change", "heartbeat"]  # noqa: Y015
+    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
+
+Global___WatchMemoriesResponse: _TypeAlias = WatchMemoriesResponse  # noqa: Y015
+
+@_typing.final
+class MemoryEvent(_message.Message):
+    """One change of a memory. A memory leaves once: by exactly one DELETED,
+    EXPIRED or ERASED event.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGE_SEQUENCE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    MEMORY_ID_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    MEMORY_FIELD_NUMBER: _builtins.int
+    CHANGE_TIME_FIELD_NUMBER: _builtins.int
+    change_sequence: _builtins.int
+    """Its number in the namespace: 1, 2, 3, ... without gaps, in the order the
+    changes committed. Send the last one received to resume.
+    """
+    kind: Global___MemoryEventKind.ValueType
+    """What the change did."""
+    memory_id: _builtins.str
+    """UUID of the memory."""
+    revision: _builtins.int
+    """The memory's revision the change wrote (for a removal: its tombstone's,
+    as ListMemoryRevisions reports it).
+    """
+    @_builtins.property
+    def memory(self) -> Global___Memory:
+        """The memory as of that revision. Absent for DELETED, EXPIRED and ERASED,
+        and for a change of a memory removed since: a removal erases the content
+        of the memory's whole history, so a stream that replays it no longer
+        finds the content (ListMemoryRevisions shows the same).
+        """
+
+    @_builtins.property
+    def change_time(self) -> _timestamp_pb2.Timestamp:
+        """When the change was recorded (MemoryRevision.record_time)."""
+
+    def __init__(
+        self,
+        *,
+        change_sequence: _builtins.int = ...,
+        kind: Global___MemoryEventKind.ValueType = ...,
+        memory_id: _builtins.str = ...,
+        revision: _builtins.int = ...,
+        memory: Global___Memory | None = ...,
+        change_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["change_time", b"change_time", "memory", b"memory"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change_sequence", b"change_sequence", "change_time", b"change_time", "kind", b"kind", "memory", b"memory", "memory_id", b"memory_id", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MemoryEvent: _TypeAlias = MemoryEvent  # noqa: Y015
+
+@_typing.final
+class MemoryHeartbeat(_message.Message):
+    """The stream is caught up: every change through `change_sequence` has been
+    delivered. Sent once the replay is done, then whenever the stream was quiet
+    for the heartbeat interval. A commit wakes the stream at once (PostgreSQL
+    LISTEN/NOTIFY, whichever replica it went through); the server also looks
+    again on a timer, so `read_time` is at most RUNIFOLD_MEMORY_WATCH_POLL_S old.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGE_SEQUENCE_FIELD_NUMBER: _builtins.int
+    READ_TIME_FIELD_NUMBER: _builtins.int
+    change_sequence: _builtins.int
+    """The namespace's last change delivered: send it back when resuming."""
+    @_builtins.property
+    def read_time(self) -> _timestamp_pb2.Timestamp:
+        """When the server last looked at the namespace."""
+
+    def __init__(
+        self,
+        *,
+        change_sequence: _builtins.int = ...,
+        read_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["read_time", b"read_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change_sequence", b"change_sequence", "read_time", b"read_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MemoryHeartbeat: _TypeAlias = MemoryHeartbeat  # noqa: Y015

@@ -93,6 +93,14 @@ class MemoryServiceStub:
     index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
     kept.
     """
+    WatchMemories: _grpc.UnaryStreamMultiCallable[_memory_service_pb2.WatchMemoriesRequest, _memory_service_pb2.WatchMemoriesResponse]
+    """Follows the memories of a namespace: every change (created, updated,
+    superseded, deleted, expired, erased) after `after_change_sequence`, each
+    exactly once and in the order the changes committed, whichever replica
+    wrote them; then the changes as they commit, with a heartbeat while it is
+    quiet. A client whose stream breaks watches again from the last
+    `change_sequence` it received. Served over gRPC only (not the HTTP port).
+    """
 
 @_typing.type_check_only
 class MemoryServiceAsyncStub(MemoryServiceStub):
@@ -158,6 +166,14 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     an `incarnation`) erased, over all its calls, and whether the vector
     index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
     kept.
+    """
+    WatchMemories: _aio.UnaryStreamMultiCallable[_memory_service_pb2.WatchMemoriesRequest, _memory_service_pb2.WatchMemoriesResponse]  # type: ignore[assignment]
+    """Follows the memories of a namespace: every change (created, updated,
+    superseded, deleted, expired, erased) after `after_change_sequence`, each
+    exactly once and in the order the changes committed, whichever replica
+    wrote them; then the changes as they commit, with a heartbeat while it is
+    quiet. A client whose stream breaks watches again from the last
+    `change_sequence` it received. Served over gRPC only (not the HTTP port).
     """
 
 class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -287,6 +303,20 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         an `incarnation`) erased, over all its calls, and whether the vector
         index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
         kept.
+        """
+
+    @_abc_1.abstractmethod
+    def WatchMemories(
+        self,
+        request: _memory_service_pb2.WatchMemoriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_memory_service_pb2.WatchMemoriesResponse], _abc.AsyncIterator[_memory_service_pb2.WatchMemoriesResponse]]:
+        """Follows the memories of a namespace: every change (created, updated,
+        superseded, deleted, expired, erased) after `after_change_sequence`, each
+        exactly once and in the order the changes committed, whichever replica
+        wrote them; then the changes as they commit, with a heartbeat while it is
+        quiet. A client whose stream breaks watches again from the last
+        `change_sequence` it received. Served over gRPC only (not the HTTP port).
         """
 
 def add_MemoryServiceServicer_to_server(servicer: MemoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -123,6 +123,44 @@ export type CurationJobState =
 export type CurationJobState__Output = typeof CurationJobState[keyof typeof CurationJobState];
 
 /**
+ * What a change did to a memory.
+ *
+ * @generated from enum runifold.memory.v1.MemoryEventKind
+ */
+export const MemoryEventKind = {
+  MEMORY_EVENT_KIND_UNSPECIFIED: 'MEMORY_EVENT_KIND_UNSPECIFIED',
+  MEMORY_EVENT_KIND_CREATED: 'MEMORY_EVENT_KIND_CREATED',
+  MEMORY_EVENT_KIND_UPDATED: 'MEMORY_EVENT_KIND_UPDATED',
+  MEMORY_EVENT_KIND_SUPERSEDED: 'MEMORY_EVENT_KIND_SUPERSEDED',
+  MEMORY_EVENT_KIND_DELETED: 'MEMORY_EVENT_KIND_DELETED',
+  MEMORY_EVENT_KIND_EXPIRED: 'MEMORY_EVENT_KIND_EXPIRED',
+  MEMORY_EVENT_KIND_ERASED: 'MEMORY_EVENT_KIND_ERASED',
+} as const;
+
+/**
+ * What a change did to a memory.
+ *
+ * @generated from enum runifold.memory.v1.MemoryEventKind
+ */
+export type MemoryEventKind =
+  | 'MEMORY_EVENT_KIND_UNSPECIFIED'
+  | 0
+  | 'MEMORY_EVENT_KIND_CREATED'
+  | 1
+  | 'MEMORY_EVENT_KIND_UPDATED'
+  | 2
+  | 'MEMORY_EVENT_KIND_SUPERSEDED'
+  | 3
+  | 'MEMORY_EVENT_KIND_DELETED'
+  | 4
+  | 'MEMORY_EVENT_KIND_EXPIRED'
+  | 5
+  | 'MEMORY_EVENT_KIND_ERASED'
+  | 6
+
+export type MemoryEventKind__Output = typeof MemoryEventKind[keyof typeof MemoryEventKind];
+
+/**
  * Where a memory came from: a range of a Runifold transcript
  * (`conversation_id`, `from_sequence`, `through_sequence`), or a source outside
  * one, named by `external_uri` (then the other fields are empty). A memory has
@@ -2399,6 +2437,256 @@ export interface GetMemoryErasureResponse__Output {
 }
 
 /**
+ * Request of WatchMemories.
+ *
+ * @generated from message runifold.memory.v1.WatchMemoriesRequest
+ */
+export interface WatchMemoriesRequest {
+  /**
+   * Namespace whose memories to follow.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace'?: (string);
+  /**
+   * Deliver the changes after this one (0: every change from the namespace's
+   * first). A client resuming a stream sends the last `change_sequence` it
+   * received (MemoryEvent or MemoryHeartbeat). Beyond the namespace's last
+   * change is INVALID_ARGUMENT / SEQUENCE_OUT_OF_RANGE.
+   *
+   * @generated from field: int64 after_change_sequence = 2;
+   */
+  'after_change_sequence'?: (number | string | bigint);
+  /**
+   * How long the stream may stay quiet before a heartbeat: 0 means the
+   * server's default (RUNIFOLD_MEMORY_WATCH_HEARTBEAT_S, 30 s); 1 s to 5 min.
+   *
+   * @generated from field: google.protobuf.Duration heartbeat_interval = 3;
+   */
+  'heartbeat_interval'?: (Duration | null);
+}
+
+/**
+ * Request of WatchMemories.
+ *
+ * @generated from message runifold.memory.v1.WatchMemoriesRequest
+ */
+export interface WatchMemoriesRequest__Output {
+  /**
+   * Namespace whose memories to follow.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace': (string);
+  /**
+   * Deliver the changes after this one (0: every change from the namespace's
+   * first). A client resuming a stream sends the last `change_sequence` it
+   * received (MemoryEvent or MemoryHeartbeat). Beyond the namespace's last
+   * change is INVALID_ARGUMENT / SEQUENCE_OUT_OF_RANGE.
+   *
+   * @generated from field: int64 after_change_sequence = 2;
+   */
+  'after_change_sequence': (number);
+  /**
+   * How long the stream may stay quiet before a heartbeat: 0 means the
+   * server's default (RUNIFOLD_MEMORY_WATCH_HEARTBEAT_S, 30 s); 1 s to 5 min.
+   *
+   * @generated from field: google.protobuf.Duration heartbeat_interval = 3;
+   */
+  'heartbeat_interval': (Duration__Output | null);
+}
+
+/**
+ * One event of WatchMemories: exactly one field is set.
+ *
+ * @generated from message runifold.memory.v1.WatchMemoriesResponse
+ */
+export interface WatchMemoriesResponse {
+  /**
+   * A change of a memory of the namespace.
+   *
+   * @generated from field: runifold.memory.v1.MemoryEvent change = 1;
+   */
+  'change'?: (MemoryEvent | null);
+  /**
+   * Nothing new: the stream is caught up with the namespace.
+   *
+   * @generated from field: runifold.memory.v1.MemoryHeartbeat heartbeat = 2;
+   */
+  'heartbeat'?: (MemoryHeartbeat | null);
+  'event'?: "change"|"heartbeat";
+}
+
+/**
+ * One event of WatchMemories: exactly one field is set.
+ *
+ * @generated from message runifold.memory.v1.WatchMemoriesResponse
+ */
+export interface WatchMemoriesResponse__Output {
+  /**
+   * A change of a memory of the namespace.
+   *
+   * @generated from field: runifold.memory.v1.MemoryEvent change = 1;
+   */
+  'change'?: (MemoryEvent__Output | null);
+  /**
+   * Nothing new: the stream is caught up with the namespace.
+   *
+   * @generated from field: runifold.memory.v1.MemoryHeartbeat heartbeat = 2;
+   */
+  'heartbeat'?: (MemoryHeartbeat__Output | null);
+  'event'?: "change"|"heartbeat";
+}
+
+/**
+ * One change of a memory. A memory leaves once: by exactly one DELETED,
+ * EXPIRED or ERASED event.
+ *
+ * @generated from message runifold.memory.v1.MemoryEvent
+ */
+export interface MemoryEvent {
+  /**
+   * Its number in the namespace: 1, 2, 3, ... without gaps, in the order the
+   * changes committed. Send the last one received to resume.
+   *
+   * @generated from field: int64 change_sequence = 1;
+   */
+  'change_sequence'?: (number | string | bigint);
+  /**
+   * What the change did.
+   *
+   * @generated from field: runifold.memory.v1.MemoryEventKind kind = 2;
+   */
+  'kind'?: (MemoryEventKind);
+  /**
+   * UUID of the memory.
+   *
+   * @generated from field: string memory_id = 3;
+   */
+  'memory_id'?: (string);
+  /**
+   * The memory's revision the change wrote (for a removal: its tombstone's,
+   * as ListMemoryRevisions reports it).
+   *
+   * @generated from field: int64 revision = 4;
+   */
+  'revision'?: (number | string | bigint);
+  /**
+   * The memory as of that revision. Absent for DELETED, EXPIRED and ERASED,
+   * and for a change of a memory removed since: a removal erases the content
+   * of the memory's whole history, so a stream that replays it no longer
+   * finds the content (ListMemoryRevisions shows the same).
+   *
+   * @generated from field: runifold.memory.v1.Memory memory = 5;
+   */
+  'memory'?: (Memory | null);
+  /**
+   * When the change was recorded (MemoryRevision.record_time).
+   *
+   * @generated from field: google.protobuf.Timestamp change_time = 6;
+   */
+  'change_time'?: (Timestamp | null);
+}
+
+/**
+ * One change of a memory. A memory leaves once: by exactly one DELETED,
+ * EXPIRED or ERASED event.
+ *
+ * @generated from message runifold.memory.v1.MemoryEvent
+ */
+export interface MemoryEvent__Output {
+  /**
+   * Its number in the namespace: 1, 2, 3, ... without gaps, in the order the
+   * changes committed. Send the last one received to resume.
+   *
+   * @generated from field: int64 change_sequence = 1;
+   */
+  'change_sequence': (number);
+  /**
+   * What the change did.
+   *
+   * @generated from field: runifold.memory.v1.MemoryEventKind kind = 2;
+   */
+  'kind': (MemoryEventKind__Output);
+  /**
+   * UUID of the memory.
+   *
+   * @generated from field: string memory_id = 3;
+   */
+  'memory_id': (string);
+  /**
+   * The memory's revision the change wrote (for a removal: its tombstone's,
+   * as ListMemoryRevisions reports it).
+   *
+   * @generated from field: int64 revision = 4;
+   */
+  'revision': (number);
+  /**
+   * The memory as of that revision. Absent for DELETED, EXPIRED and ERASED,
+   * and for a change of a memory removed since: a removal erases the content
+   * of the memory's whole history, so a stream that replays it no longer
+   * finds the content (ListMemoryRevisions shows the same).
+   *
+   * @generated from field: runifold.memory.v1.Memory memory = 5;
+   */
+  'memory': (Memory__Output | null);
+  /**
+   * When the change was recorded (MemoryRevision.record_time).
+   *
+   * @generated from field: google.protobuf.Timestamp change_time = 6;
+   */
+  'change_time': (Timestamp__Output | null);
+}
+
+/**
+ * The stream is caught up: every change through `change_sequence` has been
+ * delivered. Sent once the replay is done, then whenever the stream was quiet
+ * for the heartbeat interval. A commit wakes the stream at once (PostgreSQL
+ * LISTEN/NOTIFY, whichever replica it went through); the server also looks
+ * again on a timer, so `read_time` is at most RUNIFOLD_MEMORY_WATCH_POLL_S old.
+ *
+ * @generated from message runifold.memory.v1.MemoryHeartbeat
+ */
+export interface MemoryHeartbeat {
+  /**
+   * The namespace's last change delivered: send it back when resuming.
+   *
+   * @generated from field: int64 change_sequence = 1;
+   */
+  'change_sequence'?: (number | string | bigint);
+  /**
+   * When the server last looked at the namespace.
+   *
+   * @generated from field: google.protobuf.Timestamp read_time = 2;
+   */
+  'read_time'?: (Timestamp | null);
+}
+
+/**
+ * The stream is caught up: every change through `change_sequence` has been
+ * delivered. Sent once the replay is done, then whenever the stream was quiet
+ * for the heartbeat interval. A commit wakes the stream at once (PostgreSQL
+ * LISTEN/NOTIFY, whichever replica it went through); the server also looks
+ * again on a timer, so `read_time` is at most RUNIFOLD_MEMORY_WATCH_POLL_S old.
+ *
+ * @generated from message runifold.memory.v1.MemoryHeartbeat
+ */
+export interface MemoryHeartbeat__Output {
+  /**
+   * The namespace's last change delivered: send it back when resuming.
+   *
+   * @generated from field: int64 change_sequence = 1;
+   */
+  'change_sequence': (number);
+  /**
+   * When the server last looked at the namespace.
+   *
+   * @generated from field: google.protobuf.Timestamp read_time = 2;
+   */
+  'read_time': (Timestamp__Output | null);
+}
+
+/**
  * Curated semantic memory with provenance.
  *
  * A memory is a fact worth keeping across conversations. Each one names the
@@ -2501,5 +2789,16 @@ export interface MemoryService__Methods {
    * @generated from rpc runifold.memory.v1.MemoryService.GetMemoryErasure
    */
   getMemoryErasure: { request: GetMemoryErasureRequest; response: GetMemoryErasureResponse__Output };
+  /**
+   * Follows the memories of a namespace: every change (created, updated,
+   * superseded, deleted, expired, erased) after `after_change_sequence`, each
+   * exactly once and in the order the changes committed, whichever replica
+   * wrote them; then the changes as they commit, with a heartbeat while it is
+   * quiet. A client whose stream breaks watches again from the last
+   * `change_sequence` it received. Served over gRPC only (not the HTTP port).
+   *
+   * @generated from rpc runifold.memory.v1.MemoryService.WatchMemories
+   */
+  watchMemories: { request: WatchMemoriesRequest; response: WatchMemoriesResponse__Output };
 }
 
