@@ -169,6 +169,7 @@ class Client:
     get_state = _blocking(AsyncClient.get_state)
     get_conversation = _blocking(AsyncClient.get_conversation)
     list_conversations = _iterating(AsyncClient.list_conversations)
+    list_namespaces = _iterating(AsyncClient.list_namespaces)
     append = _blocking(AsyncClient.append)
     entries = _iterating(AsyncClient.entries)
     watch_conversation = _iterating(AsyncClient.watch_conversation)
