@@ -17,6 +17,7 @@ import type {
   ErasureReceipt__Output as TranscriptErasureReceipt__Output,
   GetStateResponse__Output,
   LoadViewResponse__Output,
+  MarkCuratedResponse__Output,
   StateDelta,
   TranscriptService__Methods,
   TurnLeaseMode,
@@ -109,6 +110,8 @@ export class TranscriptCalls extends Connection {
       userId?: string;
       /** With each conversation's state (pages of at most 50). */
       withState?: boolean;
+      /** Newest first (by creation), instead of id order. */
+      newestFirst?: boolean;
     } = {},
   ): AsyncGenerator<Conversation__Output> {
     return this.pages(
@@ -121,10 +124,26 @@ export class TranscriptCalls extends Connection {
             page_token: token,
             user_id: options.userId ?? "",
             view: options.withState ? "CONVERSATION_VIEW_FULL" : "CONVERSATION_VIEW_BASIC",
+            order: options.newestFirst ? "CONVERSATION_ORDER_NEWEST_FIRST" : "CONVERSATION_ORDER_ID",
           },
           options,
         ),
       (page) => page.conversations,
+      (page) => page.next_page_token,
+    );
+  }
+
+  /** The namespaces that hold conversations among those the caller may read (its
+   * identity's grants; every one when the server has no authentication), by name. */
+  listNamespaces(options: CallOptions & { pageSize?: number } = {}): AsyncGenerator<string> {
+    return this.pages(
+      (token) =>
+        this.unary(
+          TRANSCRIPT.listNamespaces,
+          { page_size: options.pageSize ?? PAGE_SIZE, page_token: token },
+          options,
+        ),
+      (page) => page.namespaces,
       (page) => page.next_page_token,
     );
   }
@@ -332,6 +351,26 @@ export class TranscriptCalls extends Connection {
       options,
     );
     return reply.receipt!;
+  }
+
+  /** Record that a curator curated the conversation's entries through `curatedThrough`
+   * (it only moves forward), for the incarnation it read (0: the current one). */
+  async markCurated(
+    conversationId: string,
+    curatedThrough: number,
+    options: CallOptions & { incarnation?: number } = {},
+  ): Promise<Conversation__Output> {
+    const reply: MarkCuratedResponse__Output = await this.unary(
+      TRANSCRIPT.markCurated,
+      {
+        namespace: this.ns(options),
+        conversation_id: conversationId,
+        curated_through: curatedThrough,
+        incarnation: options.incarnation ?? 0,
+      },
+      options,
+    );
+    return reply.conversation!;
   }
 
   /** Take a turn lease before model work (`lease`), or learn that the turn committed
