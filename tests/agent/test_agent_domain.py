@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -256,7 +257,7 @@ async def test_bad_input_is_refused_before_any_model_call(
 )
 def test_policy_bounds(kwargs: dict[str, int], reason: str) -> None:
     agent = World().agent
-    values = {
+    values: dict[str, Any] = {
         "window": 0,
         "summary_batch": 0,
         "memory_limit": 0,
