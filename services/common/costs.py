@@ -100,6 +100,13 @@ COSTS: dict[str, CostClass] = {
         "(about 2 MiB): one page read and one message in flight",
         "stream",
     ),
+    _T + "ForkConversation": CostClass(
+        "exempt",
+        _ONE_WRITE + " (index probes, one per conversation of the source's lineage, and two "
+        "rows written: no entry is copied, whatever the prefix's length)",
+        "one conversation row and its state (RUNIFOLD_MAX_STATE_BYTES)",
+        "never",
+    ),
     # -- SummaryService -----------------------------------------------------------------
     _S + "GetSummary": CostClass("exempt", _ONE_READ, "one summary", "never"),
     _S + "CommitSummary": CostClass(

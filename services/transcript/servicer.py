@@ -38,6 +38,12 @@ def conversation_to_proto(conversation: Conversation) -> pb.Conversation:
         incarnation=conversation.incarnation,
         user_id=conversation.user_id or "",
         state_json=conversation.state_json,
+        fork_origin=pb.ForkOrigin(
+            conversation_id=str(conversation.fork_origin.conversation_id),
+            through_sequence=conversation.fork_origin.through_sequence,
+        )
+        if conversation.fork_origin is not None
+        else None,
     )
 
 
@@ -318,6 +324,20 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             request.model_call_failed,
         )
         return pb.ReleaseTurnLeaseResponse(released=released)
+
+    async def ForkConversation(
+        self, request: pb.ForkConversationRequest, context: Context
+    ) -> pb.ForkConversationResponse:
+        conversation, created = await self.service.fork_conversation(
+            request.namespace,
+            request.conversation_id,
+            request.through_sequence,
+            request.new_conversation_id,
+            request.request_id,
+        )
+        return pb.ForkConversationResponse(
+            conversation=conversation_to_proto(conversation), created=created
+        )
 
     # A coroutine that writes through the context (grpc.aio serves both forms), so that
     # each write can time out; the stubs know only the generator form.

@@ -10,15 +10,18 @@ from typing import Protocol
 
 from services.transcript.appends.store import AppendStore, PostgresAppends
 from services.transcript.conversations.store import ConversationStore, PostgresConversations
+from services.transcript.forks.store import ForkStore, PostgresForks
 from services.transcript.leases.store import PostgresTurnLeases, TurnLeaseStore
 from services.transcript.views.store import PostgresViews, ViewStore
 
 
-class TranscriptStore(ConversationStore, AppendStore, ViewStore, TurnLeaseStore, Protocol):
+class TranscriptStore(
+    ConversationStore, AppendStore, ViewStore, TurnLeaseStore, ForkStore, Protocol
+):
     """What the transcript service needs from a store. Every method is atomic."""
 
 
 class PostgresTranscriptStore(
-    PostgresConversations, PostgresAppends, PostgresViews, PostgresTurnLeases
+    PostgresConversations, PostgresAppends, PostgresViews, PostgresTurnLeases, PostgresForks
 ):
     """TranscriptStore on PostgreSQL (schema `transcript`)."""

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
-from services.common.domain import Entry
+from services.common.domain import Entry, Usage
 from services.common.errors import VersionConflict
 from services.transcript.appends.model import (
     AppendResult,
@@ -27,12 +27,18 @@ from services.transcript.conversations.model import (
     NO_STATE_CHANGE,
     AppendRecord,
     Conversation,
+    ForkOrigin,
     ScopedState,
     StateChange,
     conversation_erased,
     conversation_not_found,
     request_id_reused,
     state_too_large,
+)
+from services.transcript.forks.model import (
+    NewFork,
+    conversation_exists,
+    fork_point_out_of_range,
 )
 from services.transcript.leases.model import (
     EndedTurn,
@@ -98,6 +104,14 @@ class _Stored:
     appends: dict[str, AppendRecord] = field(default_factory=dict)
     provisional: str | None = None
     turns: dict[str, _Turn] = field(default_factory=dict)
+    # Every append in version order, and the state after each version ([0]: at creation).
+    records: list[AppendRecord] = field(default_factory=list)
+    states: list[str] = field(default_factory=lambda: ["{}"])
+    # A fork's shared prefix ends here (its entries cannot be retracted by the fork); the
+    # forks made of this one (by id, incarnation), and its forks' request ids.
+    prefix_end: int = 0
+    forks: list[tuple[uuid.UUID, int]] = field(default_factory=list)
+    fork_requests: dict[str, tuple[bytes, uuid.UUID, int]] = field(default_factory=dict)
 
     def live_holder(self, now: datetime) -> tuple[str, _Turn] | None:
         """The turn holding an exclusive lease that has not lapsed."""
@@ -175,7 +189,7 @@ class InMemoryTranscriptStore:
                 user_id,
                 _merged("{}", state.conversation),
             )
-            self._data[key] = _Stored(conversation)
+            self._data[key] = _Stored(conversation, states=[conversation.state_json])
             if user_id is not None:
                 self._commit_scoped(namespace, user_id, user_after, now)
             self._commit_scoped(namespace, "", namespace_after, now)
@@ -222,7 +236,7 @@ class InMemoryTranscriptStore:
             if append.state.user is not None and current.user_id is None:
                 raise no_user()
             for sequence in append.retract:
-                if sequence > len(stored.entries):
+                if sequence > len(stored.entries) or sequence <= stored.prefix_end:
                     raise entry_not_retractable(sequence)
                 entry = stored.entries[sequence - 1]
                 held = entry.message
@@ -261,6 +275,8 @@ class InMemoryTranscriptStore:
             )
             namespace_version = self._commit_scoped(append.namespace, "", namespace_after, now)
             record = AppendRecord(version, first, last, append.usage, now, append.payload_hash)
+            stored.records.append(record)
+            stored.states.append(conversation_state)
             if append.request_id is not None:
                 stored.appends[append.request_id] = record
             if token is not None:  # kept a while as committed, as in PostgreSQL
@@ -347,7 +363,81 @@ class InMemoryTranscriptStore:
             if stored is None or incarnation not in (0, stored.conversation.incarnation):
                 return None
             del self._data[(namespace, conversation_id)]
-            return len(stored.entries)
+            erased = len(stored.entries) - stored.prefix_end
+            # Its forks, and theirs (a fork of a conversation made again under its id is
+            # not the new one's).
+            pending = list(stored.forks)
+            while pending:
+                fork_id, incarnation = pending.pop()
+                fork = self._data.get((namespace, fork_id))
+                if fork is not None and fork.conversation.incarnation == incarnation:
+                    del self._data[(namespace, fork_id)]
+                    erased += len(fork.entries) - fork.prefix_end
+                    pending.extend(fork.forks)
+            return erased
+
+    async def fork_conversation(self, fork: NewFork) -> tuple[Conversation, bool]:
+        async with self._lock:
+            source = self._data.get((fork.namespace, fork.source_id))
+            if source is None:
+                raise conversation_not_found()
+            if fork.request_id is not None and fork.request_id in source.fork_requests:
+                digest, fork_id, incarnation = source.fork_requests[fork.request_id]
+                made = self._data.get((fork.namespace, fork_id))
+                if made is not None and made.conversation.incarnation == incarnation:
+                    if digest != fork.payload_hash:
+                        raise request_id_reused()
+                    return made.conversation, False
+            current = source.conversation
+            through = fork.through_sequence
+            if through > current.last_sequence:
+                raise fork_point_out_of_range(current.last_sequence)
+            if (fork.namespace, fork.conversation_id) in self._data:
+                raise conversation_exists()
+            # The fork point: the last append whose entries all lie at or before it.
+            version = max(
+                (r.version for r in source.records if r.last_sequence <= through), default=0
+            )
+            cut_from = source.records[version - 1].last_sequence + 1 if version else 1
+            now = datetime.now(UTC)
+            state = source.states[version]
+            conversation = Conversation(
+                fork.conversation_id,
+                fork.namespace,
+                version + 1,
+                through,
+                now,
+                now,
+                dict(current.labels),
+                _random_token(),
+                current.user_id,
+                state,
+                ForkOrigin(fork.source_id, through),
+            )
+            # The prefix as the fork sees it: what the source retracted after the fork
+            # point is not retracted in the fork.
+            entries = [
+                entry
+                if entry.retracted_version <= version
+                else replace(entry, retracted_version=0, retract_time=None)
+                for entry in source.entries[:through]
+            ]
+            record = AppendRecord(version + 1, cut_from, through, Usage(), now, fork.payload_hash)
+            self._data[(fork.namespace, fork.conversation_id)] = _Stored(
+                conversation,
+                entries,
+                records=[*source.records[:version], record],
+                states=[*source.states[: version + 1], state],
+                prefix_end=through,
+            )
+            source.forks.append((fork.conversation_id, conversation.incarnation))
+            if fork.request_id is not None:
+                source.fork_requests[fork.request_id] = (
+                    fork.payload_hash,
+                    fork.conversation_id,
+                    conversation.incarnation,
+                )
+            return conversation, True
 
     # -- turn leases (the same rule as the PostgreSQL store: model.decide_lease) ----
 

@@ -77,7 +77,10 @@ WITH locked AS (
        AND {RETRACTABLE}
        AND {STATE_FITS}
  RETURNING c.conversation_key, c.version, c.last_sequence, c.update_time, c.user_id,
-           coalesce(c.watched_until >= now(), false) AS watched
+           coalesce(c.watched_until >= now(), false) AS watched,
+           -- The state after a write that changed it, kept on its append record: a fork
+           -- copies the state as it was at its fork point (forks/).
+           CASE WHEN %(conversation_state)s::jsonb IS NOT NULL THEN c.state END AS state_after
 ), finished AS (
     -- The commit ends the turn's lease. The row stays a while (the sweep removes it):
     -- it keeps a one-statement grant whose snapshot predates this commit (and so does
@@ -90,10 +93,11 @@ WITH locked AS (
 ), recorded AS (
     INSERT INTO transcript.appends
            (conversation_key, version, first_sequence, last_sequence, request_id,
-            payload_hash, input_tokens, output_tokens, model_calls, commit_time, retracted)
+            payload_hash, input_tokens, output_tokens, model_calls, commit_time, retracted,
+            state)
     SELECT conversation_key, version, last_sequence - %(count)s + 1, last_sequence,
            %(request_id)s, %(payload_hash)s, %(input_tokens)s, %(output_tokens)s,
-           %(model_calls)s, update_time, %(retract)s::bigint[]
+           %(model_calls)s, update_time, %(retract)s::bigint[], state_after
       FROM bumped
 ), written AS (
     INSERT INTO transcript.entries

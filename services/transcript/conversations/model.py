@@ -25,6 +25,25 @@ MAX_USER_ID_CHARS = 128
 
 
 @dataclass(frozen=True, slots=True)
+class ForkOrigin:
+    """Where a fork came from: its source, and the last sequence of the source it shares."""
+
+    conversation_id: uuid.UUID
+    through_sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A part of a fork's shared prefix held by a conversation of its lineage: the entries
+    through `through_sequence` and the appends through `through_version` (each after the
+    previous segment's). `key` is the store's name of the conversation holding them."""
+
+    key: int
+    through_sequence: int
+    through_version: int
+
+
+@dataclass(frozen=True, slots=True)
 class Conversation:
     """A conversation and its counters."""
 
@@ -41,6 +60,15 @@ class Conversation:
     # The user it belongs to (None: none), and its state as JSON text ("" when not read).
     user_id: str | None = None
     state_json: str = "{}"
+    # Set on a fork (ForkConversation): where it came from, and the segments of the prefix
+    # it shares with its lineage (the store reads its entries there).
+    fork_origin: ForkOrigin | None = None
+    prefix: tuple[Segment, ...] = ()
+
+    @property
+    def prefix_end(self) -> int:
+        """The last sequence of the shared prefix (0: no fork, every entry is its own)."""
+        return self.prefix[-1].through_sequence if self.prefix else 0
 
 
 @dataclass(frozen=True, slots=True)

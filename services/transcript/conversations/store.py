@@ -22,7 +22,9 @@ from services.transcript.conversations.model import (
     NO_STATE_CHANGE,
     AppendRecord,
     Conversation,
+    ForkOrigin,
     ScopedState,
+    Segment,
     StateChange,
     conversation_not_found,
     state_too_large,
@@ -74,15 +76,37 @@ class ConversationStore(Protocol):
     async def delete_conversation(
         self, namespace: str, conversation_id: uuid.UUID, incarnation: int = 0
     ) -> int | None:
-        """Erase it (only that incarnation, when given); return the number of entries
-        erased, or None if it did not exist."""
+        """Erase it (only that incarnation, when given) with its forks and theirs (they
+        share its entries); return the number of entries erased (the forks' own
+        included), or None if it did not exist."""
 
 
 def conversation_from_row(row: Sequence[Any]) -> Conversation:
     """A conversation from its columns (sql.CONVERSATION_COLUMNS)."""
+    origin_id, through, keys, throughs, versions = row[10:15]
     return Conversation(
-        row[0], row[1], row[2], row[3], row[4], row[5], row[6] or {}, row[7], row[8], row[9]
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        row[5],
+        row[6] or {},
+        row[7],
+        row[8],
+        row[9],
+        ForkOrigin(origin_id, through) if origin_id is not None else None,
+        prefix_from_columns(keys, throughs, versions),
     )
+
+
+def prefix_from_columns(
+    keys: Sequence[int] | None, throughs: Sequence[int] | None, versions: Sequence[int] | None
+) -> tuple[Segment, ...]:
+    """A fork's shared prefix from its three array columns (NULL: no fork)."""
+    if not keys or throughs is None or versions is None:
+        return ()
+    return tuple(Segment(*parts) for parts in zip(keys, throughs, versions, strict=True))
 
 
 def record_from_row(row: Sequence[Any]) -> AppendRecord:
@@ -230,11 +254,28 @@ class PostgresConversations(PostgresBase):
             if row is None:
                 return None
             key, watched = row
-            await conn.execute("DELETE FROM transcript.appends WHERE conversation_key = %s", (key,))
-            await conn.execute("DELETE FROM transcript.turns WHERE conversation_key = %s", (key,))
+            erased = [(key, watched)]
+            # Its forks, and theirs: they share its entries (the person asked for them to
+            # go), level by level.
+            level = [key]
+            while level:
+                cursor = await conn.execute(sql.ERASE_FORKS, {"keys": level})
+                forks = [
+                    (fork, bool(fork_watched)) for fork, fork_watched in await cursor.fetchall()
+                ]
+                erased.extend(forks)
+                level = [fork for fork, _ in forks]
+            keys = [erased_key for erased_key, _ in erased]
+            await conn.execute(
+                "DELETE FROM transcript.appends WHERE conversation_key = ANY(%s)", (keys,)
+            )
+            await conn.execute(
+                "DELETE FROM transcript.turns WHERE conversation_key = ANY(%s)", (keys,)
+            )
             cursor = await conn.execute(
-                "DELETE FROM transcript.entries WHERE conversation_key = %s", (key,)
+                "DELETE FROM transcript.entries WHERE conversation_key = ANY(%s)", (keys,)
             )
             deleted: int = cursor.rowcount
-        self.changed(key, watched)
+        for erased_key, erased_watched in erased:
+            self.changed(erased_key, erased_watched)
         return deleted

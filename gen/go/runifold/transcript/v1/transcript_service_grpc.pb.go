@@ -60,6 +60,13 @@ type TranscriptServiceClient interface {
 	// RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
 	// last sequence received: nothing is missed and nothing repeats.
 	WatchConversation(ctx context.Context, in *WatchConversationRequest, opts ...grpc.CallOption) (TranscriptService_WatchConversationClient, error)
+	// Makes a conversation from the entries 1..through_sequence of another of the same
+	// namespace (edit and regenerate, a branch to try another answer). The fork shares
+	// those entries without copying them: reads of the fork see them, then its own;
+	// its sequences continue from through_sequence; its state is the source's at the
+	// fork point. Nothing done to the fork changes the source. Idempotent by
+	// `request_id`. Erasing the source erases its forks.
+	ForkConversation(ctx context.Context, in *ForkConversationRequest, opts ...grpc.CallOption) (*ForkConversationResponse, error)
 }
 
 type transcriptServiceClient struct {
@@ -201,6 +208,15 @@ func (x *transcriptServiceWatchConversationClient) Recv() (*WatchConversationRes
 	return m, nil
 }
 
+func (c *transcriptServiceClient) ForkConversation(ctx context.Context, in *ForkConversationRequest, opts ...grpc.CallOption) (*ForkConversationResponse, error) {
+	out := new(ForkConversationResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/ForkConversation", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TranscriptServiceServer is the server API for TranscriptService service.
 // All implementations must embed UnimplementedTranscriptServiceServer
 // for forward compatibility
@@ -248,6 +264,13 @@ type TranscriptServiceServer interface {
 	// RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
 	// last sequence received: nothing is missed and nothing repeats.
 	WatchConversation(*WatchConversationRequest, TranscriptService_WatchConversationServer) error
+	// Makes a conversation from the entries 1..through_sequence of another of the same
+	// namespace (edit and regenerate, a branch to try another answer). The fork shares
+	// those entries without copying them: reads of the fork see them, then its own;
+	// its sequences continue from through_sequence; its state is the source's at the
+	// fork point. Nothing done to the fork changes the source. Idempotent by
+	// `request_id`. Erasing the source erases its forks.
+	ForkConversation(context.Context, *ForkConversationRequest) (*ForkConversationResponse, error)
 	mustEmbedUnimplementedTranscriptServiceServer()
 }
 
@@ -290,6 +313,9 @@ func (UnimplementedTranscriptServiceServer) ReleaseTurnLease(context.Context, *R
 }
 func (UnimplementedTranscriptServiceServer) WatchConversation(*WatchConversationRequest, TranscriptService_WatchConversationServer) error {
 	return status.Errorf(codes.Unimplemented, "method WatchConversation not implemented")
+}
+func (UnimplementedTranscriptServiceServer) ForkConversation(context.Context, *ForkConversationRequest) (*ForkConversationResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ForkConversation not implemented")
 }
 func (UnimplementedTranscriptServiceServer) mustEmbedUnimplementedTranscriptServiceServer() {}
 
@@ -523,6 +549,24 @@ func (x *transcriptServiceWatchConversationServer) Send(m *WatchConversationResp
 	return x.ServerStream.SendMsg(m)
 }
 
+func _TranscriptService_ForkConversation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForkConversationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).ForkConversation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/ForkConversation",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).ForkConversation(ctx, req.(*ForkConversationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _TranscriptService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "runifold.transcript.v1.TranscriptService",
 	HandlerType: (*TranscriptServiceServer)(nil),
@@ -570,6 +614,10 @@ var _TranscriptService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReleaseTurnLease",
 			Handler:    _TranscriptService_ReleaseTurnLease_Handler,
+		},
+		{
+			MethodName: "ForkConversation",
+			Handler:    _TranscriptService_ForkConversation_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

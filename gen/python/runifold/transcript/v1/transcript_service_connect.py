@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, GetConversationRequest, GetConversationResponse, GetStateRequest, GetStateResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, LoadViewRequest, LoadViewResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
+from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, ForkConversationRequest, ForkConversationResponse, GetConversationRequest, GetConversationResponse, GetStateRequest, GetStateResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, LoadViewRequest, LoadViewResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -144,6 +144,17 @@ class TranscriptService(Protocol):
         `Erased` when it is erased. A stream that ends with UNAVAILABLE or
         RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
         last sequence received: nothing is missed and nothing repeats.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def fork_conversation(self, request: ForkConversationRequest, ctx: RequestContext[ForkConversationRequest, ForkConversationResponse], /) -> ForkConversationResponse:
+        """
+        Makes a conversation from the entries 1..through_sequence of another of the same
+        namespace (edit and regenerate, a branch to try another answer). The fork shares
+        those entries without copying them: reads of the fork see them, then its own;
+        its sequences continue from through_sequence; its state is the source's at the
+        fork point. Nothing done to the fork changes the source. Idempotent by
+        `request_id`. Erasing the source erases its forks.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -292,6 +303,17 @@ class TranscriptServiceASGIApplication(ConnectASGIApplication[TranscriptService]
                         stream_type=StreamType.SERVER_STREAM,
                     ),
                     function=svc.watch_conversation,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ForkConversation": Endpoint.unary(
+                    method=MethodInfo(
+                        name="ForkConversation",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ForkConversationRequest,
+                        output=ForkConversationResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.fork_conversation,
                 ),
             },
             interceptors=interceptors,
@@ -644,6 +666,34 @@ class TranscriptServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def fork_conversation(
+        self,
+        request: ForkConversationRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ForkConversationResponse:
+        """
+        Makes a conversation from the entries 1..through_sequence of another of the same
+        namespace (edit and regenerate, a branch to try another answer). The fork shares
+        those entries without copying them: reads of the fork see them, then its own;
+        its sequences continue from through_sequence; its state is the source's at the
+        fork point. Nothing done to the fork changes the source. Idempotent by
+        `request_id`. Erasing the source erases its forks.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ForkConversation",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ForkConversationRequest,
+                output=ForkConversationResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class TranscriptServiceSync(Protocol):
     """
@@ -752,6 +802,17 @@ class TranscriptServiceSync(Protocol):
         `Erased` when it is erased. A stream that ends with UNAVAILABLE or
         RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
         last sequence received: nothing is missed and nothing repeats.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def fork_conversation(self, request: ForkConversationRequest, ctx: RequestContext[ForkConversationRequest, ForkConversationResponse], /) -> ForkConversationResponse:
+        """
+        Makes a conversation from the entries 1..through_sequence of another of the same
+        namespace (edit and regenerate, a branch to try another answer). The fork shares
+        those entries without copying them: reads of the fork see them, then its own;
+        its sequences continue from through_sequence; its state is the source's at the
+        fork point. Nothing done to the fork changes the source. Idempotent by
+        `request_id`. Erasing the source erases its forks.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -898,6 +959,17 @@ class TranscriptServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.SERVER_STREAM,
                     ),
                     function=service.watch_conversation,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ForkConversation": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="ForkConversation",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ForkConversationRequest,
+                        output=ForkConversationResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.fork_conversation,
                 ),
             },
             interceptors=interceptors,
@@ -1246,6 +1318,34 @@ class TranscriptServiceClientSync(ConnectClientSync):
                 output=WatchConversationResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.SERVER_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def fork_conversation(
+        self,
+        request: ForkConversationRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ForkConversationResponse:
+        """
+        Makes a conversation from the entries 1..through_sequence of another of the same
+        namespace (edit and regenerate, a branch to try another answer). The fork shares
+        those entries without copying them: reads of the fork see them, then its own;
+        its sequences continue from through_sequence; its state is the source's at the
+        fork point. Nothing done to the fork changes the source. Idempotent by
+        `request_id`. Erasing the source erases its forks.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ForkConversation",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ForkConversationRequest,
+                output=ForkConversationResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
             ),
             headers=headers,
             timeout_ms=timeout_ms,

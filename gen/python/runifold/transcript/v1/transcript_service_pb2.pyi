@@ -172,6 +172,7 @@ class Conversation(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     USER_ID_FIELD_NUMBER: _builtins.int
     STATE_JSON_FIELD_NUMBER: _builtins.int
+    FORK_ORIGIN_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID in canonical text form."""
     namespace: _builtins.str
@@ -207,6 +208,12 @@ class Conversation(_message.Message):
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Free-form labels given at creation."""
 
+    @_builtins.property
+    def fork_origin(self) -> Global___ForkOrigin:
+        """Set on a fork (ForkConversation): the conversation it was made from and the
+        last sequence it shares with it.
+        """
+
     def __init__(
         self,
         *,
@@ -220,10 +227,11 @@ class Conversation(_message.Message):
         incarnation: _builtins.int = ...,
         user_id: _builtins.str = ...,
         state_json: _builtins.str = ...,
+        fork_origin: Global___ForkOrigin | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "fork_origin", b"fork_origin", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "incarnation", b"incarnation", "labels", b"labels", "last_sequence", b"last_sequence", "namespace", b"namespace", "state_json", b"state_json", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "fork_origin", b"fork_origin", "incarnation", b"incarnation", "labels", b"labels", "last_sequence", b"last_sequence", "namespace", b"namespace", "state_json", b"state_json", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1663,3 +1671,107 @@ class Erased(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Erased: _TypeAlias = Erased  # noqa: Y015
+
+@_typing.final
+class ForkOrigin(_message.Message):
+    """Where a fork came from."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    THROUGH_SEQUENCE_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """The source conversation (UUID in canonical text form)."""
+    through_sequence: _builtins.int
+    """The last sequence of the source the fork shares (0: none)."""
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        through_sequence: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "through_sequence", b"through_sequence"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkOrigin: _TypeAlias = ForkOrigin  # noqa: Y015
+
+@_typing.final
+class ForkConversationRequest(_message.Message):
+    """Request of ForkConversation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    THROUGH_SEQUENCE_FIELD_NUMBER: _builtins.int
+    NEW_CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """The source conversation (UUID in canonical text form)."""
+    namespace: _builtins.str
+    """Namespace that owns the source, and will own the fork."""
+    through_sequence: _builtins.int
+    """The last entry of the source the fork shares: 0..the source's last_sequence
+    (beyond: INVALID_ARGUMENT / SEQUENCE_OUT_OF_RANGE). It may cut an append: the
+    fork then keeps that append's entries up to here, not its state change or
+    retractions.
+    """
+    new_conversation_id: _builtins.str
+    """The fork's id (UUID in canonical text form). When empty the server makes a
+    UUIDv7. An id of another conversation of the namespace is ALREADY_EXISTS /
+    CONVERSATION_EXISTS.
+    """
+    request_id: _builtins.str
+    """Idempotency key (1..128 printable ASCII characters), per source: a repeat
+    returns the fork it made with `created` false; the same key with another
+    through_sequence or new_conversation_id is INVALID_ARGUMENT / REQUEST_ID_REUSED.
+    """
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        through_sequence: _builtins.int = ...,
+        new_conversation_id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "namespace", b"namespace", "new_conversation_id", b"new_conversation_id", "request_id", b"request_id", "through_sequence", b"through_sequence"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkConversationRequest: _TypeAlias = ForkConversationRequest  # noqa: Y015
+
+@_typing.final
+class ForkConversationResponse(_message.Message):
+    """Response of ForkConversation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    created: _builtins.bool
+    """False when a repeat of `request_id` returned the fork made before."""
+    @_builtins.property
+    def conversation(self) -> Global___Conversation:
+        """The fork: `version` is the fork point's version + 1 (the fork is its first
+        own write), `last_sequence` through_sequence, `fork_origin` set.
+        """
+
+    def __init__(
+        self,
+        *,
+        conversation: Global___Conversation | None = ...,
+        created: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation", "created", b"created"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkConversationResponse: _TypeAlias = ForkConversationResponse  # noqa: Y015

@@ -110,6 +110,11 @@ class TranscriptServiceStub:
                 request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationRequest.SerializeToString,
                 response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationResponse.FromString,
                 _registered_method=True)
+        self.ForkConversation = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/ForkConversation',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ForkConversationRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ForkConversationResponse.FromString,
+                _registered_method=True)
 
 
 class TranscriptServiceServicer:
@@ -234,6 +239,18 @@ class TranscriptServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForkConversation(self, request, context):
+        """Makes a conversation from the entries 1..through_sequence of another of the same
+        namespace (edit and regenerate, a branch to try another answer). The fork shares
+        those entries without copying them: reads of the fork see them, then its own;
+        its sequences continue from through_sequence; its state is the source's at the
+        fork point. Nothing done to the fork changes the source. Idempotent by
+        `request_id`. Erasing the source erases its forks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TranscriptServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -296,6 +313,11 @@ def add_TranscriptServiceServicer_to_server(servicer, server):
                     servicer.WatchConversation,
                     request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationRequest.FromString,
                     response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationResponse.SerializeToString,
+            ),
+            'ForkConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkConversation,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ForkConversationRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ForkConversationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -638,6 +660,33 @@ class TranscriptService:
             '/runifold.transcript.v1.TranscriptService/WatchConversation',
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationRequest.SerializeToString,
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/ForkConversation',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ForkConversationRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ForkConversationResponse.FromString,
             options,
             channel_credentials,
             insecure,

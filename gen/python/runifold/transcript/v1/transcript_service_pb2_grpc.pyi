@@ -99,6 +99,14 @@ class TranscriptServiceStub:
     RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
     last sequence received: nothing is missed and nothing repeats.
     """
+    ForkConversation: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ForkConversationRequest, _transcript_service_pb2.ForkConversationResponse]
+    """Makes a conversation from the entries 1..through_sequence of another of the same
+    namespace (edit and regenerate, a branch to try another answer). The fork shares
+    those entries without copying them: reads of the fork see them, then its own;
+    its sequences continue from through_sequence; its state is the source's at the
+    fork point. Nothing done to the fork changes the source. Idempotent by
+    `request_id`. Erasing the source erases its forks.
+    """
 
 @_typing.type_check_only
 class TranscriptServiceAsyncStub(TranscriptServiceStub):
@@ -170,6 +178,14 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     `Erased` when it is erased. A stream that ends with UNAVAILABLE or
     RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
     last sequence received: nothing is missed and nothing repeats.
+    """
+    ForkConversation: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ForkConversationRequest, _transcript_service_pb2.ForkConversationResponse]  # type: ignore[assignment]
+    """Makes a conversation from the entries 1..through_sequence of another of the same
+    namespace (edit and regenerate, a branch to try another answer). The fork shares
+    those entries without copying them: reads of the fork see them, then its own;
+    its sequences continue from through_sequence; its state is the source's at the
+    fork point. Nothing done to the fork changes the source. Idempotent by
+    `request_id`. Erasing the source erases its forks.
     """
 
 class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -311,6 +327,20 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         `Erased` when it is erased. A stream that ends with UNAVAILABLE or
         RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
         last sequence received: nothing is missed and nothing repeats.
+        """
+
+    @_abc_1.abstractmethod
+    def ForkConversation(
+        self,
+        request: _transcript_service_pb2.ForkConversationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.ForkConversationResponse, _abc.Awaitable[_transcript_service_pb2.ForkConversationResponse]]:
+        """Makes a conversation from the entries 1..through_sequence of another of the same
+        namespace (edit and regenerate, a branch to try another answer). The fork shares
+        those entries without copying them: reads of the fork see them, then its own;
+        its sequences continue from through_sequence; its state is the source's at the
+        fork point. Nothing done to the fork changes the source. Idempotent by
+        `request_id`. Erasing the source erases its forks.
         """
 
 def add_TranscriptServiceServicer_to_server(servicer: TranscriptServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

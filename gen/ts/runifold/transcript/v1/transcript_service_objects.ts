@@ -165,6 +165,13 @@ export interface Conversation {
    * @generated from field: string state_json = 10;
    */
   'state_json'?: (string);
+  /**
+   * Set on a fork (ForkConversation): the conversation it was made from and the
+   * last sequence it shares with it.
+   *
+   * @generated from field: runifold.transcript.v1.ForkOrigin fork_origin = 11;
+   */
+  'fork_origin'?: (ForkOrigin | null);
 }
 
 /**
@@ -239,6 +246,13 @@ export interface Conversation__Output {
    * @generated from field: string state_json = 10;
    */
   'state_json': (string);
+  /**
+   * Set on a fork (ForkConversation): the conversation it was made from and the
+   * last sequence it shares with it.
+   *
+   * @generated from field: runifold.transcript.v1.ForkOrigin fork_origin = 11;
+   */
+  'fork_origin': (ForkOrigin__Output | null);
 }
 
 /**
@@ -2638,6 +2652,178 @@ export interface Erased__Output {
 }
 
 /**
+ * Where a fork came from.
+ *
+ * @generated from message runifold.transcript.v1.ForkOrigin
+ */
+export interface ForkOrigin {
+  /**
+   * The source conversation (UUID in canonical text form).
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id'?: (string);
+  /**
+   * The last sequence of the source the fork shares (0: none).
+   *
+   * @generated from field: int64 through_sequence = 2;
+   */
+  'through_sequence'?: (number | string | bigint);
+}
+
+/**
+ * Where a fork came from.
+ *
+ * @generated from message runifold.transcript.v1.ForkOrigin
+ */
+export interface ForkOrigin__Output {
+  /**
+   * The source conversation (UUID in canonical text form).
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id': (string);
+  /**
+   * The last sequence of the source the fork shares (0: none).
+   *
+   * @generated from field: int64 through_sequence = 2;
+   */
+  'through_sequence': (number);
+}
+
+/**
+ * Request of ForkConversation.
+ *
+ * @generated from message runifold.transcript.v1.ForkConversationRequest
+ */
+export interface ForkConversationRequest {
+  /**
+   * The source conversation (UUID in canonical text form).
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id'?: (string);
+  /**
+   * Namespace that owns the source, and will own the fork.
+   *
+   * @generated from field: string namespace = 2;
+   */
+  'namespace'?: (string);
+  /**
+   * The last entry of the source the fork shares: 0..the source's last_sequence
+   * (beyond: INVALID_ARGUMENT / SEQUENCE_OUT_OF_RANGE). It may cut an append: the
+   * fork then keeps that append's entries up to here, not its state change or
+   * retractions.
+   *
+   * @generated from field: int64 through_sequence = 3;
+   */
+  'through_sequence'?: (number | string | bigint);
+  /**
+   * The fork's id (UUID in canonical text form). When empty the server makes a
+   * UUIDv7. An id of another conversation of the namespace is ALREADY_EXISTS /
+   * CONVERSATION_EXISTS.
+   *
+   * @generated from field: string new_conversation_id = 4;
+   */
+  'new_conversation_id'?: (string);
+  /**
+   * Idempotency key (1..128 printable ASCII characters), per source: a repeat
+   * returns the fork it made with `created` false; the same key with another
+   * through_sequence or new_conversation_id is INVALID_ARGUMENT / REQUEST_ID_REUSED.
+   *
+   * @generated from field: string request_id = 5;
+   */
+  'request_id'?: (string);
+}
+
+/**
+ * Request of ForkConversation.
+ *
+ * @generated from message runifold.transcript.v1.ForkConversationRequest
+ */
+export interface ForkConversationRequest__Output {
+  /**
+   * The source conversation (UUID in canonical text form).
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id': (string);
+  /**
+   * Namespace that owns the source, and will own the fork.
+   *
+   * @generated from field: string namespace = 2;
+   */
+  'namespace': (string);
+  /**
+   * The last entry of the source the fork shares: 0..the source's last_sequence
+   * (beyond: INVALID_ARGUMENT / SEQUENCE_OUT_OF_RANGE). It may cut an append: the
+   * fork then keeps that append's entries up to here, not its state change or
+   * retractions.
+   *
+   * @generated from field: int64 through_sequence = 3;
+   */
+  'through_sequence': (number);
+  /**
+   * The fork's id (UUID in canonical text form). When empty the server makes a
+   * UUIDv7. An id of another conversation of the namespace is ALREADY_EXISTS /
+   * CONVERSATION_EXISTS.
+   *
+   * @generated from field: string new_conversation_id = 4;
+   */
+  'new_conversation_id': (string);
+  /**
+   * Idempotency key (1..128 printable ASCII characters), per source: a repeat
+   * returns the fork it made with `created` false; the same key with another
+   * through_sequence or new_conversation_id is INVALID_ARGUMENT / REQUEST_ID_REUSED.
+   *
+   * @generated from field: string request_id = 5;
+   */
+  'request_id': (string);
+}
+
+/**
+ * Response of ForkConversation.
+ *
+ * @generated from message runifold.transcript.v1.ForkConversationResponse
+ */
+export interface ForkConversationResponse {
+  /**
+   * The fork: `version` is the fork point's version + 1 (the fork is its first
+   * own write), `last_sequence` through_sequence, `fork_origin` set.
+   *
+   * @generated from field: runifold.transcript.v1.Conversation conversation = 1;
+   */
+  'conversation'?: (Conversation | null);
+  /**
+   * False when a repeat of `request_id` returned the fork made before.
+   *
+   * @generated from field: bool created = 2;
+   */
+  'created'?: (boolean);
+}
+
+/**
+ * Response of ForkConversation.
+ *
+ * @generated from message runifold.transcript.v1.ForkConversationResponse
+ */
+export interface ForkConversationResponse__Output {
+  /**
+   * The fork: `version` is the fork point's version + 1 (the fork is its first
+   * own write), `last_sequence` through_sequence, `fork_origin` set.
+   *
+   * @generated from field: runifold.transcript.v1.Conversation conversation = 1;
+   */
+  'conversation': (Conversation__Output | null);
+  /**
+   * False when a repeat of `request_id` returned the fork made before.
+   *
+   * @generated from field: bool created = 2;
+   */
+  'created': (boolean);
+}
+
+/**
  * Append-only conversation transcripts with compare-and-swap versioning.
  *
  * A conversation's `version` counts committed appends. Each entry has a
@@ -2749,5 +2935,16 @@ export interface TranscriptService__Methods {
    * @generated from rpc runifold.transcript.v1.TranscriptService.WatchConversation
    */
   watchConversation: { request: WatchConversationRequest; response: WatchConversationResponse__Output };
+  /**
+   * Makes a conversation from the entries 1..through_sequence of another of the same
+   * namespace (edit and regenerate, a branch to try another answer). The fork shares
+   * those entries without copying them: reads of the fork see them, then its own;
+   * its sequences continue from through_sequence; its state is the source's at the
+   * fork point. Nothing done to the fork changes the source. Idempotent by
+   * `request_id`. Erasing the source erases its forks.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.ForkConversation
+   */
+  forkConversation: { request: ForkConversationRequest; response: ForkConversationResponse__Output };
 }
 
