@@ -107,6 +107,12 @@ COSTS: dict[str, CostClass] = {
         "one conversation row and its state (RUNIFOLD_MAX_STATE_BYTES)",
         "never",
     ),
+    _T + "ListAppends": CostClass(
+        "exempt",
+        _ONE_READ + " (a range of the appends' primary key per segment of a fork's lineage)",
+        _PAGE + " of appends (digests and retracted sequences, at most 256 each)",
+        "never",
+    ),
     # -- SummaryService -----------------------------------------------------------------
     _S + "GetSummary": CostClass("exempt", _ONE_READ, "one summary", "never"),
     _S + "CommitSummary": CostClass(

@@ -44,6 +44,7 @@ def conversation_to_proto(conversation: Conversation) -> pb.Conversation:
         )
         if conversation.fork_origin is not None
         else None,
+        head_digest=conversation.head_digest,
     )
 
 
@@ -211,6 +212,7 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             usage=convert.usage_to_proto(record.usage),
             user_state_version=result.user_state_version,
             namespace_state_version=result.namespace_state_version,
+            digest=record.digest,
         )
 
     async def ListEntries(
@@ -337,6 +339,32 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
         )
         return pb.ForkConversationResponse(
             conversation=conversation_to_proto(conversation), created=created
+        )
+
+    async def ListAppends(
+        self, request: pb.ListAppendsRequest, context: Context
+    ) -> pb.ListAppendsResponse:
+        page = await self.service.list_appends(
+            request.namespace,
+            request.conversation_id,
+            request.after_version,
+            request.page_size,
+            request.page_token,
+        )
+        return pb.ListAppendsResponse(
+            appends=[
+                pb.Append(
+                    version=link.version,
+                    first_sequence=link.first_sequence,
+                    last_sequence=link.last_sequence,
+                    digest=link.digest,
+                    previous_digest=link.previous_digest,
+                    commit_time=convert.timestamp(link.commit_time),
+                    retracted_sequences=link.retracted_sequences,
+                )
+                for link in page.appends
+            ],
+            next_page_token=page.next_page_token,
         )
 
     # A coroutine that writes through the context (grpc.aio serves both forms), so that

@@ -10,18 +10,24 @@ from typing import Protocol
 
 from services.transcript.appends.store import AppendStore, PostgresAppends
 from services.transcript.conversations.store import ConversationStore, PostgresConversations
+from services.transcript.digests.store import ChainStore, PostgresChain
 from services.transcript.forks.store import ForkStore, PostgresForks
 from services.transcript.leases.store import PostgresTurnLeases, TurnLeaseStore
 from services.transcript.views.store import PostgresViews, ViewStore
 
 
 class TranscriptStore(
-    ConversationStore, AppendStore, ViewStore, TurnLeaseStore, ForkStore, Protocol
+    ConversationStore, AppendStore, ViewStore, TurnLeaseStore, ForkStore, ChainStore, Protocol
 ):
     """What the transcript service needs from a store. Every method is atomic."""
 
 
 class PostgresTranscriptStore(
-    PostgresConversations, PostgresAppends, PostgresViews, PostgresTurnLeases, PostgresForks
+    PostgresConversations,
+    PostgresAppends,
+    PostgresViews,
+    PostgresTurnLeases,
+    PostgresForks,
+    PostgresChain,
 ):
     """TranscriptStore on PostgreSQL (schema `transcript`)."""

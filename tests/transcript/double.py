@@ -35,6 +35,7 @@ from services.transcript.conversations.model import (
     request_id_reused,
     state_too_large,
 )
+from services.transcript.digests.model import GENESIS, ChainLink, body, chain_step, links
 from services.transcript.forks.model import (
     NewFork,
     conversation_exists,
@@ -106,6 +107,7 @@ class _Stored:
     turns: dict[str, _Turn] = field(default_factory=dict)
     # Every append in version order, and the state after each version ([0]: at creation).
     records: list[AppendRecord] = field(default_factory=list)
+    retracted: list[tuple[int, ...]] = field(default_factory=list)  # per version
     states: list[str] = field(default_factory=lambda: ["{}"])
     # A fork's shared prefix ends here (its entries cannot be retracted by the fork); the
     # forks made of this one (by id, incarnation), and its forks' request ids.
@@ -261,12 +263,17 @@ class InMemoryTranscriptStore:
                     stored.entries[sequence - 1], retracted_version=version, retract_time=now
                 )
             last = current.last_sequence + len(append.messages)
+            digest = b""
+            if append.digest_body is not None:
+                previous = current.head_digest or GENESIS
+                digest = chain_step(previous, version, first, last, now, append.digest_body)
             stored.conversation = replace(
                 current,
                 version=version,
                 last_sequence=last,
                 update_time=now,
                 state_json=conversation_state,
+                head_digest=digest or current.head_digest,
             )
             user_version = (
                 self._commit_scoped(append.namespace, current.user_id, user_after, now)
@@ -274,8 +281,11 @@ class InMemoryTranscriptStore:
                 else 0
             )
             namespace_version = self._commit_scoped(append.namespace, "", namespace_after, now)
-            record = AppendRecord(version, first, last, append.usage, now, append.payload_hash)
+            record = AppendRecord(
+                version, first, last, append.usage, now, append.payload_hash, digest
+            )
             stored.records.append(record)
+            stored.retracted.append(tuple(append.retract))
             stored.states.append(conversation_state)
             if append.request_id is not None:
                 stored.appends[append.request_id] = record
@@ -376,6 +386,21 @@ class InMemoryTranscriptStore:
                     pending.extend(fork.forks)
             return erased
 
+    async def list_appends(
+        self, namespace: str, conversation_id: uuid.UUID, after_version: int, limit: int
+    ) -> list[ChainLink] | None:
+        stored = self._data.get((namespace, conversation_id))
+        if stored is None:
+            return None
+        rows = [
+            (r.version, r.first_sequence, r.last_sequence, r.digest or None, r.commit_time, t)
+            for r, t in zip(stored.records, stored.retracted, strict=True)
+        ]
+        if after_version > len(rows):
+            return []
+        previous = (rows[after_version - 1][3] if after_version else None) or GENESIS
+        return links(rows[after_version : after_version + limit], previous)
+
     async def fork_conversation(self, fork: NewFork) -> tuple[Conversation, bool]:
         async with self._lock:
             source = self._data.get((fork.namespace, fork.source_id))
@@ -401,6 +426,9 @@ class InMemoryTranscriptStore:
             cut_from = source.records[version - 1].last_sequence + 1 if version else 1
             now = datetime.now(UTC)
             state = source.states[version]
+            previous = (source.records[version - 1].digest if version else b"") or GENESIS
+            cut = [entry.message for entry in source.entries[cut_from - 1 : through]]
+            digest = chain_step(previous, version + 1, cut_from, through, now, body((), cut))
             conversation = Conversation(
                 fork.conversation_id,
                 fork.namespace,
@@ -413,6 +441,7 @@ class InMemoryTranscriptStore:
                 current.user_id,
                 state,
                 ForkOrigin(fork.source_id, through),
+                head_digest=digest,
             )
             # The prefix as the fork sees it: what the source retracted after the fork
             # point is not retracted in the fork.
@@ -422,11 +451,14 @@ class InMemoryTranscriptStore:
                 else replace(entry, retracted_version=0, retract_time=None)
                 for entry in source.entries[:through]
             ]
-            record = AppendRecord(version + 1, cut_from, through, Usage(), now, fork.payload_hash)
+            record = AppendRecord(
+                version + 1, cut_from, through, Usage(), now, fork.payload_hash, digest
+            )
             self._data[(fork.namespace, fork.conversation_id)] = _Stored(
                 conversation,
                 entries,
                 records=[*source.records[:version], record],
+                retracted=[*source.retracted[:version], ()],
                 states=[*source.states[: version + 1], state],
                 prefix_end=through,
             )

@@ -64,6 +64,8 @@ class Conversation:
     # it shares with its lineage (the store reads its entries there).
     fork_origin: ForkOrigin | None = None
     prefix: tuple[Segment, ...] = ()
+    # The digest of its newest append (b"": none yet, or only appends from before digests).
+    head_digest: bytes = b""
 
     @property
     def prefix_end(self) -> int:
@@ -81,6 +83,8 @@ class AppendRecord:
     usage: Usage
     commit_time: datetime
     payload_hash: bytes | None = None
+    # Its digest in the conversation's chain (b"": recorded before digests, or not read).
+    digest: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

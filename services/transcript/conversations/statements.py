@@ -10,7 +10,9 @@ column lists and subqueries defined here.
 from __future__ import annotations
 
 # A fork's origin and shared prefix (migration 0011), after the other columns.
-FORK_COLUMNS = "fork_origin_id, fork_through, prefix_keys, prefix_through, prefix_versions"
+FORK_COLUMNS = (
+    "fork_origin_id, fork_through, prefix_keys, prefix_through, prefix_versions, head_digest"
+)
 CONVERSATION_COLUMNS = (
     "conversation_id, namespace, version, last_sequence, create_time, update_time, labels, "
     f"incarnation, user_id, state::text, {FORK_COLUMNS}"

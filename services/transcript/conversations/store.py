@@ -97,6 +97,7 @@ def conversation_from_row(row: Sequence[Any]) -> Conversation:
         row[9],
         ForkOrigin(origin_id, through) if origin_id is not None else None,
         prefix_from_columns(keys, throughs, versions),
+        bytes(row[15]) if row[15] is not None else b"",
     )
 
 

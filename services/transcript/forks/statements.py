@@ -36,7 +36,7 @@ SELECT conversation_key, last_sequence, labels, user_id, prefix_keys, prefix_thr
 # fork point: the newest (version) of those ending at the latest sequence at or before it
 # (two probes of appends_last_sequence).
 FORK_POINT = """
-SELECT version, last_sequence FROM transcript.appends
+SELECT version, last_sequence, digest FROM transcript.appends
  WHERE conversation_key = %(key)s AND version <= %(cap)s
    AND last_sequence = (SELECT max(last_sequence) FROM transcript.appends
                          WHERE conversation_key = %(key)s AND version <= %(cap)s
@@ -65,19 +65,25 @@ WITH created AS (
     INSERT INTO transcript.conversations AS c
            (namespace, conversation_id, labels, user_id, state, initial_state, version,
             last_sequence, fork_origin_id, fork_through, fork_source_key, prefix_keys,
-            prefix_through, prefix_versions, fork_request_id, fork_payload_hash)
+            prefix_through, prefix_versions, fork_request_id, fork_payload_hash, head_digest)
     VALUES (%(namespace)s, %(conversation_id)s, %(labels)s, %(user_id)s, %(state)s::jsonb,
             %(state)s::jsonb, %(version)s + 1, %(through)s, %(source_id)s, %(through)s,
             %(source_key)s, %(prefix_keys)s, %(prefix_through)s, %(prefix_versions)s,
-            %(request_id)s, %(payload_hash)s)
+            %(request_id)s, %(payload_hash)s,
+            -- The fork's chain goes on from the source's digest at the fork point.
+            sha256(%(previous)s::bytea || int8send(%(version)s + 1) || int8send(%(cut_from)s)
+                   || int8send(%(through)s)
+                   || int8send((extract(epoch FROM now()) * 1000000)::bigint)
+                   || %(digest_body)s::bytea))
     ON CONFLICT (namespace, conversation_id) DO NOTHING
-    RETURNING {CONVERSATION_COLUMNS}, conversation_key, update_time AS commit_time
+    RETURNING {CONVERSATION_COLUMNS}, conversation_key, update_time AS commit_time,
+              head_digest AS digest
 ), recorded AS (
     INSERT INTO transcript.appends
            (conversation_key, version, first_sequence, last_sequence, payload_hash,
-            commit_time, state)
+            commit_time, state, digest)
     SELECT conversation_key, %(version)s + 1, %(cut_from)s, %(through)s, %(payload_hash)s,
-           commit_time, %(state)s::jsonb
+           commit_time, %(state)s::jsonb, digest
       FROM created
 )
 SELECT {CONVERSATION_COLUMNS} FROM created

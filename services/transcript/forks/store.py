@@ -13,6 +13,7 @@ from typing import Protocol
 import psycopg
 from psycopg.types.json import Jsonb
 
+from services.common.domain import SEQUENCE_MAX
 from services.common.postgres.pool import AsyncConn
 from services.transcript.conversations.model import (
     Conversation,
@@ -25,6 +26,7 @@ from services.transcript.conversations.store import (
     conversation_from_row,
     prefix_from_columns,
 )
+from services.transcript.digests.model import GENESIS, body
 from services.transcript.forks import statements as sql
 from services.transcript.forks.model import (
     NewFork,
@@ -33,6 +35,7 @@ from services.transcript.forks.model import (
     conversation_exists,
     fork_point_out_of_range,
 )
+from services.transcript.views.store import entry_from_row, read_prefix
 
 
 class ForkStore(Protocol):
@@ -79,9 +82,19 @@ class PostgresForks(PostgresBase):
             if fork.through_sequence > last:
                 raise fork_point_out_of_range(last)
             lineage = chain(prefix_from_columns(*prefix_columns), key)
-            version, cut_from = await _fork_point(conn, lineage, fork.through_sequence)
+            version, cut_from, previous = await _fork_point(conn, lineage, fork.through_sequence)
             prefix = clip_prefix(lineage, fork.through_sequence, version)
             state = await _state_at(conn, prefix, lineage[0].key)
+            # The entries the fork point cut from an append (at most one append's): the
+            # fork append's, in its digest.
+            cut = (
+                await read_prefix(
+                    conn, lineage, key, [(cut_from, fork.through_sequence)], SEQUENCE_MAX
+                )
+                if cut_from <= fork.through_sequence
+                else []
+            )
+            digest_body = body((), [entry_from_row(row[2:12]).message for row in cut])
             cursor = await conn.execute(
                 sql.CREATE_FORK,
                 {
@@ -98,6 +111,8 @@ class PostgresForks(PostgresBase):
                     "prefix_through": [segment.through_sequence for segment in prefix] or None,
                     "prefix_versions": [segment.through_version for segment in prefix] or None,
                     "payload_hash": fork.payload_hash,
+                    "previous": previous,
+                    "digest_body": digest_body,
                 },
             )
             row = await cursor.fetchone()
@@ -127,11 +142,11 @@ async def _replay(conn: AsyncConn, fork: NewFork, params: dict[str, object]) -> 
 
 async def _fork_point(
     conn: AsyncConn, lineage: tuple[Segment, ...], through: int
-) -> tuple[int, int]:
+) -> tuple[int, int, bytes]:
     """The fork point's version (the last append of the lineage whose entries all lie at
-    or before `through`) and the first sequence after that append's. The appends' last
-    sequences grow with their versions along the lineage: the newest segment that holds
-    such an append holds the answer."""
+    or before `through`), the first sequence after that append's, and its digest (the
+    fork's chain goes on from it). The appends' last sequences grow with their versions
+    along the lineage: the newest segment that holds such an append holds the answer."""
     for segment in reversed(lineage):
         cursor = await conn.execute(
             sql.FORK_POINT,
@@ -139,8 +154,8 @@ async def _fork_point(
         )
         row = await cursor.fetchone()
         if row is not None:
-            return row[0], row[1] + 1
-    return 0, 1
+            return row[0], row[1] + 1, bytes(row[2]) if row[2] is not None else GENESIS
+    return 0, 1, GENESIS
 
 
 async def _state_at(conn: AsyncConn, prefix: tuple[Segment, ...], root_key: int) -> str:

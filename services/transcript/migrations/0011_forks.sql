@@ -51,3 +51,11 @@ UPDATE transcript.appends AS a SET state = c.state
    AND c.state <> '{}'::jsonb;
 UPDATE transcript.conversations SET initial_state = state
  WHERE version = 0 AND state <> '{}'::jsonb;
+
+-- Digests (docs/transcript.md, services/transcript/digests/model.py): each append's
+-- SHA-256 over the previous append's digest and its canonical bytes, and the newest on
+-- the conversation row (GetConversation's head_digest), where the append statement finds
+-- the previous one under the row lock it takes anyway. Appends recorded before this
+-- migration have none: a conversation's chain starts at its first append after it.
+ALTER TABLE transcript.conversations ADD COLUMN head_digest bytea;
+ALTER TABLE transcript.appends ADD COLUMN digest bytea;

@@ -78,7 +78,8 @@ WITH c AS MATERIALIZED (
 SELECT c.version, c.last_sequence, c.incarnation, a.*, e.*,
        c.conversation_id, c.namespace, c.version, c.last_sequence, c.create_time,
        c.update_time, c.labels, c.incarnation, c.user_id, c.state_text, c.fork_origin_id,
-       c.fork_through, c.prefix_keys, c.prefix_through, c.prefix_versions, c.conversation_key
+       c.fork_through, c.prefix_keys, c.prefix_through, c.prefix_versions, c.head_digest,
+       c.conversation_key
   FROM c LEFT JOIN a ON true LEFT JOIN e ON true
  ORDER BY e.sequence
 """

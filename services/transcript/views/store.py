@@ -190,7 +190,7 @@ class PostgresViews(PostgresBase):
             first = rows[0]
             prior = record_from_row(first[3:11]) if first[3] is not None else None
             entries = [entry_from_row(row[11:21]) for row in rows if row[11] is not None]
-            conversation = conversation_from_row(first[21:36])
+            conversation = conversation_from_row(first[21:37])
             if conversation.prefix:
                 # A fork: what the view reads of its shared prefix lies in its lineage's rows.
                 last = first[1]
@@ -207,7 +207,7 @@ class PostgresViews(PostgresBase):
                 )
                 if shared:
                     read = await read_prefix(
-                        conn, conversation.prefix, first[36], shared, SEQUENCE_MAX
+                        conn, conversation.prefix, first[37], shared, SEQUENCE_MAX
                     )
                     entries = sorted(
                         [entry_from_row(row[2:12]) for row in read] + entries,

@@ -67,6 +67,10 @@ type TranscriptServiceClient interface {
 	// fork point. Nothing done to the fork changes the source. Idempotent by
 	// `request_id`. Erasing the source erases its forks.
 	ForkConversation(ctx context.Context, in *ForkConversationRequest, opts ...grpc.CallOption) (*ForkConversationResponse, error)
+	// The conversation's appends in version order, each with its digest and the
+	// previous one: the chain anyone can recompute from them and ListEntries
+	// (docs/transcript.md says how) and compare with Conversation.head_digest.
+	ListAppends(ctx context.Context, in *ListAppendsRequest, opts ...grpc.CallOption) (*ListAppendsResponse, error)
 }
 
 type transcriptServiceClient struct {
@@ -217,6 +221,15 @@ func (c *transcriptServiceClient) ForkConversation(ctx context.Context, in *Fork
 	return out, nil
 }
 
+func (c *transcriptServiceClient) ListAppends(ctx context.Context, in *ListAppendsRequest, opts ...grpc.CallOption) (*ListAppendsResponse, error) {
+	out := new(ListAppendsResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/ListAppends", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TranscriptServiceServer is the server API for TranscriptService service.
 // All implementations must embed UnimplementedTranscriptServiceServer
 // for forward compatibility
@@ -271,6 +284,10 @@ type TranscriptServiceServer interface {
 	// fork point. Nothing done to the fork changes the source. Idempotent by
 	// `request_id`. Erasing the source erases its forks.
 	ForkConversation(context.Context, *ForkConversationRequest) (*ForkConversationResponse, error)
+	// The conversation's appends in version order, each with its digest and the
+	// previous one: the chain anyone can recompute from them and ListEntries
+	// (docs/transcript.md says how) and compare with Conversation.head_digest.
+	ListAppends(context.Context, *ListAppendsRequest) (*ListAppendsResponse, error)
 	mustEmbedUnimplementedTranscriptServiceServer()
 }
 
@@ -316,6 +333,9 @@ func (UnimplementedTranscriptServiceServer) WatchConversation(*WatchConversation
 }
 func (UnimplementedTranscriptServiceServer) ForkConversation(context.Context, *ForkConversationRequest) (*ForkConversationResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ForkConversation not implemented")
+}
+func (UnimplementedTranscriptServiceServer) ListAppends(context.Context, *ListAppendsRequest) (*ListAppendsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListAppends not implemented")
 }
 func (UnimplementedTranscriptServiceServer) mustEmbedUnimplementedTranscriptServiceServer() {}
 
@@ -567,6 +587,24 @@ func _TranscriptService_ForkConversation_Handler(srv interface{}, ctx context.Co
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TranscriptService_ListAppends_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListAppendsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).ListAppends(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/ListAppends",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).ListAppends(ctx, req.(*ListAppendsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _TranscriptService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "runifold.transcript.v1.TranscriptService",
 	HandlerType: (*TranscriptServiceServer)(nil),
@@ -618,6 +656,10 @@ var _TranscriptService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ForkConversation",
 			Handler:    _TranscriptService_ForkConversation_Handler,
+		},
+		{
+			MethodName: "ListAppends",
+			Handler:    _TranscriptService_ListAppends_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

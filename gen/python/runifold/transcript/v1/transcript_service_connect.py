@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, ForkConversationRequest, ForkConversationResponse, GetConversationRequest, GetConversationResponse, GetStateRequest, GetStateResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, LoadViewRequest, LoadViewResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
+from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, ForkConversationRequest, ForkConversationResponse, GetConversationRequest, GetConversationResponse, GetStateRequest, GetStateResponse, ListAppendsRequest, ListAppendsResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, LoadViewRequest, LoadViewResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -155,6 +155,14 @@ class TranscriptService(Protocol):
         its sequences continue from through_sequence; its state is the source's at the
         fork point. Nothing done to the fork changes the source. Idempotent by
         `request_id`. Erasing the source erases its forks.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def list_appends(self, request: ListAppendsRequest, ctx: RequestContext[ListAppendsRequest, ListAppendsResponse], /) -> ListAppendsResponse:
+        """
+        The conversation's appends in version order, each with its digest and the
+        previous one: the chain anyone can recompute from them and ListEntries
+        (docs/transcript.md says how) and compare with Conversation.head_digest.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -314,6 +322,17 @@ class TranscriptServiceASGIApplication(ConnectASGIApplication[TranscriptService]
                         stream_type=StreamType.UNARY,
                     ),
                     function=svc.fork_conversation,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ListAppends": Endpoint.unary(
+                    method=MethodInfo(
+                        name="ListAppends",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ListAppendsRequest,
+                        output=ListAppendsResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.list_appends,
                 ),
             },
             interceptors=interceptors,
@@ -694,6 +713,31 @@ class TranscriptServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def list_appends(
+        self,
+        request: ListAppendsRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListAppendsResponse:
+        """
+        The conversation's appends in version order, each with its digest and the
+        previous one: the chain anyone can recompute from them and ListEntries
+        (docs/transcript.md says how) and compare with Conversation.head_digest.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListAppends",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ListAppendsRequest,
+                output=ListAppendsResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class TranscriptServiceSync(Protocol):
     """
@@ -813,6 +857,14 @@ class TranscriptServiceSync(Protocol):
         its sequences continue from through_sequence; its state is the source's at the
         fork point. Nothing done to the fork changes the source. Idempotent by
         `request_id`. Erasing the source erases its forks.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def list_appends(self, request: ListAppendsRequest, ctx: RequestContext[ListAppendsRequest, ListAppendsResponse], /) -> ListAppendsResponse:
+        """
+        The conversation's appends in version order, each with its digest and the
+        previous one: the chain anyone can recompute from them and ListEntries
+        (docs/transcript.md says how) and compare with Conversation.head_digest.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -970,6 +1022,17 @@ class TranscriptServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.UNARY,
                     ),
                     function=service.fork_conversation,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ListAppends": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="ListAppends",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ListAppendsRequest,
+                        output=ListAppendsResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.list_appends,
                 ),
             },
             interceptors=interceptors,
@@ -1344,6 +1407,31 @@ class TranscriptServiceClientSync(ConnectClientSync):
                 service_name="runifold.transcript.v1.TranscriptService",
                 input=ForkConversationRequest,
                 output=ForkConversationResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def list_appends(
+        self,
+        request: ListAppendsRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListAppendsResponse:
+        """
+        The conversation's appends in version order, each with its digest and the
+        previous one: the chain anyone can recompute from them and ListEntries
+        (docs/transcript.md says how) and compare with Conversation.head_digest.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListAppends",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ListAppendsRequest,
+                output=ListAppendsResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
             ),

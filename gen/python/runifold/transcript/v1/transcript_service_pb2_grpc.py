@@ -115,6 +115,11 @@ class TranscriptServiceStub:
                 request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ForkConversationRequest.SerializeToString,
                 response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ForkConversationResponse.FromString,
                 _registered_method=True)
+        self.ListAppends = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/ListAppends',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListAppendsRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListAppendsResponse.FromString,
+                _registered_method=True)
 
 
 class TranscriptServiceServicer:
@@ -251,6 +256,15 @@ class TranscriptServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAppends(self, request, context):
+        """The conversation's appends in version order, each with its digest and the
+        previous one: the chain anyone can recompute from them and ListEntries
+        (docs/transcript.md says how) and compare with Conversation.head_digest.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TranscriptServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -318,6 +332,11 @@ def add_TranscriptServiceServicer_to_server(servicer, server):
                     servicer.ForkConversation,
                     request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ForkConversationRequest.FromString,
                     response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ForkConversationResponse.SerializeToString,
+            ),
+            'ListAppends': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAppends,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListAppendsRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListAppendsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -687,6 +706,33 @@ class TranscriptService:
             '/runifold.transcript.v1.TranscriptService/ForkConversation',
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ForkConversationRequest.SerializeToString,
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ForkConversationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAppends(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/ListAppends',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListAppendsRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListAppendsResponse.FromString,
             options,
             channel_credentials,
             insecure,

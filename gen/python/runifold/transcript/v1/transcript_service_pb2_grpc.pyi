@@ -107,6 +107,11 @@ class TranscriptServiceStub:
     fork point. Nothing done to the fork changes the source. Idempotent by
     `request_id`. Erasing the source erases its forks.
     """
+    ListAppends: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ListAppendsRequest, _transcript_service_pb2.ListAppendsResponse]
+    """The conversation's appends in version order, each with its digest and the
+    previous one: the chain anyone can recompute from them and ListEntries
+    (docs/transcript.md says how) and compare with Conversation.head_digest.
+    """
 
 @_typing.type_check_only
 class TranscriptServiceAsyncStub(TranscriptServiceStub):
@@ -186,6 +191,11 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     its sequences continue from through_sequence; its state is the source's at the
     fork point. Nothing done to the fork changes the source. Idempotent by
     `request_id`. Erasing the source erases its forks.
+    """
+    ListAppends: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ListAppendsRequest, _transcript_service_pb2.ListAppendsResponse]  # type: ignore[assignment]
+    """The conversation's appends in version order, each with its digest and the
+    previous one: the chain anyone can recompute from them and ListEntries
+    (docs/transcript.md says how) and compare with Conversation.head_digest.
     """
 
 class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -341,6 +351,17 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         its sequences continue from through_sequence; its state is the source's at the
         fork point. Nothing done to the fork changes the source. Idempotent by
         `request_id`. Erasing the source erases its forks.
+        """
+
+    @_abc_1.abstractmethod
+    def ListAppends(
+        self,
+        request: _transcript_service_pb2.ListAppendsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.ListAppendsResponse, _abc.Awaitable[_transcript_service_pb2.ListAppendsResponse]]:
+        """The conversation's appends in version order, each with its digest and the
+        previous one: the chain anyone can recompute from them and ListEntries
+        (docs/transcript.md says how) and compare with Conversation.head_digest.
         """
 
 def add_TranscriptServiceServicer_to_server(servicer: TranscriptServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

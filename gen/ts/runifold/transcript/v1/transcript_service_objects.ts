@@ -172,6 +172,14 @@ export interface Conversation {
    * @generated from field: runifold.transcript.v1.ForkOrigin fork_origin = 11;
    */
   'fork_origin'?: (ForkOrigin | null);
+  /**
+   * The SHA-256 digest of the newest append (ListAppends): it binds every entry,
+   * retraction and commit time of the conversation so far. Empty before its first
+   * append (and for appends recorded before digests existed).
+   *
+   * @generated from field: bytes head_digest = 12;
+   */
+  'head_digest'?: (Buffer | Uint8Array | string);
 }
 
 /**
@@ -253,6 +261,14 @@ export interface Conversation__Output {
    * @generated from field: runifold.transcript.v1.ForkOrigin fork_origin = 11;
    */
   'fork_origin': (ForkOrigin__Output | null);
+  /**
+   * The SHA-256 digest of the newest append (ListAppends): it binds every entry,
+   * retraction and commit time of the conversation so far. Empty before its first
+   * append (and for appends recorded before digests existed).
+   *
+   * @generated from field: bytes head_digest = 12;
+   */
+  'head_digest': (Buffer);
 }
 
 /**
@@ -714,6 +730,13 @@ export interface AppendEntriesResponse {
    * @generated from field: int64 namespace_state_version = 7;
    */
   'namespace_state_version'?: (number | string | bigint);
+  /**
+   * The append's digest: SHA-256 over the previous append's digest and this
+   * append's canonical bytes (docs/transcript.md).
+   *
+   * @generated from field: bytes digest = 8;
+   */
+  'digest'?: (Buffer | Uint8Array | string);
 }
 
 /**
@@ -765,6 +788,13 @@ export interface AppendEntriesResponse__Output {
    * @generated from field: int64 namespace_state_version = 7;
    */
   'namespace_state_version': (number);
+  /**
+   * The append's digest: SHA-256 over the previous append's digest and this
+   * append's canonical bytes (docs/transcript.md).
+   *
+   * @generated from field: bytes digest = 8;
+   */
+  'digest': (Buffer);
 }
 
 /**
@@ -2824,6 +2854,226 @@ export interface ForkConversationResponse__Output {
 }
 
 /**
+ * One committed append in a conversation's digest chain.
+ *
+ * @generated from message runifold.transcript.v1.Append
+ */
+export interface Append {
+  /**
+   * The version it made.
+   *
+   * @generated from field: int64 version = 1;
+   */
+  'version'?: (number | string | bigint);
+  /**
+   * Its first sequence (last_sequence + 1 when it wrote no entry).
+   *
+   * @generated from field: int64 first_sequence = 2;
+   */
+  'first_sequence'?: (number | string | bigint);
+  /**
+   * Its last sequence.
+   *
+   * @generated from field: int64 last_sequence = 3;
+   */
+  'last_sequence'?: (number | string | bigint);
+  /**
+   * SHA-256(previous_digest || its canonical bytes); empty for an append
+   * recorded before digests existed.
+   *
+   * @generated from field: bytes digest = 4;
+   */
+  'digest'?: (Buffer | Uint8Array | string);
+  /**
+   * The digest it follows: the previous append's (32 zero bytes for the first of
+   * a chain).
+   *
+   * @generated from field: bytes previous_digest = 5;
+   */
+  'previous_digest'?: (Buffer | Uint8Array | string);
+  /**
+   * When it committed (to the microsecond; part of the digest).
+   *
+   * @generated from field: google.protobuf.Timestamp commit_time = 6;
+   */
+  'commit_time'?: (Timestamp | null);
+  /**
+   * The sequences it retracted, increasing.
+   *
+   * @generated from field: repeated int64 retracted_sequences = 7;
+   */
+  'retracted_sequences'?: (number | string | bigint)[];
+}
+
+/**
+ * One committed append in a conversation's digest chain.
+ *
+ * @generated from message runifold.transcript.v1.Append
+ */
+export interface Append__Output {
+  /**
+   * The version it made.
+   *
+   * @generated from field: int64 version = 1;
+   */
+  'version': (number);
+  /**
+   * Its first sequence (last_sequence + 1 when it wrote no entry).
+   *
+   * @generated from field: int64 first_sequence = 2;
+   */
+  'first_sequence': (number);
+  /**
+   * Its last sequence.
+   *
+   * @generated from field: int64 last_sequence = 3;
+   */
+  'last_sequence': (number);
+  /**
+   * SHA-256(previous_digest || its canonical bytes); empty for an append
+   * recorded before digests existed.
+   *
+   * @generated from field: bytes digest = 4;
+   */
+  'digest': (Buffer);
+  /**
+   * The digest it follows: the previous append's (32 zero bytes for the first of
+   * a chain).
+   *
+   * @generated from field: bytes previous_digest = 5;
+   */
+  'previous_digest': (Buffer);
+  /**
+   * When it committed (to the microsecond; part of the digest).
+   *
+   * @generated from field: google.protobuf.Timestamp commit_time = 6;
+   */
+  'commit_time': (Timestamp__Output | null);
+  /**
+   * The sequences it retracted, increasing.
+   *
+   * @generated from field: repeated int64 retracted_sequences = 7;
+   */
+  'retracted_sequences': (number)[];
+}
+
+/**
+ * Request of ListAppends.
+ *
+ * @generated from message runifold.transcript.v1.ListAppendsRequest
+ */
+export interface ListAppendsRequest {
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id'?: (string);
+  /**
+   * Namespace that owns it.
+   *
+   * @generated from field: string namespace = 2;
+   */
+  'namespace'?: (string);
+  /**
+   * Appends after this version (0: from the first).
+   *
+   * @generated from field: int64 after_version = 3;
+   */
+  'after_version'?: (number | string | bigint);
+  /**
+   * AIP-158: 0 means 100, at most 1000.
+   *
+   * @generated from field: int32 page_size = 4;
+   */
+  'page_size'?: (number);
+  /**
+   * From a previous response's next_page_token.
+   *
+   * @generated from field: string page_token = 5;
+   */
+  'page_token'?: (string);
+}
+
+/**
+ * Request of ListAppends.
+ *
+ * @generated from message runifold.transcript.v1.ListAppendsRequest
+ */
+export interface ListAppendsRequest__Output {
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id': (string);
+  /**
+   * Namespace that owns it.
+   *
+   * @generated from field: string namespace = 2;
+   */
+  'namespace': (string);
+  /**
+   * Appends after this version (0: from the first).
+   *
+   * @generated from field: int64 after_version = 3;
+   */
+  'after_version': (number);
+  /**
+   * AIP-158: 0 means 100, at most 1000.
+   *
+   * @generated from field: int32 page_size = 4;
+   */
+  'page_size': (number);
+  /**
+   * From a previous response's next_page_token.
+   *
+   * @generated from field: string page_token = 5;
+   */
+  'page_token': (string);
+}
+
+/**
+ * Response of ListAppends.
+ *
+ * @generated from message runifold.transcript.v1.ListAppendsResponse
+ */
+export interface ListAppendsResponse {
+  /**
+   * Appends in version order.
+   *
+   * @generated from field: repeated runifold.transcript.v1.Append appends = 1;
+   */
+  'appends'?: (Append)[];
+  /**
+   * Empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  'next_page_token'?: (string);
+}
+
+/**
+ * Response of ListAppends.
+ *
+ * @generated from message runifold.transcript.v1.ListAppendsResponse
+ */
+export interface ListAppendsResponse__Output {
+  /**
+   * Appends in version order.
+   *
+   * @generated from field: repeated runifold.transcript.v1.Append appends = 1;
+   */
+  'appends': (Append__Output)[];
+  /**
+   * Empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  'next_page_token': (string);
+}
+
+/**
  * Append-only conversation transcripts with compare-and-swap versioning.
  *
  * A conversation's `version` counts committed appends. Each entry has a
@@ -2946,5 +3196,13 @@ export interface TranscriptService__Methods {
    * @generated from rpc runifold.transcript.v1.TranscriptService.ForkConversation
    */
   forkConversation: { request: ForkConversationRequest; response: ForkConversationResponse__Output };
+  /**
+   * The conversation's appends in version order, each with its digest and the
+   * previous one: the chain anyone can recompute from them and ListEntries
+   * (docs/transcript.md says how) and compare with Conversation.head_digest.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.ListAppends
+   */
+  listAppends: { request: ListAppendsRequest; response: ListAppendsResponse__Output };
 }
 
