@@ -15,11 +15,22 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from bench import agent, embedding, hostile, memory, retrieval, summary, transcript, watch
+from bench import (
+    agent,
+    embedding,
+    forks,
+    hostile,
+    memory,
+    retrieval,
+    summary,
+    transcript,
+    watch,
+)
 from bench.common import postgres
 
 SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "transcript": transcript.run,
+    "forks": forks.run,
     "summary": summary.run,
     "memory": memory.run,
     "agent": agent.run,
@@ -28,6 +39,7 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "retrieval": retrieval.run,
     "hostile": hostile.run,
     # Parts of the suites above, to run alone.
+    "digests": forks.digests_only,
     "summary-claim": summary.claim_cost,
     "memory-indexing": memory.indexing,
     "memory-validity": memory.validity,
@@ -36,6 +48,7 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
 }
 DEFAULT = [
     "transcript",
+    "forks",
     "summary",
     "memory",
     "agent",

@@ -24,6 +24,8 @@ its peak during the flood, and what the flood got (ok, refused by reason).
 - watch idle: 128 streams on conversations of their own, read; probe: AppendEntries.
 - watch unread: 128 streams over 80 entries of 250 KiB, never read; probe:
   GetConversation and a page of ListEntries.
+- forks: 32 in flight forking a conversation of 50 entries and paging its digest chain
+  (ForkConversation, ListAppends); probe: the same in the quiet namespace.
 """
 
 from __future__ import annotations
@@ -215,6 +217,16 @@ def _probes(
             pb.ListEntriesRequest(namespace=QUIET, conversation_id=mine["talk"], page_size=20)
         )
 
+    async def fork(i: int) -> None:
+        await transcript.ForkConversation(
+            pb.ForkConversationRequest(
+                namespace=QUIET, conversation_id=mine["talk"], through_sequence=25
+            )
+        )
+        await transcript.ListAppends(
+            pb.ListAppendsRequest(namespace=QUIET, conversation_id=mine["talk"], page_size=20)
+        )
+
     return {
         "appends": append,
         "searches": search,
@@ -223,6 +235,7 @@ def _probes(
         "lease waits": lease,
         "watch idle": append,
         "watch unread": read,
+        "forks": fork,
     }
 
 
@@ -234,6 +247,7 @@ PROBE_NAMES = {
     "lease waits": "Get + lease + release",
     "watch idle": "AppendEntries",
     "watch unread": "Get + ListEntries",
+    "forks": "Fork + ListAppends",
 }
 
 
@@ -389,6 +403,22 @@ async def _flood(kind: str, address: str, seeds: dict[str, Any], tally: Counter[
                 calls.append(call)
                 tally["streams"] += 1
             tasks = [asyncio.Event().wait()]  # never read
+        elif kind == "forks":
+            fork = pb.ForkConversationRequest(
+                namespace=HOSTILE, conversation_id=mine["talk"], through_sequence=25
+            )
+            chain = pb.ListAppendsRequest(
+                namespace=HOSTILE, conversation_id=mine["talk"], page_size=1000
+            )
+            tasks = [
+                _forever(
+                    tally,
+                    functools.partial(transcript.ForkConversation, fork)
+                    if w % 2
+                    else functools.partial(transcript.ListAppends, chain),
+                )
+                for w in range(32)
+            ]
         await asyncio.gather(*tasks)
 
 

@@ -28,6 +28,7 @@ export * from "./errors.js";
 export { assistant, toolResult, user, type Input, type TurnOptions } from "./agent.js";
 export { DEFAULT_TARGET, PAGE_SIZE, type CallOptions, type ClientOptions } from "./connection.js";
 export { newConversationId, type WatchOptions } from "./transcript.js";
+export { VerificationFailed, type Verified } from "./digests.js";
 export type { WatchPosition } from "./watch.js";
 export { ConcurrencyMode, SummaryMode, TurnStage } from "./gen/runifold/agent/v1/agent_service_objects.js";
 export { Role } from "./gen/runifold/common/v1/common_objects.js";
