@@ -20,7 +20,7 @@ from services.transcript.conversations.store import (
     record_from_row,
 )
 from services.transcript.views import statements as sql
-from services.transcript.views.model import ViewRead, merge_ranges, prefix_pieces
+from services.transcript.views.model import ViewRead, merge_ranges, prefix_pieces, view_ranges
 
 
 class ViewStore(Protocol):
@@ -193,18 +193,8 @@ class PostgresViews(PostgresBase):
             conversation = conversation_from_row(first[21:37])
             if conversation.prefix:
                 # A fork: what the view reads of its shared prefix lies in its lineage's rows.
-                last = first[1]
-                low = max(1, last - window + 1)
-                shared = prefix_ranges(
-                    conversation.prefix_end,
-                    [
-                        (low, last),
-                        (
-                            summarized_through + 1,
-                            min(summarized_through + summary_batch + 1, low - 1),
-                        ),
-                    ],
-                )
+                ranges = view_ranges(first[1], window, summary_batch, summarized_through)
+                shared = prefix_ranges(conversation.prefix_end, ranges)
                 if shared:
                     read = await read_prefix(
                         conn, conversation.prefix, first[37], shared, SEQUENCE_MAX
