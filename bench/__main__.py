@@ -3,7 +3,8 @@
 No thresholds are asserted: goals are printed next to the measured ratios.
 `python -m bench transcript` runs one suite; `summary-claim`, `memory-indexing` and
 `memory-validity`, `retrieval-quality` and `retrieval-latency` run one part of the
-summary, memory and retrieval suites alone.
+summary, memory and retrieval suites alone; `chat-loop-full` is the chat loop's full
+profile (200 turns at one turn a second; the default runs its quick profile).
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from typing import Any
 
 from bench import (
     agent,
+    chat_loop,
     embedding,
     forks,
     hostile,
     memory,
+    memory_watch,
     retrieval,
     summary,
     transcript,
@@ -34,8 +37,10 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "summary": summary.run,
     "memory": memory.run,
     "agent": agent.run,
+    "chat-loop": chat_loop.run,
     "embedding": embedding.run,
     "watch": watch.run,
+    "memory-watch": memory_watch.run,
     "retrieval": retrieval.run,
     "hostile": hostile.run,
     # Parts of the suites above, to run alone.
@@ -45,6 +50,7 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "memory-validity": memory.validity,
     "retrieval-quality": retrieval.quality,
     "retrieval-latency": retrieval.latency,
+    "chat-loop-full": chat_loop.full,
 }
 DEFAULT = [
     "transcript",
@@ -52,8 +58,10 @@ DEFAULT = [
     "summary",
     "memory",
     "agent",
+    "chat-loop",
     "embedding",
     "watch",
+    "memory-watch",
     "retrieval",
     "hostile",
 ]

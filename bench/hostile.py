@@ -24,6 +24,15 @@ its peak during the flood, and what the flood got (ok, refused by reason).
 - watch idle: 128 streams on conversations of their own, read; probe: AppendEntries.
 - watch unread: 128 streams over 80 entries of 250 KiB, never read; probe:
   GetConversation and a page of ListEntries.
+- listings: 32 in flight, pages of 1000 conversations newest first with their previews
+  (over 700 conversations); probe: a page of 50 conversations newest first, as the
+  console lists them.
+- namespaces: 32 in flight, pages of 1000 namespaces (ListNamespaces, over 300
+  namespaces); probe: the same page of 50 conversations.
+- receipts: 32 callers in flight reading and merging into the receipt of an erased
+  conversation (AgentService.GetErasureReceipt, TranscriptService.GetErasureReceipt and
+  RecordErasureReceipt, MemoryService.GetMemoryErasure: exempt classes, short statements
+  by key); probe: AgentService.GetErasureReceipt.
 - forks: 32 in flight forking a conversation of 50 entries and paging its digest chain
   (ForkConversation, ListAppends); probe: the same in the quiet namespace.
 """
@@ -144,6 +153,26 @@ async def _seed(channel: grpc.aio.Channel) -> dict[str, Any]:
             )
         )
     seeds[HOSTILE]["big"] = big
+    # Listings with something to preview: 500 more conversations of a user message each;
+    # namespaces to list.
+    for _ in range(500):
+        await _conversation(transcript, HOSTILE, [WORDS[0]])
+    for i in range(300):
+        await _conversation(transcript, f"bench-other-{i:03d}")
+    agent = stubs.agent(channel)
+    for namespace in (QUIET, HOSTILE):
+        erased = await _conversation(transcript, namespace, WORDS)
+        got = await transcript.GetConversation(
+            pb.GetConversationRequest(namespace=namespace, conversation_id=erased)
+        )
+        reply = await agent.EraseConversation(
+            agent_pb.EraseConversationRequest(namespace=namespace, conversation_id=erased)
+        )
+        seeds[namespace]["erased"] = {
+            "conversation": erased,
+            "incarnation": got.conversation.incarnation,
+            "receipt": reply.receipt.receipt_id,
+        }
     return seeds
 
 
@@ -217,6 +246,18 @@ def _probes(
             pb.ListEntriesRequest(namespace=QUIET, conversation_id=mine["talk"], page_size=20)
         )
 
+    async def listing(i: int) -> None:
+        await transcript.ListConversations(
+            pb.ListConversationsRequest(
+                namespace=QUIET, page_size=50, order=pb.CONVERSATION_ORDER_NEWEST_FIRST
+            )
+        )
+
+    async def receipt(i: int) -> None:
+        await agent.GetErasureReceipt(
+            agent_pb.GetErasureReceiptRequest(namespace=QUIET, receipt_id=mine["erased"]["receipt"])
+        )
+
     async def fork(i: int) -> None:
         await transcript.ForkConversation(
             pb.ForkConversationRequest(
@@ -235,6 +276,9 @@ def _probes(
         "lease waits": lease,
         "watch idle": append,
         "watch unread": read,
+        "listings": listing,
+        "namespaces": listing,
+        "receipts": receipt,
         "forks": fork,
     }
 
@@ -247,6 +291,9 @@ PROBE_NAMES = {
     "lease waits": "Get + lease + release",
     "watch idle": "AppendEntries",
     "watch unread": "Get + ListEntries",
+    "listings": "ListConversations",
+    "namespaces": "ListConversations",
+    "receipts": "GetErasureReceipt",
     "forks": "Fork + ListAppends",
 }
 
@@ -403,6 +450,54 @@ async def _flood(kind: str, address: str, seeds: dict[str, Any], tally: Counter[
                 calls.append(call)
                 tally["streams"] += 1
             tasks = [asyncio.Event().wait()]  # never read
+        elif kind == "listings":
+            conversations = pb.ListConversationsRequest(
+                namespace=HOSTILE, page_size=1000, order=pb.CONVERSATION_ORDER_NEWEST_FIRST
+            )
+            tasks = [
+                _forever(tally, functools.partial(transcript.ListConversations, conversations))
+                for _ in range(32)
+            ]
+        elif kind == "namespaces":
+            namespaces = pb.ListNamespacesRequest(page_size=1000)
+            tasks = [
+                _forever(tally, functools.partial(transcript.ListNamespaces, namespaces))
+                for _ in range(32)
+            ]
+        elif kind == "receipts":
+            erased = mine["erased"]
+            readers: list[Callable[[], Awaitable[Any]]] = [
+                functools.partial(
+                    agent.GetErasureReceipt,
+                    agent_pb.GetErasureReceiptRequest(
+                        namespace=HOSTILE, receipt_id=erased["receipt"]
+                    ),
+                ),
+                functools.partial(
+                    transcript.GetErasureReceipt,
+                    pb.GetErasureReceiptRequest(
+                        namespace=HOSTILE, conversation_id=erased["conversation"]
+                    ),
+                ),
+                functools.partial(
+                    transcript.RecordErasureReceipt,
+                    pb.RecordErasureReceiptRequest(
+                        namespace=HOSTILE,
+                        conversation_id=erased["conversation"],
+                        incarnation=erased["incarnation"],
+                        progress=pb.ErasureProgress(counts={"entries": 1}),
+                    ),
+                ),
+                functools.partial(
+                    memory.GetMemoryErasure,
+                    memory_pb.GetMemoryErasureRequest(
+                        namespace=HOSTILE,
+                        conversation_id=erased["conversation"],
+                        incarnation=erased["incarnation"],
+                    ),
+                ),
+            ]
+            tasks = [_forever(tally, readers[w % len(readers)]) for w in range(32)]
         elif kind == "forks":
             fork = pb.ForkConversationRequest(
                 namespace=HOSTILE, conversation_id=mine["talk"], through_sequence=25

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import random
 import sys
@@ -29,6 +30,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=6)
     parser.add_argument("--keep", action="store_true", help="keep the history and logs")
     args = parser.parse_args()
+    # The fake model's web server logs every connection the proxies reset, with a
+    # traceback: the faults the campaign injects, not errors of the campaign.
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
     print(
         f"chaos campaign: {args.minutes:g} min, seed {args.seed}, failover {args.failover}",
         flush=True,

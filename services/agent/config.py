@@ -24,6 +24,10 @@ class AgentConfig:
 
     default_window: int = 16
     default_summary_batch: int = 64
+    # How far ahead of the window the background queue keeps a conversation's summary,
+    # in entries (0: no job ahead; summaries only when a turn needs one). See
+    # docs/summary.md, "Summaries that stay ahead".
+    summary_lead: int = 8
     default_budget: Budget = DEFAULT_BUDGET
     max_input_messages: int = 64
     max_input_bytes: int = 1024 * 1024
@@ -55,6 +59,9 @@ class AgentConfig:
                 64,
                 minimum=1,
                 maximum=SUMMARY_BATCH_RANGE[1],
+            ),
+            summary_lead=env_int(
+                env, "RUNIFOLD_AGENT_SUMMARY_LEAD", 8, minimum=0, maximum=WINDOW_RANGE[1] // 2
             ),
             default_budget=Budget(
                 max_output_tokens=env_int(

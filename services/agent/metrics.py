@@ -14,6 +14,13 @@ SUMMARY_REQUIRED = Counter(
     "Turns refused with SUMMARY_REQUIRED or SUMMARY_BACKLOG.",
     ["reason"],
 )
+SUMMARY_AHEAD = Counter(
+    "runifold_summary_ahead_requests_total",
+    "Summary jobs asked for after a committed turn to keep the summary ahead of the "
+    "window (RUNIFOLD_AGENT_SUMMARY_LEAD), by outcome: requested, or failed (the turn "
+    "stands; the next one asks again).",
+    ["outcome"],
+)
 TURNS = Counter(
     "runifold_turns_total",
     "Turns run, by outcome.",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from services.common.domain import Budget, Entry, Message, ToolCall, ToolDefinition, Usage
 from services.common.errors import Code, DomainError
@@ -174,6 +175,53 @@ class ModelOutputInvalid(DomainError):
 
 
 @dataclass(frozen=True, slots=True)
+class Receipt:
+    """An erasure receipt as TranscriptService keeps it: per store, what the erasure of one
+    incarnation of a conversation erased (counts by name, services/agent/erasure.py), the
+    parts not yet erased, and when nothing remained."""
+
+    receipt_id: str
+    namespace: str
+    conversation_id: str
+    incarnation: int
+    counts: Mapping[str, int]
+    remaining: Sequence[str]
+    create_time: datetime | None = None
+    complete_time: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryErasure:
+    """What SummaryService erased: `rows` by this call; `summaries` (current and history)
+    and `jobs` by every erasure of the incarnation so far."""
+
+    rows: int
+    summaries: int
+    jobs: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryErasure:
+    """What MemoryService erased: `deleted` memories by this call; the rest by every
+    erasure of the incarnation so far, and whether the vector index has caught up."""
+
+    deleted: int
+    memories: int
+    revisions: int
+    index_points: int
+    index_complete: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptDeletion:
+    """What DeleteConversation erased, and the receipt it recorded."""
+
+    entries: int
+    appends: int
+    receipt: Receipt | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Erasure:
     """What EraseConversation did, and what is left when a service was unavailable."""
 
@@ -181,6 +229,9 @@ class Erasure:
     summaries_deleted: int  # summaries, their history and summary jobs
     memories_deleted: int
     remaining: Sequence[str] = ()
+    # The erasure's receipt (None when TranscriptService could not record it, or when the
+    # conversation is gone and no receipt of it is kept).
+    receipt: Receipt | None = None
 
     @property
     def summaries_erased(self) -> bool:

@@ -23,7 +23,7 @@ from services.llm.model import (
 )
 
 _MEMORY = re.compile(r"<memory id=\"[^\"]*\" score=\"[^\"]*\">(.*?)</memory>", re.S)
-_SUMMARY = re.compile(r"<summary through_sequence=\"(\d+)\">(.*?)</summary>", re.S)
+_SUMMARY = re.compile(r"<summary through_sequence=\"(\d+)\"[^>]*>(.*?)</summary>", re.S)
 
 
 def _clip(text: str, limit: int = 160) -> str:

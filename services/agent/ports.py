@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from services.agent.model import (
     AppendState,
     EndedState,
     LeaseState,
+    MemoryErasure,
     PriorAppend,
     Recall,
+    Receipt,
     Summarized,
+    SummaryErasure,
     SummaryState,
+    TranscriptDeletion,
     ViewState,
 )
 from services.common.domain import Budget, Entry, Message, Usage
@@ -94,10 +98,35 @@ class Transcripts(Protocol):
         """The conversation's incarnation, or None when it does not exist."""
 
     async def delete_conversation(
-        self, namespace: str, conversation_id: str, incarnation: int
-    ) -> int:
-        """Erase the transcript (of that incarnation, when not 0); return the entries
-        erased (0 when already gone)."""
+        self,
+        namespace: str,
+        conversation_id: str,
+        incarnation: int,
+        counts: Mapping[str, int] | None = None,
+        remaining: Sequence[str] = (),
+    ) -> TranscriptDeletion:
+        """Erase the transcript (of that incarnation, when not 0); return the entries and
+        appends erased (0 when already gone). With `counts` (and an incarnation), record
+        the erasure's receipt in the same transaction: those counts and `remaining` parts,
+        with the entries and appends erased."""
+
+    async def record_receipt(
+        self,
+        namespace: str,
+        conversation_id: str,
+        incarnation: int,
+        counts: Mapping[str, int],
+        remaining: Sequence[str],
+    ) -> Receipt | None:
+        """Record the erasure receipt of an incarnation, or merge into the one kept (counts
+        only grow, parts only leave `remaining`); None when neither that incarnation nor a
+        receipt of it exists any more (deleted meanwhile by a plain DeleteConversation)."""
+
+    async def get_receipt(
+        self, namespace: str, receipt_id: str, conversation_id: str = ""
+    ) -> Receipt | None:
+        """A receipt by id (or, with no id, the latest of a conversation id); None when
+        there is none in this namespace."""
 
 
 class Summaries(Protocol):
@@ -122,9 +151,10 @@ class Summaries(Protocol):
     ) -> str:
         """Enqueue a background job; return its id."""
 
-    async def erase(self, namespace: str, conversation_id: str, incarnation: int) -> int:
+    async def erase(self, namespace: str, conversation_id: str, incarnation: int) -> SummaryErasure:
         """Erase the conversation's summaries, history and jobs, and leave a tombstone of
-        `incarnation` (when not 0) that refuses later commits and jobs; return rows erased."""
+        `incarnation` (when not 0) that refuses later commits and jobs; return the rows
+        erased, and what every erasure of the incarnation erased."""
 
 
 class Memories(Protocol):
@@ -135,6 +165,13 @@ class Memories(Protocol):
 
     async def forget_conversation(
         self, namespace: str, conversation_id: str, incarnation: int
-    ) -> int:
+    ) -> MemoryErasure:
         """Delete every memory derived from the conversation and leave a tombstone of
-        `incarnation` (when not 0) that refuses later writes; return how many were deleted."""
+        `incarnation` (when not 0) that refuses later writes; return how many were deleted,
+        and what every erasure of the incarnation erased."""
+
+    async def erasure(
+        self, namespace: str, conversation_id: str, incarnation: int
+    ) -> MemoryErasure | None:
+        """What the erasure of an incarnation erased, and whether the index caught up;
+        None when MemoryService keeps no tombstone of it."""

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import timedelta
+from collections.abc import Mapping, Sequence
+from datetime import UTC, timedelta
 
 from google.protobuf.duration_pb2 import Duration
 
@@ -15,17 +15,48 @@ from services.agent.model import (
     AppendState,
     EndedState,
     LeaseState,
+    MemoryErasure,
     PriorAppend,
     Recall,
     Recalled,
+    Receipt,
     Summarized,
+    SummaryErasure,
     SummaryState,
+    TranscriptDeletion,
     ViewState,
 )
 from services.common import convert, stubs
 from services.common.channels import Peer
 from services.common.domain import Budget, Entry, Message, Usage
 from services.common.errors import DomainError, VersionConflict
+
+
+def _receipt(receipt: transcript_pb.ErasureReceipt) -> Receipt:
+    return Receipt(
+        receipt_id=receipt.receipt_id,
+        namespace=receipt.namespace,
+        conversation_id=receipt.conversation_id,
+        incarnation=receipt.incarnation,
+        counts=dict(receipt.counts),
+        remaining=list(receipt.remaining),
+        create_time=receipt.create_time.ToDatetime(UTC),
+        complete_time=receipt.complete_time.ToDatetime(UTC)
+        if receipt.HasField("complete_time")
+        else None,
+    )
+
+
+def _memory_erasure(deleted: int, erasure: memory_pb.MemoryErasure | None) -> MemoryErasure:
+    if erasure is None:  # no tombstone (incarnation 0): this call's deletions only
+        return MemoryErasure(deleted, deleted, 0, deleted, False)
+    return MemoryErasure(
+        deleted,
+        erasure.memories_deleted,
+        erasure.revisions_erased,
+        erasure.index_points,
+        erasure.HasField("index_complete_time"),
+    )
 
 
 def _duration(seconds: float) -> Duration:
@@ -248,15 +279,69 @@ class GrpcTranscripts:
         return int(reply.conversation.incarnation)
 
     async def delete_conversation(
-        self, namespace: str, conversation_id: str, incarnation: int
-    ) -> int:
+        self,
+        namespace: str,
+        conversation_id: str,
+        incarnation: int,
+        counts: Mapping[str, int] | None = None,
+        remaining: Sequence[str] = (),
+    ) -> TranscriptDeletion:
         reply = await self.peer.call(
             self.stub.DeleteConversation,
             transcript_pb.DeleteConversationRequest(
-                namespace=namespace, conversation_id=conversation_id, incarnation=incarnation
+                namespace=namespace,
+                conversation_id=conversation_id,
+                incarnation=incarnation,
+                receipt=transcript_pb.ErasureProgress(counts=counts, remaining=remaining)
+                if counts is not None
+                else None,
             ),
         )
-        return int(reply.entries_deleted)
+        return TranscriptDeletion(
+            int(reply.entries_deleted),
+            int(reply.appends_deleted),
+            _receipt(reply.receipt) if reply.HasField("receipt") else None,
+        )
+
+    async def record_receipt(
+        self,
+        namespace: str,
+        conversation_id: str,
+        incarnation: int,
+        counts: Mapping[str, int],
+        remaining: Sequence[str],
+    ) -> Receipt | None:
+        try:
+            reply = await self.peer.call(
+                self.stub.RecordErasureReceipt,
+                transcript_pb.RecordErasureReceiptRequest(
+                    namespace=namespace,
+                    conversation_id=conversation_id,
+                    incarnation=incarnation,
+                    progress=transcript_pb.ErasureProgress(counts=counts, remaining=remaining),
+                ),
+            )
+        except DomainError as error:
+            if error.reason == "CONVERSATION_NOT_FOUND":
+                return None
+            raise
+        return _receipt(reply.receipt)
+
+    async def get_receipt(
+        self, namespace: str, receipt_id: str, conversation_id: str = ""
+    ) -> Receipt | None:
+        try:
+            reply = await self.peer.call(
+                self.stub.GetErasureReceipt,
+                transcript_pb.GetErasureReceiptRequest(
+                    namespace=namespace, receipt_id=receipt_id, conversation_id=conversation_id
+                ),
+            )
+        except DomainError as error:
+            if error.reason == "ERASURE_RECEIPT_NOT_FOUND":
+                return None
+            raise
+        return _receipt(reply.receipt)
 
 
 class GrpcSummaries:
@@ -317,14 +402,14 @@ class GrpcSummaries:
         )
         return reply.job.job_id
 
-    async def erase(self, namespace: str, conversation_id: str, incarnation: int) -> int:
+    async def erase(self, namespace: str, conversation_id: str, incarnation: int) -> SummaryErasure:
         reply = await self.peer.call(
             self.stub.EraseSummaries,
             summary_pb.EraseSummariesRequest(
                 namespace=namespace, conversation_id=conversation_id, incarnation=incarnation
             ),
         )
-        return int(reply.erased)
+        return SummaryErasure(int(reply.erased), reply.summaries_erased, reply.jobs_erased)
 
 
 class GrpcMemories:
@@ -349,11 +434,29 @@ class GrpcMemories:
 
     async def forget_conversation(
         self, namespace: str, conversation_id: str, incarnation: int
-    ) -> int:
+    ) -> MemoryErasure:
         reply = await self.peer.call(
             self.stub.ForgetSource,
             memory_pb.ForgetSourceRequest(
                 namespace=namespace, conversation_id=conversation_id, incarnation=incarnation
             ),
         )
-        return int(reply.deleted_count)
+        return _memory_erasure(
+            int(reply.deleted_count), reply.erasure if reply.HasField("erasure") else None
+        )
+
+    async def erasure(
+        self, namespace: str, conversation_id: str, incarnation: int
+    ) -> MemoryErasure | None:
+        try:
+            reply = await self.peer.call(
+                self.stub.GetMemoryErasure,
+                memory_pb.GetMemoryErasureRequest(
+                    namespace=namespace, conversation_id=conversation_id, incarnation=incarnation
+                ),
+            )
+        except DomainError as error:
+            if error.reason == "ERASURE_NOT_FOUND":
+                return None
+            raise
+        return _memory_erasure(0, reply.erasure)

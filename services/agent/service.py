@@ -12,12 +12,13 @@ from collections.abc import AsyncIterator
 
 from services.agent import metrics
 from services.agent.config import AgentConfig
-from services.agent.erasure import erase
+from services.agent.erasure import erase, receipt
 from services.agent.model import (
     ConcurrencyMode,
     Erasure,
     ModelOutputInvalid,
     Policy,
+    Receipt,
     SummaryMode,
     Turn,
     TurnEvent,
@@ -137,4 +138,12 @@ class AgentService:
         turns = self._turns  # holds the ports
         return await erase(
             turns.transcripts, turns.summaries, turns.memories, namespace, conversation_id
+        )
+
+    async def receipt(self, namespace: str, receipt_id: str, conversation_id: str = "") -> Receipt:
+        """An erasure's receipt, completed if the index caught up since (see
+        services/agent/erasure.py)."""
+        turns = self._turns
+        return await receipt(
+            turns.transcripts, turns.memories, namespace, receipt_id, conversation_id
         )

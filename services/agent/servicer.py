@@ -8,11 +8,13 @@ from typing import Any
 from runifold.agent.v1 import agent_service_pb2 as pb
 from runifold.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from runifold.common.v1 import common_pb2
+from services.agent import erasure
 from services.agent.model import (
     ContextReport,
     ModelOutputInvalid,
     Outcome,
     Progress,
+    Receipt,
     TextDelta,
     Turn,
     TurnNotCommitted,
@@ -43,6 +45,29 @@ def _context(report: ContextReport) -> pb.ContextReport:
         window_last_sequence=report.window_last_sequence,
         summary_passes=report.summary_passes,
         memory_degraded=report.memory_degraded,
+    )
+
+
+def receipt_to_proto(receipt: Receipt) -> pb.ErasureReceipt:
+    """The wire form of an erasure receipt (its counts by name, as fields)."""
+    counts = receipt.counts
+    return pb.ErasureReceipt(
+        receipt_id=receipt.receipt_id,
+        conversation_id=receipt.conversation_id,
+        namespace=receipt.namespace,
+        incarnation=receipt.incarnation,
+        create_time=convert.timestamp(receipt.create_time),
+        complete_time=convert.timestamp(receipt.complete_time),
+        remaining=list(receipt.remaining),
+        entries=counts.get(erasure.ENTRIES, 0),
+        appends=counts.get(erasure.APPENDS, 0),
+        summaries=counts.get(erasure.SUMMARIES, 0),
+        summary_jobs=counts.get(erasure.SUMMARY_JOBS, 0),
+        curation_jobs=counts.get(erasure.CURATION_JOBS, 0),
+        memories=counts.get(erasure.MEMORIES, 0),
+        memory_revisions=counts.get(erasure.MEMORY_REVISIONS, 0),
+        index_points=counts.get(erasure.INDEX_POINTS, 0),
+        forks=counts.get(erasure.FORKS, 0),
     )
 
 
@@ -150,4 +175,13 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             summaries_erased=erased.summaries_erased,
             summaries_deleted=erased.summaries_deleted,
             remaining=list(erased.remaining),
+            receipt=receipt_to_proto(erased.receipt) if erased.receipt else None,
         )
+
+    async def GetErasureReceipt(
+        self, request: pb.GetErasureReceiptRequest, context: Context
+    ) -> pb.GetErasureReceiptResponse:
+        found = await self.service.receipt(
+            request.namespace, request.receipt_id, request.conversation_id
+        )
+        return pb.GetErasureReceiptResponse(receipt=receipt_to_proto(found))

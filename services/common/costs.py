@@ -70,7 +70,12 @@ COSTS: dict[str, CostClass] = {
         "never",
     ),
     _T + "ListConversations": CostClass(
-        "exempt", _ONE_READ, _PAGE + " of conversations (100 with their state)", "never"
+        "exempt",
+        _ONE_READ + " (one index range scan, and one probe of at most 16 entries per "
+        "conversation for its preview)",
+        _PAGE + " of conversations (50 with their state), each with a preview of at most "
+        "200 characters",
+        "never",
     ),
     _T + "DeleteConversation": CostClass(
         "exempt", _ONE_WRITE + " (batched deletes)", "the conversation's key", "never"
@@ -99,6 +104,25 @@ COSTS: dict[str, CostClass] = {
         "2 x (RUNIFOLD_WATCH_PAGE_BYTES + RUNIFOLD_MAX_MESSAGE_BYTES + 256 KiB) + 64 KiB "
         "(about 2 MiB): one page read and one message in flight",
         "stream",
+    ),
+    _T + "ListNamespaces": CostClass(
+        "exempt",
+        _ONE_READ + " (one index probe per namespace listed, or per namespace the "
+        "identity grants: never a scan of the conversations); its callers take turns on "
+        "the pool as one lane, apart from every namespace's",
+        _PAGE + " of namespace names (each at most 128 characters)",
+        "never",
+    ),
+    _T + "RecordErasureReceipt": CostClass(
+        "exempt",
+        _ONE_WRITE + " (one upsert of the receipt; erasure is never refused for load): "
+        "made only for an incarnation that exists, or merged into one kept, so rows are "
+        "bounded by the conversations a namespace had",
+        _REQUEST + ": at most 32 counts and 32 part names",
+        "never",
+    ),
+    _T + "GetErasureReceipt": CostClass(
+        "exempt", _ONE_READ + " (by key)", "one receipt (at most 32 counts)", "never"
     ),
     _T + "ForkConversation": CostClass(
         "exempt",
@@ -155,12 +179,29 @@ COSTS: dict[str, CostClass] = {
         "never",
     ),
     _M + "ListMemoryRevisions": CostClass("exempt", _ONE_READ, _PAGE + " of revisions", "never"),
+    _M + "WatchMemories": CostClass(
+        "exempt",
+        "streams are limited per namespace and per process (RUNIFOLD_MEMORY_WATCH_MAX_WATCHERS*), "
+        "and the bytes they hold by a byte budget per namespace and per process "
+        "(RUNIFOLD_MEMORY_WATCH_MAX_BUFFERED_BYTES*); an idle stream costs no connection, no "
+        "query and no buffered bytes; a write pays one row update of its namespace's feed",
+        "2 x (512 KiB page + 272 KiB largest change + 256 x 2 KiB) + 64 KiB (about 2.6 MiB): "
+        "one page read and one message in flight",
+        "stream",
+    ),
     _M + "ProposeMemories": CostClass(
         "propose",
         "a transcript read, an embedding batch, an index search per entry and a model call: "
         "the namespace's share of the proposer model and the embedding queue",
         "the entries read (at most the range's 256 entries) and the proposals",
         "queue",
+    ),
+    _M + "GetMemoryErasure": CostClass(
+        "exempt",
+        _ONE_READ + " (by key) and one update by key (records when the index caught up, "
+        "from one probe of the outbox's primary key)",
+        "one erasure's counts",
+        "never",
     ),
     # -- AgentService -------------------------------------------------------------------
     _A + "RunConversation": CostClass(
@@ -182,6 +223,13 @@ COSTS: dict[str, CostClass] = {
         "erasure is never refused for load: a person's right to erasure does not wait "
         "for a tenant's quota (each step is a short transaction on one service)",
         "the counts of what was erased",
+        "never",
+    ),
+    _A + "GetErasureReceipt": CostClass(
+        "exempt",
+        "a receipt read by key on TranscriptService; while only the index is left, one "
+        "GetMemoryErasure and one RecordErasureReceipt (each a short statement by key)",
+        "one receipt",
         "never",
     ),
     # -- served beside the services ------------------------------------------------------

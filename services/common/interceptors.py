@@ -163,7 +163,12 @@ _EXPECTED_CODES = frozenset(
 
 
 # Streams that last as long as their client wants (a watch): never "slow".
-LONG_LIVED = frozenset({"/runifold.transcript.v1.TranscriptService/WatchConversation"})
+LONG_LIVED = frozenset(
+    {
+        "/runifold.transcript.v1.TranscriptService/WatchConversation",
+        "/runifold.memory.v1.MemoryService/WatchMemories",
+    }
+)
 
 
 class MetadataCarrier(Protocol):

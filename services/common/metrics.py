@@ -54,8 +54,9 @@ REQUESTS_SHED = Counter(
     "concurrency limit for a kind of call (reason=NAMESPACE_CONCURRENCY_LIMIT, "
     "resource=search|turn|summarize|upsert|propose|turn_wait), over its share of the "
     "embedding model (reason=NAMESPACE_SHARE_EXCEEDED), a full queue in front of a slow "
-    "resource (reason=OVERLOADED, resource=embeddings|model), WatchConversation streams "
-    "beyond a limit (reason=WATCHER_LIMIT, resource=watchers), or calls waiting for a turn "
+    "resource (reason=OVERLOADED, resource=embeddings|model), WatchConversation and "
+    "WatchMemories streams beyond a limit (reason=WATCHER_LIMIT, resource=watchers), or "
+    "calls waiting for a turn "
     "lease beyond a limit (reason=TURN_WAITERS_LIMIT, resource=lease_wait).",
     ["resource", "reason"],
 )

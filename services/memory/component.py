@@ -17,8 +17,10 @@ from runifold.memory.v1 import memory_service_pb2, memory_service_pb2_grpc
 from services.common import migrations
 from services.common.channels import Peer, open_channel
 from services.common.pagination import PageTokens
+from services.common.postgres.notify import PostgresChangeBus
 from services.common.postgres.pool import Database
 from services.common.server import StartContext
+from services.common.settings import SettingsError
 from services.llm.openai import OpenAIChatModel
 from services.memory.config import MemoryConfig
 from services.memory.embeddings.local import LocalEmbedder
@@ -33,6 +35,8 @@ from services.memory.remote import TranscriptSources
 from services.memory.service import MemoryService
 from services.memory.servicer import MemoryServicer
 from services.memory.store import PostgresMemoryStore
+from services.memory.watch.service import CHANNEL, Feed
+from services.memory.watch.store import PostgresFeedStore
 
 log = logging.getLogger(__name__)
 
@@ -145,18 +149,38 @@ class MemoryComponent:
         self.service: MemoryService | None = None
         self.indexer: Indexer | None = None
         self.sweeper: Sweeper | None = None
+        self.feed: Feed | None = None
 
     def register(self, server: grpc.aio.Server) -> None:
-        assert self.service is not None, "register after start"
+        assert self.service is not None and self.feed is not None, "register after start"
         memory_service_pb2_grpc.add_MemoryServiceServicer_to_server(
-            MemoryServicer(self.service), server
+            MemoryServicer(self.service, self.feed), server
         )
 
     async def start(self, ctx: StartContext) -> None:
+        watch = self.config.watch
+        rpcs = ctx.settings.transport.max_concurrent_rpcs
+        if rpcs and watch.max_watchers >= rpcs:
+            # Every open stream is an RPC in flight: at the limit nothing else is served.
+            raise SettingsError(
+                f"RUNIFOLD_MEMORY_WATCH_MAX_WATCHERS ({watch.max_watchers}) must be below "
+                f"RUNIFOLD_MAX_CONCURRENT_RPCS ({rpcs}): each WatchMemories stream is a "
+                "call in flight"
+            )
         self.db = await migrations.open_database(
             ctx.database_url, ctx.settings, self.name, MIGRATIONS
         )
         self.store = PostgresMemoryStore(self.db)
+        self.feed = Feed(
+            PostgresFeedStore(self.db),
+            PostgresChangeBus(
+                self.db.url, ctx.settings, channel=CHANNEL, feed="memory feed", check_s=watch.poll_s
+            ),
+            watch,
+        )
+        # Writes wake the streams of their namespace, here and (by NOTIFY) in the others.
+        self.store.changes = self.feed
+        await self.feed.start(wait_s=ctx.settings.db_timeout_s)
         if self.embedder is None:
             self.embedder = make_embedder(self.config)
         await self.embedder.start()
@@ -199,7 +223,14 @@ class MemoryComponent:
                 self.indexer.start()
             self.sweeper.start()
 
+    async def drain(self, timeout_s: float) -> None:
+        """End the WatchMemories streams (shutdown): their clients resume elsewhere."""
+        if self.feed is not None:
+            await self.feed.drain(timeout_s)
+
     async def stop(self) -> None:
+        if self.feed is not None:
+            await self.feed.stop()
         if self.indexer is not None:
             await self.indexer.stop()
         if self.sweeper is not None:

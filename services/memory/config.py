@@ -66,6 +66,114 @@ class MemoryLimits:
     max_content_bytes: int = 16 * 1024
     max_query_bytes: int = 4 * 1024
     max_sources: int = 32
+    # An external source's URI (RUNIFOLD_MEMORY_MAX_EXTERNAL_URI_BYTES), in UTF-8 bytes.
+    max_external_uri_bytes: int = 2048
+
+
+# WatchMemories' byte budget (RUNIFOLD_MEMORY_WATCH_MAX_BUFFERED_BYTES*): 64 MiB for the
+# process, 16 MiB a namespace, as WatchConversation's.
+DEFAULT_WATCH_BUFFERED_BYTES = 64 * 1024 * 1024
+DEFAULT_WATCH_BUFFERED_BYTES_PER_NAMESPACE = 16 * 1024 * 1024
+# What a page holds per change beside its memory's text, charged with it: the change's
+# Python objects (the event, the memory, its sources, metadata and times) and its framing.
+CHANGE_OVERHEAD_BYTES = 2048
+# The most a change's sources and metadata hold as stored JSON beyond its content: 32
+# metadata pairs of a 64-character key and a 1 KiB value, each character escaped at
+# worst, and 32 sources.
+CHANGE_EXTRA_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class WatchLimits:
+    """The limits of WatchMemories (services/memory/watch/; docs/memory.md "The change
+    feed"), read from RUNIFOLD_MEMORY_WATCH_*."""
+
+    # Streams open at once in this process, and per namespace in this process. A stream
+    # follows a whole namespace, so fewer are needed than of WatchConversation; with
+    # its 512 the all-in-one server's streams stay below RUNIFOLD_MAX_CONCURRENT_RPCS.
+    max_watchers: int = 256
+    max_watchers_per_namespace: int = 32
+    # A quiet stream gets a heartbeat this often (a request may ask for 1 s to 5 min).
+    heartbeat_s: float = 30.0
+    # How often the process looks at every watched namespace without being woken (the
+    # safety net of a missed notification) and renews its `watched_until`.
+    poll_s: float = 5.0
+    # A message the client has not taken within this time ends the stream
+    # (RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW); the client resumes from its last change.
+    send_timeout_s: float = 30.0
+    # One read of a stream: at most this many changes, and about this many bytes.
+    page_changes: int = 256
+    page_bytes: int = 512 * 1024
+    # The retry delay (RetryInfo) of a stream refused beyond a watcher limit.
+    retry_after_s: float = 5.0
+    # The bytes of the pages streams hold at once (read and not yet taken by the
+    # transport), in this process and per namespace in it; a stream waits for room
+    # before it reads (services/common/byte_budget.py).
+    max_buffered_bytes: int = DEFAULT_WATCH_BUFFERED_BYTES
+    max_buffered_bytes_per_namespace: int = DEFAULT_WATCH_BUFFERED_BYTES_PER_NAMESPACE
+    # The largest memory content a page may end with (MemoryLimits.max_content_bytes).
+    max_content_bytes: int = 16 * 1024
+
+    @property
+    def page_charge(self) -> int:
+        """The most bytes one page is charged (what a stream reserves before it reads):
+        `page_bytes` of changes, then the change that crosses it, and each change's share
+        of what the stream holds beside its memory's text."""
+        return (
+            self.page_bytes
+            + self.max_content_bytes
+            + CHANGE_EXTRA_BYTES
+            + self.page_changes * CHANGE_OVERHEAD_BYTES
+        )
+
+    @classmethod
+    def from_env(cls, env: Env, max_content_bytes: int = 16 * 1024) -> WatchLimits:
+        per_namespace = env_int(
+            env,
+            "RUNIFOLD_MEMORY_WATCH_MAX_BUFFERED_BYTES_PER_NAMESPACE",
+            DEFAULT_WATCH_BUFFERED_BYTES_PER_NAMESPACE,
+            minimum=1,
+        )
+        total = env_int(
+            env,
+            "RUNIFOLD_MEMORY_WATCH_MAX_BUFFERED_BYTES",
+            DEFAULT_WATCH_BUFFERED_BYTES,
+            minimum=1,
+        )
+        limits = cls(
+            max_watchers=env_int(
+                env, "RUNIFOLD_MEMORY_WATCH_MAX_WATCHERS", 256, minimum=1, maximum=100_000
+            ),
+            max_watchers_per_namespace=env_int(
+                env,
+                "RUNIFOLD_MEMORY_WATCH_MAX_WATCHERS_PER_NAMESPACE",
+                32,
+                minimum=1,
+                maximum=100_000,
+            ),
+            heartbeat_s=env_float(
+                env, "RUNIFOLD_MEMORY_WATCH_HEARTBEAT_S", 30.0, minimum=1.0, maximum=300.0
+            ),
+            poll_s=env_float(env, "RUNIFOLD_MEMORY_WATCH_POLL_S", 5.0, minimum=0.1, maximum=3600.0),
+            send_timeout_s=env_float(
+                env, "RUNIFOLD_MEMORY_WATCH_SEND_TIMEOUT_S", 30.0, minimum=0.1, maximum=3600.0
+            ),
+            max_buffered_bytes=total,
+            max_buffered_bytes_per_namespace=per_namespace,
+            max_content_bytes=max_content_bytes,
+        )
+        # A namespace must have room for one page, and the process for a namespace's share.
+        if per_namespace < limits.page_charge:
+            raise SettingsError(
+                f"RUNIFOLD_MEMORY_WATCH_MAX_BUFFERED_BYTES_PER_NAMESPACE ({per_namespace}) "
+                f"must be at least one page of a stream, {limits.page_charge} bytes"
+            )
+        if total < per_namespace:
+            raise SettingsError(
+                f"RUNIFOLD_MEMORY_WATCH_MAX_BUFFERED_BYTES ({total}) must be at least "
+                f"RUNIFOLD_MEMORY_WATCH_MAX_BUFFERED_BYTES_PER_NAMESPACE ({per_namespace})"
+            )
+        return limits
 
 
 @dataclass(frozen=True)
@@ -144,6 +252,8 @@ class MemoryConfig:
     # How long an UpsertMemory request id is remembered (a retry after that writes again).
     request_id_retention_s: float = 24 * 3600.0
     limits: MemoryLimits = field(default_factory=MemoryLimits)
+    # WatchMemories.
+    watch: WatchLimits = field(default_factory=WatchLimits)
 
     @property
     def propose_budget(self) -> Budget:
@@ -293,4 +403,10 @@ class MemoryConfig:
             sweep_batch=env_int(
                 env, "RUNIFOLD_MEMORY_SWEEP_BATCH", 500, minimum=1, maximum=100_000
             ),
+            limits=MemoryLimits(
+                max_external_uri_bytes=env_int(
+                    env, "RUNIFOLD_MEMORY_MAX_EXTERNAL_URI_BYTES", 2048, minimum=64, maximum=65_536
+                )
+            ),
+            watch=WatchLimits.from_env(env, MemoryLimits().max_content_bytes),
         )

@@ -32,6 +32,44 @@ class MemorySource:
 
 
 @dataclass(frozen=True, slots=True)
+class ExternalSource:
+    """A source outside a Runifold transcript (an MCP client's note, a LangGraph store item,
+    an imported document), named by an absolute URI, kept and compared exactly as sent.
+    Nothing checks it beyond its form; ForgetSource by the URI deletes what names it."""
+
+    uri: str
+
+
+# Where a memory came from: a range of a transcript, or a URI outside one.
+Source = MemorySource | ExternalSource
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryErasure:
+    """What the erasure of one incarnation of a conversation erased here, over all its
+    ForgetSource calls (its tombstone keeps the counts; never content): memories deleted,
+    revisions whose content was erased, index points to remove (one per memory), and when
+    the index had caught up (every index write the erasure queued applied)."""
+
+    conversation_id: uuid.UUID
+    incarnation: int
+    memories_deleted: int
+    revisions_erased: int
+    index_points: int
+    erase_time: datetime
+    index_complete_time: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Forgotten:
+    """What one ForgetSource did: the memories it deleted, and with an incarnation, the
+    erasure of that incarnation so far."""
+
+    deleted: int
+    erasure: MemoryErasure | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Memory:
     """The current revision of a curated fact.
 
@@ -44,7 +82,7 @@ class Memory:
     namespace: str
     memory_id: uuid.UUID
     content: str
-    sources: Sequence[MemorySource]
+    sources: Sequence[Source]
     metadata: Mapping[str, str]
     revision: int
     create_time: datetime
@@ -81,7 +119,7 @@ class RevisionRecord:
     recorded_at: datetime
     content: str | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)
-    sources: Sequence[MemorySource] = ()
+    sources: Sequence[Source] = ()
     expire_time: datetime | None = None
     valid_from_time: datetime | None = None
     valid_until_time: datetime | None = None
@@ -107,6 +145,11 @@ def invalid_validity(
 ) -> DomainError:
     """INVALID_ARGUMENT: a validity that ends before it starts, or a bad valid time."""
     return invalid_argument("INVALID_VALIDITY", message, field=field)
+
+
+def erasure_not_found() -> DomainError:
+    """NOT_FOUND: no erasure of that incarnation of the conversation is kept here."""
+    return not_found("ERASURE_NOT_FOUND", "no erasure of this conversation incarnation is kept")
 
 
 def memory_id(value: str, field: str = "memory_id") -> uuid.UUID:

@@ -6,13 +6,16 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from services.memory.model import Memory, MemorySource
+from services.memory.model import ExternalSource, Memory, MemorySource, Source
 
 
-def sources_json(sources: Sequence[MemorySource]) -> list[dict[str, object]]:
-    """The stored form of sources (short keys: it is repeated in every history row)."""
+def sources_json(sources: Sequence[Source]) -> list[dict[str, object]]:
+    """The stored form of sources (short keys: it is repeated in every history row): a
+    transcript range is {c, f, t}, an external URI {u}."""
     return [
-        {"c": str(s.conversation_id), "f": s.from_sequence, "t": s.through_sequence}
+        {"u": s.uri}
+        if isinstance(s, ExternalSource)
+        else {"c": str(s.conversation_id), "f": s.from_sequence, "t": s.through_sequence}
         for s in sources
     ]
 
@@ -57,6 +60,9 @@ def memory_from_row(row: Sequence[Any]) -> Memory:
     )
 
 
-def sources_from_json(sources: Sequence[Mapping[str, Any]] | None) -> tuple[MemorySource, ...]:
+def sources_from_json(sources: Sequence[Mapping[str, Any]] | None) -> tuple[Source, ...]:
     """Sources as stored back to the domain's records (None: erased)."""
-    return tuple(MemorySource(uuid.UUID(s["c"]), s["f"], s["t"]) for s in sources or ())
+    return tuple(
+        ExternalSource(s["u"]) if "u" in s else MemorySource(uuid.UUID(s["c"]), s["f"], s["t"])
+        for s in sources or ()
+    )

@@ -6,6 +6,7 @@ them to status codes with ErrorInfo.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -15,12 +16,22 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from runifold.memory.v1 import memory_service_pb2 as pb
 from runifold.memory.v1 import memory_service_pb2_grpc as pb_grpc
 from services.common import convert
-from services.memory.model import Memory, MemorySource, RevisionRecord
+from services.common.errors import DomainError, StreamStalled
+from services.memory import metrics
+from services.memory.model import (
+    ExternalSource,
+    Memory,
+    MemoryErasure,
+    RevisionRecord,
+    Source,
+)
 from services.memory.proposals.model import ADD, DUPLICATE, SUPERSEDE, Proposal
 from services.memory.service import MemoryService
+from services.memory.watch import model as events
+from services.memory.watch.service import Feed
 from services.memory.writes.inputs import SourceInput, SupersedeInput, ValidityInput
 
-Context = Any  # grpc.aio.ServicerContext; unused by these handlers
+Context = Any  # grpc.aio.ServicerContext; only WatchMemories writes through it
 
 _ACTIONS = {
     ADD: pb.PROPOSAL_ACTION_ADD,
@@ -37,10 +48,12 @@ _MODES_IN = {
 _MODES_OUT = {name: value for value, name in _MODES_IN.items() if name}
 
 
-def sources_to_proto(sources: Sequence[MemorySource]) -> list[pb.MemorySource]:
+def sources_to_proto(sources: Sequence[Source]) -> list[pb.MemorySource]:
     """The wire form of sources."""
     return [
-        pb.MemorySource(
+        pb.MemorySource(external_uri=s.uri)
+        if isinstance(s, ExternalSource)
+        else pb.MemorySource(
             conversation_id=str(s.conversation_id),
             from_sequence=s.from_sequence,
             through_sequence=s.through_sequence,
@@ -48,6 +61,19 @@ def sources_to_proto(sources: Sequence[MemorySource]) -> list[pb.MemorySource]:
         )
         for s in sources
     ]
+
+
+def erasure_to_proto(erasure: MemoryErasure) -> pb.MemoryErasure:
+    """The wire form of an erasure's counts."""
+    return pb.MemoryErasure(
+        conversation_id=str(erasure.conversation_id),
+        incarnation=erasure.incarnation,
+        memories_deleted=erasure.memories_deleted,
+        revisions_erased=erasure.revisions_erased,
+        index_points=erasure.index_points,
+        erase_time=convert.timestamp(erasure.erase_time),
+        index_complete_time=convert.timestamp(erasure.index_complete_time),
+    )
 
 
 def _time(request: Any, field: str, reason: str) -> datetime | None:
@@ -108,11 +134,33 @@ def proposal_to_proto(proposal: Proposal) -> pb.MemoryProposal:
     )
 
 
+def watch_event_to_proto(event: events.WatchEvent) -> pb.WatchMemoriesResponse:
+    """The wire form of one WatchMemories event."""
+    if isinstance(event, events.Changed):
+        return pb.WatchMemoriesResponse(
+            change=pb.MemoryEvent(
+                change_sequence=event.change_sequence,
+                # The same numbers (events.ChangeKind mirrors MemoryEventKind).
+                kind=pb.MemoryEventKind.ValueType(event.kind.value),
+                memory_id=str(event.memory_id),
+                revision=event.revision,
+                memory=memory_to_proto(event.memory) if event.memory is not None else None,
+                change_time=convert.timestamp(event.change_time),
+            )
+        )
+    return pb.WatchMemoriesResponse(
+        heartbeat=pb.MemoryHeartbeat(
+            change_sequence=event.change_sequence, read_time=convert.timestamp(event.read_time)
+        )
+    )
+
+
 class MemoryServicer(pb_grpc.MemoryServiceServicer):
     """gRPC adapter of the memory domain service."""
 
-    def __init__(self, service: MemoryService) -> None:
+    def __init__(self, service: MemoryService, feed: Feed) -> None:
         self.service = service
+        self.feed = feed
 
     async def UpsertMemory(
         self, request: pb.UpsertMemoryRequest, context: Context
@@ -133,7 +181,13 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             request.memory_id,
             request.content,
             [
-                SourceInput(s.conversation_id, s.from_sequence, s.through_sequence, s.incarnation)
+                SourceInput(
+                    s.conversation_id,
+                    s.from_sequence,
+                    s.through_sequence,
+                    s.incarnation,
+                    s.external_uri,
+                )
                 for s in request.sources
             ],
             dict(request.metadata),
@@ -215,14 +269,18 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     async def ForgetSource(
         self, request: pb.ForgetSourceRequest, context: Context
     ) -> pb.ForgetSourceResponse:
-        count = await self.service.forget_source(
+        forgotten = await self.service.forget_source(
             request.namespace,
             request.conversation_id,
             request.from_sequence,
             request.through_sequence,
             request.incarnation,
+            request.external_uri,
         )
-        return pb.ForgetSourceResponse(deleted_count=count)
+        return pb.ForgetSourceResponse(
+            deleted_count=forgotten.deleted,
+            erasure=erasure_to_proto(forgotten.erasure) if forgotten.erasure else None,
+        )
 
     async def ListMemoryRevisions(
         self, request: pb.ListMemoryRevisionsRequest, context: Context
@@ -253,3 +311,56 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             dropped_count=result.dropped,
             proposer=result.proposer,
         )
+
+    async def GetMemoryErasure(
+        self, request: pb.GetMemoryErasureRequest, context: Context
+    ) -> pb.GetMemoryErasureResponse:
+        erasure = await self.service.erasure(
+            request.namespace, request.conversation_id, request.incarnation
+        )
+        return pb.GetMemoryErasureResponse(erasure=erasure_to_proto(erasure))
+
+    # A coroutine that writes through the context (grpc.aio serves both forms), so that
+    # each write can time out; the stubs know only the generator form.
+    async def WatchMemories(  # type: ignore[override]
+        self, request: pb.WatchMemoriesRequest, context: Context
+    ) -> None:
+        heartbeat_s = (
+            convert.timedelta_from_request(
+                request.heartbeat_interval, "heartbeat_interval", "INVALID_HEARTBEAT_INTERVAL"
+            ).total_seconds()
+            if request.HasField("heartbeat_interval")
+            else 0.0
+        )
+        send_timeout_s = self.feed.limits.send_timeout_s
+        stream = self.feed.watch(
+            request.namespace,
+            request.after_change_sequence,
+            heartbeat_s,
+            # What the stream holds is given back when the call has ended: a cut stream's
+            # last event stays in the transport until then.
+            until_done=lambda release: context.add_done_callback(lambda _: release()),
+        )
+        try:
+            async for event in stream:
+                # Serialized here and the event let go, so that a write that waits holds
+                # the message once (and grpc's copy), not also its memory and protobuf;
+                # and the message let go once written, before the stream waits for more.
+                message = watch_event_to_proto(event).SerializeToString()
+                del event
+                # Each write waits for the transport (HTTP/2 flow control): the stream
+                # reads its next page only once the reader took this event. A reader that
+                # takes nothing for the timeout is cut off; it resumes from its last change.
+                try:
+                    async with asyncio.timeout(send_timeout_s):
+                        await context.write(message)
+                except TimeoutError:
+                    metrics.WATCH_STREAMS_CUT.labels("WATCHER_TOO_SLOW").inc()
+                    raise StreamStalled(events.watcher_too_slow(send_timeout_s)) from None
+                del message
+        except DomainError as error:
+            if error.reason == "SERVER_SHUTTING_DOWN":
+                metrics.WATCH_STREAMS_CUT.labels("SERVER_SHUTTING_DOWN").inc()
+            raise
+        finally:
+            await stream.aclose()

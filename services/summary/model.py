@@ -68,6 +68,18 @@ class CommitResult:
 
 
 @dataclass(frozen=True, slots=True)
+class SummaryErasure:
+    """What an erasure of a conversation erased here: `rows` by this call (summaries,
+    history and jobs); `summaries` (current and history) and `jobs` by every erasure of
+    the incarnation so far, as its tombstone keeps them (by this call when the incarnation
+    is 0: no tombstone). Counts only: an erasure receipt is made of them."""
+
+    rows: int
+    summaries: int
+    jobs: int
+
+
+@dataclass(frozen=True, slots=True)
 class TranscriptView:
     """The part of a TranscriptService view the summarizer needs."""
 

@@ -30,6 +30,7 @@ from services.summary.model import (
     NewSummary,
     SummarizeResult,
     Summary,
+    SummaryErasure,
     conversation_erased,
 )
 from services.summary.ports import Transcripts
@@ -229,16 +230,17 @@ class SummaryService:
         commits the result with a compare-and-swap on the summary it started
         from. Every summarizer call is charged to `budget` (zero fields take the
         server defaults) and must finish before the request's deadline.
-        When another writer moves the summary meanwhile, the pass's result is
-        dropped (the summary never regresses) and work continues from the newer
-        summary; every attempt counts against `max_summary_passes`, and only
-        committed passes are reported. Raises RESOURCE_EXHAUSTED /
-        BUDGET_EXHAUSTED when the budget does not cover the next pass; passes
-        committed before stay committed, and the error's metadata reports them
-        and the usage spent. Every commit names the conversation's incarnation:
-        one erased meanwhile refuses it (NOT_FOUND / CONVERSATION_ERASED), even
-        after the model call. With `incarnation` (a background job's), a
-        conversation of another incarnation is CONVERSATION_ERASED at once.
+        When another writer moves the summary meanwhile, the pass's result is dropped (the
+        summary never regresses) and work continues from the newer summary; that attempt
+        counts against `max_summary_passes` unless the newer summary falls short of what it
+        would have covered (a turn whose pass lost to a job ahead of a wider window still
+        summarizes what the job left; the budget still bounds model calls), and only
+        committed passes are reported. Raises RESOURCE_EXHAUSTED / BUDGET_EXHAUSTED when the
+        budget does not cover the next pass; passes committed before stay committed, and the
+        error's metadata reports them and the usage spent. Every commit names the
+        conversation's incarnation: one erased meanwhile refuses it (NOT_FOUND /
+        CONVERSATION_ERASED), even after the model call. With `incarnation` (a background
+        job's), a conversation of another incarnation is CONVERSATION_ERASED at once.
         """
         validation.namespace(namespace)
         cid = conversation_id(conversation_id_text)
@@ -304,6 +306,12 @@ class SummaryService:
                     # meanwhile: nothing regressed; carry on from where it is now.
                     current = await self.store.get_summary(namespace, cid)
                     through = current.through_sequence if current else 0
+                    if through < new_through:
+                        # It fell short of this pass (a job ahead of a wider window):
+                        # the attempt is given back, so the caller gets the reach it
+                        # asked for. Summaries only move forward: this repeats at most
+                        # once per newer summary, each call charged to the budget.
+                        attempts -= 1
                     view = await self.transcripts.load_view(
                         namespace, cid, window, summary_batch, through
                     )
@@ -355,13 +363,17 @@ class SummaryService:
             self.on_enqueue()
         return job, created
 
-    async def erase(self, namespace: str, conversation_id_text: str, incarnation: int = 0) -> int:
+    async def erase(
+        self, namespace: str, conversation_id_text: str, incarnation: int = 0
+    ) -> SummaryErasure:
         """Erase every summary, history row and job of a conversation (idempotent).
 
         Used when a conversation is erased, before its transcript is (the transcript
         is another service's). With its `incarnation`, the erasure also leaves its
         tombstone: a commit or job for it is refused from now on, even one whose model
         call is in flight. A running job notices at its next step (its lease is gone) and stops.
+        Returns the rows this call erased, and what every erasure of the incarnation erased
+        (the tombstone adds them up: a retry reports the first call's too).
         """
         validation.namespace(namespace)
         if incarnation < 0:

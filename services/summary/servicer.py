@@ -115,4 +115,6 @@ class SummaryServicer(pb_grpc.SummaryServiceServicer):
         erased = await self.service.erase(
             request.namespace, request.conversation_id, request.incarnation
         )
-        return pb.EraseSummariesResponse(erased=erased)
+        return pb.EraseSummariesResponse(
+            erased=erased.rows, summaries_erased=erased.summaries, jobs_erased=erased.jobs
+        )

@@ -64,11 +64,14 @@ RETURNING {SUMMARY_COLUMNS}
 """
 
 
-# An erasure's tombstone: the incarnation it erased (services/summary/tombstones.py).
+# An erasure's tombstone: the incarnation it erased (services/summary/tombstones.py), and
+# what every erasure of it erased so far.
 INSERT_TOMBSTONE = """
-INSERT INTO summary.erasures (namespace, conversation_id, incarnation)
-VALUES (%(namespace)s, %(conversation_id)s, %(incarnation)s)
-ON CONFLICT DO NOTHING
+INSERT INTO summary.erasures AS e (namespace, conversation_id, incarnation, summaries, jobs)
+VALUES (%(namespace)s, %(conversation_id)s, %(incarnation)s, %(summaries)s, %(jobs)s)
+ON CONFLICT (namespace, conversation_id, incarnation) DO UPDATE
+   SET summaries = e.summaries + excluded.summaries, jobs = e.jobs + excluded.jobs
+RETURNING summaries, jobs
 """
 
 

@@ -18,7 +18,14 @@ from typing import Any, Protocol
 from services.common.postgres.pool import AsyncConn, Database, fetch_one
 from services.summary import statements as sql
 from services.summary.jobs.store import JobStore, PostgresJobStore
-from services.summary.model import CommitResult, NewSummary, Summary, belongs, check_commit
+from services.summary.model import (
+    CommitResult,
+    NewSummary,
+    Summary,
+    SummaryErasure,
+    belongs,
+    check_commit,
+)
 from services.summary.tombstones import refuse_erased, write_tombstone
 
 # A first commit can lose the race to insert the row; it then re-reads once.
@@ -43,10 +50,11 @@ class SummaryStore(JobStore, Protocol):
 
     async def erase_conversation(
         self, namespace: str, conversation_id: uuid.UUID, incarnation: int
-    ) -> int:
+    ) -> SummaryErasure:
         """Erase what was derived from a conversation: summaries, history and jobs; with an
         `incarnation`, leave its tombstone (later commits and jobs for it are
-        CONVERSATION_ERASED). Returns the number of rows erased."""
+        CONVERSATION_ERASED), which adds up what every erasure of the incarnation erased.
+        Returns the rows this call erased, and those totals."""
 
 
 # --- PostgreSQL -------------------------------------------------------------
@@ -114,7 +122,7 @@ class PostgresSummaryStore(PostgresJobStore):
 
     async def erase_conversation(
         self, namespace: str, conversation_id: uuid.UUID, incarnation: int
-    ) -> int:
+    ) -> SummaryErasure:
         params = {
             "namespace": namespace,
             "conversation_id": conversation_id,
@@ -122,20 +130,31 @@ class PostgresSummaryStore(PostgresJobStore):
         }
         async with self.db.connection() as conn, conn.transaction():
             await conn.execute(sql.LOCK_CONVERSATION, params)
-            if incarnation:
-                await write_tombstone(conn, params)
-            return await _delete_derived(conn, params, jobs=True)
+            summaries, jobs = await _delete_counted(conn, params, jobs=True)
+            if not incarnation:
+                return SummaryErasure(summaries + jobs, summaries, jobs)
+            # After the deletes, under the lock: the tombstone adds this call's counts.
+            totals = await write_tombstone(conn, {**params, "summaries": summaries, "jobs": jobs})
+            return SummaryErasure(summaries + jobs, *totals)
 
 
 async def _delete_derived(conn: AsyncConn, params: dict[str, Any], *, jobs: bool) -> int:
     """Delete a conversation's summaries and history (and jobs); return the rows deleted."""
+    return sum(await _delete_counted(conn, params, jobs=jobs))
+
+
+async def _delete_counted(
+    conn: AsyncConn, params: dict[str, Any], *, jobs: bool
+) -> tuple[int, int]:
+    """Delete a conversation's summaries and history (and jobs); return the summaries
+    (current and history) and the jobs deleted."""
     tables = ("summaries", "summary_history", "jobs") if jobs else ("summaries", "summary_history")
-    erased = 0
+    erased = {}
     for table in tables:
         cursor = await conn.execute(
             f"""DELETE FROM summary.{table}
                  WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s""",
             params,
         )
-        erased += cursor.rowcount
-    return erased
+        erased[table] = cursor.rowcount
+    return erased["summaries"] + erased["summary_history"], erased.get("jobs", 0)

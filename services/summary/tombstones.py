@@ -29,10 +29,13 @@ async def refuse_erased(conn: AsyncConn, params: dict[str, Any]) -> None:
         raise conversation_erased()
 
 
-async def write_tombstone(conn: AsyncConn, params: dict[str, Any]) -> None:
+async def write_tombstone(conn: AsyncConn, params: dict[str, Any]) -> tuple[int, int]:
     """Inside an erasure's transaction, under the conversation's lock: the tombstone of
-    `incarnation`."""
-    await conn.execute(sql.INSERT_TOMBSTONE, params)
+    `incarnation`, adding the `summaries` and `jobs` this erasure deleted to what earlier
+    erasures of the incarnation did; returns the totals (an erasure receipt's counts)."""
+    row = await fetch_one(conn, sql.INSERT_TOMBSTONE, params)
+    assert row is not None  # the upsert always returns its row
+    return int(row[0]), int(row[1])
 
 
 async def prune_tombstones(conn: AsyncConn) -> None:

@@ -1,5 +1,6 @@
 """TranscriptService as a server component: its pool, migrations, servicer, the change
-feed of WatchConversation, and the sweep of lapsed turn leases and kept turn outcomes."""
+feed of WatchConversation, and the sweep of lapsed turn leases, kept turn outcomes and
+erasure receipts past their retention."""
 
 from __future__ import annotations
 
@@ -35,13 +36,20 @@ SWEEP_BATCH = 1000
 
 class TurnSweeper(Background):
     """Deletes the turn rows that are done: outcomes past their retention, committed
-    turns, leases whose holder vanished, and empty conversations such a turn made."""
+    turns, leases whose holder vanished, and empty conversations such a turn made; and
+    erasure receipts past theirs (RUNIFOLD_ERASURE_RECEIPT_RETENTION_S)."""
 
     task_name = "transcript-turn-sweeper"
 
-    def __init__(self, store: PostgresTranscriptStore, retention_s: float) -> None:
+    def __init__(
+        self,
+        store: PostgresTranscriptStore,
+        retention_s: float,
+        receipt_retention_s: float = 365 * 24 * 3600.0,
+    ) -> None:
         self.store = store
         self.retention_s = retention_s
+        self.receipt_retention_s = receipt_retention_s
 
     async def run(self) -> None:
         while True:
@@ -50,6 +58,16 @@ class TurnSweeper(Background):
                     pass
             except Exception as error:
                 log.warning("turn sweep failed", extra={"error_type": type(error).__name__})
+            try:
+                while (
+                    await self.store.sweep_receipts(self.receipt_retention_s, SWEEP_BATCH)
+                    >= SWEEP_BATCH
+                ):
+                    pass
+            except Exception as error:
+                log.warning(
+                    "erasure receipt sweep failed", extra={"error_type": type(error).__name__}
+                )
             await asyncio.sleep(SWEEP_INTERVAL_S)
 
 
@@ -100,7 +118,9 @@ class TranscriptComponent:
         )
         # Lease waiters wake on the changes the feed hears of, from any replica.
         self.feed.on_change = self.service.leases.changed
-        self.sweeper = TurnSweeper(store, self.limits.turn_outcome_retention_s)
+        self.sweeper = TurnSweeper(
+            store, self.limits.turn_outcome_retention_s, self.limits.erasure_receipt_retention_s
+        )
         self.sweeper.start()
 
     async def drain(self, timeout_s: float) -> None:

@@ -113,6 +113,8 @@ class TranscriptLimits:
     turn_queue_depth: int = 16
     # How long the outcome of a turn that ended without committing is kept.
     turn_outcome_retention_s: float = 24 * 3600.0
+    # How long an erasure receipt is kept after it was first recorded (a year).
+    erasure_receipt_retention_s: float = 365 * 24 * 3600.0
     # How often a waiting turn looks again when nothing woke it: the safety net of a
     # missed notification (and what keeps its place in a queue, which lapses after 10 s).
     turn_wait_poll_s: float = 2.0
@@ -163,6 +165,9 @@ class TranscriptLimits:
             turn_queue_depth=env_int(env, "RUNIFOLD_TURN_QUEUE_DEPTH", 16, minimum=1, maximum=1024),
             turn_outcome_retention_s=env_float(
                 env, "RUNIFOLD_TURN_OUTCOME_RETENTION_S", 24 * 3600.0, minimum=60.0
+            ),
+            erasure_receipt_retention_s=env_float(
+                env, "RUNIFOLD_ERASURE_RECEIPT_RETENTION_S", 365 * 24 * 3600.0, minimum=60.0
             ),
             turn_wait_poll_s=env_float(
                 env, "RUNIFOLD_TURN_WAIT_POLL_S", 2.0, minimum=0.005, maximum=5.0

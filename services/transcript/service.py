@@ -11,7 +11,8 @@ SQL (statements.py):
 - digests/: the digest chain of appends (ListAppends);
 - views/: LoadView (the bounded context of a turn) and ListEntries;
 - leases/: turn leases (`TranscriptService.leases`);
-- watch/: WatchConversation, served beside this class (component.py wires it).
+- watch/: WatchConversation, served beside this class (component.py wires it);
+- receipts/: erasure receipts, recorded by erasures and kept after them.
 
 Takes a `TranscriptStore`; knows nothing of gRPC or SQL.
 """
@@ -25,11 +26,12 @@ from services.transcript.conversations.service import Conversations
 from services.transcript.digests.service import Chain
 from services.transcript.forks.service import Forks
 from services.transcript.leases.service import TurnLeases
+from services.transcript.receipts.service import Receipts
 from services.transcript.store import TranscriptStore
 from services.transcript.views.service import Views
 
 
-class TranscriptService(Conversations, Appends, Views, Forks, Chain):
+class TranscriptService(Conversations, Appends, Views, Receipts, Forks, Chain):
     """Conversations and their append-only entries."""
 
     store: TranscriptStore

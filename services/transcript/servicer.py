@@ -13,10 +13,12 @@ from runifold.transcript.v1 import transcript_service_pb2 as pb
 from runifold.transcript.v1 import transcript_service_pb2_grpc as pb_grpc
 from services.common import convert
 from services.common import messages as message_rules
+from services.common.auth import ALL, identity_var
 from services.common.errors import DomainError, StreamStalled
 from services.transcript import metrics as transcript_metrics
 from services.transcript.conversations.model import AppendRecord, Conversation, ScopedState
 from services.transcript.leases.model import EndedTurn, TurnLease
+from services.transcript.receipts.model import ErasureProgress, ErasureReceipt
 from services.transcript.service import TranscriptService
 from services.transcript.watch import model as events
 from services.transcript.watch.model import watcher_too_slow
@@ -38,6 +40,7 @@ def conversation_to_proto(conversation: Conversation) -> pb.Conversation:
         incarnation=conversation.incarnation,
         user_id=conversation.user_id or "",
         state_json=conversation.state_json,
+        preview=conversation.preview,
         fork_origin=pb.ForkOrigin(
             conversation_id=str(conversation.fork_origin.conversation_id),
             through_sequence=conversation.fork_origin.through_sequence,
@@ -45,6 +48,20 @@ def conversation_to_proto(conversation: Conversation) -> pb.Conversation:
         if conversation.fork_origin is not None
         else None,
         head_digest=conversation.head_digest,
+    )
+
+
+def receipt_to_proto(receipt: ErasureReceipt) -> pb.ErasureReceipt:
+    """The wire form of an erasure receipt."""
+    return pb.ErasureReceipt(
+        receipt_id=str(receipt.receipt_id),
+        conversation_id=str(receipt.conversation_id),
+        namespace=receipt.namespace,
+        incarnation=receipt.incarnation,
+        counts=dict(receipt.counts),
+        remaining=list(receipt.remaining),
+        create_time=convert.timestamp(receipt.create_time),
+        complete_time=convert.timestamp(receipt.complete_time),
     )
 
 
@@ -260,21 +277,61 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             request.page_token,
             request.user_id,
             request.view == pb.CONVERSATION_VIEW_FULL,
+            int(request.order),
         )
         return pb.ListConversationsResponse(
             conversations=[conversation_to_proto(c) for c in page.conversations],
             next_page_token=page.next_page_token,
         )
 
+    async def ListNamespaces(
+        self, request: pb.ListNamespacesRequest, context: Context
+    ) -> pb.ListNamespacesResponse:
+        # The caller's grants, as the guard authenticated them (no identity: auth off).
+        identity = identity_var.get()
+        granted = None if identity is None or ALL in identity.namespaces else identity.namespaces
+        page = await self.service.list_namespaces(request.page_size, request.page_token, granted)
+        return pb.ListNamespacesResponse(
+            namespaces=page.namespaces, next_page_token=page.next_page_token
+        )
+
     async def DeleteConversation(
         self, request: pb.DeleteConversationRequest, context: Context
     ) -> pb.DeleteConversationResponse:
         deleted = await self.service.delete_conversation(
-            request.namespace, request.conversation_id, request.incarnation
+            request.namespace,
+            request.conversation_id,
+            request.incarnation,
+            ErasureProgress(dict(request.receipt.counts), list(request.receipt.remaining))
+            if request.HasField("receipt")
+            else None,
         )
         return pb.DeleteConversationResponse(
-            deleted=deleted is not None, entries_deleted=deleted or 0
+            deleted=deleted.deleted,
+            entries_deleted=deleted.entries,
+            appends_deleted=deleted.appends,
+            receipt=receipt_to_proto(deleted.receipt) if deleted.receipt else None,
         )
+
+    async def RecordErasureReceipt(
+        self, request: pb.RecordErasureReceiptRequest, context: Context
+    ) -> pb.RecordErasureReceiptResponse:
+        receipt = await self.service.record_receipt(
+            request.namespace,
+            request.conversation_id,
+            request.incarnation,
+            dict(request.progress.counts),
+            list(request.progress.remaining),
+        )
+        return pb.RecordErasureReceiptResponse(receipt=receipt_to_proto(receipt))
+
+    async def GetErasureReceipt(
+        self, request: pb.GetErasureReceiptRequest, context: Context
+    ) -> pb.GetErasureReceiptResponse:
+        receipt = await self.service.get_receipt(
+            request.namespace, request.receipt_id, request.conversation_id
+        )
+        return pb.GetErasureReceiptResponse(receipt=receipt_to_proto(receipt))
 
     async def GetState(self, request: pb.GetStateRequest, context: Context) -> pb.GetStateResponse:
         states = await self.service.get_state(request.namespace, list(request.user_ids))

@@ -13,11 +13,19 @@ from services.transcript.conversations.store import ConversationStore, PostgresC
 from services.transcript.digests.store import ChainStore, PostgresChain
 from services.transcript.forks.store import ForkStore, PostgresForks
 from services.transcript.leases.store import PostgresTurnLeases, TurnLeaseStore
+from services.transcript.receipts.store import PostgresReceipts, ReceiptStore
 from services.transcript.views.store import PostgresViews, ViewStore
 
 
 class TranscriptStore(
-    ConversationStore, AppendStore, ViewStore, TurnLeaseStore, ForkStore, ChainStore, Protocol
+    ConversationStore,
+    AppendStore,
+    ViewStore,
+    TurnLeaseStore,
+    ReceiptStore,
+    ForkStore,
+    ChainStore,
+    Protocol,
 ):
     """What the transcript service needs from a store. Every method is atomic."""
 
@@ -27,6 +35,7 @@ class PostgresTranscriptStore(
     PostgresAppends,
     PostgresViews,
     PostgresTurnLeases,
+    PostgresReceipts,
     PostgresForks,
     PostgresChain,
 ):

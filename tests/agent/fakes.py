@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from services.agent.model import (
     AppendState,
     EndedState,
     LeaseState,
+    MemoryErasure,
     PriorAppend,
     Recall,
     Recalled,
+    Receipt,
     Summarized,
+    SummaryErasure,
     SummaryState,
+    TranscriptDeletion,
     ViewState,
 )
 from services.common.domain import Budget, Entry, Message, Usage
@@ -29,6 +33,7 @@ from services.llm.model import ChatDelta, ChatRequest, ChatResponse, budget_exha
 from services.transcript.config import TranscriptLimits
 from services.transcript.conversations.model import AppendRecord
 from services.transcript.leases.model import EndedTurn, TurnLease
+from services.transcript.receipts.model import ErasureProgress, ErasureReceipt
 from services.transcript.service import TranscriptService
 from tests.transcript.double import InMemoryTranscriptStore
 
@@ -37,11 +42,26 @@ def _prior(record: AppendRecord) -> PriorAppend:
     return PriorAppend(record.version, record.first_sequence, record.last_sequence, record.usage)
 
 
+def _receipt(receipt: ErasureReceipt) -> Receipt:
+    return Receipt(
+        str(receipt.receipt_id),
+        receipt.namespace,
+        str(receipt.conversation_id),
+        receipt.incarnation,
+        dict(receipt.counts),
+        list(receipt.remaining),
+        receipt.create_time,
+        receipt.complete_time,
+    )
+
+
 class FakeTranscripts:
     def __init__(self) -> None:
         self.service = TranscriptService(
             InMemoryTranscriptStore(), TranscriptLimits(), PageTokens(b"agent-tests-secret!")
         )
+        # Receipt writes and deletions fail (an outage after the derived parts).
+        self.down = False
 
     async def create_conversation(self, namespace: str, conversation_id: str) -> tuple[str, bool]:
         conversation, created = await self.service.create_conversation(
@@ -156,9 +176,55 @@ class FakeTranscripts:
         return found.incarnation
 
     async def delete_conversation(
-        self, namespace: str, conversation_id: str, incarnation: int
-    ) -> int:
-        return await self.service.delete_conversation(namespace, conversation_id, incarnation) or 0
+        self,
+        namespace: str,
+        conversation_id: str,
+        incarnation: int,
+        counts: Mapping[str, int] | None = None,
+        remaining: Sequence[str] = (),
+    ) -> TranscriptDeletion:
+        if self.down:
+            raise StoreUnavailable("transcript")
+        deleted = await self.service.delete_conversation(
+            namespace,
+            conversation_id,
+            incarnation,
+            ErasureProgress(counts, remaining) if counts is not None else None,
+        )
+        return TranscriptDeletion(
+            deleted.entries, deleted.appends, _receipt(deleted.receipt) if deleted.receipt else None
+        )
+
+    async def record_receipt(
+        self,
+        namespace: str,
+        conversation_id: str,
+        incarnation: int,
+        counts: Mapping[str, int],
+        remaining: Sequence[str],
+    ) -> Receipt | None:
+        if self.down:
+            raise StoreUnavailable("transcript")
+        try:
+            return _receipt(
+                await self.service.record_receipt(
+                    namespace, conversation_id, incarnation, counts, remaining
+                )
+            )
+        except DomainError as error:
+            if error.reason == "CONVERSATION_NOT_FOUND":
+                return None
+            raise
+
+    async def get_receipt(
+        self, namespace: str, receipt_id: str, conversation_id: str = ""
+    ) -> Receipt | None:
+        try:
+            return _receipt(await self.service.get_receipt(namespace, receipt_id, conversation_id))
+        except DomainError as error:
+            if error.reason == "ERASURE_RECEIPT_NOT_FOUND":
+                return None
+            raise
 
     async def messages(self, namespace: str, conversation_id: str) -> list[Message]:
         page = await self.service.list_entries(namespace, conversation_id, 0, 0, 1000, "")
@@ -172,6 +238,11 @@ class FakeSummaries:
         self.transcripts = transcripts
         self.summaries: dict[str, SummaryState] = {}
         self.jobs: list[str] = []
+        self.erased: dict[tuple[str, int], tuple[int, int]] = {}
+        # Every job asked for: (conversation, window, summary batch).
+        self.requested: list[tuple[str, int, int]] = []
+        # When set, RequestSummary fails with it (SummaryService unreachable).
+        self.request_error: DomainError | None = None
 
     async def get(self, namespace: str, conversation_id: str) -> SummaryState:
         return self.summaries.get(conversation_id, SummaryState())
@@ -205,15 +276,31 @@ class FakeSummaries:
     async def request(
         self, namespace: str, conversation_id: str, window: int, summary_batch: int
     ) -> str:
+        if self.request_error is not None:
+            raise self.request_error
         job = f"job-{len(self.jobs) + 1}"
         self.jobs.append(conversation_id)
+        self.requested.append((conversation_id, window, summary_batch))
         return job
 
-    async def erase(self, namespace: str, conversation_id: str, incarnation: int) -> int:
-        erased = int(self.summaries.pop(conversation_id, None) is not None)
-        erased += self.jobs.count(conversation_id)
+    async def run_jobs(self, namespace: str) -> None:
+        """Run every job asked for so far, as the queue's workers would (until no
+        backlog remains), and empty the queue."""
+        requested, self.requested = self.requested, []
+        self.jobs = []
+        for conversation_id, window, batch in requested:
+            await self.summarize(namespace, conversation_id, window, batch, 64, Budget(0, 64, 0))
+
+    async def erase(self, namespace: str, conversation_id: str, incarnation: int) -> SummaryErasure:
+        summaries = int(self.summaries.pop(conversation_id, None) is not None)
+        jobs = self.jobs.count(conversation_id)
         self.jobs = [job for job in self.jobs if job != conversation_id]
-        return erased
+        # The tombstone adds up what every erasure of the incarnation erased.
+        before = self.erased.get((conversation_id, incarnation), (0, 0))
+        totals = (before[0] + summaries, before[1] + jobs)
+        if incarnation:
+            self.erased[(conversation_id, incarnation)] = totals
+        return SummaryErasure(summaries + jobs, *totals)
 
 
 class FakeMemories:
@@ -221,6 +308,9 @@ class FakeMemories:
         self.memories = list(memories)
         self.queries: list[tuple[str, str, int]] = []
         self.down = False
+        # Whether the index has applied the erasures' index writes.
+        self.index_caught_up = True
+        self.erased: dict[tuple[str, int], int] = {}
 
     async def search(self, namespace: str, query: str, limit: int) -> Recall:
         self.queries.append((namespace, query, limit))
@@ -228,11 +318,26 @@ class FakeMemories:
 
     async def forget_conversation(
         self, namespace: str, conversation_id: str, incarnation: int
-    ) -> int:
+    ) -> MemoryErasure:
         if self.down:
             raise StoreUnavailable("memory")
         forgotten, self.memories = len(self.memories), []
-        return forgotten
+        before = self.erased.get((conversation_id, incarnation), 0)
+        if incarnation:
+            self.erased[(conversation_id, incarnation)] = before + forgotten
+        total = before + forgotten
+        # One revision per memory, one index point each.
+        return MemoryErasure(forgotten, total, total, total, self.index_caught_up)
+
+    async def erasure(
+        self, namespace: str, conversation_id: str, incarnation: int
+    ) -> MemoryErasure | None:
+        if self.down:
+            raise StoreUnavailable("memory")
+        total = self.erased.get((conversation_id, incarnation))
+        if total is None:
+            return None
+        return MemoryErasure(0, total, total, total, self.index_caught_up)
 
 
 Responder = Callable[[ChatRequest], ChatResponse]

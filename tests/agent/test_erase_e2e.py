@@ -1,5 +1,5 @@
 """EraseConversation across real services: everything derived goes, and a retry finishes
-what an unavailable service left.
+what an unavailable service left, completing the same receipt (never a second one).
 
 Two real servers: one hosts TranscriptService, SummaryService and AgentService;
 MemoryService runs in a second one that the test stops and starts again (on the
@@ -150,6 +150,11 @@ async def test_erase_removes_everything_and_resumes_after_an_outage(
         )
         assert not first.complete and list(first.remaining) == ["memory", "transcript"]
         assert first.entries_deleted == 0 and first.summaries_erased
+        # Its receipt is recorded meanwhile: what this call erased, and every part left.
+        partial = first.receipt
+        assert (partial.summaries, partial.summary_jobs, partial.memories) == (2, 1, 0)
+        assert list(partial.remaining) == ["memory", "memory_index", "transcript"]
+        assert not partial.HasField("complete_time")
         still_there = await transcript.GetConversation(
             transcript_pb.GetConversationRequest(namespace=namespace, conversation_id=cid)
         )
@@ -180,6 +185,20 @@ async def test_erase_removes_everything_and_resumes_after_an_outage(
 
             await wait_for(erased, timeout=30, interval=0.2)
             assert list(retries[-1].remaining) == []
+            # One receipt: the retries completed the first call's, whose summary counts it
+            # kept (the retries erased no summary).
+            assert {r.receipt.receipt_id for r in retries if r.HasField("receipt")} == {
+                partial.receipt_id
+            }
+            done = retries[-1].receipt
+            assert (done.entries, done.appends, done.summaries, done.summary_jobs) == (30, 1, 2, 1)
+            assert (done.memories, done.memory_revisions, done.index_points) == (1, 1, 1)
+            async with database.connection() as conn:
+                cursor = await conn.execute(
+                    "SELECT count(*) FROM transcript.erasure_receipts WHERE conversation_id = %s",
+                    (uuid.UUID(cid),),
+                )
+                assert await cursor.fetchone() == (1,)
             assert sum(r.memories_deleted for r in retries) == 1
             assert [r.entries_deleted for r in retries if r.entries_deleted] == [30]
             with pytest.raises(grpc.aio.AioRpcError) as caught:

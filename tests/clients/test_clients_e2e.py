@@ -102,7 +102,8 @@ async def test_python_async_client_turn_conflict_and_summary_required(
         assert lost.value.outcome.usage.output_tokens == 5
 
         await client.append(cid, [f"filler {i}" for i in range(30)])
-        policy = ConversationContextPolicy(window=8, summary_batch=8)
+        # The seed's refusal, asked for (the client's default summarizes first).
+        policy = ConversationContextPolicy(window=8, summary_batch=8).with_summary_required()
         with pytest.raises(SummaryRequired) as required:
             await client.run_conversation("and now?", conversation_id=cid, policy=policy)
         assert required.value.backlog == 33 - 8  # 2 + 1 (the racer) + 30 entries, window 8

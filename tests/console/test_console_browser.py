@@ -7,7 +7,13 @@ browser opens the console, finds the conversation, sees its entries, the summary
 boundary and the last window, follows a memory's source link to the entries it came
 from, opens a shared link, and reads the backlog figure. A hostile message and a
 hostile memory (markup and script) are shown as text and run nothing. Screenshots go
-to .artifacts/console/ (RUNIFOLD_ARTIFACTS_DIR), kept by CI as the run's artifacts.
+to .artifacts/console/ (RUNIFOLD_ARTIFACTS_DIR), kept by CI as the run's artifacts;
+with RUNIFOLD_DOCS_SCREENSHOTS=1 those docs/console.md shows are also written to docs/img/.
+
+The home page lists the namespaces (ListNamespaces), a namespace's conversations come
+newest first with their first user message, charts have axes and units, and with
+RUNIFOLD_CONSOLE_ACTIONS=1 the chat box runs a turn through StreamConversation over
+Connect, its stages shown as they arrive.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 ARTIFACTS = Path(os.environ.get("RUNIFOLD_ARTIFACTS_DIR", ROOT / ".artifacts")) / "console"
+DOCS_IMG = ROOT / "docs" / "img"
 WAIT_S = 30.0
 # Markup that would run script if the console ever put text into the page as HTML.
 HOSTILE_ENTRY = (
@@ -59,12 +66,15 @@ TURNS = 3
 PAIRS = 8  # appends of a user and an assistant message after the turns
 SUMMARY_THROUGH = 6
 SOURCE = (3, 4)
+# An external source that is a valid absolute URI and would run a script if followed.
+HOSTILE_URI = "javascript:window.pwned=1"
 
 
 @dataclass
 class Seeded:
     namespace: str
     conversation_id: str
+    newer_id: str
     entries: int
     memory_id: str
     hostile_memory_id: str
@@ -144,7 +154,10 @@ async def seeded(server: ServiceProcess) -> Seeded:
         )
         hostile = await memory.UpsertMemory(
             memory_pb.UpsertMemoryRequest(
-                namespace=namespace, content=HOSTILE_MEMORY, sources=[source]
+                namespace=namespace,
+                content=HOSTILE_MEMORY,
+                # A source outside the transcript too: an absolute URI, and a hostile one.
+                sources=[source, memory_pb.MemorySource(external_uri=HOSTILE_URI)],
             )
         )
         await summary.RequestSummary(
@@ -152,8 +165,23 @@ async def seeded(server: ServiceProcess) -> Seeded:
                 namespace=namespace, conversation_id=cid, window=16, summary_batch=64
             )
         )
+        newer = await transcript.CreateConversation(
+            transcript_pb.CreateConversationRequest(namespace=namespace)
+        )
+        await transcript.AppendEntries(
+            transcript_pb.AppendEntriesRequest(
+                namespace=namespace,
+                conversation_id=newer.conversation.conversation_id,
+                messages=[user("Where did we leave   the\nquarterly report?")],
+            )
+        )
     return Seeded(
-        namespace, cid, TURNS * 2 + PAIRS * 2, kept.memory.memory_id, hostile.memory.memory_id
+        namespace,
+        cid,
+        newer.conversation.conversation_id,
+        TURNS * 2 + PAIRS * 2,
+        kept.memory.memory_id,
+        hostile.memory.memory_id,
     )
 
 
@@ -182,9 +210,13 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
-def shot(driver: Any, name: str) -> None:
+def shot(driver: Any, name: str, docs: str = "") -> None:
+    """A screenshot in the artifacts; with RUNIFOLD_DOCS_SCREENSHOTS=1, also as
+    docs/img/<docs>.png when the docs show it."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
+    if docs and os.environ.get("RUNIFOLD_DOCS_SCREENSHOTS") == "1":
+        driver.save_screenshot(str(DOCS_IMG / f"{docs}.png"))
 
 
 def waiting(driver: Any) -> Any:
@@ -218,12 +250,25 @@ def test_the_console_shows_a_conversation_its_memories_and_the_backlog(
     server: ServiceProcess, seeded: Seeded, browser: Any
 ) -> None:
     driver, ns, cid = browser, seeded.namespace, seeded.conversation_id
-    driver.get(f"{server.http_url}/?namespace={ns}")
-    # The conversations of the namespace; the one made over gRPC is there.
+    # The home page lists the namespaces (authentication off: every one with data).
+    driver.get(f"{server.http_url}/")
+    home = css(driver, f'#namespace-list li[data-namespace="{ns}"] a')
+    shot(driver, "0-home", docs="console-home")
+    home.click()
+    # The conversations of the namespace, newest first, each with its first user
+    # message (whitespace made single spaces) and its counts.
     row = css(driver, f'tr[data-conversation="{cid}"]')
     assert "app=demo" in row.text
-    shot(driver, "1-conversations")
-    row.find_element("css selector", "a").click()
+    listed = [r.get_attribute("data-conversation") for r in all_css(driver, "tr.conversation")]
+    assert listed == [seeded.newer_id, cid]
+    newer = css(driver, f'tr[data-conversation="{seeded.newer_id}"] td.preview .text')
+    assert newer.text == "Where did we leave the quarterly report?"
+    assert row.find_element("css selector", "td.preview .text").text.startswith("question 0:")
+    counts = [td.text for td in row.find_elements("css selector", "td.num")]
+    assert counts == [str(seeded.entries), str(TURNS + PAIRS)]
+    assert css(driver, "#conversation-count").text == "2 conversations, newest first"
+    shot(driver, "1-conversations", docs="console-conversations")
+    row.find_element("css selector", "td.preview a").click()
 
     # Its entries, the summary boundary and the last window.
     waiting(driver).until(lambda d: len(all_css(d, "#entries li.entry")) == seeded.entries)
@@ -240,6 +285,7 @@ def test_the_console_shows_a_conversation_its_memories_and_the_backlog(
         "return document.getElementById('window-start').nextElementSibling.id"
     )
     assert after_marker == f"entry-{window_first}"
+    assert css(driver, "#window-facts").text == f"entries {window_first}\u2013{seeded.entries}"
     assert len(all_css(driver, "li.entry.in-window")) == 16
     assert len(all_css(driver, "li.turn-marker")) == TURNS + PAIRS  # one per append
     assert css(driver, "#summarized-through").text == str(SUMMARY_THROUGH)
@@ -254,13 +300,32 @@ def test_the_console_shows_a_conversation_its_memories_and_the_backlog(
     ]
     shot(driver, "2-conversation")
 
+    # The chat box: a turn through StreamConversation over Connect, shown as it arrives.
+    css(driver, "#chat-input").send_keys("hello from the console")
+    css(driver, "#chat-send").click()
+    waiting(driver).until(lambda d: len(all_css(d, "#entries li.entry")) == seeded.entries + 2)
+    stages = [li.text for li in all_css(driver, "#chat-stages li")]
+    assert stages[0] == "sent" and "calling the model" in stages
+    assert stages[-1] == "committed (version 12)"
+    assert "hello from the console" in css(driver, f"#entry-{seeded.entries + 1} .text").text
+    driver.execute_script("document.getElementById('chat').scrollIntoView()")
+    shot(driver, "2b-chat", docs="console-chat")
+    # A window that holds the whole transcript has no start to mark (the marker used to
+    # sit above entry 1, inside the summarized part).
+    driver.get(f"{server.http_url}/?namespace={ns}&conversation={seeded.newer_id}")
+    assert css(driver, "#window-facts").text == "entries 1\u20131 (the whole transcript)"
+    assert css(driver, "#entry-1") and not all_css(driver, "#window-start")
+
     # Memories; a memory's source link opens the entries it came from.
     css(driver, 'a[data-tab="memories"]').click()
     item = css(driver, f'li.memory[data-memory="{seeded.memory_id}"]')
     assert "teal" in item.text
-    assert (
-        HOSTILE_MEMORY in css(driver, f'li.memory[data-memory="{seeded.hostile_memory_id}"]').text
-    )
+    hostile_item = css(driver, f'li.memory[data-memory="{seeded.hostile_memory_id}"]')
+    assert HOSTILE_MEMORY in hostile_item.text
+    # Its origin: the transcript range (a link), and the external URI as text, never a link.
+    external = hostile_item.find_element("css selector", ".source.external")
+    assert external.text == HOSTILE_URI
+    assert not external.find_elements("css selector", "a")
     no_script_ran(driver)
     shot(driver, "3-memories")
     item.find_element("css selector", ".source a").click()
@@ -278,8 +343,14 @@ def test_the_console_shows_a_conversation_its_memories_and_the_backlog(
     # The backlog: the job requested over gRPC, and the server's counters.
     css(driver, 'a[data-tab="backlog"]').click()
     waiting(driver).until(lambda d: css(d, "#backlog-depth").text == "1")
-    css(driver, 'figure.chart[data-series="summary_jobs_depth"]')
-    shot(driver, "5-backlog")
+    depth = css(driver, 'figure.chart[data-series="summary_jobs_depth"]')
+    # Axes: 0 to the largest value in the series' unit, five minutes to now.
+    ticks = [t.text for t in depth.find_elements("css selector", "svg text")]
+    assert ticks == ["1", "0", "jobs", "\u22125 min", "now"]
+    assert "jobs" in depth.find_element("css selector", "figcaption").text
+    age = css(driver, 'figure.chart[data-series="summary_jobs_oldest_age_seconds"]')
+    assert age.get_attribute("data-unit") == "s"
+    shot(driver, "5-backlog", docs="console-backlog")
     errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
     assert not errors, f"the console logged errors (a CSP violation, a failed call): {errors}"
 
@@ -388,6 +459,16 @@ async def test_with_authentication_the_console_reads_with_the_user_s_own_token(
         assert "not served on this port" in css(driver, "#summary").text
         assert not css(driver, 'a[data-tab="memories"]').is_displayed()
         assert not all_css(driver, "button.action")
+        # The home page lists the namespaces a token grants that hold conversations,
+        # and only those (the database holds many others). (A token of one namespace
+        # opens it at once.)
+        two = jwt_token(SECRET, namespace, f"{namespace}-empty")
+        use_token = "sessionStorage.setItem('runifold.console.token', arguments[0])"
+        driver.execute_script(use_token, two)
+        driver.get(f"{url}/")
+        css(driver, f'#namespace-list li[data-namespace="{namespace}"]')
+        assert [li.text for li in all_css(driver, "#namespace-list li")] == [namespace]
+        driver.execute_script(use_token, token)
         # Another namespace: refused by the API itself, the console shows the refusal.
         driver.get(f"{url}/?namespace={namespace}-other")
         waiting(driver).until(lambda d: "NAMESPACE_NOT_GRANTED" in css(d, "#status").text)

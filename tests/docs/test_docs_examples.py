@@ -7,8 +7,9 @@ at the test's server. Each runs as
 pasted into a fresh shell in the repository's folder: nothing of the project's
 virtual environment is on PATH (a block that needs `runifold` or `grpcurl`
 activates `.venv` itself, as the pages tell a person to), and no RUNIFOLD_*
-variable is set but RUNIFOLD_TARGET. Python blocks run with the environment's
-`python`, which is what the pages say to use. A block
+variable is set but RUNIFOLD_TARGET. Python blocks are saved as files and run with
+the environment's `python` (what the pages say to use), as a reader who saves one
+runs it: each is a complete program (no top-level `await`). A block
 preceded by `<!-- not run: reason -->` is skipped, and the reason names what
 covers it instead. (operations.md's indented docker/kubectl commands need a
 Docker engine or a cluster: the files they use are validated by tests/ops.)
@@ -115,16 +116,28 @@ def test_a_fresh_shell_has_no_project_command_on_path() -> None:
         assert shutil.which(command, path=env["PATH"]) is None, command
 
 
+def test_every_integration_snippet_is_a_complete_program_that_runs() -> None:
+    """docs/integrations.md: each Python block is run (none skipped), and is a program
+    of its own, not lines to paste into a notebook (no top-level await)."""
+    page = [e for e in RUNNABLE if e.page == "docs/integrations.md"]
+    assert len(page) >= 2 and all(e.language == "python" for e in page)
+    assert not [s for s, _ in SKIPPED if s.startswith("docs/integrations.md")]
+    for example in page:
+        compile(example.code, str(example), "exec")  # a SyntaxError on a top-level await
+        assert "asyncio.run(" in example.code, f"{example}: no entry point"
+
+
 @pytest.mark.parametrize("example", RUNNABLE, ids=str)
-async def test_example_runs_as_written(stack: Stack, example: Example) -> None:
+async def test_example_runs_as_written(stack: Stack, example: Example, tmp_path: Path) -> None:
     code = example.code.replace(DOCUMENTED_HTTP, stack.http_url)
     code = code.replace(DOCUMENTED_TARGET, stack.address)
     env = fresh_shell_env(stack.address)
-    command = (
-        ["bash", "-euo", "pipefail", "-c", code]
-        if example.language == "sh"
-        else [sys.executable, "-c", code]
-    )
+    if example.language == "sh":
+        command = ["bash", "-euo", "pipefail", "-c", code]
+    else:  # saved as a file, as a reader saves it
+        program = tmp_path / f"{Path(example.page).stem}_{example.index}.py"
+        program.write_text(code)
+        command = [sys.executable, str(program)]
     process = await asyncio.create_subprocess_exec(
         *command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )

@@ -15,7 +15,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from services.memory.model import Key, Memory, RevisionRecord, invalid_validity, memory_not_found
+from services.memory.model import (
+    ExternalSource,
+    Forgotten,
+    Key,
+    Memory,
+    MemoryErasure,
+    MemorySource,
+    RevisionRecord,
+    invalid_validity,
+    memory_not_found,
+)
 from services.memory.outbox.model import OutboxClaim, OutboxDepth, OutboxEntry
 from services.memory.search.model import ScoredMemory
 from services.memory.writes.model import (
@@ -47,6 +57,12 @@ class InMemoryMemoryStore:
         self._claims: dict[int, tuple[uuid.UUID, datetime]] = {}
         self._seq = itertools.count(1)
         self._erased: set[tuple[str, uuid.UUID, int]] = set()
+        # The counts of each tombstone's erasures: memories, revisions, the outbox
+        # position at or above their index writes, when the index caught up.
+        self._erasures: dict[tuple[str, uuid.UUID, int], MemoryErasure] = {}
+        self._outbox_through: dict[tuple[str, uuid.UUID, int], int] = {}
+        # Revisions whose content the last _erase blanked.
+        self._blanked = 0
         # (namespace, request id) -> (payload hash, memory id, revision, created, recorded)
         self._requests: dict[tuple[str, str], tuple[bytes, uuid.UUID, int, bool, datetime]] = {}
         self._lock = asyncio.Lock()
@@ -83,6 +99,7 @@ class InMemoryMemoryStore:
         erased memory superseded."""
         memory = self._memories.pop(key)
         history = self._history.setdefault(key, [])
+        self._blanked = sum(1 for r in history if r.content is not None)
         history[:] = [
             replace(
                 r,
@@ -314,7 +331,10 @@ class InMemoryMemoryStore:
                 and (after is None or m.memory_id > after)
                 and (
                     conversation_id is None
-                    or any(s.conversation_id == conversation_id for s in m.sources)
+                    or any(
+                        isinstance(s, MemorySource) and s.conversation_id == conversation_id
+                        for s in m.sources
+                    )
                 )
             ),
             key=lambda m: m.memory_id,
@@ -338,24 +358,69 @@ class InMemoryMemoryStore:
 
     async def forget_source(
         self, namespace: str, conversation_id: uuid.UUID, low: int, high: int, incarnation: int = 0
-    ) -> int:
+    ) -> Forgotten:
         async with self._lock:
-            if incarnation:
-                self._erased.add((namespace, conversation_id, incarnation))
             victims = [
                 key
                 for key, m in self._memories.items()
                 if key[0] == namespace
                 and any(
-                    s.conversation_id == conversation_id
+                    isinstance(s, MemorySource)
+                    and s.conversation_id == conversation_id
                     and s.from_sequence <= high
                     and s.through_sequence >= low
                     for s in m.sources
                 )
             ]
+            revisions = 0
+            for key in victims:
+                self._erase(key, "forget_source")
+                revisions += self._blanked
+            if not incarnation:
+                return Forgotten(len(victims))
+            tombstone = (namespace, conversation_id, incarnation)
+            self._erased.add(tombstone)
+            before = self._erasures.get(tombstone) or MemoryErasure(
+                conversation_id, incarnation, 0, 0, 0, self.now()
+            )
+            self._erasures[tombstone] = replace(
+                before,
+                memories_deleted=before.memories_deleted + len(victims),
+                revisions_erased=before.revisions_erased + revisions,
+                index_points=before.index_points + len(victims),
+            )
+            if victims and self._outbox:
+                self._outbox_through[tombstone] = self._outbox[-1][0].seq
+            return Forgotten(len(victims), self._caught_up(tombstone))
+
+    def _caught_up(self, tombstone: tuple[str, uuid.UUID, int]) -> MemoryErasure | None:
+        """The erasure, its index completion recorded once no outbox row at or below its
+        position is left."""
+        erasure = self._erasures.get(tombstone)
+        if erasure is None or erasure.index_complete_time is not None:
+            return erasure
+        through = self._outbox_through.get(tombstone)
+        if through is None or all(entry.seq > through for entry, _ in self._outbox):
+            erasure = replace(erasure, index_complete_time=self.now())
+            self._erasures[tombstone] = erasure
+        return erasure
+
+    async def forget_external(self, namespace: str, uri: str) -> int:
+        async with self._lock:
+            victims = [
+                key
+                for key, m in self._memories.items()
+                if key[0] == namespace and ExternalSource(uri) in m.sources
+            ]
             for key in victims:
                 self._erase(key, "forget_source")
             return len(victims)
+
+    async def erasure(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int
+    ) -> MemoryErasure | None:
+        async with self._lock:
+            return self._caught_up((namespace, conversation_id, incarnation))
 
     async def erased(self, namespace: str, conversation_id: uuid.UUID, incarnation: int) -> bool:
         return (namespace, conversation_id, incarnation) in self._erased

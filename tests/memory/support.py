@@ -227,6 +227,8 @@ class FixedSources:
         self.conversations: dict[tuple[str, uuid.UUID], int] = {}
         self.texts: dict[tuple[str, uuid.UUID], list[str]] = {}
         self.incarnations: dict[tuple[str, uuid.UUID], int] = {}
+        # Conversations asked for (a memory of external sources only asks for none).
+        self.asked = 0
 
     def add(self, namespace: str, last_sequence: int, texts: Sequence[str] = ()) -> str:
         cid = uuid.uuid4()
@@ -252,6 +254,7 @@ class FixedSources:
     async def conversation(
         self, namespace: str, conversation_id: uuid.UUID
     ) -> SourceConversation | None:
+        self.asked += 1
         key = (namespace, conversation_id)
         last = self.conversations.get(key)
         return SourceConversation(last, self.incarnations[key]) if last is not None else None

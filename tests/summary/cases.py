@@ -94,7 +94,7 @@ class SummaryStoreCases:
     ) -> None:
         cid = uuid.uuid4()
         await store.commit_summary(NewSummary(namespace, cid, "a", 1, None, incarnation=7))
-        assert await store.erase_conversation(namespace, cid, 7) == 1
+        assert (await store.erase_conversation(namespace, cid, 7)).rows == 1
         with pytest.raises(DomainError) as commit:
             await store.commit_summary(NewSummary(namespace, cid, "late", 2, 0, incarnation=7))
         assert (commit.value.code, commit.value.reason) == (Code.NOT_FOUND, "CONVERSATION_ERASED")
@@ -118,6 +118,26 @@ class SummaryStoreCases:
         fresh = await store.commit_summary(NewSummary(namespace, cid, "new", 2, 0, incarnation=2))
         assert (fresh.summary.through_sequence, fresh.summary.revision) == (2, 1)
         assert await store.summary_history(namespace, cid) == []
+
+    async def test_an_erasure_retried_reports_what_every_call_erased(
+        self, store: SummaryStore, namespace: str
+    ) -> None:
+        # The counts of an erasure receipt: the tombstone adds up the calls of one
+        # incarnation's erasure, so a retry (the first reply lost) reports them all.
+        cid = uuid.uuid4()
+        await store.commit_summary(NewSummary(namespace, cid, "a", 1, None, incarnation=3))
+        await store.commit_summary(NewSummary(namespace, cid, "b", 2, None, incarnation=3))
+        await store.enqueue(replace(new_job(namespace, cid), incarnation=3))
+        first = await store.erase_conversation(namespace, cid, 3)
+        assert (first.rows, first.summaries, first.jobs) == (3, 2, 1)
+        again = await store.erase_conversation(namespace, cid, 3)
+        assert (again.rows, again.summaries, again.jobs) == (0, 2, 1)
+        # Without an incarnation (no tombstone): this call's only.
+        other = uuid.uuid4()
+        await store.commit_summary(NewSummary(namespace, other, "c", 1, None))
+        bare = await store.erase_conversation(namespace, other, 0)
+        assert (bare.rows, bare.summaries, bare.jobs) == (1, 1, 0)
+        assert (await store.erase_conversation(namespace, other, 0)).summaries == 0
 
     async def test_purge_erases_summaries_history_and_jobs(
         self, store: SummaryStore, namespace: str

@@ -18,6 +18,7 @@ from services.summary.model import (
     CommitResult,
     NewSummary,
     Summary,
+    SummaryErasure,
     belongs,
     check_commit,
     conversation_erased,
@@ -44,6 +45,8 @@ class InMemorySummaryStore:
         self._history: dict[tuple[str, uuid.UUID], list[Summary]] = {}
         self._jobs: dict[uuid.UUID, _JobRow] = {}
         self._erased: set[tuple[str, uuid.UUID, int]] = set()
+        # What the erasures of each tombstone's incarnation erased: (summaries, jobs).
+        self._erasure_counts: dict[tuple[str, uuid.UUID, int], tuple[int, int]] = {}
         self._lock = asyncio.Lock()
 
     async def get_summary(self, namespace: str, conversation_id: uuid.UUID) -> Summary | None:
@@ -83,13 +86,11 @@ class InMemorySummaryStore:
 
     async def erase_conversation(
         self, namespace: str, conversation_id: uuid.UUID, incarnation: int
-    ) -> int:
+    ) -> SummaryErasure:
         key = (namespace, conversation_id)
         async with self._lock:
-            if incarnation:
-                self._erased.add((namespace, conversation_id, incarnation))
-            erased = int(self._summaries.pop(key, None) is not None)
-            erased += len(self._history.pop(key, []))
+            summaries = int(self._summaries.pop(key, None) is not None)
+            summaries += len(self._history.pop(key, []))
             doomed = [
                 j
                 for j, row in self._jobs.items()
@@ -97,7 +98,15 @@ class InMemorySummaryStore:
             ]
             for job_id in doomed:
                 del self._jobs[job_id]
-            return erased + len(doomed)
+            rows = summaries + len(doomed)
+            if not incarnation:
+                return SummaryErasure(rows, summaries, len(doomed))
+            tombstone = (namespace, conversation_id, incarnation)
+            self._erased.add(tombstone)
+            before = self._erasure_counts.get(tombstone, (0, 0))
+            totals = (before[0] + summaries, before[1] + len(doomed))
+            self._erasure_counts[tombstone] = totals
+            return SummaryErasure(rows, *totals)
 
     def _active(self, namespace: str, conversation_id: uuid.UUID) -> _JobRow | None:
         for row in self._jobs.values():
@@ -118,6 +127,8 @@ class InMemorySummaryStore:
             if active is not None:
                 if active.job.state == JobState.RUNNING and active.requested_again is None:
                     active.requested_again = datetime.now(UTC)
+                if job.window < active.job.window:  # it reaches as far as each request
+                    active.job = replace(active.job, window=job.window)
                 return active.job, False
             now = datetime.now(UTC)
             stored = Job(

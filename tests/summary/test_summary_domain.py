@@ -118,6 +118,32 @@ async def test_passes_stop_at_the_limit_and_report_the_exact_backlog(
     assert (result.passes, result.backlog, len(scripted.calls)) == (0, 0, calls)
 
 
+async def test_a_pass_that_loses_to_a_background_job_is_not_counted(
+    store: InMemorySummaryStore, transcripts: LocalTranscripts, namespace: str
+) -> None:
+    """A turn's one pass (AUTO, max_summary_passes 1) races with a job ahead that commits
+    first, through 18 of the 19 entries outside a window of 1: the turn's pass is dropped
+    and the entry the job left is summarized in the same call, not left as a
+    SUMMARY_BACKLOG (issue 29: the jobs ahead run beside AUTO turns)."""
+    cid = await new_conversation(transcripts, namespace, chat(20))
+
+    class JobCommitsFirst(Scripted):
+        async def summarize(self, prompt: SummaryPrompt, *, timeout: float) -> SummaryOutput:
+            output = await super().summarize(prompt, timeout=timeout)
+            if len(self.calls) == 1:
+                await service.commit_summary(namespace, cid, "the job ahead", 18, None)
+            return output
+
+    scripted = JobCommitsFirst()
+    service = make_service(store, transcripts, scripted)
+    result = await service.summarize(namespace, cid, 1, 64, 1, Budget())
+    assert (result.passes, result.backlog) == (1, 0)
+    assert result.summary is not None and result.summary.through_sequence == 19
+    assert [c[1] for c in scripted.calls] == [list(range(1, 20)), [19]]
+    assert scripted.calls[1][0] == "the job ahead"
+    assert result.usage == Usage(200, 20, 2)  # both calls charged
+
+
 async def test_a_pass_never_ends_between_a_tool_call_and_its_results(
     store: InMemorySummaryStore, transcripts: LocalTranscripts, namespace: str
 ) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
-from services.common.domain import Entry, Usage
+from services.common.domain import Entry, Role, Usage
 from services.common.errors import VersionConflict
 from services.transcript.appends.model import (
     AppendResult,
@@ -25,13 +25,17 @@ from services.transcript.appends.model import (
 )
 from services.transcript.conversations.model import (
     NO_STATE_CHANGE,
+    PREVIEW_CHARS,
+    PREVIEW_ENTRIES,
     AppendRecord,
     Conversation,
+    Deletion,
     ForkOrigin,
     ScopedState,
     StateChange,
     conversation_erased,
     conversation_not_found,
+    preview,
     request_id_reused,
     state_too_large,
 )
@@ -56,6 +60,14 @@ from services.transcript.leases.model import (
     turn_lease_lost,
 )
 from services.transcript.leases.store import WAIT_LEASE_S
+from services.transcript.receipts.model import (
+    APPENDS,
+    ENTRIES,
+    FORKS,
+    ErasureProgress,
+    ErasureReceipt,
+    merge,
+)
 from services.transcript.views.model import ViewRead, view_ranges
 
 # Queue tickets, one counter for every conversation (transcript.turn_tickets).
@@ -112,6 +124,7 @@ class _Stored:
     # A fork's shared prefix ends here (its entries cannot be retracted by the fork); the
     # forks made of this one (by id, incarnation), and its forks' request ids.
     prefix_end: int = 0
+    shared_versions: int = 0  # the appends of the prefix (its source's)
     forks: list[tuple[uuid.UUID, int]] = field(default_factory=list)
     fork_requests: dict[str, tuple[bytes, uuid.UUID, int]] = field(default_factory=dict)
 
@@ -121,6 +134,15 @@ class _Stored:
             if turn.state == "running" and turn.exclusive and turn.until >= now:
                 return turn_id, turn
         return None
+
+
+def _preview(entries: Sequence[Entry]) -> str:
+    """A listing's preview, as the store makes it: of the first standing user message
+    among the first PREVIEW_ENTRIES entries (the start the statement reads)."""
+    for entry in entries[:PREVIEW_ENTRIES]:
+        if entry.message.role == Role.USER and not entry.retracted_version:
+            return preview(entry.message.text[: PREVIEW_CHARS + 1])
+    return ""
 
 
 def _merged(stored: str, delta: str | None) -> str:
@@ -137,6 +159,8 @@ class InMemoryTranscriptStore:
         self._data: dict[tuple[str, uuid.UUID], _Stored] = {}
         # (namespace, user_id or "" for the namespace's own) -> its state document.
         self._states: dict[tuple[str, str], ScopedState] = {}
+        # Erasure receipts by (namespace, conversation id, incarnation).
+        self._receipts: dict[tuple[str, uuid.UUID, int], ErasureReceipt] = {}
         self._lock = asyncio.Lock()
 
     def _scoped_after(
@@ -285,8 +309,8 @@ class InMemoryTranscriptStore:
                 version, first, last, append.usage, now, append.payload_hash, digest
             )
             stored.records.append(record)
-            stored.retracted.append(tuple(append.retract))
             stored.states.append(conversation_state)
+            stored.retracted.append(tuple(append.retract))
             if append.request_id is not None:
                 stored.appends[append.request_id] = record
             if token is not None:  # kept a while as committed, as in PostgreSQL
@@ -354,37 +378,88 @@ class InMemoryTranscriptStore:
         limit: int,
         user_id: str | None = None,
         with_state: bool = False,
+        newest_first: bool = False,
+        after_time: datetime | None = None,
     ) -> list[Conversation]:
-        ids = sorted(
-            cid
-            for (ns, cid), stored in self._data.items()
-            if ns == namespace
-            and (after is None or cid > after)
-            and (user_id is None or stored.conversation.user_id == user_id)
-        )
-        found = [self._data[(namespace, cid)].conversation for cid in ids[:limit]]
-        return found if with_state else [replace(c, state_json="") for c in found]
+        listed = [
+            stored
+            for (ns, _), stored in self._data.items()
+            if ns == namespace and (user_id is None or stored.conversation.user_id == user_id)
+        ]
+
+        def position(stored: _Stored) -> tuple[datetime, uuid.UUID]:
+            return stored.conversation.create_time, stored.conversation.conversation_id
+
+        if newest_first:
+            listed.sort(key=position, reverse=True)
+            if after is not None:
+                assert after_time is not None
+                listed = [s for s in listed if position(s) < (after_time, after)]
+        else:
+            listed.sort(key=lambda stored: stored.conversation.conversation_id)
+            if after is not None:
+                listed = [s for s in listed if s.conversation.conversation_id > after]
+        found = [
+            replace(
+                stored.conversation,
+                state_json=stored.conversation.state_json if with_state else "",
+                preview=_preview(stored.entries),
+            )
+            for stored in listed[:limit]
+        ]
+        return found
+
+    async def list_namespaces(
+        self, after: str, limit: int, among: Sequence[str] | None = None
+    ) -> list[str]:
+        held = {ns for ns, _ in self._data}
+        if among is not None:
+            held &= set(among)
+        return sorted(ns for ns in held if ns > after)[:limit]
 
     async def delete_conversation(
-        self, namespace: str, conversation_id: uuid.UUID, incarnation: int = 0
-    ) -> int | None:
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        incarnation: int = 0,
+        receipt: ErasureProgress | None = None,
+    ) -> Deletion:
         async with self._lock:
             stored = self._data.get((namespace, conversation_id))
-            if stored is None or incarnation not in (0, stored.conversation.incarnation):
-                return None
-            del self._data[(namespace, conversation_id)]
-            erased = len(stored.entries) - stored.prefix_end
-            # Its forks, and theirs (a fork of a conversation made again under its id is
-            # not the new one's).
-            pending = list(stored.forks)
-            while pending:
-                fork_id, incarnation = pending.pop()
-                fork = self._data.get((namespace, fork_id))
-                if fork is not None and fork.conversation.incarnation == incarnation:
-                    del self._data[(namespace, fork_id)]
-                    erased += len(fork.entries) - fork.prefix_end
-                    pending.extend(fork.forks)
-            return erased
+            erased = Deletion(False)
+            if stored is not None and incarnation in (0, stored.conversation.incarnation):
+                del self._data[(namespace, conversation_id)]
+                entries = len(stored.entries) - stored.prefix_end
+                appends = stored.conversation.version - stored.shared_versions
+                forks = 0
+                # Its forks, and theirs (a fork of a conversation made again under its id
+                # is not the new one's).
+                pending = list(stored.forks)
+                while pending:
+                    fork_id, fork_incarnation = pending.pop()
+                    fork = self._data.get((namespace, fork_id))
+                    if fork is not None and fork.conversation.incarnation == fork_incarnation:
+                        del self._data[(namespace, fork_id)]
+                        entries += len(fork.entries) - fork.prefix_end
+                        appends += fork.conversation.version - fork.shared_versions
+                        forks += 1
+                        pending.extend(fork.forks)
+                erased = Deletion(True, entries, appends, forks=forks)
+            kept_key = (namespace, conversation_id, incarnation)
+            if receipt is None or not incarnation:
+                return erased
+            if not erased.deleted and kept_key not in self._receipts:
+                return erased  # never a receipt of a conversation that was not there
+            counts = {
+                **receipt.counts,
+                ENTRIES: erased.entries,
+                APPENDS: erased.appends,
+                FORKS: erased.forks,
+            }
+            kept = self._record(
+                namespace, conversation_id, incarnation, ErasureProgress(counts, receipt.remaining)
+            )
+            return replace(erased, receipt=kept)
 
     async def list_appends(
         self, namespace: str, conversation_id: uuid.UUID, after_version: int, limit: int
@@ -440,7 +515,7 @@ class InMemoryTranscriptStore:
                 _random_token(),
                 current.user_id,
                 state,
-                ForkOrigin(fork.source_id, through),
+                fork_origin=ForkOrigin(fork.source_id, through),
                 head_digest=digest,
             )
             # The prefix as the fork sees it: what the source retracted after the fork
@@ -461,6 +536,7 @@ class InMemoryTranscriptStore:
                 retracted=[*source.retracted[:version], ()],
                 states=[*source.states[: version + 1], state],
                 prefix_end=through,
+                shared_versions=version,
             )
             source.forks.append((fork.conversation_id, conversation.incarnation))
             if fork.request_id is not None:
@@ -470,6 +546,72 @@ class InMemoryTranscriptStore:
                     conversation.incarnation,
                 )
             return conversation, True
+
+    # -- erasure receipts (the same rule as the PostgreSQL store: receipts.model.merge) --
+
+    def _record(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        incarnation: int,
+        progress: ErasureProgress,
+        receipt_id: uuid.UUID | None = None,
+    ) -> ErasureReceipt:
+        key = (namespace, conversation_id, incarnation)
+        self._receipts[key] = merge(
+            self._receipts.get(key),
+            progress,
+            receipt_id=receipt_id or uuid.uuid4(),
+            namespace=namespace,
+            conversation_id=conversation_id,
+            incarnation=incarnation,
+            now=datetime.now(UTC),
+        )
+        return self._receipts[key]
+
+    async def record_receipt(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        incarnation: int,
+        progress: ErasureProgress,
+        receipt_id: uuid.UUID,
+    ) -> ErasureReceipt | None:
+        async with self._lock:
+            stored = self._data.get((namespace, conversation_id))
+            exists = stored is not None and stored.conversation.incarnation == incarnation
+            if not exists and (namespace, conversation_id, incarnation) not in self._receipts:
+                return None
+            return self._record(namespace, conversation_id, incarnation, progress, receipt_id)
+
+    async def get_receipt(self, namespace: str, receipt_id: uuid.UUID) -> ErasureReceipt | None:
+        found = [
+            r
+            for (ns, _, _), r in self._receipts.items()
+            if ns == namespace and r.receipt_id == receipt_id
+        ]
+        return found[0] if found else None
+
+    async def latest_receipt(
+        self, namespace: str, conversation_id: uuid.UUID
+    ) -> ErasureReceipt | None:
+        mine = [
+            r
+            for (ns, cid, _), r in self._receipts.items()
+            if (ns, cid) == (namespace, conversation_id)
+        ]
+        return max(mine, key=lambda r: (r.create_time, r.receipt_id)) if mine else None
+
+    async def sweep_receipts(self, retention_s: float, limit: int) -> int:
+        async with self._lock:
+            cutoff = datetime.now(UTC) - timedelta(seconds=retention_s)
+            old = sorted(
+                (k for k, r in self._receipts.items() if r.create_time <= cutoff),
+                key=lambda k: self._receipts[k].create_time,
+            )[:limit]
+            for key in old:
+                del self._receipts[key]
+            return len(old)
 
     # -- turn leases (the same rule as the PostgreSQL store: model.decide_lease) ----
 

@@ -1,4 +1,5 @@
-// AgentService's calls: a turn (whole, or streamed) and erasing a conversation everywhere.
+// AgentService's calls: a turn (whole, or streamed), erasing a conversation everywhere, and
+// the erasure's receipt.
 
 import type * as grpc from "@grpc/grpc-js";
 
@@ -9,9 +10,11 @@ import type {
   ConcurrencyMode,
   ContextPolicy,
   EraseConversationResponse__Output,
+  ErasureReceipt__Output,
   RunConversationRequest,
   RunConversationResponse__Output,
   StreamConversationResponse__Output,
+  SummaryMode,
 } from "./gen/runifold/agent/v1/agent_service_objects.js";
 import type { Budget, Message, ToolDefinition } from "./gen/runifold/common/v1/common_objects.js";
 
@@ -52,6 +55,21 @@ export function messages(input: Input): Message[] {
   return items.map((item) => (typeof item === "string" ? user(item) : item));
 }
 
+/**
+ * The summary mode of a turn whose policy names none: AUTO, as in the Python client and
+ * the CLI. The server keeps summaries ahead of the window in the background, so a turn
+ * only summarizes (charged to its budget) when that queue has fallen behind, and a chat
+ * loop never sees SummaryRequired. `summary_mode: "SUMMARY_MODE_REQUIRE"` asks for the
+ * seed's refusal instead.
+ */
+export const DEFAULT_SUMMARY_MODE: SummaryMode = "SUMMARY_MODE_AUTO";
+
+function withDefaults(policy: ContextPolicy | undefined): ContextPolicy {
+  const mode = policy?.summary_mode;
+  const unset = mode === undefined || mode === 0 || mode === "SUMMARY_MODE_UNSPECIFIED";
+  return { ...policy, summary_mode: unset ? DEFAULT_SUMMARY_MODE : mode };
+}
+
 /** A turn's request; RunConversation and StreamConversation take the same fields. */
 function turnRequest(namespace: string, input: Input, options: TurnOptions): RunConversationRequest {
   return {
@@ -59,7 +77,7 @@ function turnRequest(namespace: string, input: Input, options: TurnOptions): Run
     conversation_id: options.conversationId ?? "",
     input: messages(input),
     turn_id: options.turnId ?? randomId(),
-    policy: options.policy ?? {},
+    policy: withDefaults(options.policy),
     budget: options.budget ?? {},
     system_instructions: options.systemInstructions ?? "",
     create_if_missing: options.createIfMissing ?? true,
@@ -92,12 +110,27 @@ export class AgentCalls extends Connection {
     }
   }
 
-  /** Erase a conversation everywhere: entries, summaries, jobs, derived memories. */
+  /** Erase a conversation everywhere: entries, summaries, jobs, derived memories. The
+   * reply's `receipt` says what was erased in each store (counts, never content). */
   eraseConversation(conversationId: string, options?: CallOptions): Promise<EraseConversationResponse__Output> {
     return this.unary(
       AGENT.eraseConversation,
       { namespace: this.ns(options), conversation_id: conversationId },
       options,
     );
+  }
+
+  /** The receipt of an erasure, by its id (or, with `conversationId` and an empty id, the
+   * latest of that conversation); `complete_time` is set once the vector index caught up. */
+  async getErasureReceipt(
+    receiptId: string,
+    options: CallOptions & { conversationId?: string } = {},
+  ): Promise<ErasureReceipt__Output> {
+    const reply = await this.unary(
+      AGENT.getErasureReceipt,
+      { namespace: this.ns(options), receipt_id: receiptId, conversation_id: options.conversationId ?? "" },
+      options,
+    );
+    return reply.receipt!;
   }
 }

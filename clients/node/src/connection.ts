@@ -5,16 +5,24 @@
 // one class of methods per service (agent.ts, transcript.ts, summary.ts, memory.ts) on
 // this connection. The messages are protoc-gen-es's (gen/ts, `buf generate`), on the
 // wire through @grpc/grpc-js; the methods take and return plain objects (objects.ts).
+//
+// What a client is not given it reads from the environment the `runifold` command and
+// the Python client read (RUNIFOLD_TARGET, RUNIFOLD_NAMESPACE, RUNIFOLD_TOKEN), so one
+// `export` moves every tool.
 
 import * as grpc from "@grpc/grpc-js";
 import type { DescMessage, DescMethod, DescService } from "@bufbuild/protobuf";
 
-import { BY_CODE, BY_REASON, RunifoldError, type Detail } from "./errors.js";
+import { BY_CODE, BY_REASON, RunifoldError, Unavailable, type Detail } from "./errors.js";
 import { statusDetails } from "./details.js";
 import { decode, encode } from "./objects.js";
 import type { WatchPosition } from "./watch.js";
 
 export const DEFAULT_TARGET = "127.0.0.1:50051";
+/** What a client reads when it is not given a target, a namespace or a token. */
+export const TARGET_ENV = "RUNIFOLD_TARGET";
+export const NAMESPACE_ENV = "RUNIFOLD_NAMESPACE";
+export const TOKEN_ENV = "RUNIFOLD_TOKEN";
 /** Page size of the listing iterators (the servers allow at most 1000). */
 export const PAGE_SIZE = 500;
 
@@ -25,11 +33,12 @@ const NOT_RETRIED = new Set([
 ]);
 
 export interface ClientOptions {
-  /** host:port of the server (default 127.0.0.1:50051). */
+  /** host:port of the server (default: $RUNIFOLD_TARGET, else 127.0.0.1:50051). */
   target?: string;
-  /** The default namespace of every call (each method takes `namespace` too). */
+  /** The default namespace of every call (each method takes `namespace` too; default:
+   * $RUNIFOLD_NAMESPACE, else none: the token's). */
   namespace?: string;
-  /** A bearer token, sent as `authorization: Bearer ...`. */
+  /** A bearer token, sent as `authorization: Bearer ...` (default: $RUNIFOLD_TOKEN; "": none). */
   token?: string;
   /** Channel credentials (default: plaintext, for loopback and development). */
   credentials?: grpc.ChannelCredentials;
@@ -86,6 +95,21 @@ const view = (bytes: Buffer): Uint8Array => new Uint8Array(bytes.buffer, bytes.b
 
 export const randomId = (): string => globalThis.crypto.randomUUID();
 
+/** The target, namespace and token of a client: what it is given, else the environment's
+ * RUNIFOLD_TARGET, RUNIFOLD_NAMESPACE, RUNIFOLD_TOKEN, else the defaults (127.0.0.1:50051,
+ * no namespace: the token's, no token). An empty string given is given: `namespace: ""`
+ * leaves the namespace to the token, `token: ""` sends none. */
+export function fromEnvironment(
+  options: Pick<ClientOptions, "target" | "namespace" | "token">,
+  env: Record<string, string | undefined> = process.env,
+): { target: string; namespace: string; token: string } {
+  return {
+    target: options.target || env[TARGET_ENV] || DEFAULT_TARGET,
+    namespace: options.namespace ?? env[NAMESPACE_ENV] ?? "",
+    token: options.token ?? env[TOKEN_ENV] ?? "",
+  };
+}
+
 /** The channel of a client and the calls on it. */
 export class Connection {
   readonly target: string;
@@ -97,13 +121,14 @@ export class Connection {
   protected readonly positions = new WeakMap<object, WatchPosition>();
 
   constructor(services: DescService[], options: ClientOptions = {}) {
-    this.target = options.target ?? DEFAULT_TARGET;
+    const { target, namespace, token } = fromEnvironment(options);
+    this.target = target;
     const credentials = options.credentials ?? grpc.credentials.createInsecure();
     this.channel = new grpc.Client(this.target, credentials, serviceConfig(services, options.maxAttempts ?? 3));
-    this.namespace = options.namespace ?? "";
+    this.namespace = namespace;
     this.timeoutMs = options.timeoutMs ?? 60_000;
     this.metadata = new grpc.Metadata();
-    if (options.token) this.metadata.set("authorization", `Bearer ${options.token}`);
+    if (token) this.metadata.set("authorization", `Bearer ${token}`);
   }
 
   /** Close the channel. */
@@ -128,6 +153,13 @@ export class Connection {
       }
     }
     const Class = BY_REASON[reason] ?? BY_CODE[error.code] ?? RunifoldError;
+    if (error.code === grpc.status.UNAVAILABLE && reason === "UNAVAILABLE") {
+      // No ErrorInfo: the call reached no Runifold server (nothing listens there, the
+      // network, a port that does not speak gRPC). Say where the client called, once.
+      const found = new Unavailable(error.code, reason, `cannot reach ${this.target}: ${error.details}`, metadata, details);
+      found.target = this.target;
+      return found;
+    }
     return new Class(error.code, reason, error.details, metadata, details);
   }
 

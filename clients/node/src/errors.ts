@@ -26,7 +26,8 @@ export class RunifoldError extends Error {
     readonly metadata: Record<string, string>,
     readonly details: Detail[] = [],
   ) {
-    super(`${grpc.status[code]} ${reason}: ${message}`);
+    // A reason that only repeats the code (no ErrorInfo) is said once.
+    super(`${grpc.status[code] === reason ? reason : `${grpc.status[code]} ${reason}`}: ${message}`);
     this.name = new.target.name;
     this.serverMessage = message;
   }
@@ -62,8 +63,12 @@ export class AlreadyExists extends RunifoldError {}
 export class PermissionDenied extends RunifoldError {}
 /** Missing or invalid credentials. */
 export class Unauthenticated extends RunifoldError {}
-/** A store or service is unavailable (gRPC already retried); retry later. */
-export class Unavailable extends RunifoldError {}
+/** A store or service is unavailable (gRPC already retried); retry later. One that never
+ * reached a Runifold server (reason UNAVAILABLE: no ErrorInfo) names the address the
+ * client called: in its message, once, and as `target`. */
+export class Unavailable extends RunifoldError {
+  target = "";
+}
 /** The call's deadline passed. */
 export class DeadlineExceeded extends RunifoldError {}
 /** The system is not in the state the call needs. */

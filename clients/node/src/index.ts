@@ -25,9 +25,26 @@ import { SummaryCalls } from "./summary.js";
 import { TranscriptCalls } from "./transcript.js";
 
 export * from "./errors.js";
-export { assistant, toolResult, user, type Input, type TurnOptions } from "./agent.js";
-export { DEFAULT_TARGET, PAGE_SIZE, type CallOptions, type ClientOptions } from "./connection.js";
+export {
+  DEFAULT_SUMMARY_MODE,
+  assistant,
+  toolResult,
+  user,
+  type Input,
+  type TurnOptions,
+} from "./agent.js";
+export {
+  DEFAULT_TARGET,
+  NAMESPACE_ENV,
+  PAGE_SIZE,
+  TARGET_ENV,
+  TOKEN_ENV,
+  fromEnvironment,
+  type CallOptions,
+  type ClientOptions,
+} from "./connection.js";
 export { newConversationId, type WatchOptions } from "./transcript.js";
+export type { WatchMemoriesOptions } from "./memory.js";
 export { VerificationFailed, type Verified } from "./digests.js";
 export type { WatchPosition } from "./watch.js";
 export { ConcurrencyMode, SummaryMode, TurnStage } from "./gen/runifold/agent/v1/agent_service_objects.js";
@@ -48,9 +65,11 @@ export type {
 } from "./gen/runifold/common/v1/common_objects.js";
 export type {
   Memory__Output as Memory,
+  MemoryEvent__Output as MemoryEvent,
   MemorySource,
   SearchMemoriesResponse__Output as SearchMemoriesResponse,
   UpsertMemoryResponse__Output as UpsertMemoryResponse,
+  WatchMemoriesResponse__Output as MemoryWatchEvent,
 } from "./gen/runifold/memory/v1/memory_service_objects.js";
 export type {
   GetBacklogResponse__Output as GetBacklogResponse,

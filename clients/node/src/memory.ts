@@ -1,10 +1,14 @@
 // MemoryService's calls: curated memories (written, read, listed, searched, deleted,
-// forgotten with their source), their revisions, and proposals to confirm.
+// forgotten with their source), their revisions, proposals to confirm, and the change
+// feed of a namespace's memories.
+
+import * as grpc from "@grpc/grpc-js";
 
 import { type CallOptions, Connection, PAGE_SIZE, duration, randomId, rpcs, timestamp } from "./connection.js";
 import type { Budget } from "./gen/runifold/common/v1/common_objects.js";
 import { MemoryService } from "./gen/runifold/memory/v1/memory_service_pb.js";
 import type {
+  MemoryErasure__Output,
   MemoryProposal__Output,
   MemoryRevision__Output,
   MemoryService__Methods,
@@ -13,7 +17,9 @@ import type {
   ProposeMemoriesResponse__Output,
   SearchMemoriesResponse__Output,
   UpsertMemoryResponse__Output,
+  WatchMemoriesResponse__Output,
 } from "./gen/runifold/memory/v1/memory_service_objects.js";
+import { backoffMs } from "./watch.js";
 
 const MEMORY = rpcs<MemoryService__Methods>(MemoryService);
 
@@ -23,6 +29,19 @@ const SEARCH_MODES = {
   lexical: "SEARCH_MODE_LEXICAL",
   hybrid: "SEARCH_MODE_HYBRID",
 } as const;
+
+export interface WatchMemoriesOptions extends CallOptions {
+  /** Deliver the changes after this change sequence (0: from the first). */
+  afterChangeSequence?: number;
+  /** How often a quiet stream gets a heartbeat, 1..300 s (default: the server's). */
+  heartbeatSeconds?: number;
+  /** Watch again after UNAVAILABLE and WATCHER_TOO_SLOW (default true). */
+  resume?: boolean;
+  /** The longest wait between two attempts (default 5000 ms). */
+  maxBackoffMs?: number;
+  /** Stop watching (the iteration then ends). */
+  signal?: AbortSignal;
+}
 
 /** The methods of MemoryService. */
 export class MemoryCalls extends Connection {
@@ -179,10 +198,18 @@ export class MemoryCalls extends Connection {
     return reply.deleted;
   }
 
-  /** Delete every memory derived from a conversation (or a range of it); the count. */
+  /** Delete every memory derived from a conversation (or a range of it), or, with
+   * `externalUri` (and an empty conversation id), every memory one of whose sources is that
+   * URI, exactly; the count. A memory with several sources goes when any one is forgotten.
+   * (A source outside a transcript is written as `{ external_uri: "mcp://notes/42" }`.) */
   async forgetSource(
     conversationId: string,
-    options: CallOptions & { fromSequence?: number; throughSequence?: number; incarnation?: number } = {},
+    options: CallOptions & {
+      fromSequence?: number;
+      throughSequence?: number;
+      incarnation?: number;
+      externalUri?: string;
+    } = {},
   ): Promise<number> {
     const reply = await this.unary(
       MEMORY.forgetSource,
@@ -192,10 +219,26 @@ export class MemoryCalls extends Connection {
         from_sequence: options.fromSequence ?? 0,
         through_sequence: options.throughSequence ?? 0,
         incarnation: options.incarnation ?? 0,
+        external_uri: options.externalUri ?? "",
       },
       options,
     );
     return reply.deleted_count;
+  }
+
+  /** What the erasure of one incarnation of a conversation erased in MemoryService, and
+   * whether the vector index has caught up (`index_complete_time`). */
+  async getMemoryErasure(
+    conversationId: string,
+    incarnation: number,
+    options?: CallOptions,
+  ): Promise<MemoryErasure__Output> {
+    const reply = await this.unary(
+      MEMORY.getMemoryErasure,
+      { namespace: this.ns(options), conversation_id: conversationId, incarnation },
+      options,
+    );
+    return reply.erasure!;
   }
 
   /** Every revision of a memory, oldest first (erased ones keep only number, kind, time). */
@@ -267,5 +310,60 @@ export class MemoryCalls extends Connection {
           ? [{ memoryId: proposal.related_memory_ids[0] }]
           : [],
     });
+  }
+  /**
+   * Follow the memories of a namespace (MemoryService.WatchMemories): every change after
+   * `afterChangeSequence` (`change` events: created, updated, superseded, deleted,
+   * expired, erased), each once and in the order the changes committed, then the changes
+   * as they commit, with `heartbeat`s while it is quiet. No deadline: break out of the
+   * loop, or abort `signal`, to leave.
+   *
+   * A stream that breaks (UNAVAILABLE: a replica restarted or shut down; RESOURCE_EXHAUSTED
+   * / WATCHER_TOO_SLOW: this reader fell behind) is watched again from the last change
+   * sequence received, with backoff: nothing is missed and nothing repeats. Other errors
+   * are thrown (ResourceExhausted / WATCHER_LIMIT with its retry delay, InvalidArgument /
+   * SEQUENCE_OUT_OF_RANGE for a sequence the namespace never reached, ...).
+   */
+  async *watchMemories(options: WatchMemoriesOptions = {}): AsyncGenerator<WatchMemoriesResponse__Output> {
+    let after = options.afterChangeSequence ?? 0;
+    let attempt = 0;
+    const maxBackoffMs = options.maxBackoffMs ?? 5000;
+    while (!options.signal?.aborted) {
+      const call = this.stream(
+        MEMORY.watchMemories,
+        {
+          namespace: this.ns(options),
+          after_change_sequence: after,
+          heartbeat_interval: duration(options.heartbeatSeconds),
+        },
+        {},
+      );
+      const stop = () => call.cancel();
+      options.signal?.addEventListener("abort", stop);
+      try {
+        for await (const event of call as AsyncIterable<WatchMemoriesResponse__Output>) {
+          if (event.event === "change") {
+            after = Number(event.change!.change_sequence);
+          } else {
+            after = Math.max(after, Number(event.heartbeat?.change_sequence ?? 0));
+            attempt = 0;
+          }
+          yield event;
+        }
+        return;
+      } catch (error) {
+        if (options.signal?.aborted) return;
+        const failure = this.toError(error as grpc.ServiceError);
+        const resumable =
+          failure.code === grpc.status.UNAVAILABLE ||
+          (failure.code === grpc.status.RESOURCE_EXHAUSTED && failure.reason === "WATCHER_TOO_SLOW");
+        if (!(options.resume ?? true) || !resumable) throw failure;
+      } finally {
+        options.signal?.removeEventListener("abort", stop);
+        call.cancel();
+      }
+      await new Promise((resolve) => setTimeout(resolve, backoffMs(attempt, maxBackoffMs)));
+      attempt += 1;
+    }
   }
 }

@@ -14,6 +14,8 @@ import type {
   Conversation__Output,
   DeleteConversationResponse__Output,
   EndedTurn,
+  ErasureProgress,
+  ErasureReceipt__Output as TranscriptErasureReceipt__Output,
   GetStateResponse__Output,
   LoadViewResponse__Output,
   StateDelta,
@@ -289,13 +291,15 @@ export class TranscriptCalls extends Connection {
    * here). Running turns are not reported started twice; a turn that
    * finished while the stream was down is reported `turn_finished` with
    * `TURN_FINISH_UNSPECIFIED`. Other errors are thrown (NotFound, ResourceExhausted /
-   * WATCHER_LIMIT with its retry delay, ...).
+   * WATCHER_LIMIT with its retry delay, ...), and so is a first stream that reaches no
+   * server at all (`Unavailable` naming the address: a wrong target is said, not waited on).
    */
   async *watchConversation(
     conversationId: string,
     options: WatchOptions = {},
   ): AsyncGenerator<WatchConversationResponse__Output> {
     const position = new Position(options.afterSequence ?? 0, options.incarnation ?? 0);
+    let reached = false; // whether a stream ever delivered an event
     const maxBackoffMs = options.maxBackoffMs ?? 5000;
     while (!options.signal?.aborted) {
       const request = {
@@ -316,6 +320,7 @@ export class TranscriptCalls extends Connection {
           event: WatchConversationResponse__Output;
           incarnation: string | null;
         }>) {
+          reached = true;
           for (const reported of position.see(event, incarnation)) {
             if (reported === event) this.positions.set(event, position.position);
             yield reported;
@@ -329,7 +334,9 @@ export class TranscriptCalls extends Connection {
         const resumable =
           failure.code === grpc.status.UNAVAILABLE ||
           (failure.code === grpc.status.RESOURCE_EXHAUSTED && failure.reason === "WATCHER_TOO_SLOW");
-        if (!(options.resume ?? true) || !resumable) throw failure;
+        // A first stream that reaches no server at all is said, not waited on.
+        const neverReached = !reached && failure.reason === "UNAVAILABLE";
+        if (!(options.resume ?? true) || !resumable || neverReached) throw failure;
       } finally {
         options.signal?.removeEventListener("abort", stop);
         call.cancel();
@@ -383,6 +390,24 @@ export class TranscriptCalls extends Connection {
       },
       options,
     );
+  }
+
+  /** Record (or merge into) the receipt of an erasure of one incarnation of a conversation:
+   * what eraseConversation calls; an application erasing its own way may report here too.
+   * Counts only grow and parts only leave `remaining`. (Read receipts with
+   * getErasureReceipt, AgentService's, which completes them.) */
+  async recordErasureReceipt(
+    conversationId: string,
+    incarnation: number,
+    progress: ErasureProgress,
+    options?: CallOptions,
+  ): Promise<TranscriptErasureReceipt__Output> {
+    const reply = await this.unary(
+      TRANSCRIPT.recordErasureReceipt,
+      { namespace: this.ns(options), conversation_id: conversationId, incarnation, progress },
+      options,
+    );
+    return reply.receipt!;
   }
 
   /** Take a turn lease before model work (`lease`), or learn that the turn committed

@@ -67,7 +67,10 @@ describe("AgentService", () => {
       expectedVersion: 0,
     });
     const policy = { window: 8, summary_batch: 8 };
-    await assert.rejects(client.runConversation("and now?", { conversationId: id, policy }), (error) => {
+    // With no summary mode the turn would summarize (AUTO, the client's default).
+    const required = { ...policy, summary_mode: "SUMMARY_MODE_REQUIRE" as const };
+    const refused = client.runConversation("and now?", { conversationId: id, policy: required });
+    await assert.rejects(refused, (error) => {
       assert.ok(error instanceof SummaryRequired);
       assert.equal(error.code, grpc.status.FAILED_PRECONDITION);
       assert.equal(error.backlog, 22);
@@ -80,6 +83,17 @@ describe("AgentService", () => {
     });
     assert.equal(result.first_sequence, 31);
     assert.ok((result.context?.summary_through_sequence ?? 0) >= 22);
+  });
+
+  test("a policy without a summary mode summarizes first: AUTO is the default", async () => {
+    const { conversation_id: id } = await client.createConversation();
+    await client.append(id, Array.from({ length: 30 }, (_, i) => `message ${i + 1}`), {
+      expectedVersion: 0,
+    });
+    const result = await client.runConversation("and now?", { conversationId: id });
+    assert.equal(result.first_sequence, 31);
+    assert.equal(result.context?.summary_passes, 1);
+    assert.equal(result.context?.summary_through_sequence, 14); // window 16
   });
 
   test("the streamed turn ends in the committed result", async () => {
@@ -107,5 +121,11 @@ describe("AgentService", () => {
     assert.equal(erased.memories_deleted, 1);
     assert.equal(erased.entries_deleted, 2);
     await assert.rejects(client.getConversation(turn.conversation_id), NotFound);
+    const receipt = erased.receipt!;
+    assert.deepEqual([receipt.entries, receipt.appends, receipt.memories], [2, 1, 1]);
+    const again = await client.getErasureReceipt("", { conversationId: turn.conversation_id });
+    assert.equal(again.receipt_id, receipt.receipt_id);
+    assert.equal((await client.getErasureReceipt(receipt.receipt_id)).memory_revisions, 1);
+    await assert.rejects(client.getErasureReceipt(receipt.receipt_id, { namespace: `${client.namespace}-b` }), NotFound);
   });
 });

@@ -10,4 +10,5 @@ import "./transcript.cases.js";
 import "./agent.cases.js";
 import "./summary.cases.js";
 import "./memory.cases.js";
+import "./environment.cases.js";
 import "./readme.cases.js";

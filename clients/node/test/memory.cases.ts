@@ -3,9 +3,9 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
-import { NotFound, RevisionConflict } from "../src/index.js";
+import { InvalidArgument, NotFound, RevisionConflict } from "../src/index.js";
 import { waitFor } from "./support.js";
-import { client, collect } from "./stack.js";
+import { client, collect, fresh } from "./stack.js";
 
 describe("MemoryService", () => {
   test("remember, get, list, search, replace by revision, delete, forget", async () => {
@@ -42,6 +42,11 @@ describe("MemoryService", () => {
     await assert.rejects(client.getMemory(memory.memory_id), NotFound);
     await client.remember("Another fact.", { conversationId: id, fromSequence: 2, throughSequence: 2 });
     assert.equal(await client.forgetSource(id), 1);
+    const note = "mcp://notes.example/7";
+    const external = await client.upsertMemory("A fact from a note.", { sources: [{ external_uri: note }] });
+    assert.equal(external.memory!.sources[0].external_uri, note);
+    assert.equal(await client.forgetSource("", { externalUri: note }), 1);
+    await assert.rejects(client.getMemory(external.memory!.memory_id), NotFound);
   });
 
   test("propose, confirm, supersede with history, search as of a time", async () => {
@@ -114,5 +119,51 @@ describe("MemoryService", () => {
   test("limit 0 means the default", async () => {
     const found = await client.searchMemories("anything at all", { limit: 0 });
     assert.deepEqual(found.results, []);
+  });
+  test("watch the namespace's memories: every change once, in order, resumed after any", async () => {
+    const own = fresh();
+    try {
+      const { conversation_id: id } = await own.createConversation();
+      await own.append(id, ["I drink green tea.", "I moved to Lyon."]);
+      const tea = await own.remember("Drinks green tea.", { conversationId: id, fromSequence: 1, throughSequence: 1 });
+      const seen: [number, string, string][] = [];
+      const stop = new AbortController();
+      const done = (async () => {
+        for await (const event of own.watchMemories({ signal: stop.signal })) {
+          if (event.event === "change") {
+            const change = event.change!;
+            seen.push([Number(change.change_sequence), change.kind, change.memory?.content ?? ""]);
+          } else seen.push([Number(event.heartbeat!.change_sequence), "heartbeat", ""]);
+        }
+      })();
+      await waitFor(async () => seen.some(([, kind]) => kind === "heartbeat"));
+      const lyon = await own.remember("Lives in Lyon.", { conversationId: id, fromSequence: 2, throughSequence: 2 });
+      await own.deleteMemory(tea.memory_id);
+      await waitFor(async () => seen.length === 4);
+      stop.abort();
+      await done;
+      assert.deepEqual(seen, [
+        [1, "MEMORY_EVENT_KIND_CREATED", "Drinks green tea."],
+        [1, "heartbeat", ""],
+        [2, "MEMORY_EVENT_KIND_CREATED", "Lives in Lyon."],
+        [3, "MEMORY_EVENT_KIND_DELETED", ""],
+      ]);
+      // Resumed after the first change: the rest, once, then caught up.
+      const resumed: string[] = [];
+      for await (const event of own.watchMemories({ afterChangeSequence: 1 })) {
+        if (event.event === "heartbeat") break;
+        resumed.push(`${event.change!.change_sequence} ${event.change!.memory_id}`);
+      }
+      assert.deepEqual(resumed, [`2 ${lyon.memory_id}`, `3 ${tea.memory_id}`]);
+      // A sequence the namespace never reached is refused, not waited for.
+      await assert.rejects(
+        (async () => {
+          for await (const _ of own.watchMemories({ afterChangeSequence: 99 })) break;
+        })(),
+        (error) => error instanceof InvalidArgument && error.reason === "SEQUENCE_OUT_OF_RANGE",
+      );
+    } finally {
+      own.close();
+    }
   });
 });

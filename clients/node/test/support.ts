@@ -101,6 +101,8 @@ export class Server {
       ...process.env,
       RUNIFOLD_LISTEN: "127.0.0.1:0",
       RUNIFOLD_METRICS_LISTEN: "off",
+      // No HTTP port: the tests speak gRPC, and 8080 may be taken (a `make run` beside them).
+      RUNIFOLD_HTTP_LISTEN: "off",
       RUNIFOLD_DATA_DIR: dataDir,
       RUNIFOLD_LOG_LEVEL: "WARNING",
       RUNIFOLD_LOG_FORMAT: "json",

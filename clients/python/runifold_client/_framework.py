@@ -10,7 +10,7 @@ import hashlib
 import json
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 from runifold.common.v1 import common_pb2
@@ -148,3 +148,13 @@ async def standing_entries(
     ):
         if not entry.retracted_version:
             yield entry
+
+
+def offline_answer(said: Sequence[str]) -> str:
+    """The answer of the integrations' offline models (`openai_agents.OfflineModel`,
+    `adk.OfflineLlm`), for examples and tests: deterministic, no network, worded as
+    Runifold's own offline agent answers. `said` is the text of each message the model
+    was given, oldest first, the user's new one last: the answer says how many came
+    before it (so a session's history shows) and echoes it."""
+    last = said[-1] if said else ""
+    return f"Context: {max(0, len(said) - 1)} earlier message(s).\nYou said: {last}"

@@ -56,7 +56,9 @@ class RunifoldError(Exception):
         metadata: Mapping[str, str] | None = None,
         details: tuple[Any, ...] = (),
     ) -> None:
-        super().__init__(f"{code.name} {reason}: {message}")
+        # A reason that only repeats the code (no ErrorInfo) is said once.
+        status = code.name if reason == code.name else f"{code.name} {reason}"
+        super().__init__(f"{status}: {message}")
         self.code = code
         self.reason = reason
         self.message = message
@@ -94,7 +96,21 @@ class Unauthenticated(RunifoldError):
 
 
 class Unavailable(RunifoldError):
-    """A store or service is unavailable; retry later (the client already retried)."""
+    """A store or service is unavailable; retry later (the client already retried).
+
+    One that never reached a Runifold server (reason UNAVAILABLE: no ErrorInfo) names
+    the address the client called: in its message, once, and as `target`."""
+
+    target: str = ""
+
+    @classmethod
+    def unreachable(cls, error: Unavailable, target: str) -> Unavailable:
+        """`error` (a call that reached no server) saying where the client called."""
+        prefix = f"cannot reach {target}: "
+        message = error.message if error.message.startswith(prefix) else prefix + error.message
+        found = cls(error.code, error.reason, message, error.metadata, error.details)
+        found.target = target
+        return found
 
 
 class DeadlineExceeded(RunifoldError):

@@ -2,8 +2,10 @@
 
 Installed with `pip install 'runifold-client[openai-agents]'`.
 
->>> session = RunifoldSession("user-42-chat", target="127.0.0.1:50051", namespace="tenant-42")
+>>> session = RunifoldSession("user-42-chat", namespace="tenant-42")  # $RUNIFOLD_TARGET
 >>> result = await Runner.run(agent, "What did we decide?", session=session)
+
+`OfflineModel` is a deterministic model that needs no network, for examples and tests.
 
 The session is a Runifold conversation (its id: the session id when that is a UUID,
 else a UUIDv5 of it). Each SDK item is one entry: the item itself, exactly as given,
@@ -14,20 +16,28 @@ that summaries and memory read. What each guarantee becomes here: docs/integrati
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from agents.agent_output import AgentOutputSchemaBase
+from agents.handoffs import Handoff
+from agents.items import ModelResponse, TResponseStreamEvent
 from agents.memory.session_settings import (
     SessionSettings,
     coerce_session_settings,
     resolve_session_limit,
 )
+from agents.model_settings import ModelSettings
+from agents.models.interface import Model, ModelTracing
+from agents.testing import ScriptedModel, assistant_message
+from agents.tool import Tool
+from openai.types.responses.response_prompt_param import ResponsePromptParam
 
 from runifold.common.v1 import common_pb2
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold_client import _framework as fw
-from runifold_client.client import DEFAULT_TARGET, AsyncClient
+from runifold_client.client import AsyncClient
 from runifold_client.errors import NotFound, RunifoldError, VersionConflict
 
 if TYPE_CHECKING:
@@ -145,8 +155,8 @@ class RunifoldSession:
         self,
         session_id: str,
         *,
-        target: str = DEFAULT_TARGET,
-        namespace: str = "",
+        target: str | None = None,
+        namespace: str | None = None,
         token: str | None = None,
         client: AsyncClient | None = None,
         session_settings: SessionSettings | dict[str, Any] | None = None,
@@ -380,3 +390,85 @@ class RunifoldSession:
 def items_of(entries: Sequence[common_pb2.Entry]) -> list[TResponseInputItem]:
     """The SDK items of entries read through the client (standing ones only)."""
     return [entry_to_item(e) for e in entries if not e.retracted_version and e.message.native_json]
+
+
+class OfflineModel(Model):
+    """An offline, deterministic `Model` of the Agents SDK, for examples and tests: no
+    network, no key. It answers every call with one assistant message: how many
+    messages came before the user's last one (so a session's history shows) and that
+    message echoed, as Runifold's offline agent does ("Context: 2 earlier message(s).
+    You said: ..."). It never calls a tool. Streamed runs get the SDK's own event
+    sequence (its `agents.testing.ScriptedModel` makes both, one step per call).
+
+    >>> agent = Agent(name="assistant", model=OfflineModel())
+
+    Swap it for a real model (`model="gpt-4.1"`, or any `Model`) to get real answers.
+    """
+
+    def __init__(self, *, name: str = "runifold-offline") -> None:
+        self.name = name
+
+    def _scripted(self, input: str | list[TResponseInputItem]) -> ScriptedModel:
+        items = [{"role": "user", "content": input}] if isinstance(input, str) else input
+        said = [
+            _text_of(item.get("content"))
+            for item in items
+            if isinstance(item, Mapping) and item.get("role") in {"user", "assistant"}
+        ]
+        return ScriptedModel([[assistant_message(fw.offline_answer(said))]])
+
+    async def get_response(
+        self,
+        system_instructions: str | None,
+        input: str | list[TResponseInputItem],
+        model_settings: ModelSettings,
+        tools: list[Tool],
+        output_schema: AgentOutputSchemaBase | None,
+        handoffs: list[Handoff],
+        tracing: ModelTracing,
+        *,
+        previous_response_id: str | None,
+        conversation_id: str | None,
+        prompt: ResponsePromptParam | None,
+    ) -> ModelResponse:
+        return await self._scripted(input).get_response(
+            system_instructions,
+            input,
+            model_settings,
+            tools,
+            output_schema,
+            handoffs,
+            tracing,
+            previous_response_id=previous_response_id,
+            conversation_id=conversation_id,
+            prompt=prompt,
+        )
+
+    async def stream_response(
+        self,
+        system_instructions: str | None,
+        input: str | list[TResponseInputItem],
+        model_settings: ModelSettings,
+        tools: list[Tool],
+        output_schema: AgentOutputSchemaBase | None,
+        handoffs: list[Handoff],
+        tracing: ModelTracing,
+        *,
+        previous_response_id: str | None,
+        conversation_id: str | None,
+        prompt: ResponsePromptParam | None,
+    ) -> AsyncIterator[TResponseStreamEvent]:
+        events = self._scripted(input).stream_response(
+            system_instructions,
+            input,
+            model_settings,
+            tools,
+            output_schema,
+            handoffs,
+            tracing,
+            previous_response_id=previous_response_id,
+            conversation_id=conversation_id,
+            prompt=prompt,
+        )
+        async for event in events:
+            yield event

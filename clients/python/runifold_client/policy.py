@@ -19,14 +19,22 @@ class ConversationContextPolicy:
     window: recent entries given verbatim (1..4096).
     summary_batch: entries summarized per pass (1..4096).
     memory_limit: memories retrieved (0 turns semantic memory off; at most 256).
-    summary_mode: "require" fails with SummaryRequired (and enqueues a job);
-        "auto" runs the trusted summarizer first, in at most max_summary_passes.
+    summary_mode: what a turn does when entries outside its window are not summarized.
+        "auto" (the default) runs the trusted summarizer first, in at most
+        max_summary_passes, charged to the turn's budget; "require" fails with
+        SummaryRequired and enqueues a background job (the seed's semantics).
+        The server's background queue keeps summaries ahead of the window, so with
+        either mode a turn finds nothing to summarize while the queue keeps up: "auto"
+        only pays for a summary when the queue has fallen behind, and a chat loop
+        never sees SummaryRequired.
+
+    The defaults are those of `runifold chat` and `runifold turn` too.
     """
 
     window: int = 16
     summary_batch: int = 64
     memory_limit: int = 0
-    summary_mode: SummaryModeName = "require"
+    summary_mode: SummaryModeName = "auto"
     max_summary_passes: int = 1
 
     def with_semantic_memory(self, limit: int) -> ConversationContextPolicy:
@@ -40,6 +48,12 @@ class ConversationContextPolicy:
         if not 1 <= max_passes <= 64:
             raise ValueError("max_passes must be 1..64")
         return replace(self, summary_mode="auto", max_summary_passes=max_passes)
+
+    def with_summary_required(self) -> ConversationContextPolicy:
+        """The same policy, refusing with SummaryRequired (and enqueueing a background
+        job) when entries outside the window are not summarized: the turn never pays
+        for a summary."""
+        return replace(self, summary_mode="require")
 
     def to_proto(self) -> agent_pb.ContextPolicy:
         return agent_pb.ContextPolicy(

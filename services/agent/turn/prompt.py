@@ -37,17 +37,24 @@ def memory_query(messages: Sequence[Message]) -> str:
     return query.encode()[:_MAX_MEMORY_QUERY_BYTES].decode(errors="ignore")
 
 
-def untrusted_context(summary: SummaryState, memories: Sequence[Recalled]) -> str | None:
+def untrusted_context(
+    summary: SummaryState, memories: Sequence[Recalled], window: Sequence[Entry] = ()
+) -> str | None:
     """The delimited data block, or None when there is nothing to give.
 
-    Content is XML-escaped so that retrieved text cannot close the block.
+    Content is XML-escaped so that retrieved text cannot close the block. A summary kept
+    ahead of the window (docs/summary.md) also covers the oldest messages of the window
+    that follows the block; `covers_first_messages_below` says how many, so that a model
+    reads them as the same conversation, not as something said twice.
     """
     if not summary.text and not memories:
         return None
     parts = [UNTRUSTED_PREAMBLE, '<context trust="untrusted">']
     if summary.text:
+        covered = sum(1 for entry in window if entry.sequence <= summary.through_sequence)
+        overlap = f' covers_first_messages_below="{covered}"' if covered else ""
         parts.append(
-            f'<summary through_sequence="{summary.through_sequence}">'
+            f'<summary through_sequence="{summary.through_sequence}"{overlap}>'
             f"{escape(summary.text)}</summary>"
         )
     for memory in memories:
@@ -82,7 +89,7 @@ def build_request(
     messages: list[ChatMessage] = []
     if system_instructions:
         messages.append(ChatMessage("system", system_instructions))
-    context = untrusted_context(summary, memories)
+    context = untrusted_context(summary, memories, window)
     if context is not None:
         messages.append(ChatMessage("user", context))
     messages.extend(chat_message(entry.message) for entry in window)

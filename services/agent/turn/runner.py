@@ -49,6 +49,7 @@ from services.agent.model import (
     ViewState,
 )
 from services.agent.ports import Memories, Summaries, Transcripts
+from services.agent.turn.ahead import job_window_ahead
 from services.agent.turn.budget import TurnBudget
 from services.agent.turn.commit import calling_model, commit, release
 from services.agent.turn.lease import LeaseKeeper, ended_error, ended_state, lease_lost
@@ -375,6 +376,10 @@ class TurnRunner:
             yield await replay(self.transcripts, turn, conversation_id, latest.prior_append)
             return
         metrics.TURNS.labels("replayed" if appended.replayed else "committed").inc()
+        if not appended.replayed:
+            await self._keep_summary_ahead(
+                turn, conversation_id, summary.through_sequence, appended.last_sequence
+            )
         yield TurnResult(
             conversation_id=conversation_id,
             conversation_version=appended.version,
@@ -438,6 +443,32 @@ class TurnRunner:
             turn.namespace, conversation_id, turn.policy.window, turn.policy.summary_batch
         )
         return failed_precondition(reason, message, backlog=view.pending, job_id=job_id, **metadata)
+
+    async def _keep_summary_ahead(
+        self, turn: Turn, conversation_id: str, summarized_through: int, last_sequence: int
+    ) -> None:
+        """Once the turn committed, ask the background queue for the job that keeps the
+        summary ahead of the window (services/agent/turn/ahead.py), when one is due.
+
+        Awaited before the turn answers, so that a caller who waits for the queue to be
+        idle knows the job is in it; it never fails the turn (the turn is committed: the
+        next turn asks again, and a view that finds the summary behind still refuses or
+        summarizes as its policy says)."""
+        policy = turn.policy
+        job_window = job_window_ahead(
+            policy.window, self.config.summary_lead, summarized_through, last_sequence
+        )
+        if job_window is None:
+            return
+        try:
+            await self.summaries.request(
+                turn.namespace, conversation_id, job_window, policy.summary_batch
+            )
+        except DomainError as error:
+            metrics.SUMMARY_AHEAD.labels("failed").inc()
+            log.warning("summary job ahead not enqueued", extra={"reason": error.reason})
+            return
+        metrics.SUMMARY_AHEAD.labels("requested").inc()
 
     async def _call_model(
         self, request: ChatRequest, stream: bool

@@ -280,8 +280,14 @@ class _Bridge:
 
 
 # Server streams that write as events happen, through context.write, for as long as
-# their client wants (WatchConversation): gRPC only, refused here after authorization.
-GRPC_ONLY = frozenset({"/runifold.transcript.v1.TranscriptService/WatchConversation"})
+# their client wants (WatchConversation, WatchMemories): gRPC only, refused here after
+# authorization.
+GRPC_ONLY = frozenset(
+    {
+        "/runifold.transcript.v1.TranscriptService/WatchConversation",
+        "/runifold.memory.v1.MemoryService/WatchMemories",
+    }
+)
 
 
 def _metadata(ctx: RequestContext[Any, Any]) -> Metadata:

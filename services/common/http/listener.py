@@ -32,6 +32,7 @@ from starlette.responses import JSONResponse
 from services.common.auth import AuthSettings
 from services.common.background import cancel_and_wait
 from services.common.http.bridge import ASGIApp
+from services.common.http.refusals import WithRefusalBodies, refusal_error, send_refusal
 from services.common.http.settings import HttpSettings
 from services.common.listen import ListenError, bind_cause
 from services.common.settings import TransportLimits
@@ -61,7 +62,9 @@ CORS_RESPONSE_HEADERS = [
 
 class Router:
     """Sends each request to the Connect application of the service its path names, or
-    to the console, or answers 404 (Connect's not-found shape).
+    to the console, or answers 404 with a body that says what the port serves
+    (services/common/http/refusals.py; it also gives connectrpc's bodiless 404, 405
+    and 415 their bodies).
 
     At most `max_rpcs` calls are in flight on the port (RUNIFOLD_MAX_CONCURRENT_RPCS, as
     on the gRPC listener; 0: no limit); one more is answered RESOURCE_EXHAUSTED before
@@ -71,7 +74,9 @@ class Router:
     def __init__(
         self, services: Mapping[str, ASGIApp], console: ASGIApp | None, max_rpcs: int = 0
     ) -> None:
-        self.services = dict(services)
+        self.services: dict[str, ASGIApp] = {
+            name: WithRefusalBodies(app, sorted(services)) for name, app in services.items()
+        }
         self.console = console
         self.max_rpcs = max_rpcs
         self.in_flight = 0
@@ -93,11 +98,18 @@ class Router:
                 await application(scope, receive, send)
             finally:
                 self.in_flight -= 1
-        elif self.console is not None:
+        elif self.console is not None and not _names_a_service(scope["path"]):
             await self.console(scope, receive, send)
         else:
-            response = JSONResponse({"code": "not_found", "message": "no such path"}, 404)
-            await response(scope, receive, send)
+            error = refusal_error(404, scope, sorted(self.services))
+            await send_refusal(404, error, scope, send)
+
+
+def _names_a_service(path: str) -> bool:
+    """True for a path of an RPC's shape (/<package>.<Service>/<Method>), which the
+    console never serves."""
+    service, _, method = path.strip("/").partition("/")
+    return "." in service and bool(method) and "/" not in method
 
 
 def _is_grpc(scope: dict[str, Any]) -> bool:

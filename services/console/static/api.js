@@ -91,3 +91,65 @@ export function int(value) {
   if (value === undefined || value === null || value === "") return 0;
   return Number(value);
 }
+
+// A server stream over Connect (application/connect+json): the request in one envelope
+// (a flags byte, a 4-byte big-endian length, the JSON), then each message handed to
+// `onMessage` as its envelope arrives, until the end-of-stream envelope (flag 2), whose
+// `error`, if any, is thrown as an RpcError.
+export async function stream(service, method, request, onMessage, { timeoutMs = 120000 } = {}) {
+  const json = new TextEncoder().encode(JSON.stringify(request));
+  const body = new Uint8Array(5 + json.length);
+  new DataView(body.buffer).setUint32(1, json.length);
+  body.set(json, 5);
+  let response;
+  try {
+    response = await fetch(`${service}/${method}`, {
+      method: "POST",
+      headers: headers({
+        "content-type": "application/connect+json",
+        "connect-protocol-version": "1",
+        "connect-timeout-ms": String(timeoutMs),
+      }),
+      body,
+      credentials: "omit",
+      cache: "no-store",
+    });
+  } catch (e) {
+    throw new RpcError("unavailable", "the server cannot be reached");
+  }
+  if (!response.ok) {
+    await bodyOf(response);
+    throw new RpcError("unknown", `HTTP ${response.status}`);
+  }
+  const reader = response.body.getReader();
+  const text = new TextDecoder();
+  let buffer = new Uint8Array(0);
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (value) {
+      const joined = new Uint8Array(buffer.length + value.length);
+      joined.set(buffer);
+      joined.set(value, buffer.length);
+      buffer = joined;
+    }
+    while (buffer.length >= 5) {
+      const flags = buffer[0];
+      const length = new DataView(buffer.buffer, buffer.byteOffset, buffer.length).getUint32(1);
+      if (buffer.length < 5 + length) break;
+      const message = JSON.parse(text.decode(buffer.subarray(5, 5 + length)));
+      buffer = buffer.slice(5 + length);
+      if (flags & 2) {
+        if (message.error) throw errorOf(0, message.error);
+        return;
+      }
+      onMessage(message);
+    }
+    if (done) throw new RpcError("unavailable", "the stream ended before its end");
+  }
+}
+
+// An id for a turn sent from the console (getRandomValues: also on a plain-HTTP origin).
+export function turnId() {
+  const bytes = crypto.getRandomValues(new Uint8Array(12));
+  return "console-" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}

@@ -6,15 +6,16 @@ import { HISTORY, chart, el, view } from "./dom.js";
 
 const METRICS_MS = 5000;
 
+// Each series: its name, what it counts and its unit (counters: since the process started).
 const SERIES = [
-  ["summary_jobs_depth", "summary jobs waiting (all namespaces)"],
-  ["summary_jobs_oldest_age_seconds", "oldest waiting job (all namespaces), seconds"],
-  ["append_conflicts_total", "append conflicts (VERSION_CONFLICT)"],
-  ["turn_conflicts_total", "turn conflicts (TURN_CONFLICT)"],
-  ["turn_busy_refusals_total", "busy refusals (CONVERSATION_BUSY)"],
-  ["summary_required_total", "turns that needed a summary"],
-  ["requests_shed_total", "requests shed (limits, overload)"],
-  ["memory_outbox_depth", "memory index outbox"],
+  ["summary_jobs_depth", "summary jobs waiting (all namespaces)", "jobs"],
+  ["summary_jobs_oldest_age_seconds", "oldest waiting job (all namespaces)", "s"],
+  ["append_conflicts_total", "append conflicts (VERSION_CONFLICT) since start", "appends"],
+  ["turn_conflicts_total", "turn conflicts (TURN_CONFLICT) since start", "turns"],
+  ["turn_busy_refusals_total", "busy refusals (CONVERSATION_BUSY) since start", "calls"],
+  ["summary_required_total", "turns that needed a summary, since start", "turns"],
+  ["requests_shed_total", "requests shed (limits, overload) since start", "calls"],
+  ["memory_outbox_depth", "memory index outbox", "memories"],
 ];
 
 function seconds(duration) {
@@ -37,7 +38,7 @@ export async function showBacklog(state, failedTick) {
       el("dt", {}, "failed"), el("dd", { id: "backlog-failed" }, int(b.failedCount)),
     ),
     el("h2", {}, "This server's counters"),
-    el("p", { class: "hint" }, "Process-wide, every namespace together (no tenant data); refreshed every 5 s."),
+    el("p", { class: "hint" }, "Process-wide, every namespace together (no tenant data); a point every 5 s, the last 5 minutes."),
     charts,
   );
   const tick = async () => {
@@ -48,7 +49,7 @@ export async function showBacklog(state, failedTick) {
         points.push(Number(m.values[name] || 0));
         if (points.length > HISTORY) points.shift();
       }
-      charts.replaceChildren(...SERIES.map(([name, label]) => chart(name, label, state.history[name])));
+      charts.replaceChildren(...SERIES.map(([name, label, unit]) => chart(name, label, state.history[name], unit, METRICS_MS / 1000)));
     } catch (error) {
       failedTick(error);
     }

@@ -7,7 +7,7 @@
 // innerHTML), and the server's Content-Security-Policy runs no script but these files.
 // Links a person can share: ?namespace=NS&conversation=ID[&entry=SEQ], ?namespace=NS&memory=ID.
 
-import { AGENT, MEMORY, SUMMARY, TRANSCRIPT, RpcError, call, getJson, int, setToken, token } from "./api.js";
+import { AGENT, MEMORY, SUMMARY, TRANSCRIPT, RpcError, call, getJson, int, setToken, stream, token, turnId } from "./api.js";
 import { showBacklog } from "./backlog.js";
 import { el, roleName, status, time, view } from "./dom.js";
 
@@ -21,6 +21,7 @@ const state = {
   follow: null, // the timer that follows the open conversation
   metrics: null,
   history: {},
+  lastTurn: null, // the turn sent from the chat box: { conversation, stages, text, done }
 };
 
 // -- links ---------------------------------------------------------------------------
@@ -93,13 +94,13 @@ async function route() {
   const needs = { conversations: TRANSCRIPT, memories: MEMORY, backlog: SUMMARY };
   for (const a of document.querySelectorAll("#tabs a")) {
     a.classList.toggle("active", a.dataset.tab === tab);
-    a.hidden = !served(needs[a.dataset.tab]);
-  }
-  if (!state.namespace) {
-    view(el("p", { class: "hint" }, "Choose a namespace to look into."));
-    return;
+    a.hidden = !served(needs[a.dataset.tab]) || !state.namespace; // nothing to show before one is chosen
   }
   try {
+    if (!state.namespace) {
+      await showNamespaces(p.page || "");
+      return;
+    }
     if (p.conversation) await showConversation(p.conversation, int(p.entry));
     else if (p.memory) await showMemory(p.memory);
     else if (tab === "memories") await showMemories(p.query || "");
@@ -110,16 +111,53 @@ async function route() {
   }
 }
 
+// -- namespaces ------------------------------------------------------------------------
+
+// The home page: the namespaces the caller may read that hold conversations
+// (ListNamespaces: among the identity's grants; every one with authentication off).
+async function showNamespaces(pageToken) {
+  if (!served(TRANSCRIPT)) {
+    view(el("p", { class: "hint" }, "Choose a namespace to look into."));
+    return;
+  }
+  const reply = await call(TRANSCRIPT, "ListNamespaces", { pageSize: 100, pageToken });
+  const names = reply.namespaces || [];
+  const list = document.getElementById("namespaces");
+  for (const ns of names) {
+    if (!list.querySelector(`option[value="${CSS.escape(ns)}"]`)) list.append(el("option", { value: ns }));
+  }
+  view(
+    el("h1", {}, "Namespaces"),
+    names.length
+      ? el("ul", { id: "namespace-list" }, names.map((ns) =>
+          el("li", { dataset: { namespace: ns } }, link({ namespace: ns }, ns))))
+      : el("p", { class: "hint" }, "No namespace you may read holds a conversation yet. Type one above to open it."),
+    reply.nextPageToken ? link({ page: reply.nextPageToken }, "More namespaces") : null,
+  );
+}
+
 // -- conversations -------------------------------------------------------------------
+
+// Ids are UUIDv7: their start is the time (alike for conversations made together), their
+// end random, so the end tells them apart.
+function shortId(id) {
+  return `…${String(id).slice(-8)}`;
+}
 
 async function showConversations(pageToken) {
   const ns = state.namespace;
-  const reply = await call(TRANSCRIPT, "ListConversations", { namespace: ns, pageSize: 50, pageToken });
+  const reply = await call(TRANSCRIPT, "ListConversations", {
+    namespace: ns, pageSize: 50, pageToken, order: "CONVERSATION_ORDER_NEWEST_FIRST",
+  });
   const rows = (reply.conversations || []).map((c) =>
     el("tr", { class: "conversation", dataset: { conversation: c.conversationId } },
-      el("td", {}, link({ namespace: ns, conversation: c.conversationId }, el("code", {}, c.conversationId))),
-      el("td", { class: "num" }, int(c.version)),
+      el("td", { class: "preview" },
+        link({ namespace: ns, conversation: c.conversationId },
+          c.preview ? el("span", { class: "text" }, c.preview) : el("span", { class: "none" }, "no user message yet")),
+        " ", el("code", { class: "id", title: c.conversationId }, shortId(c.conversationId))),
       el("td", { class: "num" }, int(c.lastSequence)),
+      el("td", { class: "num" }, int(c.version)),
+      el("td", {}, time(c.createTime)),
       el("td", {}, time(c.updateTime)),
       el("td", { class: "labels" }, Object.entries(c.labels || {}).map(([k, v]) => el("span", { class: "label" }, `${k}=${v}`))),
     ),
@@ -127,8 +165,13 @@ async function showConversations(pageToken) {
   view(
     el("h1", {}, "Conversations"),
     rows.length
+      ? el("p", { class: "hint", id: "conversation-count" },
+          `${rows.length} conversation${rows.length === 1 ? "" : "s"}${reply.nextPageToken ? " on this page" : ""}, newest first`)
+      : null,
+    rows.length
       ? el("table", { id: "conversations" },
-          el("thead", {}, el("tr", {}, el("th", {}, "conversation"), el("th", {}, "version"), el("th", {}, "entries"), el("th", {}, "updated"), el("th", {}, "labels"))),
+          el("thead", {}, el("tr", {}, el("th", {}, "first message"), el("th", { class: "num" }, "entries"), el("th", { class: "num" }, "appends"),
+            el("th", {}, "created"), el("th", {}, "updated"), el("th", {}, "labels"))),
           el("tbody", {}, rows))
       : el("p", { class: "hint" }, "No conversations in this namespace."),
     reply.nextPageToken ? link({ namespace: ns, page: reply.nextPageToken }, "Next page") : null,
@@ -192,6 +235,7 @@ async function showConversation(id, entry) {
   }
   const marks = { summarizedThrough, windowFirst, highlight };
   const loaded = await loadEntries(ns, id, highlight ? highlight[1] : 0);
+  const firstSequence = loaded.entries.length ? int(loaded.entries[0].sequence) : 0;
 
   const list = el("ol", { id: "entries" });
   let appendNo = 0;
@@ -206,9 +250,14 @@ async function showConversation(id, entry) {
         lastCreated = e.createdAt;
         list.append(el("li", { class: "turn-marker" }, `append ${appendNo} · ${time(e.createdAt)}`));
       }
-      if (seq === windowFirst && windowFirst > 0) {
-        list.append(el("li", { class: "window-start", id: "window-start" },
-          `last window: the ${windowEntries.length} most recent entries (window ${WINDOW}) start here`));
+      // The marker goes right above the window's first entry. A window that holds the
+      // whole transcript has no start to mark (the facts say so); one that reaches back
+      // into the summarized part says that a turn sees those entries twice.
+      if (seq === windowFirst && windowFirst > firstSequence) {
+        const overlap = windowFirst <= summarizedThrough
+          ? ` (entries ${windowFirst}–${summarizedThrough} of it are in the summary too)` : "";
+        list.append(el("li", { class: "window-start", id: "window-start", dataset: { first: seq } },
+          `last window: the ${windowEntries.length} most recent entries (window ${WINDOW}) start here${overlap}`));
       }
       list.append(entryNode(e, marks));
       if (seq === summarizedThrough) {
@@ -256,11 +305,14 @@ async function showConversation(id, entry) {
       el("dt", {}, "summarized through"), el("dd", { id: "summarized-through" }, summarizedThrough || "nothing yet"),
       el("dt", {}, "unsummarized outside the window"), el("dd", { id: "summary-buffer" },
         `${(v.summaryBuffer || []).length} in the next batch, ${int(v.summaryBacklog)} behind it`),
+      el("dt", {}, "last window"), el("dd", { id: "window-facts" },
+        windowFirst ? `entries ${windowFirst}–${int(v.lastSequence)}${windowFirst <= firstSequence ? " (the whole transcript)" : ""}` : "empty"),
       el("dt", {}, "updated"), el("dd", {}, time(c.updateTime)),
       el("dt", {}, "labels"), el("dd", {}, Object.entries(c.labels || {}).map(([k, val]) => el("span", { class: "label" }, `${k}=${val}`))),
     ),
     el("label", { class: "follow" }, follow, " follow new entries"),
     actions,
+    actionsOn() && served(AGENT) ? chatBox(ns, id) : null,
     s
       ? el("section", { class: "summary", id: "summary" },
           el("h2", {}, `Summary (revision ${int(s.revision)}, through entry ${summarizedThrough})`),
@@ -294,6 +346,66 @@ async function showConversation(id, entry) {
   }, FOLLOW_MS);
 }
 
+// -- the chat box (RUNIFOLD_CONSOLE_ACTIONS=1) ----------------------------------------
+
+const STAGES = {
+  TURN_STAGE_LOADING_CONTEXT: "loading context",
+  TURN_STAGE_SUMMARIZING: "summarizing",
+  TURN_STAGE_RETRIEVING_MEMORY: "retrieving memories",
+  TURN_STAGE_CALLING_MODEL: "calling the model",
+  TURN_STAGE_COMMITTING: "committing",
+};
+
+function chatLog(turn) {
+  return el("div", { id: "chat-log", dataset: { done: turn && turn.done ? "1" : "" } },
+    el("ol", { id: "chat-stages" }, (turn ? turn.stages : []).map((stage, i) =>
+      el("li", { class: turn.done || i < turn.stages.length - 1 ? "done" : "" }, stage))),
+    turn && turn.text ? el("div", { id: "chat-answer", class: "text" }, turn.text) : null);
+}
+
+// A turn through StreamConversation over Connect: each stage and each piece of the
+// model's text shown as it arrives; on the result the page is drawn again with the new
+// entries.
+function chatBox(ns, id) {
+  const input = el("textarea", { id: "chat-input", rows: 2, placeholder: "Say something to this conversation", required: true });
+  const send = el("button", { type: "submit", id: "chat-send" }, "Send");
+  const form = el("form", { id: "chat-form" }, input, send);
+  const shown = state.lastTurn && state.lastTurn.conversation === id ? state.lastTurn : null;
+  const box = el("section", { class: "chat", id: "chat" }, el("h2", {}, "Talk to it"), form, chatLog(shown));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const text = input.value.trim();
+    if (!text) return;
+    stopFollowing(); // the result redraws the page
+    send.disabled = true;
+    const turn = { conversation: id, stages: ["sent"], text: "", done: false };
+    state.lastTurn = turn;
+    const redraw = () => box.querySelector("#chat-log").replaceWith(chatLog(turn));
+    redraw();
+    try {
+      await stream(AGENT, "StreamConversation",
+        { namespace: ns, conversationId: id, input: [{ role: "ROLE_USER", text }], turnId: turnId() },
+        (event) => {
+          if (event.progress) turn.stages.push(STAGES[event.progress.stage] || String(event.progress.stage));
+          if (event.textDelta) turn.text += event.textDelta.text || "";
+          if (event.result) {
+            turn.stages.push(`committed (version ${int(event.result.conversationVersion)})`);
+            turn.done = true;
+          }
+          redraw();
+        });
+      input.value = "";
+      route();
+    } catch (error) {
+      turn.stages.push("failed");
+      redraw();
+      send.disabled = false;
+      failed(error);
+    }
+  });
+  return box;
+}
+
 function actionButton(label, question, run, kind = "") {
   const button = el("button", { type: "button", class: `action ${kind}` }, label);
   button.addEventListener("click", async () => {
@@ -309,6 +421,9 @@ function actionButton(label, question, run, kind = "") {
 
 function sourcesNode(ns, sources, current) {
   return el("span", { class: "sources" }, sources.map((src) => {
+    // A source outside the transcript: its URI as text, never a link (any scheme is
+    // accepted, javascript: included).
+    if (src.externalUri) return el("span", { class: "source external", title: "external source" }, src.externalUri);
     const from = int(src.fromSequence);
     const through = int(src.throughSequence) || from;
     const label = `${src.conversationId === current ? "" : src.conversationId.slice(0, 8) + "… "}entries ${from}–${through}`;

@@ -49,23 +49,46 @@ export function roleName(role) {
 
 const SVG = "http://www.w3.org/2000/svg";
 
-export function chart(name, label, points) {
-  const w = 220, h = 48;
-  const svg = document.createElementNS(SVG, "svg");
-  svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
-  svg.setAttribute("class", "spark");
+function svgNode(tag, attrs, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, String(value));
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function shortNumber(value) {
+  if (value >= 1e6) return `${(value / 1e6).toFixed(1)}M`;
+  if (value >= 1e4) return `${Math.round(value / 1e3)}k`;
+  return Number.isInteger(value) ? String(value) : value.toFixed(1);
+}
+
+// A small line chart of the last HISTORY points, one every `everyS` seconds, the newest
+// at the right edge: a y axis from 0 to the largest value shown, in `unit`, and an x
+// axis of time before now.
+export function chart(name, label, points, unit, everyS) {
+  const w = 260, h = 96, left = 38, right = 6, top = 8, bottom = 18;
+  const plotW = w - left - right, plotH = h - top - bottom;
+  const svg = svgNode("svg", { viewBox: `0 0 ${w} ${h}`, class: "spark" });
   const max = Math.max(1, ...points);
-  // The newest point at the right edge, HISTORY points across; a single point (the page
-  // just opened) is drawn as a level line across.
+  const y = (v) => top + plotH - (v / max) * plotH;
+  // Axes: the y axis's 0 and maximum in the unit, the x axis's span and now.
+  svg.append(svgNode("line", { class: "axis", x1: left, y1: top, x2: left, y2: top + plotH }));
+  svg.append(svgNode("line", { class: "axis", x1: left, y1: top + plotH, x2: left + plotW, y2: top + plotH }));
+  svg.append(svgNode("line", { class: "grid", x1: left, y1: top, x2: left + plotW, y2: top }));
+  svg.append(svgNode("text", { class: "tick y-max", x: left - 4, y: top + 4, "text-anchor": "end" }, shortNumber(max)));
+  svg.append(svgNode("text", { class: "tick y-min", x: left - 4, y: top + plotH, "text-anchor": "end" }, "0"));
+  svg.append(svgNode("text", { class: "tick unit", x: 2, y: top + plotH / 2 + 3 }, unit));
+  const spanS = (HISTORY - 1) * everyS;
+  const span = spanS >= 60 ? `−${Math.round(spanS / 60)} min` : `−${spanS} s`;
+  svg.append(svgNode("text", { class: "tick x-min", x: left, y: h - 4 }, span));
+  svg.append(svgNode("text", { class: "tick x-max", x: left + plotW, y: h - 4, "text-anchor": "end" }, "now"));
+  // A single point (the page just opened) is drawn as a level line across.
   const shown = points.length === 1 ? [points[0], points[0]] : points;
-  const step = points.length === 1 ? w : w / (HISTORY - 1);
-  const line = document.createElementNS(SVG, "polyline");
-  line.setAttribute("points", shown.map((p, i) => {
-    const x = w - (shown.length - 1 - i) * step;
-    return `${x.toFixed(1)},${(h - 2 - (p / max) * (h - 4)).toFixed(1)}`;
-  }).join(" "));
-  svg.append(line);
+  const step = points.length === 1 ? plotW : plotW / (HISTORY - 1);
+  svg.append(svgNode("polyline", {
+    points: shown.map((p, i) => `${(left + plotW - (shown.length - 1 - i) * step).toFixed(1)},${y(p).toFixed(1)}`).join(" "),
+  }));
   const last = points[points.length - 1] || 0;
-  return el("figure", { class: "chart", dataset: { series: name } },
-    svg, el("figcaption", {}, el("span", { class: "value" }, Number.isInteger(last) ? last : last.toFixed(1)), " ", label));
+  return el("figure", { class: "chart", dataset: { series: name, unit } },
+    svg, el("figcaption", {}, el("span", { class: "value" }, shortNumber(last)), ` ${unit} · ${label}`));
 }

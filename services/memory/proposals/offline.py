@@ -37,6 +37,14 @@ _RELATIVES = (
     "sister|brother|wife|husband|partner|son|daughter|mother|father|mum|mom|dad|"
     "grandmother|grandfather|best friend|friend|manager|boss|colleague|dog|cat"
 )
+# How often a habit holds ("I always drink green tea in the morning").
+_FREQUENCIES = "always|usually|normally|generally|typically|often|regularly|rarely|never"
+# Words after a frequency that take no third-person -s ("I always can't sleep").
+_UNCONJUGATED = frozenset(
+    {"can", "can't", "cannot", "could", "couldn't", "will", "won't", "would", "wouldn't"}
+    | {"shall", "should", "shouldn't", "may", "might", "must"}
+)
+_IRREGULAR = {"have": "has", "do": "does", "go": "goes", "am": "is", "don't": "doesn't"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,17 +58,41 @@ class _Pattern:
     statement: re.Pattern[str]
     template: str
     exclusive: bool = False
+    # The object starts with a verb said in the first person ("drink green tea"), stated
+    # of the user in the third ("drinks green tea").
+    third_person: bool = False
 
     def stored(self) -> re.Pattern[str]:
         """The template read back: a stored memory worded like this pattern's facts."""
         body = re.escape(self.template)
         body = body.replace(r"\{object\}", "(?P<object>.+?)")
         body = body.replace(r"\{relative\}", f"(?P<relative>{_RELATIVES})")
+        body = body.replace(r"\{frequency\}", f"(?P<frequency>{_FREQUENCIES})")
         return re.compile(f"^{body}$", re.IGNORECASE)
 
 
-def _pattern(key: str, statement: str, template: str, *, exclusive: bool = False) -> _Pattern:
-    return _Pattern(key, re.compile(statement, re.IGNORECASE), template, exclusive)
+def _pattern(
+    key: str, statement: str, template: str, *, exclusive: bool = False, third_person: bool = False
+) -> _Pattern:
+    return _Pattern(key, re.compile(statement, re.IGNORECASE), template, exclusive, third_person)
+
+
+def _third_person(phrase: str) -> str:
+    """A phrase that starts with a verb in the first person, in the third: "drink tea" is
+    "drinks tea", "go" "goes", "watch" "watches", "study" "studies"; a modal stays."""
+    verb, space, rest = phrase.partition(" ")
+    lower = verb.lower()
+    if lower in _UNCONJUGATED or (not lower.isalpha() and lower not in _IRREGULAR):
+        return phrase
+    if lower in _IRREGULAR:
+        said = _IRREGULAR[lower]
+    elif lower.endswith(("s", "sh", "ch", "x", "z", "o")):
+        said = verb + "es"
+    elif lower.endswith("y") and len(lower) > 1 and lower[-2] not in "aeiou":
+        said = verb[:-1] + "ies"
+    else:
+        said = verb + "s"
+    return said + space + rest
 
 
 # Order matters: the first pattern that matches a clause states its fact.
@@ -109,6 +141,12 @@ _PATTERNS = (
         r"\b(?:we|I) (?:have )?(?:decided|agreed) (?:to\s+)?",
         "The user decided to {object}.",
     ),
+    _pattern(
+        "habit",
+        rf"\bI (?P<frequency>{_FREQUENCIES}) (?=[a-z])",
+        "The user {frequency} {object}.",
+        third_person=True,
+    ),
 )
 _STORED = tuple((p, p.stored()) for p in _PATTERNS)
 
@@ -139,8 +177,11 @@ def _facts(text: str) -> list[tuple[_Pattern, str, str, str]]:
                     continue
                 obj = _object(clause[match.end() :])
                 if obj is not None:
-                    relative = (match.groupdict().get("relative") or "").lower()
-                    content = pattern.template.format(object=obj, relative=relative)
+                    if pattern.third_person:
+                        obj = _third_person(obj)
+                    groups = {k: (v or "").lower() for k, v in match.groupdict().items()}
+                    relative = groups.pop("relative", "")
+                    content = pattern.template.format(object=obj, relative=relative, **groups)
                     facts.append(
                         (pattern, pattern.key.format(relative=relative), obj.lower(), content)
                     )

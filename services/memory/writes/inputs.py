@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -11,22 +12,51 @@ from datetime import datetime, timedelta
 
 from services.common.errors import invalid_argument
 from services.common.validation import conversation_id
-from services.memory.model import MemorySource, invalid_validity, memory_id
+from services.memory.model import (
+    ExternalSource,
+    MemorySource,
+    Source,
+    invalid_validity,
+    memory_id,
+)
 from services.memory.writes.model import Supersession, supersession_cycle
 
 # The most memories one write supersedes.
 MAX_SUPERSEDES = 32
 
+# An absolute URI begins with its scheme (RFC 3986, 3.1) and a colon.
+_URI_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
+# What no URI holds: spaces and control characters (C0, DEL, C1); NUL among them.
+_NOT_IN_URI = re.compile(r"[\x00-\x20\x7f-\x9f]")
+
 
 @dataclass(frozen=True, slots=True)
 class SourceInput:
     """A source as the caller sent it (validated by the service); `incarnation` 0: the
-    conversation's current one."""
+    conversation's current one. With `external_uri`, a source outside a transcript (the
+    other fields empty)."""
 
     conversation_id: str
     from_sequence: int
     through_sequence: int
     incarnation: int = 0
+    external_uri: str = ""
+
+
+def external_uri(value: str, field: str, max_bytes: int) -> str:
+    """An external source's URI: absolute (a scheme, a colon, then something), at most
+    `max_bytes` in UTF-8, without spaces or control characters. Kept exactly as sent (no
+    normalization): ForgetSource matches it byte for byte."""
+    problem = ""
+    if len(value.encode("utf-8", "surrogatepass")) > max_bytes:
+        problem = f"is longer than {max_bytes} bytes"
+    elif _NOT_IN_URI.search(value):
+        problem = "holds a space or a control character"
+    elif not (scheme := _URI_SCHEME.match(value)) or scheme.end() == len(value):
+        problem = "is not an absolute URI (a scheme such as https: or urn:, then the rest)"
+    if problem:
+        raise invalid_argument("INVALID_EXTERNAL_URI", f"{field} {problem}", field=field)
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +140,11 @@ def request_digest(
         memory_id_text.lower(),
         content,
         [
+            # An external URI as an object: never equal to a range's list.
+            {"u": s.external_uri}
+            if s.external_uri
             # The incarnation only when stated: a request without one keeps its digest.
-            [s.conversation_id.lower(), s.from_sequence, s.through_sequence]
+            else [s.conversation_id.lower(), s.from_sequence, s.through_sequence]
             + ([s.incarnation] if s.incarnation else [])
             for s in sources
         ],
@@ -139,22 +172,44 @@ def request_digest(
     return hashlib.sha256(document.encode("utf-8", "surrogatepass")).digest()
 
 
-def parse_sources(sources: Sequence[SourceInput], limit: int) -> list[MemorySource]:
-    """The sources as the domain records them, each range checked (not yet against the
-    transcript: MemoryService does that through TranscriptService)."""
+def parse_sources(
+    sources: Sequence[SourceInput], limit: int, max_uri_bytes: int = 2048
+) -> list[Source]:
+    """The sources as the domain records them: each range checked (not yet against the
+    transcript: MemoryService does that through TranscriptService), each external URI
+    checked for its form."""
     if not sources:
         raise invalid_argument(
             "NO_SOURCES",
-            "a memory needs at least one source range of a transcript",
+            "a memory needs at least one source: a range of a transcript or an external URI",
             field="sources",
         )
     if len(sources) > limit:
         raise invalid_argument(
             "TOO_MANY_SOURCES", f"a memory has at most {limit} sources", field="sources"
         )
-    parsed = []
+    parsed: list[Source] = []
     for i, source in enumerate(sources):
         field = f"sources[{i}]"
+        if source.external_uri:
+            if (
+                source.conversation_id
+                or source.from_sequence
+                or source.through_sequence
+                or source.incarnation
+            ):
+                raise invalid_argument(
+                    "INVALID_EXTERNAL_URI",
+                    f"{field} names an external URI and a transcript range: a source is "
+                    "one or the other",
+                    field=f"{field}.external_uri",
+                )
+            parsed.append(
+                ExternalSource(
+                    external_uri(source.external_uri, f"{field}.external_uri", max_uri_bytes)
+                )
+            )
+            continue
         cid = conversation_id(source.conversation_id, f"{field}.conversation_id")
         if source.from_sequence < 1:
             raise invalid_argument(

@@ -15,7 +15,7 @@ from services.common.errors import (
     invalid_argument,
     not_found,
 )
-from services.memory.model import Memory, MemorySource
+from services.memory.model import Memory, Source
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,7 @@ class MemoryWrite:
     namespace: str
     memory_id: uuid.UUID
     content: str
-    sources: Sequence[MemorySource]
+    sources: Sequence[Source]
     metadata: Mapping[str, str]
     expected_revision: int | None
     expire_time: datetime | None

@@ -2,10 +2,11 @@
 
 Mixed into MemoryService (as PostgresWrites is into PostgresMemoryStore). Writes
 go to the store only (its outbox feeds the index), so an index outage never fails
-a write. Every source is checked against TranscriptService, and the write carries
-the incarnation of each source conversation, so that an erasure between the check
-and the write still refuses it. A write may supersede older memories, closing
-their validity in its transaction.
+a write. Every transcript source is checked against TranscriptService, and the
+write carries the incarnation of each source conversation, so that an erasure
+between the check and the write still refuses it; an external source (a URI) is
+checked for its form only. A write may supersede older memories, closing their
+validity in its transaction.
 """
 
 from __future__ import annotations
@@ -24,7 +25,15 @@ from services.common.errors import invalid_argument
 from services.common.validation import conversation_id
 from services.memory.config import MemoryConfig
 from services.memory.embeddings.protocol import Embedder
-from services.memory.model import MemorySource, invalid_validity, memory_id
+from services.memory.model import (
+    Forgotten,
+    MemoryErasure,
+    MemorySource,
+    Source,
+    erasure_not_found,
+    invalid_validity,
+    memory_id,
+)
 from services.memory.ports import SourceChecker
 from services.memory.store import MemoryStore
 from services.memory.writes.inputs import (
@@ -33,6 +42,7 @@ from services.memory.writes.inputs import (
     check_expected_revision,
     check_validity,
     expiry,
+    external_uri,
     parse_sources,
     parse_supersedes,
     request_digest,
@@ -51,18 +61,23 @@ class MemoryWrites:
     now: Callable[[], datetime]
 
     async def _check_sources_exist(
-        self, namespace: str, sources: Sequence[MemorySource]
+        self, namespace: str, sources: Sequence[Source]
     ) -> dict[uuid.UUID, int]:
         """Each conversation exists in this namespace, is the incarnation its sources
         name (when they name one) and each range lies inside it. Returns the incarnation
         of each source conversation (the write carries them, so that an erasure between
-        this check and the write still fences it)."""
-        conversations = list(dict.fromkeys(s.conversation_id for s in sources))
+        this check and the write still fences it). External sources have nothing to check
+        there: a memory with only those asks TranscriptService nothing."""
+        conversations = list(
+            dict.fromkeys(s.conversation_id for s in sources if isinstance(s, MemorySource))
+        )
         found = await asyncio.gather(
             *(self.sources.conversation(namespace, cid) for cid in conversations)
         )
         state_of = dict(zip(conversations, found, strict=True))
         for i, source in enumerate(sources):
+            if not isinstance(source, MemorySource):
+                continue
             state = state_of[source.conversation_id]
             if state is None:
                 raise source_not_found(i)
@@ -81,12 +96,15 @@ class MemoryWrites:
         return {cid: state.incarnation for cid, state in state_of.items() if state is not None}
 
     async def _earliest_source_time(
-        self, namespace: str, sources: Sequence[MemorySource]
+        self, namespace: str, sources: Sequence[Source]
     ) -> datetime | None:
-        """When the earliest entry of the sources was written (a memory's default valid
-        time); None if none is found (erased meanwhile: the write's tombstone check decides)."""
+        """When the earliest entry of the transcript sources was written (a memory's
+        default valid time); None if none is found (erased meanwhile: the write's tombstone
+        check decides; or only external sources, which have no time here)."""
         first: dict[uuid.UUID, int] = {}
         for source in sources:
+            if not isinstance(source, MemorySource):
+                continue
             low = first.get(source.conversation_id)
             first[source.conversation_id] = min(low or source.from_sequence, source.from_sequence)
         found = await asyncio.gather(
@@ -160,7 +178,7 @@ class MemoryWrites:
             reason="INVALID_CONTENT",
             required=True,
         )
-        parsed_sources = parse_sources(sources, self.config.limits.max_sources)
+        parsed_sources = parse_sources(sources, limits.max_sources, limits.max_external_uri_bytes)
         clean_metadata = validation.metadata(metadata)
         expires = expiry(self.now(), expire_time, ttl, self.config.ttl_for(namespace))
         supersedes = parse_supersedes(validity.supersedes, mid)
@@ -179,8 +197,11 @@ class MemoryWrites:
             memory_id=mid,
             content=content,
             # The stated incarnations did their part in the check (and the tombstone check, through
-            # `incarnations`); a memory's sources are stored as ranges.
-            sources=[replace(s, incarnation=0) for s in parsed_sources],
+            # `incarnations`); a memory's sources are stored as ranges (and URIs).
+            sources=[
+                replace(s, incarnation=0) if isinstance(s, MemorySource) else s
+                for s in parsed_sources
+            ],
             metadata=clean_metadata,
             expected_revision=expected_revision,
             expire_time=expires,
@@ -222,16 +243,37 @@ class MemoryWrites:
         from_sequence: int,
         through_sequence: int,
         incarnation: int = 0,
-    ) -> int:
-        """Delete every memory with a source overlapping a range of a conversation.
+        external_uri_text: str = "",
+    ) -> Forgotten:
+        """Delete every memory with a source overlapping a range of a conversation, or
+        (`external_uri_text`, instead of a conversation) every memory one of whose sources
+        is that external URI, exactly. A memory with several sources goes when any one of
+        them is forgotten: what it says came partly from what is forgotten.
 
         from_sequence = through_sequence = 0 means the whole conversation. The
         conversation need not exist any more. With an `incarnation` (the erasure of
         the whole conversation) the erasure is also fenced: a memory whose sources
         were checked against that incarnation is refused from now on, even one
-        whose source check already ran.
+        whose source check already ran; and the result carries what every erasure of
+        that incarnation erased (an erasure receipt's counts). Forgetting a URI fences
+        nothing: a later write may name it again.
         """
         validation.namespace(namespace)
+        if external_uri_text:
+            if conversation_id_text or from_sequence or through_sequence or incarnation:
+                raise invalid_argument(
+                    "INVALID_EXTERNAL_URI",
+                    "forget an external URI or a conversation, not both: external_uri "
+                    "takes no conversation_id, range or incarnation",
+                    field="external_uri",
+                )
+            uri = external_uri(
+                external_uri_text, "external_uri", self.config.limits.max_external_uri_bytes
+            )
+            deleted = await self.store.forget_external(namespace, uri)
+            if deleted:
+                self.on_write()
+            return Forgotten(deleted)
         cid = conversation_id(conversation_id_text)
         if incarnation < 0 or (incarnation and (from_sequence or through_sequence)):
             raise invalid_argument(
@@ -251,7 +293,25 @@ class MemoryWrites:
                 "conversation",
                 field="from_sequence",
             )
-        count = await self.store.forget_source(namespace, cid, low, high, incarnation)
-        if count:
+        forgotten = await self.store.forget_source(namespace, cid, low, high, incarnation)
+        if forgotten.deleted:
             self.on_write()
-        return count
+        return forgotten
+
+    async def erasure(
+        self, namespace: str, conversation_id_text: str, incarnation: int
+    ) -> MemoryErasure:
+        """What the erasure of one incarnation of a conversation erased here (ForgetSource
+        with that incarnation, over all its calls), and when the index caught up with it;
+        ERASURE_NOT_FOUND when no tombstone of it is kept (never made, in another
+        namespace, or past its retention)."""
+        validation.namespace(namespace)
+        cid = conversation_id(conversation_id_text)
+        if incarnation < 1:
+            raise invalid_argument(
+                "INVALID_INCARNATION", "incarnation must be at least 1", field="incarnation"
+            )
+        found = await self.store.erasure(namespace, cid, incarnation)
+        if found is None:
+            raise erasure_not_found()
+        return found

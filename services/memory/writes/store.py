@@ -4,20 +4,24 @@ into PostgresMemoryStore (store.py).
 Every write is ONE SQL statement in autocommit: the change to the memory row,
 its history row and its outbox row are written together or not at all, so
 the index can never miss a write (transactional outbox). Only when the
-statement wrote nothing do we look at why.
+statement wrote nothing do we look at why. The same statement numbers the
+write's changes in its namespace's change feed (WatchMemories): the history row
+is the feed's record, and the statement says, after the commit, whether a
+process watches the namespace (`ChangeSink`).
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from services.common.postgres.pool import Database, fetch_one
-from services.memory.model import invalid_validity, memory_not_found
-from services.memory.rows import memory_from_row, sources_json
+from services.common.postgres.pool import AsyncConn, Database, fetch_one
+from services.memory.model import Forgotten, MemoryErasure, invalid_validity, memory_not_found
+from services.memory.rows import COLUMN_COUNT, memory_from_row, sources_json
 from services.memory.statements import LIVE, LIVE_M
 from services.memory.writes import statements as sql
 from services.memory.writes import transaction
@@ -26,6 +30,14 @@ from services.memory.writes.model import MemoryWrite, WriteResult, memory_exists
 # Erasure tombstones are kept this long: far longer than a source check and its write
 # can be apart (a request's deadline is minutes at most).
 ERASURE_RETENTION_S = 7 * 24 * 3600.0
+
+
+class ChangeSink(Protocol):
+    """Where a store reports the committed writes of watched namespaces (WatchMemories)."""
+
+    def changed(self, key: int) -> None:
+        """The namespace of feed key `key` changed (called after the commit; must not
+        block)."""
 
 
 class WriteStore(Protocol):
@@ -59,9 +71,20 @@ class WriteStore(Protocol):
 
     async def forget_source(
         self, namespace: str, conversation_id: uuid.UUID, low: int, high: int, incarnation: int = 0
-    ) -> int:
+    ) -> Forgotten:
         """Erase every memory with a source range of the conversation overlapping [low, high];
-        with an `incarnation`, leave its tombstone first (later writes naming it are refused)."""
+        with an `incarnation`, leave its tombstone (later writes naming it are refused), which
+        adds up what every erasure of the incarnation erased (Forgotten.erasure)."""
+
+    async def forget_external(self, namespace: str, uri: str) -> int:
+        """Erase every memory one of whose sources is the external `uri` (exactly); return
+        how many. Nothing is fenced: a later write may name the URI again."""
+
+    async def erasure(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int
+    ) -> MemoryErasure | None:
+        """The erasure of that incarnation (None when no tombstone of it is kept), its
+        `index_complete_time` recorded once no index write it queued is left in the outbox."""
 
     async def erased(self, namespace: str, conversation_id: uuid.UUID, incarnation: int) -> bool:
         """Whether an erasure fenced this incarnation of the conversation (within
@@ -69,7 +92,7 @@ class WriteStore(Protocol):
 
     async def sweep_requests(self, older_than_s: float) -> int:
         """Forget request ids recorded more than `older_than_s` ago, and erasure tombstones
-        older than ERASURE_RETENTION_S."""
+        older than ERASURE_RETENTION_S whose index writes are all applied."""
 
     async def sweep_expired(self, limit: int) -> int:
         """Erase up to `limit` expired memories; return how many."""
@@ -91,13 +114,28 @@ def _write_params(write: MemoryWrite) -> dict[str, Any]:
     }
 
 
+def _watched(rows: Iterable[Sequence[Any]], column: int) -> set[int]:
+    """The feed keys to announce that a write statement's rows name (column `column`)."""
+    return {row[column] for row in rows if row[column] is not None}
+
+
 class PostgresWrites:
     """The write methods of PostgresMemoryStore."""
 
     db: Database
+    # Told of each committed change to a watched namespace (WatchMemories).
+    changes: ChangeSink | None = None
+
+    def announce(self, keys: Iterable[int]) -> None:
+        """Writes to the namespaces of these feed keys committed: wake their streams."""
+        if self.changes is not None:
+            for key in keys:
+                self.changes.changed(key)
 
     async def create(self, write: MemoryWrite) -> WriteResult:
         params = _write_params(write)
+        watched: set[int] = set()
+        result: WriteResult | None = None
         async with self.db.connection() as conn, conn.transaction():
             replayed = await transaction.check_sources_and_claim(conn, write)
             if replayed is not None:
@@ -106,9 +144,12 @@ class PostgresWrites:
             for _ in range(2):
                 row = await fetch_one(conn, sql.CREATE, params)
                 if row is not None:
-                    return await transaction.recorded(
+                    # Its supersessions are in its namespace: the same feed key.
+                    watched |= _watched([row], COLUMN_COUNT)
+                    result = await transaction.recorded(
                         conn, write, memory_from_row(row), locked, created=True
                     )
+                    break
                 # The id is taken. A lapsed memory the sweeper has not reached
                 # yet is gone for every reader: erase it, then create again.
                 erased = await fetch_one(
@@ -118,10 +159,17 @@ class PostgresWrites:
                 )
                 if erased is None:
                     break
-        raise memory_exists()
+                watched |= _watched([erased], 1)
+        if result is None:
+            raise memory_exists()
+        self.announce(watched)
+        return result
 
     async def update(self, write: MemoryWrite) -> WriteResult:
         params = _write_params(write)
+        result: WriteResult | None = None
+        watched: set[int] = set()
+        current: Sequence[Any] | None = None
         try:
             async with self.db.connection() as conn, conn.transaction():
                 replayed = await transaction.check_sources_and_claim(conn, write)
@@ -130,15 +178,21 @@ class PostgresWrites:
                 locked = await transaction.lock_superseded(conn, write, updating=True)
                 row = await fetch_one(conn, sql.UPDATE, params)
                 if row is not None:
-                    return await transaction.recorded(
+                    result = await transaction.recorded(
                         conn, write, memory_from_row(row), locked, created=False
                     )
-                current = await fetch_one(conn, sql.CURRENT_REVISION, params)
+                    # Its supersessions are in its namespace: the same feed key.
+                    watched = _watched([row], COLUMN_COUNT)
+                else:
+                    current = await fetch_one(conn, sql.CURRENT_REVISION, params)
         except psycopg.errors.CheckViolation as exc:
             # The validity given, with the one kept, would end before it starts.
             if exc.diag.constraint_name == "memories_validity":
                 raise invalid_validity() from None
             raise
+        if result is not None:
+            self.announce(watched)
+            return result
         if current is None:
             raise memory_not_found()
         assert write.expected_revision is not None
@@ -164,6 +218,7 @@ class PostgresWrites:
                 params,
             )
             if row is not None:
+                self.announce(_watched([row], 1))
                 return bool(row[0])
             if expected_revision is None:
                 return False
@@ -174,15 +229,15 @@ class PostgresWrites:
 
     async def forget_source(
         self, namespace: str, conversation_id: uuid.UUID, low: int, high: int, incarnation: int = 0
-    ) -> int:
+    ) -> Forgotten:
+        params = {
+            "namespace": namespace,
+            "conversation_id": conversation_id,
+            "incarnation": incarnation,
+        }
         async with self.db.connection() as conn, conn.transaction():
             if incarnation:
                 await conn.execute(sql.LOCK_CONVERSATION, (namespace, str(conversation_id)))
-                await conn.execute(
-                    """INSERT INTO memory.erasures (namespace, conversation_id, incarnation)
-                       VALUES (%s, %s, %s) ON CONFLICT DO NOTHING""",
-                    (namespace, conversation_id, incarnation),
-                )
             cursor = await conn.execute(
                 sql.ERASE.format(victims=sql.BY_SOURCE, extra=""),
                 {
@@ -194,7 +249,44 @@ class PostgresWrites:
                     "reason": "forget_source",
                 },
             )
-            return len(await cursor.fetchall())
+            rows = await cursor.fetchall()
+            erasure = None
+            if incarnation:
+                # The tombstone, under the lock and in the erasure's transaction: later
+                # writes naming the incarnation are refused, and it adds this call's
+                # counts up.
+                await conn.execute(
+                    sql.RECORD_ERASURE,
+                    {**params, "memories": len(rows), "revisions": rows[0][2] if rows else 0},
+                )
+                erasure = await _erasure(conn, params)
+        self.announce(_watched(rows, 1))
+        return Forgotten(len(rows), erasure)
+
+    async def forget_external(self, namespace: str, uri: str) -> int:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                sql.ERASE.format(victims=sql.BY_EXTERNAL, extra=""),
+                {
+                    "namespace": namespace,
+                    "containment": Jsonb([{"u": uri}]),
+                    "reason": "forget_source",
+                },
+            )
+            rows = await cursor.fetchall()
+        self.announce(_watched(rows, 1))
+        return len(rows)
+
+    async def erasure(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int
+    ) -> MemoryErasure | None:
+        params = {
+            "namespace": namespace,
+            "conversation_id": conversation_id,
+            "incarnation": incarnation,
+        }
+        async with self.db.connection() as conn:
+            return await _erasure(conn, params)
 
     async def erased(self, namespace: str, conversation_id: uuid.UUID, incarnation: int) -> bool:
         async with self.db.connection() as conn:
@@ -212,10 +304,7 @@ class PostgresWrites:
                 "DELETE FROM memory.requests WHERE recorded_at < now() - make_interval(secs => %s)",
                 (older_than_s,),
             )
-            await conn.execute(
-                "DELETE FROM memory.erasures WHERE erase_time < now() - make_interval(secs => %s)",
-                (ERASURE_RETENTION_S,),
-            )
+            await conn.execute(sql.PRUNE_ERASURES, {"retention_s": ERASURE_RETENTION_S})
             return cursor.rowcount
 
     async def sweep_expired(self, limit: int) -> int:
@@ -224,4 +313,14 @@ class PostgresWrites:
                 sql.ERASE.format(victims=sql.EXPIRED, extra=""),
                 {"limit": limit, "reason": "expired"},
             )
-            return len(await cursor.fetchall())
+            rows = await cursor.fetchall()
+        self.announce(_watched(rows, 1))
+        return len(rows)
+
+
+async def _erasure(conn: AsyncConn, params: dict[str, Any]) -> MemoryErasure | None:
+    """The erasure of an incarnation, its index completion recorded first if the outbox has
+    applied every index write it queued (seen from `conn`'s transaction)."""
+    await conn.execute(sql.INDEX_CAUGHT_UP, params)
+    row = await fetch_one(conn, sql.ERASURE, params)
+    return MemoryErasure(*row) if row is not None else None

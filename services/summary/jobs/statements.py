@@ -25,11 +25,15 @@ RETURNING {JOB_COLUMNS}
 
 
 # The repeat of a request: a running job is marked to run again when it
-# finishes (its last view may predate the entries this request is about).
+# finishes (its last view may predate the entries this request is about). The job
+# keeps the smaller of the two windows, so that it reaches as far as each request
+# asked (a turn refused with a narrow window while a job ahead with a wider one
+# waits: docs/summary.md); a running job's next run uses it.
 REPEAT_JOB = f"""
 UPDATE summary.jobs
    SET requested_again = CASE WHEN state = 'running' THEN coalesce(requested_again, now())
-                              ELSE requested_again END
+                              ELSE requested_again END,
+       window_size = LEAST(window_size, %(window)s)
  WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
    AND state IN {ACTIVE}
 RETURNING {JOB_COLUMNS}

@@ -11,6 +11,7 @@ each other in a circle.
 
 from __future__ import annotations
 
+import enum
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,9 +20,25 @@ from datetime import datetime
 from services.common import jsonb, validation
 from services.common.domain import Usage
 from services.common.errors import Code, DomainError, invalid_argument
+from services.transcript.receipts.model import ErasureReceipt
 
 # A user id: like a label value, short and without NUL.
 MAX_USER_ID_CHARS = 128
+
+# A listing's preview of a conversation (Conversation.preview): its first user message
+# among its first PREVIEW_ENTRIES entries, clipped to PREVIEW_CHARS characters. The
+# search stops at PREVIEW_ENTRIES so that a preview is one bounded index probe, whatever
+# the conversation holds (one made only of tool traffic would be a scan otherwise).
+PREVIEW_ENTRIES = 16
+PREVIEW_CHARS = 200
+PREVIEW_ELLIPSIS = "\u2026"
+
+
+class ConversationOrder(enum.IntEnum):
+    """The order of a listing of conversations (values as in the proto's enum)."""
+
+    ID = 1
+    NEWEST_FIRST = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +77,8 @@ class Conversation:
     # The user it belongs to (None: none), and its state as JSON text ("" when not read).
     user_id: str | None = None
     state_json: str = "{}"
+    # Listings only: the start of its first user message (see preview()); "" elsewhere.
+    preview: str = ""
     # Set on a fork (ForkConversation): where it came from, and the segments of the prefix
     # it shares with its lineage (the store reads its entries there).
     fork_origin: ForkOrigin | None = None
@@ -113,6 +132,18 @@ class ScopedState:
     update_time: datetime | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Deletion:
+    """What DeleteConversation did: whether it deleted the conversation, the entries and
+    appends it erased, and the erasure receipt it recorded (when asked for one)."""
+
+    deleted: bool
+    entries: int = 0
+    appends: int = 0
+    receipt: ErasureReceipt | None = None
+    forks: int = 0  # its forks (and theirs) erased with it
+
+
 def user_id(value: str, field: str = "user_id") -> str:
     """A user id: 1..128 characters without NUL (INVALID_USER_ID)."""
     if not 1 <= len(value) <= MAX_USER_ID_CHARS or "\x00" in value:
@@ -122,6 +153,19 @@ def user_id(value: str, field: str = "user_id") -> str:
             field=field,
         )
     return value
+
+
+def preview(text: str | None) -> str:
+    """A listing's preview of a message text: its whitespace runs made single spaces, at
+    most PREVIEW_CHARS characters, an ellipsis in place of what was cut. The text is the
+    user's, untrusted: it is clipped, never interpreted."""
+    if not text:
+        return ""
+    # The store reads one character more than is shown, to know whether it was cut.
+    flat = " ".join(text.split())
+    if len(flat) <= PREVIEW_CHARS and len(text) <= PREVIEW_CHARS:
+        return flat
+    return flat[: PREVIEW_CHARS - 1].rstrip() + PREVIEW_ELLIPSIS
 
 
 def state_change(

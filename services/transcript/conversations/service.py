@@ -5,9 +5,11 @@ SQL (the store is a `ConversationStore`).
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import uuid_utils
 
@@ -19,6 +21,8 @@ from services.transcript.config import TranscriptLimits
 from services.transcript.conversations.model import (
     NO_STATE_CHANGE,
     Conversation,
+    ConversationOrder,
+    Deletion,
     ScopedState,
     StateChange,
     conversation_not_found,
@@ -26,6 +30,8 @@ from services.transcript.conversations.model import (
     user_id,
 )
 from services.transcript.conversations.store import ConversationStore
+from services.transcript.receipts.model import ErasureProgress, check_progress
+from services.transcript.receipts.service import incarnation_to_erase
 
 # Users one GetState reads; a page of conversations with their state (CONVERSATION_VIEW_FULL).
 MAX_STATE_USERS = 100
@@ -37,6 +43,14 @@ class ConversationPage:
     """A page of conversations."""
 
     conversations: Sequence[Conversation]
+    next_page_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class NamespacePage:
+    """A page of namespace names."""
+
+    namespaces: Sequence[str]
     next_page_token: str
 
 
@@ -120,42 +134,98 @@ class Conversations:
         token: str,
         user_id_text: str = "",
         with_state: bool = False,
+        order: int = 0,
     ) -> ConversationPage:
-        """A page of the namespace's conversations in id order (only a user's, when
-        given; with their state when asked, at most MAX_FULL_PAGE a page)."""
+        """A page of the namespace's conversations in id order, or newest first (only a
+        user's, when given; with their state when asked, at most MAX_FULL_PAGE a page),
+        each with the preview of its first user message."""
         validation.namespace(namespace)
+        newest_first = _order(order) is ConversationOrder.NEWEST_FIRST
         limit = page_size(size)
         if with_state:
             limit = min(limit, MAX_FULL_PAGE)
         user = user_id(user_id_text) if user_id_text else None
-        # The filter is part of what a token continues (a token of another listing is
-        # refused); the unfiltered listing's request stays {} as before.
+        # The filter and the order are part of what a token continues (a token of
+        # another listing is refused); the unfiltered listing in id order keeps {}, so
+        # that its tokens stay valid across this release.
         request: dict[str, object] = {"user_id": user} if user is not None else {}
-        after = None
+        if newest_first:
+            request["order"] = "newest_first"
+        after: uuid.UUID | None = None
+        after_time: datetime | None = None
         if token:
             cursor = self.page_tokens.decode(token, "conversations", namespace, request)
             after = uuid.UUID(cursor["after"])
-        rows = await self.store.list_conversations(namespace, after, limit + 1, user, with_state)
-        page, more = rows[:limit], len(rows) > limit
-        next_token = (
-            self.page_tokens.encode(
-                "conversations", namespace, request, {"after": str(page[-1].conversation_id)}
-            )
-            if more
-            else ""
+            if newest_first:
+                after_time = datetime.fromisoformat(cursor["after_time"])
+        rows = await self.store.list_conversations(
+            namespace, after, limit + 1, user, with_state, newest_first, after_time
         )
+        page, more = rows[:limit], len(rows) > limit
+        next_token = ""
+        if more:
+            last = page[-1]
+            position: dict[str, str] = {"after": str(last.conversation_id)}
+            if newest_first:
+                position["after_time"] = last.create_time.isoformat()
+            next_token = self.page_tokens.encode("conversations", namespace, request, position)
         return ConversationPage(page, next_token)
 
+    async def list_namespaces(
+        self, size: int, token: str, granted: frozenset[str] | None
+    ) -> NamespacePage:
+        """A page of the namespaces that hold conversations, in name order: every one
+        (`granted` None: authentication off, or a grant of every namespace), or only
+        those among `granted`. A page token continues only a listing of the same grants."""
+        limit = page_size(size)
+        among = sorted(granted) if granted is not None else None
+        # Bound to the grants (by digest: a token need not carry an identity's list).
+        scope = "*" if among is None else hashlib.sha256("\n".join(among).encode()).hexdigest()
+        request = {"grants": scope}
+        after = ""
+        if token:
+            after = str(self.page_tokens.decode(token, "namespaces", "", request)["after"])
+        rows = await self.store.list_namespaces(after, limit + 1, among)
+        page, more = rows[:limit], len(rows) > limit
+        next_token = (
+            self.page_tokens.encode("namespaces", "", request, {"after": page[-1]}) if more else ""
+        )
+        return NamespacePage(page, next_token)
+
     async def delete_conversation(
-        self, namespace: str, conversation_id_text: str, incarnation: int = 0
-    ) -> int | None:
+        self,
+        namespace: str,
+        conversation_id_text: str,
+        incarnation: int = 0,
+        receipt: ErasureProgress | None = None,
+    ) -> Deletion:
         """Erase a conversation (only that incarnation, when given: one erased and made
-        again meanwhile is left alone); None when there was nothing to erase."""
+        again meanwhile is left alone); `deleted` False when there was nothing to erase.
+
+        With a `receipt` (what an erasure erased elsewhere and what remains), record the
+        erasure receipt of `incarnation` in the same transaction, with the entries and
+        appends erased: the transcript is never gone without its receipt. Recorded even
+        when there was nothing left to delete (a retry: it merges)."""
         validation.namespace(namespace)
         if incarnation < 0:
             raise invalid_argument(
                 "INVALID_INCARNATION", "incarnation must not be negative", field="incarnation"
             )
+        if receipt is not None:
+            incarnation_to_erase(incarnation)
+            receipt = check_progress(receipt.counts, receipt.remaining)
         return await self.store.delete_conversation(
-            namespace, conversation_id(conversation_id_text), incarnation
+            namespace, conversation_id(conversation_id_text), incarnation, receipt
         )
+
+
+def _order(value: int) -> ConversationOrder:
+    """A listing's order from the request (0: in id order); another value is INVALID_ORDER."""
+    if value == 0:
+        return ConversationOrder.ID
+    try:
+        return ConversationOrder(value)
+    except ValueError:
+        raise invalid_argument(
+            "INVALID_ORDER", "order must be a ConversationOrder value", field="order"
+        ) from None

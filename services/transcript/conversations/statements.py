@@ -9,6 +9,8 @@ column lists and subqueries defined here.
 
 from __future__ import annotations
 
+import functools
+
 # A fork's origin and shared prefix (migration 0011), after the other columns.
 FORK_COLUMNS = (
     "fork_origin_id, fork_through, prefix_keys, prefix_through, prefix_versions, head_digest"
@@ -82,6 +84,85 @@ SELECT %(user_state)s::jsonb IS NOT NULL
            AND octet_length({NAMESPACE_STATE_AFTER}::text) > %(max_state_bytes)s
 """
 
+
+# -- listings ------------------------------------------------------------------------
+
+# A page of a namespace's conversations (of one user, when `{user}` adds its filter),
+# each with its preview: the first standing user message among its first
+# %(preview_entries)s entries, at most %(preview_chars)s characters of it. The page is
+# one index range scan (in id order: conversations_namespace_id or conversations_user;
+# newest first: conversations_newest or conversations_user_newest, migration 0010), and
+# each preview one range of at most %(preview_entries)s rows of the entries' primary key:
+# the cost is the page's, never the namespace's or a conversation's length. The outer
+# ORDER BY sorts the page itself (at most 1001 rows), which the join may not keep.
+_LISTING = """
+SELECT c.*, p.text
+  FROM (SELECT conversation_key, {columns}
+          FROM transcript.conversations
+         WHERE namespace = %(namespace)s{user}{after}
+         ORDER BY {order}
+         LIMIT %(limit)s) AS c
+  LEFT JOIN LATERAL (
+        SELECT left(e.text, %(preview_chars)s) AS text
+          FROM transcript.entries AS e
+         WHERE e.conversation_key = c.conversation_key
+           AND e.sequence <= %(preview_entries)s
+           AND e.role = 1
+           AND e.retracted_version IS NULL
+         ORDER BY e.sequence
+         LIMIT 1) AS p ON true
+ ORDER BY {outer_order}
+"""
+
+
+@functools.cache
+def list_conversations(
+    *, with_state: bool, by_user: bool, newest_first: bool, after_cursor: bool
+) -> str:
+    """The listing statement of one shape. One statement per shape rather than `IS NULL
+    OR` filters: a prepared statement's generic plan could not use such a filter as an
+    index condition, and every page would read the namespace from its start."""
+    if newest_first:
+        # After the previous page's last row (create_time, id), going down.
+        after = " AND (create_time, conversation_id) < (%(after_time)s, %(after)s)"
+        order = "create_time DESC, conversation_id DESC"
+        outer = "c.create_time DESC, c.conversation_id DESC"
+    else:
+        after = " AND conversation_id > %(after)s"
+        order, outer = "conversation_id", "c.conversation_id"
+    return _LISTING.format(
+        columns=CONVERSATION_COLUMNS if with_state else CONVERSATION_BASIC_COLUMNS,
+        user=" AND user_id = %(user_id)s" if by_user else "",
+        after=after if after_cursor else "",
+        order=order,
+        outer_order=outer,
+    )
+
+
+# The namespaces that hold conversations, after a cursor, in name order: a loose index
+# scan of conversations_namespace_id (one probe for the next namespace each, at most
+# %(limit)s probes) rather than a DISTINCT, which would read every conversation.
+LIST_NAMESPACES = """
+WITH RECURSIVE found(namespace, n) AS (
+    (SELECT namespace, 1 FROM transcript.conversations
+      WHERE namespace > %(after)s ORDER BY namespace LIMIT 1)
+    UNION ALL
+    SELECT (SELECT c.namespace FROM transcript.conversations AS c
+             WHERE c.namespace > f.namespace ORDER BY c.namespace LIMIT 1), f.n + 1
+      FROM found AS f
+     WHERE f.namespace IS NOT NULL AND f.n < %(limit)s
+)
+SELECT namespace FROM found WHERE namespace IS NOT NULL ORDER BY namespace
+"""
+
+# The same among some namespaces (an identity's grants): one probe for each of them.
+LIST_GRANTED_NAMESPACES = """
+SELECT g.namespace FROM unnest(%(among)s::text[]) AS g(namespace)
+ WHERE g.namespace > %(after)s
+   AND EXISTS (SELECT 1 FROM transcript.conversations AS c WHERE c.namespace = g.namespace)
+ ORDER BY g.namespace
+ LIMIT %(limit)s
+"""
 
 # Erasure: the forks of the conversations just erased (one level of their descendants),
 # removed. Each level is a statement of its own, so that a fork made while the level

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
 from typing import Any, Protocol
 
+import uuid_utils
 from psycopg.types.json import Jsonb
 
 from services.common.domain import Usage
@@ -20,15 +23,21 @@ from services.common.postgres.pool import AsyncConn, Database
 from services.transcript.conversations import statements as sql
 from services.transcript.conversations.model import (
     NO_STATE_CHANGE,
+    PREVIEW_CHARS,
+    PREVIEW_ENTRIES,
     AppendRecord,
     Conversation,
+    Deletion,
     ForkOrigin,
     ScopedState,
     Segment,
     StateChange,
     conversation_not_found,
+    preview,
     state_too_large,
 )
+from services.transcript.receipts.model import APPENDS, ENTRIES, FORKS, ErasureProgress
+from services.transcript.receipts.store import receipt_kept, record_in
 
 
 class ChangeSink(Protocol):
@@ -66,24 +75,45 @@ class ConversationStore(Protocol):
         limit: int,
         user_id: str | None = None,
         with_state: bool = False,
+        newest_first: bool = False,
+        after_time: datetime | None = None,
     ) -> list[Conversation]:
-        """Conversations of a namespace (of one user, when given) in id order, after a
-        cursor; their state only when asked (else state_json is "")."""
+        """Conversations of a namespace (of one user, when given) in id order after the
+        id `after`, or newest first (decreasing create_time, then id) after the cursor
+        (`after_time`, `after`); their state only when asked (else state_json is "").
+        Each carries its `preview`: model.preview() of its first user message that is
+        not retracted among its first PREVIEW_ENTRIES entries (read: PREVIEW_CHARS + 1
+        characters at most), or "".
+        Its cost is the page's: never the namespace's size nor a conversation's length."""
+
+    async def list_namespaces(
+        self, after: str, limit: int, among: Sequence[str] | None = None
+    ) -> list[str]:
+        """Namespaces holding at least one conversation, in name order, after `after`
+        (only those among `among`, when given); one index probe for each."""
 
     async def read_states(self, namespace: str, user_ids: Sequence[str]) -> list[ScopedState]:
         """The stored state documents among these users' ("" for the namespace's)."""
 
     async def delete_conversation(
-        self, namespace: str, conversation_id: uuid.UUID, incarnation: int = 0
-    ) -> int | None:
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        incarnation: int = 0,
+        receipt: ErasureProgress | None = None,
+    ) -> Deletion:
         """Erase it (only that incarnation, when given) with its forks and theirs (they
-        share its entries); return the number of entries erased (the forks' own
-        included), or None if it did not exist."""
+        share its entries); return what was erased (the forks' own entries and appends
+        included, and how many forks). With a `receipt` (and an incarnation), record the
+        incarnation's erasure receipt in the same transaction: `receipt`'s counts and
+        remaining parts, with "entries", "appends" and "forks" this call erased
+        (ReceiptStore.record_receipt's merge)."""
 
 
-def conversation_from_row(row: Sequence[Any]) -> Conversation:
-    """A conversation from its columns (sql.CONVERSATION_COLUMNS)."""
-    origin_id, through, keys, throughs, versions = row[10:15]
+def conversation_from_row(row: Sequence[Any], preview_text: str | None = None) -> Conversation:
+    """A conversation from its columns (sql.CONVERSATION_COLUMNS), with a listing's
+    preview made of the text its statement read (model.preview)."""
+    origin_id, through, keys, throughs, versions, head_digest = row[10:16]
     return Conversation(
         row[0],
         row[1],
@@ -95,9 +125,10 @@ def conversation_from_row(row: Sequence[Any]) -> Conversation:
         row[7],
         row[8],
         row[9],
+        preview(preview_text) if preview_text else "",
         ForkOrigin(origin_id, through) if origin_id is not None else None,
         prefix_from_columns(keys, throughs, versions),
-        bytes(row[15]) if row[15] is not None else b"",
+        bytes(head_digest) if head_digest is not None else b"",
     )
 
 
@@ -212,23 +243,41 @@ class PostgresConversations(PostgresBase):
         limit: int,
         user_id: str | None = None,
         with_state: bool = False,
+        newest_first: bool = False,
+        after_time: datetime | None = None,
     ) -> list[Conversation]:
-        columns = sql.CONVERSATION_COLUMNS if with_state else sql.CONVERSATION_BASIC_COLUMNS
-        # Two statements rather than an `IS NULL OR` filter: each is one index range
-        # scan in id order (the user's the partial index conversations_user).
-        where = "namespace = %(namespace)s"
-        if user_id is not None:
-            where += " AND user_id = %(user_id)s"
+        statement = sql.list_conversations(
+            with_state=with_state,
+            by_user=user_id is not None,
+            newest_first=newest_first,
+            after_cursor=after is not None,
+        )
+        params = {
+            "namespace": namespace,
+            "user_id": user_id,
+            "after": after,
+            "after_time": after_time,
+            "limit": limit,
+            "preview_chars": PREVIEW_CHARS + 1,
+            "preview_entries": PREVIEW_ENTRIES,
+        }
         async with self.db.connection() as conn:
-            cursor = await conn.execute(
-                f"""SELECT {columns} FROM transcript.conversations
-                     WHERE {where}
-                       AND (%(after)s::uuid IS NULL OR conversation_id > %(after)s::uuid)
-                     ORDER BY conversation_id
-                     LIMIT %(limit)s""",
-                {"namespace": namespace, "user_id": user_id, "after": after, "limit": limit},
-            )
-            return [conversation_from_row(row) for row in await cursor.fetchall()]
+            cursor = await conn.execute(statement, params)
+            # Each row: the key, the conversation's columns, the preview's text.
+            return [conversation_from_row(row[1:-1], row[-1]) for row in await cursor.fetchall()]
+
+    async def list_namespaces(
+        self, after: str, limit: int, among: Sequence[str] | None = None
+    ) -> list[str]:
+        async with self.db.connection() as conn:
+            if among is None:
+                cursor = await conn.execute(sql.LIST_NAMESPACES, {"after": after, "limit": limit})
+            else:
+                cursor = await conn.execute(
+                    sql.LIST_GRANTED_NAMESPACES,
+                    {"after": after, "limit": limit, "among": list(among)},
+                )
+            return [row[0] for row in await cursor.fetchall()]
 
     async def read_states(self, namespace: str, user_ids: Sequence[str]) -> list[ScopedState]:
         async with self.db.connection() as conn:
@@ -241,8 +290,12 @@ class PostgresConversations(PostgresBase):
             return [ScopedState(*row) for row in await cursor.fetchall()]
 
     async def delete_conversation(
-        self, namespace: str, conversation_id: uuid.UUID, incarnation: int = 0
-    ) -> int | None:
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        incarnation: int = 0,
+        receipt: ErasureProgress | None = None,
+    ) -> Deletion:
         async with self.db.connection() as conn, conn.transaction():
             cursor = await conn.execute(
                 f"""DELETE FROM transcript.conversations
@@ -252,31 +305,56 @@ class PostgresConversations(PostgresBase):
                 (namespace, conversation_id, incarnation, incarnation),
             )
             row = await cursor.fetchone()
-            if row is None:
-                return None
-            key, watched = row
-            erased = [(key, watched)]
-            # Its forks, and theirs: they share its entries (the person asked for them to
-            # go), level by level.
-            level = [key]
-            while level:
-                cursor = await conn.execute(sql.ERASE_FORKS, {"keys": level})
-                forks = [
-                    (fork, bool(fork_watched)) for fork, fork_watched in await cursor.fetchall()
-                ]
-                erased.extend(forks)
-                level = [fork for fork, _ in forks]
-            keys = [erased_key for erased_key, _ in erased]
-            await conn.execute(
-                "DELETE FROM transcript.appends WHERE conversation_key = ANY(%s)", (keys,)
-            )
-            await conn.execute(
-                "DELETE FROM transcript.turns WHERE conversation_key = ANY(%s)", (keys,)
-            )
-            cursor = await conn.execute(
-                "DELETE FROM transcript.entries WHERE conversation_key = ANY(%s)", (keys,)
-            )
-            deleted: int = cursor.rowcount
-        for erased_key, erased_watched in erased:
-            self.changed(erased_key, erased_watched)
-        return deleted
+            erased = Deletion(False)
+            # What it erased, with its forks and theirs: they share its entries (the person
+            # asked for them to go), found level by level.
+            removed: list[tuple[int, bool]] = []
+            if row is not None:
+                key, watched = row
+                removed.append((key, watched))
+                level = [key]
+                while level:
+                    cursor = await conn.execute(sql.ERASE_FORKS, {"keys": level})
+                    forks = [(fork, bool(seen)) for fork, seen in await cursor.fetchall()]
+                    removed.extend(forks)
+                    level = [fork for fork, _ in forks]
+                keys = [removed_key for removed_key, _ in removed]
+                cursor = await conn.execute(
+                    "DELETE FROM transcript.appends WHERE conversation_key = ANY(%s)", (keys,)
+                )
+                appends: int = cursor.rowcount
+                await conn.execute(
+                    "DELETE FROM transcript.turns WHERE conversation_key = ANY(%s)", (keys,)
+                )
+                cursor = await conn.execute(
+                    "DELETE FROM transcript.entries WHERE conversation_key = ANY(%s)", (keys,)
+                )
+                erased = Deletion(True, cursor.rowcount, appends, forks=len(removed) - 1)
+            # Only for what this call deleted, or an erasure whose receipt is kept (its
+            # retry): never a receipt of a conversation that was not there.
+            if (
+                receipt is not None
+                and incarnation
+                and (
+                    row is not None
+                    or await receipt_kept(conn, namespace, conversation_id, incarnation)
+                )
+            ):
+                counts = {
+                    **receipt.counts,
+                    ENTRIES: erased.entries,
+                    APPENDS: erased.appends,
+                    FORKS: erased.forks,
+                }
+                kept = await record_in(
+                    conn,
+                    namespace,
+                    conversation_id,
+                    incarnation,
+                    ErasureProgress(counts, receipt.remaining),
+                    uuid.UUID(str(uuid_utils.uuid7())),
+                )
+                erased = replace(erased, receipt=kept)
+        for removed_key, removed_watched in removed:
+            self.changed(removed_key, removed_watched)
+        return erased

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -64,7 +65,12 @@ def _commands(
 
 
 COMMANDS = list(_commands(parser()))
-BARE = [(p, c) for p, c in COMMANDS if not any(a.option_strings == ["--json"] for a in c._actions)]
+# The root and the groups: what a command alone prints is its help.
+BARE = [
+    (p, c)
+    for p, c in COMMANDS
+    if any(isinstance(a, argparse._SubParsersAction) for a in c._actions)
+]
 
 
 def _ids(commands: list[tuple[tuple[str, ...], argparse.ArgumentParser]]) -> list[str]:
@@ -134,7 +140,8 @@ async def test_a_missing_namespace_names_the_flag_and_the_variable() -> None:
 async def test_an_unreachable_server_names_the_target_and_the_variable() -> None:
     code, out, _ = await runifold(None, "backlog", "-n", "x", "--target", "127.0.0.1:1")
     assert code == 1
-    assert "cannot reach a server at 127.0.0.1:1" in out and "RUNIFOLD_TARGET" in out
+    assert out.count("cannot reach 127.0.0.1:1") == 1 and "RUNIFOLD_TARGET" in out
+    assert "start a server" in out
 
 
 # -- against the server ------------------------------------------------------------------
@@ -220,45 +227,101 @@ async def test_memory_add_get_list_and_a_source_out_of_range(stack: Stack, names
     assert error["metadata"]["last_sequence"] == "2" and "last sequence is 2" in error["message"]
 
 
+async def _four_entries(stack: Stack, namespace: str) -> str:
+    """A conversation of four entries appended directly: no turn ran, so no summary job
+    ran ahead of them (a turn's view with window 2 finds entries 1..2 waiting)."""
+    async with AsyncClient(stack.address, namespace=namespace) as client:
+        conversation = await client.create_conversation()
+        await client.append(conversation.conversation_id, [f"zero {i}" for i in range(1, 5)])
+    return conversation.conversation_id
+
+
 async def test_chat_keeps_a_refused_message_and_resends_it(stack: Stack, namespace: str) -> None:
-    """Window 2: the third message finds entries 1..2 outside the window with no summary,
-    and is refused with SUMMARY_REQUIRED. It is kept; /summarize summarizes and resends
-    it. /help and an unknown slash command never reach the model."""
-    script = "\n".join(
-        ["first", "second", "third", "/summarize", "/help", "/nonsense", "/id", "/quit", ""]
-    )
+    """`--auto-summary 0` (the seed's refusal, not the default), window 2, over four
+    entries with no summary: the first message is refused with SUMMARY_REQUIRED. It is
+    kept; /summarize summarizes and resends it. /help and an unknown slash command never
+    reach the model."""
+    cid = await _four_entries(stack, namespace)
+    script = "\n".join(["first", "/summarize", "/help", "/nonsense", "/id", "/quit", ""])
     code, out, err = await runifold(
-        stack, "chat", "-n", namespace, "--window", "2", "--memory", "0", stdin=script
+        stack,
+        "chat",
+        "-n",
+        namespace,
+        "-c",
+        cid,
+        "--window",
+        "2",
+        "--memory",
+        "0",
+        "--auto-summary",
+        "0",
+        stdin=script,
     )
     assert code == 0, out + err
     assert "not sent" in out and "Your message is kept" in out and "/summarize" in out
     assert "/retry" in out and "resend the message the server refused" in out  # /help
     assert "unknown command: /nonsense" in " ".join(out.split())
-    assert "version 3 · entries 5..6" in out, out
+    assert "version 2 · entries 5..6" in out, out
     async with AsyncClient(stack.address, namespace=namespace) as client:
-        (conversation,) = [c async for c in client.list_conversations()]
-        texts = [e.message.text async for e in client.entries(conversation.conversation_id)]
-        summary = await client.get_summary(conversation.conversation_id)
-    assert conversation.conversation_id in out  # /id
-    assert texts[0::2] == ["first", "second", "third"], "each message sent once, none lost"
+        texts = [e.message.text async for e in client.entries(cid)]
+        summary = await client.get_summary(cid)
+    assert cid in out  # /id
+    assert texts[4::2] == ["first"], "the message sent once, not lost"
     assert summary is not None and summary.through_sequence >= 2
 
 
 async def test_chat_json_prints_one_document_per_event(stack: Stack, namespace: str) -> None:
-    script = "hello\nagain\nnow\n/retry\n"
+    cid = await _four_entries(stack, namespace)
     code, out, _ = await runifold(
-        stack, "chat", "-n", namespace, "--window", "2", "--memory", "0", "--json", stdin=script
+        stack,
+        "chat",
+        "-n",
+        namespace,
+        "-c",
+        cid,
+        "--window",
+        "2",
+        "--memory",
+        "0",
+        "--auto-summary",
+        "0",
+        "--json",
+        stdin="hello\n/summarize\n",
     )
     documents = [json.loads(line) for line in out.splitlines()]
     assert code == 0
-    assert [d.get("conversation_version") for d in documents[:2]] == [1, 2]
-    refused = documents[2]
-    assert refused["error"]["reason"] == "SUMMARY_REQUIRED" and refused["kept"] == "now"
-    assert int(refused["error"]["metadata"]["backlog"]) >= 0
-    # The resend may find the background job done (the turn runs) or not (refused again,
-    # still kept): either way the message is not lost.
-    last = documents[3]
-    assert last.get("conversation_version") == 3 or last.get("kept") == "now"
+    refused, summarized, resent = documents
+    assert refused["error"]["reason"] == "SUMMARY_REQUIRED" and refused["kept"] == "hello"
+    assert refused["error"]["metadata"]["backlog"] == "2"
+    assert int(summarized["passes"]) >= 1
+    assert resent.get("conversation_version") == 2
+
+
+async def test_chat_by_default_summarizes_within_the_turn_instead_of_refusing(
+    stack: Stack, namespace: str
+) -> None:
+    """The same conversation without `--auto-summary 0`: the client's default policy
+    summarizes first when the summary is behind, so the message is answered at once."""
+    cid = await _four_entries(stack, namespace)
+    code, out, _ = await runifold(
+        stack,
+        "chat",
+        "-n",
+        namespace,
+        "-c",
+        cid,
+        "--window",
+        "2",
+        "--memory",
+        "0",
+        "--json",
+        stdin="hello\n",
+    )
+    (document,) = [json.loads(line) for line in out.splitlines()]
+    assert code == 0
+    assert document["conversation_version"] == 2
+    assert document["context"]["summary_passes"] == 1
 
 
 async def test_a_missing_conversation_id_says_so_and_names_the_argument(
@@ -313,6 +376,126 @@ async def test_transcript_watch_follows_like_tail_and_ends_with_the_erasure(
             erased = await document()
             assert set(erased) == {"erased"}
             assert await asyncio.wait_for(process.wait(), timeout=60) == 0
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+
+
+async def test_memory_from_a_uri_is_listed_with_it_and_forgotten_by_it(
+    stack: Stack, namespace: str
+) -> None:
+    base = ("-n", namespace, "--json")
+    note = "mcp://notes.example/42"
+    code, out, _ = await runifold(
+        stack, "memory", "add", "Prefers green tea.", "--uri", note, *base
+    )
+    assert code == 0, out
+    memory = json.loads(out)
+    assert memory["sources"] == [
+        {
+            "conversation_id": "",
+            "from_sequence": 0,
+            "through_sequence": 0,
+            "incarnation": 0,
+            "external_uri": note,
+        }
+    ]
+    code, out, _ = await runifold(stack, "memory", "list", "-n", namespace)
+    assert code == 0 and note in out and "Prefers green tea." in out
+    code, _, err = await runifold(
+        stack, "memory", "forget", "--uri", note, "-c", memory["memory_id"], *base
+    )
+    assert code == 2 and "--uri" in err
+    code, out, _ = await runifold(stack, "memory", "forget", "--uri", note, *base)
+    assert code == 0 and json.loads(out) == {"deleted_count": 1}
+    code, out, _ = await runifold(stack, "memory", "get", memory["memory_id"], *base)
+    assert code == 1 and json.loads(out)["error"]["reason"] == "MEMORY_NOT_FOUND"
+
+
+async def test_transcript_erase_prints_the_receipt_and_receipt_reads_it_again(
+    stack: Stack, namespace: str
+) -> None:
+    async with AsyncClient(stack.address, namespace=namespace) as client:
+        done = await client.run_conversation("Erase me, keep the receipt.")
+    cid = done.conversation_id
+    code, out, _ = await runifold(stack, "transcript", "erase", cid, "-n", namespace)
+    assert code == 0, out
+    words = out.split()
+    assert "erased" in words and "receipt" in words and "memory_revisions" in words, out
+    assert "Erase" not in out  # counts, never content
+    code, out, _ = await runifold(
+        stack, "transcript", "receipt", "--conversation", cid, "-n", namespace, "--json"
+    )
+    assert code == 0, out
+    receipt = json.loads(out)
+    assert (receipt["conversation_id"], receipt["entries"], receipt["appends"]) == (cid, 2, 1)
+    code, out, _ = await runifold(
+        stack, "transcript", "receipt", receipt["receipt_id"], "-n", namespace, "--json"
+    )
+    assert code == 0 and json.loads(out)["receipt_id"] == receipt["receipt_id"]
+    code, out, _ = await runifold(
+        stack, "transcript", "receipt", receipt["receipt_id"], "-n", f"{namespace}-b", "--json"
+    )
+    assert code == 1 and json.loads(out)["error"]["reason"] == "ERASURE_RECEIPT_NOT_FOUND"
+    code, _, err = await runifold(stack, "transcript", "receipt", "-n", namespace)
+    assert code == 2 and "--conversation" in err
+    code, out, _ = await runifold(stack, "erase", cid, "-n", namespace, "--json")
+    assert code == 0 and json.loads(out)["receipt"]["receipt_id"] == receipt["receipt_id"]
+
+
+async def test_memory_watch_follows_every_change_and_ends_quietly_on_ctrl_c(
+    stack: Stack, namespace: str
+) -> None:
+    async with AsyncClient(stack.address, namespace=namespace) as client:
+        cid = (await client.create_conversation()).conversation_id
+        await client.append(cid, ["I drink green tea.", "I moved to Lyon."])
+        first = await client.remember(
+            "Drinks green tea.", conversation_id=cid, from_sequence=1, through_sequence=1
+        )
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "runifold_client.cli",
+            "memory",
+            "watch",
+            "-n",
+            namespace,
+            "--json",
+            env=_env(RUNIFOLD_TARGET=stack.address),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert process.stdout is not None and process.stderr is not None
+
+        async def document() -> dict[str, Any]:
+            line = await asyncio.wait_for(process.stdout.readline(), timeout=60)  # type: ignore[union-attr]
+            assert line, "the command ended early"
+            parsed: dict[str, Any] = json.loads(line)
+            return parsed
+
+        try:
+            replayed = (await document())["change"]
+            assert (replayed["change_sequence"], replayed["kind"]) == (
+                1,
+                "MEMORY_EVENT_KIND_CREATED",
+            )
+            assert replayed["memory"]["content"] == "Drinks green tea."
+            second = await client.remember(
+                "Lives in Lyon.", conversation_id=cid, from_sequence=2, through_sequence=2
+            )
+            live = (await document())["change"]
+            assert (live["change_sequence"], live["memory_id"]) == (2, second.memory_id)
+            await client.delete_memory(first.memory_id)
+            deleted = (await document())["change"]
+            assert (deleted["change_sequence"], deleted["kind"]) == (3, "MEMORY_EVENT_KIND_DELETED")
+            assert deleted["memory_id"] == first.memory_id
+            assert "memory" not in deleted
+            # Ctrl-C ends it quietly: no traceback, the shell's status for an interrupt.
+            process.send_signal(signal.SIGINT)
+            status = await asyncio.wait_for(process.wait(), timeout=60)
+            err = await process.stderr.read()
+            assert (status, err) == (130, b""), err.decode()
         finally:
             if process.returncode is None:
                 process.kill()

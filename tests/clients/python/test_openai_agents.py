@@ -25,7 +25,7 @@ from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
 from openai import AsyncOpenAI
 
 from runifold_client import AsyncClient
-from runifold_client.openai_agents import RunifoldSession, SessionConflict
+from runifold_client.openai_agents import OfflineModel, RunifoldSession, SessionConflict
 from tests.clients.python.session_peer import run_peer
 from tests.support.fake_openai import FakeOpenAI, FakeReply, FakeToolCall, fake_openai
 from tests.support.stack import Stack
@@ -376,6 +376,22 @@ async def test_dict_settings_under_the_runner(
     assert result.final_output == "ok"
     sent = model_server.chat_requests[-1].messages
     assert [m["content"] for m in sent if m["role"] == "user"] == ["old 2", "old 3", "new"]
+
+
+async def test_a_run_configs_settings_override_the_sessions(client: AsyncClient) -> None:
+    """As for the SDK's sessions: the run's RunConfig.session_settings (a dict too) over
+    the session's, an explicit get_items(limit) over both; with the offline model, whose
+    answer counts the history it was given."""
+    s = session(client, session_settings={"limit": 3})
+    await s.add_items([{"role": "user", "content": f"old {i}"} for i in range(4)])
+    offline = Agent(name="assistant", model=OfflineModel())
+    result = await Runner.run(offline, "now", session=s)
+    assert result.final_output == "Context: 3 earlier message(s).\nYou said: now"
+    result = await Runner.run(
+        offline, "again", session=s, run_config=RunConfig(session_settings={"limit": 1})
+    )
+    assert result.final_output == "Context: 1 earlier message(s).\nYou said: again"
+    assert len(await s.get_items(limit=5)) == 5
 
 
 async def test_one_session_from_any_loop_and_thread(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -553,3 +554,66 @@ def test_errors_of_your_own_blocking_stubs_map_the_same_way() -> None:
     error = outcome["error"]
     assert isinstance(error, VersionConflict) and isinstance(error, RunifoldError)
     assert error.current_version == 7 and error.message == MESSAGE
+
+
+def test_a_source_is_a_transcript_range_or_an_external_uri() -> None:
+    ranged = source("c1", 1, 3, 7)
+    assert (ranged.conversation_id, ranged.from_sequence, ranged.through_sequence) == ("c1", 1, 3)
+    assert ranged.incarnation == 7 and ranged.external_uri == ""
+    external = source(external_uri="mcp://notes/42")
+    assert external == memory_pb.MemorySource(external_uri="mcp://notes/42")
+    with pytest.raises(ValueError):
+        source("c1", 1, 3, external_uri="mcp://notes/42")
+
+
+def test_a_client_given_nothing_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RUNIFOLD_TARGET, RUNIFOLD_NAMESPACE and RUNIFOLD_TOKEN, as the `runifold` command
+    reads them; what a client is given wins (an empty namespace or token is given)."""
+    seen: list[tuple[str, tuple[str, ...]]] = []
+
+    def respond(request: Any, context: Any) -> Any:
+        bearer = tuple(v for k, v in context.invocation_metadata() if k == "authorization")
+        seen.append((request.namespace, bearer))
+        return summary_pb.GetBacklogResponse()
+
+    with ScriptedServer(SUMMARY.methods_by_name["GetBacklog"], respond) as server:
+        monkeypatch.setenv("RUNIFOLD_TARGET", server.address)
+        monkeypatch.setenv("RUNIFOLD_NAMESPACE", "ns-from-env")
+        monkeypatch.setenv("RUNIFOLD_TOKEN", "token-from-env")
+        with Client(timeout=5) as client:
+            assert client.aio.target == server.address
+            client.backlog()
+        with Client(namespace="given", token="", timeout=5) as client:
+            client.backlog()
+
+        async def from_async() -> None:
+            async with AsyncClient(timeout=5) as client:
+                await client.backlog()
+
+        asyncio.run(from_async())
+    assert seen == [
+        ("ns-from-env", ("Bearer token-from-env",)),
+        ("given", ()),
+        ("ns-from-env", ("Bearer token-from-env",)),
+    ]
+
+
+def closed_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_call_that_reaches_no_server_says_where_it_tried_once() -> None:
+    target = f"127.0.0.1:{closed_port()}"
+    with Client(target, namespace="n", timeout=10, max_attempts=1) as client:
+        with pytest.raises(Unavailable) as unavailable:
+            client.backlog()
+        # A watch, which resumes broken streams, says so too instead of retrying forever.
+        with pytest.raises(Unavailable) as watching:
+            next(iter(client.watch_conversation(str(uuid.uuid4()))))
+    for error in (unavailable.value, watching.value):
+        assert error.target == target and error.reason == "UNAVAILABLE"
+        assert str(error).count(f"cannot reach {target}") == 1, str(error)
+        assert str(error).startswith("UNAVAILABLE: cannot reach"), str(error)

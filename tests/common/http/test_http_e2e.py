@@ -297,6 +297,74 @@ async def test_requests_that_are_not_calls_are_refused_in_the_error_model(
         assert "access-control-allow-origin" not in preflight.headers
 
 
+async def test_every_refusal_says_what_the_port_accepts(stack: Stack) -> None:
+    """No Content-Type stays 415, an unknown method 404 and a GET 405, each now with a
+    body that says what went wrong: a Connect error (ErrorInfo first) to a Connect
+    client, the gRPC status in the headers to a gRPC-Web one, one line of text to curl
+    or a browser."""
+    get = f"{stack.http_url}/{TRANSCRIPT}/GetConversation"
+    async with httpx.AsyncClient(timeout=30) as client:
+        # curl -d without -H: no Content-Type at all, or a form's.
+        bare = await client.post(get, content=b"{}")
+        assert bare.status_code == 415 and bare.headers["accept-post"]
+        assert bare.headers["content-type"].startswith("text/plain")
+        assert bare.text.startswith("415 Unsupported Media Type: the request has no Content-Type")
+        assert "application/json" in bare.text and "application/connect+json" in bare.text
+        form = await client.post(
+            get, content=b"{}", headers={"content-type": "application/x-www-form-urlencoded"}
+        )
+        assert form.status_code == 415
+        assert "Content-Type application/x-www-form-urlencoded is not one" in form.text
+        # A Connect client learns the same in Connect's error shape.
+        connect = await client.post(get, content=b"{}", headers={"connect-protocol-version": "1"})
+        assert connect.status_code == 415
+        body = connect.json()
+        assert body["code"] == "invalid_argument" and "application/proto" in body["message"]
+        info = body["details"][0]["debug"]
+        assert info["reason"] == "CONTENT_TYPE_UNSUPPORTED"
+        assert "application/grpc-web+proto" in info["metadata"]["accepted"]
+        # An unknown method: the service's methods are named.
+        unknown = await client.post(
+            f"{stack.http_url}/{TRANSCRIPT}/NoSuchMethod",
+            json={},
+            headers={"content-type": "application/json"},
+        )
+        assert unknown.status_code == 404 and unknown.json()["code"] == "unimplemented"
+        assert "has no method NoSuchMethod" in unknown.json()["message"]
+        info = unknown.json()["details"][0]["debug"]
+        assert info["reason"] == "METHOD_NOT_FOUND"
+        assert "GetConversation" in info["metadata"]["methods"].split(", ")
+        # An unknown service: the port's services are named.
+        nowhere = await client.post(
+            f"{stack.http_url}/runifold.nothing.v1.NoService/Get",
+            json={},
+            headers={"content-type": "application/json"},
+        )
+        assert nowhere.status_code == 404
+        services = nowhere.json()["details"][0]["debug"]["metadata"]["services"]
+        assert TRANSCRIPT in services.split(", ") and TRANSCRIPT in nowhere.json()["message"]
+        # The text form names the same (curl or a browser shows no metadata).
+        browsed_home = await client.get(f"{stack.http_url}/runifold.nothing.v1.NoService/Get")
+        assert browsed_home.text.startswith("404 Not Found: no such service on this port")
+        assert TRANSCRIPT in browsed_home.text
+        # A browser's GET: 405 in words; with Accept: application/json, Connect's shape.
+        browsed = await client.get(get)
+        assert browsed.status_code == 405 and browsed.headers["allow"] == "POST"
+        assert browsed.text.startswith("405 Method Not Allowed: ")
+        assert "GetConversation is called with POST, not GET" in browsed.text
+        fetched = await client.get(get, headers={"accept": "application/json"})
+        assert fetched.status_code == 405
+        assert fetched.json()["details"][0]["debug"]["reason"] == "HTTP_METHOD_NOT_ALLOWED"
+        # gRPC-Web reads the status from the headers.
+        web = await client.post(
+            f"{stack.http_url}/{TRANSCRIPT}/NoSuchMethod",
+            content=b"\x00\x00\x00\x00\x00",
+            headers={"content-type": "application/grpc-web+proto"},
+        )
+        assert web.status_code == 404 and web.headers["grpc-status"] == "12"
+        assert "has no method NoSuchMethod" in web.headers["grpc-message"]
+
+
 # -- authentication on ---------------------------------------------------------------
 
 SECRET = "http-suite-secret-" + "s" * 32

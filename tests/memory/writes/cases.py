@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from services.common.errors import Code, DomainError
-from services.memory.model import MemorySource
+from services.memory.model import ExternalSource, MemorySource
 from services.memory.outbox.indexer import Sweeper
 from services.memory.writes.inputs import SourceInput, SupersedeInput, ValidityInput
 from services.memory.writes.model import MemoryWrite
@@ -113,9 +113,9 @@ class WriteCases(WorldCases):
         b = await world.add("B.", sources=world.source(5, 6))
         other = world.sources.add(ns, 3)
         c = await world.add("C.", sources=world.source(1, 1, cid=other))
-        assert await world.service.forget_source(ns, world.cid, 2, 4) == 1
+        assert (await world.service.forget_source(ns, world.cid, 2, 4)).deleted == 1
         assert await world.store.get(ns, a) is None
-        assert await world.service.forget_source(ns, world.cid, 0, 0) == 1
+        assert (await world.service.forget_source(ns, world.cid, 0, 0)).deleted == 1
         assert await world.store.get(ns, b) is None
         assert await world.store.get(ns, c) is not None
         with pytest.raises(DomainError) as bad:
@@ -307,7 +307,7 @@ class WriteCases(WorldCases):
         paris, berlin = await self.supersede_paris(world)
         # Erasing the source of the newer fact: it goes, history and all; what it had
         # closed is open again, and its history no longer says by what or when.
-        assert await world.service.forget_source(ns, world.cid, 5, 5) == 1
+        assert (await world.service.forget_source(ns, world.cid, 5, 5)).deleted == 1
         gone = (await world.service.list_revisions(ns, str(berlin), 0, "")).revisions
         assert [(h.kind, h.reason) for h in gone] == [
             ("write", "create"),
@@ -458,3 +458,214 @@ class WriteCases(WorldCases):
             await write(b)
         assert reason(reused) == (Code.INVALID_ARGUMENT, "REQUEST_ID_REUSED")
         assert (await world.service.get(ns, str(b))).superseded_by is None
+
+    # -- sources outside the transcript (issue 30) ------------------------------------
+
+    async def test_an_external_source_is_kept_and_asks_no_transcript(self, world: World) -> None:
+        ns = world.namespace
+        note = "mcp://notes.example/items/42?rev=3#Top"
+        before = datetime.now(UTC)
+        made = await world.service.upsert(
+            ns, "", "Prefers tea.", [SourceInput("", 0, 0, external_uri=note)], {}, None
+        )
+        memory = made.memory
+        # Kept exactly as sent (no normalization), and nothing asked of TranscriptService.
+        assert memory.sources == (ExternalSource(note),)
+        assert world.sources.asked == 0
+        # No source entry to date it: valid from when it was written.
+        assert memory.valid_from_time is not None and memory.valid_from_time >= before
+        assert (await world.service.get(ns, str(memory.memory_id))).sources == (
+            ExternalSource(note),
+        )
+        history = (await world.service.list_revisions(ns, str(memory.memory_id), 0, "")).revisions
+        assert history[0].sources == (ExternalSource(note),)
+        # Mixed with a transcript range, the range is checked and both are kept in order.
+        mixed = await world.service.upsert(
+            ns,
+            "",
+            "Prefers green tea.",
+            [SourceInput("", 0, 0, external_uri=note), *world.source(2, 3)],
+            {},
+            None,
+        )
+        assert mixed.memory.sources == (
+            ExternalSource(note),
+            MemorySource(uuid.UUID(world.cid), 2, 3),
+        )
+        assert mixed.memory.valid_from_time == entry_time(2)
+        assert world.sources.asked == 1
+
+    async def test_an_external_uri_is_checked_for_its_form(self, world: World) -> None:
+        ns = world.namespace
+        long_uri = "urn:" + "x" * 2045
+        bad = [
+            "notes/42",  # no scheme
+            "https:",  # nothing after the scheme
+            "1http://x",  # a scheme starts with a letter
+            "https://a b",  # a space
+            "https://a\x00b",  # NUL
+            "https://a\tb",  # a control character
+            "https://a\x85b",  # a C1 control character
+            long_uri,  # 2049 bytes
+        ]
+        for uri in bad:
+            with pytest.raises(DomainError) as refused:
+                await world.service.upsert(
+                    ns, "", "A fact.", [SourceInput("", 0, 0, external_uri=uri)], {}, None
+                )
+            assert reason(refused) == (Code.INVALID_ARGUMENT, "INVALID_EXTERNAL_URI"), uri
+            assert refused.value.field == "sources[0].external_uri"
+        # A source is a range or a URI, never both.
+        with pytest.raises(DomainError) as both:
+            await world.service.upsert(
+                ns, "", "A fact.", [SourceInput(world.cid, 1, 2, external_uri="urn:a")], {}, None
+            )
+        assert reason(both) == (Code.INVALID_ARGUMENT, "INVALID_EXTERNAL_URI")
+        # Still at least one source of one kind.
+        with pytest.raises(DomainError) as none:
+            await world.service.upsert(ns, "", "A fact.", [], {}, None)
+        assert reason(none) == (Code.INVALID_ARGUMENT, "NO_SOURCES")
+        # Any absolute URI, up to the limit, non-ASCII letters included.
+        for uri in ("urn:" + "x" * 2044, "langgraph://store/ns/kéy", "file:///tmp/a.md"):
+            await world.service.upsert(
+                ns, "", "A fact.", [SourceInput("", 0, 0, external_uri=uri)], {}, None
+            )
+        assert world.sources.asked == 0
+
+    async def test_forgetting_an_external_uri_is_exact_and_takes_mixed_memories(
+        self, world: World
+    ) -> None:
+        ns = world.namespace
+        uri = "https://docs.example/a"
+
+        def external(value: str) -> SourceInput:
+            return SourceInput("", 0, 0, external_uri=value)
+
+        only = await world.add("From the document.", sources=[external(uri)])
+        mixed = await world.add(
+            "From the document and the chat.", sources=[*world.source(1, 1), external(uri)]
+        )
+        others = [
+            await world.add("Prefix.", sources=[external(uri + "/b")]),
+            await world.add("Case.", sources=[external("HTTPS://docs.example/a")]),
+            await world.add("Chat only.", sources=world.source(1, 1)),
+        ]
+        elsewhere = world.sources.add(f"{ns}-b", 3)
+        away = await world.service.upsert(
+            f"{ns}-b", "", "Another namespace.", [external(uri)], {}, None
+        )
+        forgotten = await world.service.forget_source(ns, "", 0, 0, external_uri_text=uri)
+        assert (forgotten.deleted, forgotten.erasure) == (2, None)
+        for gone in (only, mixed):
+            with pytest.raises(DomainError) as missing:
+                await world.service.get(ns, str(gone))
+            assert reason(missing) == (Code.NOT_FOUND, "MEMORY_NOT_FOUND")
+            history = (await world.service.list_revisions(ns, str(gone), 0, "")).revisions
+            assert all(h.erased for h in history)
+            assert history[-1].reason == "forget_source"
+        for kept in others:
+            assert (await world.service.get(ns, str(kept))).revision == 1
+        assert (await world.service.get(f"{ns}-b", str(away.memory.memory_id))).revision == 1
+        assert elsewhere
+        # Nothing left of it; and nothing is fenced: the URI may be named again.
+        assert (await world.service.forget_source(ns, "", 0, 0, external_uri_text=uri)).deleted == 0
+        await world.add("Read again.", sources=[external(uri)])
+
+    async def test_a_mixed_memory_goes_when_its_conversation_is_forgotten(
+        self, world: World
+    ) -> None:
+        ns = world.namespace
+        mixed = await world.add(
+            "Both.", sources=[SourceInput("", 0, 0, external_uri="urn:doc:1"), *world.source(3, 4)]
+        )
+        external_only = await world.add(
+            "Document only.", sources=[SourceInput("", 0, 0, external_uri="urn:doc:1")]
+        )
+        assert (await world.service.forget_source(ns, world.cid, 4, 4)).deleted == 1
+        with pytest.raises(DomainError):
+            await world.service.get(ns, str(mixed))
+        assert (await world.service.get(ns, str(external_only))).revision == 1
+        erased = await world.service.forget_source(ns, world.cid, 0, 0, incarnation=1)
+        assert erased.deleted == 0 and erased.erasure is not None
+        assert (await world.service.get(ns, str(external_only))).revision == 1
+
+    async def test_forgetting_a_uri_names_nothing_else(self, world: World) -> None:
+        ns = world.namespace
+        for kw in (
+            {"conversation_id_text": world.cid},
+            {"conversation_id_text": "", "incarnation": 1},
+            {"conversation_id_text": "", "from_sequence": 1, "through_sequence": 2},
+        ):
+            args = {"from_sequence": 0, "through_sequence": 0, **kw}
+            with pytest.raises(DomainError) as both:
+                await world.service.forget_source(ns, external_uri_text="urn:a", **args)  # type: ignore[arg-type]
+            assert reason(both) == (Code.INVALID_ARGUMENT, "INVALID_EXTERNAL_URI")
+        with pytest.raises(DomainError) as bad:
+            await world.service.forget_source(ns, "", 0, 0, external_uri_text="no scheme")
+        assert reason(bad) == (Code.INVALID_ARGUMENT, "INVALID_EXTERNAL_URI")
+        assert bad.value.field == "external_uri"
+
+    async def test_a_request_id_tells_a_uri_from_a_range(self, world: World) -> None:
+        ns = world.namespace
+        await world.service.upsert(
+            ns, "", "A fact.", world.source(1, 2), {}, None, request_id_text="r-1"
+        )
+        with pytest.raises(DomainError) as reused:
+            await world.service.upsert(
+                ns,
+                "",
+                "A fact.",
+                [SourceInput("", 0, 0, external_uri="urn:a")],
+                {},
+                None,
+                request_id_text="r-1",
+            )
+        assert reason(reused) == (Code.INVALID_ARGUMENT, "REQUEST_ID_REUSED")
+
+    # -- erasure counts (the receipt's memory part) ----------------------------------
+
+    async def test_an_erasure_adds_up_its_counts_and_knows_when_the_index_caught_up(
+        self, world: World
+    ) -> None:
+        ns = world.namespace
+        first = await world.add("Fact one.")
+        await world.service.upsert(ns, str(first), "Fact one, again.", world.source(), {}, 1)
+        await world.add("Fact two.", sources=world.source(3, 4))
+        kept = await world.add(
+            "Unrelated.", sources=[SourceInput("", 0, 0, external_uri="urn:kept")]
+        )
+        await world.drain()
+        erased = await world.service.forget_source(ns, world.cid, 0, 0, incarnation=1)
+        assert erased.deleted == 2 and erased.erasure is not None
+        counts = erased.erasure
+        # Two memories, three revisions with content (two of the first, one of the second),
+        # one index point each; the index has not caught up (the outbox holds their rows).
+        assert (counts.memories_deleted, counts.revisions_erased, counts.index_points) == (2, 3, 2)
+        assert counts.incarnation == 1 and str(counts.conversation_id) == world.cid
+        assert counts.index_complete_time is None
+        # A retry finds nothing more and reports the same totals.
+        again = await world.service.forget_source(ns, world.cid, 0, 0, incarnation=1)
+        assert again.deleted == 0 and again.erasure is not None
+        assert (again.erasure.memories_deleted, again.erasure.revisions_erased) == (2, 3)
+        assert again.erasure.erase_time == counts.erase_time
+        pending = await world.service.erasure(ns, world.cid, 1)
+        assert pending.index_complete_time is None
+        await world.drain()
+        done = await world.service.erasure(ns, world.cid, 1)
+        assert done.index_complete_time is not None
+        assert (done.memories_deleted, done.revisions_erased, done.index_points) == (2, 3, 2)
+        assert (await world.service.erasure(ns, world.cid, 1)).index_complete_time == (
+            done.index_complete_time
+        )
+        assert (await world.service.get(ns, str(kept))).revision == 1
+        # Nothing to erase: complete at once. Another namespace, or no such erasure: none.
+        empty = world.sources.add(ns, 2)
+        nothing = await world.service.forget_source(ns, empty, 0, 0, incarnation=1)
+        assert nothing.erasure is not None and nothing.erasure.index_complete_time is not None
+        for namespace, cid, incarnation in ((f"{ns}-b", world.cid, 1), (ns, world.cid, 2)):
+            with pytest.raises(DomainError) as missing:
+                await world.service.erasure(namespace, cid, incarnation)
+            assert reason(missing) == (Code.NOT_FOUND, "ERASURE_NOT_FOUND")
+        with pytest.raises(DomainError) as zero:
+            await world.service.erasure(ns, world.cid, 0)
+        assert reason(zero) == (Code.INVALID_ARGUMENT, "INVALID_INCARNATION")

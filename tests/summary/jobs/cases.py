@@ -54,6 +54,29 @@ class JobQueueCases:
         _, created = await store.enqueue(new_job(namespace, cid))
         assert created
 
+    async def test_a_repeat_with_a_smaller_window_makes_the_job_reach_as_far(
+        self, store: SummaryStore, namespace: str
+    ) -> None:
+        """A job ahead (window 8) waits when a refused turn of window 4 asks for one: the
+        job keeps the smaller window, so the turn finds its entries summarized once the
+        job ran (issue 29); a wider request never narrows what the job reaches."""
+        cid = uuid.uuid4()
+        job, _ = await store.enqueue(new_job(namespace, cid, window=8))
+        narrowed, created = await store.enqueue(new_job(namespace, cid, window=4))
+        assert not created and narrowed.job_id == job.job_id and narrowed.window == 4
+        wider, _ = await store.enqueue(new_job(namespace, cid, window=16))
+        assert wider.window == 4
+        claimed = await store.claim("w1", 30)
+        assert claimed is not None and claimed.window == 4 and claimed.lease_token is not None
+        # While it runs, a narrower request marks it to run again with that window.
+        again, _ = await store.enqueue(new_job(namespace, cid, window=2))
+        assert again.window == 2
+        assert await store.complete(job.job_id, claimed.lease_token, requeue=False) is (
+            JobState.PENDING
+        )
+        rerun = await store.claim("w1", 30)
+        assert rerun is not None and rerun.job_id == job.job_id and rerun.window == 2
+
     async def test_a_stale_lease_cannot_change_the_job(
         self, store: SummaryStore, namespace: str
     ) -> None:

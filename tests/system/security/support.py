@@ -39,7 +39,12 @@ SECRET = "security-suite-secret-" + "s" * 32
 AUDIENCE = "runifold"
 CALL_TIMEOUT_S = 60.0
 # Streams that follow a resource until the client leaves: answered once caught up.
-FOLLOWING = frozenset({"/runifold.transcript.v1.TranscriptService/WatchConversation"})
+FOLLOWING = frozenset(
+    {
+        "/runifold.transcript.v1.TranscriptService/WatchConversation",
+        "/runifold.memory.v1.MemoryService/WatchMemories",
+    }
+)
 
 
 def token(*namespaces: str) -> str:

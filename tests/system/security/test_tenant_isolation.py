@@ -78,6 +78,9 @@ class Target:
     memories_token: str
     query: str
     ids: tuple[str, ...] = field(default=())
+    erased_conversation_id: str = ""
+    erased_incarnation: int = 0
+    receipt_id: str = ""
 
 
 def target_of(world: World) -> Target:
@@ -94,7 +97,17 @@ def target_of(world: World) -> Target:
         entries_token=world.entries_token,
         memories_token=world.memories_token,
         query=world.memory_content,
-        ids=(world.conversation_id, world.memory_ids[0], world.request_id, world.turn_id),
+        ids=(
+            world.conversation_id,
+            world.memory_ids[0],
+            world.request_id,
+            world.turn_id,
+            world.erased_conversation_id,
+            world.receipt_id,
+        ),
+        erased_conversation_id=world.erased_conversation_id,
+        erased_incarnation=world.erased_incarnation,
+        receipt_id=world.receipt_id,
     )
 
 
@@ -108,6 +121,7 @@ def never_existed(like: Target) -> Target:
     """The same request fields, pointing at nothing (fresh ids, forged tokens)."""
     conversation_id, memory_id = str(uuid.uuid4()), str(uuid.uuid4())
     request_id, turn_id = f"append-{uuid.uuid4().hex}", f"turn-{uuid.uuid4().hex}"
+    erased_id, receipt_id = str(uuid.uuid4()), str(uuid.uuid4())
     return replace(
         like,
         conversation_id=conversation_id,
@@ -117,7 +131,9 @@ def never_existed(like: Target) -> Target:
         conversations_token=_forged_token("conversations"),
         entries_token=_forged_token("entries"),
         memories_token=_forged_token("memories"),
-        ids=(conversation_id, memory_id, request_id, turn_id),
+        ids=(conversation_id, memory_id, request_id, turn_id, erased_id, receipt_id),
+        erased_conversation_id=erased_id,
+        receipt_id=receipt_id,
     )
 
 
@@ -134,6 +150,9 @@ GARBAGE = Target(
     entries_token="\x00",
     memories_token="",
     query="",
+    erased_conversation_id="\x00",
+    erased_incarnation=-1,
+    receipt_id="not-a-receipt",
 )
 
 
@@ -151,6 +170,10 @@ class Case:
     probes: tuple[Probe, ...]
     # What (b) may answer: a read or write of an id unknown in A.
     allowed: frozenset[str] = frozenset({"OK", "NOT_FOUND", "INVALID_ARGUMENT"})
+    # An RPC that names no namespace (ListNamespaces): its answer is filtered by the
+    # caller's grants instead, so (a) and (b) become: A's call answers A's namespace and
+    # nothing of B's (the check of everything received, below, looks for B's name).
+    unscoped: bool = False
 
 
 def _turn(cls: type[Any], create: bool = False) -> Probe:
@@ -235,6 +258,13 @@ CASES: dict[str, Case] = {
                 namespace=ns, conversation_id=t.conversation_id
             ),
         )
+    ),
+    "TranscriptService.ListNamespaces": Case(
+        (
+            lambda ns, t, own: transcript_pb.ListNamespacesRequest(),
+            lambda ns, t, own: transcript_pb.ListNamespacesRequest(page_size=1),
+        ),
+        unscoped=True,
     ),
     "TranscriptService.GetState": Case(
         (
@@ -470,6 +500,55 @@ CASES: dict[str, Case] = {
         ),
         allowed=frozenset({"OK", "NOT_FOUND"}),
     ),
+    # B's erasure receipt, by id and by its erased conversation: in A, as for an id that
+    # never existed (ERASURE_RECEIPT_NOT_FOUND).
+    "AgentService.GetErasureReceipt": Case(
+        (
+            lambda ns, t, own: agent_pb.GetErasureReceiptRequest(
+                namespace=ns, receipt_id=t.receipt_id
+            ),
+            lambda ns, t, own: agent_pb.GetErasureReceiptRequest(
+                namespace=ns, conversation_id=t.erased_conversation_id
+            ),
+        )
+    ),
+    "TranscriptService.GetErasureReceipt": Case(
+        (
+            lambda ns, t, own: transcript_pb.GetErasureReceiptRequest(
+                namespace=ns, receipt_id=t.receipt_id
+            ),
+            lambda ns, t, own: transcript_pb.GetErasureReceiptRequest(
+                namespace=ns, conversation_id=t.erased_conversation_id
+            ),
+        )
+    ),
+    # Merging into B's receipt from A: A has no such conversation nor receipt, so nothing
+    # is made (CONVERSATION_NOT_FOUND), as for an id that never existed.
+    "TranscriptService.RecordErasureReceipt": Case(
+        (
+            lambda ns, t, own: transcript_pb.RecordErasureReceiptRequest(
+                namespace=ns,
+                conversation_id=t.erased_conversation_id,
+                incarnation=t.erased_incarnation,
+                progress=transcript_pb.ErasureProgress(counts={"entries": 99}),
+            ),
+            lambda ns, t, own: transcript_pb.RecordErasureReceiptRequest(
+                namespace=ns,
+                conversation_id=t.conversation_id,
+                incarnation=max(t.erased_incarnation, 1),
+                progress=transcript_pb.ErasureProgress(remaining=["transcript"]),
+            ),
+        )
+    ),
+    "MemoryService.GetMemoryErasure": Case(
+        (
+            lambda ns, t, own: memory_pb.GetMemoryErasureRequest(
+                namespace=ns,
+                conversation_id=t.erased_conversation_id,
+                incarnation=t.erased_incarnation,
+            ),
+        )
+    ),
 }
 
 # --- comparing outcomes -----------------------------------------------------------
@@ -623,6 +702,11 @@ async def test_tenant_a_cannot_reach_tenant_b(
     b_target = target_of(b)
     for index, probe in enumerate(case.probes):
         where = f"{rpc.id} probe {index}"
+        if case.unscoped:
+            mine = await call(probe(a.namespace, b_target, a))
+            assert mine.ok, f"{where}: {mine.describe()}"
+            assert MessageToDict(mine.replies[0])["namespaces"] == [a.namespace], where
+            continue
         # (a) B's namespace: refused before anything is read.
         denied = await call(probe(b.namespace, b_target, a))
         assert denied.code == grpc.StatusCode.PERMISSION_DENIED, f"{where}: {denied.describe()}"

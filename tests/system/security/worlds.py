@@ -50,6 +50,10 @@ class World:
     conversations_token: str
     entries_token: str
     memories_token: str
+    # A conversation erased (EraseConversation), its incarnation and its erasure's receipt.
+    erased_conversation_id: str = ""
+    erased_incarnation: int = 0
+    receipt_id: str = ""
 
 
 async def build_world(
@@ -177,6 +181,43 @@ async def build_world(
             ),
             metadata,
         )
+    # An erased conversation, with a memory derived from it: its receipt is kept.
+    erased = await must(
+        channel,
+        "TranscriptService.CreateConversation",
+        transcript_pb.CreateConversationRequest(namespace=namespace),
+        metadata,
+    )
+    erased_id = erased.conversation.conversation_id
+    await must(
+        channel,
+        "TranscriptService.AppendEntries",
+        transcript_pb.AppendEntriesRequest(
+            namespace=namespace, conversation_id=erased_id, messages=[user(f"{marker} erased")]
+        ),
+        metadata,
+    )
+    await must(
+        channel,
+        "MemoryService.UpsertMemory",
+        memory_pb.UpsertMemoryRequest(
+            namespace=namespace,
+            content=f"{marker} said something since erased.",
+            sources=[
+                memory_pb.MemorySource(
+                    conversation_id=erased_id, from_sequence=1, through_sequence=1
+                )
+            ],
+        ),
+        metadata,
+    )
+    erasure = await must(
+        channel,
+        "AgentService.EraseConversation",
+        agent_pb.EraseConversationRequest(namespace=namespace, conversation_id=erased_id),
+        metadata,
+    )
+    assert erasure.complete and erasure.receipt.receipt_id
     conversations = await must(
         channel,
         "TranscriptService.ListConversations",
@@ -214,6 +255,9 @@ async def build_world(
         conversations_token=conversations.next_page_token,
         entries_token=entries.next_page_token,
         memories_token=memories.next_page_token,
+        erased_conversation_id=erased_id,
+        erased_incarnation=erased.conversation.incarnation,
+        receipt_id=erasure.receipt.receipt_id,
     )
     assert world.conversations_token and world.entries_token and world.memories_token
     return world

@@ -11,6 +11,11 @@ import uuid
 import pytest
 
 from services.common.errors import Code, DomainError
+from services.transcript.conversations.model import (
+    PREVIEW_CHARS,
+    PREVIEW_ENTRIES,
+    ConversationOrder,
+)
 from services.transcript.service import TranscriptService
 from tests.transcript.support import (
     ServiceCases,
@@ -21,6 +26,8 @@ from tests.transcript.support import (
     reason_of,
     user,
 )
+
+NEWEST = int(ConversationOrder.NEWEST_FIRST)
 
 
 class ConversationCases(ServiceCases):
@@ -60,7 +67,7 @@ class ConversationCases(ServiceCases):
                 await call
             assert caught.value.code is Code.NOT_FOUND
             assert reason_of(caught) == "CONVERSATION_NOT_FOUND"
-        assert await service.delete_conversation(other, cid) is None
+        assert not (await service.delete_conversation(other, cid)).deleted
         assert (await service.get_conversation(namespace, cid)).version == 0
 
     @pytest.mark.parametrize("bad", ["", "a" * 129, "tenant/1", "tenant 1", "ténant", "a\x00"])
@@ -114,8 +121,14 @@ class ConversationCases(ServiceCases):
     ) -> None:
         cid = await new_conversation(service, namespace)
         await service.append(namespace, cid, 0, [user(), assistant()], "r")
-        assert await service.delete_conversation(namespace, cid) == 2
-        assert await service.delete_conversation(namespace, cid) is None
+        erased = await service.delete_conversation(namespace, cid)
+        assert (erased.deleted, erased.entries, erased.appends, erased.receipt) == (
+            True,
+            2,
+            1,
+            None,
+        )
+        assert not (await service.delete_conversation(namespace, cid)).deleted
         with pytest.raises(DomainError):
             await service.get_conversation(namespace, cid)
         # Re-creating the id starts a new, empty transcript.
@@ -173,3 +186,121 @@ class ConversationCases(ServiceCases):
         with pytest.raises(DomainError) as error:
             await service.list_conversations(namespace, 5, page.next_page_token)
         assert error.value.code == Code.INVALID_ARGUMENT
+
+    # -- listings for people: newest first, previews, namespaces ------------------------
+
+    async def test_newest_first_pages_by_creation_time_and_continues_only_that_order(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
+        # Ids that do not sort by creation (random UUIDs, as clients often give).
+        made = []
+        for _ in range(7):
+            conversation, _ = await service.create_conversation(namespace, str(uuid.uuid4()), {})
+            made.append(conversation)
+        await new_conversation(service, namespace + "-other")
+        seen, token = [], ""
+        while True:
+            page = await service.list_conversations(namespace, 3, token, order=NEWEST)
+            seen += list(page.conversations)
+            token = page.next_page_token
+            if not token:
+                break
+        expected = sorted(made, key=lambda c: (c.create_time, c.conversation_id), reverse=True)
+        assert [c.conversation_id for c in seen] == [c.conversation_id for c in expected]
+        first = await service.list_conversations(namespace, 3, "", order=NEWEST)
+        with pytest.raises(DomainError) as caught:
+            await service.list_conversations(namespace, 3, first.next_page_token)
+        assert reason_of(caught) == "INVALID_PAGE_TOKEN"
+        by_id = await service.list_conversations(namespace, 3, "")
+        with pytest.raises(DomainError) as caught:
+            await service.list_conversations(namespace, 3, by_id.next_page_token, order=NEWEST)
+        assert reason_of(caught) == "INVALID_PAGE_TOKEN"
+        with pytest.raises(DomainError) as caught:
+            await service.list_conversations(namespace, 3, "", order=7)
+        assert reason_of(caught) == "INVALID_ORDER"
+
+    async def test_newest_first_of_one_user(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
+        alice = [await created(service, namespace) for _ in range(3)]
+        await created(service, namespace, "bob")
+        page = await service.list_conversations(namespace, 2, "", "alice", order=NEWEST)
+        rest = await service.list_conversations(
+            namespace, 2, page.next_page_token, "alice", order=NEWEST
+        )
+        listed = [str(c.conversation_id) for c in [*page.conversations, *rest.conversations]]
+        assert sorted(listed) == sorted(alice) and not rest.next_page_token
+        times = [c.create_time for c in [*page.conversations, *rest.conversations]]
+        assert times == sorted(times, reverse=True)
+
+    async def test_a_preview_is_the_first_standing_user_message_clipped(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
+        """The first user message (not a tool's or the assistant's, not a retracted one),
+        whitespace made single spaces, at most PREVIEW_CHARS characters; none when there
+        is no user message among the first PREVIEW_ENTRIES entries. Markup stays text."""
+        hostile = '<script>alert("x")</script>\n\n  first   line'
+        plain = await new_conversation(service, namespace)
+        await service.append(namespace, plain, 0, [user(hostile), assistant("ok")], "")
+        await service.append(namespace, plain, 1, [user("second question")], "")
+        long = await new_conversation(service, namespace)
+        await service.append(namespace, long, 0, [user("word " * 100)], "")
+        exact = await new_conversation(service, namespace)
+        await service.append(namespace, exact, 0, [user("x" * PREVIEW_CHARS)], "")
+        retracted = await new_conversation(service, namespace)
+        await service.append(namespace, retracted, 0, [user("secret"), user("kept")], "")
+        await service.append(namespace, retracted, 1, [], "", retract=[1])
+        late = await new_conversation(service, namespace)
+        await service.append(
+            namespace, late, 0, [assistant(f"a{i}") for i in range(PREVIEW_ENTRIES)], ""
+        )
+        await service.append(namespace, late, 1, [user("too late to preview")], "")
+        empty = await new_conversation(service, namespace)
+
+        page = await service.list_conversations(namespace, 0, "")
+        previews = {str(c.conversation_id): c.preview for c in page.conversations}
+        assert previews[plain] == '<script>alert("x")</script> first line'
+        clipped = previews[long]
+        assert len(clipped) == PREVIEW_CHARS and clipped.endswith("\u2026")
+        assert clipped.startswith("word word ")
+        assert previews[exact] == "x" * PREVIEW_CHARS
+        assert previews[retracted] == "kept"
+        assert previews[late] == "" and previews[empty] == ""
+        # Newest first and with the state alike; GetConversation has none.
+        newest = await service.list_conversations(namespace, 0, "", order=NEWEST)
+        assert {str(c.conversation_id): c.preview for c in newest.conversations} == previews
+        full = await service.list_conversations(namespace, 0, "", with_state=True)
+        assert {str(c.conversation_id): c.preview for c in full.conversations} == previews
+        assert (await service.get_conversation(namespace, plain)).preview == ""
+
+    async def test_namespaces_with_conversations_are_listed_by_name_among_the_grants(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
+        names = [f"{namespace}-{letter}" for letter in "abcde"]
+        for name in names:
+            await new_conversation(service, name)
+        gone = f"{namespace}-f"
+        await service.delete_conversation(gone, await new_conversation(service, gone))
+        # Every namespace (authentication off): paged in name order, ours among them.
+        listed: list[str] = []
+        token = ""
+        while True:
+            page = await service.list_namespaces(2, token, None)
+            listed += page.namespaces
+            token = page.next_page_token
+            if not token:
+                break
+        assert listed == sorted(set(listed))
+        assert [n for n in listed if n.startswith(namespace)] == names
+        # Among an identity's grants: only those, only with conversations.
+        granted = frozenset({names[3], names[1], gone, namespace + "-never"})
+        page = await service.list_namespaces(1, "", granted)
+        assert page.namespaces == [names[1]] and page.next_page_token
+        rest = await service.list_namespaces(5, page.next_page_token, granted)
+        assert rest.namespaces == [names[3]] and not rest.next_page_token
+        # A token continues the listing of the same grants only.
+        for other in (None, frozenset({names[1]})):
+            with pytest.raises(DomainError) as caught:
+                await service.list_namespaces(5, page.next_page_token, other)
+            assert reason_of(caught) == "INVALID_PAGE_TOKEN"
+        assert (await service.list_namespaces(0, "", frozenset())).namespaces == []

@@ -314,10 +314,13 @@ class ForkCases(ServiceCases):
         other_fork, _ = await service.fork_conversation(namespace, unrelated, 2)
         # Erasing a fork leaves its source.
         lone, _ = await service.fork_conversation(namespace, source, 1)
-        assert await service.delete_conversation(namespace, str(lone.conversation_id)) == 0
+        lone_erased = await service.delete_conversation(namespace, str(lone.conversation_id))
+        assert (lone_erased.entries, lone_erased.appends, lone_erased.forks) == (0, 1, 0)
         assert (await service.get_conversation(namespace, source)).last_sequence == 6
-        # The source's 6 entries and the first fork's own one.
-        assert await service.delete_conversation(namespace, source) == 7
+        # The source's 6 entries and 3 appends; the first fork's own entry and its 2 own
+        # appends (the fork append and one); the second fork's fork append; 2 forks.
+        erased = await service.delete_conversation(namespace, source)
+        assert (erased.entries, erased.appends, erased.forks) == (7, 6, 2)
         for gone in (source, fid, str(second.conversation_id)):
             with pytest.raises(DomainError) as error:
                 await service.get_conversation(namespace, gone)

@@ -14,6 +14,7 @@ import grpc
 import h2.config
 import h2.connection
 import h2.settings
+from google.protobuf.message import Message
 
 from runifold.transcript.v1 import transcript_service_pb2 as pb
 from services.common.status import error_info
@@ -139,7 +140,7 @@ class UnreadStreams:
 
     PATH = "/runifold.transcript.v1.TranscriptService/WatchConversation"
 
-    def __init__(self, address: str, requests: Sequence[pb.WatchConversationRequest]) -> None:
+    def __init__(self, address: str, requests: Sequence[Message], path: str = PATH) -> None:
         host, _, port = address.rpartition(":")
         self.sock = socket.create_connection((host, int(port)), timeout=10)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -163,7 +164,7 @@ class UnreadStreams:
                 [
                     (":method", "POST"),
                     (":scheme", "http"),
-                    (":path", self.PATH),
+                    (":path", path),
                     (":authority", address),
                     ("content-type", "application/grpc"),
                     ("te", "trailers"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC
 
 from google.adk.memory.base_memory_service import BaseMemoryService, SearchMemoryResponse
@@ -15,10 +16,57 @@ from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold_client import _framework as fw
 from runifold_client.adk.events import _text_of
 from runifold_client.adk.scope import APP_LABEL, USER_LABEL, _Scope
-from runifold_client.client import DEFAULT_TARGET, AsyncClient, source
+from runifold_client.client import AsyncClient, source
 from runifold_client.errors import NotFound
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SessionMemories:
+    """What `add_session_to_memory` did with a session (counts, never content).
+
+    `proposed` is what the proposer found in entries `from_sequence..through_sequence`;
+    of it, `stored` were written (`superseded` of them replacing one of the user's
+    memories) and `duplicates` were skipped (the user's memories say them already).
+    `proposer` names who proposed ("offline", or the model's provider); `reason` says
+    why nothing was stored ("" when something was)."""
+
+    stored: int = 0
+    superseded: int = 0
+    duplicates: int = 0
+    proposed: int = 0
+    dropped: int = 0
+    from_sequence: int = 0
+    through_sequence: int = 0
+    proposer: str = ""
+    reason: str = ""
+
+    def __str__(self) -> str:
+        said = (
+            f"stored {self.stored} memor{'y' if self.stored == 1 else 'ies'} of "
+            f"{self.proposed} proposed ({self.superseded} superseding, "
+            f"{self.duplicates} duplicates)"
+        )
+        return f"{said}: {self.reason}" if self.reason else said
+
+
+def _why_nothing(
+    proposed: int, duplicates: int, dropped: int, proposer: str, low: int, high: int
+) -> str:
+    """Why a session gave no memory, in words (no content)."""
+    if proposed == 0:
+        found = (
+            "no durable first-person statement found (names, places, work, preferences, "
+            "habits, decisions: docs/memory.md, Proposers)"
+            if proposer == "offline"
+            else "nothing durable proposed"
+        )
+        dropped_note = f"; {dropped} malformed proposals dropped" if dropped else ""
+        return f"the {proposer} proposer read entries {low}..{high}: {found}{dropped_note}"
+    if duplicates == proposed:
+        return "every proposal is already one of this user's memories"
+    return ""
 
 
 class RunifoldMemoryService(BaseMemoryService):  # type: ignore[misc]  # google.adk: untyped
@@ -43,7 +91,7 @@ class RunifoldMemoryService(BaseMemoryService):  # type: ignore[misc]  # google.
     def __init__(
         self,
         *,
-        target: str = DEFAULT_TARGET,
+        target: str | None = None,
         namespace: str | None = None,
         token: str | None = None,
         client: AsyncClient | None = None,
@@ -68,19 +116,20 @@ class RunifoldMemoryService(BaseMemoryService):  # type: ignore[misc]  # google.
             USER_LABEL: fw.clip(user_id, fw.MAX_LABEL_CHARS),
         }
 
-    async def add_session_to_memory(self, session: Session) -> None:
+    async def add_session_to_memory(self, session: Session) -> SessionMemories:
+        """Remember a session: what the proposer finds in its last PROPOSE_ENTRIES
+        entries, stored. Returns what it stored and, when nothing, why; logs the same
+        (counts and reasons, never content) at INFO."""
         if not self.propose_sessions:
-            logger.info(
-                "RunifoldMemoryService.add_session_to_memory stores nothing "
-                "(propose_sessions=False: curate with add_memory)"
+            return self._report(
+                SessionMemories(reason="propose_sessions=False: curate with add_memory")
             )
-            return
         scope = _Scope(self.namespace, session.app_name)
         cid = scope.conversation_id(session.user_id, session.id)
         conversation = await self.client.get_conversation(cid, namespace=scope.namespace)
         high = conversation.last_sequence
         if high == 0:
-            return
+            return self._report(SessionMemories(reason="the session has no events stored"))
         low = max(1, high - self.PROPOSE_ENTRIES + 1)
         tags = self._tags(session.app_name, session.user_id)
         # Only this user's memories are matched and shown to the proposer.
@@ -91,9 +140,11 @@ class RunifoldMemoryService(BaseMemoryService):  # type: ignore[misc]  # google.
             namespace=scope.namespace,
             metadata_filter=tags,
         )
+        stored = superseded = duplicates = 0
         for proposal in reply.proposals:
             mine = [m for m in proposal.related_memory_ids if await self._owned(scope, m, tags)]
             if proposal.action == memory_pb.PROPOSAL_ACTION_DUPLICATE and mine:
+                duplicates += 1
                 continue
             supersedes = mine[:1] if proposal.action == memory_pb.PROPOSAL_ACTION_SUPERSEDE else []
             # The sources go as proposed: they name the incarnation read, so a session erased
@@ -112,6 +163,29 @@ class RunifoldMemoryService(BaseMemoryService):  # type: ignore[misc]  # google.
                 supersedes=supersedes,
                 request_id=fw.request_id_for(f"{cid}/{incarnation}", high, [proposal.content]),
             )
+            stored += 1
+            superseded += bool(supersedes)
+        proposed = len(reply.proposals)
+        return self._report(
+            SessionMemories(
+                stored=stored,
+                superseded=superseded,
+                duplicates=duplicates,
+                proposed=proposed,
+                dropped=reply.dropped_count,
+                from_sequence=low,
+                through_sequence=high,
+                proposer=reply.proposer,
+                reason=_why_nothing(
+                    proposed, duplicates, reply.dropped_count, reply.proposer, low, high
+                ),
+            )
+        )
+
+    @staticmethod
+    def _report(result: SessionMemories) -> SessionMemories:
+        logger.info("RunifoldMemoryService.add_session_to_memory: %s", result)
+        return result
 
     async def _owned(self, scope: _Scope, memory_id: str, tags: Mapping[str, str]) -> bool:
         """Whether a memory is this app's user's (a shared namespace holds others')."""

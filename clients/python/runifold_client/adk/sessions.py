@@ -31,7 +31,7 @@ from runifold_client.adk.scope import (
     _merge,
     _Scope,
 )
-from runifold_client.client import DEFAULT_TARGET, AsyncClient
+from runifold_client.client import AsyncClient
 from runifold_client.errors import NotFound, RunifoldError, VersionConflict
 
 # GetState reads at most this many users at once.
@@ -54,7 +54,7 @@ class RunifoldSessionService(BaseSessionService):  # type: ignore[misc]  # googl
     def __init__(
         self,
         *,
-        target: str = DEFAULT_TARGET,
+        target: str | None = None,
         namespace: str | None = None,
         token: str | None = None,
         client: AsyncClient | None = None,

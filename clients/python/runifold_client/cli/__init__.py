@@ -4,11 +4,16 @@ It talks gRPC only (the client of this distribution), to the all-in-one server
 or a gateway in front of the services. People get tables and readable lines;
 `--json` prints every field (zero values included) as one JSON document, or
 one document per line for listings and streams.
+
+It ends as Unix tools do: Ctrl-C leaves quietly with status 130 (128 + SIGINT), and a
+reader that closes the output early (`runifold transcript list --json | head -1`) ends
+it quietly with status 141 (128 + SIGPIPE, what `yes | head -1` reports for `yes`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -17,7 +22,7 @@ import grpc
 from rich.console import Console
 
 import runifold_client
-from runifold_client.cli import chat, memory, summary, transcript, turn
+from runifold_client.cli import chat, mcp, memory, summary, transcript, turn
 from runifold_client.cli.memory import _picked
 from runifold_client.cli.options import ENVIRONMENT, Formatter, _connection
 from runifold_client.cli.output import Output, UsageError, _print_error, plain
@@ -32,7 +37,8 @@ examples:
   runifold transcript watch ID --namespace tenant-42 --json
   runifold memory search "when do we ship" --namespace tenant-42 --json
   runifold memory propose ID --from 1 --through 40 --namespace tenant-42
-  runifold backlog --namespace tenant-42"""
+  runifold backlog --namespace tenant-42
+  runifold mcp --transport http --auth bearer --listen 0.0.0.0:8765"""
 
 # The commands in the order `runifold --help` lists them.
 _COMMANDS = (
@@ -43,6 +49,7 @@ _COMMANDS = (
     memory.add_parser,
     summary.add_backlog_parser,
     transcript.add_erase_parser,
+    mcp.add_parser,
 )
 
 
@@ -54,6 +61,7 @@ def parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0] if __doc__ else None,
         epilog=f"{EXAMPLES}\n\n{ENVIRONMENT}",
         formatter_class=Formatter,
+        parents=[_connection(defaults=True)],
     )
     root.add_argument(
         "--version", action="version", version=f"runifold {runifold_client.__version__}"
@@ -70,14 +78,43 @@ def _usage_error(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+# Exit statuses of a command a signal ended (128 + the signal's number), as shells report.
+INTERRUPTED = 130  # SIGINT: Ctrl-C
+PIPE_CLOSED = 141  # SIGPIPE: the reader of the output went away
+
+
+class _Console(Console):
+    """rich's console, which ends the program (status 1) when its output is closed: here
+    the closed output is raised, for `main` to end with the status a pipe gives."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `runifold` command."""
+    """Entry point of the `runifold` command: its exit status.
+
+    Ctrl-C ends it with 130, a closed output with 141 (the output then goes nowhere:
+    Python's flush at exit finds nothing to complain about); never with a traceback."""
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        return INTERRUPTED
+    except BrokenPipeError:
+        # https://docs.python.org/3/library/signal.html#note-on-sigpipe
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return PIPE_CLOSED
+
+
+def _run(argv: Sequence[str] | None) -> int:
     args = parser().parse_args(argv)
     handler = getattr(args, "handler", None)
     if handler is None:  # a bare command or group: its help
         args.group.print_help()
         return 0
-    output = Output(json=args.json, console=Console(highlight=False))
+    output = Output(json=args.json, console=_Console(highlight=False))
     try:
         return int(handler(args, output))
     except UsageError as error:
@@ -88,8 +125,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except grpc.RpcError as error:  # an iterator's call outside the client's mapping
         print(f"runifold: {error}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 130
 
 
 __all__ = ["Output", "UsageError", "_picked", "main", "parser", "plain"]

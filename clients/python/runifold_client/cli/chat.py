@@ -1,11 +1,21 @@
-"""`runifold chat`: an interactive conversation, one turn per line; slash commands run here."""
+"""`runifold chat`: an interactive conversation, one turn per line; slash commands run here.
+
+At a terminal it reads lines with GNU readline (or libedit): line editing, and a history
+that Up and Down walk, kept between sessions in the user's data folder (`history_path`).
+Before the first message it checks that the server answers, so a wrong address, token
+or namespace is said at once with what fixes it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import uuid
 from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from rich.markup import escape
@@ -28,7 +38,57 @@ CHAT_COMMANDS = """\
 /summary              the conversation's current summary
 /memory QUERY         search semantic memory
 /quit, /exit          leave (so does Ctrl-D)
-A line that starts with // sends the rest of it, slash included."""
+A line that starts with // sends the rest of it, slash included.
+Up and Down walk the history of earlier lines; Ctrl-C leaves at once (status 130)."""
+
+# Lines the history file keeps (the newest).
+HISTORY_LINES = 1000
+HISTORY = """\
+history:
+  At a terminal, the lines typed are kept in $XDG_DATA_HOME/runifold/chat_history
+  (~/.local/share/runifold/chat_history when XDG_DATA_HOME is not set; on Windows
+  %LOCALAPPDATA%\\runifold\\chat_history): the last 1000, readable by you alone.
+  Delete the file to forget them."""
+
+
+def history_path() -> Path:
+    """Where `runifold chat` keeps the lines typed at a terminal: the user's data folder
+    ($XDG_DATA_HOME, else ~/.local/share; %LOCALAPPDATA% on Windows), runifold/chat_history."""
+    if os.name == "nt" and os.environ.get("LOCALAPPDATA"):
+        base = Path(os.environ["LOCALAPPDATA"])
+    else:
+        base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "runifold" / "chat_history"
+
+
+def _readline() -> ModuleType | None:
+    """The readline module (line editing and history for input()), where there is one."""
+    try:
+        import readline
+    except ImportError:  # Windows without pyreadline: plain input()
+        return None
+    return readline
+
+
+class _History:
+    """The history of the lines typed at a terminal, read at the start and written back
+    at the end (Ctrl-C included), the last HISTORY_LINES, mode 0600: they are messages."""
+
+    def __init__(self, readline: ModuleType, path: Path) -> None:
+        self.readline = readline
+        self.path = path
+
+    def __enter__(self) -> _History:
+        self.readline.set_history_length(HISTORY_LINES)
+        with contextlib.suppress(OSError):
+            self.readline.read_history_file(self.path)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        with contextlib.suppress(OSError):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.touch(mode=0o600, exist_ok=True)
+            self.readline.write_history_file(self.path)
 
 
 class Chat:
@@ -44,23 +104,46 @@ class Chat:
         self.kept: str | None = None
         self.kept_turn_id = ""
 
+    def interactive(self) -> bool:
+        """Whether a person types the lines (a terminal, not --json): then readline reads."""
+        return not self.output.json and sys.stdin.isatty()
+
+    def prompt(self) -> str:
+        """The prompt, coloured when the console is; readline is told (between \\001 and
+        \\002) which characters take no room, so that editing redraws the line right."""
+        console = self.output.console
+        if console.color_system is None or not console.is_terminal:
+            return "you> "
+        return "\001\x1b[32m\002you>\001\x1b[0m\002 "
+
     def lines(self) -> Iterator[str]:
+        """The lines typed, until Ctrl-D (end of input). Ctrl-C is raised: it leaves."""
         while True:
-            try:
-                if self.output.json or not sys.stdin.isatty():
-                    line = sys.stdin.readline()
-                    if not line:
-                        return
-                    if not self.output.json:
-                        self.output.console.print(f"[green]you>[/green] {escape(line.rstrip())}")
-                else:
-                    line = self.output.console.input("[green]you>[/green] ")
-            except (EOFError, KeyboardInterrupt):
-                return
+            if self.interactive():
+                try:
+                    line = input(self.prompt())
+                except EOFError:
+                    self.output.console.print()
+                    return
+                except KeyboardInterrupt:
+                    self.output.console.print()  # the shell's prompt on a line of its own
+                    raise
+            else:
+                line = sys.stdin.readline()
+                if not line:
+                    return
+                if not self.output.json:
+                    self.output.console.print(f"[green]you>[/green] {escape(line.rstrip())}")
             yield line.rstrip("\n")
 
+    def check(self) -> None:
+        """Before the first message: the server answers, the token and the namespace are
+        good (a read of the namespace's summary backlog); raises what is wrong."""
+        self.client.backlog()
+
     def run(self) -> int:
-        where = f"namespace {self.client.namespace or '(from the token)'} at {self.args.target}"
+        self.check()
+        where = f"namespace {self.client.namespace or '(from the token)'} at {self.client.target}"
         self.output.line(
             f"[bold]runifold chat[/bold] ({escape(where)}): type a message; "
             "/help lists the commands, /quit leaves"
@@ -247,11 +330,16 @@ class Chat:
 def cmd_chat(args: argparse.Namespace, output: Output) -> int:
     with _client(args) as client:
         chat = Chat(args, output, client)
-        try:
-            return chat.run()
-        except RunifoldError as error:  # a slash command's call
-            _print_error(output, error, args)
-            return 1
+        readline = _readline() if chat.interactive() else None
+        history = (
+            _History(readline, history_path()) if readline is not None else contextlib.nullcontext()
+        )
+        with history:
+            try:
+                return chat.run()
+            except RunifoldError as error:  # the check at the start, a slash command's call
+                _print_error(output, error, args)
+                return 1
 
 
 def add_parser(commands: Any, common: Sequence[argparse.ArgumentParser]) -> None:
@@ -266,4 +354,4 @@ def add_parser(commands: Any, common: Sequence[argparse.ArgumentParser]) -> None
         help="passes of /summarize (and of the offer after SUMMARY_REQUIRED)",
     )
     chat.set_defaults(handler=cmd_chat)
-    chat.epilog = f"chat commands:\n{_indent(CHAT_COMMANDS)}\n\n{ENVIRONMENT}"
+    chat.epilog = f"chat commands:\n{_indent(CHAT_COMMANDS)}\n\n{HISTORY}\n\n{ENVIRONMENT}"

@@ -1,5 +1,7 @@
 """`runifold memory ...`: curated semantic memory (add, get, list, search, delete, forget),
-and proposals from a transcript range that a person picks from."""
+and proposals from a transcript range that a person picks from, and the change feed of a
+namespace's memories (watch). A memory's sources are transcript ranges or external URIs
+(--uri)."""
 
 from __future__ import annotations
 
@@ -14,13 +16,18 @@ from rich.table import Table
 from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold_client.cli.options import _add, _client, _group, _pairs
 from runifold_client.cli.output import Output, UsageError, plain
-from runifold_client.client import Client
+from runifold_client.client import Client, source
+
+
+def _source(source: Any) -> str:
+    """Where a memory came from: a transcript range, or an external URI."""
+    if source.external_uri:
+        return str(source.external_uri)
+    return f"{source.conversation_id[:8]}…:{source.from_sequence}..{source.through_sequence}"
 
 
 def _memory_row(memory: Any) -> Sequence[str]:
-    sources = ", ".join(
-        f"{s.conversation_id[:8]}…:{s.from_sequence}..{s.through_sequence}" for s in memory.sources
-    )
+    sources = ", ".join(_source(s) for s in memory.sources)
     return (memory.memory_id, str(memory.revision), memory.content, sources)
 
 
@@ -114,20 +121,67 @@ def cmd_memory_propose(args: argparse.Namespace, output: Output, client: Client)
     return 0
 
 
+# MemoryEventKind's values, as the feed prints them.
+_KINDS = {
+    memory_pb.MEMORY_EVENT_KIND_CREATED: "created",
+    memory_pb.MEMORY_EVENT_KIND_UPDATED: "updated",
+    memory_pb.MEMORY_EVENT_KIND_SUPERSEDED: "superseded",
+    memory_pb.MEMORY_EVENT_KIND_DELETED: "deleted",
+    memory_pb.MEMORY_EVENT_KIND_EXPIRED: "expired",
+    memory_pb.MEMORY_EVENT_KIND_ERASED: "erased",
+}
+
+
+def cmd_memory_watch(args: argparse.Namespace, output: Output, client: Client) -> int:
+    """Follow the namespace's memories like `tail -f`: every change after --after, each
+    once and in order, then the changes as they commit; resumes by itself when the stream
+    breaks. Runs until interrupted (Ctrl-C ends it quietly)."""
+    heartbeats = args.heartbeats
+    for event in client.watch_memories(
+        after_change_sequence=args.after, heartbeat_interval=args.heartbeat or None
+    ):
+        kind = event.WhichOneof("event")
+        if output.json:
+            if kind != "heartbeat" or heartbeats:
+                output.message(event)
+            continue
+        if kind == "change":
+            change = event.change
+            what = _KINDS.get(change.kind, "changed")
+            text = f" {change.memory.content}" if change.HasField("memory") else ""
+            output.console.print(
+                f"{change.change_sequence:>6} {what:<10} {change.memory_id} "
+                f"r{change.revision}{escape(text)}"
+            )
+        elif kind == "heartbeat" and heartbeats:
+            output.line(f"[dim]       caught up: change {event.heartbeat.change_sequence}[/dim]")
+    return 0
+
+
 def cmd_memory(args: argparse.Namespace, output: Output) -> int:
     with _client(args) as client:
         command = args.memory_command
         if command == "propose":
             return cmd_memory_propose(args, output, client)
+        if command == "watch":
+            return cmd_memory_watch(args, output, client)
         if command == "add":
-            memory = client.remember(
-                args.content,
-                conversation_id=args.conversation,
-                from_sequence=args.from_sequence,
-                through_sequence=args.through_sequence,
-                metadata=_pairs(args.metadata, "--metadata"),
+            ranged = bool(args.conversation or args.from_sequence or args.through_sequence)
+            if args.uri and ranged:
+                raise UsageError("give a transcript range or --uri, not both")
+            if not args.uri and not (
+                args.conversation and args.from_sequence and args.through_sequence
+            ):
+                raise UsageError("give --conversation ID --from SEQ --through SEQ, or --uri URI")
+            sources = (
+                [source(external_uri=args.uri)]
+                if args.uri
+                else [source(args.conversation, args.from_sequence, args.through_sequence)]
             )
-            output.fields("remembered", memory)
+            written = client.upsert_memory(
+                args.content, sources=sources, metadata=_pairs(args.metadata, "--metadata")
+            )
+            output.fields("remembered", written.memory)
         elif command == "get":
             output.fields(f"memory {args.memory_id}", client.get_memory(args.memory_id))
         elif command == "list":
@@ -164,10 +218,13 @@ def cmd_memory(args: argparse.Namespace, output: Output) -> int:
             else:
                 output.line(f"{'deleted' if deleted else 'already gone'}: {args.memory_id}")
         else:  # forget
+            if bool(args.conversation) == bool(args.uri):
+                raise UsageError("give --conversation ID (and a range) or --uri URI")
             count = client.forget_source(
                 args.conversation,
                 from_sequence=args.from_sequence,
                 through_sequence=args.through_sequence,
+                external_uri=args.uri,
             )
             if output.json:
                 output.document({"deleted_count": count})
@@ -178,17 +235,17 @@ def cmd_memory(args: argparse.Namespace, output: Output) -> int:
 
 def add_parser(commands: Any, common: Sequence[argparse.ArgumentParser]) -> None:
     """The `memory` group."""
-    _, memory = _group(commands, "memory", "curated semantic memory", "memory_command")
-    add = _add(memory, "add", "curate a fact from a transcript range", common)
+    _, memory = _group(commands, "memory", "curated semantic memory", "memory_command", common)
+    add = _add(memory, "add", "curate a fact from a transcript range (or an external URI)", common)
     add.add_argument("content", help="the fact")
     add.add_argument(
-        "--conversation", "-c", required=True, metavar="ID", help="the source conversation"
+        "--conversation", "-c", default="", metavar="ID", help="the source conversation"
     )
     add.add_argument(
         "--from",
         dest="from_sequence",
         type=int,
-        required=True,
+        default=0,
         metavar="SEQ",
         help="first sequence of the source range",
     )
@@ -196,9 +253,16 @@ def add_parser(commands: Any, common: Sequence[argparse.ArgumentParser]) -> None
         "--through",
         dest="through_sequence",
         type=int,
-        required=True,
+        default=0,
         metavar="SEQ",
         help="last sequence of the source range",
+    )
+    add.add_argument(
+        "--uri",
+        default="",
+        metavar="URI",
+        help="instead of a range: the source outside a transcript (an absolute URI, e.g. "
+        "mcp://notes/42)",
     )
     add.add_argument(
         "--metadata", action="append", metavar="KEY=VALUE", help="an annotation (repeatable)"
@@ -243,9 +307,17 @@ def add_parser(commands: Any, common: Sequence[argparse.ArgumentParser]) -> None
         metavar="N",
         help="delete only at this revision (default: any)",
     )
-    forget = _add(memory, "forget", "delete what was derived from a conversation", common)
+    forget = _add(
+        memory, "forget", "delete what was derived from a conversation or an external URI", common
+    )
     forget.add_argument(
-        "--conversation", "-c", required=True, metavar="ID", help="the source conversation"
+        "--conversation", "-c", default="", metavar="ID", help="the source conversation"
+    )
+    forget.add_argument(
+        "--uri",
+        default="",
+        metavar="URI",
+        help="instead of a conversation: every memory with this external source (exactly)",
     )
     forget.add_argument(
         "--from",
@@ -288,6 +360,31 @@ def add_parser(commands: Any, common: Sequence[argparse.ArgumentParser]) -> None
     )
     propose.add_argument(
         "--yes", action="store_true", help="store every proposal but duplicates, without asking"
+    )
+    watch = _add(
+        memory,
+        "watch",
+        "follow the namespace's memories like tail -f: every change, once, in order",
+        common,
+    )
+    watch.add_argument(
+        "--after",
+        type=int,
+        default=0,
+        metavar="N",
+        help="start after this change sequence (0: replay every change first)",
+    )
+    watch.add_argument(
+        "--heartbeat",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="how often a quiet stream says it is alive, 1..300 s (0: the server's default)",
+    )
+    watch.add_argument(
+        "--heartbeats",
+        action="store_true",
+        help="print the heartbeats too (with --json: emit them)",
     )
     for choice in memory.choices.values():
         choice.set_defaults(handler=cmd_memory)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -135,15 +137,78 @@ def _error_document(error: RunifoldError) -> dict[str, Any]:
     return {"error": document}
 
 
+# What gRPC says when something answers at the address, but not gRPC: an HTTP/1 server
+# (or any other protocol), or an HTTP/2 one whose answer is no gRPC reply (Connect only).
+_NOT_GRPC = ("http1.x server", "Failed parsing HTTP/2", "Received http2 header with status")
+# Answered by Runifold's HTTP port to anyone (docs/console.md) when the console is on:
+# it names the services.
+_HTTP_PORT_PROBE = "/console/api/session"
+# Answered by Runifold's HTTP port whatever else is on: a Connect call of one of its
+# methods (an empty request: refused, with a Connect error document, or answered).
+_CONNECT_PROBE = "/runifold.summary.v1.SummaryService/GetBacklog"
+
+
+def _json_of(request: urllib.request.Request, timeout: float) -> Any:
+    """The JSON document an HTTP request is answered with (an error status's too)."""
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:  # noqa: S310  # http:// built here
+            return json.loads(reply.read(256 * 1024))
+    except urllib.error.HTTPError as error:  # a refusal: its body says whose
+        with error:
+            return json.loads(error.read(256 * 1024))
+
+
+def _runifold_http_port(target: str, timeout: float = 2.0) -> bool:
+    """Whether `target` is a Runifold server's HTTP port (JSON, Connect, the console)."""
+    console = urllib.request.Request(f"http://{target}{_HTTP_PORT_PROBE}")
+    connect = urllib.request.Request(
+        f"http://{target}{_CONNECT_PROBE}",
+        data=b"{}",
+        headers={"Content-Type": "application/json", "Connect-Protocol-Version": "1"},
+    )
+    for request in (console, connect):
+        try:
+            body = _json_of(request, timeout)
+        except (OSError, ValueError):  # nothing, or no JSON: not this probe's answer
+            continue
+        if not isinstance(body, dict):
+            continue
+        services = body.get("services")
+        if isinstance(services, list) and any(str(s).startswith("runifold.") for s in services):
+            return True
+        # A Connect reply of the method: the backlog's fields, or a refusal of the request
+        # (no namespace, no token); a server without the method answers unimplemented.
+        code = body.get("code")
+        if request is connect and code not in {"unimplemented", "not_found"}:
+            return isinstance(code, str) or "depth" in body or body == {}
+    return False
+
+
+def _unreachable_hint(target: str, message: str) -> str:
+    """What to do when a call reached no gRPC server at `target`."""
+    if any(sign in message for sign in _NOT_GRPC):
+        if _runifold_http_port(target):
+            return (
+                f"that is Runifold's HTTP port (JSON, Connect, gRPC-Web, the console); gRPC "
+                f"is on the address the server's start-up line names after `serving ... on` "
+                f"(RUNIFOLD_LISTEN, {DEFAULT_TARGET} by default): point --target / "
+                "RUNIFOLD_TARGET at it"
+            )
+        return (
+            "something answers there, but not gRPC (an HTTP server?): point --target / "
+            f"RUNIFOLD_TARGET at the server's gRPC port ({DEFAULT_TARGET} by default)"
+        )
+    return "start a server (`make run`), or point --target / RUNIFOLD_TARGET at one"
+
+
 def _hint(error: RunifoldError, args: argparse.Namespace) -> str:
     """What fixes the error, when it is one a person meets first."""
-    target = getattr(args, "target", None) or DEFAULT_TARGET
-    if isinstance(error, Unavailable) and error.reason == "UNAVAILABLE":
+    if error.reason in {"UNAVAILABLE", "UNIMPLEMENTED"} and (
+        isinstance(error, Unavailable) or any(sign in error.message for sign in _NOT_GRPC)
+    ):
         # No ErrorInfo: the call never reached a Runifold server.
-        return (
-            f"cannot reach a server at {target}: start one (`make run`), or point "
-            "--target / RUNIFOLD_TARGET at it"
-        )
+        target = getattr(error, "target", "") or getattr(args, "target", None) or DEFAULT_TARGET
+        return _unreachable_hint(target, error.message)
     if isinstance(error, InvalidArgument) and error.field:
         flag = _FLAG_OF_FIELD.get(error.field)
         if flag:
@@ -160,7 +225,11 @@ def _print_error(output: Output, error: RunifoldError, args: argparse.Namespace)
         output.document(_error_document(error))
         return
     hint = _hint(error, args)
+    # A reason that only repeats the code (no ErrorInfo) is said once.
+    status = error.code.name
+    if error.reason != status:
+        status += f" {error.reason}"
     output.console.print(
-        f"[red]{error.code.name} {error.reason}[/red]: {escape(error.message)}"
+        f"[red]{status}[/red]: {escape(error.message)}"
         + (f"\n[yellow]hint[/yellow]: {escape(hint)}" if hint else "")
     )

@@ -61,7 +61,7 @@ def cmd_backlog(args: argparse.Namespace, output: Output) -> int:
 def add_parser(commands: Any, common: Sequence[argparse.ArgumentParser]) -> None:
     """The `summary` group."""
     _, summary = _group(
-        commands, "summary", "summaries of old transcript entries", "summary_command"
+        commands, "summary", "summaries of old transcript entries", "summary_command", common
     )
     show_summary = _add(summary, "show", "a conversation's current summary", common)
     show_summary.add_argument("conversation_id", metavar="ID", help="the conversation's id")

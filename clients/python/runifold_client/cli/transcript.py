@@ -1,6 +1,6 @@
 """`runifold transcript ...`: conversations and their entries (list, get, show, create,
-append, watch, fork, verify, export, delete), and `runifold erase`: a conversation erased
-everywhere."""
+append, watch, fork, verify, export, delete), erasure everywhere and its receipt (erase,
+receipt), and `runifold erase`: the same erasure."""
 
 from __future__ import annotations
 
@@ -244,18 +244,49 @@ def _watch(args: argparse.Namespace, output: Output, client: Client) -> int:
     return 0
 
 
+def _receipt(output: Output, receipt: Any) -> None:
+    """An erasure receipt: counts per store; whether the index has caught up yet."""
+    pending = ", ".join(receipt.remaining)
+    title = f"erasure receipt {receipt.receipt_id}" + (
+        f" (not complete: {pending} remaining; ask again with `runifold transcript receipt "
+        f"{receipt.receipt_id}`)"
+        if not receipt.HasField("complete_time")
+        else ""
+    )
+    output.fields(title, receipt)
+
+
 def cmd_erase(args: argparse.Namespace, output: Output) -> int:
     with _client(args) as client:
-        output.fields(
-            f"erased {args.conversation_id}", client.erase_conversation(args.conversation_id)
-        )
+        reply = client.erase_conversation(args.conversation_id)
+    if output.json:
+        output.message(reply)
+        return 0
+    erased = type(reply)()
+    erased.CopyFrom(reply)
+    erased.ClearField("receipt")
+    output.fields(f"erased {args.conversation_id}", erased)
+    if reply.HasField("receipt"):
+        _receipt(output, reply.receipt)
+    return 0
+
+
+def cmd_receipt(args: argparse.Namespace, output: Output) -> int:
+    if bool(args.receipt_id) == bool(args.conversation):
+        raise UsageError("give a receipt id, or --conversation ID (its latest receipt)")
+    with _client(args) as client:
+        receipt = client.erasure_receipt(args.receipt_id, conversation_id=args.conversation)
+    if output.json:
+        output.message(receipt)
+    else:
+        _receipt(output, receipt)
     return 0
 
 
 def add_parser(commands: Any, common: Sequence[argparse.ArgumentParser]) -> None:
     """The `transcript` group."""
     _, transcript = _group(
-        commands, "transcript", "conversations and their entries", "transcript_command"
+        commands, "transcript", "conversations and their entries", "transcript_command", common
     )
     _add(transcript, "list", "list the conversations of the namespace", common)
     get = _add(transcript, "get", "a conversation's version and counters", common)
@@ -370,6 +401,27 @@ def add_parser(commands: Any, common: Sequence[argparse.ArgumentParser]) -> None
     delete.add_argument("conversation_id", metavar="ID", help="the conversation's id (a UUID)")
     for choice in transcript.choices.values():
         choice.set_defaults(handler=cmd_transcript)
+    erase = _add(
+        transcript,
+        "erase",
+        "erase a conversation everywhere (entries, summaries, derived memories); prints the "
+        "receipt",
+        common,
+    )
+    erase.add_argument("conversation_id", metavar="ID", help="the conversation's id")
+    erase.set_defaults(handler=cmd_erase)
+    receipt = _add(
+        transcript, "receipt", "an erasure's receipt: what was erased, store by store", common
+    )
+    receipt.add_argument("receipt_id", metavar="ID", nargs="?", default="", help="the receipt's id")
+    receipt.add_argument(
+        "--conversation",
+        "-c",
+        default="",
+        metavar="ID",
+        help="instead of an id: the latest receipt of this conversation",
+    )
+    receipt.set_defaults(handler=cmd_receipt)
 
 
 def add_erase_parser(commands: Any, common: Sequence[argparse.ArgumentParser]) -> None:
@@ -377,7 +429,7 @@ def add_erase_parser(commands: Any, common: Sequence[argparse.ArgumentParser]) -
     erase = _add(
         commands,
         "erase",
-        "erase a conversation everywhere: entries, summaries, derived memories",
+        "erase a conversation everywhere: entries, summaries, derived memories; prints the receipt",
         common,
     )
     erase.add_argument("conversation_id", metavar="ID", help="the conversation's id")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from rich.markup import escape
 
 from runifold_client.cli.options import _add, _client
-from runifold_client.cli.output import Output
+from runifold_client.cli.output import Output, UsageError
 from runifold_client.client import ConcurrencyMode, TurnResult
 from runifold_client.policy import ConversationContextPolicy
 
@@ -20,12 +21,19 @@ _CONCURRENCY = {
 }
 
 
+# A turn's defaults are the client's (ConversationContextPolicy), so that the CLI and a
+# program written against the client behave alike.
+_DEFAULT = ConversationContextPolicy()
+
+
 def _policy(args: argparse.Namespace) -> ConversationContextPolicy:
     policy = ConversationContextPolicy(window=args.window, summary_batch=args.summary_batch)
     if args.memory:
         policy = policy.with_semantic_memory(args.memory)
     if args.auto_summary:
         policy = policy.with_auto_summary(args.auto_summary)
+    else:
+        policy = policy.with_summary_required()
     return policy
 
 
@@ -41,14 +49,14 @@ def _turn_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--window",
         type=int,
-        default=16,
+        default=_DEFAULT.window,
         metavar="N",
         help="recent entries given to the model (1..4096)",
     )
     group.add_argument(
         "--summary-batch",
         type=int,
-        default=64,
+        default=_DEFAULT.summary_batch,
         metavar="N",
         help="entries summarized per pass (1..4096)",
     )
@@ -62,10 +70,11 @@ def _turn_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--auto-summary",
         type=int,
-        default=0,
+        default=_DEFAULT.max_summary_passes if _DEFAULT.summary_mode == "auto" else 0,
         metavar="PASSES",
         help="summarize within the turn, in at most PASSES passes, when older entries wait "
-        "(0: refuse with SUMMARY_REQUIRED and enqueue a background job)",
+        "because the background queue has not summarized them yet (0: refuse with "
+        "SUMMARY_REQUIRED and enqueue a background job instead)",
     )
     group.add_argument(
         "--system",
@@ -102,7 +111,19 @@ def _status_line(result: TurnResult) -> str:
     return " · ".join(parts)
 
 
+def _text(argument: str) -> str:
+    """The message: the argument, or with `-` what stdin holds (without its final
+    newlines), as `cat -` reads it."""
+    if argument != "-":
+        return argument
+    text = sys.stdin.read().rstrip("\r\n")
+    if not text.strip():
+        raise UsageError("no message on stdin (`runifold turn -` reads it from there)")
+    return text
+
+
 def cmd_turn(args: argparse.Namespace, output: Output) -> int:
+    text = _text(args.text)
     with _client(args) as client:
         options: dict[str, Any] = {
             "conversation_id": args.conversation,
@@ -114,7 +135,7 @@ def cmd_turn(args: argparse.Namespace, output: Output) -> int:
         }
         if args.stream:
             streamed = False
-            for event in client.stream_conversation(args.text, **options):
+            for event in client.stream_conversation(text, **options):
                 kind = event.WhichOneof("event")
                 if output.json:
                     output.message(event)
@@ -126,7 +147,7 @@ def cmd_turn(args: argparse.Namespace, output: Output) -> int:
                     output.console.print("" if streamed else escape(result.text))
                     _print_turn_footer(output, result)
             return 0
-        result = client.run_conversation(args.text, **options)
+        result = client.run_conversation(text, **options)
     if output.json:
         output.message(result.to_proto())
         return 0
@@ -147,7 +168,7 @@ def _print_turn_footer(output: Output, result: TurnResult) -> None:
 def add_parser(commands: Any, common: Sequence[argparse.ArgumentParser]) -> None:
     """The `turn` command."""
     turn = _add(commands, "turn", "run one agent turn and print the answer", common)
-    turn.add_argument("text", help="the user's message")
+    turn.add_argument("text", help="the user's message (-: read it from stdin)")
     _turn_options(turn)
     turn.add_argument(
         "--concurrency",

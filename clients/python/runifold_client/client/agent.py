@@ -13,7 +13,7 @@ import grpc
 from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.common.v1 import common_pb2
 from runifold_client.client.connection import Connection
-from runifold_client.errors import Outcome, from_rpc_error
+from runifold_client.errors import Outcome
 from runifold_client.policy import Budget, ConversationContextPolicy, InputLike, Tool, messages
 
 
@@ -140,7 +140,10 @@ class AgentCalls(Connection):
         """Run one agent turn; raises TurnConflict, SummaryRequired, ... on failure.
 
         A `turn_id` is made for you when you pass none: a retry of the same call
-        (gRPC's, or yours with the same id) returns the first outcome.
+        (gRPC's, or yours with the same id) returns the first outcome. The default
+        policy (`ConversationContextPolicy()`) summarizes within the turn when the
+        server's background queue has not kept the summary ahead, so a chat loop never
+        meets SummaryRequired; a policy `with_summary_required()` gets it instead.
         """
         request = _turn_request(
             agent_pb.RunConversationRequest,
@@ -194,15 +197,31 @@ class AgentCalls(Connection):
             async for event in call:
                 yield event
         except grpc.aio.AioRpcError as error:
-            raise from_rpc_error(error) from None
+            raise self._failure(error) from None
 
     async def erase_conversation(
         self, conversation_id: str, *, namespace: str | None = None
     ) -> agent_pb.EraseConversationResponse:
-        """Erase a conversation everywhere (entries, summaries, jobs, derived memories)."""
+        """Erase a conversation everywhere (entries, summaries, jobs, derived memories);
+        the response's `receipt` says what was erased in each store (counts, no content)."""
         return await self._call(
             self.agent.EraseConversation,
             agent_pb.EraseConversationRequest(
                 conversation_id=conversation_id, namespace=self._ns(namespace)
             ),
         )
+
+    async def erasure_receipt(
+        self, receipt_id: str = "", *, conversation_id: str = "", namespace: str | None = None
+    ) -> agent_pb.ErasureReceipt:
+        """The receipt of an erasure, by its id (or the latest of `conversation_id`):
+        counts per store, and `complete_time` once the vector index caught up too."""
+        reply = await self._call(
+            self.agent.GetErasureReceipt,
+            agent_pb.GetErasureReceiptRequest(
+                namespace=self._ns(namespace),
+                receipt_id=receipt_id,
+                conversation_id=conversation_id,
+            ),
+        )
+        return reply.receipt

@@ -16,7 +16,6 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import grpc
 
 from runifold_client.client.aio import AsyncClient
-from runifold_client.client.connection import DEFAULT_TARGET
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -61,19 +60,21 @@ def _shutdown(loop: asyncio.AbstractEventLoop, thread: threading.Thread, aio: As
 class Client:
     """Blocking client with the methods of AsyncClient (and the same arguments).
 
-    >>> client = Client("127.0.0.1:50051", namespace="tenant-42")
+    >>> client = Client(namespace="tenant-42")  # the target: $RUNIFOLD_TARGET, else 127.0.0.1:50051
     >>> result = client.run_conversation("What did we decide?", conversation_id=cid,
     ...     policy=ConversationContextPolicy(window=16).with_semantic_memory(8))
 
     It owns an AsyncClient (`aio`) on an event loop in a background thread: calls from
     several threads share one channel, and a Client works inside an async program too.
+    What it is not given (target, namespace, token) it reads from RUNIFOLD_TARGET,
+    RUNIFOLD_NAMESPACE and RUNIFOLD_TOKEN, as AsyncClient does.
     """
 
     def __init__(
         self,
-        target: str = DEFAULT_TARGET,
+        target: str | None = None,
         *,
-        namespace: str = "",
+        namespace: str | None = None,
         token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         timeout: float = 60.0,
@@ -122,13 +123,29 @@ class Client:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     def _iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
+        """The items of an async iterator, each fetched on the client's loop.
+
+        Leaving early (a `break`, an exception, Ctrl-C while an item is awaited) closes
+        it: a fetch still running on the loop is cancelled and waited for first, as an
+        async generator cannot be closed while it runs (`aclose(): asynchronous
+        generator is already running`)."""
+        fetching: list[asyncio.Task[Any]] = []
+
         async def step() -> tuple[bool, T | None]:
+            task = asyncio.current_task()
+            assert task is not None
+            fetching[:] = [task]
             try:
                 return True, await anext(items)
             except StopAsyncIteration:
                 return False, None
+            finally:
+                fetching.clear()
 
         async def close() -> None:
+            for task in fetching:  # a fetch the caller stopped waiting for
+                task.cancel()
+                await asyncio.wait([task])
             aclose = getattr(items, "aclose", None)
             if aclose is not None:
                 await aclose()
@@ -146,6 +163,7 @@ class Client:
     run_conversation = _blocking(AsyncClient.run_conversation)
     stream_conversation = _iterating(AsyncClient.stream_conversation)
     erase_conversation = _blocking(AsyncClient.erase_conversation)
+    erasure_receipt = _blocking(AsyncClient.erasure_receipt)
     create_conversation = _blocking(AsyncClient.create_conversation)
     create_conversation_reply = _blocking(AsyncClient.create_conversation_reply)
     get_state = _blocking(AsyncClient.get_state)
@@ -159,6 +177,7 @@ class Client:
     watch_conversation = _iterating(AsyncClient.watch_conversation)
     load_view = _blocking(AsyncClient.load_view)
     delete_conversation = _blocking(AsyncClient.delete_conversation)
+    record_erasure_receipt = _blocking(AsyncClient.record_erasure_receipt)
     acquire_turn_lease = _blocking(AsyncClient.acquire_turn_lease)
     renew_turn_lease = _blocking(AsyncClient.renew_turn_lease)
     release_turn_lease = _blocking(AsyncClient.release_turn_lease)
@@ -175,6 +194,8 @@ class Client:
     search_memories = _blocking(AsyncClient.search_memories)
     delete_memory = _blocking(AsyncClient.delete_memory)
     forget_source = _blocking(AsyncClient.forget_source)
+    memory_erasure = _blocking(AsyncClient.memory_erasure)
     propose_memories = _blocking(AsyncClient.propose_memories)
     confirm_proposal = _blocking(AsyncClient.confirm_proposal)
     memory_revisions = _iterating(AsyncClient.memory_revisions)
+    watch_memories = _iterating(AsyncClient.watch_memories)

@@ -7,12 +7,17 @@ address (the all-in-one server, or a gateway in front of the services), has a
 deadline, and is retried by gRPC itself (a service-config `retryPolicy`: UNAVAILABLE
 only, exponential backoff, within the call's deadline) on every method but Summarize
 and ProposeMemories, which would spend model calls again.
+
+What a client is not given it reads from the environment the `runifold` command reads
+(RUNIFOLD_TARGET, RUNIFOLD_NAMESPACE, RUNIFOLD_TOKEN), so one `export` moves every tool.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
+import os
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import datetime, timedelta
@@ -29,9 +34,13 @@ from runifold.summary.v1 import summary_service_pb2 as summary_pb
 from runifold.summary.v1 import summary_service_pb2_grpc as summary_grpc
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold.transcript.v1 import transcript_service_pb2_grpc as transcript_grpc
-from runifold_client.errors import from_rpc_error
+from runifold_client.errors import RunifoldError, Unavailable, from_rpc_error
 
 DEFAULT_TARGET = "127.0.0.1:50051"
+# What a client reads when it is not given a target, a namespace or a token.
+TARGET_ENV = "RUNIFOLD_TARGET"
+NAMESPACE_ENV = "RUNIFOLD_NAMESPACE"
+TOKEN_ENV = "RUNIFOLD_TOKEN"  # noqa: S105  # the variable's name, not a token
 # Page size of the listing iterators (the servers allow at most 1000).
 PAGE_SIZE = 500
 Response = TypeVar("Response")
@@ -99,6 +108,20 @@ def timestamp(moment: datetime | None) -> timestamp_pb2.Timestamp | None:
     return value
 
 
+def from_environment(
+    target: str | None, namespace: str | None, token: str | None
+) -> tuple[str, str, str | None]:
+    """The target, namespace and token of a client: what it is given, else the
+    environment's RUNIFOLD_TARGET, RUNIFOLD_NAMESPACE, RUNIFOLD_TOKEN, else the defaults
+    (127.0.0.1:50051, no namespace: the token's, no token). An empty string given is
+    given: `namespace=""` leaves the namespace to the token, `token=""` sends none."""
+    return (
+        target or os.environ.get(TARGET_ENV) or DEFAULT_TARGET,
+        os.environ.get(NAMESPACE_ENV, "") if namespace is None else namespace,
+        (os.environ.get(TOKEN_ENV) or None) if token is None else token,
+    )
+
+
 def _metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
@@ -127,25 +150,26 @@ class _LoopChannel:
 class Connection:
     """The channels of a client (one per event loop) and the calls on them.
 
-    `namespace` is the default of every call (each method takes `namespace=` too);
-    `token` is sent as a bearer token; `timeout` (seconds) is each call's deadline
-    unless the call says otherwise; `max_attempts` bounds gRPC's retries of UNAVAILABLE.
+    `target` is the server's host:port; `namespace` is the default of every call (each
+    method takes `namespace=` too); `token` is sent as a bearer token. Each not given is
+    read from RUNIFOLD_TARGET, RUNIFOLD_NAMESPACE, RUNIFOLD_TOKEN (`from_environment`).
+    `timeout` (seconds) is each call's deadline unless the call says otherwise;
+    `max_attempts` bounds gRPC's retries of UNAVAILABLE.
     It may be made outside any event loop and used from several (a channel per loop,
     opened on the loop's first call): threads, `asyncio.run` after `asyncio.run`.
     """
 
     def __init__(
         self,
-        target: str = DEFAULT_TARGET,
+        target: str | None = None,
         *,
-        namespace: str = "",
+        namespace: str | None = None,
         token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         timeout: float = 60.0,
         max_attempts: int = 3,
     ) -> None:
-        self.target = target
-        self.namespace = namespace
+        self.target, self.namespace, token = from_environment(target, namespace, token)
         self.timeout = timeout
         self.max_attempts = max_attempts
         self._metadata = _metadata(token)
@@ -187,6 +211,16 @@ class Connection:
                 found = self._channels[loop] = _LoopChannel(channel)
             return found
 
+    def for_caller(self, *, token: str | None, namespace: str = "") -> Self:
+        """This client acting for another caller: its bearer token and default namespace,
+        over the same channels (no connection is opened). For a server that calls
+        Runifold on behalf of many callers (`runifold mcp` over HTTP); close the client
+        it came from, never the view."""
+        view = copy.copy(self)
+        view._metadata = _metadata(token)
+        view.namespace = namespace
+        return view
+
     @property
     def channel(self) -> grpc.aio.Channel:
         """The channel of the running event loop."""
@@ -224,6 +258,15 @@ class Connection:
     def _ns(self, namespace: str | None) -> str:
         return self.namespace if namespace is None else namespace
 
+    def _failure(self, error: grpc.aio.AioRpcError) -> RunifoldError:
+        """The typed error of a failed call; one that never reached a Runifold server
+        (UNAVAILABLE without an ErrorInfo: nothing listens there, the network, a port that
+        does not speak gRPC) says where the client tried to connect."""
+        failure = from_rpc_error(error)
+        if isinstance(failure, Unavailable) and failure.reason == "UNAVAILABLE":
+            return Unavailable.unreachable(failure, self.target)
+        return failure
+
     async def _call(
         self,
         method: Callable[..., Awaitable[Response]],
@@ -233,7 +276,7 @@ class Connection:
         try:
             return await method(request, timeout=timeout or self.timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as error:
-            raise from_rpc_error(error) from None
+            raise self._failure(error) from None
 
     async def _pages(
         self,

@@ -1,14 +1,20 @@
 """MemoryService's calls: curated memories (written, read, listed, searched, deleted,
-forgotten with their source), their revisions, and proposals to confirm."""
+forgotten with their source), their revisions, proposals to confirm, and the change feed
+of a namespace's memories."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime, timedelta
 
+import grpc
+
 from runifold.memory.v1 import memory_service_pb2 as memory_pb
 from runifold_client.client.connection import PAGE_SIZE, Connection, duration, timestamp
+from runifold_client.client.watch import backoff_s, resumable
+from runifold_client.errors import from_rpc_error
 from runifold_client.policy import Budget
 
 # search_memories' `mode` and what it asks the server for.
@@ -21,12 +27,26 @@ _SEARCH_MODES = {
 
 
 def source(
-    conversation_id: str, from_sequence: int, through_sequence: int, incarnation: int = 0
+    conversation_id: str = "",
+    from_sequence: int = 0,
+    through_sequence: int = 0,
+    incarnation: int = 0,
+    *,
+    external_uri: str = "",
 ) -> memory_pb.MemorySource:
     """A transcript range a memory comes from (both ends inclusive, 1-based). With the
     conversation's `incarnation` (Conversation.incarnation when you read the range), a
     write is refused once that incarnation is erased, even if the id was made again; 0:
-    whatever incarnation is current when the write checks its sources."""
+    whatever incarnation is current when the write checks its sources.
+
+    Or, with `external_uri` alone, a source outside a Runifold transcript (an MCP
+    client's note, a LangGraph store item, a document): an absolute URI such as
+    "mcp://notes/42", kept exactly as given; forget_source(external_uri=...) deletes
+    what names it."""
+    if external_uri:
+        if conversation_id or from_sequence or through_sequence or incarnation:
+            raise ValueError("a source is a transcript range or an external URI, not both")
+        return memory_pb.MemorySource(external_uri=external_uri)
     return memory_pb.MemorySource(
         conversation_id=conversation_id,
         from_sequence=from_sequence,
@@ -169,10 +189,11 @@ class MemoryCalls(Connection):
         metadata_filter: Mapping[str, str] | None = None,
         min_score: float = 0.0,
         mode: str = "",
+        as_of: datetime | None = None,
     ) -> memory_pb.SearchMemoriesResponse:
         """Search inside one namespace (`limit` 1..256). `mode`: "dense" (the embedding
         model's cosine), "lexical" (BM25 over the words), "hybrid" (both fused), or ""
-        (the server's default)."""
+        (the server's default). `as_of`: only memories valid at that time (default: now)."""
         if mode not in _SEARCH_MODES:
             raise ValueError(f"mode must be one of {', '.join(repr(m) for m in _SEARCH_MODES)}")
         return await self._call(
@@ -184,6 +205,7 @@ class MemoryCalls(Connection):
                 metadata_filter=metadata_filter,
                 min_score=min_score,
                 mode=_SEARCH_MODES[mode],
+                as_of_time=timestamp(as_of),
             ),
         )
 
@@ -204,14 +226,17 @@ class MemoryCalls(Connection):
 
     async def forget_source(
         self,
-        conversation_id: str,
+        conversation_id: str = "",
         *,
         namespace: str | None = None,
         from_sequence: int = 0,
         through_sequence: int = 0,
         incarnation: int = 0,
+        external_uri: str = "",
     ) -> int:
-        """Delete every memory derived from a conversation (or a range of it); the count."""
+        """Delete every memory derived from a conversation (or a range of it), or with
+        `external_uri` instead, every memory one of whose sources is that URI (exactly);
+        the count. A memory with several sources goes when any one is forgotten."""
         reply = await self._call(
             self.memories.ForgetSource,
             memory_pb.ForgetSourceRequest(
@@ -220,9 +245,25 @@ class MemoryCalls(Connection):
                 from_sequence=from_sequence,
                 through_sequence=through_sequence,
                 incarnation=incarnation,
+                external_uri=external_uri,
             ),
         )
         return int(reply.deleted_count)
+
+    async def memory_erasure(
+        self, conversation_id: str, incarnation: int, *, namespace: str | None = None
+    ) -> memory_pb.MemoryErasure:
+        """What the erasure of one incarnation of a conversation erased in MemoryService
+        (counts), and `index_complete_time` once the vector index caught up with it."""
+        reply = await self._call(
+            self.memories.GetMemoryErasure,
+            memory_pb.GetMemoryErasureRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id,
+                incarnation=incarnation,
+            ),
+        )
+        return reply.erasure
 
     async def propose_memories(
         self,
@@ -285,3 +326,51 @@ class MemoryCalls(Connection):
         )
         async for item in pages:
             yield item
+
+    async def watch_memories(
+        self,
+        *,
+        namespace: str | None = None,
+        after_change_sequence: int = 0,
+        heartbeat_interval: float | timedelta | None = None,
+        resume: bool = True,
+        max_backoff: float = 5.0,
+    ) -> AsyncIterator[memory_pb.WatchMemoriesResponse]:
+        """Follow the memories of a namespace (MemoryService.WatchMemories): every change
+        after `after_change_sequence` (`change` events: created, updated, superseded,
+        deleted, expired, erased), each once and in the order the changes committed, then
+        the changes as they commit, with `heartbeat`s while it is quiet. It has no
+        deadline: stop iterating (or cancel) to leave.
+
+        With `resume` (the default) a stream that breaks (UNAVAILABLE: a replica restarted
+        or shut down, the network; RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW: this reader fell
+        behind) is watched again from the last change sequence received, with backoff:
+        nothing is missed and nothing repeats. Other errors are raised (ResourceExhausted /
+        WATCHER_LIMIT with its `retry_delay`, InvalidArgument / SEQUENCE_OUT_OF_RANGE for a
+        sequence the namespace never reached, ...).
+        """
+        after, attempt = after_change_sequence, 0
+        while True:
+            request = memory_pb.WatchMemoriesRequest(
+                namespace=self._ns(namespace),
+                after_change_sequence=after,
+                heartbeat_interval=duration(heartbeat_interval),
+            )
+            call = self.memories.WatchMemories(request, metadata=self._metadata)
+            try:
+                async for event in call:
+                    if event.WhichOneof("event") == "change":
+                        after = event.change.change_sequence
+                    else:
+                        after = max(after, event.heartbeat.change_sequence)
+                        attempt = 0
+                    yield event
+                return
+            except grpc.aio.AioRpcError as error:
+                failure = from_rpc_error(error)
+                if not (resume and resumable(failure)):
+                    raise failure from None
+            finally:
+                call.cancel()
+            await asyncio.sleep(backoff_s(attempt, max_backoff))
+            attempt += 1

@@ -18,7 +18,6 @@ from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold_client.client.connection import PAGE_SIZE, Connection, duration
 from runifold_client.client.watch import Position, backoff_s, resumable
 from runifold_client.digests import Verified, recompute
-from runifold_client.errors import from_rpc_error
 from runifold_client.policy import InputLike, messages
 
 
@@ -293,9 +292,11 @@ class TranscriptCalls(Connection):
         reported started twice; a turn that finished while the stream was down is reported
         `turn_finished` with `TURN_FINISH_UNSPECIFIED` (how it ended is not known). Other
         errors are raised (NotFound, ResourceExhausted / WATCHER_LIMIT with its
-        `retry_delay`, ...).
+        `retry_delay`, ...), and so is a first stream that reaches no server at all
+        (`Unavailable` naming the address: a wrong target is said, not waited on).
         """
         position = Position(after_sequence, incarnation)
+        reached = False  # whether a stream ever delivered an event
         while True:
             request = transcript_pb.WatchConversationRequest(
                 namespace=self._ns(namespace),
@@ -307,14 +308,16 @@ class TranscriptCalls(Connection):
             call = self.transcripts.WatchConversation(request, metadata=self._metadata)
             try:
                 async for received in call:
+                    reached = True
                     for event in position.see(received):
                         yield event
                     if received.WhichOneof("event") == "erased":
                         return
                 return
             except grpc.aio.AioRpcError as error:
-                failure = from_rpc_error(error)
-                if not (resume and resumable(failure)):
+                failure = self._failure(error)
+                never_reached = not reached and failure.reason == "UNAVAILABLE"
+                if not (resume and resumable(failure)) or never_reached:
                     raise failure from None
             finally:
                 call.cancel()
@@ -357,6 +360,30 @@ class TranscriptCalls(Connection):
                 incarnation=incarnation,
             ),
         )
+
+    async def record_erasure_receipt(
+        self,
+        conversation_id: str,
+        incarnation: int,
+        counts: Mapping[str, int],
+        remaining: Sequence[str] = (),
+        *,
+        namespace: str | None = None,
+    ) -> transcript_pb.ErasureReceipt:
+        """Record (or merge into) the receipt of an erasure of one incarnation of a
+        conversation: what erase_conversation does for you; an application that erases its
+        own way may report here too. Counts only grow, parts only leave `remaining`. Read
+        receipts with erasure_receipt (AgentService's: it completes them)."""
+        reply = await self._call(
+            self.transcripts.RecordErasureReceipt,
+            transcript_pb.RecordErasureReceiptRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id,
+                incarnation=incarnation,
+                progress=transcript_pb.ErasureProgress(counts=counts, remaining=remaining),
+            ),
+        )
+        return reply.receipt
 
     async def acquire_turn_lease(
         self,

@@ -19,7 +19,8 @@ from runifold_client.errors import RunifoldError
 
 
 def resumable(error: RunifoldError) -> bool:
-    """A WatchConversation that ended so can be watched again from where it was."""
+    """A WatchConversation (or WatchMemories) that ended so can be watched again from
+    where it was."""
     return error.code == grpc.StatusCode.UNAVAILABLE or (
         error.code == grpc.StatusCode.RESOURCE_EXHAUSTED and error.reason == "WATCHER_TOO_SLOW"
     )

@@ -25,6 +25,11 @@ type AgentServiceClient interface {
 	// Erases a conversation everywhere: entries, summaries, summary jobs and
 	// every memory derived from it. Idempotent and resumable.
 	EraseConversation(ctx context.Context, in *EraseConversationRequest, opts ...grpc.CallOption) (*EraseConversationResponse, error)
+	// Returns the receipt of an erasure (EraseConversationResponse.receipt): what
+	// it erased in each store, and when it was complete. Holds no content. By
+	// `receipt_id`, or the latest receipt of `conversation_id`. A receipt asked
+	// for under another namespace is NOT_FOUND / ERASURE_RECEIPT_NOT_FOUND.
+	GetErasureReceipt(ctx context.Context, in *GetErasureReceiptRequest, opts ...grpc.CallOption) (*GetErasureReceiptResponse, error)
 }
 
 type agentServiceClient struct {
@@ -85,6 +90,15 @@ func (c *agentServiceClient) EraseConversation(ctx context.Context, in *EraseCon
 	return out, nil
 }
 
+func (c *agentServiceClient) GetErasureReceipt(ctx context.Context, in *GetErasureReceiptRequest, opts ...grpc.CallOption) (*GetErasureReceiptResponse, error) {
+	out := new(GetErasureReceiptResponse)
+	err := c.cc.Invoke(ctx, "/runifold.agent.v1.AgentService/GetErasureReceipt", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServiceServer is the server API for AgentService service.
 // All implementations must embed UnimplementedAgentServiceServer
 // for forward compatibility
@@ -97,6 +111,11 @@ type AgentServiceServer interface {
 	// Erases a conversation everywhere: entries, summaries, summary jobs and
 	// every memory derived from it. Idempotent and resumable.
 	EraseConversation(context.Context, *EraseConversationRequest) (*EraseConversationResponse, error)
+	// Returns the receipt of an erasure (EraseConversationResponse.receipt): what
+	// it erased in each store, and when it was complete. Holds no content. By
+	// `receipt_id`, or the latest receipt of `conversation_id`. A receipt asked
+	// for under another namespace is NOT_FOUND / ERASURE_RECEIPT_NOT_FOUND.
+	GetErasureReceipt(context.Context, *GetErasureReceiptRequest) (*GetErasureReceiptResponse, error)
 	mustEmbedUnimplementedAgentServiceServer()
 }
 
@@ -112,6 +131,9 @@ func (UnimplementedAgentServiceServer) StreamConversation(*StreamConversationReq
 }
 func (UnimplementedAgentServiceServer) EraseConversation(context.Context, *EraseConversationRequest) (*EraseConversationResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method EraseConversation not implemented")
+}
+func (UnimplementedAgentServiceServer) GetErasureReceipt(context.Context, *GetErasureReceiptRequest) (*GetErasureReceiptResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetErasureReceipt not implemented")
 }
 func (UnimplementedAgentServiceServer) mustEmbedUnimplementedAgentServiceServer() {}
 
@@ -183,6 +205,24 @@ func _AgentService_EraseConversation_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AgentService_GetErasureReceipt_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetErasureReceiptRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).GetErasureReceipt(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.agent.v1.AgentService/GetErasureReceipt",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).GetErasureReceipt(ctx, req.(*GetErasureReceiptRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _AgentService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "runifold.agent.v1.AgentService",
 	HandlerType: (*AgentServiceServer)(nil),
@@ -194,6 +234,10 @@ var _AgentService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "EraseConversation",
 			Handler:    _AgentService_EraseConversation_Handler,
+		},
+		{
+			MethodName: "GetErasureReceipt",
+			Handler:    _AgentService_GetErasureReceipt_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -42,6 +42,18 @@ type MemoryServiceClient interface {
 	// source names the conversation's incarnation; a conversation erased (or
 	// erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
 	ProposeMemories(ctx context.Context, in *ProposeMemoriesRequest, opts ...grpc.CallOption) (*ProposeMemoriesResponse, error)
+	// What the erasure of one incarnation of a conversation (ForgetSource with
+	// an `incarnation`) erased, over all its calls, and whether the vector
+	// index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+	// kept.
+	GetMemoryErasure(ctx context.Context, in *GetMemoryErasureRequest, opts ...grpc.CallOption) (*GetMemoryErasureResponse, error)
+	// Follows the memories of a namespace: every change (created, updated,
+	// superseded, deleted, expired, erased) after `after_change_sequence`, each
+	// exactly once and in the order the changes committed, whichever replica
+	// wrote them; then the changes as they commit, with a heartbeat while it is
+	// quiet. A client whose stream breaks watches again from the last
+	// `change_sequence` it received. Served over gRPC only (not the HTTP port).
+	WatchMemories(ctx context.Context, in *WatchMemoriesRequest, opts ...grpc.CallOption) (MemoryService_WatchMemoriesClient, error)
 }
 
 type memoryServiceClient struct {
@@ -124,6 +136,47 @@ func (c *memoryServiceClient) ProposeMemories(ctx context.Context, in *ProposeMe
 	return out, nil
 }
 
+func (c *memoryServiceClient) GetMemoryErasure(ctx context.Context, in *GetMemoryErasureRequest, opts ...grpc.CallOption) (*GetMemoryErasureResponse, error) {
+	out := new(GetMemoryErasureResponse)
+	err := c.cc.Invoke(ctx, "/runifold.memory.v1.MemoryService/GetMemoryErasure", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *memoryServiceClient) WatchMemories(ctx context.Context, in *WatchMemoriesRequest, opts ...grpc.CallOption) (MemoryService_WatchMemoriesClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_MemoryService_serviceDesc.Streams[0], "/runifold.memory.v1.MemoryService/WatchMemories", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &memoryServiceWatchMemoriesClient{stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+type MemoryService_WatchMemoriesClient interface {
+	Recv() (*WatchMemoriesResponse, error)
+	grpc.ClientStream
+}
+
+type memoryServiceWatchMemoriesClient struct {
+	grpc.ClientStream
+}
+
+func (x *memoryServiceWatchMemoriesClient) Recv() (*WatchMemoriesResponse, error) {
+	m := new(WatchMemoriesResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // MemoryServiceServer is the server API for MemoryService service.
 // All implementations must embed UnimplementedMemoryServiceServer
 // for forward compatibility
@@ -153,6 +206,18 @@ type MemoryServiceServer interface {
 	// source names the conversation's incarnation; a conversation erased (or
 	// erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
 	ProposeMemories(context.Context, *ProposeMemoriesRequest) (*ProposeMemoriesResponse, error)
+	// What the erasure of one incarnation of a conversation (ForgetSource with
+	// an `incarnation`) erased, over all its calls, and whether the vector
+	// index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+	// kept.
+	GetMemoryErasure(context.Context, *GetMemoryErasureRequest) (*GetMemoryErasureResponse, error)
+	// Follows the memories of a namespace: every change (created, updated,
+	// superseded, deleted, expired, erased) after `after_change_sequence`, each
+	// exactly once and in the order the changes committed, whichever replica
+	// wrote them; then the changes as they commit, with a heartbeat while it is
+	// quiet. A client whose stream breaks watches again from the last
+	// `change_sequence` it received. Served over gRPC only (not the HTTP port).
+	WatchMemories(*WatchMemoriesRequest, MemoryService_WatchMemoriesServer) error
 	mustEmbedUnimplementedMemoryServiceServer()
 }
 
@@ -183,6 +248,12 @@ func (UnimplementedMemoryServiceServer) ListMemoryRevisions(context.Context, *Li
 }
 func (UnimplementedMemoryServiceServer) ProposeMemories(context.Context, *ProposeMemoriesRequest) (*ProposeMemoriesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ProposeMemories not implemented")
+}
+func (UnimplementedMemoryServiceServer) GetMemoryErasure(context.Context, *GetMemoryErasureRequest) (*GetMemoryErasureResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetMemoryErasure not implemented")
+}
+func (UnimplementedMemoryServiceServer) WatchMemories(*WatchMemoriesRequest, MemoryService_WatchMemoriesServer) error {
+	return status.Errorf(codes.Unimplemented, "method WatchMemories not implemented")
 }
 func (UnimplementedMemoryServiceServer) mustEmbedUnimplementedMemoryServiceServer() {}
 
@@ -341,6 +412,45 @@ func _MemoryService_ProposeMemories_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MemoryService_GetMemoryErasure_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetMemoryErasureRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MemoryServiceServer).GetMemoryErasure(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.memory.v1.MemoryService/GetMemoryErasure",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MemoryServiceServer).GetMemoryErasure(ctx, req.(*GetMemoryErasureRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MemoryService_WatchMemories_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchMemoriesRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(MemoryServiceServer).WatchMemories(m, &memoryServiceWatchMemoriesServer{stream})
+}
+
+type MemoryService_WatchMemoriesServer interface {
+	Send(*WatchMemoriesResponse) error
+	grpc.ServerStream
+}
+
+type memoryServiceWatchMemoriesServer struct {
+	grpc.ServerStream
+}
+
+func (x *memoryServiceWatchMemoriesServer) Send(m *WatchMemoriesResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
 var _MemoryService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "runifold.memory.v1.MemoryService",
 	HandlerType: (*MemoryServiceServer)(nil),
@@ -377,7 +487,17 @@ var _MemoryService_serviceDesc = grpc.ServiceDesc{
 			MethodName: "ProposeMemories",
 			Handler:    _MemoryService_ProposeMemories_Handler,
 		},
+		{
+			MethodName: "GetMemoryErasure",
+			Handler:    _MemoryService_GetMemoryErasure_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchMemories",
+			Handler:       _MemoryService_WatchMemories_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "runifold/memory/v1/memory_service.proto",
 }

@@ -32,7 +32,9 @@ type TranscriptServiceClient interface {
 	// Its cost grows with `window` and `summary_batch`, never with the
 	// transcript's length.
 	LoadView(ctx context.Context, in *LoadViewRequest, opts ...grpc.CallOption) (*LoadViewResponse, error)
-	// Lists the conversations of a namespace, newest id last (AIP-158).
+	// Lists the conversations of a namespace (AIP-158): in increasing id order,
+	// or newest first (ListConversationsRequest.order), each with a preview of
+	// its first user message.
 	ListConversations(ctx context.Context, in *ListConversationsRequest, opts ...grpc.CallOption) (*ListConversationsResponse, error)
 	// Erases a conversation and every entry of it. Idempotent.
 	DeleteConversation(ctx context.Context, in *DeleteConversationRequest, opts ...grpc.CallOption) (*DeleteConversationResponse, error)
@@ -60,6 +62,18 @@ type TranscriptServiceClient interface {
 	// RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
 	// last sequence received: nothing is missed and nothing repeats.
 	WatchConversation(ctx context.Context, in *WatchConversationRequest, opts ...grpc.CallOption) (TranscriptService_WatchConversationClient, error)
+	// Lists the namespaces that hold conversations, among those the caller may
+	// read: with authentication on, only namespaces its identity grants (every
+	// namespace for a "*" grant); with it off, every namespace. In name order,
+	// paginated (AIP-158); each page costs one index probe per namespace.
+	ListNamespaces(ctx context.Context, in *ListNamespacesRequest, opts ...grpc.CallOption) (*ListNamespacesResponse, error)
+	// Records the receipt of an erasure of one incarnation of a conversation
+	// (AgentService.EraseConversation calls it), or merges what a later call of
+	// the same erasure reports: counts only grow, parts only leave `remaining`.
+	// One receipt per incarnation.
+	RecordErasureReceipt(ctx context.Context, in *RecordErasureReceiptRequest, opts ...grpc.CallOption) (*RecordErasureReceiptResponse, error)
+	// Returns a kept erasure receipt: by id, or the latest of a conversation.
+	GetErasureReceipt(ctx context.Context, in *GetErasureReceiptRequest, opts ...grpc.CallOption) (*GetErasureReceiptResponse, error)
 	// Makes a conversation from the entries 1..through_sequence of another of the same
 	// namespace (edit and regenerate, a branch to try another answer). The fork shares
 	// those entries without copying them: reads of the fork see them, then its own;
@@ -212,6 +226,33 @@ func (x *transcriptServiceWatchConversationClient) Recv() (*WatchConversationRes
 	return m, nil
 }
 
+func (c *transcriptServiceClient) ListNamespaces(ctx context.Context, in *ListNamespacesRequest, opts ...grpc.CallOption) (*ListNamespacesResponse, error) {
+	out := new(ListNamespacesResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/ListNamespaces", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *transcriptServiceClient) RecordErasureReceipt(ctx context.Context, in *RecordErasureReceiptRequest, opts ...grpc.CallOption) (*RecordErasureReceiptResponse, error) {
+	out := new(RecordErasureReceiptResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/RecordErasureReceipt", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *transcriptServiceClient) GetErasureReceipt(ctx context.Context, in *GetErasureReceiptRequest, opts ...grpc.CallOption) (*GetErasureReceiptResponse, error) {
+	out := new(GetErasureReceiptResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/GetErasureReceipt", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *transcriptServiceClient) ForkConversation(ctx context.Context, in *ForkConversationRequest, opts ...grpc.CallOption) (*ForkConversationResponse, error) {
 	out := new(ForkConversationResponse)
 	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/ForkConversation", in, out, opts...)
@@ -249,7 +290,9 @@ type TranscriptServiceServer interface {
 	// Its cost grows with `window` and `summary_batch`, never with the
 	// transcript's length.
 	LoadView(context.Context, *LoadViewRequest) (*LoadViewResponse, error)
-	// Lists the conversations of a namespace, newest id last (AIP-158).
+	// Lists the conversations of a namespace (AIP-158): in increasing id order,
+	// or newest first (ListConversationsRequest.order), each with a preview of
+	// its first user message.
 	ListConversations(context.Context, *ListConversationsRequest) (*ListConversationsResponse, error)
 	// Erases a conversation and every entry of it. Idempotent.
 	DeleteConversation(context.Context, *DeleteConversationRequest) (*DeleteConversationResponse, error)
@@ -277,6 +320,18 @@ type TranscriptServiceServer interface {
 	// RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
 	// last sequence received: nothing is missed and nothing repeats.
 	WatchConversation(*WatchConversationRequest, TranscriptService_WatchConversationServer) error
+	// Lists the namespaces that hold conversations, among those the caller may
+	// read: with authentication on, only namespaces its identity grants (every
+	// namespace for a "*" grant); with it off, every namespace. In name order,
+	// paginated (AIP-158); each page costs one index probe per namespace.
+	ListNamespaces(context.Context, *ListNamespacesRequest) (*ListNamespacesResponse, error)
+	// Records the receipt of an erasure of one incarnation of a conversation
+	// (AgentService.EraseConversation calls it), or merges what a later call of
+	// the same erasure reports: counts only grow, parts only leave `remaining`.
+	// One receipt per incarnation.
+	RecordErasureReceipt(context.Context, *RecordErasureReceiptRequest) (*RecordErasureReceiptResponse, error)
+	// Returns a kept erasure receipt: by id, or the latest of a conversation.
+	GetErasureReceipt(context.Context, *GetErasureReceiptRequest) (*GetErasureReceiptResponse, error)
 	// Makes a conversation from the entries 1..through_sequence of another of the same
 	// namespace (edit and regenerate, a branch to try another answer). The fork shares
 	// those entries without copying them: reads of the fork see them, then its own;
@@ -330,6 +385,15 @@ func (UnimplementedTranscriptServiceServer) ReleaseTurnLease(context.Context, *R
 }
 func (UnimplementedTranscriptServiceServer) WatchConversation(*WatchConversationRequest, TranscriptService_WatchConversationServer) error {
 	return status.Errorf(codes.Unimplemented, "method WatchConversation not implemented")
+}
+func (UnimplementedTranscriptServiceServer) ListNamespaces(context.Context, *ListNamespacesRequest) (*ListNamespacesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListNamespaces not implemented")
+}
+func (UnimplementedTranscriptServiceServer) RecordErasureReceipt(context.Context, *RecordErasureReceiptRequest) (*RecordErasureReceiptResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RecordErasureReceipt not implemented")
+}
+func (UnimplementedTranscriptServiceServer) GetErasureReceipt(context.Context, *GetErasureReceiptRequest) (*GetErasureReceiptResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetErasureReceipt not implemented")
 }
 func (UnimplementedTranscriptServiceServer) ForkConversation(context.Context, *ForkConversationRequest) (*ForkConversationResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ForkConversation not implemented")
@@ -569,6 +633,60 @@ func (x *transcriptServiceWatchConversationServer) Send(m *WatchConversationResp
 	return x.ServerStream.SendMsg(m)
 }
 
+func _TranscriptService_ListNamespaces_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListNamespacesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).ListNamespaces(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/ListNamespaces",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).ListNamespaces(ctx, req.(*ListNamespacesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TranscriptService_RecordErasureReceipt_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RecordErasureReceiptRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).RecordErasureReceipt(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/RecordErasureReceipt",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).RecordErasureReceipt(ctx, req.(*RecordErasureReceiptRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TranscriptService_GetErasureReceipt_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetErasureReceiptRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).GetErasureReceipt(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/GetErasureReceipt",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).GetErasureReceipt(ctx, req.(*GetErasureReceiptRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _TranscriptService_ForkConversation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ForkConversationRequest)
 	if err := dec(in); err != nil {
@@ -652,6 +770,18 @@ var _TranscriptService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReleaseTurnLease",
 			Handler:    _TranscriptService_ReleaseTurnLease_Handler,
+		},
+		{
+			MethodName: "ListNamespaces",
+			Handler:    _TranscriptService_ListNamespaces_Handler,
+		},
+		{
+			MethodName: "RecordErasureReceipt",
+			Handler:    _TranscriptService_RecordErasureReceipt_Handler,
+		},
+		{
+			MethodName: "GetErasureReceipt",
+			Handler:    _TranscriptService_GetErasureReceipt_Handler,
 		},
 		{
 			MethodName: "ForkConversation",

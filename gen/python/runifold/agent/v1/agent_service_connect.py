@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .agent_service_pb2 import EraseConversationRequest, EraseConversationResponse, RunConversationRequest, RunConversationResponse, StreamConversationRequest, StreamConversationResponse
+from .agent_service_pb2 import EraseConversationRequest, EraseConversationResponse, GetErasureReceiptRequest, GetErasureReceiptResponse, RunConversationRequest, RunConversationResponse, StreamConversationRequest, StreamConversationResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -65,6 +65,15 @@ class AgentService(Protocol):
         """
         Erases a conversation everywhere: entries, summaries, summary jobs and
         every memory derived from it. Idempotent and resumable.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def get_erasure_receipt(self, request: GetErasureReceiptRequest, ctx: RequestContext[GetErasureReceiptRequest, GetErasureReceiptResponse], /) -> GetErasureReceiptResponse:
+        """
+        Returns the receipt of an erasure (EraseConversationResponse.receipt): what
+        it erased in each store, and when it was complete. Holds no content. By
+        `receipt_id`, or the latest receipt of `conversation_id`. A receipt asked
+        for under another namespace is NOT_FOUND / ERASURE_RECEIPT_NOT_FOUND.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -114,6 +123,17 @@ class AgentServiceASGIApplication(ConnectASGIApplication[AgentService]):
                         stream_type=StreamType.UNARY,
                     ),
                     function=svc.erase_conversation,
+                ),
+                "/runifold.agent.v1.AgentService/GetErasureReceipt": Endpoint.unary(
+                    method=MethodInfo(
+                        name="GetErasureReceipt",
+                        service_name="runifold.agent.v1.AgentService",
+                        input=GetErasureReceiptRequest,
+                        output=GetErasureReceiptResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.get_erasure_receipt,
                 ),
             },
             interceptors=interceptors,
@@ -234,6 +254,32 @@ class AgentServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def get_erasure_receipt(
+        self,
+        request: GetErasureReceiptRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> GetErasureReceiptResponse:
+        """
+        Returns the receipt of an erasure (EraseConversationResponse.receipt): what
+        it erased in each store, and when it was complete. Holds no content. By
+        `receipt_id`, or the latest receipt of `conversation_id`. A receipt asked
+        for under another namespace is NOT_FOUND / ERASURE_RECEIPT_NOT_FOUND.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetErasureReceipt",
+                service_name="runifold.agent.v1.AgentService",
+                input=GetErasureReceiptRequest,
+                output=GetErasureReceiptResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class AgentServiceSync(Protocol):
     """
@@ -263,6 +309,15 @@ class AgentServiceSync(Protocol):
         """
         Erases a conversation everywhere: entries, summaries, summary jobs and
         every memory derived from it. Idempotent and resumable.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def get_erasure_receipt(self, request: GetErasureReceiptRequest, ctx: RequestContext[GetErasureReceiptRequest, GetErasureReceiptResponse], /) -> GetErasureReceiptResponse:
+        """
+        Returns the receipt of an erasure (EraseConversationResponse.receipt): what
+        it erased in each store, and when it was complete. Holds no content. By
+        `receipt_id`, or the latest receipt of `conversation_id`. A receipt asked
+        for under another namespace is NOT_FOUND / ERASURE_RECEIPT_NOT_FOUND.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -310,6 +365,17 @@ class AgentServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.UNARY,
                     ),
                     function=service.erase_conversation,
+                ),
+                "/runifold.agent.v1.AgentService/GetErasureReceipt": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="GetErasureReceipt",
+                        service_name="runifold.agent.v1.AgentService",
+                        input=GetErasureReceiptRequest,
+                        output=GetErasureReceiptResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.get_erasure_receipt,
                 ),
             },
             interceptors=interceptors,
@@ -424,6 +490,32 @@ class AgentServiceClientSync(ConnectClientSync):
                 service_name="runifold.agent.v1.AgentService",
                 input=EraseConversationRequest,
                 output=EraseConversationResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def get_erasure_receipt(
+        self,
+        request: GetErasureReceiptRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> GetErasureReceiptResponse:
+        """
+        Returns the receipt of an erasure (EraseConversationResponse.receipt): what
+        it erased in each store, and when it was complete. Holds no content. By
+        `receipt_id`, or the latest receipt of `conversation_id`. A receipt asked
+        for under another namespace is NOT_FOUND / ERASURE_RECEIPT_NOT_FOUND.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetErasureReceipt",
+                service_name="runifold.agent.v1.AgentService",
+                input=GetErasureReceiptRequest,
+                output=GetErasureReceiptResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
             ),

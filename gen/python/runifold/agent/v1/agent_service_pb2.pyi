@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from runifold.common.v1 import common_pb2 as _common_pb2
@@ -648,6 +649,7 @@ class EraseConversationResponse(_message.Message):
     SUMMARIES_ERASED_FIELD_NUMBER: _builtins.int
     REMAINING_FIELD_NUMBER: _builtins.int
     SUMMARIES_DELETED_FIELD_NUMBER: _builtins.int
+    RECEIPT_FIELD_NUMBER: _builtins.int
     complete: _builtins.bool
     """True when every part is gone (a retry after a partial erase completes it)."""
     memories_deleted: _builtins.int
@@ -668,6 +670,15 @@ class EraseConversationResponse(_message.Message):
         "transcript").
         """
 
+    @_builtins.property
+    def receipt(self) -> Global___ErasureReceipt:
+        """The erasure's receipt: what it erased in each store, over every call that
+        worked on this incarnation of the conversation (a retry completes the same
+        receipt). Absent when TranscriptService could not record it (`complete`
+        is then false too: a retry records it), and when the conversation does
+        not exist and no receipt of it is kept.
+        """
+
     def __init__(
         self,
         *,
@@ -677,11 +688,169 @@ class EraseConversationResponse(_message.Message):
         summaries_erased: _builtins.bool = ...,
         remaining: _abc.Iterable[_builtins.str] | None = ...,
         summaries_deleted: _builtins.int = ...,
+        receipt: Global___ErasureReceipt | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete", b"complete", "entries_deleted", b"entries_deleted", "memories_deleted", b"memories_deleted", "remaining", b"remaining", "summaries_deleted", b"summaries_deleted", "summaries_erased", b"summaries_erased"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete", b"complete", "entries_deleted", b"entries_deleted", "memories_deleted", b"memories_deleted", "receipt", b"receipt", "remaining", b"remaining", "summaries_deleted", b"summaries_deleted", "summaries_erased", b"summaries_erased"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EraseConversationResponse: _TypeAlias = EraseConversationResponse  # noqa: Y015
+
+@_typing.final
+class ErasureReceipt(_message.Message):
+    """What an erasure of one incarnation of a conversation erased, store by store:
+    counts, never content. Kept by TranscriptService after the conversation is
+    gone (for RUNIFOLD_ERASURE_RECEIPT_RETENTION_S), readable by GetErasureReceipt.
+    One receipt per incarnation: a retried erasure completes the same receipt.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECEIPT_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    COMPLETE_TIME_FIELD_NUMBER: _builtins.int
+    REMAINING_FIELD_NUMBER: _builtins.int
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    APPENDS_FIELD_NUMBER: _builtins.int
+    SUMMARIES_FIELD_NUMBER: _builtins.int
+    SUMMARY_JOBS_FIELD_NUMBER: _builtins.int
+    CURATION_JOBS_FIELD_NUMBER: _builtins.int
+    MEMORIES_FIELD_NUMBER: _builtins.int
+    MEMORY_REVISIONS_FIELD_NUMBER: _builtins.int
+    INDEX_POINTS_FIELD_NUMBER: _builtins.int
+    FORKS_FIELD_NUMBER: _builtins.int
+    receipt_id: _builtins.str
+    """UUID of the receipt."""
+    conversation_id: _builtins.str
+    """UUID of the erased conversation."""
+    namespace: _builtins.str
+    """Namespace that owned it."""
+    incarnation: _builtins.int
+    """The incarnation erased (Conversation.incarnation)."""
+    entries: _builtins.int
+    """Transcript entries erased."""
+    appends: _builtins.int
+    """Committed appends (the conversation's versions) erased."""
+    summaries: _builtins.int
+    """Summaries erased: the current one and the replaced ones kept as history."""
+    summary_jobs: _builtins.int
+    """Background summary jobs erased, whatever their state."""
+    curation_jobs: _builtins.int
+    """Background curation jobs erased (0 while automatic curation is not there)."""
+    memories: _builtins.int
+    """Memories deleted because they were derived from the conversation."""
+    memory_revisions: _builtins.int
+    """Revisions of those memories whose content was erased (each keeps only its
+    number, kind and time).
+    """
+    index_points: _builtins.int
+    """Vector index points removed: one per deleted memory (a memory deleted
+    before the indexer reached it never had one; a tombstone takes its
+    place). `remaining` holds "memory_index" until the indexer has removed
+    them all.
+    """
+    forks: _builtins.int
+    """Forks of the conversation erased (0: conversations are not forked yet)."""
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When the erasure first recorded it."""
+
+    @_builtins.property
+    def complete_time(self) -> _timestamp_pb2.Timestamp:
+        """When every part was erased, the vector index included; absent until then."""
+
+    @_builtins.property
+    def remaining(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Parts not yet erased: "summary", "memory", "memory_index" (the index
+        catches up through MemoryService's outbox), "transcript". Empty once
+        `complete_time` is set.
+        """
+
+    def __init__(
+        self,
+        *,
+        receipt_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        complete_time: _timestamp_pb2.Timestamp | None = ...,
+        remaining: _abc.Iterable[_builtins.str] | None = ...,
+        entries: _builtins.int = ...,
+        appends: _builtins.int = ...,
+        summaries: _builtins.int = ...,
+        summary_jobs: _builtins.int = ...,
+        curation_jobs: _builtins.int = ...,
+        memories: _builtins.int = ...,
+        memory_revisions: _builtins.int = ...,
+        index_points: _builtins.int = ...,
+        forks: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["complete_time", b"complete_time", "create_time", b"create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["appends", b"appends", "complete_time", b"complete_time", "conversation_id", b"conversation_id", "create_time", b"create_time", "curation_jobs", b"curation_jobs", "entries", b"entries", "forks", b"forks", "incarnation", b"incarnation", "index_points", b"index_points", "memories", b"memories", "memory_revisions", b"memory_revisions", "namespace", b"namespace", "receipt_id", b"receipt_id", "remaining", b"remaining", "summaries", b"summaries", "summary_jobs", b"summary_jobs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ErasureReceipt: _TypeAlias = ErasureReceipt  # noqa: Y015
+
+@_typing.final
+class GetErasureReceiptRequest(_message.Message):
+    """Request of GetErasureReceipt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    RECEIPT_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace that owned the conversation."""
+    receipt_id: _builtins.str
+    """UUID of the receipt; or empty, with `conversation_id`."""
+    conversation_id: _builtins.str
+    """UUID of the erased conversation: its latest receipt (when `receipt_id` is
+    empty).
+    """
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        receipt_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "namespace", b"namespace", "receipt_id", b"receipt_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetErasureReceiptRequest: _TypeAlias = GetErasureReceiptRequest  # noqa: Y015
+
+@_typing.final
+class GetErasureReceiptResponse(_message.Message):
+    """Response of GetErasureReceipt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECEIPT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def receipt(self) -> Global___ErasureReceipt:
+        """The receipt, completed if the index has caught up since it was recorded."""
+
+    def __init__(
+        self,
+        *,
+        receipt: Global___ErasureReceipt | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetErasureReceiptResponse: _TypeAlias = GetErasureReceiptResponse  # noqa: Y015

@@ -57,6 +57,11 @@ class AgentServiceStub:
                 request_serializer=runifold_dot_agent_dot_v1_dot_agent__service__pb2.EraseConversationRequest.SerializeToString,
                 response_deserializer=runifold_dot_agent_dot_v1_dot_agent__service__pb2.EraseConversationResponse.FromString,
                 _registered_method=True)
+        self.GetErasureReceipt = channel.unary_unary(
+                '/runifold.agent.v1.AgentService/GetErasureReceipt',
+                request_serializer=runifold_dot_agent_dot_v1_dot_agent__service__pb2.GetErasureReceiptRequest.SerializeToString,
+                response_deserializer=runifold_dot_agent_dot_v1_dot_agent__service__pb2.GetErasureReceiptResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -93,6 +98,16 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetErasureReceipt(self, request, context):
+        """Returns the receipt of an erasure (EraseConversationResponse.receipt): what
+        it erased in each store, and when it was complete. Holds no content. By
+        `receipt_id`, or the latest receipt of `conversation_id`. A receipt asked
+        for under another namespace is NOT_FOUND / ERASURE_RECEIPT_NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +125,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.EraseConversation,
                     request_deserializer=runifold_dot_agent_dot_v1_dot_agent__service__pb2.EraseConversationRequest.FromString,
                     response_serializer=runifold_dot_agent_dot_v1_dot_agent__service__pb2.EraseConversationResponse.SerializeToString,
+            ),
+            'GetErasureReceipt': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetErasureReceipt,
+                    request_deserializer=runifold_dot_agent_dot_v1_dot_agent__service__pb2.GetErasureReceiptRequest.FromString,
+                    response_serializer=runifold_dot_agent_dot_v1_dot_agent__service__pb2.GetErasureReceiptResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -201,6 +221,33 @@ class AgentService:
             '/runifold.agent.v1.AgentService/EraseConversation',
             runifold_dot_agent_dot_v1_dot_agent__service__pb2.EraseConversationRequest.SerializeToString,
             runifold_dot_agent_dot_v1_dot_agent__service__pb2.EraseConversationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetErasureReceipt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.agent.v1.AgentService/GetErasureReceipt',
+            runifold_dot_agent_dot_v1_dot_agent__service__pb2.GetErasureReceiptRequest.SerializeToString,
+            runifold_dot_agent_dot_v1_dot_agent__service__pb2.GetErasureReceiptResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,12 @@ class AgentServiceStub:
     """Erases a conversation everywhere: entries, summaries, summary jobs and
     every memory derived from it. Idempotent and resumable.
     """
+    GetErasureReceipt: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.GetErasureReceiptRequest, _agent_service_pb2.GetErasureReceiptResponse]
+    """Returns the receipt of an erasure (EraseConversationResponse.receipt): what
+    it erased in each store, and when it was complete. Holds no content. By
+    `receipt_id`, or the latest receipt of `conversation_id`. A receipt asked
+    for under another namespace is NOT_FOUND / ERASURE_RECEIPT_NOT_FOUND.
+    """
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -74,6 +80,12 @@ class AgentServiceAsyncStub(AgentServiceStub):
     EraseConversation: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.EraseConversationRequest, _agent_service_pb2.EraseConversationResponse]  # type: ignore[assignment]
     """Erases a conversation everywhere: entries, summaries, summary jobs and
     every memory derived from it. Idempotent and resumable.
+    """
+    GetErasureReceipt: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.GetErasureReceiptRequest, _agent_service_pb2.GetErasureReceiptResponse]  # type: ignore[assignment]
+    """Returns the receipt of an erasure (EraseConversationResponse.receipt): what
+    it erased in each store, and when it was complete. Holds no content. By
+    `receipt_id`, or the latest receipt of `conversation_id`. A receipt asked
+    for under another namespace is NOT_FOUND / ERASURE_RECEIPT_NOT_FOUND.
     """
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -113,6 +125,18 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_agent_service_pb2.EraseConversationResponse, _abc.Awaitable[_agent_service_pb2.EraseConversationResponse]]:
         """Erases a conversation everywhere: entries, summaries, summary jobs and
         every memory derived from it. Idempotent and resumable.
+        """
+
+    @_abc_1.abstractmethod
+    def GetErasureReceipt(
+        self,
+        request: _agent_service_pb2.GetErasureReceiptRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_service_pb2.GetErasureReceiptResponse, _abc.Awaitable[_agent_service_pb2.GetErasureReceiptResponse]]:
+        """Returns the receipt of an erasure (EraseConversationResponse.receipt): what
+        it erased in each store, and when it was complete. Holds no content. By
+        `receipt_id`, or the latest receipt of `conversation_id`. A receipt asked
+        for under another namespace is NOT_FOUND / ERASURE_RECEIPT_NOT_FOUND.
         """
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -21,10 +21,10 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .memory_service_pb2 import DeleteMemoryRequest, DeleteMemoryResponse, ForgetSourceRequest, ForgetSourceResponse, GetMemoryRequest, GetMemoryResponse, ListMemoriesRequest, ListMemoriesResponse, ListMemoryRevisionsRequest, ListMemoryRevisionsResponse, ProposeMemoriesRequest, ProposeMemoriesResponse, SearchMemoriesRequest, SearchMemoriesResponse, UpsertMemoryRequest, UpsertMemoryResponse
+from .memory_service_pb2 import DeleteMemoryRequest, DeleteMemoryResponse, ForgetSourceRequest, ForgetSourceResponse, GetMemoryErasureRequest, GetMemoryErasureResponse, GetMemoryRequest, GetMemoryResponse, ListMemoriesRequest, ListMemoriesResponse, ListMemoryRevisionsRequest, ListMemoryRevisionsResponse, ProposeMemoriesRequest, ProposeMemoriesResponse, SearchMemoriesRequest, SearchMemoriesResponse, UpsertMemoryRequest, UpsertMemoryResponse, WatchMemoriesRequest, WatchMemoriesResponse
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Iterable, Mapping
+    from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
 
     from connectrpc.codec import Codec
     from connectrpc.compression import Compression
@@ -108,6 +108,26 @@ class MemoryService(Protocol):
         the application confirms a proposal by sending it to UpsertMemory. Every
         source names the conversation's incarnation; a conversation erased (or
         erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def get_memory_erasure(self, request: GetMemoryErasureRequest, ctx: RequestContext[GetMemoryErasureRequest, GetMemoryErasureResponse], /) -> GetMemoryErasureResponse:
+        """
+        What the erasure of one incarnation of a conversation (ForgetSource with
+        an `incarnation`) erased, over all its calls, and whether the vector
+        index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+        kept.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def watch_memories(self, request: WatchMemoriesRequest, ctx: RequestContext[WatchMemoriesRequest, WatchMemoriesResponse], /) -> AsyncIterator[WatchMemoriesResponse]:
+        """
+        Follows the memories of a namespace: every change (created, updated,
+        superseded, deleted, expired, erased) after `after_change_sequence`, each
+        exactly once and in the order the changes committed, whichever replica
+        wrote them; then the changes as they commit, with a heartbeat while it is
+        quiet. A client whose stream breaks watches again from the last
+        `change_sequence` it received. Served over gRPC only (not the HTTP port).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -212,6 +232,28 @@ class MemoryServiceASGIApplication(ConnectASGIApplication[MemoryService]):
                         stream_type=StreamType.UNARY,
                     ),
                     function=svc.propose_memories,
+                ),
+                "/runifold.memory.v1.MemoryService/GetMemoryErasure": Endpoint.unary(
+                    method=MethodInfo(
+                        name="GetMemoryErasure",
+                        service_name="runifold.memory.v1.MemoryService",
+                        input=GetMemoryErasureRequest,
+                        output=GetMemoryErasureResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.get_memory_erasure,
+                ),
+                "/runifold.memory.v1.MemoryService/WatchMemories": Endpoint.server_stream(
+                    method=MethodInfo(
+                        name="WatchMemories",
+                        service_name="runifold.memory.v1.MemoryService",
+                        input=WatchMemoriesRequest,
+                        output=WatchMemoriesResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.SERVER_STREAM,
+                    ),
+                    function=svc.watch_memories,
                 ),
             },
             interceptors=interceptors,
@@ -460,6 +502,60 @@ class MemoryServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def get_memory_erasure(
+        self,
+        request: GetMemoryErasureRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> GetMemoryErasureResponse:
+        """
+        What the erasure of one incarnation of a conversation (ForgetSource with
+        an `incarnation`) erased, over all its calls, and whether the vector
+        index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+        kept.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetMemoryErasure",
+                service_name="runifold.memory.v1.MemoryService",
+                input=GetMemoryErasureRequest,
+                output=GetMemoryErasureResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def watch_memories(
+        self,
+        request: WatchMemoriesRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> AsyncIterator[WatchMemoriesResponse]:
+        """
+        Follows the memories of a namespace: every change (created, updated,
+        superseded, deleted, expired, erased) after `after_change_sequence`, each
+        exactly once and in the order the changes committed, whichever replica
+        wrote them; then the changes as they commit, with a heartbeat while it is
+        quiet. A client whose stream breaks watches again from the last
+        `change_sequence` it received. Served over gRPC only (not the HTTP port).
+        """
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="WatchMemories",
+                service_name="runifold.memory.v1.MemoryService",
+                input=WatchMemoriesRequest,
+                output=WatchMemoriesResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.SERVER_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class MemoryServiceSync(Protocol):
     """
@@ -532,6 +628,26 @@ class MemoryServiceSync(Protocol):
         the application confirms a proposal by sending it to UpsertMemory. Every
         source names the conversation's incarnation; a conversation erased (or
         erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def get_memory_erasure(self, request: GetMemoryErasureRequest, ctx: RequestContext[GetMemoryErasureRequest, GetMemoryErasureResponse], /) -> GetMemoryErasureResponse:
+        """
+        What the erasure of one incarnation of a conversation (ForgetSource with
+        an `incarnation`) erased, over all its calls, and whether the vector
+        index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+        kept.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def watch_memories(self, request: WatchMemoriesRequest, ctx: RequestContext[WatchMemoriesRequest, WatchMemoriesResponse], /) -> Iterator[WatchMemoriesResponse]:
+        """
+        Follows the memories of a namespace: every change (created, updated,
+        superseded, deleted, expired, erased) after `after_change_sequence`, each
+        exactly once and in the order the changes committed, whichever replica
+        wrote them; then the changes as they commit, with a heartbeat while it is
+        quiet. A client whose stream breaks watches again from the last
+        `change_sequence` it received. Served over gRPC only (not the HTTP port).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -634,6 +750,28 @@ class MemoryServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.UNARY,
                     ),
                     function=service.propose_memories,
+                ),
+                "/runifold.memory.v1.MemoryService/GetMemoryErasure": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="GetMemoryErasure",
+                        service_name="runifold.memory.v1.MemoryService",
+                        input=GetMemoryErasureRequest,
+                        output=GetMemoryErasureResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.get_memory_erasure,
+                ),
+                "/runifold.memory.v1.MemoryService/WatchMemories": EndpointSync.server_stream(
+                    method=MethodInfo(
+                        name="WatchMemories",
+                        service_name="runifold.memory.v1.MemoryService",
+                        input=WatchMemoriesRequest,
+                        output=WatchMemoriesResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.SERVER_STREAM,
+                    ),
+                    function=service.watch_memories,
                 ),
             },
             interceptors=interceptors,
@@ -878,6 +1016,60 @@ class MemoryServiceClientSync(ConnectClientSync):
                 output=ProposeMemoriesResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def get_memory_erasure(
+        self,
+        request: GetMemoryErasureRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> GetMemoryErasureResponse:
+        """
+        What the erasure of one incarnation of a conversation (ForgetSource with
+        an `incarnation`) erased, over all its calls, and whether the vector
+        index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+        kept.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetMemoryErasure",
+                service_name="runifold.memory.v1.MemoryService",
+                input=GetMemoryErasureRequest,
+                output=GetMemoryErasureResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def watch_memories(
+        self,
+        request: WatchMemoriesRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> Iterator[WatchMemoriesResponse]:
+        """
+        Follows the memories of a namespace: every change (created, updated,
+        superseded, deleted, expired, erased) after `after_change_sequence`, each
+        exactly once and in the order the changes committed, whichever replica
+        wrote them; then the changes as they commit, with a heartbeat while it is
+        quiet. A client whose stream breaks watches again from the last
+        `change_sequence` it received. Served over gRPC only (not the HTTP port).
+        """
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="WatchMemories",
+                service_name="runifold.memory.v1.MemoryService",
+                input=WatchMemoriesRequest,
+                output=WatchMemoriesResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.SERVER_STREAM,
             ),
             headers=headers,
             timeout_ms=timeout_ms,

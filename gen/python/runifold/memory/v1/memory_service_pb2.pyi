@@ -106,9 +106,69 @@ PROPOSAL_ACTION_DUPLICATE: ProposalAction.ValueType  # 3
 """Already stored as `related_memory_ids[0]`: nothing to write."""
 Global___ProposalAction: _TypeAlias = ProposalAction  # noqa: Y015
 
+class _MemoryEventKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _MemoryEventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MemoryEventKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MEMORY_EVENT_KIND_UNSPECIFIED: _MemoryEventKind.ValueType  # 0
+    """Never sent."""
+    MEMORY_EVENT_KIND_CREATED: _MemoryEventKind.ValueType  # 1
+    """UpsertMemory created it."""
+    MEMORY_EVENT_KIND_UPDATED: _MemoryEventKind.ValueType  # 2
+    """UpsertMemory replaced it, or its validity was open again because the
+    memory that had superseded it was deleted.
+    """
+    MEMORY_EVENT_KIND_SUPERSEDED: _MemoryEventKind.ValueType  # 3
+    """A newer memory superseded it (UpsertMemory.supersedes): its validity is
+    closed and it names its successor.
+    """
+    MEMORY_EVENT_KIND_DELETED: _MemoryEventKind.ValueType  # 4
+    """DeleteMemory deleted it."""
+    MEMORY_EVENT_KIND_EXPIRED: _MemoryEventKind.ValueType  # 5
+    """It expired (its `expire_time` passed): reported when the server removes
+    it, within RUNIFOLD_MEMORY_SWEEP_INTERVAL_S of its expiry (or when its id is
+    created again), never by a read. A memory deleted or erased after it
+    lapsed and before that is reported DELETED or ERASED instead.
+    """
+    MEMORY_EVENT_KIND_ERASED: _MemoryEventKind.ValueType  # 6
+    """ForgetSource (or AgentService.EraseConversation) erased it with its source."""
+
+class MemoryEventKind(_MemoryEventKind, metaclass=_MemoryEventKindEnumTypeWrapper):
+    """What a change did to a memory."""
+
+MEMORY_EVENT_KIND_UNSPECIFIED: MemoryEventKind.ValueType  # 0
+"""Never sent."""
+MEMORY_EVENT_KIND_CREATED: MemoryEventKind.ValueType  # 1
+"""UpsertMemory created it."""
+MEMORY_EVENT_KIND_UPDATED: MemoryEventKind.ValueType  # 2
+"""UpsertMemory replaced it, or its validity was open again because the
+memory that had superseded it was deleted.
+"""
+MEMORY_EVENT_KIND_SUPERSEDED: MemoryEventKind.ValueType  # 3
+"""A newer memory superseded it (UpsertMemory.supersedes): its validity is
+closed and it names its successor.
+"""
+MEMORY_EVENT_KIND_DELETED: MemoryEventKind.ValueType  # 4
+"""DeleteMemory deleted it."""
+MEMORY_EVENT_KIND_EXPIRED: MemoryEventKind.ValueType  # 5
+"""It expired (its `expire_time` passed): reported when the server removes
+it, within RUNIFOLD_MEMORY_SWEEP_INTERVAL_S of its expiry (or when its id is
+created again), never by a read. A memory deleted or erased after it
+lapsed and before that is reported DELETED or ERASED instead.
+"""
+MEMORY_EVENT_KIND_ERASED: MemoryEventKind.ValueType  # 6
+"""ForgetSource (or AgentService.EraseConversation) erased it with its source."""
+Global___MemoryEventKind: _TypeAlias = MemoryEventKind  # noqa: Y015
+
 @_typing.final
 class MemorySource(_message.Message):
-    """The transcript range a memory was derived from."""
+    """Where a memory came from: a range of a Runifold transcript
+    (`conversation_id`, `from_sequence`, `through_sequence`), or a source outside
+    one, named by `external_uri` (then the other fields are empty). A memory has
+    at least one source.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -116,6 +176,7 @@ class MemorySource(_message.Message):
     FROM_SEQUENCE_FIELD_NUMBER: _builtins.int
     THROUGH_SEQUENCE_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    EXTERNAL_URI_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID of the conversation, in the memory's namespace."""
     from_sequence: _builtins.int
@@ -132,6 +193,13 @@ class MemorySource(_message.Message):
     0: whatever incarnation is current at the source check. Not recorded with
     a stored memory: Memory.sources and MemoryRevision.sources report 0.
     """
+    external_uri: _builtins.str
+    """A source outside a Runifold transcript (an MCP client's note, a LangGraph
+    store item, an imported document): an absolute URI (a scheme, then ":"),
+    at most RUNIFOLD_MEMORY_MAX_EXTERNAL_URI_BYTES, no control characters or
+    spaces. Stored and compared exactly as sent. ForgetSource with this
+    `external_uri` deletes the memory.
+    """
     def __init__(
         self,
         *,
@@ -139,10 +207,11 @@ class MemorySource(_message.Message):
         from_sequence: _builtins.int = ...,
         through_sequence: _builtins.int = ...,
         incarnation: _builtins.int = ...,
+        external_uri: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "from_sequence", b"from_sequence", "incarnation", b"incarnation", "through_sequence", b"through_sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "external_uri", b"external_uri", "from_sequence", b"from_sequence", "incarnation", b"incarnation", "through_sequence", b"through_sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -204,7 +273,7 @@ class Memory(_message.Message):
     """UUID of the memory that superseded this one; empty when none did."""
     @_builtins.property
     def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemorySource]:
-        """Where it came from (1..32 ranges)."""
+        """Where it came from (1..32 sources: transcript ranges, external URIs)."""
 
     @_builtins.property
     def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -343,7 +412,9 @@ class UpsertMemoryRequest(_message.Message):
     """
     @_builtins.property
     def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemorySource]:
-        """Where it came from; at least one, each validated against the transcript."""
+        """Where it came from; at least one. A transcript range is validated
+        against TranscriptService; an external URI is checked for form only.
+        """
 
     @_builtins.property
     def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -785,6 +856,7 @@ class ForgetSourceRequest(_message.Message):
     FROM_SEQUENCE_FIELD_NUMBER: _builtins.int
     THROUGH_SEQUENCE_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    EXTERNAL_URI_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     """Namespace that owns the memories."""
     conversation_id: _builtins.str
@@ -802,6 +874,11 @@ class ForgetSourceRequest(_message.Message):
     (or an earlier one) as a source is refused, even one already in flight.
     Requires from_sequence = through_sequence = 0.
     """
+    external_uri: _builtins.str
+    """Instead of `conversation_id`: delete every memory one of whose sources is
+    this external URI (exactly: compared byte for byte), whatever its other
+    sources. Later writes naming it are not refused.
+    """
     def __init__(
         self,
         *,
@@ -810,10 +887,11 @@ class ForgetSourceRequest(_message.Message):
         from_sequence: _builtins.int = ...,
         through_sequence: _builtins.int = ...,
         incarnation: _builtins.int = ...,
+        external_uri: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "from_sequence", b"from_sequence", "incarnation", b"incarnation", "namespace", b"namespace", "through_sequence", b"through_sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "external_uri", b"external_uri", "from_sequence", b"from_sequence", "incarnation", b"incarnation", "namespace", b"namespace", "through_sequence", b"through_sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -826,16 +904,22 @@ class ForgetSourceResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     DELETED_COUNT_FIELD_NUMBER: _builtins.int
+    ERASURE_FIELD_NUMBER: _builtins.int
     deleted_count: _builtins.int
     """Memories deleted because a source overlapped the range."""
+    @_builtins.property
+    def erasure(self) -> Global___MemoryErasure:
+        """With an `incarnation`: the erasure of that incarnation over all its calls."""
+
     def __init__(
         self,
         *,
         deleted_count: _builtins.int = ...,
+        erasure: Global___MemoryErasure | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["erasure", b"erasure"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted_count", b"deleted_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted_count", b"deleted_count", "erasure", b"erasure"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1175,3 +1259,271 @@ class ProposeMemoriesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ProposeMemoriesResponse: _TypeAlias = ProposeMemoriesResponse  # noqa: Y015
+
+@_typing.final
+class MemoryErasure(_message.Message):
+    """What the erasure of one incarnation of a conversation erased in
+    MemoryService, over every ForgetSource call with that incarnation. Counts,
+    never content.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    MEMORIES_DELETED_FIELD_NUMBER: _builtins.int
+    REVISIONS_ERASED_FIELD_NUMBER: _builtins.int
+    INDEX_POINTS_FIELD_NUMBER: _builtins.int
+    ERASE_TIME_FIELD_NUMBER: _builtins.int
+    INDEX_COMPLETE_TIME_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """UUID of the conversation."""
+    incarnation: _builtins.int
+    """The incarnation erased."""
+    memories_deleted: _builtins.int
+    """Memories deleted."""
+    revisions_erased: _builtins.int
+    """Revisions of those memories whose content was erased."""
+    index_points: _builtins.int
+    """Vector index points the erasure removes: one per deleted memory."""
+    @_builtins.property
+    def erase_time(self) -> _timestamp_pb2.Timestamp:
+        """When the erasure was first made."""
+
+    @_builtins.property
+    def index_complete_time(self) -> _timestamp_pb2.Timestamp:
+        """When the index had caught up with it (every index write it queued
+        applied); absent until then.
+        """
+
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        memories_deleted: _builtins.int = ...,
+        revisions_erased: _builtins.int = ...,
+        index_points: _builtins.int = ...,
+        erase_time: _timestamp_pb2.Timestamp | None = ...,
+        index_complete_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["erase_time", b"erase_time", "index_complete_time", b"index_complete_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "erase_time", b"erase_time", "incarnation", b"incarnation", "index_complete_time", b"index_complete_time", "index_points", b"index_points", "memories_deleted", b"memories_deleted", "revisions_erased", b"revisions_erased"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MemoryErasure: _TypeAlias = MemoryErasure  # noqa: Y015
+
+@_typing.final
+class GetMemoryErasureRequest(_message.Message):
+    """Request of GetMemoryErasure."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace that owns the memories."""
+    conversation_id: _builtins.str
+    """UUID of the conversation."""
+    incarnation: _builtins.int
+    """The incarnation erased (not 0)."""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "incarnation", b"incarnation", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetMemoryErasureRequest: _TypeAlias = GetMemoryErasureRequest  # noqa: Y015
+
+@_typing.final
+class GetMemoryErasureResponse(_message.Message):
+    """Response of GetMemoryErasure."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERASURE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def erasure(self) -> Global___MemoryErasure:
+        """The erasure."""
+
+    def __init__(
+        self,
+        *,
+        erasure: Global___MemoryErasure | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["erasure", b"erasure"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["erasure", b"erasure"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetMemoryErasureResponse: _TypeAlias = GetMemoryErasureResponse  # noqa: Y015
+
+@_typing.final
+class WatchMemoriesRequest(_message.Message):
+    """Request of WatchMemories."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    AFTER_CHANGE_SEQUENCE_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace whose memories to follow."""
+    after_change_sequence: _builtins.int
+    """Deliver the changes after this one (0: every change from the namespace's
+    first). A client resuming a stream sends the last `change_sequence` it
+    received (MemoryEvent or MemoryHeartbeat). Beyond the namespace's last
+    change is INVALID_ARGUMENT / SEQUENCE_OUT_OF_RANGE.
+    """
+    @_builtins.property
+    def heartbeat_interval(self) -> _duration_pb2.Duration:
+        """How long the stream may stay quiet before a heartbeat: 0 means the
+        server's default (RUNIFOLD_MEMORY_WATCH_HEARTBEAT_S, 30 s); 1 s to 5 min.
+        """
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        after_change_sequence: _builtins.int = ...,
+        heartbeat_interval: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_change_sequence", b"after_change_sequence", "heartbeat_interval", b"heartbeat_interval", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchMemoriesRequest: _TypeAlias = WatchMemoriesRequest  # noqa: Y015
+
+@_typing.final
+class WatchMemoriesResponse(_message.Message):
+    """One event of WatchMemories: exactly one field is set."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGE_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def change(self) -> Global___MemoryEvent:
+        """A change of a memory of the namespace."""
+
+    @_builtins.property
+    def heartbeat(self) -> Global___MemoryHeartbeat:
+        """Nothing new: the stream is caught up with the namespace."""
+
+    def __init__(
+        self,
+        *,
+        change: Global___MemoryEvent | None = ...,
+        heartbeat: Global___MemoryHeartbeat | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "event", b"event", "heartbeat", b"heartbeat"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "event", b"event", "heartbeat", b"heartbeat"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["change", "heartbeat"]  # noqa: Y015
+    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
+
+Global___WatchMemoriesResponse: _TypeAlias = WatchMemoriesResponse  # noqa: Y015
+
+@_typing.final
+class MemoryEvent(_message.Message):
+    """One change of a memory. A memory leaves once: by exactly one DELETED,
+    EXPIRED or ERASED event.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGE_SEQUENCE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    MEMORY_ID_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    MEMORY_FIELD_NUMBER: _builtins.int
+    CHANGE_TIME_FIELD_NUMBER: _builtins.int
+    change_sequence: _builtins.int
+    """Its number in the namespace: 1, 2, 3, ... without gaps, in the order the
+    changes committed. Send the last one received to resume.
+    """
+    kind: Global___MemoryEventKind.ValueType
+    """What the change did."""
+    memory_id: _builtins.str
+    """UUID of the memory."""
+    revision: _builtins.int
+    """The memory's revision the change wrote (for a removal: its tombstone's,
+    as ListMemoryRevisions reports it).
+    """
+    @_builtins.property
+    def memory(self) -> Global___Memory:
+        """The memory as of that revision. Absent for DELETED, EXPIRED and ERASED,
+        and for a change of a memory removed since: a removal erases the content
+        of the memory's whole history, so a stream that replays it no longer
+        finds the content (ListMemoryRevisions shows the same).
+        """
+
+    @_builtins.property
+    def change_time(self) -> _timestamp_pb2.Timestamp:
+        """When the change was recorded (MemoryRevision.record_time)."""
+
+    def __init__(
+        self,
+        *,
+        change_sequence: _builtins.int = ...,
+        kind: Global___MemoryEventKind.ValueType = ...,
+        memory_id: _builtins.str = ...,
+        revision: _builtins.int = ...,
+        memory: Global___Memory | None = ...,
+        change_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["change_time", b"change_time", "memory", b"memory"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change_sequence", b"change_sequence", "change_time", b"change_time", "kind", b"kind", "memory", b"memory", "memory_id", b"memory_id", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MemoryEvent: _TypeAlias = MemoryEvent  # noqa: Y015
+
+@_typing.final
+class MemoryHeartbeat(_message.Message):
+    """The stream is caught up: every change through `change_sequence` has been
+    delivered. Sent once the replay is done, then whenever the stream was quiet
+    for the heartbeat interval. A commit wakes the stream at once (PostgreSQL
+    LISTEN/NOTIFY, whichever replica it went through); the server also looks
+    again on a timer, so `read_time` is at most RUNIFOLD_MEMORY_WATCH_POLL_S old.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGE_SEQUENCE_FIELD_NUMBER: _builtins.int
+    READ_TIME_FIELD_NUMBER: _builtins.int
+    change_sequence: _builtins.int
+    """The namespace's last change delivered: send it back when resuming."""
+    @_builtins.property
+    def read_time(self) -> _timestamp_pb2.Timestamp:
+        """When the server last looked at the namespace."""
+
+    def __init__(
+        self,
+        *,
+        change_sequence: _builtins.int = ...,
+        read_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["read_time", b"read_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change_sequence", b"change_sequence", "read_time", b"read_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MemoryHeartbeat: _TypeAlias = MemoryHeartbeat  # noqa: Y015

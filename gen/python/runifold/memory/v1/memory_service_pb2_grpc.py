@@ -88,6 +88,16 @@ class MemoryServiceStub:
                 request_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ProposeMemoriesRequest.SerializeToString,
                 response_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ProposeMemoriesResponse.FromString,
                 _registered_method=True)
+        self.GetMemoryErasure = channel.unary_unary(
+                '/runifold.memory.v1.MemoryService/GetMemoryErasure',
+                request_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetMemoryErasureRequest.SerializeToString,
+                response_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetMemoryErasureResponse.FromString,
+                _registered_method=True)
+        self.WatchMemories = channel.unary_stream(
+                '/runifold.memory.v1.MemoryService/WatchMemories',
+                request_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.WatchMemoriesRequest.SerializeToString,
+                response_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.WatchMemoriesResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryServiceServicer:
@@ -172,6 +182,28 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetMemoryErasure(self, request, context):
+        """What the erasure of one incarnation of a conversation (ForgetSource with
+        an `incarnation`) erased, over all its calls, and whether the vector
+        index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+        kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchMemories(self, request, context):
+        """Follows the memories of a namespace: every change (created, updated,
+        superseded, deleted, expired, erased) after `after_change_sequence`, each
+        exactly once and in the order the changes committed, whichever replica
+        wrote them; then the changes as they commit, with a heartbeat while it is
+        quiet. A client whose stream breaks watches again from the last
+        `change_sequence` it received. Served over gRPC only (not the HTTP port).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -214,6 +246,16 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.ProposeMemories,
                     request_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ProposeMemoriesRequest.FromString,
                     response_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ProposeMemoriesResponse.SerializeToString,
+            ),
+            'GetMemoryErasure': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMemoryErasure,
+                    request_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetMemoryErasureRequest.FromString,
+                    response_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetMemoryErasureResponse.SerializeToString,
+            ),
+            'WatchMemories': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchMemories,
+                    request_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.WatchMemoriesRequest.FromString,
+                    response_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.WatchMemoriesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -446,6 +488,60 @@ class MemoryService:
             '/runifold.memory.v1.MemoryService/ProposeMemories',
             runifold_dot_memory_dot_v1_dot_memory__service__pb2.ProposeMemoriesRequest.SerializeToString,
             runifold_dot_memory_dot_v1_dot_memory__service__pb2.ProposeMemoriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMemoryErasure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.memory.v1.MemoryService/GetMemoryErasure',
+            runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetMemoryErasureRequest.SerializeToString,
+            runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetMemoryErasureResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchMemories(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/runifold.memory.v1.MemoryService/WatchMemories',
+            runifold_dot_memory_dot_v1_dot_memory__service__pb2.WatchMemoriesRequest.SerializeToString,
+            runifold_dot_memory_dot_v1_dot_memory__service__pb2.WatchMemoriesResponse.FromString,
             options,
             channel_credentials,
             insecure,

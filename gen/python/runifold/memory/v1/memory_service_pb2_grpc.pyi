@@ -76,6 +76,20 @@ class MemoryServiceStub:
     source names the conversation's incarnation; a conversation erased (or
     erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
     """
+    GetMemoryErasure: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryErasureRequest, _memory_service_pb2.GetMemoryErasureResponse]
+    """What the erasure of one incarnation of a conversation (ForgetSource with
+    an `incarnation`) erased, over all its calls, and whether the vector
+    index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+    kept.
+    """
+    WatchMemories: _grpc.UnaryStreamMultiCallable[_memory_service_pb2.WatchMemoriesRequest, _memory_service_pb2.WatchMemoriesResponse]
+    """Follows the memories of a namespace: every change (created, updated,
+    superseded, deleted, expired, erased) after `after_change_sequence`, each
+    exactly once and in the order the changes committed, whichever replica
+    wrote them; then the changes as they commit, with a heartbeat while it is
+    quiet. A client whose stream breaks watches again from the last
+    `change_sequence` it received. Served over gRPC only (not the HTTP port).
+    """
 
 @_typing.type_check_only
 class MemoryServiceAsyncStub(MemoryServiceStub):
@@ -124,6 +138,20 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     the application confirms a proposal by sending it to UpsertMemory. Every
     source names the conversation's incarnation; a conversation erased (or
     erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
+    """
+    GetMemoryErasure: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryErasureRequest, _memory_service_pb2.GetMemoryErasureResponse]  # type: ignore[assignment]
+    """What the erasure of one incarnation of a conversation (ForgetSource with
+    an `incarnation`) erased, over all its calls, and whether the vector
+    index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+    kept.
+    """
+    WatchMemories: _aio.UnaryStreamMultiCallable[_memory_service_pb2.WatchMemoriesRequest, _memory_service_pb2.WatchMemoriesResponse]  # type: ignore[assignment]
+    """Follows the memories of a namespace: every change (created, updated,
+    superseded, deleted, expired, erased) after `after_change_sequence`, each
+    exactly once and in the order the changes committed, whichever replica
+    wrote them; then the changes as they commit, with a heartbeat while it is
+    quiet. A client whose stream breaks watches again from the last
+    `change_sequence` it received. Served over gRPC only (not the HTTP port).
     """
 
 class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -218,6 +246,32 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         the application confirms a proposal by sending it to UpsertMemory. Every
         source names the conversation's incarnation; a conversation erased (or
         erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
+        """
+
+    @_abc_1.abstractmethod
+    def GetMemoryErasure(
+        self,
+        request: _memory_service_pb2.GetMemoryErasureRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_service_pb2.GetMemoryErasureResponse, _abc.Awaitable[_memory_service_pb2.GetMemoryErasureResponse]]:
+        """What the erasure of one incarnation of a conversation (ForgetSource with
+        an `incarnation`) erased, over all its calls, and whether the vector
+        index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+        kept.
+        """
+
+    @_abc_1.abstractmethod
+    def WatchMemories(
+        self,
+        request: _memory_service_pb2.WatchMemoriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_memory_service_pb2.WatchMemoriesResponse], _abc.AsyncIterator[_memory_service_pb2.WatchMemoriesResponse]]:
+        """Follows the memories of a namespace: every change (created, updated,
+        superseded, deleted, expired, erased) after `after_change_sequence`, each
+        exactly once and in the order the changes committed, whichever replica
+        wrote them; then the changes as they commit, with a heartbeat while it is
+        quiet. A client whose stream breaks watches again from the last
+        `change_sequence` it received. Served over gRPC only (not the HTTP port).
         """
 
 def add_MemoryServiceServicer_to_server(servicer: MemoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

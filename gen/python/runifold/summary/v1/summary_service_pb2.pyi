@@ -501,16 +501,27 @@ class EraseSummariesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ERASED_FIELD_NUMBER: _builtins.int
+    SUMMARIES_ERASED_FIELD_NUMBER: _builtins.int
+    JOBS_ERASED_FIELD_NUMBER: _builtins.int
     erased: _builtins.int
     """Rows erased (summaries, history and jobs); 0 when there was nothing left."""
+    summaries_erased: _builtins.int
+    """Summaries erased (the current one and the history), by every erasure of
+    this incarnation so far (a retry reports the first call's too); by this
+    call when `incarnation` is 0.
+    """
+    jobs_erased: _builtins.int
+    """Summary jobs erased, counted the same way."""
     def __init__(
         self,
         *,
         erased: _builtins.int = ...,
+        summaries_erased: _builtins.int = ...,
+        jobs_erased: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["erased", b"erased"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["erased", b"erased", "jobs_erased", b"jobs_erased", "summaries_erased", b"summaries_erased"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, ForkConversationRequest, ForkConversationResponse, GetConversationRequest, GetConversationResponse, GetStateRequest, GetStateResponse, ListAppendsRequest, ListAppendsResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, LoadViewRequest, LoadViewResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
+from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, ForkConversationRequest, ForkConversationResponse, GetConversationRequest, GetConversationResponse, GetErasureReceiptRequest, GetErasureReceiptResponse, GetStateRequest, GetStateResponse, ListAppendsRequest, ListAppendsResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, ListNamespacesRequest, ListNamespacesResponse, LoadViewRequest, LoadViewResponse, RecordErasureReceiptRequest, RecordErasureReceiptResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -93,7 +93,9 @@ class TranscriptService(Protocol):
 
     async def list_conversations(self, request: ListConversationsRequest, ctx: RequestContext[ListConversationsRequest, ListConversationsResponse], /) -> ListConversationsResponse:
         """
-        Lists the conversations of a namespace, newest id last (AIP-158).
+        Lists the conversations of a namespace (AIP-158): in increasing id order,
+        or newest first (ListConversationsRequest.order), each with a preview of
+        its first user message.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -144,6 +146,30 @@ class TranscriptService(Protocol):
         `Erased` when it is erased. A stream that ends with UNAVAILABLE or
         RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
         last sequence received: nothing is missed and nothing repeats.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def list_namespaces(self, request: ListNamespacesRequest, ctx: RequestContext[ListNamespacesRequest, ListNamespacesResponse], /) -> ListNamespacesResponse:
+        """
+        Lists the namespaces that hold conversations, among those the caller may
+        read: with authentication on, only namespaces its identity grants (every
+        namespace for a "*" grant); with it off, every namespace. In name order,
+        paginated (AIP-158); each page costs one index probe per namespace.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def record_erasure_receipt(self, request: RecordErasureReceiptRequest, ctx: RequestContext[RecordErasureReceiptRequest, RecordErasureReceiptResponse], /) -> RecordErasureReceiptResponse:
+        """
+        Records the receipt of an erasure of one incarnation of a conversation
+        (AgentService.EraseConversation calls it), or merges what a later call of
+        the same erasure reports: counts only grow, parts only leave `remaining`.
+        One receipt per incarnation.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def get_erasure_receipt(self, request: GetErasureReceiptRequest, ctx: RequestContext[GetErasureReceiptRequest, GetErasureReceiptResponse], /) -> GetErasureReceiptResponse:
+        """
+        Returns a kept erasure receipt: by id, or the latest of a conversation.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -311,6 +337,39 @@ class TranscriptServiceASGIApplication(ConnectASGIApplication[TranscriptService]
                         stream_type=StreamType.SERVER_STREAM,
                     ),
                     function=svc.watch_conversation,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ListNamespaces": Endpoint.unary(
+                    method=MethodInfo(
+                        name="ListNamespaces",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ListNamespacesRequest,
+                        output=ListNamespacesResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.list_namespaces,
+                ),
+                "/runifold.transcript.v1.TranscriptService/RecordErasureReceipt": Endpoint.unary(
+                    method=MethodInfo(
+                        name="RecordErasureReceipt",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=RecordErasureReceiptRequest,
+                        output=RecordErasureReceiptResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.record_erasure_receipt,
+                ),
+                "/runifold.transcript.v1.TranscriptService/GetErasureReceipt": Endpoint.unary(
+                    method=MethodInfo(
+                        name="GetErasureReceipt",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=GetErasureReceiptRequest,
+                        output=GetErasureReceiptResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.get_erasure_receipt,
                 ),
                 "/runifold.transcript.v1.TranscriptService/ForkConversation": Endpoint.unary(
                     method=MethodInfo(
@@ -518,7 +577,9 @@ class TranscriptServiceClient(ConnectClient):
         timeout_ms: int | None = None,
     ) -> ListConversationsResponse:
         """
-        Lists the conversations of a namespace, newest id last (AIP-158).
+        Lists the conversations of a namespace (AIP-158): in increasing id order,
+        or newest first (ListConversationsRequest.order), each with a preview of
+        its first user message.
         """
         return await self.execute_unary(
             request=request,
@@ -685,6 +746,81 @@ class TranscriptServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def list_namespaces(
+        self,
+        request: ListNamespacesRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListNamespacesResponse:
+        """
+        Lists the namespaces that hold conversations, among those the caller may
+        read: with authentication on, only namespaces its identity grants (every
+        namespace for a "*" grant); with it off, every namespace. In name order,
+        paginated (AIP-158); each page costs one index probe per namespace.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListNamespaces",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ListNamespacesRequest,
+                output=ListNamespacesResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def record_erasure_receipt(
+        self,
+        request: RecordErasureReceiptRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> RecordErasureReceiptResponse:
+        """
+        Records the receipt of an erasure of one incarnation of a conversation
+        (AgentService.EraseConversation calls it), or merges what a later call of
+        the same erasure reports: counts only grow, parts only leave `remaining`.
+        One receipt per incarnation.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="RecordErasureReceipt",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=RecordErasureReceiptRequest,
+                output=RecordErasureReceiptResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def get_erasure_receipt(
+        self,
+        request: GetErasureReceiptRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> GetErasureReceiptResponse:
+        """
+        Returns a kept erasure receipt: by id, or the latest of a conversation.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetErasureReceipt",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=GetErasureReceiptRequest,
+                output=GetErasureReceiptResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
     async def fork_conversation(
         self,
         request: ForkConversationRequest,
@@ -795,7 +931,9 @@ class TranscriptServiceSync(Protocol):
 
     def list_conversations(self, request: ListConversationsRequest, ctx: RequestContext[ListConversationsRequest, ListConversationsResponse], /) -> ListConversationsResponse:
         """
-        Lists the conversations of a namespace, newest id last (AIP-158).
+        Lists the conversations of a namespace (AIP-158): in increasing id order,
+        or newest first (ListConversationsRequest.order), each with a preview of
+        its first user message.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -846,6 +984,30 @@ class TranscriptServiceSync(Protocol):
         `Erased` when it is erased. A stream that ends with UNAVAILABLE or
         RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
         last sequence received: nothing is missed and nothing repeats.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def list_namespaces(self, request: ListNamespacesRequest, ctx: RequestContext[ListNamespacesRequest, ListNamespacesResponse], /) -> ListNamespacesResponse:
+        """
+        Lists the namespaces that hold conversations, among those the caller may
+        read: with authentication on, only namespaces its identity grants (every
+        namespace for a "*" grant); with it off, every namespace. In name order,
+        paginated (AIP-158); each page costs one index probe per namespace.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def record_erasure_receipt(self, request: RecordErasureReceiptRequest, ctx: RequestContext[RecordErasureReceiptRequest, RecordErasureReceiptResponse], /) -> RecordErasureReceiptResponse:
+        """
+        Records the receipt of an erasure of one incarnation of a conversation
+        (AgentService.EraseConversation calls it), or merges what a later call of
+        the same erasure reports: counts only grow, parts only leave `remaining`.
+        One receipt per incarnation.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def get_erasure_receipt(self, request: GetErasureReceiptRequest, ctx: RequestContext[GetErasureReceiptRequest, GetErasureReceiptResponse], /) -> GetErasureReceiptResponse:
+        """
+        Returns a kept erasure receipt: by id, or the latest of a conversation.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -1011,6 +1173,39 @@ class TranscriptServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.SERVER_STREAM,
                     ),
                     function=service.watch_conversation,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ListNamespaces": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="ListNamespaces",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ListNamespacesRequest,
+                        output=ListNamespacesResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.list_namespaces,
+                ),
+                "/runifold.transcript.v1.TranscriptService/RecordErasureReceipt": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="RecordErasureReceipt",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=RecordErasureReceiptRequest,
+                        output=RecordErasureReceiptResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.record_erasure_receipt,
+                ),
+                "/runifold.transcript.v1.TranscriptService/GetErasureReceipt": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="GetErasureReceipt",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=GetErasureReceiptRequest,
+                        output=GetErasureReceiptResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.get_erasure_receipt,
                 ),
                 "/runifold.transcript.v1.TranscriptService/ForkConversation": EndpointSync.unary(
                     method=MethodInfo(
@@ -1218,7 +1413,9 @@ class TranscriptServiceClientSync(ConnectClientSync):
         timeout_ms: int | None = None,
     ) -> ListConversationsResponse:
         """
-        Lists the conversations of a namespace, newest id last (AIP-158).
+        Lists the conversations of a namespace (AIP-158): in increasing id order,
+        or newest first (ListConversationsRequest.order), each with a preview of
+        its first user message.
         """
         return self.execute_unary(
             request=request,
@@ -1381,6 +1578,81 @@ class TranscriptServiceClientSync(ConnectClientSync):
                 output=WatchConversationResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.SERVER_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def list_namespaces(
+        self,
+        request: ListNamespacesRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListNamespacesResponse:
+        """
+        Lists the namespaces that hold conversations, among those the caller may
+        read: with authentication on, only namespaces its identity grants (every
+        namespace for a "*" grant); with it off, every namespace. In name order,
+        paginated (AIP-158); each page costs one index probe per namespace.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListNamespaces",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ListNamespacesRequest,
+                output=ListNamespacesResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def record_erasure_receipt(
+        self,
+        request: RecordErasureReceiptRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> RecordErasureReceiptResponse:
+        """
+        Records the receipt of an erasure of one incarnation of a conversation
+        (AgentService.EraseConversation calls it), or merges what a later call of
+        the same erasure reports: counts only grow, parts only leave `remaining`.
+        One receipt per incarnation.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="RecordErasureReceipt",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=RecordErasureReceiptRequest,
+                output=RecordErasureReceiptResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def get_erasure_receipt(
+        self,
+        request: GetErasureReceiptRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> GetErasureReceiptResponse:
+        """
+        Returns a kept erasure receipt: by id, or the latest of a conversation.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetErasureReceipt",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=GetErasureReceiptRequest,
+                output=GetErasureReceiptResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
             ),
             headers=headers,
             timeout_ms=timeout_ms,

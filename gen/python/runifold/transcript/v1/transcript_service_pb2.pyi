@@ -136,6 +136,34 @@ TURN_FINISH_LAPSED: TurnFinish.ValueType  # 4
 """Its lease lapsed (its process stalled or died), or was taken over."""
 Global___TurnFinish: _TypeAlias = TurnFinish  # noqa: Y015
 
+class _ConversationOrder:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConversationOrderEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConversationOrder.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONVERSATION_ORDER_UNSPECIFIED: _ConversationOrder.ValueType  # 0
+    """Same as CONVERSATION_ORDER_ID."""
+    CONVERSATION_ORDER_ID: _ConversationOrder.ValueType  # 1
+    """Increasing conversation id (UUIDv7 ids the server made sort by creation)."""
+    CONVERSATION_ORDER_NEWEST_FIRST: _ConversationOrder.ValueType  # 2
+    """Newest first: decreasing creation time (`create_time`), then decreasing
+    id. A conversation created while a listing pages is not in its later pages.
+    """
+
+class ConversationOrder(_ConversationOrder, metaclass=_ConversationOrderEnumTypeWrapper):
+    """The order of ListConversations."""
+
+CONVERSATION_ORDER_UNSPECIFIED: ConversationOrder.ValueType  # 0
+"""Same as CONVERSATION_ORDER_ID."""
+CONVERSATION_ORDER_ID: ConversationOrder.ValueType  # 1
+"""Increasing conversation id (UUIDv7 ids the server made sort by creation)."""
+CONVERSATION_ORDER_NEWEST_FIRST: ConversationOrder.ValueType  # 2
+"""Newest first: decreasing creation time (`create_time`), then decreasing
+id. A conversation created while a listing pages is not in its later pages.
+"""
+Global___ConversationOrder: _TypeAlias = ConversationOrder  # noqa: Y015
+
 @_typing.final
 class Conversation(_message.Message):
     """A conversation and its counters."""
@@ -172,6 +200,7 @@ class Conversation(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     USER_ID_FIELD_NUMBER: _builtins.int
     STATE_JSON_FIELD_NUMBER: _builtins.int
+    PREVIEW_FIELD_NUMBER: _builtins.int
     FORK_ORIGIN_FIELD_NUMBER: _builtins.int
     HEAD_DIGEST_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
@@ -196,6 +225,13 @@ class Conversation(_message.Message):
     state_json: _builtins.str
     """The conversation's state, a JSON object ("{}" when nothing was set), at
     `version`. Empty in ListConversations unless CONVERSATION_VIEW_FULL.
+    """
+    preview: _builtins.str
+    """The text of its first user message, clipped to 200 characters (an
+    ellipsis marks a clipped one), for listings: the first ROLE_USER entry
+    among its first 16 entries that is not retracted, or empty when there is
+    none. Set by ListConversations only (one index probe per conversation);
+    empty in every other response. Untrusted text, as the transcript is.
     """
     head_digest: _builtins.bytes
     """The SHA-256 digest of the newest append (ListAppends): it binds every entry,
@@ -233,12 +269,13 @@ class Conversation(_message.Message):
         incarnation: _builtins.int = ...,
         user_id: _builtins.str = ...,
         state_json: _builtins.str = ...,
+        preview: _builtins.str = ...,
         fork_origin: Global___ForkOrigin | None = ...,
         head_digest: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "fork_origin", b"fork_origin", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "fork_origin", b"fork_origin", "head_digest", b"head_digest", "incarnation", b"incarnation", "labels", b"labels", "last_sequence", b"last_sequence", "namespace", b"namespace", "state_json", b"state_json", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "fork_origin", b"fork_origin", "head_digest", b"head_digest", "incarnation", b"incarnation", "labels", b"labels", "last_sequence", b"last_sequence", "namespace", b"namespace", "preview", b"preview", "state_json", b"state_json", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -804,6 +841,7 @@ class ListConversationsRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     USER_ID_FIELD_NUMBER: _builtins.int
     VIEW_FIELD_NUMBER: _builtins.int
+    ORDER_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     """Namespace to list."""
     page_size: _builtins.int
@@ -814,6 +852,10 @@ class ListConversationsRequest(_message.Message):
     """Only the conversations of this user (Conversation.user_id); empty: all."""
     view: Global___ConversationView.ValueType
     """How much of each conversation to return."""
+    order: Global___ConversationOrder.ValueType
+    """The order of the listing; a page token continues only the order it came
+    from (INVALID_ARGUMENT / INVALID_PAGE_TOKEN otherwise).
+    """
     def __init__(
         self,
         *,
@@ -822,10 +864,11 @@ class ListConversationsRequest(_message.Message):
         page_token: _builtins.str = ...,
         user_id: _builtins.str = ...,
         view: Global___ConversationView.ValueType = ...,
+        order: Global___ConversationOrder.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id", "view", b"view"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "order", b"order", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id", "view", b"view"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -843,7 +886,7 @@ class ListConversationsResponse(_message.Message):
     """Token of the next page; empty on the last page."""
     @_builtins.property
     def conversations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Conversation]:
-        """Conversations in increasing id order."""
+        """Conversations in the order asked (ListConversationsRequest.order)."""
 
     def __init__(
         self,
@@ -868,6 +911,7 @@ class DeleteConversationRequest(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     NAMESPACE_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    RECEIPT_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID of the conversation."""
     namespace: _builtins.str
@@ -877,16 +921,24 @@ class DeleteConversationRequest(_message.Message):
     erased and made again meanwhile under the same id is left alone
     (`deleted` false). 0: whatever incarnation exists.
     """
+    @_builtins.property
+    def receipt(self) -> Global___ErasureProgress:
+        """With `incarnation`: record the erasure's receipt in the same transaction
+        as the deletion (with the entries and appends this call erases), as
+        RecordErasureReceipt does.
+        """
+
     def __init__(
         self,
         *,
         conversation_id: _builtins.str = ...,
         namespace: _builtins.str = ...,
         incarnation: _builtins.int = ...,
+        receipt: Global___ErasureProgress | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "incarnation", b"incarnation", "namespace", b"namespace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "incarnation", b"incarnation", "namespace", b"namespace", "receipt", b"receipt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -900,19 +952,29 @@ class DeleteConversationResponse(_message.Message):
 
     DELETED_FIELD_NUMBER: _builtins.int
     ENTRIES_DELETED_FIELD_NUMBER: _builtins.int
+    APPENDS_DELETED_FIELD_NUMBER: _builtins.int
+    RECEIPT_FIELD_NUMBER: _builtins.int
     deleted: _builtins.bool
     """False when there was nothing to delete (already deleted or never existed)."""
     entries_deleted: _builtins.int
     """Number of entries erased."""
+    appends_deleted: _builtins.int
+    """Number of committed appends (versions) erased."""
+    @_builtins.property
+    def receipt(self) -> Global___ErasureReceipt:
+        """The receipt recorded, when the request asked for one."""
+
     def __init__(
         self,
         *,
         deleted: _builtins.bool = ...,
         entries_deleted: _builtins.int = ...,
+        appends_deleted: _builtins.int = ...,
+        receipt: Global___ErasureReceipt | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted", "entries_deleted", b"entries_deleted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["appends_deleted", b"appends_deleted", "deleted", b"deleted", "entries_deleted", b"entries_deleted", "receipt", b"receipt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1684,6 +1746,310 @@ class Erased(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Erased: _TypeAlias = Erased  # noqa: Y015
+
+@_typing.final
+class ListNamespacesRequest(_message.Message):
+    """Request of ListNamespaces."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """Maximum namespaces per page: 0 means 100, at most 1000."""
+    page_token: _builtins.str
+    """Opaque token from a previous response (of the same caller's identity)."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListNamespacesRequest: _TypeAlias = ListNamespacesRequest  # noqa: Y015
+
+@_typing.final
+class ListNamespacesResponse(_message.Message):
+    """Response of ListNamespaces."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token of the next page; empty on the last page."""
+    @_builtins.property
+    def namespaces(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Namespaces that hold at least one conversation, in increasing name order."""
+
+    def __init__(
+        self,
+        *,
+        namespaces: _abc.Iterable[_builtins.str] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespaces", b"namespaces", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListNamespacesResponse: _TypeAlias = ListNamespacesResponse  # noqa: Y015
+
+@_typing.final
+class ErasureProgress(_message.Message):
+    """What an erasure reports of its progress: counts of what it erased in each
+    store, and the parts it has not erased yet.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class CountsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    COUNTS_FIELD_NUMBER: _builtins.int
+    REMAINING_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Per store, what was erased (names of 1..32 characters of [a-z_]; at most
+        32). A count recorded before is kept if it is larger.
+        """
+
+    @_builtins.property
+    def remaining(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Parts not yet erased (same names). A part once erased never comes back."""
+
+    def __init__(
+        self,
+        *,
+        counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        remaining: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "remaining", b"remaining"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ErasureProgress: _TypeAlias = ErasureProgress  # noqa: Y015
+
+@_typing.final
+class ErasureReceipt(_message.Message):
+    """The receipt of the erasure of one incarnation of a conversation: counts,
+    never content.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class CountsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    RECEIPT_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    COUNTS_FIELD_NUMBER: _builtins.int
+    REMAINING_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    COMPLETE_TIME_FIELD_NUMBER: _builtins.int
+    receipt_id: _builtins.str
+    """UUID of the receipt."""
+    conversation_id: _builtins.str
+    """UUID of the erased conversation."""
+    namespace: _builtins.str
+    """Namespace that owned it."""
+    incarnation: _builtins.int
+    """The incarnation erased."""
+    @_builtins.property
+    def counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Per store, what was erased: "entries" and "appends" (this service's), and
+        what the eraser recorded for the other stores.
+        """
+
+    @_builtins.property
+    def remaining(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Parts not yet erased."""
+
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was first recorded."""
+
+    @_builtins.property
+    def complete_time(self) -> _timestamp_pb2.Timestamp:
+        """When `remaining` became empty; absent until then."""
+
+    def __init__(
+        self,
+        *,
+        receipt_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        remaining: _abc.Iterable[_builtins.str] | None = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        complete_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["complete_time", b"complete_time", "create_time", b"create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete_time", b"complete_time", "conversation_id", b"conversation_id", "counts", b"counts", "create_time", b"create_time", "incarnation", b"incarnation", "namespace", b"namespace", "receipt_id", b"receipt_id", "remaining", b"remaining"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ErasureReceipt: _TypeAlias = ErasureReceipt  # noqa: Y015
+
+@_typing.final
+class RecordErasureReceiptRequest(_message.Message):
+    """Request of RecordErasureReceipt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace that owns the conversation."""
+    conversation_id: _builtins.str
+    """UUID of the conversation."""
+    incarnation: _builtins.int
+    """The incarnation being erased (not 0)."""
+    @_builtins.property
+    def progress(self) -> Global___ErasureProgress:
+        """What the erasure erased so far, and what remains."""
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        progress: Global___ErasureProgress | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "incarnation", b"incarnation", "namespace", b"namespace", "progress", b"progress"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordErasureReceiptRequest: _TypeAlias = RecordErasureReceiptRequest  # noqa: Y015
+
+@_typing.final
+class RecordErasureReceiptResponse(_message.Message):
+    """Response of RecordErasureReceipt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECEIPT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def receipt(self) -> Global___ErasureReceipt:
+        """The receipt as kept after the merge."""
+
+    def __init__(
+        self,
+        *,
+        receipt: Global___ErasureReceipt | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordErasureReceiptResponse: _TypeAlias = RecordErasureReceiptResponse  # noqa: Y015
+
+@_typing.final
+class GetErasureReceiptRequest(_message.Message):
+    """Request of GetErasureReceipt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    RECEIPT_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace that owned the conversation."""
+    receipt_id: _builtins.str
+    """UUID of the receipt; or empty, with `conversation_id`."""
+    conversation_id: _builtins.str
+    """UUID of the conversation: its latest receipt (when `receipt_id` is empty)."""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        receipt_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "namespace", b"namespace", "receipt_id", b"receipt_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetErasureReceiptRequest: _TypeAlias = GetErasureReceiptRequest  # noqa: Y015
+
+@_typing.final
+class GetErasureReceiptResponse(_message.Message):
+    """Response of GetErasureReceipt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECEIPT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def receipt(self) -> Global___ErasureReceipt:
+        """The receipt."""
+
+    def __init__(
+        self,
+        *,
+        receipt: Global___ErasureReceipt | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetErasureReceiptResponse: _TypeAlias = GetErasureReceiptResponse  # noqa: Y015
 
 @_typing.final
 class ForkOrigin(_message.Message):

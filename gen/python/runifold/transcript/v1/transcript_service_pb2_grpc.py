@@ -110,6 +110,21 @@ class TranscriptServiceStub:
                 request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationRequest.SerializeToString,
                 response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationResponse.FromString,
                 _registered_method=True)
+        self.ListNamespaces = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/ListNamespaces',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListNamespacesRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListNamespacesResponse.FromString,
+                _registered_method=True)
+        self.RecordErasureReceipt = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/RecordErasureReceipt',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.RecordErasureReceiptRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.RecordErasureReceiptResponse.FromString,
+                _registered_method=True)
+        self.GetErasureReceipt = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/GetErasureReceipt',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetErasureReceiptRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetErasureReceiptResponse.FromString,
+                _registered_method=True)
         self.ForkConversation = channel.unary_unary(
                 '/runifold.transcript.v1.TranscriptService/ForkConversation',
                 request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ForkConversationRequest.SerializeToString,
@@ -182,7 +197,9 @@ class TranscriptServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListConversations(self, request, context):
-        """Lists the conversations of a namespace, newest id last (AIP-158).
+        """Lists the conversations of a namespace (AIP-158): in increasing id order,
+        or newest first (ListConversationsRequest.order), each with a preview of
+        its first user message.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -239,6 +256,33 @@ class TranscriptServiceServicer:
         `Erased` when it is erased. A stream that ends with UNAVAILABLE or
         RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
         last sequence received: nothing is missed and nothing repeats.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListNamespaces(self, request, context):
+        """Lists the namespaces that hold conversations, among those the caller may
+        read: with authentication on, only namespaces its identity grants (every
+        namespace for a "*" grant); with it off, every namespace. In name order,
+        paginated (AIP-158); each page costs one index probe per namespace.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecordErasureReceipt(self, request, context):
+        """Records the receipt of an erasure of one incarnation of a conversation
+        (AgentService.EraseConversation calls it), or merges what a later call of
+        the same erasure reports: counts only grow, parts only leave `remaining`.
+        One receipt per incarnation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetErasureReceipt(self, request, context):
+        """Returns a kept erasure receipt: by id, or the latest of a conversation.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -327,6 +371,21 @@ def add_TranscriptServiceServicer_to_server(servicer, server):
                     servicer.WatchConversation,
                     request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationRequest.FromString,
                     response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationResponse.SerializeToString,
+            ),
+            'ListNamespaces': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListNamespaces,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListNamespacesRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListNamespacesResponse.SerializeToString,
+            ),
+            'RecordErasureReceipt': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordErasureReceipt,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.RecordErasureReceiptRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.RecordErasureReceiptResponse.SerializeToString,
+            ),
+            'GetErasureReceipt': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetErasureReceipt,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetErasureReceiptRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetErasureReceiptResponse.SerializeToString,
             ),
             'ForkConversation': grpc.unary_unary_rpc_method_handler(
                     servicer.ForkConversation,
@@ -679,6 +738,87 @@ class TranscriptService:
             '/runifold.transcript.v1.TranscriptService/WatchConversation',
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationRequest.SerializeToString,
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListNamespaces(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/ListNamespaces',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListNamespacesRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListNamespacesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordErasureReceipt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/RecordErasureReceipt',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.RecordErasureReceiptRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.RecordErasureReceiptResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetErasureReceipt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/GetErasureReceipt',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetErasureReceiptRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetErasureReceiptResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -68,7 +68,10 @@ class TranscriptServiceStub:
     transcript's length.
     """
     ListConversations: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ListConversationsRequest, _transcript_service_pb2.ListConversationsResponse]
-    """Lists the conversations of a namespace, newest id last (AIP-158)."""
+    """Lists the conversations of a namespace (AIP-158): in increasing id order,
+    or newest first (ListConversationsRequest.order), each with a preview of
+    its first user message.
+    """
     DeleteConversation: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.DeleteConversationRequest, _transcript_service_pb2.DeleteConversationResponse]
     """Erases a conversation and every entry of it. Idempotent."""
     GetState: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.GetStateRequest, _transcript_service_pb2.GetStateResponse]
@@ -99,6 +102,20 @@ class TranscriptServiceStub:
     RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
     last sequence received: nothing is missed and nothing repeats.
     """
+    ListNamespaces: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ListNamespacesRequest, _transcript_service_pb2.ListNamespacesResponse]
+    """Lists the namespaces that hold conversations, among those the caller may
+    read: with authentication on, only namespaces its identity grants (every
+    namespace for a "*" grant); with it off, every namespace. In name order,
+    paginated (AIP-158); each page costs one index probe per namespace.
+    """
+    RecordErasureReceipt: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.RecordErasureReceiptRequest, _transcript_service_pb2.RecordErasureReceiptResponse]
+    """Records the receipt of an erasure of one incarnation of a conversation
+    (AgentService.EraseConversation calls it), or merges what a later call of
+    the same erasure reports: counts only grow, parts only leave `remaining`.
+    One receipt per incarnation.
+    """
+    GetErasureReceipt: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.GetErasureReceiptRequest, _transcript_service_pb2.GetErasureReceiptResponse]
+    """Returns a kept erasure receipt: by id, or the latest of a conversation."""
     ForkConversation: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ForkConversationRequest, _transcript_service_pb2.ForkConversationResponse]
     """Makes a conversation from the entries 1..through_sequence of another of the same
     namespace (edit and regenerate, a branch to try another answer). The fork shares
@@ -153,7 +170,10 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     transcript's length.
     """
     ListConversations: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ListConversationsRequest, _transcript_service_pb2.ListConversationsResponse]  # type: ignore[assignment]
-    """Lists the conversations of a namespace, newest id last (AIP-158)."""
+    """Lists the conversations of a namespace (AIP-158): in increasing id order,
+    or newest first (ListConversationsRequest.order), each with a preview of
+    its first user message.
+    """
     DeleteConversation: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.DeleteConversationRequest, _transcript_service_pb2.DeleteConversationResponse]  # type: ignore[assignment]
     """Erases a conversation and every entry of it. Idempotent."""
     GetState: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.GetStateRequest, _transcript_service_pb2.GetStateResponse]  # type: ignore[assignment]
@@ -184,6 +204,20 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
     last sequence received: nothing is missed and nothing repeats.
     """
+    ListNamespaces: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ListNamespacesRequest, _transcript_service_pb2.ListNamespacesResponse]  # type: ignore[assignment]
+    """Lists the namespaces that hold conversations, among those the caller may
+    read: with authentication on, only namespaces its identity grants (every
+    namespace for a "*" grant); with it off, every namespace. In name order,
+    paginated (AIP-158); each page costs one index probe per namespace.
+    """
+    RecordErasureReceipt: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.RecordErasureReceiptRequest, _transcript_service_pb2.RecordErasureReceiptResponse]  # type: ignore[assignment]
+    """Records the receipt of an erasure of one incarnation of a conversation
+    (AgentService.EraseConversation calls it), or merges what a later call of
+    the same erasure reports: counts only grow, parts only leave `remaining`.
+    One receipt per incarnation.
+    """
+    GetErasureReceipt: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.GetErasureReceiptRequest, _transcript_service_pb2.GetErasureReceiptResponse]  # type: ignore[assignment]
+    """Returns a kept erasure receipt: by id, or the latest of a conversation."""
     ForkConversation: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ForkConversationRequest, _transcript_service_pb2.ForkConversationResponse]  # type: ignore[assignment]
     """Makes a conversation from the entries 1..through_sequence of another of the same
     namespace (edit and regenerate, a branch to try another answer). The fork shares
@@ -271,7 +305,10 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _transcript_service_pb2.ListConversationsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_transcript_service_pb2.ListConversationsResponse, _abc.Awaitable[_transcript_service_pb2.ListConversationsResponse]]:
-        """Lists the conversations of a namespace, newest id last (AIP-158)."""
+        """Lists the conversations of a namespace (AIP-158): in increasing id order,
+        or newest first (ListConversationsRequest.order), each with a preview of
+        its first user message.
+        """
 
     @_abc_1.abstractmethod
     def DeleteConversation(
@@ -338,6 +375,38 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
         last sequence received: nothing is missed and nothing repeats.
         """
+
+    @_abc_1.abstractmethod
+    def ListNamespaces(
+        self,
+        request: _transcript_service_pb2.ListNamespacesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.ListNamespacesResponse, _abc.Awaitable[_transcript_service_pb2.ListNamespacesResponse]]:
+        """Lists the namespaces that hold conversations, among those the caller may
+        read: with authentication on, only namespaces its identity grants (every
+        namespace for a "*" grant); with it off, every namespace. In name order,
+        paginated (AIP-158); each page costs one index probe per namespace.
+        """
+
+    @_abc_1.abstractmethod
+    def RecordErasureReceipt(
+        self,
+        request: _transcript_service_pb2.RecordErasureReceiptRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.RecordErasureReceiptResponse, _abc.Awaitable[_transcript_service_pb2.RecordErasureReceiptResponse]]:
+        """Records the receipt of an erasure of one incarnation of a conversation
+        (AgentService.EraseConversation calls it), or merges what a later call of
+        the same erasure reports: counts only grow, parts only leave `remaining`.
+        One receipt per incarnation.
+        """
+
+    @_abc_1.abstractmethod
+    def GetErasureReceipt(
+        self,
+        request: _transcript_service_pb2.GetErasureReceiptRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.GetErasureReceiptResponse, _abc.Awaitable[_transcript_service_pb2.GetErasureReceiptResponse]]:
+        """Returns a kept erasure receipt: by id, or the latest of a conversation."""
 
     @_abc_1.abstractmethod
     def ForkConversation(

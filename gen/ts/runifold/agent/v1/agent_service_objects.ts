@@ -3,6 +3,7 @@
 /* eslint-disable */
 
 import type { Budget, Budget__Output, Message, Message__Output, ToolCall, ToolCall__Output, ToolDefinition, ToolDefinition__Output, Usage, Usage__Output } from "../../common/v1/common_objects.js";
+import type { Timestamp, Timestamp__Output } from "../../../google/protobuf/timestamp_objects.js";
 
 /**
  * What to do when the view has unsummarized entries outside the window.
@@ -1004,6 +1005,16 @@ export interface EraseConversationResponse {
    * @generated from field: int64 summaries_deleted = 6;
    */
   'summaries_deleted'?: (number | string | bigint);
+  /**
+   * The erasure's receipt: what it erased in each store, over every call that
+   * worked on this incarnation of the conversation (a retry completes the same
+   * receipt). Absent when TranscriptService could not record it (`complete`
+   * is then false too: a retry records it), and when the conversation does
+   * not exist and no receipt of it is kept.
+   *
+   * @generated from field: runifold.agent.v1.ErasureReceipt receipt = 7;
+   */
+  'receipt'?: (ErasureReceipt | null);
 }
 
 /**
@@ -1051,6 +1062,324 @@ export interface EraseConversationResponse__Output {
    * @generated from field: int64 summaries_deleted = 6;
    */
   'summaries_deleted': (number);
+  /**
+   * The erasure's receipt: what it erased in each store, over every call that
+   * worked on this incarnation of the conversation (a retry completes the same
+   * receipt). Absent when TranscriptService could not record it (`complete`
+   * is then false too: a retry records it), and when the conversation does
+   * not exist and no receipt of it is kept.
+   *
+   * @generated from field: runifold.agent.v1.ErasureReceipt receipt = 7;
+   */
+  'receipt': (ErasureReceipt__Output | null);
+}
+
+/**
+ * What an erasure of one incarnation of a conversation erased, store by store:
+ * counts, never content. Kept by TranscriptService after the conversation is
+ * gone (for RUNIFOLD_ERASURE_RECEIPT_RETENTION_S), readable by GetErasureReceipt.
+ * One receipt per incarnation: a retried erasure completes the same receipt.
+ *
+ * @generated from message runifold.agent.v1.ErasureReceipt
+ */
+export interface ErasureReceipt {
+  /**
+   * UUID of the receipt.
+   *
+   * @generated from field: string receipt_id = 1;
+   */
+  'receipt_id'?: (string);
+  /**
+   * UUID of the erased conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id'?: (string);
+  /**
+   * Namespace that owned it.
+   *
+   * @generated from field: string namespace = 3;
+   */
+  'namespace'?: (string);
+  /**
+   * The incarnation erased (Conversation.incarnation).
+   *
+   * @generated from field: int64 incarnation = 4;
+   */
+  'incarnation'?: (number | string | bigint);
+  /**
+   * When the erasure first recorded it.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 5;
+   */
+  'create_time'?: (Timestamp | null);
+  /**
+   * When every part was erased, the vector index included; absent until then.
+   *
+   * @generated from field: google.protobuf.Timestamp complete_time = 6;
+   */
+  'complete_time'?: (Timestamp | null);
+  /**
+   * Parts not yet erased: "summary", "memory", "memory_index" (the index
+   * catches up through MemoryService's outbox), "transcript". Empty once
+   * `complete_time` is set.
+   *
+   * @generated from field: repeated string remaining = 7;
+   */
+  'remaining'?: (string)[];
+  /**
+   * Transcript entries erased.
+   *
+   * @generated from field: int64 entries = 8;
+   */
+  'entries'?: (number | string | bigint);
+  /**
+   * Committed appends (the conversation's versions) erased.
+   *
+   * @generated from field: int64 appends = 9;
+   */
+  'appends'?: (number | string | bigint);
+  /**
+   * Summaries erased: the current one and the replaced ones kept as history.
+   *
+   * @generated from field: int64 summaries = 10;
+   */
+  'summaries'?: (number | string | bigint);
+  /**
+   * Background summary jobs erased, whatever their state.
+   *
+   * @generated from field: int64 summary_jobs = 11;
+   */
+  'summary_jobs'?: (number | string | bigint);
+  /**
+   * Background curation jobs erased (0 while automatic curation is not there).
+   *
+   * @generated from field: int64 curation_jobs = 12;
+   */
+  'curation_jobs'?: (number | string | bigint);
+  /**
+   * Memories deleted because they were derived from the conversation.
+   *
+   * @generated from field: int64 memories = 13;
+   */
+  'memories'?: (number | string | bigint);
+  /**
+   * Revisions of those memories whose content was erased (each keeps only its
+   * number, kind and time).
+   *
+   * @generated from field: int64 memory_revisions = 14;
+   */
+  'memory_revisions'?: (number | string | bigint);
+  /**
+   * Vector index points removed: one per deleted memory (a memory deleted
+   * before the indexer reached it never had one; a tombstone takes its
+   * place). `remaining` holds "memory_index" until the indexer has removed
+   * them all.
+   *
+   * @generated from field: int64 index_points = 15;
+   */
+  'index_points'?: (number | string | bigint);
+  /**
+   * Forks of the conversation erased (0: conversations are not forked yet).
+   *
+   * @generated from field: int64 forks = 16;
+   */
+  'forks'?: (number | string | bigint);
+}
+
+/**
+ * What an erasure of one incarnation of a conversation erased, store by store:
+ * counts, never content. Kept by TranscriptService after the conversation is
+ * gone (for RUNIFOLD_ERASURE_RECEIPT_RETENTION_S), readable by GetErasureReceipt.
+ * One receipt per incarnation: a retried erasure completes the same receipt.
+ *
+ * @generated from message runifold.agent.v1.ErasureReceipt
+ */
+export interface ErasureReceipt__Output {
+  /**
+   * UUID of the receipt.
+   *
+   * @generated from field: string receipt_id = 1;
+   */
+  'receipt_id': (string);
+  /**
+   * UUID of the erased conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id': (string);
+  /**
+   * Namespace that owned it.
+   *
+   * @generated from field: string namespace = 3;
+   */
+  'namespace': (string);
+  /**
+   * The incarnation erased (Conversation.incarnation).
+   *
+   * @generated from field: int64 incarnation = 4;
+   */
+  'incarnation': (number);
+  /**
+   * When the erasure first recorded it.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 5;
+   */
+  'create_time': (Timestamp__Output | null);
+  /**
+   * When every part was erased, the vector index included; absent until then.
+   *
+   * @generated from field: google.protobuf.Timestamp complete_time = 6;
+   */
+  'complete_time': (Timestamp__Output | null);
+  /**
+   * Parts not yet erased: "summary", "memory", "memory_index" (the index
+   * catches up through MemoryService's outbox), "transcript". Empty once
+   * `complete_time` is set.
+   *
+   * @generated from field: repeated string remaining = 7;
+   */
+  'remaining': (string)[];
+  /**
+   * Transcript entries erased.
+   *
+   * @generated from field: int64 entries = 8;
+   */
+  'entries': (number);
+  /**
+   * Committed appends (the conversation's versions) erased.
+   *
+   * @generated from field: int64 appends = 9;
+   */
+  'appends': (number);
+  /**
+   * Summaries erased: the current one and the replaced ones kept as history.
+   *
+   * @generated from field: int64 summaries = 10;
+   */
+  'summaries': (number);
+  /**
+   * Background summary jobs erased, whatever their state.
+   *
+   * @generated from field: int64 summary_jobs = 11;
+   */
+  'summary_jobs': (number);
+  /**
+   * Background curation jobs erased (0 while automatic curation is not there).
+   *
+   * @generated from field: int64 curation_jobs = 12;
+   */
+  'curation_jobs': (number);
+  /**
+   * Memories deleted because they were derived from the conversation.
+   *
+   * @generated from field: int64 memories = 13;
+   */
+  'memories': (number);
+  /**
+   * Revisions of those memories whose content was erased (each keeps only its
+   * number, kind and time).
+   *
+   * @generated from field: int64 memory_revisions = 14;
+   */
+  'memory_revisions': (number);
+  /**
+   * Vector index points removed: one per deleted memory (a memory deleted
+   * before the indexer reached it never had one; a tombstone takes its
+   * place). `remaining` holds "memory_index" until the indexer has removed
+   * them all.
+   *
+   * @generated from field: int64 index_points = 15;
+   */
+  'index_points': (number);
+  /**
+   * Forks of the conversation erased (0: conversations are not forked yet).
+   *
+   * @generated from field: int64 forks = 16;
+   */
+  'forks': (number);
+}
+
+/**
+ * Request of GetErasureReceipt.
+ *
+ * @generated from message runifold.agent.v1.GetErasureReceiptRequest
+ */
+export interface GetErasureReceiptRequest {
+  /**
+   * Namespace that owned the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace'?: (string);
+  /**
+   * UUID of the receipt; or empty, with `conversation_id`.
+   *
+   * @generated from field: string receipt_id = 2;
+   */
+  'receipt_id'?: (string);
+  /**
+   * UUID of the erased conversation: its latest receipt (when `receipt_id` is
+   * empty).
+   *
+   * @generated from field: string conversation_id = 3;
+   */
+  'conversation_id'?: (string);
+}
+
+/**
+ * Request of GetErasureReceipt.
+ *
+ * @generated from message runifold.agent.v1.GetErasureReceiptRequest
+ */
+export interface GetErasureReceiptRequest__Output {
+  /**
+   * Namespace that owned the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace': (string);
+  /**
+   * UUID of the receipt; or empty, with `conversation_id`.
+   *
+   * @generated from field: string receipt_id = 2;
+   */
+  'receipt_id': (string);
+  /**
+   * UUID of the erased conversation: its latest receipt (when `receipt_id` is
+   * empty).
+   *
+   * @generated from field: string conversation_id = 3;
+   */
+  'conversation_id': (string);
+}
+
+/**
+ * Response of GetErasureReceipt.
+ *
+ * @generated from message runifold.agent.v1.GetErasureReceiptResponse
+ */
+export interface GetErasureReceiptResponse {
+  /**
+   * The receipt, completed if the index has caught up since it was recorded.
+   *
+   * @generated from field: runifold.agent.v1.ErasureReceipt receipt = 1;
+   */
+  'receipt'?: (ErasureReceipt | null);
+}
+
+/**
+ * Response of GetErasureReceipt.
+ *
+ * @generated from message runifold.agent.v1.GetErasureReceiptResponse
+ */
+export interface GetErasureReceiptResponse__Output {
+  /**
+   * The receipt, completed if the index has caught up since it was recorded.
+   *
+   * @generated from field: runifold.agent.v1.ErasureReceipt receipt = 1;
+   */
+  'receipt': (ErasureReceipt__Output | null);
 }
 
 /**
@@ -1086,5 +1415,14 @@ export interface AgentService__Methods {
    * @generated from rpc runifold.agent.v1.AgentService.EraseConversation
    */
   eraseConversation: { request: EraseConversationRequest; response: EraseConversationResponse__Output };
+  /**
+   * Returns the receipt of an erasure (EraseConversationResponse.receipt): what
+   * it erased in each store, and when it was complete. Holds no content. By
+   * `receipt_id`, or the latest receipt of `conversation_id`. A receipt asked
+   * for under another namespace is NOT_FOUND / ERASURE_RECEIPT_NOT_FOUND.
+   *
+   * @generated from rpc runifold.agent.v1.AgentService.GetErasureReceipt
+   */
+  getErasureReceipt: { request: GetErasureReceiptRequest; response: GetErasureReceiptResponse__Output };
 }
 

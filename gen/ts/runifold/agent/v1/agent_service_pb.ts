@@ -4,6 +4,8 @@
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { Timestamp } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Budget, Message as Message$1, ToolCall, ToolDefinition, Usage } from "../../common/v1/common_pb.js";
 import { file_runifold_common_v1_common } from "../../common/v1/common_pb.js";
 import type { Message } from "@bufbuild/protobuf";
@@ -12,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file runifold/agent/v1/agent_service.proto.
  */
 export const file_runifold_agent_v1_agent_service: GenFile = /*@__PURE__*/
-  fileDesc("CiVydW5pZm9sZC9hZ2VudC92MS9hZ2VudF9zZXJ2aWNlLnByb3RvEhFydW5pZm9sZC5hZ2VudC52MSKeAQoNQ29udGV4dFBvbGljeRIOCgZ3aW5kb3cYASABKAUSFQoNc3VtbWFyeV9iYXRjaBgCIAEoBRIUCgxtZW1vcnlfbGltaXQYAyABKAUSNAoMc3VtbWFyeV9tb2RlGAQgASgOMh4ucnVuaWZvbGQuYWdlbnQudjEuU3VtbWFyeU1vZGUSGgoSbWF4X3N1bW1hcnlfcGFzc2VzGAUgASgFIoMDChZSdW5Db252ZXJzYXRpb25SZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIRCgluYW1lc3BhY2UYAiABKAkSKgoFaW5wdXQYAyADKAsyGy5ydW5pZm9sZC5jb21tb24udjEuTWVzc2FnZRIPCgd0dXJuX2lkGAQgASgJEjAKBnBvbGljeRgFIAEoCzIgLnJ1bmlmb2xkLmFnZW50LnYxLkNvbnRleHRQb2xpY3kSKgoGYnVkZ2V0GAYgASgLMhoucnVuaWZvbGQuY29tbW9uLnYxLkJ1ZGdldBIbChNzeXN0ZW1faW5zdHJ1Y3Rpb25zGAcgASgJEhkKEWNyZWF0ZV9pZl9taXNzaW5nGAggASgIEjEKBXRvb2xzGAkgAygLMiIucnVuaWZvbGQuY29tbW9uLnYxLlRvb2xEZWZpbml0aW9uEjcKC2NvbmN1cnJlbmN5GAogASgOMiIucnVuaWZvbGQuYWdlbnQudjEuQ29uY3VycmVuY3lNb2RlIrMBCg1Db250ZXh0UmVwb3J0EiAKGHN1bW1hcnlfdGhyb3VnaF9zZXF1ZW5jZRgBIAEoAxISCgptZW1vcnlfaWRzGAIgAygJEh0KFXdpbmRvd19maXJzdF9zZXF1ZW5jZRgDIAEoAxIcChR3aW5kb3dfbGFzdF9zZXF1ZW5jZRgEIAEoAxIWCg5zdW1tYXJ5X3Bhc3NlcxgFIAEoBRIXCg9tZW1vcnlfZGVncmFkZWQYBiABKAgiZAoLVHVybk91dGNvbWUSKwoGb3V0cHV0GAEgAygLMhsucnVuaWZvbGQuY29tbW9uLnYxLk1lc3NhZ2USKAoFdXNhZ2UYAiABKAsyGS5ydW5pZm9sZC5jb21tb24udjEuVXNhZ2UiuAIKF1J1bkNvbnZlcnNhdGlvblJlc3BvbnNlEhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIcChRjb252ZXJzYXRpb25fdmVyc2lvbhgCIAEoAxIWCg5maXJzdF9zZXF1ZW5jZRgDIAEoAxIVCg1sYXN0X3NlcXVlbmNlGAQgASgDEi8KB291dGNvbWUYBSABKAsyHi5ydW5pZm9sZC5hZ2VudC52MS5UdXJuT3V0Y29tZRIwCgp0b29sX2NhbGxzGAYgAygLMhwucnVuaWZvbGQuY29tbW9uLnYxLlRvb2xDYWxsEjEKB2NvbnRleHQYByABKAsyIC5ydW5pZm9sZC5hZ2VudC52MS5Db250ZXh0UmVwb3J0EhAKCHJlcGxheWVkGAggASgIEg8KB2NyZWF0ZWQYCSABKAgicgoMVHVybkNvbmZsaWN0Ei8KB291dGNvbWUYASABKAsyHi5ydW5pZm9sZC5hZ2VudC52MS5UdXJuT3V0Y29tZRIXCg9jdXJyZW50X3ZlcnNpb24YAiABKAMSGAoQZXhwZWN0ZWRfdmVyc2lvbhgDIAEoAyJZChJNb2RlbE91dHB1dEludmFsaWQSLwoHb3V0Y29tZRgBIAEoCzIeLnJ1bmlmb2xkLmFnZW50LnYxLlR1cm5PdXRjb21lEhIKCnZpb2xhdGlvbnMYAiADKAkihgMKGVN0cmVhbUNvbnZlcnNhdGlvblJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhEKCW5hbWVzcGFjZRgCIAEoCRIqCgVpbnB1dBgDIAMoCzIbLnJ1bmlmb2xkLmNvbW1vbi52MS5NZXNzYWdlEg8KB3R1cm5faWQYBCABKAkSMAoGcG9saWN5GAUgASgLMiAucnVuaWZvbGQuYWdlbnQudjEuQ29udGV4dFBvbGljeRIqCgZidWRnZXQYBiABKAsyGi5ydW5pZm9sZC5jb21tb24udjEuQnVkZ2V0EhsKE3N5c3RlbV9pbnN0cnVjdGlvbnMYByABKAkSGQoRY3JlYXRlX2lmX21pc3NpbmcYCCABKAgSMQoFdG9vbHMYCSADKAsyIi5ydW5pZm9sZC5jb21tb24udjEuVG9vbERlZmluaXRpb24SNwoLY29uY3VycmVuY3kYCiABKA4yIi5ydW5pZm9sZC5hZ2VudC52MS5Db25jdXJyZW5jeU1vZGUiOwoMVHVyblByb2dyZXNzEisKBXN0YWdlGAEgASgOMhwucnVuaWZvbGQuYWdlbnQudjEuVHVyblN0YWdlIhkKCVRleHREZWx0YRIMCgR0ZXh0GAEgASgJIswBChpTdHJlYW1Db252ZXJzYXRpb25SZXNwb25zZRIzCghwcm9ncmVzcxgBIAEoCzIfLnJ1bmlmb2xkLmFnZW50LnYxLlR1cm5Qcm9ncmVzc0gAEjIKCnRleHRfZGVsdGEYAiABKAsyHC5ydW5pZm9sZC5hZ2VudC52MS5UZXh0RGVsdGFIABI8CgZyZXN1bHQYAyABKAsyKi5ydW5pZm9sZC5hZ2VudC52MS5SdW5Db252ZXJzYXRpb25SZXNwb25zZUgAQgcKBWV2ZW50IkYKGEVyYXNlQ29udmVyc2F0aW9uUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEQoJbmFtZXNwYWNlGAIgASgJIqgBChlFcmFzZUNvbnZlcnNhdGlvblJlc3BvbnNlEhAKCGNvbXBsZXRlGAEgASgIEhgKEG1lbW9yaWVzX2RlbGV0ZWQYAiABKAMSFwoPZW50cmllc19kZWxldGVkGAMgASgDEhgKEHN1bW1hcmllc19lcmFzZWQYBCABKAgSEQoJcmVtYWluaW5nGAUgAygJEhkKEXN1bW1hcmllc19kZWxldGVkGAYgASgDKlwKC1N1bW1hcnlNb2RlEhwKGFNVTU1BUllfTU9ERV9VTlNQRUNJRklFRBAAEhgKFFNVTU1BUllfTU9ERV9SRVFVSVJFEAESFQoRU1VNTUFSWV9NT0RFX0FVVE8QAiqJAQoPQ29uY3VycmVuY3lNb2RlEiAKHENPTkNVUlJFTkNZX01PREVfVU5TUEVDSUZJRUQQABIZChVDT05DVVJSRU5DWV9NT0RFX1JBQ0UQARIbChdDT05DVVJSRU5DWV9NT0RFX1JFSkVDVBACEhwKGENPTkNVUlJFTkNZX01PREVfRU5RVUVVRRADKtYBCglUdXJuU3RhZ2USGgoWVFVSTl9TVEFHRV9VTlNQRUNJRklFRBAAEh4KGlRVUk5fU1RBR0VfTE9BRElOR19DT05URVhUEAESGgoWVFVSTl9TVEFHRV9TVU1NQVJJWklORxACEiAKHFRVUk5fU1RBR0VfUkVUUklFVklOR19NRU1PUlkQAxIcChhUVVJOX1NUQUdFX0NBTExJTkdfTU9ERUwQBBIZChVUVVJOX1NUQUdFX0NPTU1JVFRJTkcQBRIWChJUVVJOX1NUQUdFX1dBSVRJTkcQBjLdAgoMQWdlbnRTZXJ2aWNlEmgKD1J1bkNvbnZlcnNhdGlvbhIpLnJ1bmlmb2xkLmFnZW50LnYxLlJ1bkNvbnZlcnNhdGlvblJlcXVlc3QaKi5ydW5pZm9sZC5hZ2VudC52MS5SdW5Db252ZXJzYXRpb25SZXNwb25zZRJzChJTdHJlYW1Db252ZXJzYXRpb24SLC5ydW5pZm9sZC5hZ2VudC52MS5TdHJlYW1Db252ZXJzYXRpb25SZXF1ZXN0Gi0ucnVuaWZvbGQuYWdlbnQudjEuU3RyZWFtQ29udmVyc2F0aW9uUmVzcG9uc2UwARJuChFFcmFzZUNvbnZlcnNhdGlvbhIrLnJ1bmlmb2xkLmFnZW50LnYxLkVyYXNlQ29udmVyc2F0aW9uUmVxdWVzdBosLnJ1bmlmb2xkLmFnZW50LnYxLkVyYXNlQ29udmVyc2F0aW9uUmVzcG9uc2VCP1o9Z2l0aHViLmNvbS9ydW5pZm9sZC9ydW5pZm9sZC9nZW4vZ28vcnVuaWZvbGQvYWdlbnQvdjE7YWdlbnR2MWIGcHJvdG8z", [file_runifold_common_v1_common]);
+  fileDesc("CiVydW5pZm9sZC9hZ2VudC92MS9hZ2VudF9zZXJ2aWNlLnByb3RvEhFydW5pZm9sZC5hZ2VudC52MSKeAQoNQ29udGV4dFBvbGljeRIOCgZ3aW5kb3cYASABKAUSFQoNc3VtbWFyeV9iYXRjaBgCIAEoBRIUCgxtZW1vcnlfbGltaXQYAyABKAUSNAoMc3VtbWFyeV9tb2RlGAQgASgOMh4ucnVuaWZvbGQuYWdlbnQudjEuU3VtbWFyeU1vZGUSGgoSbWF4X3N1bW1hcnlfcGFzc2VzGAUgASgFIoMDChZSdW5Db252ZXJzYXRpb25SZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIRCgluYW1lc3BhY2UYAiABKAkSKgoFaW5wdXQYAyADKAsyGy5ydW5pZm9sZC5jb21tb24udjEuTWVzc2FnZRIPCgd0dXJuX2lkGAQgASgJEjAKBnBvbGljeRgFIAEoCzIgLnJ1bmlmb2xkLmFnZW50LnYxLkNvbnRleHRQb2xpY3kSKgoGYnVkZ2V0GAYgASgLMhoucnVuaWZvbGQuY29tbW9uLnYxLkJ1ZGdldBIbChNzeXN0ZW1faW5zdHJ1Y3Rpb25zGAcgASgJEhkKEWNyZWF0ZV9pZl9taXNzaW5nGAggASgIEjEKBXRvb2xzGAkgAygLMiIucnVuaWZvbGQuY29tbW9uLnYxLlRvb2xEZWZpbml0aW9uEjcKC2NvbmN1cnJlbmN5GAogASgOMiIucnVuaWZvbGQuYWdlbnQudjEuQ29uY3VycmVuY3lNb2RlIrMBCg1Db250ZXh0UmVwb3J0EiAKGHN1bW1hcnlfdGhyb3VnaF9zZXF1ZW5jZRgBIAEoAxISCgptZW1vcnlfaWRzGAIgAygJEh0KFXdpbmRvd19maXJzdF9zZXF1ZW5jZRgDIAEoAxIcChR3aW5kb3dfbGFzdF9zZXF1ZW5jZRgEIAEoAxIWCg5zdW1tYXJ5X3Bhc3NlcxgFIAEoBRIXCg9tZW1vcnlfZGVncmFkZWQYBiABKAgiZAoLVHVybk91dGNvbWUSKwoGb3V0cHV0GAEgAygLMhsucnVuaWZvbGQuY29tbW9uLnYxLk1lc3NhZ2USKAoFdXNhZ2UYAiABKAsyGS5ydW5pZm9sZC5jb21tb24udjEuVXNhZ2UiuAIKF1J1bkNvbnZlcnNhdGlvblJlc3BvbnNlEhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIcChRjb252ZXJzYXRpb25fdmVyc2lvbhgCIAEoAxIWCg5maXJzdF9zZXF1ZW5jZRgDIAEoAxIVCg1sYXN0X3NlcXVlbmNlGAQgASgDEi8KB291dGNvbWUYBSABKAsyHi5ydW5pZm9sZC5hZ2VudC52MS5UdXJuT3V0Y29tZRIwCgp0b29sX2NhbGxzGAYgAygLMhwucnVuaWZvbGQuY29tbW9uLnYxLlRvb2xDYWxsEjEKB2NvbnRleHQYByABKAsyIC5ydW5pZm9sZC5hZ2VudC52MS5Db250ZXh0UmVwb3J0EhAKCHJlcGxheWVkGAggASgIEg8KB2NyZWF0ZWQYCSABKAgicgoMVHVybkNvbmZsaWN0Ei8KB291dGNvbWUYASABKAsyHi5ydW5pZm9sZC5hZ2VudC52MS5UdXJuT3V0Y29tZRIXCg9jdXJyZW50X3ZlcnNpb24YAiABKAMSGAoQZXhwZWN0ZWRfdmVyc2lvbhgDIAEoAyJZChJNb2RlbE91dHB1dEludmFsaWQSLwoHb3V0Y29tZRgBIAEoCzIeLnJ1bmlmb2xkLmFnZW50LnYxLlR1cm5PdXRjb21lEhIKCnZpb2xhdGlvbnMYAiADKAkihgMKGVN0cmVhbUNvbnZlcnNhdGlvblJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhEKCW5hbWVzcGFjZRgCIAEoCRIqCgVpbnB1dBgDIAMoCzIbLnJ1bmlmb2xkLmNvbW1vbi52MS5NZXNzYWdlEg8KB3R1cm5faWQYBCABKAkSMAoGcG9saWN5GAUgASgLMiAucnVuaWZvbGQuYWdlbnQudjEuQ29udGV4dFBvbGljeRIqCgZidWRnZXQYBiABKAsyGi5ydW5pZm9sZC5jb21tb24udjEuQnVkZ2V0EhsKE3N5c3RlbV9pbnN0cnVjdGlvbnMYByABKAkSGQoRY3JlYXRlX2lmX21pc3NpbmcYCCABKAgSMQoFdG9vbHMYCSADKAsyIi5ydW5pZm9sZC5jb21tb24udjEuVG9vbERlZmluaXRpb24SNwoLY29uY3VycmVuY3kYCiABKA4yIi5ydW5pZm9sZC5hZ2VudC52MS5Db25jdXJyZW5jeU1vZGUiOwoMVHVyblByb2dyZXNzEisKBXN0YWdlGAEgASgOMhwucnVuaWZvbGQuYWdlbnQudjEuVHVyblN0YWdlIhkKCVRleHREZWx0YRIMCgR0ZXh0GAEgASgJIswBChpTdHJlYW1Db252ZXJzYXRpb25SZXNwb25zZRIzCghwcm9ncmVzcxgBIAEoCzIfLnJ1bmlmb2xkLmFnZW50LnYxLlR1cm5Qcm9ncmVzc0gAEjIKCnRleHRfZGVsdGEYAiABKAsyHC5ydW5pZm9sZC5hZ2VudC52MS5UZXh0RGVsdGFIABI8CgZyZXN1bHQYAyABKAsyKi5ydW5pZm9sZC5hZ2VudC52MS5SdW5Db252ZXJzYXRpb25SZXNwb25zZUgAQgcKBWV2ZW50IkYKGEVyYXNlQ29udmVyc2F0aW9uUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEQoJbmFtZXNwYWNlGAIgASgJItwBChlFcmFzZUNvbnZlcnNhdGlvblJlc3BvbnNlEhAKCGNvbXBsZXRlGAEgASgIEhgKEG1lbW9yaWVzX2RlbGV0ZWQYAiABKAMSFwoPZW50cmllc19kZWxldGVkGAMgASgDEhgKEHN1bW1hcmllc19lcmFzZWQYBCABKAgSEQoJcmVtYWluaW5nGAUgAygJEhkKEXN1bW1hcmllc19kZWxldGVkGAYgASgDEjIKB3JlY2VpcHQYByABKAsyIS5ydW5pZm9sZC5hZ2VudC52MS5FcmFzdXJlUmVjZWlwdCKPAwoORXJhc3VyZVJlY2VpcHQSEgoKcmVjZWlwdF9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSEQoJbmFtZXNwYWNlGAMgASgJEhMKC2luY2FybmF0aW9uGAQgASgDEi8KC2NyZWF0ZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIxCg1jb21wbGV0ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglyZW1haW5pbmcYByADKAkSDwoHZW50cmllcxgIIAEoAxIPCgdhcHBlbmRzGAkgASgDEhEKCXN1bW1hcmllcxgKIAEoAxIUCgxzdW1tYXJ5X2pvYnMYCyABKAMSFQoNY3VyYXRpb25fam9icxgMIAEoAxIQCghtZW1vcmllcxgNIAEoAxIYChBtZW1vcnlfcmV2aXNpb25zGA4gASgDEhQKDGluZGV4X3BvaW50cxgPIAEoAxINCgVmb3JrcxgQIAEoAyJaChhHZXRFcmFzdXJlUmVjZWlwdFJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhIKCnJlY2VpcHRfaWQYAiABKAkSFwoPY29udmVyc2F0aW9uX2lkGAMgASgJIk8KGUdldEVyYXN1cmVSZWNlaXB0UmVzcG9uc2USMgoHcmVjZWlwdBgBIAEoCzIhLnJ1bmlmb2xkLmFnZW50LnYxLkVyYXN1cmVSZWNlaXB0KlwKC1N1bW1hcnlNb2RlEhwKGFNVTU1BUllfTU9ERV9VTlNQRUNJRklFRBAAEhgKFFNVTU1BUllfTU9ERV9SRVFVSVJFEAESFQoRU1VNTUFSWV9NT0RFX0FVVE8QAiqJAQoPQ29uY3VycmVuY3lNb2RlEiAKHENPTkNVUlJFTkNZX01PREVfVU5TUEVDSUZJRUQQABIZChVDT05DVVJSRU5DWV9NT0RFX1JBQ0UQARIbChdDT05DVVJSRU5DWV9NT0RFX1JFSkVDVBACEhwKGENPTkNVUlJFTkNZX01PREVfRU5RVUVVRRADKtYBCglUdXJuU3RhZ2USGgoWVFVSTl9TVEFHRV9VTlNQRUNJRklFRBAAEh4KGlRVUk5fU1RBR0VfTE9BRElOR19DT05URVhUEAESGgoWVFVSTl9TVEFHRV9TVU1NQVJJWklORxACEiAKHFRVUk5fU1RBR0VfUkVUUklFVklOR19NRU1PUlkQAxIcChhUVVJOX1NUQUdFX0NBTExJTkdfTU9ERUwQBBIZChVUVVJOX1NUQUdFX0NPTU1JVFRJTkcQBRIWChJUVVJOX1NUQUdFX1dBSVRJTkcQBjLNAwoMQWdlbnRTZXJ2aWNlEmgKD1J1bkNvbnZlcnNhdGlvbhIpLnJ1bmlmb2xkLmFnZW50LnYxLlJ1bkNvbnZlcnNhdGlvblJlcXVlc3QaKi5ydW5pZm9sZC5hZ2VudC52MS5SdW5Db252ZXJzYXRpb25SZXNwb25zZRJzChJTdHJlYW1Db252ZXJzYXRpb24SLC5ydW5pZm9sZC5hZ2VudC52MS5TdHJlYW1Db252ZXJzYXRpb25SZXF1ZXN0Gi0ucnVuaWZvbGQuYWdlbnQudjEuU3RyZWFtQ29udmVyc2F0aW9uUmVzcG9uc2UwARJuChFFcmFzZUNvbnZlcnNhdGlvbhIrLnJ1bmlmb2xkLmFnZW50LnYxLkVyYXNlQ29udmVyc2F0aW9uUmVxdWVzdBosLnJ1bmlmb2xkLmFnZW50LnYxLkVyYXNlQ29udmVyc2F0aW9uUmVzcG9uc2USbgoRR2V0RXJhc3VyZVJlY2VpcHQSKy5ydW5pZm9sZC5hZ2VudC52MS5HZXRFcmFzdXJlUmVjZWlwdFJlcXVlc3QaLC5ydW5pZm9sZC5hZ2VudC52MS5HZXRFcmFzdXJlUmVjZWlwdFJlc3BvbnNlQj9aPWdpdGh1Yi5jb20vcnVuaWZvbGQvcnVuaWZvbGQvZ2VuL2dvL3J1bmlmb2xkL2FnZW50L3YxO2FnZW50djFiBnByb3RvMw", [file_google_protobuf_timestamp, file_runifold_common_v1_common]);
 
 /**
  * Bounds of the context a turn gives the model.
@@ -630,6 +632,17 @@ export type EraseConversationResponse = Message<"runifold.agent.v1.EraseConversa
    * @generated from field: int64 summaries_deleted = 6;
    */
   summariesDeleted: bigint;
+
+  /**
+   * The erasure's receipt: what it erased in each store, over every call that
+   * worked on this incarnation of the conversation (a retry completes the same
+   * receipt). Absent when TranscriptService could not record it (`complete`
+   * is then false too: a retry records it), and when the conversation does
+   * not exist and no receipt of it is kept.
+   *
+   * @generated from field: runifold.agent.v1.ErasureReceipt receipt = 7;
+   */
+  receipt?: ErasureReceipt | undefined;
 };
 
 /**
@@ -638,6 +651,198 @@ export type EraseConversationResponse = Message<"runifold.agent.v1.EraseConversa
  */
 export const EraseConversationResponseSchema: GenMessage<EraseConversationResponse> = /*@__PURE__*/
   messageDesc(file_runifold_agent_v1_agent_service, 12);
+
+/**
+ * What an erasure of one incarnation of a conversation erased, store by store:
+ * counts, never content. Kept by TranscriptService after the conversation is
+ * gone (for RUNIFOLD_ERASURE_RECEIPT_RETENTION_S), readable by GetErasureReceipt.
+ * One receipt per incarnation: a retried erasure completes the same receipt.
+ *
+ * @generated from message runifold.agent.v1.ErasureReceipt
+ */
+export type ErasureReceipt = Message<"runifold.agent.v1.ErasureReceipt"> & {
+  /**
+   * UUID of the receipt.
+   *
+   * @generated from field: string receipt_id = 1;
+   */
+  receiptId: string;
+
+  /**
+   * UUID of the erased conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  conversationId: string;
+
+  /**
+   * Namespace that owned it.
+   *
+   * @generated from field: string namespace = 3;
+   */
+  namespace: string;
+
+  /**
+   * The incarnation erased (Conversation.incarnation).
+   *
+   * @generated from field: int64 incarnation = 4;
+   */
+  incarnation: bigint;
+
+  /**
+   * When the erasure first recorded it.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 5;
+   */
+  createTime?: Timestamp | undefined;
+
+  /**
+   * When every part was erased, the vector index included; absent until then.
+   *
+   * @generated from field: google.protobuf.Timestamp complete_time = 6;
+   */
+  completeTime?: Timestamp | undefined;
+
+  /**
+   * Parts not yet erased: "summary", "memory", "memory_index" (the index
+   * catches up through MemoryService's outbox), "transcript". Empty once
+   * `complete_time` is set.
+   *
+   * @generated from field: repeated string remaining = 7;
+   */
+  remaining: string[];
+
+  /**
+   * Transcript entries erased.
+   *
+   * @generated from field: int64 entries = 8;
+   */
+  entries: bigint;
+
+  /**
+   * Committed appends (the conversation's versions) erased.
+   *
+   * @generated from field: int64 appends = 9;
+   */
+  appends: bigint;
+
+  /**
+   * Summaries erased: the current one and the replaced ones kept as history.
+   *
+   * @generated from field: int64 summaries = 10;
+   */
+  summaries: bigint;
+
+  /**
+   * Background summary jobs erased, whatever their state.
+   *
+   * @generated from field: int64 summary_jobs = 11;
+   */
+  summaryJobs: bigint;
+
+  /**
+   * Background curation jobs erased (0 while automatic curation is not there).
+   *
+   * @generated from field: int64 curation_jobs = 12;
+   */
+  curationJobs: bigint;
+
+  /**
+   * Memories deleted because they were derived from the conversation.
+   *
+   * @generated from field: int64 memories = 13;
+   */
+  memories: bigint;
+
+  /**
+   * Revisions of those memories whose content was erased (each keeps only its
+   * number, kind and time).
+   *
+   * @generated from field: int64 memory_revisions = 14;
+   */
+  memoryRevisions: bigint;
+
+  /**
+   * Vector index points removed: one per deleted memory (a memory deleted
+   * before the indexer reached it never had one; a tombstone takes its
+   * place). `remaining` holds "memory_index" until the indexer has removed
+   * them all.
+   *
+   * @generated from field: int64 index_points = 15;
+   */
+  indexPoints: bigint;
+
+  /**
+   * Forks of the conversation erased (0: conversations are not forked yet).
+   *
+   * @generated from field: int64 forks = 16;
+   */
+  forks: bigint;
+};
+
+/**
+ * Describes the message runifold.agent.v1.ErasureReceipt.
+ * Use `create(ErasureReceiptSchema)` to create a new message.
+ */
+export const ErasureReceiptSchema: GenMessage<ErasureReceipt> = /*@__PURE__*/
+  messageDesc(file_runifold_agent_v1_agent_service, 13);
+
+/**
+ * Request of GetErasureReceipt.
+ *
+ * @generated from message runifold.agent.v1.GetErasureReceiptRequest
+ */
+export type GetErasureReceiptRequest = Message<"runifold.agent.v1.GetErasureReceiptRequest"> & {
+  /**
+   * Namespace that owned the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * UUID of the receipt; or empty, with `conversation_id`.
+   *
+   * @generated from field: string receipt_id = 2;
+   */
+  receiptId: string;
+
+  /**
+   * UUID of the erased conversation: its latest receipt (when `receipt_id` is
+   * empty).
+   *
+   * @generated from field: string conversation_id = 3;
+   */
+  conversationId: string;
+};
+
+/**
+ * Describes the message runifold.agent.v1.GetErasureReceiptRequest.
+ * Use `create(GetErasureReceiptRequestSchema)` to create a new message.
+ */
+export const GetErasureReceiptRequestSchema: GenMessage<GetErasureReceiptRequest> = /*@__PURE__*/
+  messageDesc(file_runifold_agent_v1_agent_service, 14);
+
+/**
+ * Response of GetErasureReceipt.
+ *
+ * @generated from message runifold.agent.v1.GetErasureReceiptResponse
+ */
+export type GetErasureReceiptResponse = Message<"runifold.agent.v1.GetErasureReceiptResponse"> & {
+  /**
+   * The receipt, completed if the index has caught up since it was recorded.
+   *
+   * @generated from field: runifold.agent.v1.ErasureReceipt receipt = 1;
+   */
+  receipt?: ErasureReceipt | undefined;
+};
+
+/**
+ * Describes the message runifold.agent.v1.GetErasureReceiptResponse.
+ * Use `create(GetErasureReceiptResponseSchema)` to create a new message.
+ */
+export const GetErasureReceiptResponseSchema: GenMessage<GetErasureReceiptResponse> = /*@__PURE__*/
+  messageDesc(file_runifold_agent_v1_agent_service, 15);
 
 /**
  * What to do when the view has unsummarized entries outside the window.
@@ -831,6 +1036,19 @@ export const AgentService: GenService<{
     methodKind: "unary";
     input: typeof EraseConversationRequestSchema;
     output: typeof EraseConversationResponseSchema;
+  },
+  /**
+   * Returns the receipt of an erasure (EraseConversationResponse.receipt): what
+   * it erased in each store, and when it was complete. Holds no content. By
+   * `receipt_id`, or the latest receipt of `conversation_id`. A receipt asked
+   * for under another namespace is NOT_FOUND / ERASURE_RECEIPT_NOT_FOUND.
+   *
+   * @generated from rpc runifold.agent.v1.AgentService.GetErasureReceipt
+   */
+  getErasureReceipt: {
+    methodKind: "unary";
+    input: typeof GetErasureReceiptRequestSchema;
+    output: typeof GetErasureReceiptResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_runifold_agent_v1_agent_service, 0);

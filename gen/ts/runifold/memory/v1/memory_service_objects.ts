@@ -91,7 +91,48 @@ export type ProposalAction =
 export type ProposalAction__Output = typeof ProposalAction[keyof typeof ProposalAction];
 
 /**
- * The transcript range a memory was derived from.
+ * What a change did to a memory.
+ *
+ * @generated from enum runifold.memory.v1.MemoryEventKind
+ */
+export const MemoryEventKind = {
+  MEMORY_EVENT_KIND_UNSPECIFIED: 'MEMORY_EVENT_KIND_UNSPECIFIED',
+  MEMORY_EVENT_KIND_CREATED: 'MEMORY_EVENT_KIND_CREATED',
+  MEMORY_EVENT_KIND_UPDATED: 'MEMORY_EVENT_KIND_UPDATED',
+  MEMORY_EVENT_KIND_SUPERSEDED: 'MEMORY_EVENT_KIND_SUPERSEDED',
+  MEMORY_EVENT_KIND_DELETED: 'MEMORY_EVENT_KIND_DELETED',
+  MEMORY_EVENT_KIND_EXPIRED: 'MEMORY_EVENT_KIND_EXPIRED',
+  MEMORY_EVENT_KIND_ERASED: 'MEMORY_EVENT_KIND_ERASED',
+} as const;
+
+/**
+ * What a change did to a memory.
+ *
+ * @generated from enum runifold.memory.v1.MemoryEventKind
+ */
+export type MemoryEventKind =
+  | 'MEMORY_EVENT_KIND_UNSPECIFIED'
+  | 0
+  | 'MEMORY_EVENT_KIND_CREATED'
+  | 1
+  | 'MEMORY_EVENT_KIND_UPDATED'
+  | 2
+  | 'MEMORY_EVENT_KIND_SUPERSEDED'
+  | 3
+  | 'MEMORY_EVENT_KIND_DELETED'
+  | 4
+  | 'MEMORY_EVENT_KIND_EXPIRED'
+  | 5
+  | 'MEMORY_EVENT_KIND_ERASED'
+  | 6
+
+export type MemoryEventKind__Output = typeof MemoryEventKind[keyof typeof MemoryEventKind];
+
+/**
+ * Where a memory came from: a range of a Runifold transcript
+ * (`conversation_id`, `from_sequence`, `through_sequence`), or a source outside
+ * one, named by `external_uri` (then the other fields are empty). A memory has
+ * at least one source.
  *
  * @generated from message runifold.memory.v1.MemorySource
  */
@@ -127,10 +168,23 @@ export interface MemorySource {
    * @generated from field: int64 incarnation = 4;
    */
   'incarnation'?: (number | string | bigint);
+  /**
+   * A source outside a Runifold transcript (an MCP client's note, a LangGraph
+   * store item, an imported document): an absolute URI (a scheme, then ":"),
+   * at most RUNIFOLD_MEMORY_MAX_EXTERNAL_URI_BYTES, no control characters or
+   * spaces. Stored and compared exactly as sent. ForgetSource with this
+   * `external_uri` deletes the memory.
+   *
+   * @generated from field: string external_uri = 5;
+   */
+  'external_uri'?: (string);
 }
 
 /**
- * The transcript range a memory was derived from.
+ * Where a memory came from: a range of a Runifold transcript
+ * (`conversation_id`, `from_sequence`, `through_sequence`), or a source outside
+ * one, named by `external_uri` (then the other fields are empty). A memory has
+ * at least one source.
  *
  * @generated from message runifold.memory.v1.MemorySource
  */
@@ -166,6 +220,16 @@ export interface MemorySource__Output {
    * @generated from field: int64 incarnation = 4;
    */
   'incarnation': (number);
+  /**
+   * A source outside a Runifold transcript (an MCP client's note, a LangGraph
+   * store item, an imported document): an absolute URI (a scheme, then ":"),
+   * at most RUNIFOLD_MEMORY_MAX_EXTERNAL_URI_BYTES, no control characters or
+   * spaces. Stored and compared exactly as sent. ForgetSource with this
+   * `external_uri` deletes the memory.
+   *
+   * @generated from field: string external_uri = 5;
+   */
+  'external_uri': (string);
 }
 
 /**
@@ -193,7 +257,7 @@ export interface Memory {
    */
   'content'?: (string);
   /**
-   * Where it came from (1..32 ranges).
+   * Where it came from (1..32 sources: transcript ranges, external URIs).
    *
    * @generated from field: repeated runifold.memory.v1.MemorySource sources = 4;
    */
@@ -286,7 +350,7 @@ export interface Memory__Output {
    */
   'content': (string);
   /**
-   * Where it came from (1..32 ranges).
+   * Where it came from (1..32 sources: transcript ranges, external URIs).
    *
    * @generated from field: repeated runifold.memory.v1.MemorySource sources = 4;
    */
@@ -421,7 +485,8 @@ export interface UpsertMemoryRequest {
    */
   'content'?: (string);
   /**
-   * Where it came from; at least one, each validated against the transcript.
+   * Where it came from; at least one. A transcript range is validated
+   * against TranscriptService; an external URI is checked for form only.
    *
    * @generated from field: repeated runifold.memory.v1.MemorySource sources = 4;
    */
@@ -514,7 +579,8 @@ export interface UpsertMemoryRequest__Output {
    */
   'content': (string);
   /**
-   * Where it came from; at least one, each validated against the transcript.
+   * Where it came from; at least one. A transcript range is validated
+   * against TranscriptService; an external URI is checked for form only.
    *
    * @generated from field: repeated runifold.memory.v1.MemorySource sources = 4;
    */
@@ -1187,6 +1253,14 @@ export interface ForgetSourceRequest {
    * @generated from field: int64 incarnation = 5;
    */
   'incarnation'?: (number | string | bigint);
+  /**
+   * Instead of `conversation_id`: delete every memory one of whose sources is
+   * this external URI (exactly: compared byte for byte), whatever its other
+   * sources. Later writes naming it are not refused.
+   *
+   * @generated from field: string external_uri = 6;
+   */
+  'external_uri'?: (string);
 }
 
 /**
@@ -1230,6 +1304,14 @@ export interface ForgetSourceRequest__Output {
    * @generated from field: int64 incarnation = 5;
    */
   'incarnation': (number);
+  /**
+   * Instead of `conversation_id`: delete every memory one of whose sources is
+   * this external URI (exactly: compared byte for byte), whatever its other
+   * sources. Later writes naming it are not refused.
+   *
+   * @generated from field: string external_uri = 6;
+   */
+  'external_uri': (string);
 }
 
 /**
@@ -1244,6 +1326,12 @@ export interface ForgetSourceResponse {
    * @generated from field: int64 deleted_count = 1;
    */
   'deleted_count'?: (number | string | bigint);
+  /**
+   * With an `incarnation`: the erasure of that incarnation over all its calls.
+   *
+   * @generated from field: runifold.memory.v1.MemoryErasure erasure = 2;
+   */
+  'erasure'?: (MemoryErasure | null);
 }
 
 /**
@@ -1258,6 +1346,12 @@ export interface ForgetSourceResponse__Output {
    * @generated from field: int64 deleted_count = 1;
    */
   'deleted_count': (number);
+  /**
+   * With an `incarnation`: the erasure of that incarnation over all its calls.
+   *
+   * @generated from field: runifold.memory.v1.MemoryErasure erasure = 2;
+   */
+  'erasure': (MemoryErasure__Output | null);
 }
 
 /**
@@ -1799,6 +1893,442 @@ export interface ProposeMemoriesResponse__Output {
 }
 
 /**
+ * What the erasure of one incarnation of a conversation erased in
+ * MemoryService, over every ForgetSource call with that incarnation. Counts,
+ * never content.
+ *
+ * @generated from message runifold.memory.v1.MemoryErasure
+ */
+export interface MemoryErasure {
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id'?: (string);
+  /**
+   * The incarnation erased.
+   *
+   * @generated from field: int64 incarnation = 2;
+   */
+  'incarnation'?: (number | string | bigint);
+  /**
+   * Memories deleted.
+   *
+   * @generated from field: int64 memories_deleted = 3;
+   */
+  'memories_deleted'?: (number | string | bigint);
+  /**
+   * Revisions of those memories whose content was erased.
+   *
+   * @generated from field: int64 revisions_erased = 4;
+   */
+  'revisions_erased'?: (number | string | bigint);
+  /**
+   * Vector index points the erasure removes: one per deleted memory.
+   *
+   * @generated from field: int64 index_points = 5;
+   */
+  'index_points'?: (number | string | bigint);
+  /**
+   * When the erasure was first made.
+   *
+   * @generated from field: google.protobuf.Timestamp erase_time = 6;
+   */
+  'erase_time'?: (Timestamp | null);
+  /**
+   * When the index had caught up with it (every index write it queued
+   * applied); absent until then.
+   *
+   * @generated from field: google.protobuf.Timestamp index_complete_time = 7;
+   */
+  'index_complete_time'?: (Timestamp | null);
+}
+
+/**
+ * What the erasure of one incarnation of a conversation erased in
+ * MemoryService, over every ForgetSource call with that incarnation. Counts,
+ * never content.
+ *
+ * @generated from message runifold.memory.v1.MemoryErasure
+ */
+export interface MemoryErasure__Output {
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id': (string);
+  /**
+   * The incarnation erased.
+   *
+   * @generated from field: int64 incarnation = 2;
+   */
+  'incarnation': (number);
+  /**
+   * Memories deleted.
+   *
+   * @generated from field: int64 memories_deleted = 3;
+   */
+  'memories_deleted': (number);
+  /**
+   * Revisions of those memories whose content was erased.
+   *
+   * @generated from field: int64 revisions_erased = 4;
+   */
+  'revisions_erased': (number);
+  /**
+   * Vector index points the erasure removes: one per deleted memory.
+   *
+   * @generated from field: int64 index_points = 5;
+   */
+  'index_points': (number);
+  /**
+   * When the erasure was first made.
+   *
+   * @generated from field: google.protobuf.Timestamp erase_time = 6;
+   */
+  'erase_time': (Timestamp__Output | null);
+  /**
+   * When the index had caught up with it (every index write it queued
+   * applied); absent until then.
+   *
+   * @generated from field: google.protobuf.Timestamp index_complete_time = 7;
+   */
+  'index_complete_time': (Timestamp__Output | null);
+}
+
+/**
+ * Request of GetMemoryErasure.
+ *
+ * @generated from message runifold.memory.v1.GetMemoryErasureRequest
+ */
+export interface GetMemoryErasureRequest {
+  /**
+   * Namespace that owns the memories.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace'?: (string);
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id'?: (string);
+  /**
+   * The incarnation erased (not 0).
+   *
+   * @generated from field: int64 incarnation = 3;
+   */
+  'incarnation'?: (number | string | bigint);
+}
+
+/**
+ * Request of GetMemoryErasure.
+ *
+ * @generated from message runifold.memory.v1.GetMemoryErasureRequest
+ */
+export interface GetMemoryErasureRequest__Output {
+  /**
+   * Namespace that owns the memories.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace': (string);
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id': (string);
+  /**
+   * The incarnation erased (not 0).
+   *
+   * @generated from field: int64 incarnation = 3;
+   */
+  'incarnation': (number);
+}
+
+/**
+ * Response of GetMemoryErasure.
+ *
+ * @generated from message runifold.memory.v1.GetMemoryErasureResponse
+ */
+export interface GetMemoryErasureResponse {
+  /**
+   * The erasure.
+   *
+   * @generated from field: runifold.memory.v1.MemoryErasure erasure = 1;
+   */
+  'erasure'?: (MemoryErasure | null);
+}
+
+/**
+ * Response of GetMemoryErasure.
+ *
+ * @generated from message runifold.memory.v1.GetMemoryErasureResponse
+ */
+export interface GetMemoryErasureResponse__Output {
+  /**
+   * The erasure.
+   *
+   * @generated from field: runifold.memory.v1.MemoryErasure erasure = 1;
+   */
+  'erasure': (MemoryErasure__Output | null);
+}
+
+/**
+ * Request of WatchMemories.
+ *
+ * @generated from message runifold.memory.v1.WatchMemoriesRequest
+ */
+export interface WatchMemoriesRequest {
+  /**
+   * Namespace whose memories to follow.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace'?: (string);
+  /**
+   * Deliver the changes after this one (0: every change from the namespace's
+   * first). A client resuming a stream sends the last `change_sequence` it
+   * received (MemoryEvent or MemoryHeartbeat). Beyond the namespace's last
+   * change is INVALID_ARGUMENT / SEQUENCE_OUT_OF_RANGE.
+   *
+   * @generated from field: int64 after_change_sequence = 2;
+   */
+  'after_change_sequence'?: (number | string | bigint);
+  /**
+   * How long the stream may stay quiet before a heartbeat: 0 means the
+   * server's default (RUNIFOLD_MEMORY_WATCH_HEARTBEAT_S, 30 s); 1 s to 5 min.
+   *
+   * @generated from field: google.protobuf.Duration heartbeat_interval = 3;
+   */
+  'heartbeat_interval'?: (Duration | null);
+}
+
+/**
+ * Request of WatchMemories.
+ *
+ * @generated from message runifold.memory.v1.WatchMemoriesRequest
+ */
+export interface WatchMemoriesRequest__Output {
+  /**
+   * Namespace whose memories to follow.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace': (string);
+  /**
+   * Deliver the changes after this one (0: every change from the namespace's
+   * first). A client resuming a stream sends the last `change_sequence` it
+   * received (MemoryEvent or MemoryHeartbeat). Beyond the namespace's last
+   * change is INVALID_ARGUMENT / SEQUENCE_OUT_OF_RANGE.
+   *
+   * @generated from field: int64 after_change_sequence = 2;
+   */
+  'after_change_sequence': (number);
+  /**
+   * How long the stream may stay quiet before a heartbeat: 0 means the
+   * server's default (RUNIFOLD_MEMORY_WATCH_HEARTBEAT_S, 30 s); 1 s to 5 min.
+   *
+   * @generated from field: google.protobuf.Duration heartbeat_interval = 3;
+   */
+  'heartbeat_interval': (Duration__Output | null);
+}
+
+/**
+ * One event of WatchMemories: exactly one field is set.
+ *
+ * @generated from message runifold.memory.v1.WatchMemoriesResponse
+ */
+export interface WatchMemoriesResponse {
+  /**
+   * A change of a memory of the namespace.
+   *
+   * @generated from field: runifold.memory.v1.MemoryEvent change = 1;
+   */
+  'change'?: (MemoryEvent | null);
+  /**
+   * Nothing new: the stream is caught up with the namespace.
+   *
+   * @generated from field: runifold.memory.v1.MemoryHeartbeat heartbeat = 2;
+   */
+  'heartbeat'?: (MemoryHeartbeat | null);
+  'event'?: "change"|"heartbeat";
+}
+
+/**
+ * One event of WatchMemories: exactly one field is set.
+ *
+ * @generated from message runifold.memory.v1.WatchMemoriesResponse
+ */
+export interface WatchMemoriesResponse__Output {
+  /**
+   * A change of a memory of the namespace.
+   *
+   * @generated from field: runifold.memory.v1.MemoryEvent change = 1;
+   */
+  'change'?: (MemoryEvent__Output | null);
+  /**
+   * Nothing new: the stream is caught up with the namespace.
+   *
+   * @generated from field: runifold.memory.v1.MemoryHeartbeat heartbeat = 2;
+   */
+  'heartbeat'?: (MemoryHeartbeat__Output | null);
+  'event'?: "change"|"heartbeat";
+}
+
+/**
+ * One change of a memory. A memory leaves once: by exactly one DELETED,
+ * EXPIRED or ERASED event.
+ *
+ * @generated from message runifold.memory.v1.MemoryEvent
+ */
+export interface MemoryEvent {
+  /**
+   * Its number in the namespace: 1, 2, 3, ... without gaps, in the order the
+   * changes committed. Send the last one received to resume.
+   *
+   * @generated from field: int64 change_sequence = 1;
+   */
+  'change_sequence'?: (number | string | bigint);
+  /**
+   * What the change did.
+   *
+   * @generated from field: runifold.memory.v1.MemoryEventKind kind = 2;
+   */
+  'kind'?: (MemoryEventKind);
+  /**
+   * UUID of the memory.
+   *
+   * @generated from field: string memory_id = 3;
+   */
+  'memory_id'?: (string);
+  /**
+   * The memory's revision the change wrote (for a removal: its tombstone's,
+   * as ListMemoryRevisions reports it).
+   *
+   * @generated from field: int64 revision = 4;
+   */
+  'revision'?: (number | string | bigint);
+  /**
+   * The memory as of that revision. Absent for DELETED, EXPIRED and ERASED,
+   * and for a change of a memory removed since: a removal erases the content
+   * of the memory's whole history, so a stream that replays it no longer
+   * finds the content (ListMemoryRevisions shows the same).
+   *
+   * @generated from field: runifold.memory.v1.Memory memory = 5;
+   */
+  'memory'?: (Memory | null);
+  /**
+   * When the change was recorded (MemoryRevision.record_time).
+   *
+   * @generated from field: google.protobuf.Timestamp change_time = 6;
+   */
+  'change_time'?: (Timestamp | null);
+}
+
+/**
+ * One change of a memory. A memory leaves once: by exactly one DELETED,
+ * EXPIRED or ERASED event.
+ *
+ * @generated from message runifold.memory.v1.MemoryEvent
+ */
+export interface MemoryEvent__Output {
+  /**
+   * Its number in the namespace: 1, 2, 3, ... without gaps, in the order the
+   * changes committed. Send the last one received to resume.
+   *
+   * @generated from field: int64 change_sequence = 1;
+   */
+  'change_sequence': (number);
+  /**
+   * What the change did.
+   *
+   * @generated from field: runifold.memory.v1.MemoryEventKind kind = 2;
+   */
+  'kind': (MemoryEventKind__Output);
+  /**
+   * UUID of the memory.
+   *
+   * @generated from field: string memory_id = 3;
+   */
+  'memory_id': (string);
+  /**
+   * The memory's revision the change wrote (for a removal: its tombstone's,
+   * as ListMemoryRevisions reports it).
+   *
+   * @generated from field: int64 revision = 4;
+   */
+  'revision': (number);
+  /**
+   * The memory as of that revision. Absent for DELETED, EXPIRED and ERASED,
+   * and for a change of a memory removed since: a removal erases the content
+   * of the memory's whole history, so a stream that replays it no longer
+   * finds the content (ListMemoryRevisions shows the same).
+   *
+   * @generated from field: runifold.memory.v1.Memory memory = 5;
+   */
+  'memory': (Memory__Output | null);
+  /**
+   * When the change was recorded (MemoryRevision.record_time).
+   *
+   * @generated from field: google.protobuf.Timestamp change_time = 6;
+   */
+  'change_time': (Timestamp__Output | null);
+}
+
+/**
+ * The stream is caught up: every change through `change_sequence` has been
+ * delivered. Sent once the replay is done, then whenever the stream was quiet
+ * for the heartbeat interval. A commit wakes the stream at once (PostgreSQL
+ * LISTEN/NOTIFY, whichever replica it went through); the server also looks
+ * again on a timer, so `read_time` is at most RUNIFOLD_MEMORY_WATCH_POLL_S old.
+ *
+ * @generated from message runifold.memory.v1.MemoryHeartbeat
+ */
+export interface MemoryHeartbeat {
+  /**
+   * The namespace's last change delivered: send it back when resuming.
+   *
+   * @generated from field: int64 change_sequence = 1;
+   */
+  'change_sequence'?: (number | string | bigint);
+  /**
+   * When the server last looked at the namespace.
+   *
+   * @generated from field: google.protobuf.Timestamp read_time = 2;
+   */
+  'read_time'?: (Timestamp | null);
+}
+
+/**
+ * The stream is caught up: every change through `change_sequence` has been
+ * delivered. Sent once the replay is done, then whenever the stream was quiet
+ * for the heartbeat interval. A commit wakes the stream at once (PostgreSQL
+ * LISTEN/NOTIFY, whichever replica it went through); the server also looks
+ * again on a timer, so `read_time` is at most RUNIFOLD_MEMORY_WATCH_POLL_S old.
+ *
+ * @generated from message runifold.memory.v1.MemoryHeartbeat
+ */
+export interface MemoryHeartbeat__Output {
+  /**
+   * The namespace's last change delivered: send it back when resuming.
+   *
+   * @generated from field: int64 change_sequence = 1;
+   */
+  'change_sequence': (number);
+  /**
+   * When the server last looked at the namespace.
+   *
+   * @generated from field: google.protobuf.Timestamp read_time = 2;
+   */
+  'read_time': (Timestamp__Output | null);
+}
+
+/**
  * Curated semantic memory with provenance.
  *
  * A memory is a fact worth keeping across conversations. Each one names the
@@ -1874,5 +2404,25 @@ export interface MemoryService__Methods {
    * @generated from rpc runifold.memory.v1.MemoryService.ProposeMemories
    */
   proposeMemories: { request: ProposeMemoriesRequest; response: ProposeMemoriesResponse__Output };
+  /**
+   * What the erasure of one incarnation of a conversation (ForgetSource with
+   * an `incarnation`) erased, over all its calls, and whether the vector
+   * index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+   * kept.
+   *
+   * @generated from rpc runifold.memory.v1.MemoryService.GetMemoryErasure
+   */
+  getMemoryErasure: { request: GetMemoryErasureRequest; response: GetMemoryErasureResponse__Output };
+  /**
+   * Follows the memories of a namespace: every change (created, updated,
+   * superseded, deleted, expired, erased) after `after_change_sequence`, each
+   * exactly once and in the order the changes committed, whichever replica
+   * wrote them; then the changes as they commit, with a heartbeat while it is
+   * quiet. A client whose stream breaks watches again from the last
+   * `change_sequence` it received. Served over gRPC only (not the HTTP port).
+   *
+   * @generated from rpc runifold.memory.v1.MemoryService.WatchMemories
+   */
+  watchMemories: { request: WatchMemoriesRequest; response: WatchMemoriesResponse__Output };
 }
 

@@ -14,10 +14,13 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file runifold/memory/v1/memory_service.proto.
  */
 export const file_runifold_memory_v1_memory_service: GenFile = /*@__PURE__*/
-  fileDesc("CidydW5pZm9sZC9tZW1vcnkvdjEvbWVtb3J5X3NlcnZpY2UucHJvdG8SEnJ1bmlmb2xkLm1lbW9yeS52MSJtCgxNZW1vcnlTb3VyY2USFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhUKDWZyb21fc2VxdWVuY2UYAiABKAMSGAoQdGhyb3VnaF9zZXF1ZW5jZRgDIAEoAxITCgtpbmNhcm5hdGlvbhgEIAEoAyK8BAoGTWVtb3J5EhEKCW1lbW9yeV9pZBgBIAEoCRIRCgluYW1lc3BhY2UYAiABKAkSDwoHY29udGVudBgDIAEoCRIxCgdzb3VyY2VzGAQgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRI6CghtZXRhZGF0YRgFIAMoCzIoLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnkuTWV0YWRhdGFFbnRyeRIQCghyZXZpc2lvbhgGIAEoAxIvCgtjcmVhdGVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLdXBkYXRlX3RpbWUYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2V4cGlyZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIXCg9lbWJlZGRpbmdfbW9kZWwYCiABKAkSGwoTZW1iZWRkaW5nX2RpbWVuc2lvbhgLIAEoBRIzCg92YWxpZF9mcm9tX3RpbWUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjQKEHZhbGlkX3VudGlsX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDXN1cGVyc2VkZWRfYnkYDiABKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIlsKEFN1cGVyc2VkZWRNZW1vcnkSEQoJbWVtb3J5X2lkGAEgASgJEh4KEWV4cGVjdGVkX3JldmlzaW9uGAIgASgDSACIAQFCFAoSX2V4cGVjdGVkX3JldmlzaW9uIsEEChNVcHNlcnRNZW1vcnlSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIRCgltZW1vcnlfaWQYAiABKAkSDwoHY29udGVudBgDIAEoCRIxCgdzb3VyY2VzGAQgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRJHCghtZXRhZGF0YRgFIAMoCzI1LnJ1bmlmb2xkLm1lbW9yeS52MS5VcHNlcnRNZW1vcnlSZXF1ZXN0Lk1ldGFkYXRhRW50cnkSHgoRZXhwZWN0ZWRfcmV2aXNpb24YBiABKANIAIgBARIvCgtleHBpcmVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJgoDdHRsGAggASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhIKCnJlcXVlc3RfaWQYCSABKAkSMwoPdmFsaWRfZnJvbV90aW1lGAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI0ChB2YWxpZF91bnRpbF90aW1lGAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI4CgpzdXBlcnNlZGVzGAwgAygLMiQucnVuaWZvbGQubWVtb3J5LnYxLlN1cGVyc2VkZWRNZW1vcnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQhQKEl9leHBlY3RlZF9yZXZpc2lvbiKDAQoUVXBzZXJ0TWVtb3J5UmVzcG9uc2USKgoGbWVtb3J5GAEgASgLMhoucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeRIPCgdjcmVhdGVkGAIgASgIEi4KCnN1cGVyc2VkZWQYAyADKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5IjgKEEdldE1lbW9yeVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCW1lbW9yeV9pZBgCIAEoCSI/ChFHZXRNZW1vcnlSZXNwb25zZRIqCgZtZW1vcnkYASABKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5IrEBChNMaXN0TWVtb3JpZXNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCRIXCg9jb252ZXJzYXRpb25faWQYBCABKAkSLgoKYXNfb2ZfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFwoPaWdub3JlX3ZhbGlkaXR5GAYgASgIIl0KFExpc3RNZW1vcmllc1Jlc3BvbnNlEiwKCG1lbW9yaWVzGAEgAygLMhoucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiyAIKFVNlYXJjaE1lbW9yaWVzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDQoFcXVlcnkYAiABKAkSDQoFbGltaXQYAyABKAUSVgoPbWV0YWRhdGFfZmlsdGVyGAQgAygLMj0ucnVuaWZvbGQubWVtb3J5LnYxLlNlYXJjaE1lbW9yaWVzUmVxdWVzdC5NZXRhZGF0YUZpbHRlckVudHJ5EhEKCW1pbl9zY29yZRgFIAEoAhIuCgphc19vZl90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCgRtb2RlGAcgASgOMh4ucnVuaWZvbGQubWVtb3J5LnYxLlNlYXJjaE1vZGUaNQoTTWV0YWRhdGFGaWx0ZXJFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIqEBCgxTY29yZWRNZW1vcnkSKgoGbWVtb3J5GAEgASgLMhoucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeRINCgVzY29yZRgCIAEoAhIYCgtkZW5zZV9zY29yZRgDIAEoAkgAiAEBEhoKDWxleGljYWxfc2NvcmUYBCABKAJIAYgBAUIOCgxfZGVuc2Vfc2NvcmVCEAoOX2xleGljYWxfc2NvcmUiiwEKFlNlYXJjaE1lbW9yaWVzUmVzcG9uc2USMQoHcmVzdWx0cxgBIAMoCzIgLnJ1bmlmb2xkLm1lbW9yeS52MS5TY29yZWRNZW1vcnkSEAoIZGVncmFkZWQYAiABKAgSLAoEbW9kZRgDIAEoDjIeLnJ1bmlmb2xkLm1lbW9yeS52MS5TZWFyY2hNb2RlInEKE0RlbGV0ZU1lbW9yeVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCW1lbW9yeV9pZBgCIAEoCRIeChFleHBlY3RlZF9yZXZpc2lvbhgDIAEoA0gAiAEBQhQKEl9leHBlY3RlZF9yZXZpc2lvbiInChREZWxldGVNZW1vcnlSZXNwb25zZRIPCgdkZWxldGVkGAEgASgIIocBChNGb3JnZXRTb3VyY2VSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSFQoNZnJvbV9zZXF1ZW5jZRgDIAEoAxIYChB0aHJvdWdoX3NlcXVlbmNlGAQgASgDEhMKC2luY2FybmF0aW9uGAUgASgDIi0KFEZvcmdldFNvdXJjZVJlc3BvbnNlEhUKDWRlbGV0ZWRfY291bnQYASABKAMiaQoaTGlzdE1lbW9yeVJldmlzaW9uc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCW1lbW9yeV9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCSKPBAoOTWVtb3J5UmV2aXNpb24SEAoIcmV2aXNpb24YASABKAMSLgoEa2luZBgCIAEoDjIgLnJ1bmlmb2xkLm1lbW9yeS52MS5SZXZpc2lvbktpbmQSDgoGcmVhc29uGAMgASgJEi8KC3JlY29yZF90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZlcmFzZWQYBSABKAgSDwoHY29udGVudBgGIAEoCRIxCgdzb3VyY2VzGAcgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRJCCghtZXRhZGF0YRgIIAMoCzIwLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlSZXZpc2lvbi5NZXRhZGF0YUVudHJ5Ei8KC2V4cGlyZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIzCg92YWxpZF9mcm9tX3RpbWUYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjQKEHZhbGlkX3VudGlsX3RpbWUYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDXN1cGVyc2VkZWRfYnkYDCABKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIm0KG0xpc3RNZW1vcnlSZXZpc2lvbnNSZXNwb25zZRI1CglyZXZpc2lvbnMYASADKAsyIi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5UmV2aXNpb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIsgCChZQcm9wb3NlTWVtb3JpZXNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSFQoNZnJvbV9zZXF1ZW5jZRgDIAEoAxIYChB0aHJvdWdoX3NlcXVlbmNlGAQgASgDEioKBmJ1ZGdldBgFIAEoCzIaLnJ1bmlmb2xkLmNvbW1vbi52MS5CdWRnZXQSFQoNbWF4X3Byb3Bvc2FscxgGIAEoBRJXCg9tZXRhZGF0YV9maWx0ZXIYByADKAsyPi5ydW5pZm9sZC5tZW1vcnkudjEuUHJvcG9zZU1lbW9yaWVzUmVxdWVzdC5NZXRhZGF0YUZpbHRlckVudHJ5GjUKE01ldGFkYXRhRmlsdGVyRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASLpAQoOTWVtb3J5UHJvcG9zYWwSDwoHY29udGVudBgBIAEoCRIxCgdzb3VyY2VzGAIgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVNvdXJjZRIzCg92YWxpZF9mcm9tX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjIKBmFjdGlvbhgEIAEoDjIiLnJ1bmlmb2xkLm1lbW9yeS52MS5Qcm9wb3NhbEFjdGlvbhIaChJyZWxhdGVkX21lbW9yeV9pZHMYBSADKAkSDgoGcmVhc29uGAYgASgJIqMBChdQcm9wb3NlTWVtb3JpZXNSZXNwb25zZRI1Cglwcm9wb3NhbHMYASADKAsyIi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5UHJvcG9zYWwSKAoFdXNhZ2UYAiABKAsyGS5ydW5pZm9sZC5jb21tb24udjEuVXNhZ2USFQoNZHJvcHBlZF9jb3VudBgDIAEoBRIQCghwcm9wb3NlchgEIAEoCSpxCgpTZWFyY2hNb2RlEhsKF1NFQVJDSF9NT0RFX1VOU1BFQ0lGSUVEEAASFQoRU0VBUkNIX01PREVfREVOU0UQARIXChNTRUFSQ0hfTU9ERV9MRVhJQ0FMEAISFgoSU0VBUkNIX01PREVfSFlCUklEEAMqYAoMUmV2aXNpb25LaW5kEh0KGVJFVklTSU9OX0tJTkRfVU5TUEVDSUZJRUQQABIXChNSRVZJU0lPTl9LSU5EX1dSSVRFEAESGAoUUkVWSVNJT05fS0lORF9ERUxFVEUQAiqIAQoOUHJvcG9zYWxBY3Rpb24SHwobUFJPUE9TQUxfQUNUSU9OX1VOU1BFQ0lGSUVEEAASFwoTUFJPUE9TQUxfQUNUSU9OX0FERBABEh0KGVBST1BPU0FMX0FDVElPTl9TVVBFUlNFREUQAhIdChlQUk9QT1NBTF9BQ1RJT05fRFVQTElDQVRFEAMywgYKDU1lbW9yeVNlcnZpY2USYQoMVXBzZXJ0TWVtb3J5EicucnVuaWZvbGQubWVtb3J5LnYxLlVwc2VydE1lbW9yeVJlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuVXBzZXJ0TWVtb3J5UmVzcG9uc2USWAoJR2V0TWVtb3J5EiQucnVuaWZvbGQubWVtb3J5LnYxLkdldE1lbW9yeVJlcXVlc3QaJS5ydW5pZm9sZC5tZW1vcnkudjEuR2V0TWVtb3J5UmVzcG9uc2USYQoMTGlzdE1lbW9yaWVzEicucnVuaWZvbGQubWVtb3J5LnYxLkxpc3RNZW1vcmllc1JlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuTGlzdE1lbW9yaWVzUmVzcG9uc2USZwoOU2VhcmNoTWVtb3JpZXMSKS5ydW5pZm9sZC5tZW1vcnkudjEuU2VhcmNoTWVtb3JpZXNSZXF1ZXN0GioucnVuaWZvbGQubWVtb3J5LnYxLlNlYXJjaE1lbW9yaWVzUmVzcG9uc2USYQoMRGVsZXRlTWVtb3J5EicucnVuaWZvbGQubWVtb3J5LnYxLkRlbGV0ZU1lbW9yeVJlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuRGVsZXRlTWVtb3J5UmVzcG9uc2USYQoMRm9yZ2V0U291cmNlEicucnVuaWZvbGQubWVtb3J5LnYxLkZvcmdldFNvdXJjZVJlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuRm9yZ2V0U291cmNlUmVzcG9uc2USdgoTTGlzdE1lbW9yeVJldmlzaW9ucxIuLnJ1bmlmb2xkLm1lbW9yeS52MS5MaXN0TWVtb3J5UmV2aXNpb25zUmVxdWVzdBovLnJ1bmlmb2xkLm1lbW9yeS52MS5MaXN0TWVtb3J5UmV2aXNpb25zUmVzcG9uc2USagoPUHJvcG9zZU1lbW9yaWVzEioucnVuaWZvbGQubWVtb3J5LnYxLlByb3Bvc2VNZW1vcmllc1JlcXVlc3QaKy5ydW5pZm9sZC5tZW1vcnkudjEuUHJvcG9zZU1lbW9yaWVzUmVzcG9uc2VCQVo/Z2l0aHViLmNvbS9ydW5pZm9sZC9ydW5pZm9sZC9nZW4vZ28vcnVuaWZvbGQvbWVtb3J5L3YxO21lbW9yeXYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_runifold_common_v1_common]);
+  fileDesc("CidydW5pZm9sZC9tZW1vcnkvdjEvbWVtb3J5X3NlcnZpY2UucHJvdG8SEnJ1bmlmb2xkLm1lbW9yeS52MSKDAQoMTWVtb3J5U291cmNlEhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIVCg1mcm9tX3NlcXVlbmNlGAIgASgDEhgKEHRocm91Z2hfc2VxdWVuY2UYAyABKAMSEwoLaW5jYXJuYXRpb24YBCABKAMSFAoMZXh0ZXJuYWxfdXJpGAUgASgJIrwECgZNZW1vcnkSEQoJbWVtb3J5X2lkGAEgASgJEhEKCW5hbWVzcGFjZRgCIAEoCRIPCgdjb250ZW50GAMgASgJEjEKB3NvdXJjZXMYBCADKAsyIC5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5U291cmNlEjoKCG1ldGFkYXRhGAUgAygLMigucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeS5NZXRhZGF0YUVudHJ5EhAKCHJldmlzaW9uGAYgASgDEi8KC2NyZWF0ZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgt1cGRhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZXhwaXJlX3RpbWUYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2VtYmVkZGluZ19tb2RlbBgKIAEoCRIbChNlbWJlZGRpbmdfZGltZW5zaW9uGAsgASgFEjMKD3ZhbGlkX2Zyb21fdGltZRgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNAoQdmFsaWRfdW50aWxfdGltZRgNIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFQoNc3VwZXJzZWRlZF9ieRgOIAEoCRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiWwoQU3VwZXJzZWRlZE1lbW9yeRIRCgltZW1vcnlfaWQYASABKAkSHgoRZXhwZWN0ZWRfcmV2aXNpb24YAiABKANIAIgBAUIUChJfZXhwZWN0ZWRfcmV2aXNpb24iwQQKE1Vwc2VydE1lbW9yeVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCW1lbW9yeV9pZBgCIAEoCRIPCgdjb250ZW50GAMgASgJEjEKB3NvdXJjZXMYBCADKAsyIC5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5U291cmNlEkcKCG1ldGFkYXRhGAUgAygLMjUucnVuaWZvbGQubWVtb3J5LnYxLlVwc2VydE1lbW9yeVJlcXVlc3QuTWV0YWRhdGFFbnRyeRIeChFleHBlY3RlZF9yZXZpc2lvbhgGIAEoA0gAiAEBEi8KC2V4cGlyZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBImCgN0dGwYCCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEgoKcmVxdWVzdF9pZBgJIAEoCRIzCg92YWxpZF9mcm9tX3RpbWUYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjQKEHZhbGlkX3VudGlsX3RpbWUYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjgKCnN1cGVyc2VkZXMYDCADKAsyJC5ydW5pZm9sZC5tZW1vcnkudjEuU3VwZXJzZWRlZE1lbW9yeRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCFAoSX2V4cGVjdGVkX3JldmlzaW9uIoMBChRVcHNlcnRNZW1vcnlSZXNwb25zZRIqCgZtZW1vcnkYASABKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5Eg8KB2NyZWF0ZWQYAiABKAgSLgoKc3VwZXJzZWRlZBgDIAMoCzIaLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnkiOAoQR2V0TWVtb3J5UmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSEQoJbWVtb3J5X2lkGAIgASgJIj8KEUdldE1lbW9yeVJlc3BvbnNlEioKBm1lbW9yeRgBIAEoCzIaLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnkisQEKE0xpc3RNZW1vcmllc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgEIAEoCRIuCgphc19vZl90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIXCg9pZ25vcmVfdmFsaWRpdHkYBiABKAgiXQoUTGlzdE1lbW9yaWVzUmVzcG9uc2USLAoIbWVtb3JpZXMYASADKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSLIAgoVU2VhcmNoTWVtb3JpZXNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRINCgVxdWVyeRgCIAEoCRINCgVsaW1pdBgDIAEoBRJWCg9tZXRhZGF0YV9maWx0ZXIYBCADKAsyPS5ydW5pZm9sZC5tZW1vcnkudjEuU2VhcmNoTWVtb3JpZXNSZXF1ZXN0Lk1ldGFkYXRhRmlsdGVyRW50cnkSEQoJbWluX3Njb3JlGAUgASgCEi4KCmFzX29mX3RpbWUYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKBG1vZGUYByABKA4yHi5ydW5pZm9sZC5tZW1vcnkudjEuU2VhcmNoTW9kZRo1ChNNZXRhZGF0YUZpbHRlckVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEioQEKDFNjb3JlZE1lbW9yeRIqCgZtZW1vcnkYASABKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5Eg0KBXNjb3JlGAIgASgCEhgKC2RlbnNlX3Njb3JlGAMgASgCSACIAQESGgoNbGV4aWNhbF9zY29yZRgEIAEoAkgBiAEBQg4KDF9kZW5zZV9zY29yZUIQCg5fbGV4aWNhbF9zY29yZSKLAQoWU2VhcmNoTWVtb3JpZXNSZXNwb25zZRIxCgdyZXN1bHRzGAEgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLlNjb3JlZE1lbW9yeRIQCghkZWdyYWRlZBgCIAEoCBIsCgRtb2RlGAMgASgOMh4ucnVuaWZvbGQubWVtb3J5LnYxLlNlYXJjaE1vZGUicQoTRGVsZXRlTWVtb3J5UmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSEQoJbWVtb3J5X2lkGAIgASgJEh4KEWV4cGVjdGVkX3JldmlzaW9uGAMgASgDSACIAQFCFAoSX2V4cGVjdGVkX3JldmlzaW9uIicKFERlbGV0ZU1lbW9yeVJlc3BvbnNlEg8KB2RlbGV0ZWQYASABKAginQEKE0ZvcmdldFNvdXJjZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIVCg1mcm9tX3NlcXVlbmNlGAMgASgDEhgKEHRocm91Z2hfc2VxdWVuY2UYBCABKAMSEwoLaW5jYXJuYXRpb24YBSABKAMSFAoMZXh0ZXJuYWxfdXJpGAYgASgJImEKFEZvcmdldFNvdXJjZVJlc3BvbnNlEhUKDWRlbGV0ZWRfY291bnQYASABKAMSMgoHZXJhc3VyZRgCIAEoCzIhLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlFcmFzdXJlImkKGkxpc3RNZW1vcnlSZXZpc2lvbnNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIRCgltZW1vcnlfaWQYAiABKAkSEQoJcGFnZV9zaXplGAMgASgFEhIKCnBhZ2VfdG9rZW4YBCABKAkijwQKDk1lbW9yeVJldmlzaW9uEhAKCHJldmlzaW9uGAEgASgDEi4KBGtpbmQYAiABKA4yIC5ydW5pZm9sZC5tZW1vcnkudjEuUmV2aXNpb25LaW5kEg4KBnJlYXNvbhgDIAEoCRIvCgtyZWNvcmRfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGZXJhc2VkGAUgASgIEg8KB2NvbnRlbnQYBiABKAkSMQoHc291cmNlcxgHIAMoCzIgLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlTb3VyY2USQgoIbWV0YWRhdGEYCCADKAsyMC5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5UmV2aXNpb24uTWV0YWRhdGFFbnRyeRIvCgtleHBpcmVfdGltZRgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMwoPdmFsaWRfZnJvbV90aW1lGAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI0ChB2YWxpZF91bnRpbF90aW1lGAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1zdXBlcnNlZGVkX2J5GAwgASgJGi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJtChtMaXN0TWVtb3J5UmV2aXNpb25zUmVzcG9uc2USNQoJcmV2aXNpb25zGAEgAygLMiIucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVJldmlzaW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSLIAgoWUHJvcG9zZU1lbW9yaWVzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSFwoPY29udmVyc2F0aW9uX2lkGAIgASgJEhUKDWZyb21fc2VxdWVuY2UYAyABKAMSGAoQdGhyb3VnaF9zZXF1ZW5jZRgEIAEoAxIqCgZidWRnZXQYBSABKAsyGi5ydW5pZm9sZC5jb21tb24udjEuQnVkZ2V0EhUKDW1heF9wcm9wb3NhbHMYBiABKAUSVwoPbWV0YWRhdGFfZmlsdGVyGAcgAygLMj4ucnVuaWZvbGQubWVtb3J5LnYxLlByb3Bvc2VNZW1vcmllc1JlcXVlc3QuTWV0YWRhdGFGaWx0ZXJFbnRyeRo1ChNNZXRhZGF0YUZpbHRlckVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEi6QEKDk1lbW9yeVByb3Bvc2FsEg8KB2NvbnRlbnQYASABKAkSMQoHc291cmNlcxgCIAMoCzIgLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlTb3VyY2USMwoPdmFsaWRfZnJvbV90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCgZhY3Rpb24YBCABKA4yIi5ydW5pZm9sZC5tZW1vcnkudjEuUHJvcG9zYWxBY3Rpb24SGgoScmVsYXRlZF9tZW1vcnlfaWRzGAUgAygJEg4KBnJlYXNvbhgGIAEoCSKjAQoXUHJvcG9zZU1lbW9yaWVzUmVzcG9uc2USNQoJcHJvcG9zYWxzGAEgAygLMiIucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVByb3Bvc2FsEigKBXVzYWdlGAIgASgLMhkucnVuaWZvbGQuY29tbW9uLnYxLlVzYWdlEhUKDWRyb3BwZWRfY291bnQYAyABKAUSEAoIcHJvcG9zZXIYBCABKAki8AEKDU1lbW9yeUVyYXN1cmUSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhMKC2luY2FybmF0aW9uGAIgASgDEhgKEG1lbW9yaWVzX2RlbGV0ZWQYAyABKAMSGAoQcmV2aXNpb25zX2VyYXNlZBgEIAEoAxIUCgxpbmRleF9wb2ludHMYBSABKAMSLgoKZXJhc2VfdGltZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNwoTaW5kZXhfY29tcGxldGVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiWgoXR2V0TWVtb3J5RXJhc3VyZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRITCgtpbmNhcm5hdGlvbhgDIAEoAyJOChhHZXRNZW1vcnlFcmFzdXJlUmVzcG9uc2USMgoHZXJhc3VyZRgBIAEoCzIhLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlFcmFzdXJlIn8KFFdhdGNoTWVtb3JpZXNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIdChVhZnRlcl9jaGFuZ2Vfc2VxdWVuY2UYAiABKAMSNQoSaGVhcnRiZWF0X2ludGVydmFsGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIo0BChVXYXRjaE1lbW9yaWVzUmVzcG9uc2USMQoGY2hhbmdlGAEgASgLMh8ucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeUV2ZW50SAASOAoJaGVhcnRiZWF0GAIgASgLMiMucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeUhlYXJ0YmVhdEgAQgcKBWV2ZW50ItsBCgtNZW1vcnlFdmVudBIXCg9jaGFuZ2Vfc2VxdWVuY2UYASABKAMSMQoEa2luZBgCIAEoDjIjLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlFdmVudEtpbmQSEQoJbWVtb3J5X2lkGAMgASgJEhAKCHJldmlzaW9uGAQgASgDEioKBm1lbW9yeRgFIAEoCzIaLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnkSLwoLY2hhbmdlX3RpbWUYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIlkKD01lbW9yeUhlYXJ0YmVhdBIXCg9jaGFuZ2Vfc2VxdWVuY2UYASABKAMSLQoJcmVhZF90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCpxCgpTZWFyY2hNb2RlEhsKF1NFQVJDSF9NT0RFX1VOU1BFQ0lGSUVEEAASFQoRU0VBUkNIX01PREVfREVOU0UQARIXChNTRUFSQ0hfTU9ERV9MRVhJQ0FMEAISFgoSU0VBUkNIX01PREVfSFlCUklEEAMqYAoMUmV2aXNpb25LaW5kEh0KGVJFVklTSU9OX0tJTkRfVU5TUEVDSUZJRUQQABIXChNSRVZJU0lPTl9LSU5EX1dSSVRFEAESGAoUUkVWSVNJT05fS0lORF9ERUxFVEUQAiqIAQoOUHJvcG9zYWxBY3Rpb24SHwobUFJPUE9TQUxfQUNUSU9OX1VOU1BFQ0lGSUVEEAASFwoTUFJPUE9TQUxfQUNUSU9OX0FERBABEh0KGVBST1BPU0FMX0FDVElPTl9TVVBFUlNFREUQAhIdChlQUk9QT1NBTF9BQ1RJT05fRFVQTElDQVRFEAMq8AEKD01lbW9yeUV2ZW50S2luZBIhCh1NRU1PUllfRVZFTlRfS0lORF9VTlNQRUNJRklFRBAAEh0KGU1FTU9SWV9FVkVOVF9LSU5EX0NSRUFURUQQARIdChlNRU1PUllfRVZFTlRfS0lORF9VUERBVEVEEAISIAocTUVNT1JZX0VWRU5UX0tJTkRfU1VQRVJTRURFRBADEh0KGU1FTU9SWV9FVkVOVF9LSU5EX0RFTEVURUQQBBIdChlNRU1PUllfRVZFTlRfS0lORF9FWFBJUkVEEAUSHAoYTUVNT1JZX0VWRU5UX0tJTkRfRVJBU0VEEAYymQgKDU1lbW9yeVNlcnZpY2USYQoMVXBzZXJ0TWVtb3J5EicucnVuaWZvbGQubWVtb3J5LnYxLlVwc2VydE1lbW9yeVJlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuVXBzZXJ0TWVtb3J5UmVzcG9uc2USWAoJR2V0TWVtb3J5EiQucnVuaWZvbGQubWVtb3J5LnYxLkdldE1lbW9yeVJlcXVlc3QaJS5ydW5pZm9sZC5tZW1vcnkudjEuR2V0TWVtb3J5UmVzcG9uc2USYQoMTGlzdE1lbW9yaWVzEicucnVuaWZvbGQubWVtb3J5LnYxLkxpc3RNZW1vcmllc1JlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuTGlzdE1lbW9yaWVzUmVzcG9uc2USZwoOU2VhcmNoTWVtb3JpZXMSKS5ydW5pZm9sZC5tZW1vcnkudjEuU2VhcmNoTWVtb3JpZXNSZXF1ZXN0GioucnVuaWZvbGQubWVtb3J5LnYxLlNlYXJjaE1lbW9yaWVzUmVzcG9uc2USYQoMRGVsZXRlTWVtb3J5EicucnVuaWZvbGQubWVtb3J5LnYxLkRlbGV0ZU1lbW9yeVJlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuRGVsZXRlTWVtb3J5UmVzcG9uc2USYQoMRm9yZ2V0U291cmNlEicucnVuaWZvbGQubWVtb3J5LnYxLkZvcmdldFNvdXJjZVJlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuRm9yZ2V0U291cmNlUmVzcG9uc2USdgoTTGlzdE1lbW9yeVJldmlzaW9ucxIuLnJ1bmlmb2xkLm1lbW9yeS52MS5MaXN0TWVtb3J5UmV2aXNpb25zUmVxdWVzdBovLnJ1bmlmb2xkLm1lbW9yeS52MS5MaXN0TWVtb3J5UmV2aXNpb25zUmVzcG9uc2USagoPUHJvcG9zZU1lbW9yaWVzEioucnVuaWZvbGQubWVtb3J5LnYxLlByb3Bvc2VNZW1vcmllc1JlcXVlc3QaKy5ydW5pZm9sZC5tZW1vcnkudjEuUHJvcG9zZU1lbW9yaWVzUmVzcG9uc2USbQoQR2V0TWVtb3J5RXJhc3VyZRIrLnJ1bmlmb2xkLm1lbW9yeS52MS5HZXRNZW1vcnlFcmFzdXJlUmVxdWVzdBosLnJ1bmlmb2xkLm1lbW9yeS52MS5HZXRNZW1vcnlFcmFzdXJlUmVzcG9uc2USZgoNV2F0Y2hNZW1vcmllcxIoLnJ1bmlmb2xkLm1lbW9yeS52MS5XYXRjaE1lbW9yaWVzUmVxdWVzdBopLnJ1bmlmb2xkLm1lbW9yeS52MS5XYXRjaE1lbW9yaWVzUmVzcG9uc2UwAUJBWj9naXRodWIuY29tL3J1bmlmb2xkL3J1bmlmb2xkL2dlbi9nby9ydW5pZm9sZC9tZW1vcnkvdjE7bWVtb3J5djFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_runifold_common_v1_common]);
 
 /**
- * The transcript range a memory was derived from.
+ * Where a memory came from: a range of a Runifold transcript
+ * (`conversation_id`, `from_sequence`, `through_sequence`), or a source outside
+ * one, named by `external_uri` (then the other fields are empty). A memory has
+ * at least one source.
  *
  * @generated from message runifold.memory.v1.MemorySource
  */
@@ -56,6 +59,17 @@ export type MemorySource = Message<"runifold.memory.v1.MemorySource"> & {
    * @generated from field: int64 incarnation = 4;
    */
   incarnation: bigint;
+
+  /**
+   * A source outside a Runifold transcript (an MCP client's note, a LangGraph
+   * store item, an imported document): an absolute URI (a scheme, then ":"),
+   * at most RUNIFOLD_MEMORY_MAX_EXTERNAL_URI_BYTES, no control characters or
+   * spaces. Stored and compared exactly as sent. ForgetSource with this
+   * `external_uri` deletes the memory.
+   *
+   * @generated from field: string external_uri = 5;
+   */
+  externalUri: string;
 };
 
 /**
@@ -93,7 +107,7 @@ export type Memory = Message<"runifold.memory.v1.Memory"> & {
   content: string;
 
   /**
-   * Where it came from (1..32 ranges).
+   * Where it came from (1..32 sources: transcript ranges, external URIs).
    *
    * @generated from field: repeated runifold.memory.v1.MemorySource sources = 4;
    */
@@ -234,7 +248,8 @@ export type UpsertMemoryRequest = Message<"runifold.memory.v1.UpsertMemoryReques
   content: string;
 
   /**
-   * Where it came from; at least one, each validated against the transcript.
+   * Where it came from; at least one. A transcript range is validated
+   * against TranscriptService; an external URI is checked for form only.
    *
    * @generated from field: repeated runifold.memory.v1.MemorySource sources = 4;
    */
@@ -732,6 +747,15 @@ export type ForgetSourceRequest = Message<"runifold.memory.v1.ForgetSourceReques
    * @generated from field: int64 incarnation = 5;
    */
   incarnation: bigint;
+
+  /**
+   * Instead of `conversation_id`: delete every memory one of whose sources is
+   * this external URI (exactly: compared byte for byte), whatever its other
+   * sources. Later writes naming it are not refused.
+   *
+   * @generated from field: string external_uri = 6;
+   */
+  externalUri: string;
 };
 
 /**
@@ -753,6 +777,13 @@ export type ForgetSourceResponse = Message<"runifold.memory.v1.ForgetSourceRespo
    * @generated from field: int64 deleted_count = 1;
    */
   deletedCount: bigint;
+
+  /**
+   * With an `incarnation`: the erasure of that incarnation over all its calls.
+   *
+   * @generated from field: runifold.memory.v1.MemoryErasure erasure = 2;
+   */
+  erasure?: MemoryErasure | undefined;
 };
 
 /**
@@ -1103,6 +1134,298 @@ export const ProposeMemoriesResponseSchema: GenMessage<ProposeMemoriesResponse> 
   messageDesc(file_runifold_memory_v1_memory_service, 21);
 
 /**
+ * What the erasure of one incarnation of a conversation erased in
+ * MemoryService, over every ForgetSource call with that incarnation. Counts,
+ * never content.
+ *
+ * @generated from message runifold.memory.v1.MemoryErasure
+ */
+export type MemoryErasure = Message<"runifold.memory.v1.MemoryErasure"> & {
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  conversationId: string;
+
+  /**
+   * The incarnation erased.
+   *
+   * @generated from field: int64 incarnation = 2;
+   */
+  incarnation: bigint;
+
+  /**
+   * Memories deleted.
+   *
+   * @generated from field: int64 memories_deleted = 3;
+   */
+  memoriesDeleted: bigint;
+
+  /**
+   * Revisions of those memories whose content was erased.
+   *
+   * @generated from field: int64 revisions_erased = 4;
+   */
+  revisionsErased: bigint;
+
+  /**
+   * Vector index points the erasure removes: one per deleted memory.
+   *
+   * @generated from field: int64 index_points = 5;
+   */
+  indexPoints: bigint;
+
+  /**
+   * When the erasure was first made.
+   *
+   * @generated from field: google.protobuf.Timestamp erase_time = 6;
+   */
+  eraseTime?: Timestamp | undefined;
+
+  /**
+   * When the index had caught up with it (every index write it queued
+   * applied); absent until then.
+   *
+   * @generated from field: google.protobuf.Timestamp index_complete_time = 7;
+   */
+  indexCompleteTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message runifold.memory.v1.MemoryErasure.
+ * Use `create(MemoryErasureSchema)` to create a new message.
+ */
+export const MemoryErasureSchema: GenMessage<MemoryErasure> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 22);
+
+/**
+ * Request of GetMemoryErasure.
+ *
+ * @generated from message runifold.memory.v1.GetMemoryErasureRequest
+ */
+export type GetMemoryErasureRequest = Message<"runifold.memory.v1.GetMemoryErasureRequest"> & {
+  /**
+   * Namespace that owns the memories.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  conversationId: string;
+
+  /**
+   * The incarnation erased (not 0).
+   *
+   * @generated from field: int64 incarnation = 3;
+   */
+  incarnation: bigint;
+};
+
+/**
+ * Describes the message runifold.memory.v1.GetMemoryErasureRequest.
+ * Use `create(GetMemoryErasureRequestSchema)` to create a new message.
+ */
+export const GetMemoryErasureRequestSchema: GenMessage<GetMemoryErasureRequest> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 23);
+
+/**
+ * Response of GetMemoryErasure.
+ *
+ * @generated from message runifold.memory.v1.GetMemoryErasureResponse
+ */
+export type GetMemoryErasureResponse = Message<"runifold.memory.v1.GetMemoryErasureResponse"> & {
+  /**
+   * The erasure.
+   *
+   * @generated from field: runifold.memory.v1.MemoryErasure erasure = 1;
+   */
+  erasure?: MemoryErasure | undefined;
+};
+
+/**
+ * Describes the message runifold.memory.v1.GetMemoryErasureResponse.
+ * Use `create(GetMemoryErasureResponseSchema)` to create a new message.
+ */
+export const GetMemoryErasureResponseSchema: GenMessage<GetMemoryErasureResponse> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 24);
+
+/**
+ * Request of WatchMemories.
+ *
+ * @generated from message runifold.memory.v1.WatchMemoriesRequest
+ */
+export type WatchMemoriesRequest = Message<"runifold.memory.v1.WatchMemoriesRequest"> & {
+  /**
+   * Namespace whose memories to follow.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * Deliver the changes after this one (0: every change from the namespace's
+   * first). A client resuming a stream sends the last `change_sequence` it
+   * received (MemoryEvent or MemoryHeartbeat). Beyond the namespace's last
+   * change is INVALID_ARGUMENT / SEQUENCE_OUT_OF_RANGE.
+   *
+   * @generated from field: int64 after_change_sequence = 2;
+   */
+  afterChangeSequence: bigint;
+
+  /**
+   * How long the stream may stay quiet before a heartbeat: 0 means the
+   * server's default (RUNIFOLD_MEMORY_WATCH_HEARTBEAT_S, 30 s); 1 s to 5 min.
+   *
+   * @generated from field: google.protobuf.Duration heartbeat_interval = 3;
+   */
+  heartbeatInterval?: Duration | undefined;
+};
+
+/**
+ * Describes the message runifold.memory.v1.WatchMemoriesRequest.
+ * Use `create(WatchMemoriesRequestSchema)` to create a new message.
+ */
+export const WatchMemoriesRequestSchema: GenMessage<WatchMemoriesRequest> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 25);
+
+/**
+ * One event of WatchMemories: exactly one field is set.
+ *
+ * @generated from message runifold.memory.v1.WatchMemoriesResponse
+ */
+export type WatchMemoriesResponse = Message<"runifold.memory.v1.WatchMemoriesResponse"> & {
+  /**
+   * The event.
+   *
+   * @generated from oneof runifold.memory.v1.WatchMemoriesResponse.event
+   */
+  event: {
+    /**
+     * A change of a memory of the namespace.
+     *
+     * @generated from field: runifold.memory.v1.MemoryEvent change = 1;
+     */
+    value: MemoryEvent;
+    case: "change";
+  } | {
+    /**
+     * Nothing new: the stream is caught up with the namespace.
+     *
+     * @generated from field: runifold.memory.v1.MemoryHeartbeat heartbeat = 2;
+     */
+    value: MemoryHeartbeat;
+    case: "heartbeat";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message runifold.memory.v1.WatchMemoriesResponse.
+ * Use `create(WatchMemoriesResponseSchema)` to create a new message.
+ */
+export const WatchMemoriesResponseSchema: GenMessage<WatchMemoriesResponse> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 26);
+
+/**
+ * One change of a memory. A memory leaves once: by exactly one DELETED,
+ * EXPIRED or ERASED event.
+ *
+ * @generated from message runifold.memory.v1.MemoryEvent
+ */
+export type MemoryEvent = Message<"runifold.memory.v1.MemoryEvent"> & {
+  /**
+   * Its number in the namespace: 1, 2, 3, ... without gaps, in the order the
+   * changes committed. Send the last one received to resume.
+   *
+   * @generated from field: int64 change_sequence = 1;
+   */
+  changeSequence: bigint;
+
+  /**
+   * What the change did.
+   *
+   * @generated from field: runifold.memory.v1.MemoryEventKind kind = 2;
+   */
+  kind: MemoryEventKind;
+
+  /**
+   * UUID of the memory.
+   *
+   * @generated from field: string memory_id = 3;
+   */
+  memoryId: string;
+
+  /**
+   * The memory's revision the change wrote (for a removal: its tombstone's,
+   * as ListMemoryRevisions reports it).
+   *
+   * @generated from field: int64 revision = 4;
+   */
+  revision: bigint;
+
+  /**
+   * The memory as of that revision. Absent for DELETED, EXPIRED and ERASED,
+   * and for a change of a memory removed since: a removal erases the content
+   * of the memory's whole history, so a stream that replays it no longer
+   * finds the content (ListMemoryRevisions shows the same).
+   *
+   * @generated from field: runifold.memory.v1.Memory memory = 5;
+   */
+  memory?: Memory | undefined;
+
+  /**
+   * When the change was recorded (MemoryRevision.record_time).
+   *
+   * @generated from field: google.protobuf.Timestamp change_time = 6;
+   */
+  changeTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message runifold.memory.v1.MemoryEvent.
+ * Use `create(MemoryEventSchema)` to create a new message.
+ */
+export const MemoryEventSchema: GenMessage<MemoryEvent> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 27);
+
+/**
+ * The stream is caught up: every change through `change_sequence` has been
+ * delivered. Sent once the replay is done, then whenever the stream was quiet
+ * for the heartbeat interval. A commit wakes the stream at once (PostgreSQL
+ * LISTEN/NOTIFY, whichever replica it went through); the server also looks
+ * again on a timer, so `read_time` is at most RUNIFOLD_MEMORY_WATCH_POLL_S old.
+ *
+ * @generated from message runifold.memory.v1.MemoryHeartbeat
+ */
+export type MemoryHeartbeat = Message<"runifold.memory.v1.MemoryHeartbeat"> & {
+  /**
+   * The namespace's last change delivered: send it back when resuming.
+   *
+   * @generated from field: int64 change_sequence = 1;
+   */
+  changeSequence: bigint;
+
+  /**
+   * When the server last looked at the namespace.
+   *
+   * @generated from field: google.protobuf.Timestamp read_time = 2;
+   */
+  readTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message runifold.memory.v1.MemoryHeartbeat.
+ * Use `create(MemoryHeartbeatSchema)` to create a new message.
+ */
+export const MemoryHeartbeatSchema: GenMessage<MemoryHeartbeat> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 28);
+
+/**
  * What a search ranks by.
  *
  * @generated from enum runifold.memory.v1.SearchMode
@@ -1220,6 +1543,73 @@ export const ProposalActionSchema: GenEnum<ProposalAction> = /*@__PURE__*/
   enumDesc(file_runifold_memory_v1_memory_service, 2);
 
 /**
+ * What a change did to a memory.
+ *
+ * @generated from enum runifold.memory.v1.MemoryEventKind
+ */
+export enum MemoryEventKind {
+  /**
+   * Never sent.
+   *
+   * @generated from enum value: MEMORY_EVENT_KIND_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * UpsertMemory created it.
+   *
+   * @generated from enum value: MEMORY_EVENT_KIND_CREATED = 1;
+   */
+  CREATED = 1,
+
+  /**
+   * UpsertMemory replaced it, or its validity was open again because the
+   * memory that had superseded it was deleted.
+   *
+   * @generated from enum value: MEMORY_EVENT_KIND_UPDATED = 2;
+   */
+  UPDATED = 2,
+
+  /**
+   * A newer memory superseded it (UpsertMemory.supersedes): its validity is
+   * closed and it names its successor.
+   *
+   * @generated from enum value: MEMORY_EVENT_KIND_SUPERSEDED = 3;
+   */
+  SUPERSEDED = 3,
+
+  /**
+   * DeleteMemory deleted it.
+   *
+   * @generated from enum value: MEMORY_EVENT_KIND_DELETED = 4;
+   */
+  DELETED = 4,
+
+  /**
+   * It expired (its `expire_time` passed): reported when the server removes
+   * it, within RUNIFOLD_MEMORY_SWEEP_INTERVAL_S of its expiry (or when its id is
+   * created again), never by a read. A memory deleted or erased after it
+   * lapsed and before that is reported DELETED or ERASED instead.
+   *
+   * @generated from enum value: MEMORY_EVENT_KIND_EXPIRED = 5;
+   */
+  EXPIRED = 5,
+
+  /**
+   * ForgetSource (or AgentService.EraseConversation) erased it with its source.
+   *
+   * @generated from enum value: MEMORY_EVENT_KIND_ERASED = 6;
+   */
+  ERASED = 6,
+}
+
+/**
+ * Describes the enum runifold.memory.v1.MemoryEventKind.
+ */
+export const MemoryEventKindSchema: GenEnum<MemoryEventKind> = /*@__PURE__*/
+  enumDesc(file_runifold_memory_v1_memory_service, 3);
+
+/**
  * Curated semantic memory with provenance.
  *
  * A memory is a fact worth keeping across conversations. Each one names the
@@ -1326,6 +1716,34 @@ export const MemoryService: GenService<{
     methodKind: "unary";
     input: typeof ProposeMemoriesRequestSchema;
     output: typeof ProposeMemoriesResponseSchema;
+  },
+  /**
+   * What the erasure of one incarnation of a conversation (ForgetSource with
+   * an `incarnation`) erased, over all its calls, and whether the vector
+   * index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
+   * kept.
+   *
+   * @generated from rpc runifold.memory.v1.MemoryService.GetMemoryErasure
+   */
+  getMemoryErasure: {
+    methodKind: "unary";
+    input: typeof GetMemoryErasureRequestSchema;
+    output: typeof GetMemoryErasureResponseSchema;
+  },
+  /**
+   * Follows the memories of a namespace: every change (created, updated,
+   * superseded, deleted, expired, erased) after `after_change_sequence`, each
+   * exactly once and in the order the changes committed, whichever replica
+   * wrote them; then the changes as they commit, with a heartbeat while it is
+   * quiet. A client whose stream breaks watches again from the last
+   * `change_sequence` it received. Served over gRPC only (not the HTTP port).
+   *
+   * @generated from rpc runifold.memory.v1.MemoryService.WatchMemories
+   */
+  watchMemories: {
+    methodKind: "server_streaming";
+    input: typeof WatchMemoriesRequestSchema;
+    output: typeof WatchMemoriesResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_runifold_memory_v1_memory_service, 0);

@@ -810,6 +810,20 @@ export interface EraseSummariesResponse {
    * @generated from field: int64 erased = 1;
    */
   'erased'?: (number | string | bigint);
+  /**
+   * Summaries erased (the current one and the history), by every erasure of
+   * this incarnation so far (a retry reports the first call's too); by this
+   * call when `incarnation` is 0.
+   *
+   * @generated from field: int64 summaries_erased = 2;
+   */
+  'summaries_erased'?: (number | string | bigint);
+  /**
+   * Summary jobs erased, counted the same way.
+   *
+   * @generated from field: int64 jobs_erased = 3;
+   */
+  'jobs_erased'?: (number | string | bigint);
 }
 
 /**
@@ -824,6 +838,20 @@ export interface EraseSummariesResponse__Output {
    * @generated from field: int64 erased = 1;
    */
   'erased': (number);
+  /**
+   * Summaries erased (the current one and the history), by every erasure of
+   * this incarnation so far (a retry reports the first call's too); by this
+   * call when `incarnation` is 0.
+   *
+   * @generated from field: int64 summaries_erased = 2;
+   */
+  'summaries_erased': (number);
+  /**
+   * Summary jobs erased, counted the same way.
+   *
+   * @generated from field: int64 jobs_erased = 3;
+   */
+  'jobs_erased': (number);
 }
 
 /**

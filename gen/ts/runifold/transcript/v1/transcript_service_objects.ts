@@ -94,6 +94,32 @@ export type TurnFinish =
 export type TurnFinish__Output = typeof TurnFinish[keyof typeof TurnFinish];
 
 /**
+ * The order of ListConversations.
+ *
+ * @generated from enum runifold.transcript.v1.ConversationOrder
+ */
+export const ConversationOrder = {
+  CONVERSATION_ORDER_UNSPECIFIED: 'CONVERSATION_ORDER_UNSPECIFIED',
+  CONVERSATION_ORDER_ID: 'CONVERSATION_ORDER_ID',
+  CONVERSATION_ORDER_NEWEST_FIRST: 'CONVERSATION_ORDER_NEWEST_FIRST',
+} as const;
+
+/**
+ * The order of ListConversations.
+ *
+ * @generated from enum runifold.transcript.v1.ConversationOrder
+ */
+export type ConversationOrder =
+  | 'CONVERSATION_ORDER_UNSPECIFIED'
+  | 0
+  | 'CONVERSATION_ORDER_ID'
+  | 1
+  | 'CONVERSATION_ORDER_NEWEST_FIRST'
+  | 2
+
+export type ConversationOrder__Output = typeof ConversationOrder[keyof typeof ConversationOrder];
+
+/**
  * A conversation and its counters.
  *
  * @generated from message runifold.transcript.v1.Conversation
@@ -166,10 +192,20 @@ export interface Conversation {
    */
   'state_json'?: (string);
   /**
+   * The text of its first user message, clipped to 200 characters (an
+   * ellipsis marks a clipped one), for listings: the first ROLE_USER entry
+   * among its first 16 entries that is not retracted, or empty when there is
+   * none. Set by ListConversations only (one index probe per conversation);
+   * empty in every other response. Untrusted text, as the transcript is.
+   *
+   * @generated from field: string preview = 11;
+   */
+  'preview'?: (string);
+  /**
    * Set on a fork (ForkConversation): the conversation it was made from and the
    * last sequence it shares with it.
    *
-   * @generated from field: runifold.transcript.v1.ForkOrigin fork_origin = 11;
+   * @generated from field: runifold.transcript.v1.ForkOrigin fork_origin = 12;
    */
   'fork_origin'?: (ForkOrigin | null);
   /**
@@ -177,7 +213,7 @@ export interface Conversation {
    * retraction and commit time of the conversation so far. Empty before its first
    * append (and for appends recorded before digests existed).
    *
-   * @generated from field: bytes head_digest = 12;
+   * @generated from field: bytes head_digest = 13;
    */
   'head_digest'?: (Buffer | Uint8Array | string);
 }
@@ -255,10 +291,20 @@ export interface Conversation__Output {
    */
   'state_json': (string);
   /**
+   * The text of its first user message, clipped to 200 characters (an
+   * ellipsis marks a clipped one), for listings: the first ROLE_USER entry
+   * among its first 16 entries that is not retracted, or empty when there is
+   * none. Set by ListConversations only (one index probe per conversation);
+   * empty in every other response. Untrusted text, as the transcript is.
+   *
+   * @generated from field: string preview = 11;
+   */
+  'preview': (string);
+  /**
    * Set on a fork (ForkConversation): the conversation it was made from and the
    * last sequence it shares with it.
    *
-   * @generated from field: runifold.transcript.v1.ForkOrigin fork_origin = 11;
+   * @generated from field: runifold.transcript.v1.ForkOrigin fork_origin = 12;
    */
   'fork_origin': (ForkOrigin__Output | null);
   /**
@@ -266,7 +312,7 @@ export interface Conversation__Output {
    * retraction and commit time of the conversation so far. Empty before its first
    * append (and for appends recorded before digests existed).
    *
-   * @generated from field: bytes head_digest = 12;
+   * @generated from field: bytes head_digest = 13;
    */
   'head_digest': (Buffer);
 }
@@ -1251,6 +1297,13 @@ export interface ListConversationsRequest {
    * @generated from field: runifold.transcript.v1.ConversationView view = 5;
    */
   'view'?: (ConversationView);
+  /**
+   * The order of the listing; a page token continues only the order it came
+   * from (INVALID_ARGUMENT / INVALID_PAGE_TOKEN otherwise).
+   *
+   * @generated from field: runifold.transcript.v1.ConversationOrder order = 6;
+   */
+  'order'?: (ConversationOrder);
 }
 
 /**
@@ -1289,6 +1342,13 @@ export interface ListConversationsRequest__Output {
    * @generated from field: runifold.transcript.v1.ConversationView view = 5;
    */
   'view': (ConversationView__Output);
+  /**
+   * The order of the listing; a page token continues only the order it came
+   * from (INVALID_ARGUMENT / INVALID_PAGE_TOKEN otherwise).
+   *
+   * @generated from field: runifold.transcript.v1.ConversationOrder order = 6;
+   */
+  'order': (ConversationOrder__Output);
 }
 
 /**
@@ -1298,7 +1358,7 @@ export interface ListConversationsRequest__Output {
  */
 export interface ListConversationsResponse {
   /**
-   * Conversations in increasing id order.
+   * Conversations in the order asked (ListConversationsRequest.order).
    *
    * @generated from field: repeated runifold.transcript.v1.Conversation conversations = 1;
    */
@@ -1318,7 +1378,7 @@ export interface ListConversationsResponse {
  */
 export interface ListConversationsResponse__Output {
   /**
-   * Conversations in increasing id order.
+   * Conversations in the order asked (ListConversationsRequest.order).
    *
    * @generated from field: repeated runifold.transcript.v1.Conversation conversations = 1;
    */
@@ -1357,6 +1417,14 @@ export interface DeleteConversationRequest {
    * @generated from field: int64 incarnation = 3;
    */
   'incarnation'?: (number | string | bigint);
+  /**
+   * With `incarnation`: record the erasure's receipt in the same transaction
+   * as the deletion (with the entries and appends this call erases), as
+   * RecordErasureReceipt does.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureProgress receipt = 4;
+   */
+  'receipt'?: (ErasureProgress | null);
 }
 
 /**
@@ -1385,6 +1453,14 @@ export interface DeleteConversationRequest__Output {
    * @generated from field: int64 incarnation = 3;
    */
   'incarnation': (number);
+  /**
+   * With `incarnation`: record the erasure's receipt in the same transaction
+   * as the deletion (with the entries and appends this call erases), as
+   * RecordErasureReceipt does.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureProgress receipt = 4;
+   */
+  'receipt': (ErasureProgress__Output | null);
 }
 
 /**
@@ -1405,6 +1481,18 @@ export interface DeleteConversationResponse {
    * @generated from field: int64 entries_deleted = 2;
    */
   'entries_deleted'?: (number | string | bigint);
+  /**
+   * Number of committed appends (versions) erased.
+   *
+   * @generated from field: int64 appends_deleted = 3;
+   */
+  'appends_deleted'?: (number | string | bigint);
+  /**
+   * The receipt recorded, when the request asked for one.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureReceipt receipt = 4;
+   */
+  'receipt'?: (ErasureReceipt | null);
 }
 
 /**
@@ -1425,6 +1513,18 @@ export interface DeleteConversationResponse__Output {
    * @generated from field: int64 entries_deleted = 2;
    */
   'entries_deleted': (number);
+  /**
+   * Number of committed appends (versions) erased.
+   *
+   * @generated from field: int64 appends_deleted = 3;
+   */
+  'appends_deleted': (number);
+  /**
+   * The receipt recorded, when the request asked for one.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureReceipt receipt = 4;
+   */
+  'receipt': (ErasureReceipt__Output | null);
 }
 
 /**
@@ -2682,6 +2782,418 @@ export interface Erased__Output {
 }
 
 /**
+ * Request of ListNamespaces.
+ *
+ * @generated from message runifold.transcript.v1.ListNamespacesRequest
+ */
+export interface ListNamespacesRequest {
+  /**
+   * Maximum namespaces per page: 0 means 100, at most 1000.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  'page_size'?: (number);
+  /**
+   * Opaque token from a previous response (of the same caller's identity).
+   *
+   * @generated from field: string page_token = 2;
+   */
+  'page_token'?: (string);
+}
+
+/**
+ * Request of ListNamespaces.
+ *
+ * @generated from message runifold.transcript.v1.ListNamespacesRequest
+ */
+export interface ListNamespacesRequest__Output {
+  /**
+   * Maximum namespaces per page: 0 means 100, at most 1000.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  'page_size': (number);
+  /**
+   * Opaque token from a previous response (of the same caller's identity).
+   *
+   * @generated from field: string page_token = 2;
+   */
+  'page_token': (string);
+}
+
+/**
+ * Response of ListNamespaces.
+ *
+ * @generated from message runifold.transcript.v1.ListNamespacesResponse
+ */
+export interface ListNamespacesResponse {
+  /**
+   * Namespaces that hold at least one conversation, in increasing name order.
+   *
+   * @generated from field: repeated string namespaces = 1;
+   */
+  'namespaces'?: (string)[];
+  /**
+   * Token of the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  'next_page_token'?: (string);
+}
+
+/**
+ * Response of ListNamespaces.
+ *
+ * @generated from message runifold.transcript.v1.ListNamespacesResponse
+ */
+export interface ListNamespacesResponse__Output {
+  /**
+   * Namespaces that hold at least one conversation, in increasing name order.
+   *
+   * @generated from field: repeated string namespaces = 1;
+   */
+  'namespaces': (string)[];
+  /**
+   * Token of the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  'next_page_token': (string);
+}
+
+/**
+ * What an erasure reports of its progress: counts of what it erased in each
+ * store, and the parts it has not erased yet.
+ *
+ * @generated from message runifold.transcript.v1.ErasureProgress
+ */
+export interface ErasureProgress {
+  /**
+   * Per store, what was erased (names of 1..32 characters of [a-z_]; at most
+   * 32). A count recorded before is kept if it is larger.
+   *
+   * @generated from field: map<string, int64> counts = 1;
+   */
+  'counts'?: ({[key: string]: number | string | bigint});
+  /**
+   * Parts not yet erased (same names). A part once erased never comes back.
+   *
+   * @generated from field: repeated string remaining = 2;
+   */
+  'remaining'?: (string)[];
+}
+
+/**
+ * What an erasure reports of its progress: counts of what it erased in each
+ * store, and the parts it has not erased yet.
+ *
+ * @generated from message runifold.transcript.v1.ErasureProgress
+ */
+export interface ErasureProgress__Output {
+  /**
+   * Per store, what was erased (names of 1..32 characters of [a-z_]; at most
+   * 32). A count recorded before is kept if it is larger.
+   *
+   * @generated from field: map<string, int64> counts = 1;
+   */
+  'counts': ({[key: string]: number});
+  /**
+   * Parts not yet erased (same names). A part once erased never comes back.
+   *
+   * @generated from field: repeated string remaining = 2;
+   */
+  'remaining': (string)[];
+}
+
+/**
+ * The receipt of the erasure of one incarnation of a conversation: counts,
+ * never content.
+ *
+ * @generated from message runifold.transcript.v1.ErasureReceipt
+ */
+export interface ErasureReceipt {
+  /**
+   * UUID of the receipt.
+   *
+   * @generated from field: string receipt_id = 1;
+   */
+  'receipt_id'?: (string);
+  /**
+   * UUID of the erased conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id'?: (string);
+  /**
+   * Namespace that owned it.
+   *
+   * @generated from field: string namespace = 3;
+   */
+  'namespace'?: (string);
+  /**
+   * The incarnation erased.
+   *
+   * @generated from field: int64 incarnation = 4;
+   */
+  'incarnation'?: (number | string | bigint);
+  /**
+   * Per store, what was erased: "entries" and "appends" (this service's), and
+   * what the eraser recorded for the other stores.
+   *
+   * @generated from field: map<string, int64> counts = 5;
+   */
+  'counts'?: ({[key: string]: number | string | bigint});
+  /**
+   * Parts not yet erased.
+   *
+   * @generated from field: repeated string remaining = 6;
+   */
+  'remaining'?: (string)[];
+  /**
+   * When it was first recorded.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 7;
+   */
+  'create_time'?: (Timestamp | null);
+  /**
+   * When `remaining` became empty; absent until then.
+   *
+   * @generated from field: google.protobuf.Timestamp complete_time = 8;
+   */
+  'complete_time'?: (Timestamp | null);
+}
+
+/**
+ * The receipt of the erasure of one incarnation of a conversation: counts,
+ * never content.
+ *
+ * @generated from message runifold.transcript.v1.ErasureReceipt
+ */
+export interface ErasureReceipt__Output {
+  /**
+   * UUID of the receipt.
+   *
+   * @generated from field: string receipt_id = 1;
+   */
+  'receipt_id': (string);
+  /**
+   * UUID of the erased conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id': (string);
+  /**
+   * Namespace that owned it.
+   *
+   * @generated from field: string namespace = 3;
+   */
+  'namespace': (string);
+  /**
+   * The incarnation erased.
+   *
+   * @generated from field: int64 incarnation = 4;
+   */
+  'incarnation': (number);
+  /**
+   * Per store, what was erased: "entries" and "appends" (this service's), and
+   * what the eraser recorded for the other stores.
+   *
+   * @generated from field: map<string, int64> counts = 5;
+   */
+  'counts': ({[key: string]: number});
+  /**
+   * Parts not yet erased.
+   *
+   * @generated from field: repeated string remaining = 6;
+   */
+  'remaining': (string)[];
+  /**
+   * When it was first recorded.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 7;
+   */
+  'create_time': (Timestamp__Output | null);
+  /**
+   * When `remaining` became empty; absent until then.
+   *
+   * @generated from field: google.protobuf.Timestamp complete_time = 8;
+   */
+  'complete_time': (Timestamp__Output | null);
+}
+
+/**
+ * Request of RecordErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.RecordErasureReceiptRequest
+ */
+export interface RecordErasureReceiptRequest {
+  /**
+   * Namespace that owns the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace'?: (string);
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id'?: (string);
+  /**
+   * The incarnation being erased (not 0).
+   *
+   * @generated from field: int64 incarnation = 3;
+   */
+  'incarnation'?: (number | string | bigint);
+  /**
+   * What the erasure erased so far, and what remains.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureProgress progress = 4;
+   */
+  'progress'?: (ErasureProgress | null);
+}
+
+/**
+ * Request of RecordErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.RecordErasureReceiptRequest
+ */
+export interface RecordErasureReceiptRequest__Output {
+  /**
+   * Namespace that owns the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace': (string);
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id': (string);
+  /**
+   * The incarnation being erased (not 0).
+   *
+   * @generated from field: int64 incarnation = 3;
+   */
+  'incarnation': (number);
+  /**
+   * What the erasure erased so far, and what remains.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureProgress progress = 4;
+   */
+  'progress': (ErasureProgress__Output | null);
+}
+
+/**
+ * Response of RecordErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.RecordErasureReceiptResponse
+ */
+export interface RecordErasureReceiptResponse {
+  /**
+   * The receipt as kept after the merge.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureReceipt receipt = 1;
+   */
+  'receipt'?: (ErasureReceipt | null);
+}
+
+/**
+ * Response of RecordErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.RecordErasureReceiptResponse
+ */
+export interface RecordErasureReceiptResponse__Output {
+  /**
+   * The receipt as kept after the merge.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureReceipt receipt = 1;
+   */
+  'receipt': (ErasureReceipt__Output | null);
+}
+
+/**
+ * Request of GetErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.GetErasureReceiptRequest
+ */
+export interface GetErasureReceiptRequest {
+  /**
+   * Namespace that owned the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace'?: (string);
+  /**
+   * UUID of the receipt; or empty, with `conversation_id`.
+   *
+   * @generated from field: string receipt_id = 2;
+   */
+  'receipt_id'?: (string);
+  /**
+   * UUID of the conversation: its latest receipt (when `receipt_id` is empty).
+   *
+   * @generated from field: string conversation_id = 3;
+   */
+  'conversation_id'?: (string);
+}
+
+/**
+ * Request of GetErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.GetErasureReceiptRequest
+ */
+export interface GetErasureReceiptRequest__Output {
+  /**
+   * Namespace that owned the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace': (string);
+  /**
+   * UUID of the receipt; or empty, with `conversation_id`.
+   *
+   * @generated from field: string receipt_id = 2;
+   */
+  'receipt_id': (string);
+  /**
+   * UUID of the conversation: its latest receipt (when `receipt_id` is empty).
+   *
+   * @generated from field: string conversation_id = 3;
+   */
+  'conversation_id': (string);
+}
+
+/**
+ * Response of GetErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.GetErasureReceiptResponse
+ */
+export interface GetErasureReceiptResponse {
+  /**
+   * The receipt.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureReceipt receipt = 1;
+   */
+  'receipt'?: (ErasureReceipt | null);
+}
+
+/**
+ * Response of GetErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.GetErasureReceiptResponse
+ */
+export interface GetErasureReceiptResponse__Output {
+  /**
+   * The receipt.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureReceipt receipt = 1;
+   */
+  'receipt': (ErasureReceipt__Output | null);
+}
+
+/**
  * Where a fork came from.
  *
  * @generated from message runifold.transcript.v1.ForkOrigin
@@ -3130,7 +3642,9 @@ export interface TranscriptService__Methods {
    */
   loadView: { request: LoadViewRequest; response: LoadViewResponse__Output };
   /**
-   * Lists the conversations of a namespace, newest id last (AIP-158).
+   * Lists the conversations of a namespace (AIP-158): in increasing id order,
+   * or newest first (ListConversationsRequest.order), each with a preview of
+   * its first user message.
    *
    * @generated from rpc runifold.transcript.v1.TranscriptService.ListConversations
    */
@@ -3185,6 +3699,30 @@ export interface TranscriptService__Methods {
    * @generated from rpc runifold.transcript.v1.TranscriptService.WatchConversation
    */
   watchConversation: { request: WatchConversationRequest; response: WatchConversationResponse__Output };
+  /**
+   * Lists the namespaces that hold conversations, among those the caller may
+   * read: with authentication on, only namespaces its identity grants (every
+   * namespace for a "*" grant); with it off, every namespace. In name order,
+   * paginated (AIP-158); each page costs one index probe per namespace.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.ListNamespaces
+   */
+  listNamespaces: { request: ListNamespacesRequest; response: ListNamespacesResponse__Output };
+  /**
+   * Records the receipt of an erasure of one incarnation of a conversation
+   * (AgentService.EraseConversation calls it), or merges what a later call of
+   * the same erasure reports: counts only grow, parts only leave `remaining`.
+   * One receipt per incarnation.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.RecordErasureReceipt
+   */
+  recordErasureReceipt: { request: RecordErasureReceiptRequest; response: RecordErasureReceiptResponse__Output };
+  /**
+   * Returns a kept erasure receipt: by id, or the latest of a conversation.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.GetErasureReceipt
+   */
+  getErasureReceipt: { request: GetErasureReceiptRequest; response: GetErasureReceiptResponse__Output };
   /**
    * Makes a conversation from the entries 1..through_sequence of another of the same
    * namespace (edit and regenerate, a branch to try another answer). The fork shares

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file runifold/transcript/v1/transcript_service.proto.
  */
 export const file_runifold_transcript_v1_transcript_service: GenFile = /*@__PURE__*/
-  fileDesc("Ci9ydW5pZm9sZC90cmFuc2NyaXB0L3YxL3RyYW5zY3JpcHRfc2VydmljZS5wcm90bxIWcnVuaWZvbGQudHJhbnNjcmlwdC52MSK9AwoMQ29udmVyc2F0aW9uEhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIRCgluYW1lc3BhY2UYAiABKAkSDwoHdmVyc2lvbhgDIAEoAxIVCg1sYXN0X3NlcXVlbmNlGAQgASgDEi8KC2NyZWF0ZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgt1cGRhdGVfdGltZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASQAoGbGFiZWxzGAcgAygLMjAucnVuaWZvbGQudHJhbnNjcmlwdC52MS5Db252ZXJzYXRpb24uTGFiZWxzRW50cnkSEwoLaW5jYXJuYXRpb24YCCABKAMSDwoHdXNlcl9pZBgJIAEoCRISCgpzdGF0ZV9qc29uGAogASgJEjcKC2Zvcmtfb3JpZ2luGAsgASgLMiIucnVuaWZvbGQudHJhbnNjcmlwdC52MS5Gb3JrT3JpZ2luEhMKC2hlYWRfZGlnZXN0GAwgASgMGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiUgoKU3RhdGVEZWx0YRIZChFjb252ZXJzYXRpb25fanNvbhgBIAEoCRIRCgl1c2VyX2pzb24YAiABKAkSFgoObmFtZXNwYWNlX2pzb24YAyABKAkiiQIKGUNyZWF0ZUNvbnZlcnNhdGlvblJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhEKCW5hbWVzcGFjZRgCIAEoCRJNCgZsYWJlbHMYAyADKAsyPS5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkNyZWF0ZUNvbnZlcnNhdGlvblJlcXVlc3QuTGFiZWxzRW50cnkSDwoHdXNlcl9pZBgEIAEoCRIxCgVzdGF0ZRgFIAEoCzIiLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuU3RhdGVEZWx0YRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBImkKGkNyZWF0ZUNvbnZlcnNhdGlvblJlc3BvbnNlEjoKDGNvbnZlcnNhdGlvbhgBIAEoCzIkLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuQ29udmVyc2F0aW9uEg8KB2NyZWF0ZWQYAiABKAgiRAoWR2V0Q29udmVyc2F0aW9uUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEQoJbmFtZXNwYWNlGAIgASgJIlUKF0dldENvbnZlcnNhdGlvblJlc3BvbnNlEjoKDGNvbnZlcnNhdGlvbhgBIAEoCzIkLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuQ29udmVyc2F0aW9uIuUCChRBcHBlbmRFbnRyaWVzUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEQoJbmFtZXNwYWNlGAIgASgJEh0KEGV4cGVjdGVkX3ZlcnNpb24YAyABKANIAIgBARItCghtZXNzYWdlcxgEIAMoCzIbLnJ1bmlmb2xkLmNvbW1vbi52MS5NZXNzYWdlEhIKCnJlcXVlc3RfaWQYBSABKAkSKAoFdXNhZ2UYBiABKAsyGS5ydW5pZm9sZC5jb21tb24udjEuVXNhZ2USGgoNZmVuY2luZ190b2tlbhgHIAEoA0gBiAEBEjcKC3N0YXRlX2RlbHRhGAggASgLMiIucnVuaWZvbGQudHJhbnNjcmlwdC52MS5TdGF0ZURlbHRhEhkKEXJldHJhY3Rfc2VxdWVuY2VzGAkgAygDQhMKEV9leHBlY3RlZF92ZXJzaW9uQhAKDl9mZW5jaW5nX3Rva2VuIuABChVBcHBlbmRFbnRyaWVzUmVzcG9uc2USDwoHdmVyc2lvbhgBIAEoAxIWCg5maXJzdF9zZXF1ZW5jZRgCIAEoAxIVCg1sYXN0X3NlcXVlbmNlGAMgASgDEhAKCHJlcGxheWVkGAQgASgIEigKBXVzYWdlGAUgASgLMhkucnVuaWZvbGQuY29tbW9uLnYxLlVzYWdlEhoKEnVzZXJfc3RhdGVfdmVyc2lvbhgGIAEoAxIfChduYW1lc3BhY2Vfc3RhdGVfdmVyc2lvbhgHIAEoAxIOCgZkaWdlc3QYCCABKAwimQEKEkxpc3RFbnRyaWVzUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEQoJbmFtZXNwYWNlGAIgASgJEhYKDmFmdGVyX3NlcXVlbmNlGAMgASgDEhEKCXBhZ2Vfc2l6ZRgEIAEoBRISCgpwYWdlX3Rva2VuGAUgASgJEhgKEHRocm91Z2hfc2VxdWVuY2UYBiABKAMiWgoTTGlzdEVudHJpZXNSZXNwb25zZRIqCgdlbnRyaWVzGAEgAygLMhkucnVuaWZvbGQuY29tbW9uLnYxLkVudHJ5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSKUAQoPTG9hZFZpZXdSZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIRCgluYW1lc3BhY2UYAiABKAkSDgoGd2luZG93GAMgASgFEhUKDXN1bW1hcnlfYmF0Y2gYBCABKAUSGgoSc3VtbWFyaXplZF90aHJvdWdoGAUgASgDEhIKCnJlcXVlc3RfaWQYBiABKAkiqQEKDEFwcGVuZFJlY29yZBIPCgd2ZXJzaW9uGAEgASgDEhYKDmZpcnN0X3NlcXVlbmNlGAIgASgDEhUKDWxhc3Rfc2VxdWVuY2UYAyABKAMSKAoFdXNhZ2UYBCABKAsyGS5ydW5pZm9sZC5jb21tb24udjEuVXNhZ2USLwoLY29tbWl0X3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIr4CChBMb2FkVmlld1Jlc3BvbnNlEg8KB3ZlcnNpb24YASABKAMSFQoNbGFzdF9zZXF1ZW5jZRgCIAEoAxIpCgZ3aW5kb3cYAyADKAsyGS5ydW5pZm9sZC5jb21tb24udjEuRW50cnkSMQoOc3VtbWFyeV9idWZmZXIYBCADKAsyGS5ydW5pZm9sZC5jb21tb24udjEuRW50cnkSFwoPc3VtbWFyeV9iYWNrbG9nGAUgASgDEjoKDHByaW9yX2FwcGVuZBgGIAEoCzIkLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuQXBwZW5kUmVjb3JkEhMKC2luY2FybmF0aW9uGAcgASgDEjoKDGNvbnZlcnNhdGlvbhgIIAEoCzIkLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuQ29udmVyc2F0aW9uIp0BChhMaXN0Q29udmVyc2F0aW9uc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJEg8KB3VzZXJfaWQYBCABKAkSNgoEdmlldxgFIAEoDjIoLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuQ29udmVyc2F0aW9uVmlldyJxChlMaXN0Q29udmVyc2F0aW9uc1Jlc3BvbnNlEjsKDWNvbnZlcnNhdGlvbnMYASADKAsyJC5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkNvbnZlcnNhdGlvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiXAoZRGVsZXRlQ29udmVyc2F0aW9uUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEQoJbmFtZXNwYWNlGAIgASgJEhMKC2luY2FybmF0aW9uGAMgASgDIkYKGkRlbGV0ZUNvbnZlcnNhdGlvblJlc3BvbnNlEg8KB2RlbGV0ZWQYASABKAgSFwoPZW50cmllc19kZWxldGVkGAIgASgDIjYKD0dldFN0YXRlUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSEAoIdXNlcl9pZHMYAiADKAkidAoLU2NvcGVkU3RhdGUSDwoHdXNlcl9pZBgBIAEoCRISCgpzdGF0ZV9qc29uGAIgASgJEg8KB3ZlcnNpb24YAyABKAMSLwoLdXBkYXRlX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIooBChBHZXRTdGF0ZVJlc3BvbnNlEjwKD25hbWVzcGFjZV9zdGF0ZRgBIAEoCzIjLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuU2NvcGVkU3RhdGUSOAoLdXNlcl9zdGF0ZXMYAiADKAsyIy5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLlNjb3BlZFN0YXRlIpABCglUdXJuTGVhc2USFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhUKDWZlbmNpbmdfdG9rZW4YAyABKAMSLwoLZXhwaXJlX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWV4Y2x1c2l2ZRgFIAEoCBIPCgdjcmVhdGVkGAYgASgIIpQCCglFbmRlZFR1cm4SKwoGb3V0cHV0GAEgAygLMhsucnVuaWZvbGQuY29tbW9uLnYxLk1lc3NhZ2USKAoFdXNhZ2UYAiABKAsyGS5ydW5pZm9sZC5jb21tb24udjEuVXNhZ2USDgoGcmVhc29uGAMgASgJEkEKCG1ldGFkYXRhGAQgAygLMi8ucnVuaWZvbGQudHJhbnNjcmlwdC52MS5FbmRlZFR1cm4uTWV0YWRhdGFFbnRyeRIsCghlbmRfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIuQBChdBY3F1aXJlVHVybkxlYXNlUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEQoJbmFtZXNwYWNlGAIgASgJEg8KB3R1cm5faWQYAyABKAkSMwoEbW9kZRgEIAEoDjIlLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuVHVybkxlYXNlTW9kZRImCgN0dGwYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SFAoMcGF5bG9hZF9oYXNoGAYgASgMEhkKEWNyZWF0ZV9pZl9taXNzaW5nGAcgASgIIrcBChhBY3F1aXJlVHVybkxlYXNlUmVzcG9uc2USMAoFbGVhc2UYASABKAsyIS5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLlR1cm5MZWFzZRI3Cgljb21taXR0ZWQYAiABKAsyJC5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkFwcGVuZFJlY29yZBIwCgVlbmRlZBgDIAEoCzIhLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuRW5kZWRUdXJuIqoBChVSZW5ld1R1cm5MZWFzZVJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhEKCW5hbWVzcGFjZRgCIAEoCRIPCgd0dXJuX2lkGAMgASgJEhUKDWZlbmNpbmdfdG9rZW4YBCABKAMSJgoDdHRsGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhUKDWNhbGxpbmdfbW9kZWwYBiABKAgiSgoWUmVuZXdUdXJuTGVhc2VSZXNwb25zZRIwCgVsZWFzZRgBIAEoCzIhLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuVHVybkxlYXNlIroBChdSZWxlYXNlVHVybkxlYXNlUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEQoJbmFtZXNwYWNlGAIgASgJEg8KB3R1cm5faWQYAyABKAkSFQoNZmVuY2luZ190b2tlbhgEIAEoAxIwCgVlbmRlZBgFIAEoCzIhLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuRW5kZWRUdXJuEhkKEW1vZGVsX2NhbGxfZmFpbGVkGAYgASgIIiwKGFJlbGVhc2VUdXJuTGVhc2VSZXNwb25zZRIQCghyZWxlYXNlZBgBIAEoCCKqAQoYV2F0Y2hDb252ZXJzYXRpb25SZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIRCgluYW1lc3BhY2UYAiABKAkSFgoOYWZ0ZXJfc2VxdWVuY2UYAyABKAMSEwoLaW5jYXJuYXRpb24YBCABKAMSNQoSaGVhcnRiZWF0X2ludGVydmFsGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIvgCChlXYXRjaENvbnZlcnNhdGlvblJlc3BvbnNlEjQKCGFwcGVuZGVkGAEgASgLMiAucnVuaWZvbGQudHJhbnNjcmlwdC52MS5BcHBlbmRlZEgAEjsKDHR1cm5fc3RhcnRlZBgCIAEoCzIjLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuVHVyblN0YXJ0ZWRIABI9Cg10dXJuX2ZpbmlzaGVkGAMgASgLMiQucnVuaWZvbGQudHJhbnNjcmlwdC52MS5UdXJuRmluaXNoZWRIABI2CgloZWFydGJlYXQYBCABKAsyIS5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkhlYXJ0YmVhdEgAEjAKBmVyYXNlZBgFIAEoCzIeLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuRXJhc2VkSAASNgoJcmV0cmFjdGVkGAYgASgLMiEucnVuaWZvbGQudHJhbnNjcmlwdC52MS5SZXRyYWN0ZWRIAEIHCgVldmVudCJzCghBcHBlbmRlZBIPCgd2ZXJzaW9uGAEgASgDEioKB2VudHJpZXMYAiADKAsyGS5ydW5pZm9sZC5jb21tb24udjEuRW50cnkSFQoNbGFzdF9zZXF1ZW5jZRgDIAEoAxITCgtpbmNhcm5hdGlvbhgEIAEoAyJhCglSZXRyYWN0ZWQSDwoHdmVyc2lvbhgBIAEoAxIRCglzZXF1ZW5jZXMYAiADKAMSMAoMcmV0cmFjdF90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJhCgtUdXJuU3RhcnRlZBIPCgd0dXJuX2lkGAEgASgJEi4KCnN0YXJ0X3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWV4Y2x1c2l2ZRgDIAEoCCJ0CgxUdXJuRmluaXNoZWQSDwoHdHVybl9pZBgBIAEoCRIyCgZmaW5pc2gYAiABKA4yIi5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLlR1cm5GaW5pc2gSDwoHdmVyc2lvbhgDIAEoAxIOCgZyZWFzb24YBCABKAkidwoJSGVhcnRiZWF0Eg8KB3ZlcnNpb24YASABKAMSFQoNbGFzdF9zZXF1ZW5jZRgCIAEoAxITCgtpbmNhcm5hdGlvbhgDIAEoAxItCglyZWFkX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIh0KBkVyYXNlZBITCgtpbmNhcm5hdGlvbhgBIAEoAyI/CgpGb3JrT3JpZ2luEhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIYChB0aHJvdWdoX3NlcXVlbmNlGAIgASgDIpABChdGb3JrQ29udmVyc2F0aW9uUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEQoJbmFtZXNwYWNlGAIgASgJEhgKEHRocm91Z2hfc2VxdWVuY2UYAyABKAMSGwoTbmV3X2NvbnZlcnNhdGlvbl9pZBgEIAEoCRISCgpyZXF1ZXN0X2lkGAUgASgJImcKGEZvcmtDb252ZXJzYXRpb25SZXNwb25zZRI6Cgxjb252ZXJzYXRpb24YASABKAsyJC5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkNvbnZlcnNhdGlvbhIPCgdjcmVhdGVkGAIgASgIIr8BCgZBcHBlbmQSDwoHdmVyc2lvbhgBIAEoAxIWCg5maXJzdF9zZXF1ZW5jZRgCIAEoAxIVCg1sYXN0X3NlcXVlbmNlGAMgASgDEg4KBmRpZ2VzdBgEIAEoDBIXCg9wcmV2aW91c19kaWdlc3QYBSABKAwSLwoLY29tbWl0X3RpbWUYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhsKE3JldHJhY3RlZF9zZXF1ZW5jZXMYByADKAMifgoSTGlzdEFwcGVuZHNSZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIRCgluYW1lc3BhY2UYAiABKAkSFQoNYWZ0ZXJfdmVyc2lvbhgDIAEoAxIRCglwYWdlX3NpemUYBCABKAUSEgoKcGFnZV90b2tlbhgFIAEoCSJfChNMaXN0QXBwZW5kc1Jlc3BvbnNlEi8KB2FwcGVuZHMYASADKAsyHi5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkFwcGVuZBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkqbgoQQ29udmVyc2F0aW9uVmlldxIhCh1DT05WRVJTQVRJT05fVklFV19VTlNQRUNJRklFRBAAEhsKF0NPTlZFUlNBVElPTl9WSUVXX0JBU0lDEAESGgoWQ09OVkVSU0FUSU9OX1ZJRVdfRlVMTBACKocBCg1UdXJuTGVhc2VNb2RlEh8KG1RVUk5fTEVBU0VfTU9ERV9VTlNQRUNJRklFRBAAEhoKFlRVUk5fTEVBU0VfTU9ERV9TSEFSRUQQARIdChlUVVJOX0xFQVNFX01PREVfRVhDTFVTSVZFEAISGgoWVFVSTl9MRUFTRV9NT0RFX1FVRVVFRBADKo0BCgpUdXJuRmluaXNoEhsKF1RVUk5fRklOSVNIX1VOU1BFQ0lGSUVEEAASGQoVVFVSTl9GSU5JU0hfQ09NTUlUVEVEEAESFQoRVFVSTl9GSU5JU0hfRU5ERUQQAhIYChRUVVJOX0ZJTklTSF9SRUxFQVNFRBADEhYKElRVUk5fRklOSVNIX0xBUFNFRBAEMskMChFUcmFuc2NyaXB0U2VydmljZRJ7ChJDcmVhdGVDb252ZXJzYXRpb24SMS5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkNyZWF0ZUNvbnZlcnNhdGlvblJlcXVlc3QaMi5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkNyZWF0ZUNvbnZlcnNhdGlvblJlc3BvbnNlEnIKD0dldENvbnZlcnNhdGlvbhIuLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuR2V0Q29udmVyc2F0aW9uUmVxdWVzdBovLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuR2V0Q29udmVyc2F0aW9uUmVzcG9uc2USbAoNQXBwZW5kRW50cmllcxIsLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuQXBwZW5kRW50cmllc1JlcXVlc3QaLS5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkFwcGVuZEVudHJpZXNSZXNwb25zZRJmCgtMaXN0RW50cmllcxIqLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuTGlzdEVudHJpZXNSZXF1ZXN0GisucnVuaWZvbGQudHJhbnNjcmlwdC52MS5MaXN0RW50cmllc1Jlc3BvbnNlEl0KCExvYWRWaWV3EicucnVuaWZvbGQudHJhbnNjcmlwdC52MS5Mb2FkVmlld1JlcXVlc3QaKC5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkxvYWRWaWV3UmVzcG9uc2USeAoRTGlzdENvbnZlcnNhdGlvbnMSMC5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkxpc3RDb252ZXJzYXRpb25zUmVxdWVzdBoxLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuTGlzdENvbnZlcnNhdGlvbnNSZXNwb25zZRJ7ChJEZWxldGVDb252ZXJzYXRpb24SMS5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkRlbGV0ZUNvbnZlcnNhdGlvblJlcXVlc3QaMi5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkRlbGV0ZUNvbnZlcnNhdGlvblJlc3BvbnNlEl0KCEdldFN0YXRlEicucnVuaWZvbGQudHJhbnNjcmlwdC52MS5HZXRTdGF0ZVJlcXVlc3QaKC5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkdldFN0YXRlUmVzcG9uc2USdQoQQWNxdWlyZVR1cm5MZWFzZRIvLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuQWNxdWlyZVR1cm5MZWFzZVJlcXVlc3QaMC5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkFjcXVpcmVUdXJuTGVhc2VSZXNwb25zZRJvCg5SZW5ld1R1cm5MZWFzZRItLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuUmVuZXdUdXJuTGVhc2VSZXF1ZXN0Gi4ucnVuaWZvbGQudHJhbnNjcmlwdC52MS5SZW5ld1R1cm5MZWFzZVJlc3BvbnNlEnUKEFJlbGVhc2VUdXJuTGVhc2USLy5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLlJlbGVhc2VUdXJuTGVhc2VSZXF1ZXN0GjAucnVuaWZvbGQudHJhbnNjcmlwdC52MS5SZWxlYXNlVHVybkxlYXNlUmVzcG9uc2USegoRV2F0Y2hDb252ZXJzYXRpb24SMC5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLldhdGNoQ29udmVyc2F0aW9uUmVxdWVzdBoxLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuV2F0Y2hDb252ZXJzYXRpb25SZXNwb25zZTABEnUKEEZvcmtDb252ZXJzYXRpb24SLy5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkZvcmtDb252ZXJzYXRpb25SZXF1ZXN0GjAucnVuaWZvbGQudHJhbnNjcmlwdC52MS5Gb3JrQ29udmVyc2F0aW9uUmVzcG9uc2USZgoLTGlzdEFwcGVuZHMSKi5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkxpc3RBcHBlbmRzUmVxdWVzdBorLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuTGlzdEFwcGVuZHNSZXNwb25zZUJJWkdnaXRodWIuY29tL3J1bmlmb2xkL3J1bmlmb2xkL2dlbi9nby9ydW5pZm9sZC90cmFuc2NyaXB0L3YxO3RyYW5zY3JpcHR2MWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_runifold_common_v1_common]);
+  fileDesc("Ci9ydW5pZm9sZC90cmFuc2NyaXB0L3YxL3RyYW5zY3JpcHRfc2VydmljZS5wcm90bxIWcnVuaWZvbGQudHJhbnNjcmlwdC52MSLOAwoMQ29udmVyc2F0aW9uEhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIRCgluYW1lc3BhY2UYAiABKAkSDwoHdmVyc2lvbhgDIAEoAxIVCg1sYXN0X3NlcXVlbmNlGAQgASgDEi8KC2NyZWF0ZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgt1cGRhdGVfdGltZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASQAoGbGFiZWxzGAcgAygLMjAucnVuaWZvbGQudHJhbnNjcmlwdC52MS5Db252ZXJzYXRpb24uTGFiZWxzRW50cnkSEwoLaW5jYXJuYXRpb24YCCABKAMSDwoHdXNlcl9pZBgJIAEoCRISCgpzdGF0ZV9qc29uGAogASgJEg8KB3ByZXZpZXcYCyABKAkSNwoLZm9ya19vcmlnaW4YDCABKAsyIi5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkZvcmtPcmlnaW4SEwoLaGVhZF9kaWdlc3QYDSABKAwaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJSCgpTdGF0ZURlbHRhEhkKEWNvbnZlcnNhdGlvbl9qc29uGAEgASgJEhEKCXVzZXJfanNvbhgCIAEoCRIWCg5uYW1lc3BhY2VfanNvbhgDIAEoCSKJAgoZQ3JlYXRlQ29udmVyc2F0aW9uUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEQoJbmFtZXNwYWNlGAIgASgJEk0KBmxhYmVscxgDIAMoCzI9LnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuQ3JlYXRlQ29udmVyc2F0aW9uUmVxdWVzdC5MYWJlbHNFbnRyeRIPCgd1c2VyX2lkGAQgASgJEjEKBXN0YXRlGAUgASgLMiIucnVuaWZvbGQudHJhbnNjcmlwdC52MS5TdGF0ZURlbHRhGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiaQoaQ3JlYXRlQ29udmVyc2F0aW9uUmVzcG9uc2USOgoMY29udmVyc2F0aW9uGAEgASgLMiQucnVuaWZvbGQudHJhbnNjcmlwdC52MS5Db252ZXJzYXRpb24SDwoHY3JlYXRlZBgCIAEoCCJEChZHZXRDb252ZXJzYXRpb25SZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIRCgluYW1lc3BhY2UYAiABKAkiVQoXR2V0Q29udmVyc2F0aW9uUmVzcG9uc2USOgoMY29udmVyc2F0aW9uGAEgASgLMiQucnVuaWZvbGQudHJhbnNjcmlwdC52MS5Db252ZXJzYXRpb24i5QIKFEFwcGVuZEVudHJpZXNSZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIRCgluYW1lc3BhY2UYAiABKAkSHQoQZXhwZWN0ZWRfdmVyc2lvbhgDIAEoA0gAiAEBEi0KCG1lc3NhZ2VzGAQgAygLMhsucnVuaWZvbGQuY29tbW9uLnYxLk1lc3NhZ2USEgoKcmVxdWVzdF9pZBgFIAEoCRIoCgV1c2FnZRgGIAEoCzIZLnJ1bmlmb2xkLmNvbW1vbi52MS5Vc2FnZRIaCg1mZW5jaW5nX3Rva2VuGAcgASgDSAGIAQESNwoLc3RhdGVfZGVsdGEYCCABKAsyIi5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLlN0YXRlRGVsdGESGQoRcmV0cmFjdF9zZXF1ZW5jZXMYCSADKANCEwoRX2V4cGVjdGVkX3ZlcnNpb25CEAoOX2ZlbmNpbmdfdG9rZW4i4AEKFUFwcGVuZEVudHJpZXNSZXNwb25zZRIPCgd2ZXJzaW9uGAEgASgDEhYKDmZpcnN0X3NlcXVlbmNlGAIgASgDEhUKDWxhc3Rfc2VxdWVuY2UYAyABKAMSEAoIcmVwbGF5ZWQYBCABKAgSKAoFdXNhZ2UYBSABKAsyGS5ydW5pZm9sZC5jb21tb24udjEuVXNhZ2USGgoSdXNlcl9zdGF0ZV92ZXJzaW9uGAYgASgDEh8KF25hbWVzcGFjZV9zdGF0ZV92ZXJzaW9uGAcgASgDEg4KBmRpZ2VzdBgIIAEoDCKZAQoSTGlzdEVudHJpZXNSZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIRCgluYW1lc3BhY2UYAiABKAkSFgoOYWZ0ZXJfc2VxdWVuY2UYAyABKAMSEQoJcGFnZV9zaXplGAQgASgFEhIKCnBhZ2VfdG9rZW4YBSABKAkSGAoQdGhyb3VnaF9zZXF1ZW5jZRgGIAEoAyJaChNMaXN0RW50cmllc1Jlc3BvbnNlEioKB2VudHJpZXMYASADKAsyGS5ydW5pZm9sZC5jb21tb24udjEuRW50cnkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIpQBCg9Mb2FkVmlld1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhEKCW5hbWVzcGFjZRgCIAEoCRIOCgZ3aW5kb3cYAyABKAUSFQoNc3VtbWFyeV9iYXRjaBgEIAEoBRIaChJzdW1tYXJpemVkX3Rocm91Z2gYBSABKAMSEgoKcmVxdWVzdF9pZBgGIAEoCSKpAQoMQXBwZW5kUmVjb3JkEg8KB3ZlcnNpb24YASABKAMSFgoOZmlyc3Rfc2VxdWVuY2UYAiABKAMSFQoNbGFzdF9zZXF1ZW5jZRgDIAEoAxIoCgV1c2FnZRgEIAEoCzIZLnJ1bmlmb2xkLmNvbW1vbi52MS5Vc2FnZRIvCgtjb21taXRfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAivgIKEExvYWRWaWV3UmVzcG9uc2USDwoHdmVyc2lvbhgBIAEoAxIVCg1sYXN0X3NlcXVlbmNlGAIgASgDEikKBndpbmRvdxgDIAMoCzIZLnJ1bmlmb2xkLmNvbW1vbi52MS5FbnRyeRIxCg5zdW1tYXJ5X2J1ZmZlchgEIAMoCzIZLnJ1bmlmb2xkLmNvbW1vbi52MS5FbnRyeRIXCg9zdW1tYXJ5X2JhY2tsb2cYBSABKAMSOgoMcHJpb3JfYXBwZW5kGAYgASgLMiQucnVuaWZvbGQudHJhbnNjcmlwdC52MS5BcHBlbmRSZWNvcmQSEwoLaW5jYXJuYXRpb24YByABKAMSOgoMY29udmVyc2F0aW9uGAggASgLMiQucnVuaWZvbGQudHJhbnNjcmlwdC52MS5Db252ZXJzYXRpb24i1wEKGExpc3RDb252ZXJzYXRpb25zUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkSDwoHdXNlcl9pZBgEIAEoCRI2CgR2aWV3GAUgASgOMigucnVuaWZvbGQudHJhbnNjcmlwdC52MS5Db252ZXJzYXRpb25WaWV3EjgKBW9yZGVyGAYgASgOMikucnVuaWZvbGQudHJhbnNjcmlwdC52MS5Db252ZXJzYXRpb25PcmRlciJxChlMaXN0Q29udmVyc2F0aW9uc1Jlc3BvbnNlEjsKDWNvbnZlcnNhdGlvbnMYASADKAsyJC5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkNvbnZlcnNhdGlvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkilgEKGURlbGV0ZUNvbnZlcnNhdGlvblJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhEKCW5hbWVzcGFjZRgCIAEoCRITCgtpbmNhcm5hdGlvbhgDIAEoAxI4CgdyZWNlaXB0GAQgASgLMicucnVuaWZvbGQudHJhbnNjcmlwdC52MS5FcmFzdXJlUHJvZ3Jlc3MimAEKGkRlbGV0ZUNvbnZlcnNhdGlvblJlc3BvbnNlEg8KB2RlbGV0ZWQYASABKAgSFwoPZW50cmllc19kZWxldGVkGAIgASgDEhcKD2FwcGVuZHNfZGVsZXRlZBgDIAEoAxI3CgdyZWNlaXB0GAQgASgLMiYucnVuaWZvbGQudHJhbnNjcmlwdC52MS5FcmFzdXJlUmVjZWlwdCI2Cg9HZXRTdGF0ZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhAKCHVzZXJfaWRzGAIgAygJInQKC1Njb3BlZFN0YXRlEg8KB3VzZXJfaWQYASABKAkSEgoKc3RhdGVfanNvbhgCIAEoCRIPCgd2ZXJzaW9uGAMgASgDEi8KC3VwZGF0ZV90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKKAQoQR2V0U3RhdGVSZXNwb25zZRI8Cg9uYW1lc3BhY2Vfc3RhdGUYASABKAsyIy5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLlNjb3BlZFN0YXRlEjgKC3VzZXJfc3RhdGVzGAIgAygLMiMucnVuaWZvbGQudHJhbnNjcmlwdC52MS5TY29wZWRTdGF0ZSKQAQoJVHVybkxlYXNlEhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIVCg1mZW5jaW5nX3Rva2VuGAMgASgDEi8KC2V4cGlyZV90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglleGNsdXNpdmUYBSABKAgSDwoHY3JlYXRlZBgGIAEoCCKUAgoJRW5kZWRUdXJuEisKBm91dHB1dBgBIAMoCzIbLnJ1bmlmb2xkLmNvbW1vbi52MS5NZXNzYWdlEigKBXVzYWdlGAIgASgLMhkucnVuaWZvbGQuY29tbW9uLnYxLlVzYWdlEg4KBnJlYXNvbhgDIAEoCRJBCghtZXRhZGF0YRgEIAMoCzIvLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuRW5kZWRUdXJuLk1ldGFkYXRhRW50cnkSLAoIZW5kX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wGi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASLkAQoXQWNxdWlyZVR1cm5MZWFzZVJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhEKCW5hbWVzcGFjZRgCIAEoCRIPCgd0dXJuX2lkGAMgASgJEjMKBG1vZGUYBCABKA4yJS5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLlR1cm5MZWFzZU1vZGUSJgoDdHRsGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhQKDHBheWxvYWRfaGFzaBgGIAEoDBIZChFjcmVhdGVfaWZfbWlzc2luZxgHIAEoCCK3AQoYQWNxdWlyZVR1cm5MZWFzZVJlc3BvbnNlEjAKBWxlYXNlGAEgASgLMiEucnVuaWZvbGQudHJhbnNjcmlwdC52MS5UdXJuTGVhc2USNwoJY29tbWl0dGVkGAIgASgLMiQucnVuaWZvbGQudHJhbnNjcmlwdC52MS5BcHBlbmRSZWNvcmQSMAoFZW5kZWQYAyABKAsyIS5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkVuZGVkVHVybiKqAQoVUmVuZXdUdXJuTGVhc2VSZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIRCgluYW1lc3BhY2UYAiABKAkSDwoHdHVybl9pZBgDIAEoCRIVCg1mZW5jaW5nX3Rva2VuGAQgASgDEiYKA3R0bBgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIVCg1jYWxsaW5nX21vZGVsGAYgASgIIkoKFlJlbmV3VHVybkxlYXNlUmVzcG9uc2USMAoFbGVhc2UYASABKAsyIS5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLlR1cm5MZWFzZSK6AQoXUmVsZWFzZVR1cm5MZWFzZVJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhEKCW5hbWVzcGFjZRgCIAEoCRIPCgd0dXJuX2lkGAMgASgJEhUKDWZlbmNpbmdfdG9rZW4YBCABKAMSMAoFZW5kZWQYBSABKAsyIS5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkVuZGVkVHVybhIZChFtb2RlbF9jYWxsX2ZhaWxlZBgGIAEoCCIsChhSZWxlYXNlVHVybkxlYXNlUmVzcG9uc2USEAoIcmVsZWFzZWQYASABKAgiqgEKGFdhdGNoQ29udmVyc2F0aW9uUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEQoJbmFtZXNwYWNlGAIgASgJEhYKDmFmdGVyX3NlcXVlbmNlGAMgASgDEhMKC2luY2FybmF0aW9uGAQgASgDEjUKEmhlYXJ0YmVhdF9pbnRlcnZhbBgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiL4AgoZV2F0Y2hDb252ZXJzYXRpb25SZXNwb25zZRI0CghhcHBlbmRlZBgBIAEoCzIgLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuQXBwZW5kZWRIABI7Cgx0dXJuX3N0YXJ0ZWQYAiABKAsyIy5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLlR1cm5TdGFydGVkSAASPQoNdHVybl9maW5pc2hlZBgDIAEoCzIkLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuVHVybkZpbmlzaGVkSAASNgoJaGVhcnRiZWF0GAQgASgLMiEucnVuaWZvbGQudHJhbnNjcmlwdC52MS5IZWFydGJlYXRIABIwCgZlcmFzZWQYBSABKAsyHi5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkVyYXNlZEgAEjYKCXJldHJhY3RlZBgGIAEoCzIhLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuUmV0cmFjdGVkSABCBwoFZXZlbnQicwoIQXBwZW5kZWQSDwoHdmVyc2lvbhgBIAEoAxIqCgdlbnRyaWVzGAIgAygLMhkucnVuaWZvbGQuY29tbW9uLnYxLkVudHJ5EhUKDWxhc3Rfc2VxdWVuY2UYAyABKAMSEwoLaW5jYXJuYXRpb24YBCABKAMiYQoJUmV0cmFjdGVkEg8KB3ZlcnNpb24YASABKAMSEQoJc2VxdWVuY2VzGAIgAygDEjAKDHJldHJhY3RfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiYQoLVHVyblN0YXJ0ZWQSDwoHdHVybl9pZBgBIAEoCRIuCgpzdGFydF90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglleGNsdXNpdmUYAyABKAgidAoMVHVybkZpbmlzaGVkEg8KB3R1cm5faWQYASABKAkSMgoGZmluaXNoGAIgASgOMiIucnVuaWZvbGQudHJhbnNjcmlwdC52MS5UdXJuRmluaXNoEg8KB3ZlcnNpb24YAyABKAMSDgoGcmVhc29uGAQgASgJIncKCUhlYXJ0YmVhdBIPCgd2ZXJzaW9uGAEgASgDEhUKDWxhc3Rfc2VxdWVuY2UYAiABKAMSEwoLaW5jYXJuYXRpb24YAyABKAMSLQoJcmVhZF90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIdCgZFcmFzZWQSEwoLaW5jYXJuYXRpb24YASABKAMiPgoVTGlzdE5hbWVzcGFjZXNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJIkUKFkxpc3ROYW1lc3BhY2VzUmVzcG9uc2USEgoKbmFtZXNwYWNlcxgBIAMoCRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkimAEKD0VyYXN1cmVQcm9ncmVzcxJDCgZjb3VudHMYASADKAsyMy5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkVyYXN1cmVQcm9ncmVzcy5Db3VudHNFbnRyeRIRCglyZW1haW5pbmcYAiADKAkaLQoLQ291bnRzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgDOgI4ASLPAgoORXJhc3VyZVJlY2VpcHQSEgoKcmVjZWlwdF9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSEQoJbmFtZXNwYWNlGAMgASgJEhMKC2luY2FybmF0aW9uGAQgASgDEkIKBmNvdW50cxgFIAMoCzIyLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuRXJhc3VyZVJlY2VpcHQuQ291bnRzRW50cnkSEQoJcmVtYWluaW5nGAYgAygJEi8KC2NyZWF0ZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIxCg1jb21wbGV0ZV90aW1lGAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBotCgtDb3VudHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAM6AjgBIpkBChtSZWNvcmRFcmFzdXJlUmVjZWlwdFJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRITCgtpbmNhcm5hdGlvbhgDIAEoAxI5Cghwcm9ncmVzcxgEIAEoCzInLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuRXJhc3VyZVByb2dyZXNzIlcKHFJlY29yZEVyYXN1cmVSZWNlaXB0UmVzcG9uc2USNwoHcmVjZWlwdBgBIAEoCzImLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuRXJhc3VyZVJlY2VpcHQiWgoYR2V0RXJhc3VyZVJlY2VpcHRSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRISCgpyZWNlaXB0X2lkGAIgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgDIAEoCSJUChlHZXRFcmFzdXJlUmVjZWlwdFJlc3BvbnNlEjcKB3JlY2VpcHQYASABKAsyJi5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkVyYXN1cmVSZWNlaXB0Ij8KCkZvcmtPcmlnaW4SFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhgKEHRocm91Z2hfc2VxdWVuY2UYAiABKAMikAEKF0ZvcmtDb252ZXJzYXRpb25SZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIRCgluYW1lc3BhY2UYAiABKAkSGAoQdGhyb3VnaF9zZXF1ZW5jZRgDIAEoAxIbChNuZXdfY29udmVyc2F0aW9uX2lkGAQgASgJEhIKCnJlcXVlc3RfaWQYBSABKAkiZwoYRm9ya0NvbnZlcnNhdGlvblJlc3BvbnNlEjoKDGNvbnZlcnNhdGlvbhgBIAEoCzIkLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuQ29udmVyc2F0aW9uEg8KB2NyZWF0ZWQYAiABKAgivwEKBkFwcGVuZBIPCgd2ZXJzaW9uGAEgASgDEhYKDmZpcnN0X3NlcXVlbmNlGAIgASgDEhUKDWxhc3Rfc2VxdWVuY2UYAyABKAMSDgoGZGlnZXN0GAQgASgMEhcKD3ByZXZpb3VzX2RpZ2VzdBgFIAEoDBIvCgtjb21taXRfdGltZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGwoTcmV0cmFjdGVkX3NlcXVlbmNlcxgHIAMoAyJ+ChJMaXN0QXBwZW5kc1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhEKCW5hbWVzcGFjZRgCIAEoCRIVCg1hZnRlcl92ZXJzaW9uGAMgASgDEhEKCXBhZ2Vfc2l6ZRgEIAEoBRISCgpwYWdlX3Rva2VuGAUgASgJIl8KE0xpc3RBcHBlbmRzUmVzcG9uc2USLwoHYXBwZW5kcxgBIAMoCzIeLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuQXBwZW5kEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSpuChBDb252ZXJzYXRpb25WaWV3EiEKHUNPTlZFUlNBVElPTl9WSUVXX1VOU1BFQ0lGSUVEEAASGwoXQ09OVkVSU0FUSU9OX1ZJRVdfQkFTSUMQARIaChZDT05WRVJTQVRJT05fVklFV19GVUxMEAIqhwEKDVR1cm5MZWFzZU1vZGUSHwobVFVSTl9MRUFTRV9NT0RFX1VOU1BFQ0lGSUVEEAASGgoWVFVSTl9MRUFTRV9NT0RFX1NIQVJFRBABEh0KGVRVUk5fTEVBU0VfTU9ERV9FWENMVVNJVkUQAhIaChZUVVJOX0xFQVNFX01PREVfUVVFVUVEEAMqjQEKClR1cm5GaW5pc2gSGwoXVFVSTl9GSU5JU0hfVU5TUEVDSUZJRUQQABIZChVUVVJOX0ZJTklTSF9DT01NSVRURUQQARIVChFUVVJOX0ZJTklTSF9FTkRFRBACEhgKFFRVUk5fRklOSVNIX1JFTEVBU0VEEAMSFgoSVFVSTl9GSU5JU0hfTEFQU0VEEAQqdwoRQ29udmVyc2F0aW9uT3JkZXISIgoeQ09OVkVSU0FUSU9OX09SREVSX1VOU1BFQ0lGSUVEEAASGQoVQ09OVkVSU0FUSU9OX09SREVSX0lEEAESIwofQ09OVkVSU0FUSU9OX09SREVSX05FV0VTVF9GSVJTVBACMrgPChFUcmFuc2NyaXB0U2VydmljZRJ7ChJDcmVhdGVDb252ZXJzYXRpb24SMS5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkNyZWF0ZUNvbnZlcnNhdGlvblJlcXVlc3QaMi5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkNyZWF0ZUNvbnZlcnNhdGlvblJlc3BvbnNlEnIKD0dldENvbnZlcnNhdGlvbhIuLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuR2V0Q29udmVyc2F0aW9uUmVxdWVzdBovLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuR2V0Q29udmVyc2F0aW9uUmVzcG9uc2USbAoNQXBwZW5kRW50cmllcxIsLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuQXBwZW5kRW50cmllc1JlcXVlc3QaLS5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkFwcGVuZEVudHJpZXNSZXNwb25zZRJmCgtMaXN0RW50cmllcxIqLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuTGlzdEVudHJpZXNSZXF1ZXN0GisucnVuaWZvbGQudHJhbnNjcmlwdC52MS5MaXN0RW50cmllc1Jlc3BvbnNlEl0KCExvYWRWaWV3EicucnVuaWZvbGQudHJhbnNjcmlwdC52MS5Mb2FkVmlld1JlcXVlc3QaKC5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkxvYWRWaWV3UmVzcG9uc2USeAoRTGlzdENvbnZlcnNhdGlvbnMSMC5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkxpc3RDb252ZXJzYXRpb25zUmVxdWVzdBoxLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuTGlzdENvbnZlcnNhdGlvbnNSZXNwb25zZRJ7ChJEZWxldGVDb252ZXJzYXRpb24SMS5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkRlbGV0ZUNvbnZlcnNhdGlvblJlcXVlc3QaMi5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkRlbGV0ZUNvbnZlcnNhdGlvblJlc3BvbnNlEl0KCEdldFN0YXRlEicucnVuaWZvbGQudHJhbnNjcmlwdC52MS5HZXRTdGF0ZVJlcXVlc3QaKC5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkdldFN0YXRlUmVzcG9uc2USdQoQQWNxdWlyZVR1cm5MZWFzZRIvLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuQWNxdWlyZVR1cm5MZWFzZVJlcXVlc3QaMC5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkFjcXVpcmVUdXJuTGVhc2VSZXNwb25zZRJvCg5SZW5ld1R1cm5MZWFzZRItLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuUmVuZXdUdXJuTGVhc2VSZXF1ZXN0Gi4ucnVuaWZvbGQudHJhbnNjcmlwdC52MS5SZW5ld1R1cm5MZWFzZVJlc3BvbnNlEnUKEFJlbGVhc2VUdXJuTGVhc2USLy5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLlJlbGVhc2VUdXJuTGVhc2VSZXF1ZXN0GjAucnVuaWZvbGQudHJhbnNjcmlwdC52MS5SZWxlYXNlVHVybkxlYXNlUmVzcG9uc2USegoRV2F0Y2hDb252ZXJzYXRpb24SMC5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLldhdGNoQ29udmVyc2F0aW9uUmVxdWVzdBoxLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuV2F0Y2hDb252ZXJzYXRpb25SZXNwb25zZTABEm8KDkxpc3ROYW1lc3BhY2VzEi0ucnVuaWZvbGQudHJhbnNjcmlwdC52MS5MaXN0TmFtZXNwYWNlc1JlcXVlc3QaLi5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkxpc3ROYW1lc3BhY2VzUmVzcG9uc2USgQEKFFJlY29yZEVyYXN1cmVSZWNlaXB0EjMucnVuaWZvbGQudHJhbnNjcmlwdC52MS5SZWNvcmRFcmFzdXJlUmVjZWlwdFJlcXVlc3QaNC5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLlJlY29yZEVyYXN1cmVSZWNlaXB0UmVzcG9uc2USeAoRR2V0RXJhc3VyZVJlY2VpcHQSMC5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkdldEVyYXN1cmVSZWNlaXB0UmVxdWVzdBoxLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuR2V0RXJhc3VyZVJlY2VpcHRSZXNwb25zZRJ1ChBGb3JrQ29udmVyc2F0aW9uEi8ucnVuaWZvbGQudHJhbnNjcmlwdC52MS5Gb3JrQ29udmVyc2F0aW9uUmVxdWVzdBowLnJ1bmlmb2xkLnRyYW5zY3JpcHQudjEuRm9ya0NvbnZlcnNhdGlvblJlc3BvbnNlEmYKC0xpc3RBcHBlbmRzEioucnVuaWZvbGQudHJhbnNjcmlwdC52MS5MaXN0QXBwZW5kc1JlcXVlc3QaKy5ydW5pZm9sZC50cmFuc2NyaXB0LnYxLkxpc3RBcHBlbmRzUmVzcG9uc2VCSVpHZ2l0aHViLmNvbS9ydW5pZm9sZC9ydW5pZm9sZC9nZW4vZ28vcnVuaWZvbGQvdHJhbnNjcmlwdC92MTt0cmFuc2NyaXB0djFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_runifold_common_v1_common]);
 
 /**
  * A conversation and its counters.
@@ -99,10 +99,21 @@ export type Conversation = Message<"runifold.transcript.v1.Conversation"> & {
   stateJson: string;
 
   /**
+   * The text of its first user message, clipped to 200 characters (an
+   * ellipsis marks a clipped one), for listings: the first ROLE_USER entry
+   * among its first 16 entries that is not retracted, or empty when there is
+   * none. Set by ListConversations only (one index probe per conversation);
+   * empty in every other response. Untrusted text, as the transcript is.
+   *
+   * @generated from field: string preview = 11;
+   */
+  preview: string;
+
+  /**
    * Set on a fork (ForkConversation): the conversation it was made from and the
    * last sequence it shares with it.
    *
-   * @generated from field: runifold.transcript.v1.ForkOrigin fork_origin = 11;
+   * @generated from field: runifold.transcript.v1.ForkOrigin fork_origin = 12;
    */
   forkOrigin?: ForkOrigin | undefined;
 
@@ -111,7 +122,7 @@ export type Conversation = Message<"runifold.transcript.v1.Conversation"> & {
    * retraction and commit time of the conversation so far. Empty before its first
    * append (and for appends recorded before digests existed).
    *
-   * @generated from field: bytes head_digest = 12;
+   * @generated from field: bytes head_digest = 13;
    */
   headDigest: Uint8Array;
 };
@@ -762,6 +773,14 @@ export type ListConversationsRequest = Message<"runifold.transcript.v1.ListConve
    * @generated from field: runifold.transcript.v1.ConversationView view = 5;
    */
   view: ConversationView;
+
+  /**
+   * The order of the listing; a page token continues only the order it came
+   * from (INVALID_ARGUMENT / INVALID_PAGE_TOKEN otherwise).
+   *
+   * @generated from field: runifold.transcript.v1.ConversationOrder order = 6;
+   */
+  order: ConversationOrder;
 };
 
 /**
@@ -778,7 +797,7 @@ export const ListConversationsRequestSchema: GenMessage<ListConversationsRequest
  */
 export type ListConversationsResponse = Message<"runifold.transcript.v1.ListConversationsResponse"> & {
   /**
-   * Conversations in increasing id order.
+   * Conversations in the order asked (ListConversationsRequest.order).
    *
    * @generated from field: repeated runifold.transcript.v1.Conversation conversations = 1;
    */
@@ -827,6 +846,15 @@ export type DeleteConversationRequest = Message<"runifold.transcript.v1.DeleteCo
    * @generated from field: int64 incarnation = 3;
    */
   incarnation: bigint;
+
+  /**
+   * With `incarnation`: record the erasure's receipt in the same transaction
+   * as the deletion (with the entries and appends this call erases), as
+   * RecordErasureReceipt does.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureProgress receipt = 4;
+   */
+  receipt?: ErasureProgress | undefined;
 };
 
 /**
@@ -855,6 +883,20 @@ export type DeleteConversationResponse = Message<"runifold.transcript.v1.DeleteC
    * @generated from field: int64 entries_deleted = 2;
    */
   entriesDeleted: bigint;
+
+  /**
+   * Number of committed appends (versions) erased.
+   *
+   * @generated from field: int64 appends_deleted = 3;
+   */
+  appendsDeleted: bigint;
+
+  /**
+   * The receipt recorded, when the request asked for one.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureReceipt receipt = 4;
+   */
+  receipt?: ErasureReceipt | undefined;
 };
 
 /**
@@ -1690,6 +1732,283 @@ export const ErasedSchema: GenMessage<Erased> = /*@__PURE__*/
   messageDesc(file_runifold_transcript_v1_transcript_service, 35);
 
 /**
+ * Request of ListNamespaces.
+ *
+ * @generated from message runifold.transcript.v1.ListNamespacesRequest
+ */
+export type ListNamespacesRequest = Message<"runifold.transcript.v1.ListNamespacesRequest"> & {
+  /**
+   * Maximum namespaces per page: 0 means 100, at most 1000.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize: number;
+
+  /**
+   * Opaque token from a previous response (of the same caller's identity).
+   *
+   * @generated from field: string page_token = 2;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message runifold.transcript.v1.ListNamespacesRequest.
+ * Use `create(ListNamespacesRequestSchema)` to create a new message.
+ */
+export const ListNamespacesRequestSchema: GenMessage<ListNamespacesRequest> = /*@__PURE__*/
+  messageDesc(file_runifold_transcript_v1_transcript_service, 36);
+
+/**
+ * Response of ListNamespaces.
+ *
+ * @generated from message runifold.transcript.v1.ListNamespacesResponse
+ */
+export type ListNamespacesResponse = Message<"runifold.transcript.v1.ListNamespacesResponse"> & {
+  /**
+   * Namespaces that hold at least one conversation, in increasing name order.
+   *
+   * @generated from field: repeated string namespaces = 1;
+   */
+  namespaces: string[];
+
+  /**
+   * Token of the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message runifold.transcript.v1.ListNamespacesResponse.
+ * Use `create(ListNamespacesResponseSchema)` to create a new message.
+ */
+export const ListNamespacesResponseSchema: GenMessage<ListNamespacesResponse> = /*@__PURE__*/
+  messageDesc(file_runifold_transcript_v1_transcript_service, 37);
+
+/**
+ * What an erasure reports of its progress: counts of what it erased in each
+ * store, and the parts it has not erased yet.
+ *
+ * @generated from message runifold.transcript.v1.ErasureProgress
+ */
+export type ErasureProgress = Message<"runifold.transcript.v1.ErasureProgress"> & {
+  /**
+   * Per store, what was erased (names of 1..32 characters of [a-z_]; at most
+   * 32). A count recorded before is kept if it is larger.
+   *
+   * @generated from field: map<string, int64> counts = 1;
+   */
+  counts: { [key: string]: bigint };
+
+  /**
+   * Parts not yet erased (same names). A part once erased never comes back.
+   *
+   * @generated from field: repeated string remaining = 2;
+   */
+  remaining: string[];
+};
+
+/**
+ * Describes the message runifold.transcript.v1.ErasureProgress.
+ * Use `create(ErasureProgressSchema)` to create a new message.
+ */
+export const ErasureProgressSchema: GenMessage<ErasureProgress> = /*@__PURE__*/
+  messageDesc(file_runifold_transcript_v1_transcript_service, 38);
+
+/**
+ * The receipt of the erasure of one incarnation of a conversation: counts,
+ * never content.
+ *
+ * @generated from message runifold.transcript.v1.ErasureReceipt
+ */
+export type ErasureReceipt = Message<"runifold.transcript.v1.ErasureReceipt"> & {
+  /**
+   * UUID of the receipt.
+   *
+   * @generated from field: string receipt_id = 1;
+   */
+  receiptId: string;
+
+  /**
+   * UUID of the erased conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  conversationId: string;
+
+  /**
+   * Namespace that owned it.
+   *
+   * @generated from field: string namespace = 3;
+   */
+  namespace: string;
+
+  /**
+   * The incarnation erased.
+   *
+   * @generated from field: int64 incarnation = 4;
+   */
+  incarnation: bigint;
+
+  /**
+   * Per store, what was erased: "entries" and "appends" (this service's), and
+   * what the eraser recorded for the other stores.
+   *
+   * @generated from field: map<string, int64> counts = 5;
+   */
+  counts: { [key: string]: bigint };
+
+  /**
+   * Parts not yet erased.
+   *
+   * @generated from field: repeated string remaining = 6;
+   */
+  remaining: string[];
+
+  /**
+   * When it was first recorded.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 7;
+   */
+  createTime?: Timestamp | undefined;
+
+  /**
+   * When `remaining` became empty; absent until then.
+   *
+   * @generated from field: google.protobuf.Timestamp complete_time = 8;
+   */
+  completeTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message runifold.transcript.v1.ErasureReceipt.
+ * Use `create(ErasureReceiptSchema)` to create a new message.
+ */
+export const ErasureReceiptSchema: GenMessage<ErasureReceipt> = /*@__PURE__*/
+  messageDesc(file_runifold_transcript_v1_transcript_service, 39);
+
+/**
+ * Request of RecordErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.RecordErasureReceiptRequest
+ */
+export type RecordErasureReceiptRequest = Message<"runifold.transcript.v1.RecordErasureReceiptRequest"> & {
+  /**
+   * Namespace that owns the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  conversationId: string;
+
+  /**
+   * The incarnation being erased (not 0).
+   *
+   * @generated from field: int64 incarnation = 3;
+   */
+  incarnation: bigint;
+
+  /**
+   * What the erasure erased so far, and what remains.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureProgress progress = 4;
+   */
+  progress?: ErasureProgress | undefined;
+};
+
+/**
+ * Describes the message runifold.transcript.v1.RecordErasureReceiptRequest.
+ * Use `create(RecordErasureReceiptRequestSchema)` to create a new message.
+ */
+export const RecordErasureReceiptRequestSchema: GenMessage<RecordErasureReceiptRequest> = /*@__PURE__*/
+  messageDesc(file_runifold_transcript_v1_transcript_service, 40);
+
+/**
+ * Response of RecordErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.RecordErasureReceiptResponse
+ */
+export type RecordErasureReceiptResponse = Message<"runifold.transcript.v1.RecordErasureReceiptResponse"> & {
+  /**
+   * The receipt as kept after the merge.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureReceipt receipt = 1;
+   */
+  receipt?: ErasureReceipt | undefined;
+};
+
+/**
+ * Describes the message runifold.transcript.v1.RecordErasureReceiptResponse.
+ * Use `create(RecordErasureReceiptResponseSchema)` to create a new message.
+ */
+export const RecordErasureReceiptResponseSchema: GenMessage<RecordErasureReceiptResponse> = /*@__PURE__*/
+  messageDesc(file_runifold_transcript_v1_transcript_service, 41);
+
+/**
+ * Request of GetErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.GetErasureReceiptRequest
+ */
+export type GetErasureReceiptRequest = Message<"runifold.transcript.v1.GetErasureReceiptRequest"> & {
+  /**
+   * Namespace that owned the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * UUID of the receipt; or empty, with `conversation_id`.
+   *
+   * @generated from field: string receipt_id = 2;
+   */
+  receiptId: string;
+
+  /**
+   * UUID of the conversation: its latest receipt (when `receipt_id` is empty).
+   *
+   * @generated from field: string conversation_id = 3;
+   */
+  conversationId: string;
+};
+
+/**
+ * Describes the message runifold.transcript.v1.GetErasureReceiptRequest.
+ * Use `create(GetErasureReceiptRequestSchema)` to create a new message.
+ */
+export const GetErasureReceiptRequestSchema: GenMessage<GetErasureReceiptRequest> = /*@__PURE__*/
+  messageDesc(file_runifold_transcript_v1_transcript_service, 42);
+
+/**
+ * Response of GetErasureReceipt.
+ *
+ * @generated from message runifold.transcript.v1.GetErasureReceiptResponse
+ */
+export type GetErasureReceiptResponse = Message<"runifold.transcript.v1.GetErasureReceiptResponse"> & {
+  /**
+   * The receipt.
+   *
+   * @generated from field: runifold.transcript.v1.ErasureReceipt receipt = 1;
+   */
+  receipt?: ErasureReceipt | undefined;
+};
+
+/**
+ * Describes the message runifold.transcript.v1.GetErasureReceiptResponse.
+ * Use `create(GetErasureReceiptResponseSchema)` to create a new message.
+ */
+export const GetErasureReceiptResponseSchema: GenMessage<GetErasureReceiptResponse> = /*@__PURE__*/
+  messageDesc(file_runifold_transcript_v1_transcript_service, 43);
+
+/**
  * Where a fork came from.
  *
  * @generated from message runifold.transcript.v1.ForkOrigin
@@ -1715,7 +2034,7 @@ export type ForkOrigin = Message<"runifold.transcript.v1.ForkOrigin"> & {
  * Use `create(ForkOriginSchema)` to create a new message.
  */
 export const ForkOriginSchema: GenMessage<ForkOrigin> = /*@__PURE__*/
-  messageDesc(file_runifold_transcript_v1_transcript_service, 36);
+  messageDesc(file_runifold_transcript_v1_transcript_service, 44);
 
 /**
  * Request of ForkConversation.
@@ -1771,7 +2090,7 @@ export type ForkConversationRequest = Message<"runifold.transcript.v1.ForkConver
  * Use `create(ForkConversationRequestSchema)` to create a new message.
  */
 export const ForkConversationRequestSchema: GenMessage<ForkConversationRequest> = /*@__PURE__*/
-  messageDesc(file_runifold_transcript_v1_transcript_service, 37);
+  messageDesc(file_runifold_transcript_v1_transcript_service, 45);
 
 /**
  * Response of ForkConversation.
@@ -1800,7 +2119,7 @@ export type ForkConversationResponse = Message<"runifold.transcript.v1.ForkConve
  * Use `create(ForkConversationResponseSchema)` to create a new message.
  */
 export const ForkConversationResponseSchema: GenMessage<ForkConversationResponse> = /*@__PURE__*/
-  messageDesc(file_runifold_transcript_v1_transcript_service, 38);
+  messageDesc(file_runifold_transcript_v1_transcript_service, 46);
 
 /**
  * One committed append in a conversation's digest chain.
@@ -1865,7 +2184,7 @@ export type Append = Message<"runifold.transcript.v1.Append"> & {
  * Use `create(AppendSchema)` to create a new message.
  */
 export const AppendSchema: GenMessage<Append> = /*@__PURE__*/
-  messageDesc(file_runifold_transcript_v1_transcript_service, 39);
+  messageDesc(file_runifold_transcript_v1_transcript_service, 47);
 
 /**
  * Request of ListAppends.
@@ -1914,7 +2233,7 @@ export type ListAppendsRequest = Message<"runifold.transcript.v1.ListAppendsRequ
  * Use `create(ListAppendsRequestSchema)` to create a new message.
  */
 export const ListAppendsRequestSchema: GenMessage<ListAppendsRequest> = /*@__PURE__*/
-  messageDesc(file_runifold_transcript_v1_transcript_service, 40);
+  messageDesc(file_runifold_transcript_v1_transcript_service, 48);
 
 /**
  * Response of ListAppends.
@@ -1942,7 +2261,7 @@ export type ListAppendsResponse = Message<"runifold.transcript.v1.ListAppendsRes
  * Use `create(ListAppendsResponseSchema)` to create a new message.
  */
 export const ListAppendsResponseSchema: GenMessage<ListAppendsResponse> = /*@__PURE__*/
-  messageDesc(file_runifold_transcript_v1_transcript_service, 41);
+  messageDesc(file_runifold_transcript_v1_transcript_service, 49);
 
 /**
  * How much of a conversation ListConversations returns (AIP-157).
@@ -2077,6 +2396,41 @@ export const TurnFinishSchema: GenEnum<TurnFinish> = /*@__PURE__*/
   enumDesc(file_runifold_transcript_v1_transcript_service, 2);
 
 /**
+ * The order of ListConversations.
+ *
+ * @generated from enum runifold.transcript.v1.ConversationOrder
+ */
+export enum ConversationOrder {
+  /**
+   * Same as CONVERSATION_ORDER_ID.
+   *
+   * @generated from enum value: CONVERSATION_ORDER_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Increasing conversation id (UUIDv7 ids the server made sort by creation).
+   *
+   * @generated from enum value: CONVERSATION_ORDER_ID = 1;
+   */
+  ID = 1,
+
+  /**
+   * Newest first: decreasing creation time (`create_time`), then decreasing
+   * id. A conversation created while a listing pages is not in its later pages.
+   *
+   * @generated from enum value: CONVERSATION_ORDER_NEWEST_FIRST = 2;
+   */
+  NEWEST_FIRST = 2,
+}
+
+/**
+ * Describes the enum runifold.transcript.v1.ConversationOrder.
+ */
+export const ConversationOrderSchema: GenEnum<ConversationOrder> = /*@__PURE__*/
+  enumDesc(file_runifold_transcript_v1_transcript_service, 3);
+
+/**
  * Append-only conversation transcripts with compare-and-swap versioning.
  *
  * A conversation's `version` counts committed appends. Each entry has a
@@ -2153,7 +2507,9 @@ export const TranscriptService: GenService<{
     output: typeof LoadViewResponseSchema;
   },
   /**
-   * Lists the conversations of a namespace, newest id last (AIP-158).
+   * Lists the conversations of a namespace (AIP-158): in increasing id order,
+   * or newest first (ListConversationsRequest.order), each with a preview of
+   * its first user message.
    *
    * @generated from rpc runifold.transcript.v1.TranscriptService.ListConversations
    */
@@ -2235,6 +2591,42 @@ export const TranscriptService: GenService<{
     methodKind: "server_streaming";
     input: typeof WatchConversationRequestSchema;
     output: typeof WatchConversationResponseSchema;
+  },
+  /**
+   * Lists the namespaces that hold conversations, among those the caller may
+   * read: with authentication on, only namespaces its identity grants (every
+   * namespace for a "*" grant); with it off, every namespace. In name order,
+   * paginated (AIP-158); each page costs one index probe per namespace.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.ListNamespaces
+   */
+  listNamespaces: {
+    methodKind: "unary";
+    input: typeof ListNamespacesRequestSchema;
+    output: typeof ListNamespacesResponseSchema;
+  },
+  /**
+   * Records the receipt of an erasure of one incarnation of a conversation
+   * (AgentService.EraseConversation calls it), or merges what a later call of
+   * the same erasure reports: counts only grow, parts only leave `remaining`.
+   * One receipt per incarnation.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.RecordErasureReceipt
+   */
+  recordErasureReceipt: {
+    methodKind: "unary";
+    input: typeof RecordErasureReceiptRequestSchema;
+    output: typeof RecordErasureReceiptResponseSchema;
+  },
+  /**
+   * Returns a kept erasure receipt: by id, or the latest of a conversation.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.GetErasureReceipt
+   */
+  getErasureReceipt: {
+    methodKind: "unary";
+    input: typeof GetErasureReceiptRequestSchema;
+    output: typeof GetErasureReceiptResponseSchema;
   },
   /**
    * Makes a conversation from the entries 1..through_sequence of another of the same

@@ -1,0 +1,15 @@
+"""Erasure receipts on PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.postgres.pool import Database
+from services.transcript.store import PostgresTranscriptStore, TranscriptStore
+from tests.transcript.receipts.cases import ReceiptCases
+
+
+class TestReceiptsOnPostgres(ReceiptCases):
+    @pytest.fixture
+    def store(self, database: Database) -> TranscriptStore:
+        return PostgresTranscriptStore(database)
