@@ -1,9 +1,10 @@
 """`make bench`: every benchmark suite against one real PostgreSQL; prints figures.
 
 No thresholds are asserted: goals are printed next to the measured ratios.
-`python -m bench transcript` runs one suite; `summary-claim`, `memory-indexing` and
-`memory-validity`, `retrieval-quality` and `retrieval-latency` run one part of the
-summary, memory and retrieval suites alone; `chat-loop-full` is the chat loop's full
+`python -m bench transcript` runs one suite; `summary-claim`, `memory-indexing`,
+`memory-validity`, `retrieval-quality`, `retrieval-latency` and `curation-quality`,
+`-throughput`, `-claim`, `-latency` run one part of the summary, memory, retrieval and
+curation suites alone; `chat-loop-full` is the chat loop's full
 profile (200 turns at one turn a second; the default runs its quick profile).
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 from bench import (
     agent,
     chat_loop,
+    curation,
     embedding,
     forks,
     hostile,
@@ -43,6 +45,7 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "memory-watch": memory_watch.run,
     "retrieval": retrieval.run,
     "hostile": hostile.run,
+    "curation": curation.run,
     # Parts of the suites above, to run alone.
     "digests": forks.digests_only,
     "summary-claim": summary.claim_cost,
@@ -50,6 +53,10 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "memory-validity": memory.validity,
     "retrieval-quality": retrieval.quality,
     "retrieval-latency": retrieval.latency,
+    "curation-quality": curation.quality,
+    "curation-throughput": curation.throughput,
+    "curation-claim": curation.claim_cost,
+    "curation-latency": curation.latency,
     "chat-loop-full": chat_loop.full,
 }
 DEFAULT = [
@@ -64,6 +71,7 @@ DEFAULT = [
     "memory-watch",
     "retrieval",
     "hostile",
+    "curation",
 ]
 
 

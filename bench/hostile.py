@@ -246,6 +246,11 @@ def _probes(
             pb.ListEntriesRequest(namespace=QUIET, conversation_id=mine["talk"], page_size=20)
         )
 
+    async def curate(i: int) -> None:
+        await memory.RequestCuration(
+            memory_pb.RequestCurationRequest(namespace=QUIET, conversation_id=mine["short"])
+        )
+
     async def listing(i: int) -> None:
         await transcript.ListConversations(
             pb.ListConversationsRequest(
@@ -276,6 +281,7 @@ def _probes(
         "lease waits": lease,
         "watch idle": append,
         "watch unread": read,
+        "curations": curate,
         "listings": listing,
         "namespaces": listing,
         "receipts": receipt,
@@ -291,6 +297,7 @@ PROBE_NAMES = {
     "lease waits": "Get + lease + release",
     "watch idle": "AppendEntries",
     "watch unread": "Get + ListEntries",
+    "curations": "RequestCuration",
     "listings": "ListConversations",
     "namespaces": "ListConversations",
     "receipts": "GetErasureReceipt",
@@ -441,6 +448,23 @@ async def _flood(kind: str, address: str, seeds: dict[str, Any], tally: Counter[
                     pass
 
             tasks = [follow(cid) for cid in mine["idle"]]
+        elif kind == "curations":
+            # Facts appended and their curation asked for, again and again: the jobs run
+            # in the server's curation worker beside the probe (the offline proposer).
+            async def state_and_ask(w: int) -> None:
+                cid = mine["plain"][w % 16]
+                await transcript.AppendEntries(
+                    pb.AppendEntriesRequest(
+                        namespace=HOSTILE,
+                        conversation_id=cid,
+                        messages=[user(f"I live in Town{w}. I work at Company{w}.")],
+                    )
+                )
+                await memory.RequestCuration(
+                    memory_pb.RequestCurationRequest(namespace=HOSTILE, conversation_id=cid)
+                )
+
+            tasks = [_forever(tally, functools.partial(state_and_ask, w)) for w in range(32)]
         elif kind == "watch unread":
             calls = []
             for _ in range(128):
@@ -569,6 +593,9 @@ async def run(postgres_url: str) -> list[str]:
     env = {
         "RUNIFOLD_DATA_DIR": f"/tmp/runifold-bench-hostile-{os.getpid()}",
         "RUNIFOLD_WATCH_MAX_WATCHERS": "512",
+        # Turns ask for no curation (the other classes measure as before); the curation
+        # workers run all the same, for the curations class.
+        "RUNIFOLD_CURATION": "off",
     }
     lines = [
         "## Hostile tenants: one namespace floods, another is measured (issue 27)",

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import grpc
 
 from runifold.agent.v1 import agent_service_pb2, agent_service_pb2_grpc
 from services.agent.config import AgentConfig
+from services.agent.model import CurationMode
 from services.agent.offline import OfflineChatModel
 from services.agent.remote import GrpcMemories, GrpcSummaries, GrpcTranscripts
 from services.agent.service import AgentService
@@ -54,6 +57,12 @@ class AgentComponent:
         )
 
     async def start(self, ctx: StartContext) -> None:
+        if self.config.curation_default is None:
+            # Unset: the all-in-one server curates (a newcomer sees memory fill), a
+            # service deployed alone does not unless told (RUNIFOLD_CURATION=auto).
+            mode = CurationMode.AUTO if ctx.extras.get("all_in_one") else CurationMode.OFF
+            self.config = replace(self.config, curation_default=mode)
+
         def peer(name: str) -> Peer:
             made = Peer(name, open_channel(ctx.peer_address(name), ctx.auth))
             self.peers.append(made)
@@ -71,6 +80,8 @@ class AgentComponent:
         )
 
     async def stop(self) -> None:
+        if self.service is not None:
+            await self.service.curation.close()
         if self._owned is not None:
             await self._owned.aclose()
             self._owned = None

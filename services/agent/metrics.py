@@ -37,3 +37,13 @@ TURN_WRITE_RETRIES = Counter(
     "that completed, kept through a blip.",
     ["what"],
 )
+CURATION_REQUESTS = Counter(
+    "runifold_agent_curation_requests_total",
+    "Curation requests sent after committed turns whose policy says CURATION_MODE_AUTO, by "
+    "outcome: requested (queued, or joined the conversation's waiting job), refused "
+    "(RESOURCE_EXHAUSTED: the namespace's curation queue is full or at its limit), failed "
+    "(MemoryService unreachable after the retries, or another error), dropped (too many "
+    "requests in flight in this process). A lost request is made up for by the "
+    "conversation's next AUTO turn: a job curates every entry after curated_through.",
+    ["outcome"],
+)

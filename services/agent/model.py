@@ -26,6 +26,14 @@ class SummaryMode(enum.IntEnum):
     AUTO = 2
 
 
+class CurationMode(enum.IntEnum):
+    """Whether a turn's entries are curated into memory after it commits; values equal
+    CurationMode's (0, unspecified: the namespace's default)."""
+
+    OFF = 1
+    AUTO = 2
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     """Context bounds of a turn (already defaulted and validated)."""
@@ -35,6 +43,8 @@ class Policy:
     memory_limit: int
     summary_mode: SummaryMode
     max_summary_passes: int
+    # Resolved: the policy's, else the namespace's default.
+    curation: CurationMode = CurationMode.OFF
 
 
 @dataclass(frozen=True, slots=True)

@@ -175,3 +175,6 @@ class Memories(Protocol):
     ) -> MemoryErasure | None:
         """What the erasure of an incarnation erased, and whether the index caught up;
         None when MemoryService keeps no tombstone of it."""
+
+    async def request_curation(self, namespace: str, conversation_id: str) -> None:
+        """Queue the automatic curation of the conversation (RequestCuration)."""

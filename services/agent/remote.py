@@ -460,3 +460,9 @@ class GrpcMemories:
                 return None
             raise
         return _memory_erasure(0, reply.erasure)
+
+    async def request_curation(self, namespace: str, conversation_id: str) -> None:
+        await self.peer.call(
+            self.stub.RequestCuration,
+            memory_pb.RequestCurationRequest(namespace=namespace, conversation_id=conversation_id),
+        )

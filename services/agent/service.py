@@ -15,6 +15,7 @@ from services.agent.config import AgentConfig
 from services.agent.erasure import erase, receipt
 from services.agent.model import (
     ConcurrencyMode,
+    CurationMode,
     Erasure,
     ModelOutputInvalid,
     Policy,
@@ -27,6 +28,7 @@ from services.agent.model import (
 )
 from services.agent.ports import Memories, Summaries, Transcripts
 from services.agent.turn import inputs
+from services.agent.turn.curation import CurationRequests
 from services.agent.turn.runner import TurnRunner
 from services.common import validation
 from services.common.domain import Budget
@@ -46,7 +48,8 @@ class AgentService:
         config: AgentConfig,
     ) -> None:
         self.config = config
-        self._turns = TurnRunner(transcripts, summaries, memories, model, config)
+        self.curation = CurationRequests(memories, config.curation_max_in_flight)
+        self._turns = TurnRunner(transcripts, summaries, memories, model, config, self.curation)
 
     # -- request shaping -----------------------------------------------------
 
@@ -57,8 +60,11 @@ class AgentService:
         memory_limit: int,
         summary_mode: int,
         max_summary_passes: int,
+        curation: int = 0,
+        namespace: str = "",
     ) -> Policy:
-        """A validated policy; zero fields take the documented defaults."""
+        """A validated policy; zero fields take the documented defaults (the curation's:
+        the namespace's default)."""
         window = window or self.config.default_window
         summary_batch = summary_batch or self.config.default_summary_batch
         validation.view_bounds(window, summary_batch, prefix="policy.")
@@ -81,12 +87,17 @@ class AgentService:
             "policy.max_summary_passes",
             "INVALID_SUMMARY_PASSES",
         )
+        if curation not in (0, *CurationMode):
+            raise invalid_argument(
+                "INVALID_CURATION_MODE", "policy.curation is unknown", field="policy.curation"
+            )
         return Policy(
             window,
             summary_batch,
             memory_limit,
             SummaryMode(summary_mode or SummaryMode.REQUIRE),
             passes,
+            CurationMode(curation) if curation else self.config.curation_for(namespace),
         )
 
     def concurrency(self, value: int) -> ConcurrencyMode:

@@ -110,6 +110,8 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                 policy.memory_limit,
                 int(policy.summary_mode),
                 policy.max_summary_passes,
+                int(policy.curation),
+                request.namespace,
             ),
             budget=self.service.budget(convert.budget_from_proto(request.budget)),
             system_instructions=request.system_instructions,

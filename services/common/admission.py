@@ -11,6 +11,7 @@ kind each RPC is, or why it has none, is its cost class (services/common/costs.p
 | summarize | Summarize | model calls |
 | upsert | UpsertMemory | a source check, a write, an embedding in the background |
 | propose | ProposeMemories | a transcript read, an embedding batch, searches, a model call |
+| curate | RequestCuration | a transcript read and an enqueue (its job's calls: the hourly budget) |
 
 One call more is refused before any work with RESOURCE_EXHAUSTED /
 `NAMESPACE_CONCURRENCY_LIMIT` and a `google.rpc.RetryInfo` delay (the mean

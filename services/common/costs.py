@@ -105,6 +105,12 @@ COSTS: dict[str, CostClass] = {
         "(about 2 MiB): one page read and one message in flight",
         "stream",
     ),
+    _T + "MarkCurated": CostClass(
+        "exempt",
+        _ONE_WRITE + " (one conditional update of the conversation row)",
+        "one conversation row",
+        "never",
+    ),
     _T + "ListNamespaces": CostClass(
         "exempt",
         _ONE_READ + " (one index probe per namespace listed, or per namespace the "
@@ -195,6 +201,20 @@ COSTS: dict[str, CostClass] = {
         "the namespace's share of the proposer model and the embedding queue",
         "the entries read (at most the range's 256 entries) and the proposals",
         "queue",
+    ),
+    _M + "RequestCuration": CostClass(
+        "curate",
+        "a transcript read and one enqueue (one waiting job per conversation, at most "
+        "RUNIFOLD_CURATION_MAX_PENDING_PER_NAMESPACE waiting a namespace); the job's model "
+        "calls are charged to the namespace's hourly curation budget",
+        "one job row",
+        "never",
+    ),
+    _M + "GetCurationBacklog": CostClass(
+        "exempt",
+        _ONE_READ + " (counts of the namespace's jobs and budget)",
+        "a few counts",
+        "never",
     ),
     _M + "GetMemoryErasure": CostClass(
         "exempt",

@@ -52,7 +52,7 @@ REQUESTS_SHED = Counter(
     "runifold_requests_shed_total",
     "Calls refused with RESOURCE_EXHAUSTED before any work: a namespace at its "
     "concurrency limit for a kind of call (reason=NAMESPACE_CONCURRENCY_LIMIT, "
-    "resource=search|turn|summarize|upsert|propose|turn_wait), over its share of the "
+    "resource=search|turn|summarize|upsert|propose|curate|turn_wait), over its share of the "
     "embedding model (reason=NAMESPACE_SHARE_EXCEEDED), a full queue in front of a slow "
     "resource (reason=OVERLOADED, resource=embeddings|model), WatchConversation and "
     "WatchMemories streams beyond a limit (reason=WATCHER_LIMIT, resource=watchers), or "

@@ -121,20 +121,23 @@ class AdmissionLimits:
     summarizes: int = 8
     upserts: int = 16
     proposals: int = 4
+    # RequestCuration calls (an enqueue each; the jobs' cost is the curation budget's).
+    curations: int = 16
     # Turns of a namespace waiting for their lease (without their turn slot).
     waiting_turns: int = 32
     # The retry hint before any call of a kind has finished (then: their mean duration).
     retry_after_s: float = 1.0
 
     def limit(self, kind: str) -> int:
-        """The limit of one kind of call: search, turn, summarize, upsert or propose;
-        turn_wait: the turns waiting for their lease."""
+        """The limit of one kind of call: search, turn, summarize, upsert, propose or
+        curate; turn_wait: the turns waiting for their lease."""
         return {
             "search": self.searches,
             "turn": self.turns,
             "summarize": self.summarizes,
             "upsert": self.upserts,
             "propose": self.proposals,
+            "curate": self.curations,
             "turn_wait": self.waiting_turns,
         }[kind]
 
@@ -149,6 +152,7 @@ class AdmissionLimits:
             summarizes=limit("RUNIFOLD_NAMESPACE_MAX_SUMMARIZE", 8),
             upserts=limit("RUNIFOLD_NAMESPACE_MAX_UPSERTS", 16),
             proposals=limit("RUNIFOLD_NAMESPACE_MAX_PROPOSALS", 4),
+            curations=limit("RUNIFOLD_NAMESPACE_MAX_CURATION_REQUESTS", 16),
             waiting_turns=limit("RUNIFOLD_NAMESPACE_MAX_WAITING_TURNS", 32),
             retry_after_s=env_float(
                 env, "RUNIFOLD_ADMISSION_RETRY_AFTER_S", 1.0, minimum=0.1, maximum=60.0

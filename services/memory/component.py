@@ -7,6 +7,7 @@ them import none of their implementations, so no import cycle runs through a fac
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from pathlib import Path
@@ -15,6 +16,7 @@ import grpc
 
 from runifold.memory.v1 import memory_service_pb2, memory_service_pb2_grpc
 from services.common import migrations
+from services.common.auth import service_identity
 from services.common.channels import Peer, open_channel
 from services.common.pagination import PageTokens
 from services.common.postgres.notify import PostgresChangeBus
@@ -23,6 +25,8 @@ from services.common.server import StartContext
 from services.common.settings import SettingsError
 from services.llm.openai import OpenAIChatModel
 from services.memory.config import MemoryConfig
+from services.memory.curation.store import PostgresCurationStore
+from services.memory.curation.worker import CurationWorkers
 from services.memory.embeddings.local import LocalEmbedder
 from services.memory.embeddings.openai import OpenAIEmbedder
 from services.memory.embeddings.protocol import Embedder
@@ -149,6 +153,8 @@ class MemoryComponent:
         self.service: MemoryService | None = None
         self.indexer: Indexer | None = None
         self.sweeper: Sweeper | None = None
+        self.curation_store: PostgresCurationStore | None = None
+        self.curators: CurationWorkers | None = None
         self.feed: Feed | None = None
 
     def register(self, server: grpc.aio.Server) -> None:
@@ -208,6 +214,7 @@ class MemoryComponent:
         self.sweeper = Sweeper(self.store, self.config, self.indexer.wake, self.index)
         if self.proposer is None:
             self.proposer, self._model = build_proposer(self.config)
+        self.curation_store = PostgresCurationStore(self.db)
         self.service = MemoryService(
             self.store,
             self.index,
@@ -217,11 +224,49 @@ class MemoryComponent:
             PageTokens(ctx.settings.page_token_secret),
             on_write=self.indexer.wake,
             proposer=self.proposer,
+            curation_store=self.curation_store,
         )
+        self.curators = CurationWorkers(
+            self.service,
+            self.curation_store,
+            self.config,
+            ready=self._peer_ready,
+            identity=lambda namespace: service_identity(ctx.auth, namespace),
+        )
+        self.service.on_curation_request = self.curators.wake
         if self.background:
             if self.config.indexers:
                 self.indexer.start()
             self.sweeper.start()
+            if self._may_curate(ctx):
+                await self.curators.start()
+
+    @staticmethod
+    def _may_curate(ctx: StartContext) -> bool:
+        """Whether the curation workers can act for a namespace (under RUNIFOLD_AUTH=jwt
+        they need the service's own token). Without one they do not start: a deployment
+        that never asked for curation keeps starting as before, and the jobs asked for
+        wait (GetCurationBacklog shows them)."""
+        try:
+            service_identity(ctx.auth, "check")
+        except SettingsError as exc:
+            log.warning("curation workers not started", extra={"detail": str(exc)})
+            return False
+        return True
+
+    async def _peer_ready(self) -> bool:
+        """True when TranscriptService is reachable: workers claim nothing before (in the
+        all-in-one server the components start before the port serves)."""
+        if self.peer is None:
+            return True  # sources given by the caller (tests, tools)
+        channel = self.peer.channel
+        if channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+            return True
+        try:
+            await asyncio.wait_for(channel.channel_ready(), self.config.curation_poll_interval_s)
+        except TimeoutError:
+            return False
+        return True
 
     async def drain(self, timeout_s: float) -> None:
         """End the WatchMemories streams (shutdown): their clients resume elsewhere."""
@@ -229,6 +274,8 @@ class MemoryComponent:
             await self.feed.drain(timeout_s)
 
     async def stop(self) -> None:
+        if self.curators is not None:
+            await self.curators.stop()
         if self.feed is not None:
             await self.feed.stop()
         if self.indexer is not None:

@@ -237,6 +237,30 @@ class MemoryConfig:
     # The budget a ProposeMemories gets where its Budget fields are 0 (one model call).
     propose_max_output_tokens: int = 4096
     propose_max_input_tokens: int = 200_000
+    # -- automatic curation (curation/, docs/memory.md "Automatic curation") ---------
+    # Curation workers in this process (0: this process runs no curation job).
+    curation_workers: int = 1
+    # Entries one batch reads (one proposer call, one transaction), proposals it keeps,
+    # batches one attempt of a job runs before giving others a turn.
+    curation_batch_entries: int = 32
+    curation_max_proposals: int = 16
+    curation_batches_per_run: int = 8
+    # A batch refused because a memory it supersedes changed meanwhile is proposed again
+    # this many times (each a model call) before the attempt fails.
+    curation_conflict_retries: int = 2
+    curation_poll_interval_s: float = 1.0
+    curation_lease_s: float = 60.0
+    curation_job_timeout_s: float = 300.0
+    curation_max_failures: int = 5
+    curation_backoff_s: float = 2.0
+    curation_backoff_max_s: float = 300.0
+    curation_gauge_interval_s: float = 5.0
+    curation_job_retention_s: float = 7 * 24 * 3600.0
+    # Per namespace: waiting or running jobs at most, and model calls and tokens (input
+    # and output) its curation may use per clock hour (0: no limit).
+    curation_max_pending: int = 1000
+    curation_max_model_calls_per_hour: int = 600
+    curation_max_tokens_per_hour: int = 2_000_000
     # Indexer loops in this process; each claims its own outbox batches.
     indexers: int = 1
     indexer_batch: int = 64
@@ -305,6 +329,12 @@ class MemoryConfig:
             raise SettingsError(
                 "RUNIFOLD_MEMORY_INDEX_TOMBSTONE_RETENTION must be at least 10 x "
                 f"RUNIFOLD_MEMORY_INDEXER_CLAIM_S ({10 * indexer_claim_s:.0f} s)"
+            )
+        backoff_s = env_float(env, "RUNIFOLD_CURATION_JOB_BACKOFF_S", 2.0, minimum=0.0)
+        if env_float(env, "RUNIFOLD_CURATION_JOB_BACKOFF_MAX_S", 300.0, minimum=0.0) < backoff_s:
+            raise SettingsError(
+                "RUNIFOLD_CURATION_JOB_BACKOFF_MAX_S must be at least "
+                "RUNIFOLD_CURATION_JOB_BACKOFF_S"
             )
         return cls(
             index=index,
@@ -385,6 +415,48 @@ class MemoryConfig:
             ),
             propose_max_input_tokens=env_int(
                 env, "RUNIFOLD_MEMORY_PROPOSE_MAX_INPUT_TOKENS", 200_000, minimum=256
+            ),
+            curation_workers=env_int(env, "RUNIFOLD_CURATION_WORKERS", 1, minimum=0, maximum=64),
+            curation_batch_entries=env_int(
+                env, "RUNIFOLD_CURATION_BATCH_ENTRIES", 32, minimum=1, maximum=1000
+            ),
+            curation_max_proposals=env_int(
+                env, "RUNIFOLD_CURATION_MAX_PROPOSALS", 16, minimum=1, maximum=32
+            ),
+            curation_batches_per_run=env_int(
+                env, "RUNIFOLD_CURATION_BATCHES_PER_RUN", 8, minimum=1, maximum=1000
+            ),
+            curation_conflict_retries=env_int(
+                env, "RUNIFOLD_CURATION_CONFLICT_RETRIES", 2, minimum=0, maximum=10
+            ),
+            curation_poll_interval_s=env_float(
+                env, "RUNIFOLD_CURATION_POLL_INTERVAL_S", 1.0, minimum=0.01
+            ),
+            curation_lease_s=env_float(env, "RUNIFOLD_CURATION_JOB_LEASE_S", 60.0, minimum=0.5),
+            curation_job_timeout_s=env_float(
+                env, "RUNIFOLD_CURATION_JOB_TIMEOUT_S", 300.0, minimum=1.0
+            ),
+            curation_max_failures=env_int(
+                env, "RUNIFOLD_CURATION_JOB_MAX_FAILURES", 5, minimum=1, maximum=1000
+            ),
+            curation_backoff_s=env_float(env, "RUNIFOLD_CURATION_JOB_BACKOFF_S", 2.0, minimum=0.0),
+            curation_backoff_max_s=env_float(
+                env, "RUNIFOLD_CURATION_JOB_BACKOFF_MAX_S", 300.0, minimum=0.0
+            ),
+            curation_gauge_interval_s=env_float(
+                env, "RUNIFOLD_CURATION_GAUGE_INTERVAL_S", 5.0, minimum=0.05
+            ),
+            curation_job_retention_s=env_float(
+                env, "RUNIFOLD_CURATION_JOB_RETENTION_S", 7 * 24 * 3600.0, minimum=1.0
+            ),
+            curation_max_pending=env_int(
+                env, "RUNIFOLD_CURATION_MAX_PENDING_PER_NAMESPACE", 1000, minimum=1, maximum=100_000
+            ),
+            curation_max_model_calls_per_hour=env_int(
+                env, "RUNIFOLD_CURATION_MAX_MODEL_CALLS_PER_HOUR", 600, minimum=0
+            ),
+            curation_max_tokens_per_hour=env_int(
+                env, "RUNIFOLD_CURATION_MAX_TOKENS_PER_HOUR", 2_000_000, minimum=0
             ),
             indexers=env_int(env, "RUNIFOLD_MEMORY_INDEXERS", 1, minimum=0, maximum=64),
             indexer_batch=env_int(

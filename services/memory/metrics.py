@@ -1,4 +1,4 @@
-"""MemoryService's metrics: the index outbox, degraded searches and the change feed
+"""MemoryService's metrics: the index outbox, degraded searches, automatic curation
 (names and labels bounded, as services/common/metrics.py says)."""
 
 from __future__ import annotations
@@ -22,6 +22,65 @@ MEMORY_INDEX_OLDEST_AGE = Gauge(
 MEMORY_DEGRADED_SEARCHES = Counter(
     "runifold_memory_degraded_searches_total",
     "Searches answered from PostgreSQL full-text search because the vector index was down.",
+)
+
+
+# -- automatic curation (services/memory/curation/) ---------------------------------
+CURATION_JOBS_DEPTH = Gauge(
+    "runifold_memory_curation_jobs_depth",
+    "Curation jobs waiting or running.",
+)
+CURATION_JOBS_OLDEST_AGE = Gauge(
+    "runifold_memory_curation_jobs_oldest_age_seconds",
+    "Age of the oldest waiting or running curation job.",
+)
+CURATION_JOBS_FAILED = Gauge(
+    "runifold_memory_curation_jobs_failed",
+    "Curation jobs parked after too many failed attempts.",
+)
+CURATION_JOBS = Counter(
+    "runifold_memory_curation_jobs_total",
+    "Curation job attempts by outcome: done, requeued (entries left, or asked again), "
+    "ended (the conversation was erased or is gone), retried, parked, lost (the lease).",
+    ["outcome"],
+)
+CURATION_MODEL_CALLS = Counter(
+    "runifold_memory_curation_model_calls_total",
+    "Proposer calls made by curation jobs.",
+)
+CURATION_TOKENS = Counter(
+    "runifold_memory_curation_tokens_total",
+    "Tokens of the proposer calls made by curation jobs (kind=input|output).",
+    ["kind"],
+)
+CURATION_FACTS = Counter(
+    "runifold_memory_curation_facts_total",
+    "What curation batches did with the facts proposed: added (a new memory), "
+    "superseding (a new memory that replaced one), duplicate (skipped), dropped (a "
+    "proposal that failed its checks), forgotten (a curated memory whose entry was "
+    "retracted).",
+    ["action"],
+)
+CURATION_REFUSED = Counter(
+    "runifold_memory_curation_refused_total",
+    "Curation refused for a namespace's limits: CURATION_QUEUE_FULL (RequestCuration), "
+    "CURATION_BUDGET_EXHAUSTED (a job waits for the next hour).",
+    ["reason"],
+)
+CURATION_JOB_FACTS = Histogram(
+    "runifold_memory_curation_job_facts",
+    "Memories stored by one attempt of a curation job.",
+    buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128),
+)
+CURATION_JOB_MODEL_CALLS = Histogram(
+    "runifold_memory_curation_job_model_calls",
+    "Proposer calls made by one attempt of a curation job.",
+    buckets=(0, 1, 2, 4, 8, 16, 32),
+)
+CURATION_JOB_TOKENS = Histogram(
+    "runifold_memory_curation_job_tokens",
+    "Tokens (input and output) of the proposer calls of one attempt of a curation job.",
+    buckets=(0, 500, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000),
 )
 
 # -- change feed: WatchMemories -----------------------------------------------------------

@@ -106,6 +106,10 @@ class SourceConversation:
 
     last_sequence: int
     incarnation: int
+    # Its version (committed writes), how far curation read it (MarkCurated), its user.
+    version: int = 0
+    curated_through: int = 0
+    user_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

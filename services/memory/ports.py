@@ -25,3 +25,20 @@ class SourceChecker(Protocol):
     ) -> Sequence[Entry]:
         """The entries from `from_sequence` through `through_sequence` (inclusive), in
         order; empty when the conversation is not in this namespace."""
+
+    async def mark_curated(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int, curated_through: int
+    ) -> None:
+        """Record that curation read this incarnation through `curated_through`
+        (Conversation.curated_through: monotonic). NOT_FOUND when the conversation, or
+        that incarnation of it, is gone."""
+
+    async def retracted(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        after_version: int,
+        through_sequence: int,
+    ) -> list[int]:
+        """The sequences (through `through_sequence`) that writes after `after_version`
+        retracted; empty when the conversation is not in this namespace."""

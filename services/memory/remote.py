@@ -39,7 +39,13 @@ class TranscriptSources:
                 return None
             raise
         found = response.conversation
-        return SourceConversation(found.last_sequence, found.incarnation)
+        return SourceConversation(
+            found.last_sequence,
+            found.incarnation,
+            found.version,
+            found.curated_through,
+            found.user_id or None,
+        )
 
     async def entries(
         self, namespace: str, conversation_id: uuid.UUID, from_sequence: int, through_sequence: int
@@ -67,3 +73,47 @@ class TranscriptSources:
             found += [convert.entry_from_proto(e) for e in response.entries]
             after = found[-1].sequence
         return found
+
+    async def mark_curated(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int, curated_through: int
+    ) -> None:
+        await self.peer.call(
+            self.stub.MarkCurated,
+            transcript_pb.MarkCuratedRequest(
+                namespace=namespace,
+                conversation_id=str(conversation_id),
+                incarnation=incarnation,
+                curated_through=curated_through,
+            ),
+        )
+
+    async def retracted(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        after_version: int,
+        through_sequence: int,
+    ) -> list[int]:
+        found: list[int] = []
+        token = ""
+        while True:
+            try:
+                response = await self.peer.call(
+                    self.stub.ListEntries,
+                    transcript_pb.ListEntriesRequest(
+                        namespace=namespace,
+                        conversation_id=str(conversation_id),
+                        through_sequence=through_sequence,
+                        retracted_after_version=after_version,
+                        page_size=_PAGE,
+                        page_token=token,
+                    ),
+                )
+            except DomainError as error:
+                if error.code is Code.NOT_FOUND:
+                    return []
+                raise
+            found += [e.sequence for e in response.entries]
+            token = response.next_page_token
+            if not token:
+                return found

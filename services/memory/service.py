@@ -11,8 +11,9 @@ memories, closing their validity; reads answer for now or for a past time,
 and a memory's history lists every revision.
 
 This module holds the reads by id, the listing and the history; the writes are
-in writes/service.py, SearchMemories in search/service.py and ProposeMemories
-in proposals/service.py, all mixed into MemoryService.
+in writes/service.py, SearchMemories in search/service.py, ProposeMemories
+in proposals/service.py and automatic curation in curation/service.py, all mixed
+into MemoryService.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from services.common import validation
 from services.common.pagination import PageTokens, page_size
 from services.common.validation import conversation_id
 from services.memory.config import MemoryConfig
+from services.memory.curation.service import AutoCuration
+from services.memory.curation.store import CurationStore
 from services.memory.embeddings.protocol import Embedder
 from services.memory.index.protocol import VectorIndex
 from services.memory.model import (
@@ -38,7 +41,6 @@ from services.memory.model import (
 from services.memory.ports import SourceChecker
 from services.memory.proposals.offline import OfflineProposer
 from services.memory.proposals.proposer import Proposer
-from services.memory.proposals.service import MemoryCuration
 from services.memory.search.lexical import Fusion, FusionMethod, SearchMode
 from services.memory.store import MemoryStore
 from services.memory.writes.service import MemoryWrites
@@ -60,8 +62,9 @@ class RevisionPage:
     next_page_token: str
 
 
-class MemoryService(MemoryWrites, MemoryCuration):
-    """Semantic memories of many namespaces (writes, search and curation mixed in)."""
+class MemoryService(MemoryWrites, AutoCuration):
+    """Semantic memories of many namespaces (writes, search, ProposeMemories and automatic
+    curation mixed in)."""
 
     def __init__(
         self,
@@ -75,8 +78,11 @@ class MemoryService(MemoryWrites, MemoryCuration):
         on_write: Callable[[], None] | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         proposer: Proposer | None = None,
+        curation_store: CurationStore | None = None,
     ) -> None:
         self.store = store
+        self.curation_store = curation_store
+        self.on_curation_request = None
         self.index = index
         self.embedder = embedder
         self.sources = sources

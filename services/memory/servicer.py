@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from runifold.memory.v1 import memory_service_pb2 as pb
@@ -18,6 +19,7 @@ from runifold.memory.v1 import memory_service_pb2_grpc as pb_grpc
 from services.common import convert
 from services.common.errors import DomainError, StreamStalled
 from services.memory import metrics
+from services.memory.curation.model import CurationJob
 from services.memory.model import (
     ExternalSource,
     Memory,
@@ -61,6 +63,20 @@ def sources_to_proto(sources: Sequence[Source]) -> list[pb.MemorySource]:
         )
         for s in sources
     ]
+
+
+def curation_job_to_proto(job: CurationJob) -> pb.CurationJob:
+    """The wire form of a curation job (JobState's values are CurationJobState's)."""
+    return pb.CurationJob(
+        job_id=str(job.job_id),
+        conversation_id=str(job.conversation_id),
+        namespace=job.namespace,
+        state=pb.CurationJobState.ValueType(int(job.state)),
+        attempts=job.attempts,
+        create_time=convert.timestamp(job.create_time),
+        incarnation=job.incarnation,
+        last_error=job.last_error,
+    )
 
 
 def erasure_to_proto(erasure: MemoryErasure) -> pb.MemoryErasure:
@@ -310,6 +326,30 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             usage=convert.usage_to_proto(result.usage),
             dropped_count=result.dropped,
             proposer=result.proposer,
+        )
+
+    async def RequestCuration(
+        self, request: pb.RequestCurationRequest, context: Context
+    ) -> pb.RequestCurationResponse:
+        job, created = await self.service.request_curation(
+            request.namespace, request.conversation_id
+        )
+        return pb.RequestCurationResponse(job=curation_job_to_proto(job), created=created)
+
+    async def GetCurationBacklog(
+        self, request: pb.GetCurationBacklogRequest, context: Context
+    ) -> pb.GetCurationBacklogResponse:
+        backlog = await self.service.curation_backlog(request.namespace)
+        age = Duration()
+        age.FromNanoseconds(int(backlog.oldest_pending_age_s * 1e9))
+        return pb.GetCurationBacklogResponse(
+            depth=backlog.depth,
+            oldest_pending_age=age,
+            failed_count=backlog.failed_count,
+            running_count=backlog.running_count,
+            model_calls_this_hour=backlog.model_calls_this_hour,
+            tokens_this_hour=backlog.tokens_this_hour,
+            facts_this_hour=backlog.facts_this_hour,
         )
 
     async def GetMemoryErasure(

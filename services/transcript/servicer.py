@@ -40,6 +40,7 @@ def conversation_to_proto(conversation: Conversation) -> pb.Conversation:
         incarnation=conversation.incarnation,
         user_id=conversation.user_id or "",
         state_json=conversation.state_json,
+        curated_through=conversation.curated_through,
         preview=conversation.preview,
         fork_origin=pb.ForkOrigin(
             conversation_id=str(conversation.fork_origin.conversation_id),
@@ -242,6 +243,7 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             request.through_sequence,
             request.page_size,
             request.page_token,
+            request.retracted_after_version,
         )
         response = pb.ListEntriesResponse(next_page_token=page.next_page_token)
         convert.add_entries(response.entries, page.entries)
@@ -470,3 +472,11 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             raise
         finally:
             await stream.aclose()
+
+    async def MarkCurated(
+        self, request: pb.MarkCuratedRequest, context: Context
+    ) -> pb.MarkCuratedResponse:
+        conversation = await self.service.mark_curated(
+            request.namespace, request.conversation_id, request.incarnation, request.curated_through
+        )
+        return pb.MarkCuratedResponse(conversation=conversation_to_proto(conversation))

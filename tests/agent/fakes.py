@@ -307,6 +307,7 @@ class FakeMemories:
     def __init__(self, memories: Sequence[Recalled] = ()) -> None:
         self.memories = list(memories)
         self.queries: list[tuple[str, str, int]] = []
+        self.curation_requests: list[tuple[str, str]] = []
         self.down = False
         # Whether the index has applied the erasures' index writes.
         self.index_caught_up = True
@@ -338,6 +339,11 @@ class FakeMemories:
         if total is None:
             return None
         return MemoryErasure(0, total, total, total, self.index_caught_up)
+
+    async def request_curation(self, namespace: str, conversation_id: str) -> None:
+        if self.down:
+            raise StoreUnavailable("memory")
+        self.curation_requests.append((namespace, conversation_id))
 
 
 Responder = Callable[[ChatRequest], ChatResponse]

@@ -227,6 +227,8 @@ class FixedSources:
         self.conversations: dict[tuple[str, uuid.UUID], int] = {}
         self.texts: dict[tuple[str, uuid.UUID], list[str]] = {}
         self.incarnations: dict[tuple[str, uuid.UUID], int] = {}
+        # What curation marked (MarkCurated), by conversation.
+        self.curated: dict[tuple[str, uuid.UUID], int] = {}
         # Conversations asked for (a memory of external sources only asks for none).
         self.asked = 0
 
@@ -274,6 +276,20 @@ class FixedSources:
             )
             for n in range(max(1, from_sequence), min(last, through_sequence) + 1)
         ]
+
+    async def mark_curated(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int, curated_through: int
+    ) -> None:
+        self.curated[(namespace, conversation_id)] = curated_through
+
+    async def retracted(
+        self,
+        namespace: str,
+        conversation_id: uuid.UUID,
+        after_version: int,
+        through_sequence: int,
+    ) -> list[int]:
+        return []  # FixedSources' entries are never retracted
 
 
 async def outbox_drained(component: MemoryComponent) -> bool:

@@ -19,6 +19,7 @@ import grpc
 
 from services.agent.component import AgentComponent
 from services.agent.config import AgentConfig
+from services.agent.model import CurationMode
 from services.common import stubs
 from services.common.auth import AuthSettings
 from services.common.http.settings import HttpSettings
@@ -92,13 +93,17 @@ async def full_stack(
     settings: dict[str, str] | None = None,
     http: HttpSettings | None = None,
     memory: Mapping[str, object] | None = None,
+    curation: bool = False,
 ) -> AsyncIterator[Stack]:
     """Start every service in one server; the agent's model is the fake server, or the
     offline model (what `make run` uses) when `model` is None. `http`: the HTTP port too
     (HTTP_ON: on 127.0.0.1:0). `memory`: MemoryConfig fields to change (e.g. the
-    proposer)."""
+    proposer). `curation`: turns that name no curation mode are curated (the all-in-one
+    server's default, AUTO); off unless asked, so that the other suites' turns leave
+    memory as they find it (turns with CURATION_MODE_AUTO are curated either way)."""
     config = agent_config or AgentConfig(
-        chat_model=replace(AgentConfig().chat_model, timeout_s=30.0)
+        chat_model=replace(AgentConfig().chat_model, timeout_s=30.0),
+        curation_default=None if curation else CurationMode.OFF,
     )
     chat = (
         OpenAIChatModel(

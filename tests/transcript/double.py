@@ -39,6 +39,7 @@ from services.transcript.conversations.model import (
     request_id_reused,
     state_too_large,
 )
+from services.transcript.conversations.store import mark_refused
 from services.transcript.digests.model import GENESIS, ChainLink, body, chain_step, links
 from services.transcript.forks.model import (
     NewFork,
@@ -364,12 +365,34 @@ class InMemoryTranscriptStore:
         after_sequence: int,
         through_sequence: int | None,
         limit: int,
+        retracted_after_version: int = 0,
     ) -> list[Entry] | None:
         stored = self._data.get((namespace, conversation_id))
         if stored is None:
             return None
         high = len(stored.entries) if through_sequence is None else through_sequence
-        return stored.entries[after_sequence:high][:limit]
+        found = stored.entries[after_sequence:high]
+        if retracted_after_version:
+            found = [e for e in found if (e.retracted_version or 0) > retracted_after_version]
+        return found[:limit]
+
+    async def mark_curated(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int, curated_through: int
+    ) -> Conversation:
+        async with self._lock:
+            stored = self._data.get((namespace, conversation_id))
+            found = stored.conversation if stored else None
+            if (
+                stored is None
+                or found is None
+                or incarnation not in (0, found.incarnation)
+                or curated_through > found.last_sequence
+            ):
+                raise mark_refused(found, incarnation)
+            stored.conversation = replace(
+                found, curated_through=max(found.curated_through, curated_through)
+            )
+            return stored.conversation
 
     async def list_conversations(
         self,

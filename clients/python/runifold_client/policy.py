@@ -10,6 +10,14 @@ from runifold.agent.v1 import agent_service_pb2 as agent_pb
 from runifold.common.v1 import common_pb2
 
 SummaryModeName = Literal["require", "auto"]
+# "default": the namespace's (the server's RUNIFOLD_CURATION, RUNIFOLD_CURATION_NAMESPACES).
+CurationModeName = Literal["default", "off", "auto"]
+
+_CURATION = {
+    "default": agent_pb.CURATION_MODE_UNSPECIFIED,
+    "off": agent_pb.CURATION_MODE_OFF,
+    "auto": agent_pb.CURATION_MODE_AUTO,
+}
 
 
 @dataclass(frozen=True)
@@ -27,6 +35,10 @@ class ConversationContextPolicy:
         either mode a turn finds nothing to summarize while the queue keeps up: "auto"
         only pays for a summary when the queue has fallen behind, and a chat loop
         never sees SummaryRequired.
+    curation: "auto" asks for the automatic curation of the conversation into memory
+        once the turn commits (in the background); "off" does not; "default" leaves it
+        to the namespace's default (on in the all-in-one server, off in a service
+        deployed alone unless its operator set it).
 
     The defaults are those of `runifold chat` and `runifold turn` too.
     """
@@ -36,6 +48,13 @@ class ConversationContextPolicy:
     memory_limit: int = 0
     summary_mode: SummaryModeName = "auto"
     max_summary_passes: int = 1
+    curation: CurationModeName = "default"
+
+    def with_curation(self, mode: CurationModeName = "auto") -> ConversationContextPolicy:
+        """The same policy with curation after the turn "auto" (or "off", "default")."""
+        if mode not in _CURATION:
+            raise ValueError("curation must be 'default', 'off' or 'auto'")
+        return replace(self, curation=mode)
 
     def with_semantic_memory(self, limit: int) -> ConversationContextPolicy:
         """The same policy with bounded memory lookup (1..256)."""
@@ -66,6 +85,7 @@ class ConversationContextPolicy:
                 else agent_pb.SUMMARY_MODE_REQUIRE
             ),
             max_summary_passes=self.max_summary_passes,
+            curation=_CURATION[self.curation],
         )
 
 

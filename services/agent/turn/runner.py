@@ -30,6 +30,7 @@ from services.agent.config import AgentConfig
 from services.agent.model import (
     ConcurrencyMode,
     ContextReport,
+    CurationMode,
     EndedState,
     LeaseState,
     ModelOutputInvalid,
@@ -52,6 +53,7 @@ from services.agent.ports import Memories, Summaries, Transcripts
 from services.agent.turn.ahead import job_window_ahead
 from services.agent.turn.budget import TurnBudget
 from services.agent.turn.commit import calling_model, commit, release
+from services.agent.turn.curation import CurationRequests
 from services.agent.turn.lease import LeaseKeeper, ended_error, ended_state, lease_lost
 from services.agent.turn.prompt import build_request, estimate_request_tokens, memory_query
 from services.agent.turn.replay import replay
@@ -94,6 +96,8 @@ class TurnRunner:
     memories: Memories
     model: ChatModel
     config: AgentConfig
+    # Where a committed AUTO turn asks for curation (None: never asked).
+    curation: CurationRequests | None = None
 
     async def events(self, turn: Turn, stream: bool) -> AsyncIterator[TurnEvent]:
         """The turn as events (the request is already checked)."""
@@ -380,6 +384,9 @@ class TurnRunner:
             await self._keep_summary_ahead(
                 turn, conversation_id, summary.through_sequence, appended.last_sequence
             )
+        if turn.policy.curation is CurationMode.AUTO and self.curation is not None:
+            # In the background: the answer does not wait (see turn/curation.py).
+            self.curation.request(namespace, conversation_id)
         yield TurnResult(
             conversation_id=conversation_id,
             conversation_version=appended.version,

@@ -206,48 +206,55 @@ def offline_proposals(
 
     A statement that a related memory already says is DUPLICATE; one that gives an
     exclusive fact (a residence, an employer, a name) another value than an open related
-    memory is SUPERSEDE of it; anything else is ADD. Deterministic: the same entries and
-    memories give the same proposals.
+    memory is SUPERSEDE of it; anything else is ADD. Of several values of one exclusive
+    fact in the entries read ("I live in Oslo", later "I moved to Bergen"), only the
+    latest is proposed: the earlier one was replaced before the range ends, and nothing
+    stored yet could be superseded by the later one (automatic curation reads a batch of
+    turns at once). Deterministic: the same entries and memories give the same proposals.
     """
     stored = [(r, _stored_fact(r.memory.content)) for r in related]
+    said = [
+        (entry, fact)
+        for entry in entries
+        if entry.message.role == Role.USER
+        for fact in _facts(entry.message.text)
+    ]
+    latest = {fact[1]: i for i, (_, fact) in enumerate(said) if fact[0].exclusive}
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for entry in entries:
-        if entry.message.role != Role.USER:
+    for i, (entry, (pattern, key, obj, content)) in enumerate(said):
+        if pattern.exclusive and latest[key] != i:
+            continue  # replaced later in the same range
+        if normalised(content) in seen:
             continue
-        for pattern, key, obj, content in _facts(entry.message.text):
-            if normalised(content) in seen:
-                continue
-            seen.add(normalised(content))
-            topic = key.split(":")[0]
-            action, alias, reason = ADD, None, f"a {topic} the user stated"
-            for memory, parsed in stored:
-                if normalised(memory.memory.content) == normalised(content):
-                    action, alias, reason = DUPLICATE, memory.alias, "already stored"
-                    break
-                if (
-                    pattern.exclusive
-                    and parsed is not None
-                    and parsed[0] == key
-                    and parsed[1] != obj
-                    and memory.memory.valid_until_time is None
-                ):
-                    action, alias = SUPERSEDE, memory.alias
-                    reason = f"the user stated a newer {topic}"
-            items.append(
-                {
-                    "content": content,
-                    "sources": [
-                        {"from_sequence": entry.sequence, "through_sequence": entry.sequence}
-                    ],
-                    "valid_from_time": None,
-                    "action": action,
-                    "related_memory": alias,
-                    "reason": reason,
-                }
-            )
-            if len(items) >= max_proposals:
-                return items
+        seen.add(normalised(content))
+        topic = key.split(":")[0]
+        action, alias, reason = ADD, None, f"a {topic} the user stated"
+        for memory, parsed in stored:
+            if normalised(memory.memory.content) == normalised(content):
+                action, alias, reason = DUPLICATE, memory.alias, "already stored"
+                break
+            if (
+                pattern.exclusive
+                and parsed is not None
+                and parsed[0] == key
+                and parsed[1] != obj
+                and memory.memory.valid_until_time is None
+            ):
+                action, alias = SUPERSEDE, memory.alias
+                reason = f"the user stated a newer {topic}"
+        items.append(
+            {
+                "content": content,
+                "sources": [{"from_sequence": entry.sequence, "through_sequence": entry.sequence}],
+                "valid_from_time": None,
+                "action": action,
+                "related_memory": alias,
+                "reason": reason,
+            }
+        )
+        if len(items) >= max_proposals:
+            return items
     return items
 
 

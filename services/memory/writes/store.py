@@ -74,7 +74,8 @@ class WriteStore(Protocol):
     ) -> Forgotten:
         """Erase every memory with a source range of the conversation overlapping [low, high];
         with an `incarnation`, leave its tombstone (later writes naming it are refused), which
-        adds up what every erasure of the incarnation erased (Forgotten.erasure)."""
+        adds up what every erasure of the incarnation erased (Forgotten.erasure), and
+        delete the conversation's curation jobs and cursor."""
 
     async def forget_external(self, namespace: str, uri: str) -> int:
         """Erase every memory one of whose sources is the external `uri` (exactly); return
@@ -238,6 +239,18 @@ class PostgresWrites:
         async with self.db.connection() as conn, conn.transaction():
             if incarnation:
                 await conn.execute(sql.LOCK_CONVERSATION, (namespace, str(conversation_id)))
+                # Its curation jobs (a running one finds its lease gone and stops; its
+                # batch in flight is refused by the tombstone) and its cursor.
+                await conn.execute(
+                    """DELETE FROM memory.curation_jobs
+                        WHERE namespace = %s AND conversation_id = %s""",
+                    (namespace, conversation_id),
+                )
+                await conn.execute(
+                    """DELETE FROM memory.curation_cursors
+                        WHERE namespace = %s AND conversation_id = %s""",
+                    (namespace, conversation_id),
+                )
             cursor = await conn.execute(
                 sql.ERASE.format(victims=sql.BY_SOURCE, extra=""),
                 {

@@ -77,6 +77,8 @@ class Conversation:
     # The user it belongs to (None: none), and its state as JSON text ("" when not read).
     user_id: str | None = None
     state_json: str = "{}"
+    # Entries through this sequence were read by automatic curation (MarkCurated).
+    curated_through: int = 0
     # Listings only: the start of its first user message (see preview()); "" elsewhere.
     preview: str = ""
     # Set on a fork (ForkConversation): where it came from, and the segments of the prefix
@@ -234,4 +236,24 @@ def request_id_reused(field_name: str = "request_id") -> DomainError:
         "REQUEST_ID_REUSED",
         f"{field_name} was already used with a different payload",
         field=field_name,
+    )
+
+
+def curated_through_out_of_range(last_sequence: int) -> DomainError:
+    """INVALID_ARGUMENT: MarkCurated names a sequence past the transcript's end."""
+    return invalid_argument(
+        "SEQUENCE_OUT_OF_RANGE",
+        f"curated_through is past the last entry ({last_sequence})",
+        field="curated_through",
+        last_sequence=last_sequence,
+    )
+
+
+def incarnation_erased() -> DomainError:
+    """NOT_FOUND: the incarnation a call names is no longer the conversation's (it was
+    erased, perhaps made again under its id: that is another conversation)."""
+    return DomainError(
+        Code.NOT_FOUND,
+        "CONVERSATION_ERASED",
+        "the incarnation named was erased (the conversation may have been made again)",
     )

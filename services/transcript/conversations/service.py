@@ -171,6 +171,27 @@ class Conversations:
             next_token = self.page_tokens.encode("conversations", namespace, request, position)
         return ConversationPage(page, next_token)
 
+    async def mark_curated(
+        self, namespace: str, conversation_id_text: str, incarnation: int, curated_through: int
+    ) -> Conversation:
+        """Record that automatic curation read the conversation through `curated_through`
+        (of `incarnation`, when not 0): monotonic, so a lower value (a late or repeated
+        call) changes nothing; past the last entry is SEQUENCE_OUT_OF_RANGE, another
+        incarnation CONVERSATION_ERASED."""
+        validation.namespace(namespace)
+        cid = conversation_id(conversation_id_text)
+        if incarnation < 0:
+            raise invalid_argument(
+                "INVALID_INCARNATION", "incarnation must not be negative", field="incarnation"
+            )
+        if curated_through < 0:
+            raise invalid_argument(
+                "INVALID_SEQUENCE",
+                "curated_through must not be negative",
+                field="curated_through",
+            )
+        return await self.store.mark_curated(namespace, cid, incarnation, curated_through)
+
     async def list_namespaces(
         self, size: int, token: str, granted: frozenset[str] | None
     ) -> NamespacePage:

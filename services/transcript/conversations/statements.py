@@ -17,12 +17,12 @@ FORK_COLUMNS = (
 )
 CONVERSATION_COLUMNS = (
     "conversation_id, namespace, version, last_sequence, create_time, update_time, labels, "
-    f"incarnation, user_id, state::text, {FORK_COLUMNS}"
+    f"incarnation, user_id, state::text, curated_through, {FORK_COLUMNS}"
 )
 # The same without the state (CONVERSATION_VIEW_BASIC listings): '' in its place.
 CONVERSATION_BASIC_COLUMNS = (
     "conversation_id, namespace, version, last_sequence, create_time, update_time, labels, "
-    f"incarnation, user_id, '', {FORK_COLUMNS}"
+    f"incarnation, user_id, '', curated_through, {FORK_COLUMNS}"
 )
 
 # The state a write would leave in a user's (user_id = the conversation's) or the
@@ -84,6 +84,19 @@ SELECT %(user_state)s::jsonb IS NOT NULL
            AND octet_length({NAMESPACE_STATE_AFTER}::text) > %(max_state_bytes)s
 """
 
+
+# How far curation read the conversation (MarkCurated): monotonic, never past the last
+# entry, only for the incarnation named (0: the current one). Nothing is written when
+# the conversation is elsewhere, another incarnation, or shorter than asked (the store
+# then reads it to say which).
+MARK_CURATED = f"""
+UPDATE transcript.conversations
+   SET curated_through = greatest(curated_through, %(curated_through)s)
+ WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
+   AND (%(incarnation)s::bigint = 0 OR incarnation = %(incarnation)s::bigint)
+   AND %(curated_through)s <= last_sequence
+RETURNING {CONVERSATION_COLUMNS}
+"""
 
 # -- listings ------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import uuid_utils
 from psycopg.types.json import Jsonb
 
 from services.common.domain import Usage
+from services.common.errors import DomainError
 from services.common.postgres.pool import AsyncConn, Database
 from services.transcript.conversations import statements as sql
 from services.transcript.conversations.model import (
@@ -33,6 +34,8 @@ from services.transcript.conversations.model import (
     Segment,
     StateChange,
     conversation_not_found,
+    curated_through_out_of_range,
+    incarnation_erased,
     preview,
     state_too_large,
 )
@@ -95,6 +98,13 @@ class ConversationStore(Protocol):
     async def read_states(self, namespace: str, user_ids: Sequence[str]) -> list[ScopedState]:
         """The stored state documents among these users' ("" for the namespace's)."""
 
+    async def mark_curated(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int, curated_through: int
+    ) -> Conversation:
+        """Raise its `curated_through` to this sequence unless it is already higher (only
+        the `incarnation` named, when not 0); return it. CONVERSATION_NOT_FOUND,
+        CONVERSATION_ERASED (another incarnation) or SEQUENCE_OUT_OF_RANGE writes nothing."""
+
     async def delete_conversation(
         self,
         namespace: str,
@@ -113,7 +123,7 @@ class ConversationStore(Protocol):
 def conversation_from_row(row: Sequence[Any], preview_text: str | None = None) -> Conversation:
     """A conversation from its columns (sql.CONVERSATION_COLUMNS), with a listing's
     preview made of the text its statement read (model.preview)."""
-    origin_id, through, keys, throughs, versions, head_digest = row[10:16]
+    origin_id, through, keys, throughs, versions, head_digest = row[11:17]
     return Conversation(
         row[0],
         row[1],
@@ -125,6 +135,7 @@ def conversation_from_row(row: Sequence[Any], preview_text: str | None = None) -
         row[7],
         row[8],
         row[9],
+        row[10] or 0,
         preview(preview_text) if preview_text else "",
         ForkOrigin(origin_id, through) if origin_id is not None else None,
         prefix_from_columns(keys, throughs, versions),
@@ -161,6 +172,15 @@ def state_parameters(state: StateChange) -> dict[str, Any]:
         "user_state": state.user,
         "namespace_state": state.namespace,
     }
+
+
+def mark_refused(found: Conversation | None, incarnation: int) -> DomainError:
+    """Why MarkCurated wrote nothing, given the conversation as it is now."""
+    if found is None:
+        return conversation_not_found()
+    if incarnation and found.incarnation != incarnation:
+        return incarnation_erased()
+    return curated_through_out_of_range(found.last_sequence)
 
 
 async def read_conversation(
@@ -288,6 +308,25 @@ class PostgresConversations(PostgresBase):
                 (namespace, list(user_ids)),
             )
             return [ScopedState(*row) for row in await cursor.fetchall()]
+
+    async def mark_curated(
+        self, namespace: str, conversation_id: uuid.UUID, incarnation: int, curated_through: int
+    ) -> Conversation:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                sql.MARK_CURATED,
+                {
+                    "namespace": namespace,
+                    "conversation_id": conversation_id,
+                    "incarnation": incarnation,
+                    "curated_through": curated_through,
+                },
+            )
+            row = await cursor.fetchone()
+            if row is not None:
+                return conversation_from_row(row)
+            found = await read_conversation(conn, namespace, conversation_id)
+        raise mark_refused(found, incarnation)
 
     async def delete_conversation(
         self,

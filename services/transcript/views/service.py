@@ -42,8 +42,10 @@ class Views:
         through_sequence: int,
         size: int,
         token: str,
+        retracted_after_version: int = 0,
     ) -> EntryPage:
-        """A page of entries in sequence order (AIP-158)."""
+        """A page of entries in sequence order (AIP-158); with `retracted_after_version`,
+        only the entries a write after that version retracted."""
         validation.namespace(namespace)
         cid = conversation_id(conversation_id_text)
         if after_sequence < 0 or through_sequence < 0:
@@ -52,17 +54,26 @@ class Views:
                 "sequences must not be negative",
                 field="after_sequence" if after_sequence < 0 else "through_sequence",
             )
+        if retracted_after_version < 0:
+            raise invalid_argument(
+                "INVALID_VERSION",
+                "retracted_after_version must not be negative",
+                field="retracted_after_version",
+            )
         limit = page_size(size)
-        request = {
+        request: dict[str, object] = {
             "conversation_id": str(cid),
             "after": after_sequence,
             "through": through_sequence,
         }
+        # Only when given: a token of a plain listing stays valid across an upgrade.
+        if retracted_after_version:
+            request["retracted_after_version"] = retracted_after_version
         after = after_sequence
         if token:
             after = int(self.page_tokens.decode(token, "entries", namespace, request)["after"])
         entries = await self.store.list_entries(
-            namespace, cid, after, through_sequence or None, limit + 1
+            namespace, cid, after, through_sequence or None, limit + 1, retracted_after_version
         )
         if entries is None:
             raise conversation_not_found()

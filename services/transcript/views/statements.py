@@ -7,7 +7,7 @@ column lists and subqueries defined here and in conversations/statements.py.
 
 from __future__ import annotations
 
-from services.transcript.conversations.statements import FORK_COLUMNS
+from services.transcript.conversations.statements import FORK_COLUMNS, KEY
 
 ENTRY_COLUMNS = (
     "e.sequence, e.role, e.text, e.tool_calls, e.tool_call_id, e.metadata, e.created_at, "
@@ -54,7 +54,7 @@ WITH c AS MATERIALIZED (
     SELECT conversation_key, version, last_sequence, incarnation,
            greatest(1, last_sequence - %(window)s + 1) AS low,
            conversation_id, namespace, create_time, update_time, labels, user_id,
-           state::text AS state_text, {FORK_COLUMNS}
+           state::text AS state_text, curated_through, {FORK_COLUMNS}
       FROM transcript.conversations
      WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
 ), a AS MATERIALIZED (
@@ -77,9 +77,9 @@ WITH c AS MATERIALIZED (
 )
 SELECT c.version, c.last_sequence, c.incarnation, a.*, e.*,
        c.conversation_id, c.namespace, c.version, c.last_sequence, c.create_time,
-       c.update_time, c.labels, c.incarnation, c.user_id, c.state_text, c.fork_origin_id,
-       c.fork_through, c.prefix_keys, c.prefix_through, c.prefix_versions, c.head_digest,
-       c.conversation_key
+       c.update_time, c.labels, c.incarnation, c.user_id, c.state_text, c.curated_through,
+       c.fork_origin_id, c.fork_through, c.prefix_keys, c.prefix_through, c.prefix_versions,
+       c.head_digest, c.conversation_key
   FROM c LEFT JOIN a ON true LEFT JOIN e ON true
  ORDER BY e.sequence
 """
@@ -145,6 +145,27 @@ SELECT coalesce(a.version, f.version) AS version,
            AND last_sequence >= e.sequence AND first_sequence <= e.sequence
          ORDER BY last_sequence
          LIMIT 1) AS f ON true
+ ORDER BY e.sequence
+ LIMIT %(limit)s
+"""
+
+
+# A page of the entries that writes after a version retracted: the writes found through
+# appends_retracted (only those that retracted anything, after the version), their
+# sequences looked up by the entries' primary key. The cost grows with those writes and
+# the entries returned, never with the transcript's length.
+LIST_RETRACTED_ENTRIES = f"""
+WITH c AS MATERIALIZED ({KEY.strip()[1:-1]}
+), s AS (
+    SELECT DISTINCT unnest(a.retracted) AS sequence
+      FROM transcript.appends AS a
+     WHERE a.conversation_key = (SELECT conversation_key FROM c)
+       AND a.version > %(retracted_after)s AND a.retracted IS NOT NULL
+)
+SELECT {ENTRY_COLUMNS}
+  FROM transcript.entries AS e JOIN s USING (sequence)
+ WHERE e.conversation_key = (SELECT conversation_key FROM c)
+   AND e.sequence > %(after)s AND e.sequence <= %(through)s
  ORDER BY e.sequence
  LIMIT %(limit)s
 """

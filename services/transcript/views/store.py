@@ -52,8 +52,11 @@ class ViewStore(Protocol):
         after_sequence: int,
         through_sequence: int | None,
         limit: int,
+        retracted_after_version: int = 0,
     ) -> list[Entry] | None:
-        """Up to `limit` entries after a sequence; None when the conversation is missing."""
+        """Up to `limit` entries after a sequence (only those a write after
+        `retracted_after_version` retracted, when it is not 0); None when the conversation
+        is missing."""
 
 
 def entry_from_row(row: Sequence[Any]) -> Entry:
@@ -190,14 +193,14 @@ class PostgresViews(PostgresBase):
             first = rows[0]
             prior = record_from_row(first[3:11]) if first[3] is not None else None
             entries = [entry_from_row(row[11:21]) for row in rows if row[11] is not None]
-            conversation = conversation_from_row(first[21:37])
+            conversation = conversation_from_row(first[21:38])
             if conversation.prefix:
                 # A fork: what the view reads of its shared prefix lies in its lineage's rows.
                 ranges = view_ranges(first[1], window, summary_batch, summarized_through)
                 shared = prefix_ranges(conversation.prefix_end, ranges)
                 if shared:
                     read = await read_prefix(
-                        conn, conversation.prefix, first[37], shared, SEQUENCE_MAX
+                        conn, conversation.prefix, first[38], shared, SEQUENCE_MAX
                     )
                     entries = sorted(
                         [entry_from_row(row[2:12]) for row in read] + entries,
@@ -212,16 +215,18 @@ class PostgresViews(PostgresBase):
         after_sequence: int,
         through_sequence: int | None,
         limit: int,
+        retracted_after_version: int = 0,
     ) -> list[Entry] | None:
         async with self.db.connection() as conn:
             cursor = await conn.execute(
-                sql.LIST_ENTRIES,
+                sql.LIST_RETRACTED_ENTRIES if retracted_after_version else sql.LIST_ENTRIES,
                 {
                     "namespace": namespace,
                     "conversation_id": conversation_id,
                     "after": after_sequence,
                     "limit": limit,
                     "through": SEQUENCE_MAX if through_sequence is None else through_sequence,
+                    "retracted_after": retracted_after_version,
                 },
             )
             rows = await cursor.fetchall()

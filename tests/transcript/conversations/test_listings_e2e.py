@@ -148,3 +148,21 @@ async def test_conversations_newest_first_with_their_previews_over_json(
         token,
     )
     assert [c["conversationId"] for c in rest.body["conversations"]] == [made[0]]
+
+
+async def test_the_python_client_lists_namespaces_and_conversations_newest_first(
+    guarded: RunningServer, namespace: str
+) -> None:
+    from runifold_client import AsyncClient
+
+    token = jwt_token(SECRET, namespace, f"{namespace}-none")
+    async with AsyncClient(guarded.address, namespace=namespace, token=token) as client:
+        made = [(await client.create_conversation()).conversation_id for _ in range(3)]
+        for i, cid in enumerate(made):
+            await client.append(cid, [f"question {i}"])
+        assert [n async for n in client.list_namespaces(page_size=1)] == [namespace]
+        newest = [c async for c in client.list_conversations(newest_first=True, page_size=2)]
+        assert [c.conversation_id for c in newest] == made[::-1]
+        assert [c.preview for c in newest] == ["question 2", "question 1", "question 0"]
+        oldest = [c.conversation_id async for c in client.list_conversations()]
+        assert oldest == sorted(made)

@@ -311,6 +311,31 @@ class MemoryCalls(Connection):
             _confirm(self._ns(namespace), proposal, request_id, metadata),
         )
 
+    async def request_curation(
+        self, conversation_id: str, *, namespace: str | None = None
+    ) -> memory_pb.RequestCurationResponse:
+        """Queue the automatic curation of a conversation: a background job stores the facts
+        of the entries after its `curated_through`, each with its exact source range
+        (duplicates skipped, changed facts superseded). One waiting job per conversation:
+        a repeat returns it (`created` False). ResourceExhausted (CURATION_QUEUE_FULL)
+        when the namespace has its most jobs waiting."""
+        return await self._call(
+            self.memories.RequestCuration,
+            memory_pb.RequestCurationRequest(
+                namespace=self._ns(namespace), conversation_id=conversation_id
+            ),
+        )
+
+    async def curation_backlog(
+        self, *, namespace: str | None = None
+    ) -> memory_pb.GetCurationBacklogResponse:
+        """The namespace's curation queue (depth, oldest age, parked and running jobs) and
+        what its curation spent this hour (model calls, tokens, memories stored)."""
+        return await self._call(
+            self.memories.GetCurationBacklog,
+            memory_pb.GetCurationBacklogRequest(namespace=self._ns(namespace)),
+        )
+
     async def memory_revisions(
         self, memory_id: str, *, namespace: str | None = None
     ) -> AsyncIterator[memory_pb.MemoryRevision]:

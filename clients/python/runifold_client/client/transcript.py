@@ -117,9 +117,11 @@ class TranscriptCalls(Connection):
         page_size: int = PAGE_SIZE,
         user_id: str = "",
         with_state: bool = False,
+        newest_first: bool = False,
     ) -> AsyncIterator[transcript_pb.Conversation]:
         """Every conversation of a namespace (only a user's, with `user_id`), in id order
-        (oldest first), page by page; with their state when asked (at most 50 a page)."""
+        (oldest first) or newest first, page by page, each with the preview of its first
+        user message; with their state when asked (at most 50 a page)."""
         view = (
             transcript_pb.CONVERSATION_VIEW_FULL
             if with_state
@@ -134,9 +136,28 @@ class TranscriptCalls(Connection):
                     page_token=token,
                     user_id=user_id,
                     view=view,
+                    order=(
+                        transcript_pb.CONVERSATION_ORDER_NEWEST_FIRST
+                        if newest_first
+                        else transcript_pb.CONVERSATION_ORDER_ID
+                    ),
                 ),
             ),
             lambda page: page.conversations,
+        )
+        async for item in pages:
+            yield item
+
+    async def list_namespaces(self, *, page_size: int = PAGE_SIZE) -> AsyncIterator[str]:
+        """The namespaces that hold conversations among those the caller may read (its
+        identity's grants; every one when the server has no authentication), in name
+        order, page by page."""
+        pages = self._pages(
+            lambda token: self._call(
+                self.transcripts.ListNamespaces,
+                transcript_pb.ListNamespacesRequest(page_size=page_size, page_token=token),
+            ),
+            lambda page: page.namespaces,
         )
         async for item in pages:
             yield item
@@ -384,6 +405,29 @@ class TranscriptCalls(Connection):
             ),
         )
         return reply.receipt
+
+    async def mark_curated(
+        self,
+        conversation_id: str,
+        curated_through: int,
+        *,
+        incarnation: int = 0,
+        namespace: str | None = None,
+    ) -> transcript_pb.Conversation:
+        """Record how far automatic curation read the conversation (its
+        `curated_through`): monotonic, never past the last entry, only for `incarnation`
+        (0: the current one). MemoryService's curation jobs call it; an application that
+        curates its own way may too, so that AUTO curation starts after what it did."""
+        reply = await self._call(
+            self.transcripts.MarkCurated,
+            transcript_pb.MarkCuratedRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id,
+                incarnation=incarnation,
+                curated_through=curated_through,
+            ),
+        )
+        return reply.conversation
 
     async def acquire_turn_lease(
         self,

@@ -42,6 +42,16 @@ type MemoryServiceClient interface {
 	// source names the conversation's incarnation; a conversation erased (or
 	// erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
 	ProposeMemories(ctx context.Context, in *ProposeMemoriesRequest, opts ...grpc.CallOption) (*ProposeMemoriesResponse, error)
+	// Asks for the automatic curation of a conversation: a durable background job
+	// proposes facts from the entries after the conversation's `curated_through`
+	// (TranscriptService), stores them with their exact source ranges (duplicates
+	// skipped, changed facts superseded) and advances `curated_through`. One
+	// waiting or running job per conversation: a repeat returns it (a running one
+	// runs again when it finishes). AgentService calls it after a turn whose
+	// policy says CURATION_MODE_AUTO.
+	RequestCuration(ctx context.Context, in *RequestCurationRequest, opts ...grpc.CallOption) (*RequestCurationResponse, error)
+	// Reports the curation job queue of a namespace and its hourly budget.
+	GetCurationBacklog(ctx context.Context, in *GetCurationBacklogRequest, opts ...grpc.CallOption) (*GetCurationBacklogResponse, error)
 	// What the erasure of one incarnation of a conversation (ForgetSource with
 	// an `incarnation`) erased, over all its calls, and whether the vector
 	// index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
@@ -136,6 +146,24 @@ func (c *memoryServiceClient) ProposeMemories(ctx context.Context, in *ProposeMe
 	return out, nil
 }
 
+func (c *memoryServiceClient) RequestCuration(ctx context.Context, in *RequestCurationRequest, opts ...grpc.CallOption) (*RequestCurationResponse, error) {
+	out := new(RequestCurationResponse)
+	err := c.cc.Invoke(ctx, "/runifold.memory.v1.MemoryService/RequestCuration", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *memoryServiceClient) GetCurationBacklog(ctx context.Context, in *GetCurationBacklogRequest, opts ...grpc.CallOption) (*GetCurationBacklogResponse, error) {
+	out := new(GetCurationBacklogResponse)
+	err := c.cc.Invoke(ctx, "/runifold.memory.v1.MemoryService/GetCurationBacklog", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *memoryServiceClient) GetMemoryErasure(ctx context.Context, in *GetMemoryErasureRequest, opts ...grpc.CallOption) (*GetMemoryErasureResponse, error) {
 	out := new(GetMemoryErasureResponse)
 	err := c.cc.Invoke(ctx, "/runifold.memory.v1.MemoryService/GetMemoryErasure", in, out, opts...)
@@ -206,6 +234,16 @@ type MemoryServiceServer interface {
 	// source names the conversation's incarnation; a conversation erased (or
 	// erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
 	ProposeMemories(context.Context, *ProposeMemoriesRequest) (*ProposeMemoriesResponse, error)
+	// Asks for the automatic curation of a conversation: a durable background job
+	// proposes facts from the entries after the conversation's `curated_through`
+	// (TranscriptService), stores them with their exact source ranges (duplicates
+	// skipped, changed facts superseded) and advances `curated_through`. One
+	// waiting or running job per conversation: a repeat returns it (a running one
+	// runs again when it finishes). AgentService calls it after a turn whose
+	// policy says CURATION_MODE_AUTO.
+	RequestCuration(context.Context, *RequestCurationRequest) (*RequestCurationResponse, error)
+	// Reports the curation job queue of a namespace and its hourly budget.
+	GetCurationBacklog(context.Context, *GetCurationBacklogRequest) (*GetCurationBacklogResponse, error)
 	// What the erasure of one incarnation of a conversation (ForgetSource with
 	// an `incarnation`) erased, over all its calls, and whether the vector
 	// index has caught up with it. NOT_FOUND / ERASURE_NOT_FOUND when none is
@@ -248,6 +286,12 @@ func (UnimplementedMemoryServiceServer) ListMemoryRevisions(context.Context, *Li
 }
 func (UnimplementedMemoryServiceServer) ProposeMemories(context.Context, *ProposeMemoriesRequest) (*ProposeMemoriesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ProposeMemories not implemented")
+}
+func (UnimplementedMemoryServiceServer) RequestCuration(context.Context, *RequestCurationRequest) (*RequestCurationResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RequestCuration not implemented")
+}
+func (UnimplementedMemoryServiceServer) GetCurationBacklog(context.Context, *GetCurationBacklogRequest) (*GetCurationBacklogResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetCurationBacklog not implemented")
 }
 func (UnimplementedMemoryServiceServer) GetMemoryErasure(context.Context, *GetMemoryErasureRequest) (*GetMemoryErasureResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetMemoryErasure not implemented")
@@ -412,6 +456,42 @@ func _MemoryService_ProposeMemories_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MemoryService_RequestCuration_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RequestCurationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MemoryServiceServer).RequestCuration(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.memory.v1.MemoryService/RequestCuration",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MemoryServiceServer).RequestCuration(ctx, req.(*RequestCurationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MemoryService_GetCurationBacklog_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetCurationBacklogRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MemoryServiceServer).GetCurationBacklog(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.memory.v1.MemoryService/GetCurationBacklog",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MemoryServiceServer).GetCurationBacklog(ctx, req.(*GetCurationBacklogRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _MemoryService_GetMemoryErasure_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetMemoryErasureRequest)
 	if err := dec(in); err != nil {
@@ -486,6 +566,14 @@ var _MemoryService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ProposeMemories",
 			Handler:    _MemoryService_ProposeMemories_Handler,
+		},
+		{
+			MethodName: "RequestCuration",
+			Handler:    _MemoryService_RequestCuration_Handler,
+		},
+		{
+			MethodName: "GetCurationBacklog",
+			Handler:    _MemoryService_GetCurationBacklog_Handler,
 		},
 		{
 			MethodName: "GetMemoryErasure",

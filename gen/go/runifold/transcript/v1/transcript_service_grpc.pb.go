@@ -62,6 +62,12 @@ type TranscriptServiceClient interface {
 	// RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
 	// last sequence received: nothing is missed and nothing repeats.
 	WatchConversation(ctx context.Context, in *WatchConversationRequest, opts ...grpc.CallOption) (TranscriptService_WatchConversationClient, error)
+	// Records how far automatic curation has read a conversation
+	// (Conversation.curated_through): monotonic (a lower value changes nothing),
+	// never past the last entry, and only for the incarnation named (an erased
+	// one is NOT_FOUND / CONVERSATION_ERASED). MemoryService's curation jobs
+	// call it after they store what a batch of entries stated.
+	MarkCurated(ctx context.Context, in *MarkCuratedRequest, opts ...grpc.CallOption) (*MarkCuratedResponse, error)
 	// Lists the namespaces that hold conversations, among those the caller may
 	// read: with authentication on, only namespaces its identity grants (every
 	// namespace for a "*" grant); with it off, every namespace. In name order,
@@ -226,6 +232,15 @@ func (x *transcriptServiceWatchConversationClient) Recv() (*WatchConversationRes
 	return m, nil
 }
 
+func (c *transcriptServiceClient) MarkCurated(ctx context.Context, in *MarkCuratedRequest, opts ...grpc.CallOption) (*MarkCuratedResponse, error) {
+	out := new(MarkCuratedResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/MarkCurated", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *transcriptServiceClient) ListNamespaces(ctx context.Context, in *ListNamespacesRequest, opts ...grpc.CallOption) (*ListNamespacesResponse, error) {
 	out := new(ListNamespacesResponse)
 	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/ListNamespaces", in, out, opts...)
@@ -320,6 +335,12 @@ type TranscriptServiceServer interface {
 	// RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
 	// last sequence received: nothing is missed and nothing repeats.
 	WatchConversation(*WatchConversationRequest, TranscriptService_WatchConversationServer) error
+	// Records how far automatic curation has read a conversation
+	// (Conversation.curated_through): monotonic (a lower value changes nothing),
+	// never past the last entry, and only for the incarnation named (an erased
+	// one is NOT_FOUND / CONVERSATION_ERASED). MemoryService's curation jobs
+	// call it after they store what a batch of entries stated.
+	MarkCurated(context.Context, *MarkCuratedRequest) (*MarkCuratedResponse, error)
 	// Lists the namespaces that hold conversations, among those the caller may
 	// read: with authentication on, only namespaces its identity grants (every
 	// namespace for a "*" grant); with it off, every namespace. In name order,
@@ -385,6 +406,9 @@ func (UnimplementedTranscriptServiceServer) ReleaseTurnLease(context.Context, *R
 }
 func (UnimplementedTranscriptServiceServer) WatchConversation(*WatchConversationRequest, TranscriptService_WatchConversationServer) error {
 	return status.Errorf(codes.Unimplemented, "method WatchConversation not implemented")
+}
+func (UnimplementedTranscriptServiceServer) MarkCurated(context.Context, *MarkCuratedRequest) (*MarkCuratedResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method MarkCurated not implemented")
 }
 func (UnimplementedTranscriptServiceServer) ListNamespaces(context.Context, *ListNamespacesRequest) (*ListNamespacesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListNamespaces not implemented")
@@ -633,6 +657,24 @@ func (x *transcriptServiceWatchConversationServer) Send(m *WatchConversationResp
 	return x.ServerStream.SendMsg(m)
 }
 
+func _TranscriptService_MarkCurated_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MarkCuratedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).MarkCurated(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/MarkCurated",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).MarkCurated(ctx, req.(*MarkCuratedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _TranscriptService_ListNamespaces_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListNamespacesRequest)
 	if err := dec(in); err != nil {
@@ -770,6 +812,10 @@ var _TranscriptService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReleaseTurnLease",
 			Handler:    _TranscriptService_ReleaseTurnLease_Handler,
+		},
+		{
+			MethodName: "MarkCurated",
+			Handler:    _TranscriptService_MarkCurated_Handler,
 		},
 		{
 			MethodName: "ListNamespaces",

@@ -147,6 +147,46 @@ running turn with the same turn_id.
 """
 Global___TurnStage: _TypeAlias = TurnStage  # noqa: Y015
 
+class _CurationMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CurationModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CurationMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CURATION_MODE_UNSPECIFIED: _CurationMode.ValueType  # 0
+    """The namespace's default (AgentService's RUNIFOLD_CURATION and
+    RUNIFOLD_CURATION_NAMESPACES).
+    """
+    CURATION_MODE_OFF: _CurationMode.ValueType  # 1
+    """Nothing is curated after this turn (facts still reach memory through
+    UpsertMemory, ProposeMemories, or RequestCuration).
+    """
+    CURATION_MODE_AUTO: _CurationMode.ValueType  # 2
+    """After the turn commits, a curation job is requested
+    (MemoryService.RequestCuration, in the background: the turn does not wait
+    for it). The job proposes facts from the entries after the conversation's
+    `curated_through` and stores them with their exact source ranges.
+    """
+
+class CurationMode(_CurationMode, metaclass=_CurationModeEnumTypeWrapper):
+    """Whether a turn's entries are curated into semantic memory after it commits."""
+
+CURATION_MODE_UNSPECIFIED: CurationMode.ValueType  # 0
+"""The namespace's default (AgentService's RUNIFOLD_CURATION and
+RUNIFOLD_CURATION_NAMESPACES).
+"""
+CURATION_MODE_OFF: CurationMode.ValueType  # 1
+"""Nothing is curated after this turn (facts still reach memory through
+UpsertMemory, ProposeMemories, or RequestCuration).
+"""
+CURATION_MODE_AUTO: CurationMode.ValueType  # 2
+"""After the turn commits, a curation job is requested
+(MemoryService.RequestCuration, in the background: the turn does not wait
+for it). The job proposes facts from the entries after the conversation's
+`curated_through` and stores them with their exact source ranges.
+"""
+Global___CurationMode: _TypeAlias = CurationMode  # noqa: Y015
+
 @_typing.final
 class ContextPolicy(_message.Message):
     """Bounds of the context a turn gives the model."""
@@ -158,6 +198,7 @@ class ContextPolicy(_message.Message):
     MEMORY_LIMIT_FIELD_NUMBER: _builtins.int
     SUMMARY_MODE_FIELD_NUMBER: _builtins.int
     MAX_SUMMARY_PASSES_FIELD_NUMBER: _builtins.int
+    CURATION_FIELD_NUMBER: _builtins.int
     window: _builtins.int
     """Recent entries given verbatim, 1..4096. 0 means 16."""
     summary_batch: _builtins.int
@@ -168,6 +209,12 @@ class ContextPolicy(_message.Message):
     """Summary behaviour."""
     max_summary_passes: _builtins.int
     """Passes allowed in SUMMARY_MODE_AUTO, 1..64. 0 means 1."""
+    curation: Global___CurationMode.ValueType
+    """Whether the turn's entries are curated into memory after it commits.
+    CURATION_MODE_UNSPECIFIED takes the namespace's default
+    (RUNIFOLD_CURATION, RUNIFOLD_CURATION_NAMESPACES: on in the all-in-one
+    server, off in a service deployed alone).
+    """
     def __init__(
         self,
         *,
@@ -176,10 +223,11 @@ class ContextPolicy(_message.Message):
         memory_limit: _builtins.int = ...,
         summary_mode: Global___SummaryMode.ValueType = ...,
         max_summary_passes: _builtins.int = ...,
+        curation: Global___CurationMode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_summary_passes", b"max_summary_passes", "memory_limit", b"memory_limit", "summary_batch", b"summary_batch", "summary_mode", b"summary_mode", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["curation", b"curation", "max_summary_passes", b"max_summary_passes", "memory_limit", b"memory_limit", "summary_batch", b"summary_batch", "summary_mode", b"summary_mode", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .memory_service_pb2 import DeleteMemoryRequest, DeleteMemoryResponse, ForgetSourceRequest, ForgetSourceResponse, GetMemoryErasureRequest, GetMemoryErasureResponse, GetMemoryRequest, GetMemoryResponse, ListMemoriesRequest, ListMemoriesResponse, ListMemoryRevisionsRequest, ListMemoryRevisionsResponse, ProposeMemoriesRequest, ProposeMemoriesResponse, SearchMemoriesRequest, SearchMemoriesResponse, UpsertMemoryRequest, UpsertMemoryResponse, WatchMemoriesRequest, WatchMemoriesResponse
+from .memory_service_pb2 import DeleteMemoryRequest, DeleteMemoryResponse, ForgetSourceRequest, ForgetSourceResponse, GetCurationBacklogRequest, GetCurationBacklogResponse, GetMemoryErasureRequest, GetMemoryErasureResponse, GetMemoryRequest, GetMemoryResponse, ListMemoriesRequest, ListMemoriesResponse, ListMemoryRevisionsRequest, ListMemoryRevisionsResponse, ProposeMemoriesRequest, ProposeMemoriesResponse, RequestCurationRequest, RequestCurationResponse, SearchMemoriesRequest, SearchMemoriesResponse, UpsertMemoryRequest, UpsertMemoryResponse, WatchMemoriesRequest, WatchMemoriesResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -108,6 +108,24 @@ class MemoryService(Protocol):
         the application confirms a proposal by sending it to UpsertMemory. Every
         source names the conversation's incarnation; a conversation erased (or
         erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def request_curation(self, request: RequestCurationRequest, ctx: RequestContext[RequestCurationRequest, RequestCurationResponse], /) -> RequestCurationResponse:
+        """
+        Asks for the automatic curation of a conversation: a durable background job
+        proposes facts from the entries after the conversation's `curated_through`
+        (TranscriptService), stores them with their exact source ranges (duplicates
+        skipped, changed facts superseded) and advances `curated_through`. One
+        waiting or running job per conversation: a repeat returns it (a running one
+        runs again when it finishes). AgentService calls it after a turn whose
+        policy says CURATION_MODE_AUTO.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def get_curation_backlog(self, request: GetCurationBacklogRequest, ctx: RequestContext[GetCurationBacklogRequest, GetCurationBacklogResponse], /) -> GetCurationBacklogResponse:
+        """
+        Reports the curation job queue of a namespace and its hourly budget.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -232,6 +250,28 @@ class MemoryServiceASGIApplication(ConnectASGIApplication[MemoryService]):
                         stream_type=StreamType.UNARY,
                     ),
                     function=svc.propose_memories,
+                ),
+                "/runifold.memory.v1.MemoryService/RequestCuration": Endpoint.unary(
+                    method=MethodInfo(
+                        name="RequestCuration",
+                        service_name="runifold.memory.v1.MemoryService",
+                        input=RequestCurationRequest,
+                        output=RequestCurationResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.request_curation,
+                ),
+                "/runifold.memory.v1.MemoryService/GetCurationBacklog": Endpoint.unary(
+                    method=MethodInfo(
+                        name="GetCurationBacklog",
+                        service_name="runifold.memory.v1.MemoryService",
+                        input=GetCurationBacklogRequest,
+                        output=GetCurationBacklogResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.get_curation_backlog,
                 ),
                 "/runifold.memory.v1.MemoryService/GetMemoryErasure": Endpoint.unary(
                     method=MethodInfo(
@@ -502,6 +542,58 @@ class MemoryServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def request_curation(
+        self,
+        request: RequestCurationRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> RequestCurationResponse:
+        """
+        Asks for the automatic curation of a conversation: a durable background job
+        proposes facts from the entries after the conversation's `curated_through`
+        (TranscriptService), stores them with their exact source ranges (duplicates
+        skipped, changed facts superseded) and advances `curated_through`. One
+        waiting or running job per conversation: a repeat returns it (a running one
+        runs again when it finishes). AgentService calls it after a turn whose
+        policy says CURATION_MODE_AUTO.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="RequestCuration",
+                service_name="runifold.memory.v1.MemoryService",
+                input=RequestCurationRequest,
+                output=RequestCurationResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def get_curation_backlog(
+        self,
+        request: GetCurationBacklogRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> GetCurationBacklogResponse:
+        """
+        Reports the curation job queue of a namespace and its hourly budget.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetCurationBacklog",
+                service_name="runifold.memory.v1.MemoryService",
+                input=GetCurationBacklogRequest,
+                output=GetCurationBacklogResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
     async def get_memory_erasure(
         self,
         request: GetMemoryErasureRequest,
@@ -631,6 +723,24 @@ class MemoryServiceSync(Protocol):
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
+    def request_curation(self, request: RequestCurationRequest, ctx: RequestContext[RequestCurationRequest, RequestCurationResponse], /) -> RequestCurationResponse:
+        """
+        Asks for the automatic curation of a conversation: a durable background job
+        proposes facts from the entries after the conversation's `curated_through`
+        (TranscriptService), stores them with their exact source ranges (duplicates
+        skipped, changed facts superseded) and advances `curated_through`. One
+        waiting or running job per conversation: a repeat returns it (a running one
+        runs again when it finishes). AgentService calls it after a turn whose
+        policy says CURATION_MODE_AUTO.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def get_curation_backlog(self, request: GetCurationBacklogRequest, ctx: RequestContext[GetCurationBacklogRequest, GetCurationBacklogResponse], /) -> GetCurationBacklogResponse:
+        """
+        Reports the curation job queue of a namespace and its hourly budget.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
     def get_memory_erasure(self, request: GetMemoryErasureRequest, ctx: RequestContext[GetMemoryErasureRequest, GetMemoryErasureResponse], /) -> GetMemoryErasureResponse:
         """
         What the erasure of one incarnation of a conversation (ForgetSource with
@@ -750,6 +860,28 @@ class MemoryServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.UNARY,
                     ),
                     function=service.propose_memories,
+                ),
+                "/runifold.memory.v1.MemoryService/RequestCuration": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="RequestCuration",
+                        service_name="runifold.memory.v1.MemoryService",
+                        input=RequestCurationRequest,
+                        output=RequestCurationResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.request_curation,
+                ),
+                "/runifold.memory.v1.MemoryService/GetCurationBacklog": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="GetCurationBacklog",
+                        service_name="runifold.memory.v1.MemoryService",
+                        input=GetCurationBacklogRequest,
+                        output=GetCurationBacklogResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.get_curation_backlog,
                 ),
                 "/runifold.memory.v1.MemoryService/GetMemoryErasure": EndpointSync.unary(
                     method=MethodInfo(
@@ -1014,6 +1146,58 @@ class MemoryServiceClientSync(ConnectClientSync):
                 service_name="runifold.memory.v1.MemoryService",
                 input=ProposeMemoriesRequest,
                 output=ProposeMemoriesResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def request_curation(
+        self,
+        request: RequestCurationRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> RequestCurationResponse:
+        """
+        Asks for the automatic curation of a conversation: a durable background job
+        proposes facts from the entries after the conversation's `curated_through`
+        (TranscriptService), stores them with their exact source ranges (duplicates
+        skipped, changed facts superseded) and advances `curated_through`. One
+        waiting or running job per conversation: a repeat returns it (a running one
+        runs again when it finishes). AgentService calls it after a turn whose
+        policy says CURATION_MODE_AUTO.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="RequestCuration",
+                service_name="runifold.memory.v1.MemoryService",
+                input=RequestCurationRequest,
+                output=RequestCurationResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def get_curation_backlog(
+        self,
+        request: GetCurationBacklogRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> GetCurationBacklogResponse:
+        """
+        Reports the curation job queue of a namespace and its hourly budget.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetCurationBacklog",
+                service_name="runifold.memory.v1.MemoryService",
+                input=GetCurationBacklogRequest,
+                output=GetCurationBacklogResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
             ),

@@ -106,6 +106,42 @@ PROPOSAL_ACTION_DUPLICATE: ProposalAction.ValueType  # 3
 """Already stored as `related_memory_ids[0]`: nothing to write."""
 Global___ProposalAction: _TypeAlias = ProposalAction  # noqa: Y015
 
+class _CurationJobState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CurationJobStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CurationJobState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CURATION_JOB_STATE_UNSPECIFIED: _CurationJobState.ValueType  # 0
+    """Not used."""
+    CURATION_JOB_STATE_PENDING: _CurationJobState.ValueType  # 1
+    """Waiting for a worker (possibly after a failed attempt, or until the
+    namespace's hourly budget allows it: see `last_error`).
+    """
+    CURATION_JOB_STATE_RUNNING: _CurationJobState.ValueType  # 2
+    """Claimed by a worker."""
+    CURATION_JOB_STATE_DONE: _CurationJobState.ValueType  # 3
+    """Finished: every entry through the conversation's last sequence was curated."""
+    CURATION_JOB_STATE_FAILED: _CurationJobState.ValueType  # 4
+    """Parked after too many failed attempts (RUNIFOLD_CURATION_JOB_MAX_FAILURES)."""
+
+class CurationJobState(_CurationJobState, metaclass=_CurationJobStateEnumTypeWrapper):
+    """State of a curation job."""
+
+CURATION_JOB_STATE_UNSPECIFIED: CurationJobState.ValueType  # 0
+"""Not used."""
+CURATION_JOB_STATE_PENDING: CurationJobState.ValueType  # 1
+"""Waiting for a worker (possibly after a failed attempt, or until the
+namespace's hourly budget allows it: see `last_error`).
+"""
+CURATION_JOB_STATE_RUNNING: CurationJobState.ValueType  # 2
+"""Claimed by a worker."""
+CURATION_JOB_STATE_DONE: CurationJobState.ValueType  # 3
+"""Finished: every entry through the conversation's last sequence was curated."""
+CURATION_JOB_STATE_FAILED: CurationJobState.ValueType  # 4
+"""Parked after too many failed attempts (RUNIFOLD_CURATION_JOB_MAX_FAILURES)."""
+Global___CurationJobState: _TypeAlias = CurationJobState  # noqa: Y015
+
 class _MemoryEventKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -1259,6 +1295,188 @@ class ProposeMemoriesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ProposeMemoriesResponse: _TypeAlias = ProposeMemoriesResponse  # noqa: Y015
+
+@_typing.final
+class RequestCurationRequest(_message.Message):
+    """Request of RequestCuration."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace of the conversation."""
+    conversation_id: _builtins.str
+    """UUID of the conversation to curate."""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequestCurationRequest: _TypeAlias = RequestCurationRequest  # noqa: Y015
+
+@_typing.final
+class CurationJob(_message.Message):
+    """A background curation job of one conversation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """Job identifier (UUID)."""
+    conversation_id: _builtins.str
+    """UUID of the conversation."""
+    namespace: _builtins.str
+    """Namespace that owns it."""
+    state: Global___CurationJobState.ValueType
+    """Current state."""
+    attempts: _builtins.int
+    """Attempts made so far."""
+    incarnation: _builtins.int
+    """The conversation's incarnation it curates (Conversation.incarnation)."""
+    last_error: _builtins.str
+    """Why its last attempt did not finish (an ErrorInfo reason such as
+    CURATION_BUDGET_EXHAUSTED or LEASE_EXPIRED); empty when none failed.
+    """
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was created."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        state: Global___CurationJobState.ValueType = ...,
+        attempts: _builtins.int = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        incarnation: _builtins.int = ...,
+        last_error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "conversation_id", b"conversation_id", "create_time", b"create_time", "incarnation", b"incarnation", "job_id", b"job_id", "last_error", b"last_error", "namespace", b"namespace", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CurationJob: _TypeAlias = CurationJob  # noqa: Y015
+
+@_typing.final
+class RequestCurationResponse(_message.Message):
+    """Response of RequestCuration."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    created: _builtins.bool
+    """False when the conversation already had a waiting or running job."""
+    @_builtins.property
+    def job(self) -> Global___CurationJob:
+        """The waiting or running job of the conversation."""
+
+    def __init__(
+        self,
+        *,
+        job: Global___CurationJob | None = ...,
+        created: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "job", b"job"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequestCurationResponse: _TypeAlias = RequestCurationResponse  # noqa: Y015
+
+@_typing.final
+class GetCurationBacklogRequest(_message.Message):
+    """Request of GetCurationBacklog."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace to report on."""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCurationBacklogRequest: _TypeAlias = GetCurationBacklogRequest  # noqa: Y015
+
+@_typing.final
+class GetCurationBacklogResponse(_message.Message):
+    """Response of GetCurationBacklog."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEPTH_FIELD_NUMBER: _builtins.int
+    OLDEST_PENDING_AGE_FIELD_NUMBER: _builtins.int
+    FAILED_COUNT_FIELD_NUMBER: _builtins.int
+    RUNNING_COUNT_FIELD_NUMBER: _builtins.int
+    MODEL_CALLS_THIS_HOUR_FIELD_NUMBER: _builtins.int
+    TOKENS_THIS_HOUR_FIELD_NUMBER: _builtins.int
+    FACTS_THIS_HOUR_FIELD_NUMBER: _builtins.int
+    depth: _builtins.int
+    """Jobs waiting or running."""
+    failed_count: _builtins.int
+    """Jobs parked after too many failures."""
+    running_count: _builtins.int
+    """Jobs claimed by a worker right now."""
+    model_calls_this_hour: _builtins.int
+    """Model calls charged to the namespace's curation in the current hour
+    (RUNIFOLD_CURATION_MAX_MODEL_CALLS_PER_HOUR).
+    """
+    tokens_this_hour: _builtins.int
+    """Tokens (input and output) charged in the current hour
+    (RUNIFOLD_CURATION_MAX_TOKENS_PER_HOUR).
+    """
+    facts_this_hour: _builtins.int
+    """Memories curated in the current hour (added or superseding)."""
+    @_builtins.property
+    def oldest_pending_age(self) -> _duration_pb2.Duration:
+        """Age of the oldest waiting or running job; zero when the queue is empty."""
+
+    def __init__(
+        self,
+        *,
+        depth: _builtins.int = ...,
+        oldest_pending_age: _duration_pb2.Duration | None = ...,
+        failed_count: _builtins.int = ...,
+        running_count: _builtins.int = ...,
+        model_calls_this_hour: _builtins.int = ...,
+        tokens_this_hour: _builtins.int = ...,
+        facts_this_hour: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["oldest_pending_age", b"oldest_pending_age"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["depth", b"depth", "facts_this_hour", b"facts_this_hour", "failed_count", b"failed_count", "model_calls_this_hour", b"model_calls_this_hour", "oldest_pending_age", b"oldest_pending_age", "running_count", b"running_count", "tokens_this_hour", b"tokens_this_hour"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCurationBacklogResponse: _TypeAlias = GetCurationBacklogResponse  # noqa: Y015
 
 @_typing.final
 class MemoryErasure(_message.Message):

@@ -88,6 +88,16 @@ class MemoryServiceStub:
                 request_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ProposeMemoriesRequest.SerializeToString,
                 response_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ProposeMemoriesResponse.FromString,
                 _registered_method=True)
+        self.RequestCuration = channel.unary_unary(
+                '/runifold.memory.v1.MemoryService/RequestCuration',
+                request_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.RequestCurationRequest.SerializeToString,
+                response_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.RequestCurationResponse.FromString,
+                _registered_method=True)
+        self.GetCurationBacklog = channel.unary_unary(
+                '/runifold.memory.v1.MemoryService/GetCurationBacklog',
+                request_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetCurationBacklogRequest.SerializeToString,
+                response_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetCurationBacklogResponse.FromString,
+                _registered_method=True)
         self.GetMemoryErasure = channel.unary_unary(
                 '/runifold.memory.v1.MemoryService/GetMemoryErasure',
                 request_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetMemoryErasureRequest.SerializeToString,
@@ -182,6 +192,26 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RequestCuration(self, request, context):
+        """Asks for the automatic curation of a conversation: a durable background job
+        proposes facts from the entries after the conversation's `curated_through`
+        (TranscriptService), stores them with their exact source ranges (duplicates
+        skipped, changed facts superseded) and advances `curated_through`. One
+        waiting or running job per conversation: a repeat returns it (a running one
+        runs again when it finishes). AgentService calls it after a turn whose
+        policy says CURATION_MODE_AUTO.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCurationBacklog(self, request, context):
+        """Reports the curation job queue of a namespace and its hourly budget.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetMemoryErasure(self, request, context):
         """What the erasure of one incarnation of a conversation (ForgetSource with
         an `incarnation`) erased, over all its calls, and whether the vector
@@ -246,6 +276,16 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.ProposeMemories,
                     request_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ProposeMemoriesRequest.FromString,
                     response_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.ProposeMemoriesResponse.SerializeToString,
+            ),
+            'RequestCuration': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequestCuration,
+                    request_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.RequestCurationRequest.FromString,
+                    response_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.RequestCurationResponse.SerializeToString,
+            ),
+            'GetCurationBacklog': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCurationBacklog,
+                    request_deserializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetCurationBacklogRequest.FromString,
+                    response_serializer=runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetCurationBacklogResponse.SerializeToString,
             ),
             'GetMemoryErasure': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMemoryErasure,
@@ -488,6 +528,60 @@ class MemoryService:
             '/runifold.memory.v1.MemoryService/ProposeMemories',
             runifold_dot_memory_dot_v1_dot_memory__service__pb2.ProposeMemoriesRequest.SerializeToString,
             runifold_dot_memory_dot_v1_dot_memory__service__pb2.ProposeMemoriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequestCuration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.memory.v1.MemoryService/RequestCuration',
+            runifold_dot_memory_dot_v1_dot_memory__service__pb2.RequestCurationRequest.SerializeToString,
+            runifold_dot_memory_dot_v1_dot_memory__service__pb2.RequestCurationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCurationBacklog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.memory.v1.MemoryService/GetCurationBacklog',
+            runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetCurationBacklogRequest.SerializeToString,
+            runifold_dot_memory_dot_v1_dot_memory__service__pb2.GetCurationBacklogResponse.FromString,
             options,
             channel_credentials,
             insecure,

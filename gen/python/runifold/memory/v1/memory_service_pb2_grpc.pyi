@@ -76,6 +76,17 @@ class MemoryServiceStub:
     source names the conversation's incarnation; a conversation erased (or
     erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
     """
+    RequestCuration: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.RequestCurationRequest, _memory_service_pb2.RequestCurationResponse]
+    """Asks for the automatic curation of a conversation: a durable background job
+    proposes facts from the entries after the conversation's `curated_through`
+    (TranscriptService), stores them with their exact source ranges (duplicates
+    skipped, changed facts superseded) and advances `curated_through`. One
+    waiting or running job per conversation: a repeat returns it (a running one
+    runs again when it finishes). AgentService calls it after a turn whose
+    policy says CURATION_MODE_AUTO.
+    """
+    GetCurationBacklog: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.GetCurationBacklogRequest, _memory_service_pb2.GetCurationBacklogResponse]
+    """Reports the curation job queue of a namespace and its hourly budget."""
     GetMemoryErasure: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryErasureRequest, _memory_service_pb2.GetMemoryErasureResponse]
     """What the erasure of one incarnation of a conversation (ForgetSource with
     an `incarnation`) erased, over all its calls, and whether the vector
@@ -139,6 +150,17 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     source names the conversation's incarnation; a conversation erased (or
     erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
     """
+    RequestCuration: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.RequestCurationRequest, _memory_service_pb2.RequestCurationResponse]  # type: ignore[assignment]
+    """Asks for the automatic curation of a conversation: a durable background job
+    proposes facts from the entries after the conversation's `curated_through`
+    (TranscriptService), stores them with their exact source ranges (duplicates
+    skipped, changed facts superseded) and advances `curated_through`. One
+    waiting or running job per conversation: a repeat returns it (a running one
+    runs again when it finishes). AgentService calls it after a turn whose
+    policy says CURATION_MODE_AUTO.
+    """
+    GetCurationBacklog: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.GetCurationBacklogRequest, _memory_service_pb2.GetCurationBacklogResponse]  # type: ignore[assignment]
+    """Reports the curation job queue of a namespace and its hourly budget."""
     GetMemoryErasure: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryErasureRequest, _memory_service_pb2.GetMemoryErasureResponse]  # type: ignore[assignment]
     """What the erasure of one incarnation of a conversation (ForgetSource with
     an `incarnation`) erased, over all its calls, and whether the vector
@@ -247,6 +269,29 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         source names the conversation's incarnation; a conversation erased (or
         erased and created again) while it runs is NOT_FOUND / CONVERSATION_ERASED.
         """
+
+    @_abc_1.abstractmethod
+    def RequestCuration(
+        self,
+        request: _memory_service_pb2.RequestCurationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_service_pb2.RequestCurationResponse, _abc.Awaitable[_memory_service_pb2.RequestCurationResponse]]:
+        """Asks for the automatic curation of a conversation: a durable background job
+        proposes facts from the entries after the conversation's `curated_through`
+        (TranscriptService), stores them with their exact source ranges (duplicates
+        skipped, changed facts superseded) and advances `curated_through`. One
+        waiting or running job per conversation: a repeat returns it (a running one
+        runs again when it finishes). AgentService calls it after a turn whose
+        policy says CURATION_MODE_AUTO.
+        """
+
+    @_abc_1.abstractmethod
+    def GetCurationBacklog(
+        self,
+        request: _memory_service_pb2.GetCurationBacklogRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_service_pb2.GetCurationBacklogResponse, _abc.Awaitable[_memory_service_pb2.GetCurationBacklogResponse]]:
+        """Reports the curation job queue of a namespace and its hourly budget."""
 
     @_abc_1.abstractmethod
     def GetMemoryErasure(

@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, ForkConversationRequest, ForkConversationResponse, GetConversationRequest, GetConversationResponse, GetErasureReceiptRequest, GetErasureReceiptResponse, GetStateRequest, GetStateResponse, ListAppendsRequest, ListAppendsResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, ListNamespacesRequest, ListNamespacesResponse, LoadViewRequest, LoadViewResponse, RecordErasureReceiptRequest, RecordErasureReceiptResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
+from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, ForkConversationRequest, ForkConversationResponse, GetConversationRequest, GetConversationResponse, GetErasureReceiptRequest, GetErasureReceiptResponse, GetStateRequest, GetStateResponse, ListAppendsRequest, ListAppendsResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, ListNamespacesRequest, ListNamespacesResponse, LoadViewRequest, LoadViewResponse, MarkCuratedRequest, MarkCuratedResponse, RecordErasureReceiptRequest, RecordErasureReceiptResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -146,6 +146,16 @@ class TranscriptService(Protocol):
         `Erased` when it is erased. A stream that ends with UNAVAILABLE or
         RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
         last sequence received: nothing is missed and nothing repeats.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def mark_curated(self, request: MarkCuratedRequest, ctx: RequestContext[MarkCuratedRequest, MarkCuratedResponse], /) -> MarkCuratedResponse:
+        """
+        Records how far automatic curation has read a conversation
+        (Conversation.curated_through): monotonic (a lower value changes nothing),
+        never past the last entry, and only for the incarnation named (an erased
+        one is NOT_FOUND / CONVERSATION_ERASED). MemoryService's curation jobs
+        call it after they store what a batch of entries stated.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -337,6 +347,17 @@ class TranscriptServiceASGIApplication(ConnectASGIApplication[TranscriptService]
                         stream_type=StreamType.SERVER_STREAM,
                     ),
                     function=svc.watch_conversation,
+                ),
+                "/runifold.transcript.v1.TranscriptService/MarkCurated": Endpoint.unary(
+                    method=MethodInfo(
+                        name="MarkCurated",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=MarkCuratedRequest,
+                        output=MarkCuratedResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.mark_curated,
                 ),
                 "/runifold.transcript.v1.TranscriptService/ListNamespaces": Endpoint.unary(
                     method=MethodInfo(
@@ -746,6 +767,33 @@ class TranscriptServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def mark_curated(
+        self,
+        request: MarkCuratedRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> MarkCuratedResponse:
+        """
+        Records how far automatic curation has read a conversation
+        (Conversation.curated_through): monotonic (a lower value changes nothing),
+        never past the last entry, and only for the incarnation named (an erased
+        one is NOT_FOUND / CONVERSATION_ERASED). MemoryService's curation jobs
+        call it after they store what a batch of entries stated.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="MarkCurated",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=MarkCuratedRequest,
+                output=MarkCuratedResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
     async def list_namespaces(
         self,
         request: ListNamespacesRequest,
@@ -987,6 +1035,16 @@ class TranscriptServiceSync(Protocol):
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
+    def mark_curated(self, request: MarkCuratedRequest, ctx: RequestContext[MarkCuratedRequest, MarkCuratedResponse], /) -> MarkCuratedResponse:
+        """
+        Records how far automatic curation has read a conversation
+        (Conversation.curated_through): monotonic (a lower value changes nothing),
+        never past the last entry, and only for the incarnation named (an erased
+        one is NOT_FOUND / CONVERSATION_ERASED). MemoryService's curation jobs
+        call it after they store what a batch of entries stated.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
     def list_namespaces(self, request: ListNamespacesRequest, ctx: RequestContext[ListNamespacesRequest, ListNamespacesResponse], /) -> ListNamespacesResponse:
         """
         Lists the namespaces that hold conversations, among those the caller may
@@ -1173,6 +1231,17 @@ class TranscriptServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.SERVER_STREAM,
                     ),
                     function=service.watch_conversation,
+                ),
+                "/runifold.transcript.v1.TranscriptService/MarkCurated": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="MarkCurated",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=MarkCuratedRequest,
+                        output=MarkCuratedResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.mark_curated,
                 ),
                 "/runifold.transcript.v1.TranscriptService/ListNamespaces": EndpointSync.unary(
                     method=MethodInfo(
@@ -1578,6 +1647,33 @@ class TranscriptServiceClientSync(ConnectClientSync):
                 output=WatchConversationResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.SERVER_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def mark_curated(
+        self,
+        request: MarkCuratedRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> MarkCuratedResponse:
+        """
+        Records how far automatic curation has read a conversation
+        (Conversation.curated_through): monotonic (a lower value changes nothing),
+        never past the last entry, and only for the incarnation named (an erased
+        one is NOT_FOUND / CONVERSATION_ERASED). MemoryService's curation jobs
+        call it after they store what a batch of entries stated.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="MarkCurated",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=MarkCuratedRequest,
+                output=MarkCuratedResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
             ),
             headers=headers,
             timeout_ms=timeout_ms,

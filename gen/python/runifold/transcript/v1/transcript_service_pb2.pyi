@@ -200,6 +200,7 @@ class Conversation(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     USER_ID_FIELD_NUMBER: _builtins.int
     STATE_JSON_FIELD_NUMBER: _builtins.int
+    CURATED_THROUGH_FIELD_NUMBER: _builtins.int
     PREVIEW_FIELD_NUMBER: _builtins.int
     FORK_ORIGIN_FIELD_NUMBER: _builtins.int
     HEAD_DIGEST_FIELD_NUMBER: _builtins.int
@@ -225,6 +226,11 @@ class Conversation(_message.Message):
     state_json: _builtins.str
     """The conversation's state, a JSON object ("{}" when nothing was set), at
     `version`. Empty in ListConversations unless CONVERSATION_VIEW_FULL.
+    """
+    curated_through: _builtins.int
+    """Entries through this sequence have been read by automatic curation
+    (MemoryService: what they state is in memory, with its sources). 0: none
+    yet. Monotonic within an incarnation; set by MarkCurated.
     """
     preview: _builtins.str
     """The text of its first user message, clipped to 200 characters (an
@@ -269,13 +275,14 @@ class Conversation(_message.Message):
         incarnation: _builtins.int = ...,
         user_id: _builtins.str = ...,
         state_json: _builtins.str = ...,
+        curated_through: _builtins.int = ...,
         preview: _builtins.str = ...,
         fork_origin: Global___ForkOrigin | None = ...,
         head_digest: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "fork_origin", b"fork_origin", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "fork_origin", b"fork_origin", "head_digest", b"head_digest", "incarnation", b"incarnation", "labels", b"labels", "last_sequence", b"last_sequence", "namespace", b"namespace", "preview", b"preview", "state_json", b"state_json", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "curated_through", b"curated_through", "fork_origin", b"fork_origin", "head_digest", b"head_digest", "incarnation", b"incarnation", "labels", b"labels", "last_sequence", b"last_sequence", "namespace", b"namespace", "preview", b"preview", "state_json", b"state_json", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -620,6 +627,7 @@ class ListEntriesRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     THROUGH_SEQUENCE_FIELD_NUMBER: _builtins.int
+    RETRACTED_AFTER_VERSION_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID of the conversation."""
     namespace: _builtins.str
@@ -632,6 +640,13 @@ class ListEntriesRequest(_message.Message):
     """Opaque token from a previous response; the other fields must not change."""
     through_sequence: _builtins.int
     """Only entries up to this sequence (inclusive). 0 means no upper bound."""
+    retracted_after_version: _builtins.int
+    """When set, only the entries a write after this version retracted (their
+    `retracted_version` is greater). Found through the writes that retracted
+    something (transcript migration 0005): its cost grows with those writes
+    and the entries returned, never with the transcript's length. Writes
+    recorded before that migration are not seen.
+    """
     def __init__(
         self,
         *,
@@ -641,10 +656,11 @@ class ListEntriesRequest(_message.Message):
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
         through_sequence: _builtins.int = ...,
+        retracted_after_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_sequence", b"after_sequence", "conversation_id", b"conversation_id", "namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token", "through_sequence", b"through_sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_sequence", b"after_sequence", "conversation_id", b"conversation_id", "namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token", "retracted_after_version", b"retracted_after_version", "through_sequence", b"through_sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1746,6 +1762,66 @@ class Erased(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Erased: _TypeAlias = Erased  # noqa: Y015
+
+@_typing.final
+class MarkCuratedRequest(_message.Message):
+    """Request of MarkCurated."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    CURATED_THROUGH_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """UUID of the conversation."""
+    namespace: _builtins.str
+    """Namespace that owns it."""
+    incarnation: _builtins.int
+    """The incarnation that was read (Conversation.incarnation); 0: the current one."""
+    curated_through: _builtins.int
+    """Entries through this sequence were curated; at most `last_sequence`."""
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        curated_through: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "curated_through", b"curated_through", "incarnation", b"incarnation", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MarkCuratedRequest: _TypeAlias = MarkCuratedRequest  # noqa: Y015
+
+@_typing.final
+class MarkCuratedResponse(_message.Message):
+    """Response of MarkCurated."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def conversation(self) -> Global___Conversation:
+        """The conversation, with its `curated_through` (the larger of the stored
+        value and the one sent).
+        """
+
+    def __init__(
+        self,
+        *,
+        conversation: Global___Conversation | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MarkCuratedResponse: _TypeAlias = MarkCuratedResponse  # noqa: Y015
 
 @_typing.final
 class ListNamespacesRequest(_message.Message):

@@ -110,6 +110,11 @@ class TranscriptServiceStub:
                 request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationRequest.SerializeToString,
                 response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationResponse.FromString,
                 _registered_method=True)
+        self.MarkCurated = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/MarkCurated',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.MarkCuratedRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.MarkCuratedResponse.FromString,
+                _registered_method=True)
         self.ListNamespaces = channel.unary_unary(
                 '/runifold.transcript.v1.TranscriptService/ListNamespaces',
                 request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListNamespacesRequest.SerializeToString,
@@ -261,6 +266,17 @@ class TranscriptServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MarkCurated(self, request, context):
+        """Records how far automatic curation has read a conversation
+        (Conversation.curated_through): monotonic (a lower value changes nothing),
+        never past the last entry, and only for the incarnation named (an erased
+        one is NOT_FOUND / CONVERSATION_ERASED). MemoryService's curation jobs
+        call it after they store what a batch of entries stated.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListNamespaces(self, request, context):
         """Lists the namespaces that hold conversations, among those the caller may
         read: with authentication on, only namespaces its identity grants (every
@@ -371,6 +387,11 @@ def add_TranscriptServiceServicer_to_server(servicer, server):
                     servicer.WatchConversation,
                     request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationRequest.FromString,
                     response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationResponse.SerializeToString,
+            ),
+            'MarkCurated': grpc.unary_unary_rpc_method_handler(
+                    servicer.MarkCurated,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.MarkCuratedRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.MarkCuratedResponse.SerializeToString,
             ),
             'ListNamespaces': grpc.unary_unary_rpc_method_handler(
                     servicer.ListNamespaces,
@@ -738,6 +759,33 @@ class TranscriptService:
             '/runifold.transcript.v1.TranscriptService/WatchConversation',
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationRequest.SerializeToString,
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchConversationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MarkCurated(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/MarkCurated',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.MarkCuratedRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.MarkCuratedResponse.FromString,
             options,
             channel_credentials,
             insecure,

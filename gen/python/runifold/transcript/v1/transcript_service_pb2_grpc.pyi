@@ -102,6 +102,13 @@ class TranscriptServiceStub:
     RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
     last sequence received: nothing is missed and nothing repeats.
     """
+    MarkCurated: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.MarkCuratedRequest, _transcript_service_pb2.MarkCuratedResponse]
+    """Records how far automatic curation has read a conversation
+    (Conversation.curated_through): monotonic (a lower value changes nothing),
+    never past the last entry, and only for the incarnation named (an erased
+    one is NOT_FOUND / CONVERSATION_ERASED). MemoryService's curation jobs
+    call it after they store what a batch of entries stated.
+    """
     ListNamespaces: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ListNamespacesRequest, _transcript_service_pb2.ListNamespacesResponse]
     """Lists the namespaces that hold conversations, among those the caller may
     read: with authentication on, only namespaces its identity grants (every
@@ -203,6 +210,13 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     `Erased` when it is erased. A stream that ends with UNAVAILABLE or
     RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
     last sequence received: nothing is missed and nothing repeats.
+    """
+    MarkCurated: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.MarkCuratedRequest, _transcript_service_pb2.MarkCuratedResponse]  # type: ignore[assignment]
+    """Records how far automatic curation has read a conversation
+    (Conversation.curated_through): monotonic (a lower value changes nothing),
+    never past the last entry, and only for the incarnation named (an erased
+    one is NOT_FOUND / CONVERSATION_ERASED). MemoryService's curation jobs
+    call it after they store what a batch of entries stated.
     """
     ListNamespaces: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ListNamespacesRequest, _transcript_service_pb2.ListNamespacesResponse]  # type: ignore[assignment]
     """Lists the namespaces that hold conversations, among those the caller may
@@ -374,6 +388,19 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         `Erased` when it is erased. A stream that ends with UNAVAILABLE or
         RESOURCE_EXHAUSTED / WATCHER_TOO_SLOW is resumed by watching again from the
         last sequence received: nothing is missed and nothing repeats.
+        """
+
+    @_abc_1.abstractmethod
+    def MarkCurated(
+        self,
+        request: _transcript_service_pb2.MarkCuratedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.MarkCuratedResponse, _abc.Awaitable[_transcript_service_pb2.MarkCuratedResponse]]:
+        """Records how far automatic curation has read a conversation
+        (Conversation.curated_through): monotonic (a lower value changes nothing),
+        never past the last entry, and only for the incarnation named (an erased
+        one is NOT_FOUND / CONVERSATION_ERASED). MemoryService's curation jobs
+        call it after they store what a batch of entries stated.
         """
 
     @_abc_1.abstractmethod

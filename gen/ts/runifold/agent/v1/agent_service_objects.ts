@@ -99,6 +99,32 @@ export type TurnStage =
 export type TurnStage__Output = typeof TurnStage[keyof typeof TurnStage];
 
 /**
+ * Whether a turn's entries are curated into semantic memory after it commits.
+ *
+ * @generated from enum runifold.agent.v1.CurationMode
+ */
+export const CurationMode = {
+  CURATION_MODE_UNSPECIFIED: 'CURATION_MODE_UNSPECIFIED',
+  CURATION_MODE_OFF: 'CURATION_MODE_OFF',
+  CURATION_MODE_AUTO: 'CURATION_MODE_AUTO',
+} as const;
+
+/**
+ * Whether a turn's entries are curated into semantic memory after it commits.
+ *
+ * @generated from enum runifold.agent.v1.CurationMode
+ */
+export type CurationMode =
+  | 'CURATION_MODE_UNSPECIFIED'
+  | 0
+  | 'CURATION_MODE_OFF'
+  | 1
+  | 'CURATION_MODE_AUTO'
+  | 2
+
+export type CurationMode__Output = typeof CurationMode[keyof typeof CurationMode];
+
+/**
  * Bounds of the context a turn gives the model.
  *
  * @generated from message runifold.agent.v1.ContextPolicy
@@ -134,6 +160,15 @@ export interface ContextPolicy {
    * @generated from field: int32 max_summary_passes = 5;
    */
   'max_summary_passes'?: (number);
+  /**
+   * Whether the turn's entries are curated into memory after it commits.
+   * CURATION_MODE_UNSPECIFIED takes the namespace's default
+   * (RUNIFOLD_CURATION, RUNIFOLD_CURATION_NAMESPACES: on in the all-in-one
+   * server, off in a service deployed alone).
+   *
+   * @generated from field: runifold.agent.v1.CurationMode curation = 6;
+   */
+  'curation'?: (CurationMode);
 }
 
 /**
@@ -172,6 +207,15 @@ export interface ContextPolicy__Output {
    * @generated from field: int32 max_summary_passes = 5;
    */
   'max_summary_passes': (number);
+  /**
+   * Whether the turn's entries are curated into memory after it commits.
+   * CURATION_MODE_UNSPECIFIED takes the namespace's default
+   * (RUNIFOLD_CURATION, RUNIFOLD_CURATION_NAMESPACES: on in the all-in-one
+   * server, off in a service deployed alone).
+   *
+   * @generated from field: runifold.agent.v1.CurationMode curation = 6;
+   */
+  'curation': (CurationMode__Output);
 }
 
 /**

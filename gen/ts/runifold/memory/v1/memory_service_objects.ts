@@ -91,6 +91,38 @@ export type ProposalAction =
 export type ProposalAction__Output = typeof ProposalAction[keyof typeof ProposalAction];
 
 /**
+ * State of a curation job.
+ *
+ * @generated from enum runifold.memory.v1.CurationJobState
+ */
+export const CurationJobState = {
+  CURATION_JOB_STATE_UNSPECIFIED: 'CURATION_JOB_STATE_UNSPECIFIED',
+  CURATION_JOB_STATE_PENDING: 'CURATION_JOB_STATE_PENDING',
+  CURATION_JOB_STATE_RUNNING: 'CURATION_JOB_STATE_RUNNING',
+  CURATION_JOB_STATE_DONE: 'CURATION_JOB_STATE_DONE',
+  CURATION_JOB_STATE_FAILED: 'CURATION_JOB_STATE_FAILED',
+} as const;
+
+/**
+ * State of a curation job.
+ *
+ * @generated from enum runifold.memory.v1.CurationJobState
+ */
+export type CurationJobState =
+  | 'CURATION_JOB_STATE_UNSPECIFIED'
+  | 0
+  | 'CURATION_JOB_STATE_PENDING'
+  | 1
+  | 'CURATION_JOB_STATE_RUNNING'
+  | 2
+  | 'CURATION_JOB_STATE_DONE'
+  | 3
+  | 'CURATION_JOB_STATE_FAILED'
+  | 4
+
+export type CurationJobState__Output = typeof CurationJobState[keyof typeof CurationJobState];
+
+/**
  * What a change did to a memory.
  *
  * @generated from enum runifold.memory.v1.MemoryEventKind
@@ -1893,6 +1925,332 @@ export interface ProposeMemoriesResponse__Output {
 }
 
 /**
+ * Request of RequestCuration.
+ *
+ * @generated from message runifold.memory.v1.RequestCurationRequest
+ */
+export interface RequestCurationRequest {
+  /**
+   * Namespace of the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace'?: (string);
+  /**
+   * UUID of the conversation to curate.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id'?: (string);
+}
+
+/**
+ * Request of RequestCuration.
+ *
+ * @generated from message runifold.memory.v1.RequestCurationRequest
+ */
+export interface RequestCurationRequest__Output {
+  /**
+   * Namespace of the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace': (string);
+  /**
+   * UUID of the conversation to curate.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id': (string);
+}
+
+/**
+ * A background curation job of one conversation.
+ *
+ * @generated from message runifold.memory.v1.CurationJob
+ */
+export interface CurationJob {
+  /**
+   * Job identifier (UUID).
+   *
+   * @generated from field: string job_id = 1;
+   */
+  'job_id'?: (string);
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id'?: (string);
+  /**
+   * Namespace that owns it.
+   *
+   * @generated from field: string namespace = 3;
+   */
+  'namespace'?: (string);
+  /**
+   * Current state.
+   *
+   * @generated from field: runifold.memory.v1.CurationJobState state = 4;
+   */
+  'state'?: (CurationJobState);
+  /**
+   * Attempts made so far.
+   *
+   * @generated from field: int32 attempts = 5;
+   */
+  'attempts'?: (number);
+  /**
+   * When it was created.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 6;
+   */
+  'create_time'?: (Timestamp | null);
+  /**
+   * The conversation's incarnation it curates (Conversation.incarnation).
+   *
+   * @generated from field: int64 incarnation = 7;
+   */
+  'incarnation'?: (number | string | bigint);
+  /**
+   * Why its last attempt did not finish (an ErrorInfo reason such as
+   * CURATION_BUDGET_EXHAUSTED or LEASE_EXPIRED); empty when none failed.
+   *
+   * @generated from field: string last_error = 8;
+   */
+  'last_error'?: (string);
+}
+
+/**
+ * A background curation job of one conversation.
+ *
+ * @generated from message runifold.memory.v1.CurationJob
+ */
+export interface CurationJob__Output {
+  /**
+   * Job identifier (UUID).
+   *
+   * @generated from field: string job_id = 1;
+   */
+  'job_id': (string);
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id': (string);
+  /**
+   * Namespace that owns it.
+   *
+   * @generated from field: string namespace = 3;
+   */
+  'namespace': (string);
+  /**
+   * Current state.
+   *
+   * @generated from field: runifold.memory.v1.CurationJobState state = 4;
+   */
+  'state': (CurationJobState__Output);
+  /**
+   * Attempts made so far.
+   *
+   * @generated from field: int32 attempts = 5;
+   */
+  'attempts': (number);
+  /**
+   * When it was created.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 6;
+   */
+  'create_time': (Timestamp__Output | null);
+  /**
+   * The conversation's incarnation it curates (Conversation.incarnation).
+   *
+   * @generated from field: int64 incarnation = 7;
+   */
+  'incarnation': (number);
+  /**
+   * Why its last attempt did not finish (an ErrorInfo reason such as
+   * CURATION_BUDGET_EXHAUSTED or LEASE_EXPIRED); empty when none failed.
+   *
+   * @generated from field: string last_error = 8;
+   */
+  'last_error': (string);
+}
+
+/**
+ * Response of RequestCuration.
+ *
+ * @generated from message runifold.memory.v1.RequestCurationResponse
+ */
+export interface RequestCurationResponse {
+  /**
+   * The waiting or running job of the conversation.
+   *
+   * @generated from field: runifold.memory.v1.CurationJob job = 1;
+   */
+  'job'?: (CurationJob | null);
+  /**
+   * False when the conversation already had a waiting or running job.
+   *
+   * @generated from field: bool created = 2;
+   */
+  'created'?: (boolean);
+}
+
+/**
+ * Response of RequestCuration.
+ *
+ * @generated from message runifold.memory.v1.RequestCurationResponse
+ */
+export interface RequestCurationResponse__Output {
+  /**
+   * The waiting or running job of the conversation.
+   *
+   * @generated from field: runifold.memory.v1.CurationJob job = 1;
+   */
+  'job': (CurationJob__Output | null);
+  /**
+   * False when the conversation already had a waiting or running job.
+   *
+   * @generated from field: bool created = 2;
+   */
+  'created': (boolean);
+}
+
+/**
+ * Request of GetCurationBacklog.
+ *
+ * @generated from message runifold.memory.v1.GetCurationBacklogRequest
+ */
+export interface GetCurationBacklogRequest {
+  /**
+   * Namespace to report on.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace'?: (string);
+}
+
+/**
+ * Request of GetCurationBacklog.
+ *
+ * @generated from message runifold.memory.v1.GetCurationBacklogRequest
+ */
+export interface GetCurationBacklogRequest__Output {
+  /**
+   * Namespace to report on.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace': (string);
+}
+
+/**
+ * Response of GetCurationBacklog.
+ *
+ * @generated from message runifold.memory.v1.GetCurationBacklogResponse
+ */
+export interface GetCurationBacklogResponse {
+  /**
+   * Jobs waiting or running.
+   *
+   * @generated from field: int64 depth = 1;
+   */
+  'depth'?: (number | string | bigint);
+  /**
+   * Age of the oldest waiting or running job; zero when the queue is empty.
+   *
+   * @generated from field: google.protobuf.Duration oldest_pending_age = 2;
+   */
+  'oldest_pending_age'?: (Duration | null);
+  /**
+   * Jobs parked after too many failures.
+   *
+   * @generated from field: int64 failed_count = 3;
+   */
+  'failed_count'?: (number | string | bigint);
+  /**
+   * Jobs claimed by a worker right now.
+   *
+   * @generated from field: int64 running_count = 4;
+   */
+  'running_count'?: (number | string | bigint);
+  /**
+   * Model calls charged to the namespace's curation in the current hour
+   * (RUNIFOLD_CURATION_MAX_MODEL_CALLS_PER_HOUR).
+   *
+   * @generated from field: int64 model_calls_this_hour = 5;
+   */
+  'model_calls_this_hour'?: (number | string | bigint);
+  /**
+   * Tokens (input and output) charged in the current hour
+   * (RUNIFOLD_CURATION_MAX_TOKENS_PER_HOUR).
+   *
+   * @generated from field: int64 tokens_this_hour = 6;
+   */
+  'tokens_this_hour'?: (number | string | bigint);
+  /**
+   * Memories curated in the current hour (added or superseding).
+   *
+   * @generated from field: int64 facts_this_hour = 7;
+   */
+  'facts_this_hour'?: (number | string | bigint);
+}
+
+/**
+ * Response of GetCurationBacklog.
+ *
+ * @generated from message runifold.memory.v1.GetCurationBacklogResponse
+ */
+export interface GetCurationBacklogResponse__Output {
+  /**
+   * Jobs waiting or running.
+   *
+   * @generated from field: int64 depth = 1;
+   */
+  'depth': (number);
+  /**
+   * Age of the oldest waiting or running job; zero when the queue is empty.
+   *
+   * @generated from field: google.protobuf.Duration oldest_pending_age = 2;
+   */
+  'oldest_pending_age': (Duration__Output | null);
+  /**
+   * Jobs parked after too many failures.
+   *
+   * @generated from field: int64 failed_count = 3;
+   */
+  'failed_count': (number);
+  /**
+   * Jobs claimed by a worker right now.
+   *
+   * @generated from field: int64 running_count = 4;
+   */
+  'running_count': (number);
+  /**
+   * Model calls charged to the namespace's curation in the current hour
+   * (RUNIFOLD_CURATION_MAX_MODEL_CALLS_PER_HOUR).
+   *
+   * @generated from field: int64 model_calls_this_hour = 5;
+   */
+  'model_calls_this_hour': (number);
+  /**
+   * Tokens (input and output) charged in the current hour
+   * (RUNIFOLD_CURATION_MAX_TOKENS_PER_HOUR).
+   *
+   * @generated from field: int64 tokens_this_hour = 6;
+   */
+  'tokens_this_hour': (number);
+  /**
+   * Memories curated in the current hour (added or superseding).
+   *
+   * @generated from field: int64 facts_this_hour = 7;
+   */
+  'facts_this_hour': (number);
+}
+
+/**
  * What the erasure of one incarnation of a conversation erased in
  * MemoryService, over every ForgetSource call with that incarnation. Counts,
  * never content.
@@ -2404,6 +2762,24 @@ export interface MemoryService__Methods {
    * @generated from rpc runifold.memory.v1.MemoryService.ProposeMemories
    */
   proposeMemories: { request: ProposeMemoriesRequest; response: ProposeMemoriesResponse__Output };
+  /**
+   * Asks for the automatic curation of a conversation: a durable background job
+   * proposes facts from the entries after the conversation's `curated_through`
+   * (TranscriptService), stores them with their exact source ranges (duplicates
+   * skipped, changed facts superseded) and advances `curated_through`. One
+   * waiting or running job per conversation: a repeat returns it (a running one
+   * runs again when it finishes). AgentService calls it after a turn whose
+   * policy says CURATION_MODE_AUTO.
+   *
+   * @generated from rpc runifold.memory.v1.MemoryService.RequestCuration
+   */
+  requestCuration: { request: RequestCurationRequest; response: RequestCurationResponse__Output };
+  /**
+   * Reports the curation job queue of a namespace and its hourly budget.
+   *
+   * @generated from rpc runifold.memory.v1.MemoryService.GetCurationBacklog
+   */
+  getCurationBacklog: { request: GetCurationBacklogRequest; response: GetCurationBacklogResponse__Output };
   /**
    * What the erasure of one incarnation of a conversation (ForgetSource with
    * an `incarnation`) erased, over all its calls, and whether the vector

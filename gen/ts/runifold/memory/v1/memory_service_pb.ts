@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file runifold/memory/v1/memory_service.proto.
  */
 export const file_runifold_memory_v1_memory_service: GenFile = /*@__PURE__*/
-  fileDesc("CidydW5pZm9sZC9tZW1vcnkvdjEvbWVtb3J5X3NlcnZpY2UucHJvdG8SEnJ1bmlmb2xkLm1lbW9yeS52MSKDAQoMTWVtb3J5U291cmNlEhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIVCg1mcm9tX3NlcXVlbmNlGAIgASgDEhgKEHRocm91Z2hfc2VxdWVuY2UYAyABKAMSEwoLaW5jYXJuYXRpb24YBCABKAMSFAoMZXh0ZXJuYWxfdXJpGAUgASgJIrwECgZNZW1vcnkSEQoJbWVtb3J5X2lkGAEgASgJEhEKCW5hbWVzcGFjZRgCIAEoCRIPCgdjb250ZW50GAMgASgJEjEKB3NvdXJjZXMYBCADKAsyIC5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5U291cmNlEjoKCG1ldGFkYXRhGAUgAygLMigucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeS5NZXRhZGF0YUVudHJ5EhAKCHJldmlzaW9uGAYgASgDEi8KC2NyZWF0ZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgt1cGRhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZXhwaXJlX3RpbWUYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2VtYmVkZGluZ19tb2RlbBgKIAEoCRIbChNlbWJlZGRpbmdfZGltZW5zaW9uGAsgASgFEjMKD3ZhbGlkX2Zyb21fdGltZRgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNAoQdmFsaWRfdW50aWxfdGltZRgNIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFQoNc3VwZXJzZWRlZF9ieRgOIAEoCRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiWwoQU3VwZXJzZWRlZE1lbW9yeRIRCgltZW1vcnlfaWQYASABKAkSHgoRZXhwZWN0ZWRfcmV2aXNpb24YAiABKANIAIgBAUIUChJfZXhwZWN0ZWRfcmV2aXNpb24iwQQKE1Vwc2VydE1lbW9yeVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCW1lbW9yeV9pZBgCIAEoCRIPCgdjb250ZW50GAMgASgJEjEKB3NvdXJjZXMYBCADKAsyIC5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5U291cmNlEkcKCG1ldGFkYXRhGAUgAygLMjUucnVuaWZvbGQubWVtb3J5LnYxLlVwc2VydE1lbW9yeVJlcXVlc3QuTWV0YWRhdGFFbnRyeRIeChFleHBlY3RlZF9yZXZpc2lvbhgGIAEoA0gAiAEBEi8KC2V4cGlyZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBImCgN0dGwYCCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEgoKcmVxdWVzdF9pZBgJIAEoCRIzCg92YWxpZF9mcm9tX3RpbWUYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjQKEHZhbGlkX3VudGlsX3RpbWUYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjgKCnN1cGVyc2VkZXMYDCADKAsyJC5ydW5pZm9sZC5tZW1vcnkudjEuU3VwZXJzZWRlZE1lbW9yeRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCFAoSX2V4cGVjdGVkX3JldmlzaW9uIoMBChRVcHNlcnRNZW1vcnlSZXNwb25zZRIqCgZtZW1vcnkYASABKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5Eg8KB2NyZWF0ZWQYAiABKAgSLgoKc3VwZXJzZWRlZBgDIAMoCzIaLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnkiOAoQR2V0TWVtb3J5UmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSEQoJbWVtb3J5X2lkGAIgASgJIj8KEUdldE1lbW9yeVJlc3BvbnNlEioKBm1lbW9yeRgBIAEoCzIaLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnkisQEKE0xpc3RNZW1vcmllc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgEIAEoCRIuCgphc19vZl90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIXCg9pZ25vcmVfdmFsaWRpdHkYBiABKAgiXQoUTGlzdE1lbW9yaWVzUmVzcG9uc2USLAoIbWVtb3JpZXMYASADKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSLIAgoVU2VhcmNoTWVtb3JpZXNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRINCgVxdWVyeRgCIAEoCRINCgVsaW1pdBgDIAEoBRJWCg9tZXRhZGF0YV9maWx0ZXIYBCADKAsyPS5ydW5pZm9sZC5tZW1vcnkudjEuU2VhcmNoTWVtb3JpZXNSZXF1ZXN0Lk1ldGFkYXRhRmlsdGVyRW50cnkSEQoJbWluX3Njb3JlGAUgASgCEi4KCmFzX29mX3RpbWUYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKBG1vZGUYByABKA4yHi5ydW5pZm9sZC5tZW1vcnkudjEuU2VhcmNoTW9kZRo1ChNNZXRhZGF0YUZpbHRlckVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEioQEKDFNjb3JlZE1lbW9yeRIqCgZtZW1vcnkYASABKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5Eg0KBXNjb3JlGAIgASgCEhgKC2RlbnNlX3Njb3JlGAMgASgCSACIAQESGgoNbGV4aWNhbF9zY29yZRgEIAEoAkgBiAEBQg4KDF9kZW5zZV9zY29yZUIQCg5fbGV4aWNhbF9zY29yZSKLAQoWU2VhcmNoTWVtb3JpZXNSZXNwb25zZRIxCgdyZXN1bHRzGAEgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLlNjb3JlZE1lbW9yeRIQCghkZWdyYWRlZBgCIAEoCBIsCgRtb2RlGAMgASgOMh4ucnVuaWZvbGQubWVtb3J5LnYxLlNlYXJjaE1vZGUicQoTRGVsZXRlTWVtb3J5UmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSEQoJbWVtb3J5X2lkGAIgASgJEh4KEWV4cGVjdGVkX3JldmlzaW9uGAMgASgDSACIAQFCFAoSX2V4cGVjdGVkX3JldmlzaW9uIicKFERlbGV0ZU1lbW9yeVJlc3BvbnNlEg8KB2RlbGV0ZWQYASABKAginQEKE0ZvcmdldFNvdXJjZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIVCg1mcm9tX3NlcXVlbmNlGAMgASgDEhgKEHRocm91Z2hfc2VxdWVuY2UYBCABKAMSEwoLaW5jYXJuYXRpb24YBSABKAMSFAoMZXh0ZXJuYWxfdXJpGAYgASgJImEKFEZvcmdldFNvdXJjZVJlc3BvbnNlEhUKDWRlbGV0ZWRfY291bnQYASABKAMSMgoHZXJhc3VyZRgCIAEoCzIhLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlFcmFzdXJlImkKGkxpc3RNZW1vcnlSZXZpc2lvbnNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIRCgltZW1vcnlfaWQYAiABKAkSEQoJcGFnZV9zaXplGAMgASgFEhIKCnBhZ2VfdG9rZW4YBCABKAkijwQKDk1lbW9yeVJldmlzaW9uEhAKCHJldmlzaW9uGAEgASgDEi4KBGtpbmQYAiABKA4yIC5ydW5pZm9sZC5tZW1vcnkudjEuUmV2aXNpb25LaW5kEg4KBnJlYXNvbhgDIAEoCRIvCgtyZWNvcmRfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGZXJhc2VkGAUgASgIEg8KB2NvbnRlbnQYBiABKAkSMQoHc291cmNlcxgHIAMoCzIgLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlTb3VyY2USQgoIbWV0YWRhdGEYCCADKAsyMC5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5UmV2aXNpb24uTWV0YWRhdGFFbnRyeRIvCgtleHBpcmVfdGltZRgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMwoPdmFsaWRfZnJvbV90aW1lGAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI0ChB2YWxpZF91bnRpbF90aW1lGAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1zdXBlcnNlZGVkX2J5GAwgASgJGi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJtChtMaXN0TWVtb3J5UmV2aXNpb25zUmVzcG9uc2USNQoJcmV2aXNpb25zGAEgAygLMiIucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVJldmlzaW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSLIAgoWUHJvcG9zZU1lbW9yaWVzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSFwoPY29udmVyc2F0aW9uX2lkGAIgASgJEhUKDWZyb21fc2VxdWVuY2UYAyABKAMSGAoQdGhyb3VnaF9zZXF1ZW5jZRgEIAEoAxIqCgZidWRnZXQYBSABKAsyGi5ydW5pZm9sZC5jb21tb24udjEuQnVkZ2V0EhUKDW1heF9wcm9wb3NhbHMYBiABKAUSVwoPbWV0YWRhdGFfZmlsdGVyGAcgAygLMj4ucnVuaWZvbGQubWVtb3J5LnYxLlByb3Bvc2VNZW1vcmllc1JlcXVlc3QuTWV0YWRhdGFGaWx0ZXJFbnRyeRo1ChNNZXRhZGF0YUZpbHRlckVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEi6QEKDk1lbW9yeVByb3Bvc2FsEg8KB2NvbnRlbnQYASABKAkSMQoHc291cmNlcxgCIAMoCzIgLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlTb3VyY2USMwoPdmFsaWRfZnJvbV90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCgZhY3Rpb24YBCABKA4yIi5ydW5pZm9sZC5tZW1vcnkudjEuUHJvcG9zYWxBY3Rpb24SGgoScmVsYXRlZF9tZW1vcnlfaWRzGAUgAygJEg4KBnJlYXNvbhgGIAEoCSKjAQoXUHJvcG9zZU1lbW9yaWVzUmVzcG9uc2USNQoJcHJvcG9zYWxzGAEgAygLMiIucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVByb3Bvc2FsEigKBXVzYWdlGAIgASgLMhkucnVuaWZvbGQuY29tbW9uLnYxLlVzYWdlEhUKDWRyb3BwZWRfY291bnQYAyABKAUSEAoIcHJvcG9zZXIYBCABKAki8AEKDU1lbW9yeUVyYXN1cmUSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhMKC2luY2FybmF0aW9uGAIgASgDEhgKEG1lbW9yaWVzX2RlbGV0ZWQYAyABKAMSGAoQcmV2aXNpb25zX2VyYXNlZBgEIAEoAxIUCgxpbmRleF9wb2ludHMYBSABKAMSLgoKZXJhc2VfdGltZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNwoTaW5kZXhfY29tcGxldGVfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiWgoXR2V0TWVtb3J5RXJhc3VyZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRITCgtpbmNhcm5hdGlvbhgDIAEoAyJOChhHZXRNZW1vcnlFcmFzdXJlUmVzcG9uc2USMgoHZXJhc3VyZRgBIAEoCzIhLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlFcmFzdXJlIn8KFFdhdGNoTWVtb3JpZXNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIdChVhZnRlcl9jaGFuZ2Vfc2VxdWVuY2UYAiABKAMSNQoSaGVhcnRiZWF0X2ludGVydmFsGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIo0BChVXYXRjaE1lbW9yaWVzUmVzcG9uc2USMQoGY2hhbmdlGAEgASgLMh8ucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeUV2ZW50SAASOAoJaGVhcnRiZWF0GAIgASgLMiMucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeUhlYXJ0YmVhdEgAQgcKBWV2ZW50ItsBCgtNZW1vcnlFdmVudBIXCg9jaGFuZ2Vfc2VxdWVuY2UYASABKAMSMQoEa2luZBgCIAEoDjIjLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlFdmVudEtpbmQSEQoJbWVtb3J5X2lkGAMgASgJEhAKCHJldmlzaW9uGAQgASgDEioKBm1lbW9yeRgFIAEoCzIaLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnkSLwoLY2hhbmdlX3RpbWUYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIlkKD01lbW9yeUhlYXJ0YmVhdBIXCg9jaGFuZ2Vfc2VxdWVuY2UYASABKAMSLQoJcmVhZF90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCpxCgpTZWFyY2hNb2RlEhsKF1NFQVJDSF9NT0RFX1VOU1BFQ0lGSUVEEAASFQoRU0VBUkNIX01PREVfREVOU0UQARIXChNTRUFSQ0hfTU9ERV9MRVhJQ0FMEAISFgoSU0VBUkNIX01PREVfSFlCUklEEAMqYAoMUmV2aXNpb25LaW5kEh0KGVJFVklTSU9OX0tJTkRfVU5TUEVDSUZJRUQQABIXChNSRVZJU0lPTl9LSU5EX1dSSVRFEAESGAoUUkVWSVNJT05fS0lORF9ERUxFVEUQAiqIAQoOUHJvcG9zYWxBY3Rpb24SHwobUFJPUE9TQUxfQUNUSU9OX1VOU1BFQ0lGSUVEEAASFwoTUFJPUE9TQUxfQUNUSU9OX0FERBABEh0KGVBST1BPU0FMX0FDVElPTl9TVVBFUlNFREUQAhIdChlQUk9QT1NBTF9BQ1RJT05fRFVQTElDQVRFEAMq8AEKD01lbW9yeUV2ZW50S2luZBIhCh1NRU1PUllfRVZFTlRfS0lORF9VTlNQRUNJRklFRBAAEh0KGU1FTU9SWV9FVkVOVF9LSU5EX0NSRUFURUQQARIdChlNRU1PUllfRVZFTlRfS0lORF9VUERBVEVEEAISIAocTUVNT1JZX0VWRU5UX0tJTkRfU1VQRVJTRURFRBADEh0KGU1FTU9SWV9FVkVOVF9LSU5EX0RFTEVURUQQBBIdChlNRU1PUllfRVZFTlRfS0lORF9FWFBJUkVEEAUSHAoYTUVNT1JZX0VWRU5UX0tJTkRfRVJBU0VEEAYymQgKDU1lbW9yeVNlcnZpY2USYQoMVXBzZXJ0TWVtb3J5EicucnVuaWZvbGQubWVtb3J5LnYxLlVwc2VydE1lbW9yeVJlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuVXBzZXJ0TWVtb3J5UmVzcG9uc2USWAoJR2V0TWVtb3J5EiQucnVuaWZvbGQubWVtb3J5LnYxLkdldE1lbW9yeVJlcXVlc3QaJS5ydW5pZm9sZC5tZW1vcnkudjEuR2V0TWVtb3J5UmVzcG9uc2USYQoMTGlzdE1lbW9yaWVzEicucnVuaWZvbGQubWVtb3J5LnYxLkxpc3RNZW1vcmllc1JlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuTGlzdE1lbW9yaWVzUmVzcG9uc2USZwoOU2VhcmNoTWVtb3JpZXMSKS5ydW5pZm9sZC5tZW1vcnkudjEuU2VhcmNoTWVtb3JpZXNSZXF1ZXN0GioucnVuaWZvbGQubWVtb3J5LnYxLlNlYXJjaE1lbW9yaWVzUmVzcG9uc2USYQoMRGVsZXRlTWVtb3J5EicucnVuaWZvbGQubWVtb3J5LnYxLkRlbGV0ZU1lbW9yeVJlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuRGVsZXRlTWVtb3J5UmVzcG9uc2USYQoMRm9yZ2V0U291cmNlEicucnVuaWZvbGQubWVtb3J5LnYxLkZvcmdldFNvdXJjZVJlcXVlc3QaKC5ydW5pZm9sZC5tZW1vcnkudjEuRm9yZ2V0U291cmNlUmVzcG9uc2USdgoTTGlzdE1lbW9yeVJldmlzaW9ucxIuLnJ1bmlmb2xkLm1lbW9yeS52MS5MaXN0TWVtb3J5UmV2aXNpb25zUmVxdWVzdBovLnJ1bmlmb2xkLm1lbW9yeS52MS5MaXN0TWVtb3J5UmV2aXNpb25zUmVzcG9uc2USagoPUHJvcG9zZU1lbW9yaWVzEioucnVuaWZvbGQubWVtb3J5LnYxLlByb3Bvc2VNZW1vcmllc1JlcXVlc3QaKy5ydW5pZm9sZC5tZW1vcnkudjEuUHJvcG9zZU1lbW9yaWVzUmVzcG9uc2USbQoQR2V0TWVtb3J5RXJhc3VyZRIrLnJ1bmlmb2xkLm1lbW9yeS52MS5HZXRNZW1vcnlFcmFzdXJlUmVxdWVzdBosLnJ1bmlmb2xkLm1lbW9yeS52MS5HZXRNZW1vcnlFcmFzdXJlUmVzcG9uc2USZgoNV2F0Y2hNZW1vcmllcxIoLnJ1bmlmb2xkLm1lbW9yeS52MS5XYXRjaE1lbW9yaWVzUmVxdWVzdBopLnJ1bmlmb2xkLm1lbW9yeS52MS5XYXRjaE1lbW9yaWVzUmVzcG9uc2UwAUJBWj9naXRodWIuY29tL3J1bmlmb2xkL3J1bmlmb2xkL2dlbi9nby9ydW5pZm9sZC9tZW1vcnkvdjE7bWVtb3J5djFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_runifold_common_v1_common]);
+  fileDesc("CidydW5pZm9sZC9tZW1vcnkvdjEvbWVtb3J5X3NlcnZpY2UucHJvdG8SEnJ1bmlmb2xkLm1lbW9yeS52MSKDAQoMTWVtb3J5U291cmNlEhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIVCg1mcm9tX3NlcXVlbmNlGAIgASgDEhgKEHRocm91Z2hfc2VxdWVuY2UYAyABKAMSEwoLaW5jYXJuYXRpb24YBCABKAMSFAoMZXh0ZXJuYWxfdXJpGAUgASgJIrwECgZNZW1vcnkSEQoJbWVtb3J5X2lkGAEgASgJEhEKCW5hbWVzcGFjZRgCIAEoCRIPCgdjb250ZW50GAMgASgJEjEKB3NvdXJjZXMYBCADKAsyIC5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5U291cmNlEjoKCG1ldGFkYXRhGAUgAygLMigucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeS5NZXRhZGF0YUVudHJ5EhAKCHJldmlzaW9uGAYgASgDEi8KC2NyZWF0ZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgt1cGRhdGVfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZXhwaXJlX3RpbWUYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2VtYmVkZGluZ19tb2RlbBgKIAEoCRIbChNlbWJlZGRpbmdfZGltZW5zaW9uGAsgASgFEjMKD3ZhbGlkX2Zyb21fdGltZRgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNAoQdmFsaWRfdW50aWxfdGltZRgNIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFQoNc3VwZXJzZWRlZF9ieRgOIAEoCRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiWwoQU3VwZXJzZWRlZE1lbW9yeRIRCgltZW1vcnlfaWQYASABKAkSHgoRZXhwZWN0ZWRfcmV2aXNpb24YAiABKANIAIgBAUIUChJfZXhwZWN0ZWRfcmV2aXNpb24iwQQKE1Vwc2VydE1lbW9yeVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCW1lbW9yeV9pZBgCIAEoCRIPCgdjb250ZW50GAMgASgJEjEKB3NvdXJjZXMYBCADKAsyIC5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5U291cmNlEkcKCG1ldGFkYXRhGAUgAygLMjUucnVuaWZvbGQubWVtb3J5LnYxLlVwc2VydE1lbW9yeVJlcXVlc3QuTWV0YWRhdGFFbnRyeRIeChFleHBlY3RlZF9yZXZpc2lvbhgGIAEoA0gAiAEBEi8KC2V4cGlyZV90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBImCgN0dGwYCCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEgoKcmVxdWVzdF9pZBgJIAEoCRIzCg92YWxpZF9mcm9tX3RpbWUYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjQKEHZhbGlkX3VudGlsX3RpbWUYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjgKCnN1cGVyc2VkZXMYDCADKAsyJC5ydW5pZm9sZC5tZW1vcnkudjEuU3VwZXJzZWRlZE1lbW9yeRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCFAoSX2V4cGVjdGVkX3JldmlzaW9uIoMBChRVcHNlcnRNZW1vcnlSZXNwb25zZRIqCgZtZW1vcnkYASABKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5Eg8KB2NyZWF0ZWQYAiABKAgSLgoKc3VwZXJzZWRlZBgDIAMoCzIaLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnkiOAoQR2V0TWVtb3J5UmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSEQoJbWVtb3J5X2lkGAIgASgJIj8KEUdldE1lbW9yeVJlc3BvbnNlEioKBm1lbW9yeRgBIAEoCzIaLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnkisQEKE0xpc3RNZW1vcmllc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgEIAEoCRIuCgphc19vZl90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIXCg9pZ25vcmVfdmFsaWRpdHkYBiABKAgiXQoUTGlzdE1lbW9yaWVzUmVzcG9uc2USLAoIbWVtb3JpZXMYASADKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSLIAgoVU2VhcmNoTWVtb3JpZXNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRINCgVxdWVyeRgCIAEoCRINCgVsaW1pdBgDIAEoBRJWCg9tZXRhZGF0YV9maWx0ZXIYBCADKAsyPS5ydW5pZm9sZC5tZW1vcnkudjEuU2VhcmNoTWVtb3JpZXNSZXF1ZXN0Lk1ldGFkYXRhRmlsdGVyRW50cnkSEQoJbWluX3Njb3JlGAUgASgCEi4KCmFzX29mX3RpbWUYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKBG1vZGUYByABKA4yHi5ydW5pZm9sZC5tZW1vcnkudjEuU2VhcmNoTW9kZRo1ChNNZXRhZGF0YUZpbHRlckVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEioQEKDFNjb3JlZE1lbW9yeRIqCgZtZW1vcnkYASABKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5Eg0KBXNjb3JlGAIgASgCEhgKC2RlbnNlX3Njb3JlGAMgASgCSACIAQESGgoNbGV4aWNhbF9zY29yZRgEIAEoAkgBiAEBQg4KDF9kZW5zZV9zY29yZUIQCg5fbGV4aWNhbF9zY29yZSKLAQoWU2VhcmNoTWVtb3JpZXNSZXNwb25zZRIxCgdyZXN1bHRzGAEgAygLMiAucnVuaWZvbGQubWVtb3J5LnYxLlNjb3JlZE1lbW9yeRIQCghkZWdyYWRlZBgCIAEoCBIsCgRtb2RlGAMgASgOMh4ucnVuaWZvbGQubWVtb3J5LnYxLlNlYXJjaE1vZGUicQoTRGVsZXRlTWVtb3J5UmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSEQoJbWVtb3J5X2lkGAIgASgJEh4KEWV4cGVjdGVkX3JldmlzaW9uGAMgASgDSACIAQFCFAoSX2V4cGVjdGVkX3JldmlzaW9uIicKFERlbGV0ZU1lbW9yeVJlc3BvbnNlEg8KB2RlbGV0ZWQYASABKAginQEKE0ZvcmdldFNvdXJjZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIVCg1mcm9tX3NlcXVlbmNlGAMgASgDEhgKEHRocm91Z2hfc2VxdWVuY2UYBCABKAMSEwoLaW5jYXJuYXRpb24YBSABKAMSFAoMZXh0ZXJuYWxfdXJpGAYgASgJImEKFEZvcmdldFNvdXJjZVJlc3BvbnNlEhUKDWRlbGV0ZWRfY291bnQYASABKAMSMgoHZXJhc3VyZRgCIAEoCzIhLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlFcmFzdXJlImkKGkxpc3RNZW1vcnlSZXZpc2lvbnNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIRCgltZW1vcnlfaWQYAiABKAkSEQoJcGFnZV9zaXplGAMgASgFEhIKCnBhZ2VfdG9rZW4YBCABKAkijwQKDk1lbW9yeVJldmlzaW9uEhAKCHJldmlzaW9uGAEgASgDEi4KBGtpbmQYAiABKA4yIC5ydW5pZm9sZC5tZW1vcnkudjEuUmV2aXNpb25LaW5kEg4KBnJlYXNvbhgDIAEoCRIvCgtyZWNvcmRfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGZXJhc2VkGAUgASgIEg8KB2NvbnRlbnQYBiABKAkSMQoHc291cmNlcxgHIAMoCzIgLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlTb3VyY2USQgoIbWV0YWRhdGEYCCADKAsyMC5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5UmV2aXNpb24uTWV0YWRhdGFFbnRyeRIvCgtleHBpcmVfdGltZRgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMwoPdmFsaWRfZnJvbV90aW1lGAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI0ChB2YWxpZF91bnRpbF90aW1lGAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1zdXBlcnNlZGVkX2J5GAwgASgJGi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJtChtMaXN0TWVtb3J5UmV2aXNpb25zUmVzcG9uc2USNQoJcmV2aXNpb25zGAEgAygLMiIucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVJldmlzaW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSLIAgoWUHJvcG9zZU1lbW9yaWVzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSFwoPY29udmVyc2F0aW9uX2lkGAIgASgJEhUKDWZyb21fc2VxdWVuY2UYAyABKAMSGAoQdGhyb3VnaF9zZXF1ZW5jZRgEIAEoAxIqCgZidWRnZXQYBSABKAsyGi5ydW5pZm9sZC5jb21tb24udjEuQnVkZ2V0EhUKDW1heF9wcm9wb3NhbHMYBiABKAUSVwoPbWV0YWRhdGFfZmlsdGVyGAcgAygLMj4ucnVuaWZvbGQubWVtb3J5LnYxLlByb3Bvc2VNZW1vcmllc1JlcXVlc3QuTWV0YWRhdGFGaWx0ZXJFbnRyeRo1ChNNZXRhZGF0YUZpbHRlckVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEi6QEKDk1lbW9yeVByb3Bvc2FsEg8KB2NvbnRlbnQYASABKAkSMQoHc291cmNlcxgCIAMoCzIgLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlTb3VyY2USMwoPdmFsaWRfZnJvbV90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCgZhY3Rpb24YBCABKA4yIi5ydW5pZm9sZC5tZW1vcnkudjEuUHJvcG9zYWxBY3Rpb24SGgoScmVsYXRlZF9tZW1vcnlfaWRzGAUgAygJEg4KBnJlYXNvbhgGIAEoCSKjAQoXUHJvcG9zZU1lbW9yaWVzUmVzcG9uc2USNQoJcHJvcG9zYWxzGAEgAygLMiIucnVuaWZvbGQubWVtb3J5LnYxLk1lbW9yeVByb3Bvc2FsEigKBXVzYWdlGAIgASgLMhkucnVuaWZvbGQuY29tbW9uLnYxLlVzYWdlEhUKDWRyb3BwZWRfY291bnQYAyABKAUSEAoIcHJvcG9zZXIYBCABKAkiRAoWUmVxdWVzdEN1cmF0aW9uUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSFwoPY29udmVyc2F0aW9uX2lkGAIgASgJIuoBCgtDdXJhdGlvbkpvYhIOCgZqb2JfaWQYASABKAkSFwoPY29udmVyc2F0aW9uX2lkGAIgASgJEhEKCW5hbWVzcGFjZRgDIAEoCRIzCgVzdGF0ZRgEIAEoDjIkLnJ1bmlmb2xkLm1lbW9yeS52MS5DdXJhdGlvbkpvYlN0YXRlEhAKCGF0dGVtcHRzGAUgASgFEi8KC2NyZWF0ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgtpbmNhcm5hdGlvbhgHIAEoAxISCgpsYXN0X2Vycm9yGAggASgJIlgKF1JlcXVlc3RDdXJhdGlvblJlc3BvbnNlEiwKA2pvYhgBIAEoCzIfLnJ1bmlmb2xkLm1lbW9yeS52MS5DdXJhdGlvbkpvYhIPCgdjcmVhdGVkGAIgASgIIi4KGUdldEN1cmF0aW9uQmFja2xvZ1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJIuEBChpHZXRDdXJhdGlvbkJhY2tsb2dSZXNwb25zZRINCgVkZXB0aBgBIAEoAxI1ChJvbGRlc3RfcGVuZGluZ19hZ2UYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SFAoMZmFpbGVkX2NvdW50GAMgASgDEhUKDXJ1bm5pbmdfY291bnQYBCABKAMSHQoVbW9kZWxfY2FsbHNfdGhpc19ob3VyGAUgASgDEhgKEHRva2Vuc190aGlzX2hvdXIYBiABKAMSFwoPZmFjdHNfdGhpc19ob3VyGAcgASgDIvABCg1NZW1vcnlFcmFzdXJlEhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRITCgtpbmNhcm5hdGlvbhgCIAEoAxIYChBtZW1vcmllc19kZWxldGVkGAMgASgDEhgKEHJldmlzaW9uc19lcmFzZWQYBCABKAMSFAoMaW5kZXhfcG9pbnRzGAUgASgDEi4KCmVyYXNlX3RpbWUYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjcKE2luZGV4X2NvbXBsZXRlX3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIloKF0dldE1lbW9yeUVyYXN1cmVSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSEwoLaW5jYXJuYXRpb24YAyABKAMiTgoYR2V0TWVtb3J5RXJhc3VyZVJlc3BvbnNlEjIKB2VyYXN1cmUYASABKAsyIS5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5RXJhc3VyZSJ/ChRXYXRjaE1lbW9yaWVzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSHQoVYWZ0ZXJfY2hhbmdlX3NlcXVlbmNlGAIgASgDEjUKEmhlYXJ0YmVhdF9pbnRlcnZhbBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKNAQoVV2F0Y2hNZW1vcmllc1Jlc3BvbnNlEjEKBmNoYW5nZRgBIAEoCzIfLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlFdmVudEgAEjgKCWhlYXJ0YmVhdBgCIAEoCzIjLnJ1bmlmb2xkLm1lbW9yeS52MS5NZW1vcnlIZWFydGJlYXRIAEIHCgVldmVudCLbAQoLTWVtb3J5RXZlbnQSFwoPY2hhbmdlX3NlcXVlbmNlGAEgASgDEjEKBGtpbmQYAiABKA4yIy5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5RXZlbnRLaW5kEhEKCW1lbW9yeV9pZBgDIAEoCRIQCghyZXZpc2lvbhgEIAEoAxIqCgZtZW1vcnkYBSABKAsyGi5ydW5pZm9sZC5tZW1vcnkudjEuTWVtb3J5Ei8KC2NoYW5nZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJZCg9NZW1vcnlIZWFydGJlYXQSFwoPY2hhbmdlX3NlcXVlbmNlGAEgASgDEi0KCXJlYWRfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAqcQoKU2VhcmNoTW9kZRIbChdTRUFSQ0hfTU9ERV9VTlNQRUNJRklFRBAAEhUKEVNFQVJDSF9NT0RFX0RFTlNFEAESFwoTU0VBUkNIX01PREVfTEVYSUNBTBACEhYKElNFQVJDSF9NT0RFX0hZQlJJRBADKmAKDFJldmlzaW9uS2luZBIdChlSRVZJU0lPTl9LSU5EX1VOU1BFQ0lGSUVEEAASFwoTUkVWSVNJT05fS0lORF9XUklURRABEhgKFFJFVklTSU9OX0tJTkRfREVMRVRFEAIqiAEKDlByb3Bvc2FsQWN0aW9uEh8KG1BST1BPU0FMX0FDVElPTl9VTlNQRUNJRklFRBAAEhcKE1BST1BPU0FMX0FDVElPTl9BREQQARIdChlQUk9QT1NBTF9BQ1RJT05fU1VQRVJTRURFEAISHQoZUFJPUE9TQUxfQUNUSU9OX0RVUExJQ0FURRADKrIBChBDdXJhdGlvbkpvYlN0YXRlEiIKHkNVUkFUSU9OX0pPQl9TVEFURV9VTlNQRUNJRklFRBAAEh4KGkNVUkFUSU9OX0pPQl9TVEFURV9QRU5ESU5HEAESHgoaQ1VSQVRJT05fSk9CX1NUQVRFX1JVTk5JTkcQAhIbChdDVVJBVElPTl9KT0JfU1RBVEVfRE9ORRADEh0KGUNVUkFUSU9OX0pPQl9TVEFURV9GQUlMRUQQBCrwAQoPTWVtb3J5RXZlbnRLaW5kEiEKHU1FTU9SWV9FVkVOVF9LSU5EX1VOU1BFQ0lGSUVEEAASHQoZTUVNT1JZX0VWRU5UX0tJTkRfQ1JFQVRFRBABEh0KGU1FTU9SWV9FVkVOVF9LSU5EX1VQREFURUQQAhIgChxNRU1PUllfRVZFTlRfS0lORF9TVVBFUlNFREVEEAMSHQoZTUVNT1JZX0VWRU5UX0tJTkRfREVMRVRFRBAEEh0KGU1FTU9SWV9FVkVOVF9LSU5EX0VYUElSRUQQBRIcChhNRU1PUllfRVZFTlRfS0lORF9FUkFTRUQQBjL6CQoNTWVtb3J5U2VydmljZRJhCgxVcHNlcnRNZW1vcnkSJy5ydW5pZm9sZC5tZW1vcnkudjEuVXBzZXJ0TWVtb3J5UmVxdWVzdBooLnJ1bmlmb2xkLm1lbW9yeS52MS5VcHNlcnRNZW1vcnlSZXNwb25zZRJYCglHZXRNZW1vcnkSJC5ydW5pZm9sZC5tZW1vcnkudjEuR2V0TWVtb3J5UmVxdWVzdBolLnJ1bmlmb2xkLm1lbW9yeS52MS5HZXRNZW1vcnlSZXNwb25zZRJhCgxMaXN0TWVtb3JpZXMSJy5ydW5pZm9sZC5tZW1vcnkudjEuTGlzdE1lbW9yaWVzUmVxdWVzdBooLnJ1bmlmb2xkLm1lbW9yeS52MS5MaXN0TWVtb3JpZXNSZXNwb25zZRJnCg5TZWFyY2hNZW1vcmllcxIpLnJ1bmlmb2xkLm1lbW9yeS52MS5TZWFyY2hNZW1vcmllc1JlcXVlc3QaKi5ydW5pZm9sZC5tZW1vcnkudjEuU2VhcmNoTWVtb3JpZXNSZXNwb25zZRJhCgxEZWxldGVNZW1vcnkSJy5ydW5pZm9sZC5tZW1vcnkudjEuRGVsZXRlTWVtb3J5UmVxdWVzdBooLnJ1bmlmb2xkLm1lbW9yeS52MS5EZWxldGVNZW1vcnlSZXNwb25zZRJhCgxGb3JnZXRTb3VyY2USJy5ydW5pZm9sZC5tZW1vcnkudjEuRm9yZ2V0U291cmNlUmVxdWVzdBooLnJ1bmlmb2xkLm1lbW9yeS52MS5Gb3JnZXRTb3VyY2VSZXNwb25zZRJ2ChNMaXN0TWVtb3J5UmV2aXNpb25zEi4ucnVuaWZvbGQubWVtb3J5LnYxLkxpc3RNZW1vcnlSZXZpc2lvbnNSZXF1ZXN0Gi8ucnVuaWZvbGQubWVtb3J5LnYxLkxpc3RNZW1vcnlSZXZpc2lvbnNSZXNwb25zZRJqCg9Qcm9wb3NlTWVtb3JpZXMSKi5ydW5pZm9sZC5tZW1vcnkudjEuUHJvcG9zZU1lbW9yaWVzUmVxdWVzdBorLnJ1bmlmb2xkLm1lbW9yeS52MS5Qcm9wb3NlTWVtb3JpZXNSZXNwb25zZRJqCg9SZXF1ZXN0Q3VyYXRpb24SKi5ydW5pZm9sZC5tZW1vcnkudjEuUmVxdWVzdEN1cmF0aW9uUmVxdWVzdBorLnJ1bmlmb2xkLm1lbW9yeS52MS5SZXF1ZXN0Q3VyYXRpb25SZXNwb25zZRJzChJHZXRDdXJhdGlvbkJhY2tsb2cSLS5ydW5pZm9sZC5tZW1vcnkudjEuR2V0Q3VyYXRpb25CYWNrbG9nUmVxdWVzdBouLnJ1bmlmb2xkLm1lbW9yeS52MS5HZXRDdXJhdGlvbkJhY2tsb2dSZXNwb25zZRJtChBHZXRNZW1vcnlFcmFzdXJlEisucnVuaWZvbGQubWVtb3J5LnYxLkdldE1lbW9yeUVyYXN1cmVSZXF1ZXN0GiwucnVuaWZvbGQubWVtb3J5LnYxLkdldE1lbW9yeUVyYXN1cmVSZXNwb25zZRJmCg1XYXRjaE1lbW9yaWVzEigucnVuaWZvbGQubWVtb3J5LnYxLldhdGNoTWVtb3JpZXNSZXF1ZXN0GikucnVuaWZvbGQubWVtb3J5LnYxLldhdGNoTWVtb3JpZXNSZXNwb25zZTABQkFaP2dpdGh1Yi5jb20vcnVuaWZvbGQvcnVuaWZvbGQvZ2VuL2dvL3J1bmlmb2xkL21lbW9yeS92MTttZW1vcnl2MWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_runifold_common_v1_common]);
 
 /**
  * Where a memory came from: a range of a Runifold transcript
@@ -1134,6 +1134,219 @@ export const ProposeMemoriesResponseSchema: GenMessage<ProposeMemoriesResponse> 
   messageDesc(file_runifold_memory_v1_memory_service, 21);
 
 /**
+ * Request of RequestCuration.
+ *
+ * @generated from message runifold.memory.v1.RequestCurationRequest
+ */
+export type RequestCurationRequest = Message<"runifold.memory.v1.RequestCurationRequest"> & {
+  /**
+   * Namespace of the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * UUID of the conversation to curate.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  conversationId: string;
+};
+
+/**
+ * Describes the message runifold.memory.v1.RequestCurationRequest.
+ * Use `create(RequestCurationRequestSchema)` to create a new message.
+ */
+export const RequestCurationRequestSchema: GenMessage<RequestCurationRequest> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 22);
+
+/**
+ * A background curation job of one conversation.
+ *
+ * @generated from message runifold.memory.v1.CurationJob
+ */
+export type CurationJob = Message<"runifold.memory.v1.CurationJob"> & {
+  /**
+   * Job identifier (UUID).
+   *
+   * @generated from field: string job_id = 1;
+   */
+  jobId: string;
+
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  conversationId: string;
+
+  /**
+   * Namespace that owns it.
+   *
+   * @generated from field: string namespace = 3;
+   */
+  namespace: string;
+
+  /**
+   * Current state.
+   *
+   * @generated from field: runifold.memory.v1.CurationJobState state = 4;
+   */
+  state: CurationJobState;
+
+  /**
+   * Attempts made so far.
+   *
+   * @generated from field: int32 attempts = 5;
+   */
+  attempts: number;
+
+  /**
+   * When it was created.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 6;
+   */
+  createTime?: Timestamp | undefined;
+
+  /**
+   * The conversation's incarnation it curates (Conversation.incarnation).
+   *
+   * @generated from field: int64 incarnation = 7;
+   */
+  incarnation: bigint;
+
+  /**
+   * Why its last attempt did not finish (an ErrorInfo reason such as
+   * CURATION_BUDGET_EXHAUSTED or LEASE_EXPIRED); empty when none failed.
+   *
+   * @generated from field: string last_error = 8;
+   */
+  lastError: string;
+};
+
+/**
+ * Describes the message runifold.memory.v1.CurationJob.
+ * Use `create(CurationJobSchema)` to create a new message.
+ */
+export const CurationJobSchema: GenMessage<CurationJob> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 23);
+
+/**
+ * Response of RequestCuration.
+ *
+ * @generated from message runifold.memory.v1.RequestCurationResponse
+ */
+export type RequestCurationResponse = Message<"runifold.memory.v1.RequestCurationResponse"> & {
+  /**
+   * The waiting or running job of the conversation.
+   *
+   * @generated from field: runifold.memory.v1.CurationJob job = 1;
+   */
+  job?: CurationJob | undefined;
+
+  /**
+   * False when the conversation already had a waiting or running job.
+   *
+   * @generated from field: bool created = 2;
+   */
+  created: boolean;
+};
+
+/**
+ * Describes the message runifold.memory.v1.RequestCurationResponse.
+ * Use `create(RequestCurationResponseSchema)` to create a new message.
+ */
+export const RequestCurationResponseSchema: GenMessage<RequestCurationResponse> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 24);
+
+/**
+ * Request of GetCurationBacklog.
+ *
+ * @generated from message runifold.memory.v1.GetCurationBacklogRequest
+ */
+export type GetCurationBacklogRequest = Message<"runifold.memory.v1.GetCurationBacklogRequest"> & {
+  /**
+   * Namespace to report on.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+};
+
+/**
+ * Describes the message runifold.memory.v1.GetCurationBacklogRequest.
+ * Use `create(GetCurationBacklogRequestSchema)` to create a new message.
+ */
+export const GetCurationBacklogRequestSchema: GenMessage<GetCurationBacklogRequest> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 25);
+
+/**
+ * Response of GetCurationBacklog.
+ *
+ * @generated from message runifold.memory.v1.GetCurationBacklogResponse
+ */
+export type GetCurationBacklogResponse = Message<"runifold.memory.v1.GetCurationBacklogResponse"> & {
+  /**
+   * Jobs waiting or running.
+   *
+   * @generated from field: int64 depth = 1;
+   */
+  depth: bigint;
+
+  /**
+   * Age of the oldest waiting or running job; zero when the queue is empty.
+   *
+   * @generated from field: google.protobuf.Duration oldest_pending_age = 2;
+   */
+  oldestPendingAge?: Duration | undefined;
+
+  /**
+   * Jobs parked after too many failures.
+   *
+   * @generated from field: int64 failed_count = 3;
+   */
+  failedCount: bigint;
+
+  /**
+   * Jobs claimed by a worker right now.
+   *
+   * @generated from field: int64 running_count = 4;
+   */
+  runningCount: bigint;
+
+  /**
+   * Model calls charged to the namespace's curation in the current hour
+   * (RUNIFOLD_CURATION_MAX_MODEL_CALLS_PER_HOUR).
+   *
+   * @generated from field: int64 model_calls_this_hour = 5;
+   */
+  modelCallsThisHour: bigint;
+
+  /**
+   * Tokens (input and output) charged in the current hour
+   * (RUNIFOLD_CURATION_MAX_TOKENS_PER_HOUR).
+   *
+   * @generated from field: int64 tokens_this_hour = 6;
+   */
+  tokensThisHour: bigint;
+
+  /**
+   * Memories curated in the current hour (added or superseding).
+   *
+   * @generated from field: int64 facts_this_hour = 7;
+   */
+  factsThisHour: bigint;
+};
+
+/**
+ * Describes the message runifold.memory.v1.GetCurationBacklogResponse.
+ * Use `create(GetCurationBacklogResponseSchema)` to create a new message.
+ */
+export const GetCurationBacklogResponseSchema: GenMessage<GetCurationBacklogResponse> = /*@__PURE__*/
+  messageDesc(file_runifold_memory_v1_memory_service, 26);
+
+/**
  * What the erasure of one incarnation of a conversation erased in
  * MemoryService, over every ForgetSource call with that incarnation. Counts,
  * never content.
@@ -1197,7 +1410,7 @@ export type MemoryErasure = Message<"runifold.memory.v1.MemoryErasure"> & {
  * Use `create(MemoryErasureSchema)` to create a new message.
  */
 export const MemoryErasureSchema: GenMessage<MemoryErasure> = /*@__PURE__*/
-  messageDesc(file_runifold_memory_v1_memory_service, 22);
+  messageDesc(file_runifold_memory_v1_memory_service, 27);
 
 /**
  * Request of GetMemoryErasure.
@@ -1232,7 +1445,7 @@ export type GetMemoryErasureRequest = Message<"runifold.memory.v1.GetMemoryErasu
  * Use `create(GetMemoryErasureRequestSchema)` to create a new message.
  */
 export const GetMemoryErasureRequestSchema: GenMessage<GetMemoryErasureRequest> = /*@__PURE__*/
-  messageDesc(file_runifold_memory_v1_memory_service, 23);
+  messageDesc(file_runifold_memory_v1_memory_service, 28);
 
 /**
  * Response of GetMemoryErasure.
@@ -1253,7 +1466,7 @@ export type GetMemoryErasureResponse = Message<"runifold.memory.v1.GetMemoryEras
  * Use `create(GetMemoryErasureResponseSchema)` to create a new message.
  */
 export const GetMemoryErasureResponseSchema: GenMessage<GetMemoryErasureResponse> = /*@__PURE__*/
-  messageDesc(file_runifold_memory_v1_memory_service, 24);
+  messageDesc(file_runifold_memory_v1_memory_service, 29);
 
 /**
  * Request of WatchMemories.
@@ -1292,7 +1505,7 @@ export type WatchMemoriesRequest = Message<"runifold.memory.v1.WatchMemoriesRequ
  * Use `create(WatchMemoriesRequestSchema)` to create a new message.
  */
 export const WatchMemoriesRequestSchema: GenMessage<WatchMemoriesRequest> = /*@__PURE__*/
-  messageDesc(file_runifold_memory_v1_memory_service, 25);
+  messageDesc(file_runifold_memory_v1_memory_service, 30);
 
 /**
  * One event of WatchMemories: exactly one field is set.
@@ -1329,7 +1542,7 @@ export type WatchMemoriesResponse = Message<"runifold.memory.v1.WatchMemoriesRes
  * Use `create(WatchMemoriesResponseSchema)` to create a new message.
  */
 export const WatchMemoriesResponseSchema: GenMessage<WatchMemoriesResponse> = /*@__PURE__*/
-  messageDesc(file_runifold_memory_v1_memory_service, 26);
+  messageDesc(file_runifold_memory_v1_memory_service, 31);
 
 /**
  * One change of a memory. A memory leaves once: by exactly one DELETED,
@@ -1391,7 +1604,7 @@ export type MemoryEvent = Message<"runifold.memory.v1.MemoryEvent"> & {
  * Use `create(MemoryEventSchema)` to create a new message.
  */
 export const MemoryEventSchema: GenMessage<MemoryEvent> = /*@__PURE__*/
-  messageDesc(file_runifold_memory_v1_memory_service, 27);
+  messageDesc(file_runifold_memory_v1_memory_service, 32);
 
 /**
  * The stream is caught up: every change through `change_sequence` has been
@@ -1423,7 +1636,7 @@ export type MemoryHeartbeat = Message<"runifold.memory.v1.MemoryHeartbeat"> & {
  * Use `create(MemoryHeartbeatSchema)` to create a new message.
  */
 export const MemoryHeartbeatSchema: GenMessage<MemoryHeartbeat> = /*@__PURE__*/
-  messageDesc(file_runifold_memory_v1_memory_service, 28);
+  messageDesc(file_runifold_memory_v1_memory_service, 33);
 
 /**
  * What a search ranks by.
@@ -1543,6 +1756,55 @@ export const ProposalActionSchema: GenEnum<ProposalAction> = /*@__PURE__*/
   enumDesc(file_runifold_memory_v1_memory_service, 2);
 
 /**
+ * State of a curation job.
+ *
+ * @generated from enum runifold.memory.v1.CurationJobState
+ */
+export enum CurationJobState {
+  /**
+   * Not used.
+   *
+   * @generated from enum value: CURATION_JOB_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Waiting for a worker (possibly after a failed attempt, or until the
+   * namespace's hourly budget allows it: see `last_error`).
+   *
+   * @generated from enum value: CURATION_JOB_STATE_PENDING = 1;
+   */
+  PENDING = 1,
+
+  /**
+   * Claimed by a worker.
+   *
+   * @generated from enum value: CURATION_JOB_STATE_RUNNING = 2;
+   */
+  RUNNING = 2,
+
+  /**
+   * Finished: every entry through the conversation's last sequence was curated.
+   *
+   * @generated from enum value: CURATION_JOB_STATE_DONE = 3;
+   */
+  DONE = 3,
+
+  /**
+   * Parked after too many failed attempts (RUNIFOLD_CURATION_JOB_MAX_FAILURES).
+   *
+   * @generated from enum value: CURATION_JOB_STATE_FAILED = 4;
+   */
+  FAILED = 4,
+}
+
+/**
+ * Describes the enum runifold.memory.v1.CurationJobState.
+ */
+export const CurationJobStateSchema: GenEnum<CurationJobState> = /*@__PURE__*/
+  enumDesc(file_runifold_memory_v1_memory_service, 3);
+
+/**
  * What a change did to a memory.
  *
  * @generated from enum runifold.memory.v1.MemoryEventKind
@@ -1607,7 +1869,7 @@ export enum MemoryEventKind {
  * Describes the enum runifold.memory.v1.MemoryEventKind.
  */
 export const MemoryEventKindSchema: GenEnum<MemoryEventKind> = /*@__PURE__*/
-  enumDesc(file_runifold_memory_v1_memory_service, 3);
+  enumDesc(file_runifold_memory_v1_memory_service, 4);
 
 /**
  * Curated semantic memory with provenance.
@@ -1716,6 +1978,32 @@ export const MemoryService: GenService<{
     methodKind: "unary";
     input: typeof ProposeMemoriesRequestSchema;
     output: typeof ProposeMemoriesResponseSchema;
+  },
+  /**
+   * Asks for the automatic curation of a conversation: a durable background job
+   * proposes facts from the entries after the conversation's `curated_through`
+   * (TranscriptService), stores them with their exact source ranges (duplicates
+   * skipped, changed facts superseded) and advances `curated_through`. One
+   * waiting or running job per conversation: a repeat returns it (a running one
+   * runs again when it finishes). AgentService calls it after a turn whose
+   * policy says CURATION_MODE_AUTO.
+   *
+   * @generated from rpc runifold.memory.v1.MemoryService.RequestCuration
+   */
+  requestCuration: {
+    methodKind: "unary";
+    input: typeof RequestCurationRequestSchema;
+    output: typeof RequestCurationResponseSchema;
+  },
+  /**
+   * Reports the curation job queue of a namespace and its hourly budget.
+   *
+   * @generated from rpc runifold.memory.v1.MemoryService.GetCurationBacklog
+   */
+  getCurationBacklog: {
+    methodKind: "unary";
+    input: typeof GetCurationBacklogRequestSchema;
+    output: typeof GetCurationBacklogResponseSchema;
   },
   /**
    * What the erasure of one incarnation of a conversation (ForgetSource with

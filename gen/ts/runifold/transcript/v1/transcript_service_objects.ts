@@ -192,6 +192,14 @@ export interface Conversation {
    */
   'state_json'?: (string);
   /**
+   * Entries through this sequence have been read by automatic curation
+   * (MemoryService: what they state is in memory, with its sources). 0: none
+   * yet. Monotonic within an incarnation; set by MarkCurated.
+   *
+   * @generated from field: int64 curated_through = 12;
+   */
+  'curated_through'?: (number | string | bigint);
+  /**
    * The text of its first user message, clipped to 200 characters (an
    * ellipsis marks a clipped one), for listings: the first ROLE_USER entry
    * among its first 16 entries that is not retracted, or empty when there is
@@ -205,7 +213,7 @@ export interface Conversation {
    * Set on a fork (ForkConversation): the conversation it was made from and the
    * last sequence it shares with it.
    *
-   * @generated from field: runifold.transcript.v1.ForkOrigin fork_origin = 12;
+   * @generated from field: runifold.transcript.v1.ForkOrigin fork_origin = 13;
    */
   'fork_origin'?: (ForkOrigin | null);
   /**
@@ -213,7 +221,7 @@ export interface Conversation {
    * retraction and commit time of the conversation so far. Empty before its first
    * append (and for appends recorded before digests existed).
    *
-   * @generated from field: bytes head_digest = 13;
+   * @generated from field: bytes head_digest = 14;
    */
   'head_digest'?: (Buffer | Uint8Array | string);
 }
@@ -291,6 +299,14 @@ export interface Conversation__Output {
    */
   'state_json': (string);
   /**
+   * Entries through this sequence have been read by automatic curation
+   * (MemoryService: what they state is in memory, with its sources). 0: none
+   * yet. Monotonic within an incarnation; set by MarkCurated.
+   *
+   * @generated from field: int64 curated_through = 12;
+   */
+  'curated_through': (number);
+  /**
    * The text of its first user message, clipped to 200 characters (an
    * ellipsis marks a clipped one), for listings: the first ROLE_USER entry
    * among its first 16 entries that is not retracted, or empty when there is
@@ -304,7 +320,7 @@ export interface Conversation__Output {
    * Set on a fork (ForkConversation): the conversation it was made from and the
    * last sequence it shares with it.
    *
-   * @generated from field: runifold.transcript.v1.ForkOrigin fork_origin = 12;
+   * @generated from field: runifold.transcript.v1.ForkOrigin fork_origin = 13;
    */
   'fork_origin': (ForkOrigin__Output | null);
   /**
@@ -312,7 +328,7 @@ export interface Conversation__Output {
    * retraction and commit time of the conversation so far. Empty before its first
    * append (and for appends recorded before digests existed).
    *
-   * @generated from field: bytes head_digest = 13;
+   * @generated from field: bytes head_digest = 14;
    */
   'head_digest': (Buffer);
 }
@@ -885,6 +901,16 @@ export interface ListEntriesRequest {
    * @generated from field: int64 through_sequence = 6;
    */
   'through_sequence'?: (number | string | bigint);
+  /**
+   * When set, only the entries a write after this version retracted (their
+   * `retracted_version` is greater). Found through the writes that retracted
+   * something (transcript migration 0005): its cost grows with those writes
+   * and the entries returned, never with the transcript's length. Writes
+   * recorded before that migration are not seen.
+   *
+   * @generated from field: int64 retracted_after_version = 7;
+   */
+  'retracted_after_version'?: (number | string | bigint);
 }
 
 /**
@@ -929,6 +955,16 @@ export interface ListEntriesRequest__Output {
    * @generated from field: int64 through_sequence = 6;
    */
   'through_sequence': (number);
+  /**
+   * When set, only the entries a write after this version retracted (their
+   * `retracted_version` is greater). Found through the writes that retracted
+   * something (transcript migration 0005): its cost grows with those writes
+   * and the entries returned, never with the transcript's length. Writes
+   * recorded before that migration are not seen.
+   *
+   * @generated from field: int64 retracted_after_version = 7;
+   */
+  'retracted_after_version': (number);
 }
 
 /**
@@ -2782,6 +2818,100 @@ export interface Erased__Output {
 }
 
 /**
+ * Request of MarkCurated.
+ *
+ * @generated from message runifold.transcript.v1.MarkCuratedRequest
+ */
+export interface MarkCuratedRequest {
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id'?: (string);
+  /**
+   * Namespace that owns it.
+   *
+   * @generated from field: string namespace = 2;
+   */
+  'namespace'?: (string);
+  /**
+   * The incarnation that was read (Conversation.incarnation); 0: the current one.
+   *
+   * @generated from field: int64 incarnation = 3;
+   */
+  'incarnation'?: (number | string | bigint);
+  /**
+   * Entries through this sequence were curated; at most `last_sequence`.
+   *
+   * @generated from field: int64 curated_through = 4;
+   */
+  'curated_through'?: (number | string | bigint);
+}
+
+/**
+ * Request of MarkCurated.
+ *
+ * @generated from message runifold.transcript.v1.MarkCuratedRequest
+ */
+export interface MarkCuratedRequest__Output {
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id': (string);
+  /**
+   * Namespace that owns it.
+   *
+   * @generated from field: string namespace = 2;
+   */
+  'namespace': (string);
+  /**
+   * The incarnation that was read (Conversation.incarnation); 0: the current one.
+   *
+   * @generated from field: int64 incarnation = 3;
+   */
+  'incarnation': (number);
+  /**
+   * Entries through this sequence were curated; at most `last_sequence`.
+   *
+   * @generated from field: int64 curated_through = 4;
+   */
+  'curated_through': (number);
+}
+
+/**
+ * Response of MarkCurated.
+ *
+ * @generated from message runifold.transcript.v1.MarkCuratedResponse
+ */
+export interface MarkCuratedResponse {
+  /**
+   * The conversation, with its `curated_through` (the larger of the stored
+   * value and the one sent).
+   *
+   * @generated from field: runifold.transcript.v1.Conversation conversation = 1;
+   */
+  'conversation'?: (Conversation | null);
+}
+
+/**
+ * Response of MarkCurated.
+ *
+ * @generated from message runifold.transcript.v1.MarkCuratedResponse
+ */
+export interface MarkCuratedResponse__Output {
+  /**
+   * The conversation, with its `curated_through` (the larger of the stored
+   * value and the one sent).
+   *
+   * @generated from field: runifold.transcript.v1.Conversation conversation = 1;
+   */
+  'conversation': (Conversation__Output | null);
+}
+
+/**
  * Request of ListNamespaces.
  *
  * @generated from message runifold.transcript.v1.ListNamespacesRequest
@@ -3699,6 +3829,16 @@ export interface TranscriptService__Methods {
    * @generated from rpc runifold.transcript.v1.TranscriptService.WatchConversation
    */
   watchConversation: { request: WatchConversationRequest; response: WatchConversationResponse__Output };
+  /**
+   * Records how far automatic curation has read a conversation
+   * (Conversation.curated_through): monotonic (a lower value changes nothing),
+   * never past the last entry, and only for the incarnation named (an erased
+   * one is NOT_FOUND / CONVERSATION_ERASED). MemoryService's curation jobs
+   * call it after they store what a batch of entries stated.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.MarkCurated
+   */
+  markCurated: { request: MarkCuratedRequest; response: MarkCuratedResponse__Output };
   /**
    * Lists the namespaces that hold conversations, among those the caller may
    * read: with authentication on, only namespaces its identity grants (every
