@@ -7,7 +7,7 @@ column lists and subqueries defined here and in conversations/statements.py.
 
 from __future__ import annotations
 
-from services.transcript.conversations.statements import FORK_COLUMNS, KEY
+from services.transcript.conversations.statements import FORK_COLUMNS
 
 ENTRY_COLUMNS = (
     "e.sequence, e.role, e.text, e.tool_calls, e.tool_call_id, e.metadata, e.created_at, "
@@ -155,17 +155,23 @@ SELECT coalesce(a.version, f.version) AS version,
 # sequences looked up by the entries' primary key. The cost grows with those writes and
 # the entries returned, never with the transcript's length.
 LIST_RETRACTED_ENTRIES = f"""
-WITH c AS MATERIALIZED ({KEY.strip()[1:-1]}
+WITH c AS MATERIALIZED (
+    SELECT conversation_key, prefix_keys, prefix_through, prefix_versions
+      FROM transcript.conversations
+     WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
 ), s AS (
     SELECT DISTINCT unnest(a.retracted) AS sequence
       FROM transcript.appends AS a
      WHERE a.conversation_key = (SELECT conversation_key FROM c)
        AND a.version > %(retracted_after)s AND a.retracted IS NOT NULL
 )
-SELECT {ENTRY_COLUMNS}
-  FROM transcript.entries AS e JOIN s USING (sequence)
- WHERE e.conversation_key = (SELECT conversation_key FROM c)
-   AND e.sequence > %(after)s AND e.sequence <= %(through)s
+SELECT c.prefix_keys, c.prefix_through, c.prefix_versions, e.*
+  FROM c LEFT JOIN LATERAL (
+        SELECT {ENTRY_COLUMNS}
+          FROM transcript.entries AS e JOIN s USING (sequence)
+         WHERE e.conversation_key = c.conversation_key
+           AND e.sequence > %(after)s AND e.sequence <= %(through)s
+         ORDER BY e.sequence
+         LIMIT %(limit)s) AS e ON true
  ORDER BY e.sequence
- LIMIT %(limit)s
 """

@@ -234,7 +234,10 @@ class PostgresViews(PostgresBase):
                 return None
             entries = [entry_from_row(row[3:]) for row in rows if row[3] is not None]
             prefix = prefix_from_columns(*rows[0][:3])
-            if prefix and after_sequence < prefix[-1].through_sequence:
+            # A fork's retractions are of its own entries (its shared prefix's are its
+            # source's writes, at or before the fork point): no prefix to read for them.
+            shares = not retracted_after_version
+            if shares and prefix and after_sequence < prefix[-1].through_sequence:
                 # A fork: the page begins in its shared prefix, in its lineage's rows.
                 high = prefix[-1].through_sequence
                 if through_sequence is not None:
