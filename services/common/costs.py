@@ -143,6 +143,12 @@ COSTS: dict[str, CostClass] = {
         _PAGE + " of appends (digests and retracted sequences, at most 256 each)",
         "never",
     ),
+    _T + "ListForks": CostClass(
+        "exempt",
+        _ONE_READ + " (a recursive walk of the forks index: one probe per fork found)",
+        "one row per fork (id and incarnation), at any depth",
+        "never",
+    ),
     # -- SummaryService -----------------------------------------------------------------
     _S + "GetSummary": CostClass("exempt", _ONE_READ, "one summary", "never"),
     _S + "CommitSummary": CostClass(

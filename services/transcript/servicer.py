@@ -426,6 +426,21 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             next_page_token=page.next_page_token,
         )
 
+    async def ListForks(
+        self, request: pb.ListForksRequest, context: Context
+    ) -> pb.ListForksResponse:
+        forks = await self.service.list_forks(request.namespace, request.conversation_id)
+        return pb.ListForksResponse(
+            forks=[
+                pb.ForkRef(
+                    conversation_id=str(fork.conversation_id),
+                    incarnation=fork.incarnation,
+                    source_conversation_id=str(fork.source_id),
+                )
+                for fork in forks
+            ]
+        )
+
     # A coroutine that writes through the context (grpc.aio serves both forms), so that
     # each write can time out; the stubs know only the generator form.
     async def WatchConversation(  # type: ignore[override]

@@ -42,6 +42,7 @@ from services.transcript.conversations.model import (
 from services.transcript.conversations.store import mark_refused
 from services.transcript.digests.model import GENESIS, ChainLink, body, chain_step, links
 from services.transcript.forks.model import (
+    ForkRef,
     NewFork,
     conversation_exists,
     fork_point_out_of_range,
@@ -498,6 +499,29 @@ class InMemoryTranscriptStore:
             return []
         previous = (rows[after_version - 1][3] if after_version else None) or GENESIS
         return links(rows[after_version : after_version + limit], previous)
+
+    async def list_forks(self, namespace: str, conversation_id: uuid.UUID) -> list[ForkRef]:
+        async with self._lock:
+            found: list[ForkRef] = []
+            level = [self._data.get((namespace, conversation_id))]
+            while level:
+                below = []
+                for stored in level:
+                    if stored is None:
+                        continue
+                    for fork_id, fork_incarnation in stored.forks:
+                        fork = self._data.get((namespace, fork_id))
+                        if fork is not None and fork.conversation.incarnation == fork_incarnation:
+                            found.append(
+                                ForkRef(
+                                    fork_id,
+                                    fork_incarnation,
+                                    uuid.UUID(str(stored.conversation.conversation_id)),
+                                )
+                            )
+                            below.append(fork)
+                level = below
+            return found
 
     async def fork_conversation(self, fork: NewFork) -> tuple[Conversation, bool]:
         async with self._lock:

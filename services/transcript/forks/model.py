@@ -27,6 +27,15 @@ _UNBOUNDED = SEQUENCE_MAX
 
 
 @dataclass(frozen=True, slots=True)
+class ForkRef:
+    """A fork as ListForks names it: what erasing its source erases with it."""
+
+    conversation_id: uuid.UUID
+    incarnation: int
+    source_id: uuid.UUID  # the conversation it was made from
+
+
+@dataclass(frozen=True, slots=True)
 class NewFork:
     """A fork as the store receives it (already validated)."""
 

@@ -12,12 +12,12 @@ from services.common import validation
 from services.common.errors import invalid_argument
 from services.common.validation import conversation_id
 from services.transcript.conversations.model import Conversation
-from services.transcript.forks.model import NewFork, fork_payload_hash
+from services.transcript.forks.model import ForkRef, NewFork, fork_payload_hash
 from services.transcript.forks.store import ForkStore
 
 
 class Forks:
-    """The fork method of TranscriptService (services/transcript/service.py)."""
+    """The fork methods of TranscriptService (services/transcript/service.py)."""
 
     store: ForkStore
 
@@ -62,3 +62,10 @@ class Forks:
                 fork_payload_hash(through_sequence, new_conversation_id_text),
             )
         )
+
+    async def list_forks(self, namespace: str, conversation_id_text: str) -> list[ForkRef]:
+        """The conversation's forks and theirs, at any depth, a fork before its own: what
+        erasing it erases with it (AgentService erases what was derived from their own
+        entries first). Empty when it has none or does not exist."""
+        validation.namespace(namespace)
+        return await self.store.list_forks(namespace, conversation_id(conversation_id_text))

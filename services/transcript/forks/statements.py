@@ -88,3 +88,19 @@ WITH created AS (
 )
 SELECT {CONVERSATION_COLUMNS} FROM created
 """
+
+# The forks of a conversation and theirs, level by level (ListForks): an index probe of
+# conversations_forks per fork found. `depth` orders a fork before its own forks.
+LIST_FORKS = """
+WITH RECURSIVE tree (conversation_key, conversation_id, incarnation, source_id, depth) AS (
+    SELECT f.conversation_key, f.conversation_id, f.incarnation, s.conversation_id, 1
+      FROM transcript.conversations AS s
+      JOIN transcript.conversations AS f ON f.fork_source_key = s.conversation_key
+     WHERE s.namespace = %(namespace)s AND s.conversation_id = %(conversation_id)s
+    UNION ALL
+    SELECT f.conversation_key, f.conversation_id, f.incarnation, t.conversation_id, t.depth + 1
+      FROM tree AS t
+      JOIN transcript.conversations AS f ON f.fork_source_key = t.conversation_key
+)
+SELECT conversation_id, incarnation, source_id FROM tree ORDER BY depth, conversation_key
+"""

@@ -8,6 +8,7 @@ written, the fork and its fork append. No entry is copied.
 
 from __future__ import annotations
 
+import uuid
 from typing import Protocol
 
 import psycopg
@@ -29,6 +30,7 @@ from services.transcript.conversations.store import (
 from services.transcript.digests.model import GENESIS, body
 from services.transcript.forks import statements as sql
 from services.transcript.forks.model import (
+    ForkRef,
     NewFork,
     chain,
     clip_prefix,
@@ -50,9 +52,21 @@ class ForkStore(Protocol):
         written then.
         """
 
+    async def list_forks(self, namespace: str, conversation_id: uuid.UUID) -> list[ForkRef]:
+        """The conversation's forks and theirs, a fork before its own forks (none when it
+        has none or does not exist)."""
+
 
 class PostgresForks(PostgresBase):
     """ForkStore on PostgreSQL (schema `transcript`)."""
+
+    async def list_forks(self, namespace: str, conversation_id: uuid.UUID) -> list[ForkRef]:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                sql.LIST_FORKS, {"namespace": namespace, "conversation_id": conversation_id}
+            )
+            rows = await cursor.fetchall()
+        return [ForkRef(row[0], int(row[1]), row[2]) for row in rows]
 
     async def fork_conversation(self, fork: NewFork) -> tuple[Conversation, bool]:
         for _ in range(2):

@@ -218,6 +218,19 @@ class TranscriptCalls(Connection):
         )
         return reply.conversation
 
+    async def list_forks(
+        self, conversation_id: str, *, namespace: str | None = None
+    ) -> list[transcript_pb.ForkRef]:
+        """The conversation's forks and theirs, at any depth (a fork before its own):
+        what erasing it erases with it."""
+        reply = await self._call(
+            self.transcripts.ListForks,
+            transcript_pb.ListForksRequest(
+                namespace=self._ns(namespace), conversation_id=conversation_id
+            ),
+        )
+        return list(reply.forks)
+
     async def appends(
         self, conversation_id: str, *, namespace: str | None = None, after_version: int = 0
     ) -> AsyncIterator[transcript_pb.Append]:

@@ -91,6 +91,12 @@ type TranscriptServiceClient interface {
 	// previous one: the chain anyone can recompute from them and ListEntries
 	// (docs/transcript.md says how) and compare with Conversation.head_digest.
 	ListAppends(ctx context.Context, in *ListAppendsRequest, opts ...grpc.CallOption) (*ListAppendsResponse, error)
+	// The forks of a conversation, and theirs, at any depth (each with its
+	// incarnation): what erasing it would erase with it. AgentService's
+	// EraseConversation reads them to erase what was derived from their own
+	// entries (summaries, memories) before it deletes the transcript. Empty when
+	// the conversation has none, or does not exist.
+	ListForks(ctx context.Context, in *ListForksRequest, opts ...grpc.CallOption) (*ListForksResponse, error)
 }
 
 type transcriptServiceClient struct {
@@ -286,6 +292,15 @@ func (c *transcriptServiceClient) ListAppends(ctx context.Context, in *ListAppen
 	return out, nil
 }
 
+func (c *transcriptServiceClient) ListForks(ctx context.Context, in *ListForksRequest, opts ...grpc.CallOption) (*ListForksResponse, error) {
+	out := new(ListForksResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/ListForks", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TranscriptServiceServer is the server API for TranscriptService service.
 // All implementations must embed UnimplementedTranscriptServiceServer
 // for forward compatibility
@@ -364,6 +379,12 @@ type TranscriptServiceServer interface {
 	// previous one: the chain anyone can recompute from them and ListEntries
 	// (docs/transcript.md says how) and compare with Conversation.head_digest.
 	ListAppends(context.Context, *ListAppendsRequest) (*ListAppendsResponse, error)
+	// The forks of a conversation, and theirs, at any depth (each with its
+	// incarnation): what erasing it would erase with it. AgentService's
+	// EraseConversation reads them to erase what was derived from their own
+	// entries (summaries, memories) before it deletes the transcript. Empty when
+	// the conversation has none, or does not exist.
+	ListForks(context.Context, *ListForksRequest) (*ListForksResponse, error)
 	mustEmbedUnimplementedTranscriptServiceServer()
 }
 
@@ -424,6 +445,9 @@ func (UnimplementedTranscriptServiceServer) ForkConversation(context.Context, *F
 }
 func (UnimplementedTranscriptServiceServer) ListAppends(context.Context, *ListAppendsRequest) (*ListAppendsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListAppends not implemented")
+}
+func (UnimplementedTranscriptServiceServer) ListForks(context.Context, *ListForksRequest) (*ListForksResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListForks not implemented")
 }
 func (UnimplementedTranscriptServiceServer) mustEmbedUnimplementedTranscriptServiceServer() {}
 
@@ -765,6 +789,24 @@ func _TranscriptService_ListAppends_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TranscriptService_ListForks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListForksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).ListForks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/ListForks",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).ListForks(ctx, req.(*ListForksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _TranscriptService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "runifold.transcript.v1.TranscriptService",
 	HandlerType: (*TranscriptServiceServer)(nil),
@@ -836,6 +878,10 @@ var _TranscriptService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListAppends",
 			Handler:    _TranscriptService_ListAppends_Handler,
+		},
+		{
+			MethodName: "ListForks",
+			Handler:    _TranscriptService_ListForks_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, ForkConversationRequest, ForkConversationResponse, GetConversationRequest, GetConversationResponse, GetErasureReceiptRequest, GetErasureReceiptResponse, GetStateRequest, GetStateResponse, ListAppendsRequest, ListAppendsResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, ListNamespacesRequest, ListNamespacesResponse, LoadViewRequest, LoadViewResponse, MarkCuratedRequest, MarkCuratedResponse, RecordErasureReceiptRequest, RecordErasureReceiptResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
+from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, ForkConversationRequest, ForkConversationResponse, GetConversationRequest, GetConversationResponse, GetErasureReceiptRequest, GetErasureReceiptResponse, GetStateRequest, GetStateResponse, ListAppendsRequest, ListAppendsResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, ListForksRequest, ListForksResponse, ListNamespacesRequest, ListNamespacesResponse, LoadViewRequest, LoadViewResponse, MarkCuratedRequest, MarkCuratedResponse, RecordErasureReceiptRequest, RecordErasureReceiptResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -199,6 +199,16 @@ class TranscriptService(Protocol):
         The conversation's appends in version order, each with its digest and the
         previous one: the chain anyone can recompute from them and ListEntries
         (docs/transcript.md says how) and compare with Conversation.head_digest.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def list_forks(self, request: ListForksRequest, ctx: RequestContext[ListForksRequest, ListForksResponse], /) -> ListForksResponse:
+        """
+        The forks of a conversation, and theirs, at any depth (each with its
+        incarnation): what erasing it would erase with it. AgentService's
+        EraseConversation reads them to erase what was derived from their own
+        entries (summaries, memories) before it deletes the transcript. Empty when
+        the conversation has none, or does not exist.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -413,6 +423,17 @@ class TranscriptServiceASGIApplication(ConnectASGIApplication[TranscriptService]
                         stream_type=StreamType.UNARY,
                     ),
                     function=svc.list_appends,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ListForks": Endpoint.unary(
+                    method=MethodInfo(
+                        name="ListForks",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ListForksRequest,
+                        output=ListForksResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.list_forks,
                 ),
             },
             interceptors=interceptors,
@@ -922,6 +943,33 @@ class TranscriptServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def list_forks(
+        self,
+        request: ListForksRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListForksResponse:
+        """
+        The forks of a conversation, and theirs, at any depth (each with its
+        incarnation): what erasing it would erase with it. AgentService's
+        EraseConversation reads them to erase what was derived from their own
+        entries (summaries, memories) before it deletes the transcript. Empty when
+        the conversation has none, or does not exist.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListForks",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ListForksRequest,
+                output=ListForksResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class TranscriptServiceSync(Protocol):
     """
@@ -1085,6 +1133,16 @@ class TranscriptServiceSync(Protocol):
         The conversation's appends in version order, each with its digest and the
         previous one: the chain anyone can recompute from them and ListEntries
         (docs/transcript.md says how) and compare with Conversation.head_digest.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def list_forks(self, request: ListForksRequest, ctx: RequestContext[ListForksRequest, ListForksResponse], /) -> ListForksResponse:
+        """
+        The forks of a conversation, and theirs, at any depth (each with its
+        incarnation): what erasing it would erase with it. AgentService's
+        EraseConversation reads them to erase what was derived from their own
+        entries (summaries, memories) before it deletes the transcript. Empty when
+        the conversation has none, or does not exist.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -1297,6 +1355,17 @@ class TranscriptServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.UNARY,
                     ),
                     function=service.list_appends,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ListForks": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="ListForks",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ListForksRequest,
+                        output=ListForksResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.list_forks,
                 ),
             },
             interceptors=interceptors,
@@ -1800,6 +1869,33 @@ class TranscriptServiceClientSync(ConnectClientSync):
                 service_name="runifold.transcript.v1.TranscriptService",
                 input=ListAppendsRequest,
                 output=ListAppendsResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def list_forks(
+        self,
+        request: ListForksRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListForksResponse:
+        """
+        The forks of a conversation, and theirs, at any depth (each with its
+        incarnation): what erasing it would erase with it. AgentService's
+        EraseConversation reads them to erase what was derived from their own
+        entries (summaries, memories) before it deletes the transcript. Empty when
+        the conversation has none, or does not exist.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListForks",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ListForksRequest,
+                output=ListForksResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
             ),

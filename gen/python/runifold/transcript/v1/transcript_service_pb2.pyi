@@ -2350,3 +2350,83 @@ class ListAppendsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListAppendsResponse: _TypeAlias = ListAppendsResponse  # noqa: Y015
+
+@_typing.final
+class ListForksRequest(_message.Message):
+    """Request of ListForks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace that owns the conversation."""
+    conversation_id: _builtins.str
+    """UUID of the conversation whose forks to list."""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListForksRequest: _TypeAlias = ListForksRequest  # noqa: Y015
+
+@_typing.final
+class ForkRef(_message.Message):
+    """A fork, as ListForks names it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    SOURCE_CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """UUID of the fork."""
+    incarnation: _builtins.int
+    """Its incarnation (Conversation.incarnation)."""
+    source_conversation_id: _builtins.str
+    """The conversation it was made from (the listed one, or a fork of it)."""
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        source_conversation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "incarnation", b"incarnation", "source_conversation_id", b"source_conversation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkRef: _TypeAlias = ForkRef  # noqa: Y015
+
+@_typing.final
+class ListForksResponse(_message.Message):
+    """Response of ListForks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FORKS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def forks(self) -> _containers.RepeatedCompositeFieldContainer[Global___ForkRef]:
+        """The forks, level by level (a fork before its own forks)."""
+
+    def __init__(
+        self,
+        *,
+        forks: _abc.Iterable[Global___ForkRef] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["forks", b"forks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListForksResponse: _TypeAlias = ListForksResponse  # noqa: Y015

@@ -140,6 +140,11 @@ class TranscriptServiceStub:
                 request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListAppendsRequest.SerializeToString,
                 response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListAppendsResponse.FromString,
                 _registered_method=True)
+        self.ListForks = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/ListForks',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListForksRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListForksResponse.FromString,
+                _registered_method=True)
 
 
 class TranscriptServiceServicer:
@@ -325,6 +330,17 @@ class TranscriptServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListForks(self, request, context):
+        """The forks of a conversation, and theirs, at any depth (each with its
+        incarnation): what erasing it would erase with it. AgentService's
+        EraseConversation reads them to erase what was derived from their own
+        entries (summaries, memories) before it deletes the transcript. Empty when
+        the conversation has none, or does not exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TranscriptServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -417,6 +433,11 @@ def add_TranscriptServiceServicer_to_server(servicer, server):
                     servicer.ListAppends,
                     request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListAppendsRequest.FromString,
                     response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListAppendsResponse.SerializeToString,
+            ),
+            'ListForks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListForks,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListForksRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListForksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -921,6 +942,33 @@ class TranscriptService:
             '/runifold.transcript.v1.TranscriptService/ListAppends',
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListAppendsRequest.SerializeToString,
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListAppendsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListForks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/ListForks',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListForksRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListForksResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -136,6 +136,13 @@ class TranscriptServiceStub:
     previous one: the chain anyone can recompute from them and ListEntries
     (docs/transcript.md says how) and compare with Conversation.head_digest.
     """
+    ListForks: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ListForksRequest, _transcript_service_pb2.ListForksResponse]
+    """The forks of a conversation, and theirs, at any depth (each with its
+    incarnation): what erasing it would erase with it. AgentService's
+    EraseConversation reads them to erase what was derived from their own
+    entries (summaries, memories) before it deletes the transcript. Empty when
+    the conversation has none, or does not exist.
+    """
 
 @_typing.type_check_only
 class TranscriptServiceAsyncStub(TranscriptServiceStub):
@@ -244,6 +251,13 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     """The conversation's appends in version order, each with its digest and the
     previous one: the chain anyone can recompute from them and ListEntries
     (docs/transcript.md says how) and compare with Conversation.head_digest.
+    """
+    ListForks: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ListForksRequest, _transcript_service_pb2.ListForksResponse]  # type: ignore[assignment]
+    """The forks of a conversation, and theirs, at any depth (each with its
+    incarnation): what erasing it would erase with it. AgentService's
+    EraseConversation reads them to erase what was derived from their own
+    entries (summaries, memories) before it deletes the transcript. Empty when
+    the conversation has none, or does not exist.
     """
 
 class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -458,6 +472,19 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         """The conversation's appends in version order, each with its digest and the
         previous one: the chain anyone can recompute from them and ListEntries
         (docs/transcript.md says how) and compare with Conversation.head_digest.
+        """
+
+    @_abc_1.abstractmethod
+    def ListForks(
+        self,
+        request: _transcript_service_pb2.ListForksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.ListForksResponse, _abc.Awaitable[_transcript_service_pb2.ListForksResponse]]:
+        """The forks of a conversation, and theirs, at any depth (each with its
+        incarnation): what erasing it would erase with it. AgentService's
+        EraseConversation reads them to erase what was derived from their own
+        entries (summaries, memories) before it deletes the transcript. Empty when
+        the conversation has none, or does not exist.
         """
 
 def add_TranscriptServiceServicer_to_server(servicer: TranscriptServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

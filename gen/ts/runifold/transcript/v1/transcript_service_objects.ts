@@ -3716,6 +3716,126 @@ export interface ListAppendsResponse__Output {
 }
 
 /**
+ * Request of ListForks.
+ *
+ * @generated from message runifold.transcript.v1.ListForksRequest
+ */
+export interface ListForksRequest {
+  /**
+   * Namespace that owns the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace'?: (string);
+  /**
+   * UUID of the conversation whose forks to list.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id'?: (string);
+}
+
+/**
+ * Request of ListForks.
+ *
+ * @generated from message runifold.transcript.v1.ListForksRequest
+ */
+export interface ListForksRequest__Output {
+  /**
+   * Namespace that owns the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace': (string);
+  /**
+   * UUID of the conversation whose forks to list.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id': (string);
+}
+
+/**
+ * A fork, as ListForks names it.
+ *
+ * @generated from message runifold.transcript.v1.ForkRef
+ */
+export interface ForkRef {
+  /**
+   * UUID of the fork.
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id'?: (string);
+  /**
+   * Its incarnation (Conversation.incarnation).
+   *
+   * @generated from field: int64 incarnation = 2;
+   */
+  'incarnation'?: (number | string | bigint);
+  /**
+   * The conversation it was made from (the listed one, or a fork of it).
+   *
+   * @generated from field: string source_conversation_id = 3;
+   */
+  'source_conversation_id'?: (string);
+}
+
+/**
+ * A fork, as ListForks names it.
+ *
+ * @generated from message runifold.transcript.v1.ForkRef
+ */
+export interface ForkRef__Output {
+  /**
+   * UUID of the fork.
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id': (string);
+  /**
+   * Its incarnation (Conversation.incarnation).
+   *
+   * @generated from field: int64 incarnation = 2;
+   */
+  'incarnation': (number);
+  /**
+   * The conversation it was made from (the listed one, or a fork of it).
+   *
+   * @generated from field: string source_conversation_id = 3;
+   */
+  'source_conversation_id': (string);
+}
+
+/**
+ * Response of ListForks.
+ *
+ * @generated from message runifold.transcript.v1.ListForksResponse
+ */
+export interface ListForksResponse {
+  /**
+   * The forks, level by level (a fork before its own forks).
+   *
+   * @generated from field: repeated runifold.transcript.v1.ForkRef forks = 1;
+   */
+  'forks'?: (ForkRef)[];
+}
+
+/**
+ * Response of ListForks.
+ *
+ * @generated from message runifold.transcript.v1.ListForksResponse
+ */
+export interface ListForksResponse__Output {
+  /**
+   * The forks, level by level (a fork before its own forks).
+   *
+   * @generated from field: repeated runifold.transcript.v1.ForkRef forks = 1;
+   */
+  'forks': (ForkRef__Output)[];
+}
+
+/**
  * Append-only conversation transcripts with compare-and-swap versioning.
  *
  * A conversation's `version` counts committed appends. Each entry has a
@@ -3882,5 +4002,15 @@ export interface TranscriptService__Methods {
    * @generated from rpc runifold.transcript.v1.TranscriptService.ListAppends
    */
   listAppends: { request: ListAppendsRequest; response: ListAppendsResponse__Output };
+  /**
+   * The forks of a conversation, and theirs, at any depth (each with its
+   * incarnation): what erasing it would erase with it. AgentService's
+   * EraseConversation reads them to erase what was derived from their own
+   * entries (summaries, memories) before it deletes the transcript. Empty when
+   * the conversation has none, or does not exist.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.ListForks
+   */
+  listForks: { request: ListForksRequest; response: ListForksResponse__Output };
 }
 
