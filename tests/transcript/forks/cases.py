@@ -312,6 +312,19 @@ class ForkCases(ServiceCases):
         second, _ = await service.fork_conversation(namespace, fid, 5)
         unrelated = await three_appends(service, namespace)
         other_fork, _ = await service.fork_conversation(namespace, unrelated, 2)
+        # What erasing it would erase with it: every fork, at any depth, a fork before its
+        # own, each with its incarnation and source (AgentService erases what was derived
+        # from them first); the unrelated conversation's fork is not among them.
+        listed = await service.list_forks(namespace, source)
+        assert [(str(f.conversation_id), f.incarnation, str(f.source_id)) for f in listed] == [
+            (fid, first.incarnation, source),
+            (str(second.conversation_id), second.incarnation, fid),
+        ]
+        assert [str(f.conversation_id) for f in await service.list_forks(namespace, fid)] == [
+            str(second.conversation_id)
+        ]
+        assert await service.list_forks(namespace, str(second.conversation_id)) == []
+        assert await service.list_forks(namespace, str(uuid.uuid4())) == []
         # Erasing a fork leaves its source.
         lone, _ = await service.fork_conversation(namespace, source, 1)
         lone_erased = await service.delete_conversation(namespace, str(lone.conversation_id))
@@ -332,3 +345,4 @@ class ForkCases(ServiceCases):
         # A conversation made again under the source's id has no forks.
         await service.create_conversation(namespace, source, {})
         assert await entries_of(service, namespace, source) == []
+        assert await service.list_forks(namespace, source) == []
