@@ -503,12 +503,11 @@ class InMemoryTranscriptStore:
     async def list_forks(self, namespace: str, conversation_id: uuid.UUID) -> list[ForkRef]:
         async with self._lock:
             found: list[ForkRef] = []
-            level = [self._data.get((namespace, conversation_id))]
+            root = self._data.get((namespace, conversation_id))
+            level = [root] if root is not None else []
             while level:
-                below = []
+                below: list[_Stored] = []
                 for stored in level:
-                    if stored is None:
-                        continue
                     for fork_id, fork_incarnation in stored.forks:
                         fork = self._data.get((namespace, fork_id))
                         if fork is not None and fork.conversation.incarnation == fork_incarnation:

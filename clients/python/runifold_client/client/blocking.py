@@ -173,6 +173,7 @@ class Client:
     append = _blocking(AsyncClient.append)
     entries = _iterating(AsyncClient.entries)
     fork_conversation = _blocking(AsyncClient.fork_conversation)
+    list_forks = _blocking(AsyncClient.list_forks)
     appends = _iterating(AsyncClient.appends)
     verify_conversation = _blocking(AsyncClient.verify_conversation)
     watch_conversation = _iterating(AsyncClient.watch_conversation)
