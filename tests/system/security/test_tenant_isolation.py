@@ -512,6 +512,14 @@ CASES: dict[str, Case] = {
             ),
         )
     ),
+    # B's conversation's forks, from A: none (as for an id that never existed).
+    "TranscriptService.ListForks": Case(
+        (
+            lambda ns, t, own: transcript_pb.ListForksRequest(
+                namespace=ns, conversation_id=t.conversation_id
+            ),
+        )
+    ),
     "TranscriptService.GetErasureReceipt": Case(
         (
             lambda ns, t, own: transcript_pb.GetErasureReceiptRequest(
