@@ -14,7 +14,9 @@ import type {
   MemoryService__Methods,
   MemorySource,
   Memory__Output,
+  GetCurationBacklogResponse__Output,
   ProposeMemoriesResponse__Output,
+  RequestCurationResponse__Output,
   SearchMemoriesResponse__Output,
   UpsertMemoryResponse__Output,
   WatchMemoriesResponse__Output,
@@ -239,6 +241,26 @@ export class MemoryCalls extends Connection {
       options,
     );
     return reply.erasure!;
+  }
+
+  /** Queue a background curation job of a conversation (an operator's call; turns with
+   * curation AUTO ask for it themselves): the waiting or running job, and whether it
+   * was made now. */
+  requestCuration(
+    conversationId: string,
+    options?: CallOptions,
+  ): Promise<RequestCurationResponse__Output> {
+    return this.unary(
+      MEMORY.requestCuration,
+      { namespace: this.ns(options), conversation_id: conversationId },
+      options,
+    );
+  }
+
+  /** The namespace's curation queue: depth, oldest waiting age, failed and running jobs,
+   * and what the hour's budget has used. */
+  getCurationBacklog(options?: CallOptions): Promise<GetCurationBacklogResponse__Output> {
+    return this.unary(MEMORY.getCurationBacklog, { namespace: this.ns(options) }, options);
   }
 
   /** Every revision of a memory, oldest first (erased ones keep only number, kind, time). */

@@ -18,6 +18,7 @@ import type {
   ErasureReceipt__Output as TranscriptErasureReceipt__Output,
   GetStateResponse__Output,
   LoadViewResponse__Output,
+  MarkCuratedResponse__Output,
   StateDelta,
   TranscriptService__Methods,
   TurnLeaseMode,
@@ -111,6 +112,8 @@ export class TranscriptCalls extends Connection {
       userId?: string;
       /** With each conversation's state (pages of at most 50). */
       withState?: boolean;
+      /** Newest first (by creation), instead of id order. */
+      newestFirst?: boolean;
     } = {},
   ): AsyncGenerator<Conversation__Output> {
     return this.pages(
@@ -123,10 +126,26 @@ export class TranscriptCalls extends Connection {
             page_token: token,
             user_id: options.userId ?? "",
             view: options.withState ? "CONVERSATION_VIEW_FULL" : "CONVERSATION_VIEW_BASIC",
+            order: options.newestFirst ? "CONVERSATION_ORDER_NEWEST_FIRST" : "CONVERSATION_ORDER_ID",
           },
           options,
         ),
       (page) => page.conversations,
+      (page) => page.next_page_token,
+    );
+  }
+
+  /** The namespaces that hold conversations among those the caller may read (its
+   * identity's grants; every one when the server has no authentication), by name. */
+  listNamespaces(options: CallOptions & { pageSize?: number } = {}): AsyncGenerator<string> {
+    return this.pages(
+      (token) =>
+        this.unary(
+          TRANSCRIPT.listNamespaces,
+          { page_size: options.pageSize ?? PAGE_SIZE, page_token: token },
+          options,
+        ),
+      (page) => page.namespaces,
       (page) => page.next_page_token,
     );
   }
@@ -201,6 +220,23 @@ export class TranscriptCalls extends Connection {
       options,
     );
     return reply.conversation!;
+  }
+
+  /** Every fork of a conversation at any depth (a fork before its own forks), each
+   * with its incarnation: what an erasure of the conversation takes with it. */
+  async listForks(
+    conversationId: string,
+    options?: CallOptions,
+  ): Promise<{ conversationId: string; incarnation: number }[]> {
+    const reply = await this.unary(
+      TRANSCRIPT.listForks,
+      { namespace: this.ns(options), conversation_id: conversationId },
+      options,
+    );
+    return reply.forks.map((fork) => ({
+      conversationId: fork.conversation_id,
+      incarnation: Number(fork.incarnation),
+    }));
   }
 
   /** Every append after a version, with its digest and the one it follows, page by page. */
@@ -408,6 +444,26 @@ export class TranscriptCalls extends Connection {
       options,
     );
     return reply.receipt!;
+  }
+
+  /** Record that a curator curated the conversation's entries through `curatedThrough`
+   * (it only moves forward), for the incarnation it read (0: the current one). */
+  async markCurated(
+    conversationId: string,
+    curatedThrough: number,
+    options: CallOptions & { incarnation?: number } = {},
+  ): Promise<Conversation__Output> {
+    const reply: MarkCuratedResponse__Output = await this.unary(
+      TRANSCRIPT.markCurated,
+      {
+        namespace: this.ns(options),
+        conversation_id: conversationId,
+        curated_through: curatedThrough,
+        incarnation: options.incarnation ?? 0,
+      },
+      options,
+    );
+    return reply.conversation!;
   }
 
   /** Take a turn lease before model work (`lease`), or learn that the turn committed

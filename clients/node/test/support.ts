@@ -107,6 +107,8 @@ export class Server {
       RUNIFOLD_LOG_LEVEL: "WARNING",
       RUNIFOLD_LOG_FORMAT: "json",
       RUNIFOLD_SUMMARY_POLL_INTERVAL_S: "0.05",
+      // The memory tests write memories themselves: no automatic curation beside them.
+      RUNIFOLD_CURATION: "off",
       RUNIFOLD_AGENT_MODEL_URL: model.baseUrl,
       RUNIFOLD_AGENT_MODEL_NAME: "fake-model",
       RUNIFOLD_AGENT_MODEL_API_KEY: "not-a-real-key",

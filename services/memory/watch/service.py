@@ -292,6 +292,12 @@ class Feed:
         interval = heartbeat_interval(heartbeat_s, self.limits.heartbeat_s)
         if self._closing:
             raise shutting_down()
+        if after_change_sequence > 0:
+            # Refused before the namespace is marked watched: a refusal writes nothing.
+            # (A head only grows: what passes here passes below.)
+            last = await self.store.last_change_sequence(namespace)
+            if after_change_sequence > last:
+                raise change_sequence_out_of_range(last)
         stream = Stream(namespace, self.budget)
         self._admit(stream)
         try:

@@ -23,6 +23,9 @@ class FeedStore(Protocol):
         """The namespace's head (its feed made, at 0, if it never changed), marked watched
         for `ttl_s` (unless it is for `renew_before_s` more already)."""
 
+    async def last_change_sequence(self, namespace: str) -> int:
+        """The namespace's last change (0 when it never changed), written nowhere."""
+
     async def read_changes(
         self, key: int, namespace: str, after: int, max_changes: int, max_bytes: int
     ) -> ChangePage:
@@ -96,6 +99,15 @@ class PostgresFeedStore:
                 if row is not None:
                     return Head(*row)
         raise RuntimeError("the namespace's feed row is neither made nor found")
+
+    async def last_change_sequence(self, namespace: str) -> int:
+        async with self.db.connection() as conn:
+            row = await fetch_one(
+                conn,
+                "SELECT last_change_sequence FROM memory.feeds WHERE namespace = %s",
+                (namespace,),
+            )
+        return int(row[0]) if row is not None else 0
 
     async def read_changes(
         self, key: int, namespace: str, after: int, max_changes: int, max_bytes: int

@@ -31,6 +31,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -548,6 +549,33 @@ CASES: dict[str, Case] = {
             ),
         )
     ),
+    # Curation: B's conversation, in A, as one that never existed; A's backlog, never B's.
+    "MemoryService.RequestCuration": Case(
+        (
+            lambda ns, t, own: memory_pb.RequestCurationRequest(
+                namespace=ns, conversation_id=t.conversation_id
+            ),
+        )
+    ),
+    "MemoryService.GetCurationBacklog": Case(
+        (lambda ns, t, own: memory_pb.GetCurationBacklogRequest(namespace=ns),)
+    ),
+    "TranscriptService.MarkCurated": Case(
+        (
+            lambda ns, t, own: transcript_pb.MarkCuratedRequest(
+                namespace=ns, conversation_id=t.conversation_id, curated_through=1
+            ),
+        )
+    ),
+    # The feed of A's memories: A's changes, then a heartbeat; never one of B's.
+    "MemoryService.WatchMemories": Case(
+        (
+            lambda ns, t, own: memory_pb.WatchMemoriesRequest(
+                namespace=ns, heartbeat_interval=Duration(seconds=1)
+            ),
+        ),
+        allowed=frozenset({"OK"}),
+    ),
     "MemoryService.GetMemoryErasure": Case(
         (
             lambda ns, t, own: memory_pb.GetMemoryErasureRequest(
@@ -568,6 +596,7 @@ _VOLATILE_KEYS = {
     "created_at",
     "expire_time",
     "job_id",
+    "read_time",  # a feed's heartbeat: when the server last looked
     # Opaque per creation and per grant (random, so they tell nothing either).
     "incarnation",
     "fencing_token",

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -22,7 +24,7 @@ import grpc
 from rich.console import Console
 
 import runifold_client
-from runifold_client.cli import chat, mcp, memory, summary, transcript, turn
+from runifold_client.cli import chat, interrupts, mcp, memory, summary, transcript, turn
 from runifold_client.cli.memory import _picked
 from runifold_client.cli.options import ENVIRONMENT, Formatter, _connection
 from runifold_client.cli.output import Output, UsageError, _print_error, plain
@@ -79,7 +81,7 @@ def _usage_error(message: str) -> NoReturn:
 
 
 # Exit statuses of a command a signal ended (128 + the signal's number), as shells report.
-INTERRUPTED = 130  # SIGINT: Ctrl-C
+INTERRUPTED = interrupts.INTERRUPTED
 PIPE_CLOSED = 141  # SIGPIPE: the reader of the output went away
 
 
@@ -97,6 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Ctrl-C ends it with 130, a closed output with 141 (the output then goes nowhere:
     Python's flush at exit finds nothing to complain about); never with a traceback."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, interrupts.interrupted)
     try:
         return _run(argv)
     except KeyboardInterrupt:

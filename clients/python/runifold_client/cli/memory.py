@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from runifold.memory.v1 import memory_service_pb2 as memory_pb
+from runifold_client.cli import interrupts
 from runifold_client.cli.options import _add, _client, _group, _pairs
 from runifold_client.cli.output import Output, UsageError, plain
 from runifold_client.client import Client, source
@@ -99,7 +100,10 @@ def cmd_memory_propose(args: argparse.Namespace, output: Output, client: Client)
     else:
         try:
             answer = output.console.input("store which? [dim](e.g. 1,3 / all / none)[/dim] ")
-        except (EOFError, KeyboardInterrupt):
+        except EOFError:
+            answer = ""
+        except KeyboardInterrupt:
+            interrupts.handled()  # an answer: none
             answer = ""
         chosen = [i for i in _picked(answer, len(proposals)) if i in storable]
     stored = [client.confirm_proposal(proposals[i]) for i in chosen]

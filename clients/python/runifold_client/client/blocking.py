@@ -7,6 +7,7 @@ into a blocking call (each async iterator into an iterator); it adds no logic of
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import threading
 import weakref
@@ -150,13 +151,19 @@ class Client:
             if aclose is not None:
                 await aclose()
 
+        pending: concurrent.futures.Future[tuple[bool, T | None]] | None = None
         try:
             while True:
-                more, item = self._run(step())
+                pending = asyncio.run_coroutine_threadsafe(step(), self._loop)
+                more, item = pending.result()
                 if not more:
                     return
                 yield item  # type: ignore[misc]
         finally:
+            if pending is not None:
+                # Interrupted before the fetch began on the loop (a loaded machine):
+                # it never begins; begun, close() cancels it and waits for it.
+                pending.cancel()
             if not self._loop.is_closed():
                 self._run(close())
 
