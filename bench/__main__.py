@@ -22,6 +22,7 @@ from bench import (
     chat_loop,
     curation,
     embedding,
+    forks,
     hostile,
     memory,
     memory_watch,
@@ -34,6 +35,7 @@ from bench.common import postgres
 
 SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "transcript": transcript.run,
+    "forks": forks.run,
     "summary": summary.run,
     "memory": memory.run,
     "agent": agent.run,
@@ -45,6 +47,7 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
     "hostile": hostile.run,
     "curation": curation.run,
     # Parts of the suites above, to run alone.
+    "digests": forks.digests_only,
     "summary-claim": summary.claim_cost,
     "memory-indexing": memory.indexing,
     "memory-validity": memory.validity,
@@ -58,6 +61,7 @@ SUITES: dict[str, Callable[[str], Coroutine[Any, Any, list[str]]]] = {
 }
 DEFAULT = [
     "transcript",
+    "forks",
     "summary",
     "memory",
     "agent",

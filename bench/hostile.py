@@ -33,6 +33,8 @@ its peak during the flood, and what the flood got (ok, refused by reason).
   conversation (AgentService.GetErasureReceipt, TranscriptService.GetErasureReceipt and
   RecordErasureReceipt, MemoryService.GetMemoryErasure: exempt classes, short statements
   by key); probe: AgentService.GetErasureReceipt.
+- forks: 32 in flight forking a conversation of 50 entries and paging its digest chain
+  (ForkConversation, ListAppends); probe: the same in the quiet namespace.
 """
 
 from __future__ import annotations
@@ -261,6 +263,16 @@ def _probes(
             agent_pb.GetErasureReceiptRequest(namespace=QUIET, receipt_id=mine["erased"]["receipt"])
         )
 
+    async def fork(i: int) -> None:
+        await transcript.ForkConversation(
+            pb.ForkConversationRequest(
+                namespace=QUIET, conversation_id=mine["talk"], through_sequence=25
+            )
+        )
+        await transcript.ListAppends(
+            pb.ListAppendsRequest(namespace=QUIET, conversation_id=mine["talk"], page_size=20)
+        )
+
     return {
         "appends": append,
         "searches": search,
@@ -273,6 +285,7 @@ def _probes(
         "listings": listing,
         "namespaces": listing,
         "receipts": receipt,
+        "forks": fork,
     }
 
 
@@ -288,6 +301,7 @@ PROBE_NAMES = {
     "listings": "ListConversations",
     "namespaces": "ListConversations",
     "receipts": "GetErasureReceipt",
+    "forks": "Fork + ListAppends",
 }
 
 
@@ -508,6 +522,22 @@ async def _flood(kind: str, address: str, seeds: dict[str, Any], tally: Counter[
                 ),
             ]
             tasks = [_forever(tally, readers[w % len(readers)]) for w in range(32)]
+        elif kind == "forks":
+            fork = pb.ForkConversationRequest(
+                namespace=HOSTILE, conversation_id=mine["talk"], through_sequence=25
+            )
+            chain = pb.ListAppendsRequest(
+                namespace=HOSTILE, conversation_id=mine["talk"], page_size=1000
+            )
+            tasks = [
+                _forever(
+                    tally,
+                    functools.partial(transcript.ForkConversation, fork)
+                    if w % 2
+                    else functools.partial(transcript.ListAppends, chain),
+                )
+                for w in range(32)
+            ]
         await asyncio.gather(*tasks)
 
 

@@ -24,8 +24,9 @@ by GetErasureReceipt (or a retry of the erasure). A receipt holds counts, never 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 from services.agent.model import (
     Erasure,
@@ -97,6 +98,50 @@ def _pending(summary: SummaryErasure | None, memory: MemoryErasure | None) -> li
     return pending
 
 
+@dataclass(frozen=True, slots=True)
+class _ForkParts:
+    """What the erasure of a conversation's forks' derived parts did, added up."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    pending: list[str] = field(default_factory=list)
+    summary_rows: int = 0
+    memories_deleted: int = 0
+
+
+async def _erase_forks(
+    transcripts: Transcripts,
+    summaries: Summaries,
+    memories: Memories,
+    namespace: str,
+    conversation_id: str,
+    part: Callable[[str, Awaitable[Any]], Awaitable[Any]],
+) -> _ForkParts:
+    """Erase the summaries and memories of the conversation's forks (and theirs), each for
+    its own incarnation; their counts are added to the receipt's (each service reports the
+    totals of an incarnation, so a retry adds the same again, and the receipt's counts
+    only grow). A part whose service is unreachable is left in `remaining` (by `part`)
+    and the transcript kept, so that the retry finds the forks again.
+
+    A fork made after the forks were listed (between this read and the transcript's
+    deletion) is deleted with the transcript but not found here."""
+    forks = await part(TRANSCRIPT, transcripts.forks(namespace, conversation_id))
+    done = _ForkParts()
+    for fork_id, fork_incarnation in forks or ():
+        summary = await part(SUMMARY, summaries.erase(namespace, fork_id, fork_incarnation))
+        memory = await part(
+            MEMORY, memories.forget_conversation(namespace, fork_id, fork_incarnation)
+        )
+        for name, count in _counts(summary, memory).items():
+            done.counts[name] = done.counts.get(name, 0) + count
+        done.pending.extend(name for name in _pending(summary, memory) if name not in done.pending)
+        done = replace(
+            done,
+            summary_rows=done.summary_rows + (summary.rows if summary else 0),
+            memories_deleted=done.memories_deleted + (memory.deleted if memory else 0),
+        )
+    return done
+
+
 async def erase(
     transcripts: Transcripts,
     summaries: Summaries,
@@ -114,9 +159,12 @@ async def erase(
     before tombstones, or by a plain DeleteConversation); if its last erasure's receipt
     is not complete, that erasure is finished and its receipt completed.
 
-    Curation jobs and forks are counted 0: no curation job or fork exists to erase yet
-    (memory migration 0007 brings curation jobs; their count will come from
-    MemoryService's erasure, beside the memories').
+    Curation jobs are counted 0: none exists to erase yet (memory migration 0007 brings
+    them; their count will come from MemoryService's erasure, beside the memories').
+    Forks are counted by TranscriptService when it deletes the transcript (its forks, and
+    theirs, go with it); 0 here. What was derived from the forks' own entries (their
+    summaries and memories) is erased before that, for each fork's incarnation, and
+    counted with the conversation's own.
     """
     validation.namespace(namespace)
     validation.conversation_id(conversation_id)
@@ -144,6 +192,22 @@ async def erase(
     )
     counts = {**_counts(summary, memory), CURATION_JOBS: 0, FORKS: 0}
     pending = _pending(summary, memory)
+    summary_rows = summary.rows if summary else 0
+    memories_deleted = memory.deleted if memory else 0
+    if incarnation is not None:
+        # Its forks go with its transcript, and what was derived from their own entries
+        # (summaries of a fork, memories sourced from it) must go too: erased here, each
+        # for the fork's incarnation (a tombstone each), BEFORE the transcript, which is
+        # the only place the forks can be found. A call that dies midway leaves the
+        # transcript, so its retry finds the forks again and erases what is left.
+        fork_parts = await _erase_forks(
+            transcripts, summaries, memories, namespace, conversation_id, part
+        )
+        for name, count in fork_parts.counts.items():
+            counts[name] = counts.get(name, 0) + count
+        pending += [name for name in fork_parts.pending if name not in pending]
+        summary_rows += fork_parts.summary_rows
+        memories_deleted += fork_parts.memories_deleted
     deletion = TranscriptDeletion(0, 0, kept)
     if incarnation is not None:
         if remaining:
@@ -174,9 +238,9 @@ async def erase(
         deletion = TranscriptDeletion(0, 0, recorded or kept)
     return Erasure(
         deletion.entries,
-        summary.rows if summary else 0,
-        memory.deleted if memory else 0,
-        remaining,
+        summary_rows,
+        memories_deleted,
+        sorted(set(remaining), key=remaining.index),
         deletion.receipt,
     )
 

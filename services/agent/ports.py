@@ -97,6 +97,10 @@ class Transcripts(Protocol):
     async def incarnation(self, namespace: str, conversation_id: str) -> int | None:
         """The conversation's incarnation, or None when it does not exist."""
 
+    async def forks(self, namespace: str, conversation_id: str) -> list[tuple[str, int]]:
+        """The conversation's forks and theirs (id and incarnation), a fork before its
+        own; none when it has none or does not exist."""
+
     async def delete_conversation(
         self,
         namespace: str,

@@ -278,6 +278,13 @@ class GrpcTranscripts:
             raise
         return int(reply.conversation.incarnation)
 
+    async def forks(self, namespace: str, conversation_id: str) -> list[tuple[str, int]]:
+        reply = await self.peer.call(
+            self.stub.ListForks,
+            transcript_pb.ListForksRequest(namespace=namespace, conversation_id=conversation_id),
+        )
+        return [(fork.conversation_id, int(fork.incarnation)) for fork in reply.forks]
+
     async def delete_conversation(
         self,
         namespace: str,

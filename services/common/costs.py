@@ -130,6 +130,25 @@ COSTS: dict[str, CostClass] = {
     _T + "GetErasureReceipt": CostClass(
         "exempt", _ONE_READ + " (by key)", "one receipt (at most 32 counts)", "never"
     ),
+    _T + "ForkConversation": CostClass(
+        "exempt",
+        _ONE_WRITE + " (index probes, one per conversation of the source's lineage, and two "
+        "rows written: no entry is copied, whatever the prefix's length)",
+        "one conversation row and its state (RUNIFOLD_MAX_STATE_BYTES)",
+        "never",
+    ),
+    _T + "ListAppends": CostClass(
+        "exempt",
+        _ONE_READ + " (a range of the appends' primary key per segment of a fork's lineage)",
+        _PAGE + " of appends (digests and retracted sequences, at most 256 each)",
+        "never",
+    ),
+    _T + "ListForks": CostClass(
+        "exempt",
+        _ONE_READ + " (a recursive walk of the forks index: one probe per fork found)",
+        "one row per fork (id and incarnation), at any depth",
+        "never",
+    ),
     # -- SummaryService -----------------------------------------------------------------
     _S + "GetSummary": CostClass("exempt", _ONE_READ, "one summary", "never"),
     _S + "CommitSummary": CostClass(

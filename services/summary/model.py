@@ -38,6 +38,10 @@ class ConversationState:
 
     last_sequence: int
     incarnation: int
+    # A fork's source and the last sequence it shares with it (ForkConversation): a
+    # summary of the source within that prefix serves the fork until it has its own.
+    fork_source: uuid.UUID | None = None
+    fork_through: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +54,9 @@ class NewSummary:
     through_sequence: int
     expected_through_sequence: int | None
     incarnation: int = 0
+    # A fork without a summary of its own: what its source's summary covers (it serves
+    # the fork, so the fork's first commit must be newer and may name it as expected).
+    inherited_through: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +158,7 @@ def check_commit(current: Summary | None, new: NewSummary) -> Summary | None:
     SummaryConflict when the compare-and-swap fails, SummaryNotNewer when the
     commit does not cover more than the current summary.
     """
-    current_through = current.through_sequence if current is not None else 0
+    current_through = current.through_sequence if current is not None else new.inherited_through
     if (
         current is not None
         and current.through_sequence == new.through_sequence

@@ -30,7 +30,13 @@ class GrpcTranscripts:
             pb.GetConversationRequest(conversation_id=str(conversation_id), namespace=namespace),
         )
         conversation = response.conversation
-        return ConversationState(conversation.last_sequence, conversation.incarnation)
+        origin = conversation.fork_origin if conversation.HasField("fork_origin") else None
+        return ConversationState(
+            conversation.last_sequence,
+            conversation.incarnation,
+            uuid.UUID(origin.conversation_id) if origin is not None else None,
+            origin.through_sequence if origin is not None else 0,
+        )
 
     async def entry_after(
         self, namespace: str, conversation_id: uuid.UUID, sequence: int

@@ -81,7 +81,31 @@ class SummaryService:
         summary, state = await asyncio.gather(
             self.store.get_summary(namespace, cid), self.transcripts.conversation(namespace, cid)
         )
-        return (summary if summary is not None and summary.describes(state) else None), state
+        if summary is not None and summary.describes(state):
+            return summary, state
+        return await self._inherited(namespace, state), state
+
+    async def _inherited(self, namespace: str, state: ConversationState) -> Summary | None:
+        """For a fork without a summary of its own: its source's summary, when it lies
+        within the prefix the fork shares (it summarizes the fork's entries too), and
+        theirs for a fork of a fork. It keeps its source's conversation_id."""
+        source, through = state.fork_source, state.fork_through
+        while source is not None:
+            summary, source_state = await asyncio.gather(
+                self.store.get_summary(namespace, source),
+                self.transcripts.conversation(namespace, source),
+            )
+            if (
+                summary is not None
+                and summary.describes(source_state)
+                and summary.through_sequence <= through
+            ):
+                return summary
+            # None of the source's serves (none, or one beyond the fork point): its own
+            # source's may (within both prefixes, which share those entries).
+            source = source_state.fork_source
+            through = min(through, source_state.fork_through)
+        return None
 
     async def get_summary(self, namespace: str, conversation_id_text: str) -> Summary | None:
         """The current summary; None when none was committed. NOT_FOUND when the
@@ -147,9 +171,16 @@ class SummaryService:
                 "through_sequence ends between a tool call and its results",
                 field="through_sequence",
             )
+        inherited = await self._inherited(namespace, state) if state.fork_source else None
         return await self.store.commit_summary(
             NewSummary(
-                namespace, cid, text, through_sequence, expected_through_sequence, state.incarnation
+                namespace,
+                cid,
+                text,
+                through_sequence,
+                expected_through_sequence,
+                state.incarnation,
+                inherited.through_sequence if inherited is not None else 0,
             )
         )
 
@@ -252,8 +283,21 @@ class SummaryService:
                 text = self._checked_output(output.text)
                 new_through = view.summary_buffer[-1].sequence
                 try:
+                    inherited = (
+                        current.through_sequence
+                        if current is not None and current.conversation_id != cid
+                        else 0
+                    )
                     result = await self.store.commit_summary(
-                        NewSummary(namespace, cid, text, new_through, through, state.incarnation)
+                        NewSummary(
+                            namespace,
+                            cid,
+                            text,
+                            new_through,
+                            through,
+                            state.incarnation,
+                            inherited,
+                        )
                     )
                 except DomainError as error:
                     if error.reason != "SUMMARY_CONFLICT":

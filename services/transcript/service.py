@@ -7,6 +7,8 @@ SQL (statements.py):
 - conversations/: create, get, list and erase conversations; the state of a
   conversation, its user and its namespace;
 - appends/: AppendEntries, one atomic append with compare-and-swap and idempotency;
+- forks/: ForkConversation, a conversation from a prefix of another, sharing it;
+- digests/: the digest chain of appends (ListAppends);
 - views/: LoadView (the bounded context of a turn) and ListEntries;
 - leases/: turn leases (`TranscriptService.leases`);
 - watch/: WatchConversation, served beside this class (component.py wires it);
@@ -21,13 +23,15 @@ from services.common.pagination import PageTokens
 from services.transcript.appends.service import Appends
 from services.transcript.config import TranscriptLimits
 from services.transcript.conversations.service import Conversations
+from services.transcript.digests.service import Chain
+from services.transcript.forks.service import Forks
 from services.transcript.leases.service import TurnLeases
 from services.transcript.receipts.service import Receipts
 from services.transcript.store import TranscriptStore
 from services.transcript.views.service import Views
 
 
-class TranscriptService(Conversations, Appends, Views, Receipts):
+class TranscriptService(Conversations, Appends, Views, Receipts, Forks, Chain):
     """Conversations and their append-only entries."""
 
     store: TranscriptStore

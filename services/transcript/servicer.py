@@ -42,6 +42,13 @@ def conversation_to_proto(conversation: Conversation) -> pb.Conversation:
         state_json=conversation.state_json,
         curated_through=conversation.curated_through,
         preview=conversation.preview,
+        fork_origin=pb.ForkOrigin(
+            conversation_id=str(conversation.fork_origin.conversation_id),
+            through_sequence=conversation.fork_origin.through_sequence,
+        )
+        if conversation.fork_origin is not None
+        else None,
+        head_digest=conversation.head_digest,
     )
 
 
@@ -223,6 +230,7 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             usage=convert.usage_to_proto(record.usage),
             user_state_version=result.user_state_version,
             namespace_state_version=result.namespace_state_version,
+            digest=record.digest,
         )
 
     async def ListEntries(
@@ -377,6 +385,61 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             request.model_call_failed,
         )
         return pb.ReleaseTurnLeaseResponse(released=released)
+
+    async def ForkConversation(
+        self, request: pb.ForkConversationRequest, context: Context
+    ) -> pb.ForkConversationResponse:
+        conversation, created = await self.service.fork_conversation(
+            request.namespace,
+            request.conversation_id,
+            request.through_sequence,
+            request.new_conversation_id,
+            request.request_id,
+        )
+        return pb.ForkConversationResponse(
+            conversation=conversation_to_proto(conversation), created=created
+        )
+
+    async def ListAppends(
+        self, request: pb.ListAppendsRequest, context: Context
+    ) -> pb.ListAppendsResponse:
+        page = await self.service.list_appends(
+            request.namespace,
+            request.conversation_id,
+            request.after_version,
+            request.page_size,
+            request.page_token,
+        )
+        return pb.ListAppendsResponse(
+            appends=[
+                pb.Append(
+                    version=link.version,
+                    first_sequence=link.first_sequence,
+                    last_sequence=link.last_sequence,
+                    digest=link.digest,
+                    previous_digest=link.previous_digest,
+                    commit_time=convert.timestamp(link.commit_time),
+                    retracted_sequences=link.retracted_sequences,
+                )
+                for link in page.appends
+            ],
+            next_page_token=page.next_page_token,
+        )
+
+    async def ListForks(
+        self, request: pb.ListForksRequest, context: Context
+    ) -> pb.ListForksResponse:
+        forks = await self.service.list_forks(request.namespace, request.conversation_id)
+        return pb.ListForksResponse(
+            forks=[
+                pb.ForkRef(
+                    conversation_id=str(fork.conversation_id),
+                    incarnation=fork.incarnation,
+                    source_conversation_id=str(fork.source_id),
+                )
+                for fork in forks
+            ]
+        )
 
     # A coroutine that writes through the context (grpc.aio serves both forms), so that
     # each write can time out; the stubs know only the generator form.

@@ -10,18 +10,33 @@ from typing import Protocol
 
 from services.transcript.appends.store import AppendStore, PostgresAppends
 from services.transcript.conversations.store import ConversationStore, PostgresConversations
+from services.transcript.digests.store import ChainStore, PostgresChain
+from services.transcript.forks.store import ForkStore, PostgresForks
 from services.transcript.leases.store import PostgresTurnLeases, TurnLeaseStore
 from services.transcript.receipts.store import PostgresReceipts, ReceiptStore
 from services.transcript.views.store import PostgresViews, ViewStore
 
 
 class TranscriptStore(
-    ConversationStore, AppendStore, ViewStore, TurnLeaseStore, ReceiptStore, Protocol
+    ConversationStore,
+    AppendStore,
+    ViewStore,
+    TurnLeaseStore,
+    ReceiptStore,
+    ForkStore,
+    ChainStore,
+    Protocol,
 ):
     """What the transcript service needs from a store. Every method is atomic."""
 
 
 class PostgresTranscriptStore(
-    PostgresConversations, PostgresAppends, PostgresViews, PostgresTurnLeases, PostgresReceipts
+    PostgresConversations,
+    PostgresAppends,
+    PostgresViews,
+    PostgresTurnLeases,
+    PostgresReceipts,
+    PostgresForks,
+    PostgresChain,
 ):
     """TranscriptStore on PostgreSQL (schema `transcript`)."""

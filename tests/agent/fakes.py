@@ -175,6 +175,12 @@ class FakeTranscripts:
             raise
         return found.incarnation
 
+    async def forks(self, namespace: str, conversation_id: str) -> list[tuple[str, int]]:
+        if self.down:
+            raise StoreUnavailable("transcript")
+        found = await self.service.list_forks(namespace, conversation_id)
+        return [(str(fork.conversation_id), fork.incarnation) for fork in found]
+
     async def delete_conversation(
         self,
         namespace: str,

@@ -34,6 +34,7 @@ from services.summary.config import SummaryConfig
 from services.transcript.component import TranscriptComponent
 from tests.memory.support import memory_config
 from tests.support.settings import server_settings
+from tests.support.stack import full_stack
 from tests.support.waiting import wait_for
 
 
@@ -239,3 +240,129 @@ async def test_erase_removes_everything_and_resumes_after_an_outage(
             )
         )
         assert untouched.conversation.last_sequence == 30
+
+
+async def test_erasing_a_source_erases_what_was_derived_from_its_forks(
+    shared_database_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """A fork goes with its source's transcript, and so must the summary and memories made
+    from the fork's own entries: erased for the fork's incarnation before the transcript
+    (the only place the fork can be found), and counted in the source's receipt."""
+    async with full_stack(
+        shared_database_url,
+        tmp_path,
+        None,
+        summary_env={"RUNIFOLD_SUMMARY_WORKERS": "0"},
+    ) as stack:
+        transcript, summary, memory = stack.transcript, stack.summary, stack.memory
+        source = (
+            await transcript.CreateConversation(
+                transcript_pb.CreateConversationRequest(namespace=namespace)
+            )
+        ).conversation.conversation_id
+        await transcript.AppendEntries(
+            transcript_pb.AppendEntriesRequest(
+                namespace=namespace,
+                conversation_id=source,
+                messages=[
+                    common_pb2.Message(role=common_pb2.ROLE_USER, text=f"shared {i}")
+                    for i in range(2)
+                ],
+            )
+        )
+        fork = (
+            await transcript.ForkConversation(
+                transcript_pb.ForkConversationRequest(
+                    namespace=namespace, conversation_id=source, through_sequence=2
+                )
+            )
+        ).conversation
+        grandchild = (
+            await transcript.ForkConversation(
+                transcript_pb.ForkConversationRequest(
+                    namespace=namespace, conversation_id=fork.conversation_id, through_sequence=2
+                )
+            )
+        ).conversation
+        listed = await transcript.ListForks(
+            transcript_pb.ListForksRequest(namespace=namespace, conversation_id=source)
+        )
+        assert [
+            (f.conversation_id, f.incarnation, f.source_conversation_id) for f in listed.forks
+        ] == [
+            (fork.conversation_id, fork.incarnation, source),
+            (grandchild.conversation_id, grandchild.incarnation, fork.conversation_id),
+        ]
+        derived: list[str] = []
+        for target in (fork.conversation_id, grandchild.conversation_id):
+            await transcript.AppendEntries(
+                transcript_pb.AppendEntriesRequest(
+                    namespace=namespace,
+                    conversation_id=target,
+                    messages=[
+                        common_pb2.Message(role=common_pb2.ROLE_USER, text=f"own {i}")
+                        for i in range(2)
+                    ],
+                )
+            )
+            await summary.CommitSummary(
+                summary_pb.CommitSummaryRequest(
+                    namespace=namespace,
+                    conversation_id=target,
+                    text="a summary of the fork",
+                    through_sequence=4,
+                )
+            )
+            made = await memory.UpsertMemory(
+                memory_pb.UpsertMemoryRequest(
+                    namespace=namespace,
+                    content=f"the fork {target} said its own thing",
+                    sources=[
+                        memory_pb.MemorySource(
+                            conversation_id=target, from_sequence=3, through_sequence=4
+                        )
+                    ],
+                )
+            )
+            derived.append(made.memory.memory_id)
+
+        erased = await stack.agent.EraseConversation(
+            pb.EraseConversationRequest(namespace=namespace, conversation_id=source), timeout=30
+        )
+        assert erased.complete or list(erased.remaining) == ["memory_index"]
+        assert (erased.memories_deleted, erased.summaries_erased) == (2, True)
+        receipt = erased.receipt
+        assert (receipt.forks, receipt.summaries, receipt.memories) == (2, 2, 2)
+        for target in (fork.conversation_id, grandchild.conversation_id):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await transcript.GetConversation(
+                    transcript_pb.GetConversationRequest(
+                        namespace=namespace, conversation_id=target
+                    )
+                )
+            assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await summary.GetSummary(
+                    summary_pb.GetSummaryRequest(namespace=namespace, conversation_id=target)
+                )
+            assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        for memory_id in derived:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await memory.GetMemory(
+                    memory_pb.GetMemoryRequest(namespace=namespace, memory_id=memory_id)
+                )
+            assert error_info(caught.value).reason == "MEMORY_NOT_FOUND"  # type: ignore[union-attr]
+        listed_memories = await memory.ListMemories(
+            memory_pb.ListMemoriesRequest(namespace=namespace)
+        )
+        assert list(listed_memories.memories) == []
+
+        async def never_found() -> bool:
+            found = await memory.SearchMemories(
+                memory_pb.SearchMemoriesRequest(
+                    namespace=namespace, query="the fork said its own thing", limit=5
+                )
+            )
+            return not found.degraded and not found.results
+
+        await wait_for(never_found, timeout=30)

@@ -131,3 +131,30 @@ async def test_a_receipt_is_not_found_under_another_namespace() -> None:
         with pytest.raises(DomainError) as missing:
             await call
         assert missing.value.reason == "ERASURE_RECEIPT_NOT_FOUND"
+
+
+async def test_a_forks_summary_is_erased_before_the_transcript_and_a_retry_finishes() -> None:
+    # The fork's summary goes first (for the fork's incarnation); MemoryService down keeps
+    # the transcript, so the retry still finds the fork and erases what is left of it.
+    world, cid = await erased_world()
+    fork, _ = await world.transcripts.service.fork_conversation(NS, cid, 20)
+    fork_id = str(fork.conversation_id)
+    await world.summaries.summarize(NS, fork_id, 16, 64, 1, Budget(10, 10, 10))
+    assert fork_id in world.summaries.summaries
+    world.memories.down = True
+    first = await world.agent.erase(NS, cid)
+    assert list(first.remaining) == ["memory", "transcript"]
+    assert fork_id not in world.summaries.summaries
+    assert (fork_id, fork.incarnation) in world.summaries.erased
+    assert first.receipt is not None and first.receipt.counts["summaries"] == 2
+    assert [
+        str(f.conversation_id) for f in await world.transcripts.service.list_forks(NS, cid)
+    ] == [fork_id]
+    world.memories.down = False
+    again = await world.agent.erase(NS, cid)
+    assert again.complete and again.receipt is not None
+    assert again.receipt.receipt_id == first.receipt.receipt_id
+    # The fork's memories were erased for its own incarnation, and it went with the source.
+    assert (fork_id, fork.incarnation) in world.memories.erased
+    assert again.receipt.counts["summaries"] == 2 and again.receipt.counts["forks"] == 1
+    assert await world.transcripts.incarnation(NS, fork_id) is None

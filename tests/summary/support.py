@@ -37,7 +37,13 @@ class LocalTranscripts:
 
     async def conversation(self, namespace: str, conversation_id: uuid.UUID) -> ConversationState:
         conversation = await self.service.get_conversation(namespace, str(conversation_id))
-        return ConversationState(conversation.last_sequence, conversation.incarnation)
+        origin = conversation.fork_origin
+        return ConversationState(
+            conversation.last_sequence,
+            conversation.incarnation,
+            origin.conversation_id if origin is not None else None,
+            origin.through_sequence if origin is not None else 0,
+        )
 
     async def entry_after(
         self, namespace: str, conversation_id: uuid.UUID, sequence: int

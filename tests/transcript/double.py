@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
-from services.common.domain import Entry, Role
+from services.common.domain import Entry, Role, Usage
 from services.common.errors import VersionConflict
 from services.transcript.appends.model import (
     AppendResult,
@@ -30,6 +30,7 @@ from services.transcript.conversations.model import (
     AppendRecord,
     Conversation,
     Deletion,
+    ForkOrigin,
     ScopedState,
     StateChange,
     conversation_erased,
@@ -39,6 +40,13 @@ from services.transcript.conversations.model import (
     state_too_large,
 )
 from services.transcript.conversations.store import mark_refused
+from services.transcript.digests.model import GENESIS, ChainLink, body, chain_step, links
+from services.transcript.forks.model import (
+    ForkRef,
+    NewFork,
+    conversation_exists,
+    fork_point_out_of_range,
+)
 from services.transcript.leases.model import (
     EndedTurn,
     Enqueue,
@@ -57,6 +65,7 @@ from services.transcript.leases.store import WAIT_LEASE_S
 from services.transcript.receipts.model import (
     APPENDS,
     ENTRIES,
+    FORKS,
     ErasureProgress,
     ErasureReceipt,
     merge,
@@ -110,6 +119,16 @@ class _Stored:
     appends: dict[str, AppendRecord] = field(default_factory=dict)
     provisional: str | None = None
     turns: dict[str, _Turn] = field(default_factory=dict)
+    # Every append in version order, and the state after each version ([0]: at creation).
+    records: list[AppendRecord] = field(default_factory=list)
+    retracted: list[tuple[int, ...]] = field(default_factory=list)  # per version
+    states: list[str] = field(default_factory=lambda: ["{}"])
+    # A fork's shared prefix ends here (its entries cannot be retracted by the fork); the
+    # forks made of this one (by id, incarnation), and its forks' request ids.
+    prefix_end: int = 0
+    shared_versions: int = 0  # the appends of the prefix (its source's)
+    forks: list[tuple[uuid.UUID, int]] = field(default_factory=list)
+    fork_requests: dict[str, tuple[bytes, uuid.UUID, int]] = field(default_factory=dict)
 
     def live_holder(self, now: datetime) -> tuple[str, _Turn] | None:
         """The turn holding an exclusive lease that has not lapsed."""
@@ -198,7 +217,7 @@ class InMemoryTranscriptStore:
                 user_id,
                 _merged("{}", state.conversation),
             )
-            self._data[key] = _Stored(conversation)
+            self._data[key] = _Stored(conversation, states=[conversation.state_json])
             if user_id is not None:
                 self._commit_scoped(namespace, user_id, user_after, now)
             self._commit_scoped(namespace, "", namespace_after, now)
@@ -245,7 +264,7 @@ class InMemoryTranscriptStore:
             if append.state.user is not None and current.user_id is None:
                 raise no_user()
             for sequence in append.retract:
-                if sequence > len(stored.entries):
+                if sequence > len(stored.entries) or sequence <= stored.prefix_end:
                     raise entry_not_retractable(sequence)
                 entry = stored.entries[sequence - 1]
                 held = entry.message
@@ -270,12 +289,17 @@ class InMemoryTranscriptStore:
                     stored.entries[sequence - 1], retracted_version=version, retract_time=now
                 )
             last = current.last_sequence + len(append.messages)
+            digest = b""
+            if append.digest_body is not None:
+                previous = current.head_digest or GENESIS
+                digest = chain_step(previous, version, first, last, now, append.digest_body)
             stored.conversation = replace(
                 current,
                 version=version,
                 last_sequence=last,
                 update_time=now,
                 state_json=conversation_state,
+                head_digest=digest or current.head_digest,
             )
             user_version = (
                 self._commit_scoped(append.namespace, current.user_id, user_after, now)
@@ -283,7 +307,12 @@ class InMemoryTranscriptStore:
                 else 0
             )
             namespace_version = self._commit_scoped(append.namespace, "", namespace_after, now)
-            record = AppendRecord(version, first, last, append.usage, now, append.payload_hash)
+            record = AppendRecord(
+                version, first, last, append.usage, now, append.payload_hash, digest
+            )
+            stored.records.append(record)
+            stored.states.append(conversation_state)
+            stored.retracted.append(tuple(append.retract))
             if append.request_id is not None:
                 stored.appends[append.request_id] = record
             if token is not None:  # kept a while as committed, as in PostgreSQL
@@ -424,17 +453,145 @@ class InMemoryTranscriptStore:
             erased = Deletion(False)
             if stored is not None and incarnation in (0, stored.conversation.incarnation):
                 del self._data[(namespace, conversation_id)]
-                erased = Deletion(True, len(stored.entries), stored.conversation.version)
+                entries = len(stored.entries) - stored.prefix_end
+                appends = stored.conversation.version - stored.shared_versions
+                forks = 0
+                # Its forks, and theirs (a fork of a conversation made again under its id
+                # is not the new one's).
+                pending = list(stored.forks)
+                while pending:
+                    fork_id, fork_incarnation = pending.pop()
+                    fork = self._data.get((namespace, fork_id))
+                    if fork is not None and fork.conversation.incarnation == fork_incarnation:
+                        del self._data[(namespace, fork_id)]
+                        entries += len(fork.entries) - fork.prefix_end
+                        appends += fork.conversation.version - fork.shared_versions
+                        forks += 1
+                        pending.extend(fork.forks)
+                erased = Deletion(True, entries, appends, forks=forks)
             kept_key = (namespace, conversation_id, incarnation)
             if receipt is None or not incarnation:
                 return erased
             if not erased.deleted and kept_key not in self._receipts:
                 return erased  # never a receipt of a conversation that was not there
-            counts = {**receipt.counts, ENTRIES: erased.entries, APPENDS: erased.appends}
+            counts = {
+                **receipt.counts,
+                ENTRIES: erased.entries,
+                APPENDS: erased.appends,
+                FORKS: erased.forks,
+            }
             kept = self._record(
                 namespace, conversation_id, incarnation, ErasureProgress(counts, receipt.remaining)
             )
             return replace(erased, receipt=kept)
+
+    async def list_appends(
+        self, namespace: str, conversation_id: uuid.UUID, after_version: int, limit: int
+    ) -> list[ChainLink] | None:
+        stored = self._data.get((namespace, conversation_id))
+        if stored is None:
+            return None
+        rows = [
+            (r.version, r.first_sequence, r.last_sequence, r.digest or None, r.commit_time, t)
+            for r, t in zip(stored.records, stored.retracted, strict=True)
+        ]
+        if after_version > len(rows):
+            return []
+        previous = (rows[after_version - 1][3] if after_version else None) or GENESIS
+        return links(rows[after_version : after_version + limit], previous)
+
+    async def list_forks(self, namespace: str, conversation_id: uuid.UUID) -> list[ForkRef]:
+        async with self._lock:
+            found: list[ForkRef] = []
+            root = self._data.get((namespace, conversation_id))
+            level = [root] if root is not None else []
+            while level:
+                below: list[_Stored] = []
+                for stored in level:
+                    for fork_id, fork_incarnation in stored.forks:
+                        fork = self._data.get((namespace, fork_id))
+                        if fork is not None and fork.conversation.incarnation == fork_incarnation:
+                            found.append(
+                                ForkRef(
+                                    fork_id,
+                                    fork_incarnation,
+                                    uuid.UUID(str(stored.conversation.conversation_id)),
+                                )
+                            )
+                            below.append(fork)
+                level = below
+            return found
+
+    async def fork_conversation(self, fork: NewFork) -> tuple[Conversation, bool]:
+        async with self._lock:
+            source = self._data.get((fork.namespace, fork.source_id))
+            if source is None:
+                raise conversation_not_found()
+            if fork.request_id is not None and fork.request_id in source.fork_requests:
+                digest, fork_id, incarnation = source.fork_requests[fork.request_id]
+                made = self._data.get((fork.namespace, fork_id))
+                if made is not None and made.conversation.incarnation == incarnation:
+                    if digest != fork.payload_hash:
+                        raise request_id_reused()
+                    return made.conversation, False
+            current = source.conversation
+            through = fork.through_sequence
+            if through > current.last_sequence:
+                raise fork_point_out_of_range(current.last_sequence)
+            if (fork.namespace, fork.conversation_id) in self._data:
+                raise conversation_exists()
+            # The fork point: the last append whose entries all lie at or before it.
+            version = max(
+                (r.version for r in source.records if r.last_sequence <= through), default=0
+            )
+            cut_from = source.records[version - 1].last_sequence + 1 if version else 1
+            now = datetime.now(UTC)
+            state = source.states[version]
+            previous = (source.records[version - 1].digest if version else b"") or GENESIS
+            cut = [entry.message for entry in source.entries[cut_from - 1 : through]]
+            digest = chain_step(previous, version + 1, cut_from, through, now, body((), cut))
+            conversation = Conversation(
+                fork.conversation_id,
+                fork.namespace,
+                version + 1,
+                through,
+                now,
+                now,
+                dict(current.labels),
+                _random_token(),
+                current.user_id,
+                state,
+                fork_origin=ForkOrigin(fork.source_id, through),
+                head_digest=digest,
+            )
+            # The prefix as the fork sees it: what the source retracted after the fork
+            # point is not retracted in the fork.
+            entries = [
+                entry
+                if entry.retracted_version <= version
+                else replace(entry, retracted_version=0, retract_time=None)
+                for entry in source.entries[:through]
+            ]
+            record = AppendRecord(
+                version + 1, cut_from, through, Usage(), now, fork.payload_hash, digest
+            )
+            self._data[(fork.namespace, fork.conversation_id)] = _Stored(
+                conversation,
+                entries,
+                records=[*source.records[:version], record],
+                retracted=[*source.retracted[:version], ()],
+                states=[*source.states[: version + 1], state],
+                prefix_end=through,
+                shared_versions=version,
+            )
+            source.forks.append((fork.conversation_id, conversation.incarnation))
+            if fork.request_id is not None:
+                source.fork_requests[fork.request_id] = (
+                    fork.payload_hash,
+                    fork.conversation_id,
+                    conversation.incarnation,
+                )
+            return conversation, True
 
     # -- erasure receipts (the same rule as the PostgreSQL store: receipts.model.merge) --
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import random
@@ -314,7 +315,10 @@ async def test_grpcurl_uses_reflection_without_proto_files(
     )
     # The descriptors reflection serves carry each field's JSON name (buf generate writes
     # them), so grpcurl answers in proto3 JSON's lowerCamelCase; requests may use either.
-    assert json.loads(out) == {
+    reply = json.loads(out)
+    # The append's digest (base64 in proto3 JSON): SHA-256, 32 bytes.
+    assert len(base64.b64decode(reply.pop("digest"))) == 32
+    assert reply == {
         "version": "1",
         "firstSequence": "1",
         "lastSequence": "1",

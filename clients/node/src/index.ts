@@ -45,6 +45,7 @@ export {
 } from "./connection.js";
 export { newConversationId, type WatchOptions } from "./transcript.js";
 export type { WatchMemoriesOptions } from "./memory.js";
+export { VerificationFailed, type Verified } from "./digests.js";
 export type { WatchPosition } from "./watch.js";
 export { ConcurrencyMode, SummaryMode, TurnStage } from "./gen/runifold/agent/v1/agent_service_objects.js";
 export { Role } from "./gen/runifold/common/v1/common_objects.js";

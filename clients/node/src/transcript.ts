@@ -10,6 +10,7 @@ import { TranscriptService } from "./gen/runifold/transcript/v1/transcript_servi
 import type {
   AcquireTurnLeaseResponse__Output,
   AppendEntriesResponse__Output,
+  Append__Output,
   Conversation__Output,
   DeleteConversationResponse__Output,
   EndedTurn,
@@ -24,6 +25,7 @@ import type {
   TurnLease__Output,
   WatchConversationResponse__Output,
 } from "./gen/runifold/transcript/v1/transcript_service_objects.js";
+import { type Verified, bytesOf, recompute } from "./digests.js";
 import { Position, type WatchPosition, backoffMs } from "./watch.js";
 
 const TRANSCRIPT = rpcs<TranscriptService__Methods>(TranscriptService);
@@ -194,6 +196,97 @@ export class TranscriptCalls extends Connection {
   /** The same as appendEntries. */
   append(...args: Parameters<TranscriptCalls["appendEntries"]>): Promise<AppendEntriesResponse__Output> {
     return this.appendEntries(...args);
+  }
+
+  /**
+   * A new conversation from the entries 1..throughSequence of this one, sharing them
+   * (edit and regenerate: fork before the message to edit, run the turn on the fork).
+   * Idempotent by requestId (made here when absent).
+   */
+  async forkConversation(
+    conversationId: string,
+    throughSequence: number,
+    options: CallOptions & { newConversationId?: string; requestId?: string } = {},
+  ): Promise<Conversation__Output> {
+    const reply = await this.unary(
+      TRANSCRIPT.forkConversation,
+      {
+        namespace: this.ns(options),
+        conversation_id: conversationId,
+        through_sequence: throughSequence,
+        new_conversation_id: options.newConversationId ?? "",
+        request_id: options.requestId ?? randomId(),
+      },
+      options,
+    );
+    return reply.conversation!;
+  }
+
+  /** Every fork of a conversation at any depth (a fork before its own forks), each
+   * with its incarnation: what an erasure of the conversation takes with it. */
+  async listForks(
+    conversationId: string,
+    options?: CallOptions,
+  ): Promise<{ conversationId: string; incarnation: number }[]> {
+    const reply = await this.unary(
+      TRANSCRIPT.listForks,
+      { namespace: this.ns(options), conversation_id: conversationId },
+      options,
+    );
+    return reply.forks.map((fork) => ({
+      conversationId: fork.conversation_id,
+      incarnation: Number(fork.incarnation),
+    }));
+  }
+
+  /** Every append after a version, with its digest and the one it follows, page by page. */
+  listAppends(
+    conversationId: string,
+    options: CallOptions & { afterVersion?: number } = {},
+  ): AsyncGenerator<Append__Output> {
+    return this.pages(
+      (token) =>
+        this.unary(
+          TRANSCRIPT.listAppends,
+          {
+            namespace: this.ns(options),
+            conversation_id: conversationId,
+            after_version: options.afterVersion ?? 0,
+            page_size: PAGE_SIZE,
+            page_token: token,
+          },
+          options,
+        ),
+      (page) => page.appends,
+      (page) => page.next_page_token,
+    );
+  }
+
+  /**
+   * Recompute the conversation's digest chain from its entries and appends and compare it
+   * with GetConversation's head digest, or find on it the `headDigest` you hold (an
+   * append's digest you kept); throws VerificationFailed at the first append that was
+   * changed, removed or reordered.
+   */
+  async verifyConversation(
+    conversationId: string,
+    options: CallOptions & { headDigest?: Uint8Array } = {},
+  ): Promise<Verified> {
+    const conversation = await this.getConversation(conversationId, options);
+    const appends: Append__Output[] = [];
+    for await (const append of this.listAppends(conversationId, options)) {
+      if (append.version <= conversation.version) appends.push(append);
+    }
+    const last = appends.length ? appends[appends.length - 1].last_sequence : 0;
+    const entries = new Map<number, Entry__Output>();
+    if (last > 0) {
+      for await (const entry of this.listEntries(conversationId, { ...options, throughSequence: last })) {
+        if (entry.sequence <= last) entries.set(entry.sequence, entry);
+      }
+    }
+    const held = options.headDigest && options.headDigest.length > 0;
+    const head = bytesOf(held ? options.headDigest! : conversation.head_digest);
+    return recompute(appends, entries, head, Boolean(held));
   }
 
   /** Every entry after a sequence (up to throughSequence; 0: the end), page by page. */

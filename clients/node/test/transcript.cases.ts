@@ -10,6 +10,7 @@ import * as grpc from "@grpc/grpc-js";
 import {
   Aborted,
   InvalidArgument,
+  VerificationFailed,
   NotFound,
   RunifoldClient,
   RunifoldError,
@@ -31,7 +32,7 @@ describe("the contract", () => {
       const text = readFileSync(path.join(REPOSITORY, "proto", file), "utf8");
       return [...text.matchAll(/^\s*rpc\s+(\w+)\s*\(/gm)].map((match) => match[1]);
     });
-    assert.equal(rpcs.length, 38);
+    assert.equal(rpcs.length, 41);
     const methods = new Set(Object.getOwnPropertyNames(RunifoldClient.prototype));
     for (const rpc of rpcs) {
       const name = rpc[0].toLowerCase() + rpc.slice(1);
@@ -46,6 +47,32 @@ describe("the contract", () => {
 });
 
 describe("TranscriptService", () => {
+  test("fork a conversation and verify its digest chain", async () => {
+    const { conversation_id: id } = await client.createConversation();
+    const first = await client.append(id, ["What is 2 + 2?", "Say it twice"], { expectedVersion: 0 });
+    await client.append(id, ["five"], { expectedVersion: 1 });
+    const fork = await client.forkConversation(id, 2, { requestId: "regenerate" });
+    assert.equal(fork.fork_origin?.conversation_id, id);
+    assert.equal(fork.fork_origin?.through_sequence, 2);
+    const again = await client.forkConversation(id, 2, { requestId: "regenerate" });
+    assert.equal(again.conversation_id, fork.conversation_id);
+    await client.append(fork.conversation_id, ["four"]);
+    const texts = (await collect(client.listEntries(fork.conversation_id))).map((e) => e.message?.text);
+    assert.deepEqual(texts, ["What is 2 + 2?", "Say it twice", "four"]);
+
+    const verified = await client.verifyConversation(id);
+    assert.equal(verified.appends, 2);
+    const head = Uint8Array.from((await client.getConversation(id)).head_digest);
+    assert.deepEqual(verified.headDigest, head);
+    const held = await client.verifyConversation(id, { headDigest: Uint8Array.from(first.digest) });
+    assert.equal(held.appends, 2);
+    assert.equal((await client.verifyConversation(fork.conversation_id)).appends, 3);
+    await assert.rejects(
+      client.verifyConversation(id, { headDigest: new Uint8Array(32).fill(7) }),
+      (error) => error instanceof VerificationFailed,
+    );
+  });
+
   test("create, get and list conversations", async () => {
     const mine = fresh();
     const id = newConversationId();

@@ -23,6 +23,7 @@ from runifold_client.client import (
     new_conversation_id,
     source,
 )
+from runifold_client.digests import VerificationFailed, Verified
 from runifold_client.errors import (
     Aborted,
     AlreadyExists,
@@ -93,6 +94,8 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "Usage",
+    "VerificationFailed",
+    "Verified",
     "VersionConflict",
     "__version__",
     "assistant",

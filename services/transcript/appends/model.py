@@ -32,6 +32,9 @@ class NewAppend:
     state: StateChange = NO_STATE_CHANGE
     retract: tuple[int, ...] = ()  # sequences of standing entries (with expected_version)
     max_state_bytes: int = 64 * 1024  # each state document once changed
+    # Its canonical bytes after the header (digests.model.body); None: no digest (the
+    # benchmark's baseline only).
+    digest_body: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from services.transcript.conversations.model import (
     StateChange,
     conversation_not_found,
 )
+from services.transcript.digests.model import body
 from services.transcript.views.store import ViewStore
 
 # An unconditional append that depends on the transcript's tail (it starts with
@@ -52,6 +53,8 @@ class Appends:
 
     store: AppendingStore
     limits: TranscriptLimits
+    # Whether appends extend the digest chain (always, but in the benchmark's baseline).
+    digests: bool = True
 
     def validate_messages(
         self, messages: Sequence[Message], field: str = "messages", allow_empty: bool = False
@@ -98,6 +101,7 @@ class Appends:
         self.validate_messages(messages, allow_empty=bool(state or retracted))
         encoded = canonical_json(messages)
         digest = write_digest(encoded, state, retracted)
+        digest_body = body(retracted, messages) if self.digests else None
 
         def command(version: int | None) -> NewAppend:
             return NewAppend(
@@ -113,6 +117,7 @@ class Appends:
                 state,
                 retracted,
                 self.limits.max_state_bytes,
+                digest_body,
             )
 
         if not messages or messages[0].role != Role.TOOL:

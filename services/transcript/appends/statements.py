@@ -14,6 +14,7 @@ from services.transcript.conversations.statements import (
     UPSERT_SCOPED,
     USER_STATE_AFTER,
 )
+from services.transcript.digests.statements import GENESIS
 
 # Whether every sequence a write retracts names a standing entry without tool calls
 # or a tool result (role 3) of conversation `c`.
@@ -57,6 +58,16 @@ WITH locked AS (
            state = CASE WHEN %(conversation_state)s::jsonb IS NULL THEN state
                         ELSE state || %(conversation_state)s::jsonb END,
            provisional_turn_id = NULL,
+           -- The digest chain (digests/model.py): the previous digest, this append's header
+           -- (version, sequences, commit time in microseconds) and its body (retractions
+           -- and messages, encoded by the service).
+           head_digest = CASE WHEN %(digest_body)s::bytea IS NULL THEN head_digest
+                              ELSE sha256(coalesce(head_digest, {GENESIS})
+                                          || int8send(version + 1)
+                                          || int8send(last_sequence + 1)
+                                          || int8send(last_sequence + %(count)s)
+                                          || int8send((extract(epoch FROM now()) * 1000000)::bigint)
+                                          || %(digest_body)s::bytea) END,
            lease_turn_id = CASE WHEN lease_fencing_token = %(fencing_token)s::bigint
                                 THEN NULL ELSE lease_turn_id END,
            lease_until = CASE WHEN lease_fencing_token = %(fencing_token)s::bigint
@@ -77,7 +88,11 @@ WITH locked AS (
        AND {RETRACTABLE}
        AND {STATE_FITS}
  RETURNING c.conversation_key, c.version, c.last_sequence, c.update_time, c.user_id,
-           coalesce(c.watched_until >= now(), false) AS watched
+           coalesce(c.watched_until >= now(), false) AS watched,
+           -- The state after a write that changed it, kept on its append record: a fork
+           -- copies the state as it was at its fork point (forks/).
+           CASE WHEN %(conversation_state)s::jsonb IS NOT NULL THEN c.state END AS state_after,
+           CASE WHEN %(digest_body)s::bytea IS NOT NULL THEN c.head_digest END AS digest
 ), finished AS (
     -- The commit ends the turn's lease. The row stays a while (the sweep removes it):
     -- it keeps a one-statement grant whose snapshot predates this commit (and so does
@@ -90,10 +105,11 @@ WITH locked AS (
 ), recorded AS (
     INSERT INTO transcript.appends
            (conversation_key, version, first_sequence, last_sequence, request_id,
-            payload_hash, input_tokens, output_tokens, model_calls, commit_time, retracted)
+            payload_hash, input_tokens, output_tokens, model_calls, commit_time, retracted,
+            state, digest)
     SELECT conversation_key, version, last_sequence - %(count)s + 1, last_sequence,
            %(request_id)s, %(payload_hash)s, %(input_tokens)s, %(output_tokens)s,
-           %(model_calls)s, update_time, %(retract)s::bigint[]
+           %(model_calls)s, update_time, %(retract)s::bigint[], state_after, digest
       FROM bumped
 ), written AS (
     INSERT INTO transcript.entries
@@ -119,7 +135,7 @@ WITH locked AS (
 )
 SELECT version, last_sequence, update_time,
        (SELECT version FROM user_state), (SELECT version FROM namespace_state),
-       conversation_key, watched
+       conversation_key, watched, digest
   FROM bumped
 """)
 
@@ -147,7 +163,8 @@ SELECT c.version, a.version, a.first_sequence, a.last_sequence, a.input_tokens,
        %(user_state)s::jsonb IS NOT NULL AND c.user_id IS NOT NULL
            AND octet_length({USER_STATE_AFTER}::text) > %(max_state_bytes)s,
        %(namespace_state)s::jsonb IS NOT NULL
-           AND octet_length({NAMESPACE_STATE_AFTER}::text) > %(max_state_bytes)s
+           AND octet_length({NAMESPACE_STATE_AFTER}::text) > %(max_state_bytes)s,
+       a.digest
   FROM transcript.conversations AS c
   LEFT JOIN LATERAL (
         SELECT * FROM transcript.appends AS a

@@ -10,6 +10,7 @@ nothing is written. Only when the statement wrote nothing do we look at why
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Protocol
 
 import psycopg
@@ -70,6 +71,7 @@ def append_parameters(append: NewAppend) -> dict[str, Any]:
         "fencing_token": append.fencing_token,
         "retract": list(append.retract) or None,
         "max_state_bytes": append.max_state_bytes,
+        "digest_body": append.digest_body,
         **state_parameters(append.state),
     }
 
@@ -92,7 +94,16 @@ class PostgresAppends(PostgresBase):
                 except psycopg.errors.UniqueViolation:
                     row = None  # the request id is recorded: nothing was written; replay below
                 if row is not None:
-                    version, last, commit_time, user_version, namespace_version, key, watched = row
+                    (
+                        version,
+                        last,
+                        commit_time,
+                        user_version,
+                        namespace_version,
+                        key,
+                        watched,
+                        digest,
+                    ) = row
                     self.changed(key, watched)
                     return AppendResult(
                         AppendRecord(
@@ -102,6 +113,7 @@ class PostgresAppends(PostgresBase):
                             append.usage,
                             commit_time,
                             append.payload_hash,
+                            bytes(digest) if digest is not None else b"",
                         ),
                         replayed=False,
                         user_state_version=user_version or 0,
@@ -128,7 +140,8 @@ def _refused(append: NewAppend, why: Any) -> AppendResult | None:
         record = record_from_row(why[1:9])
         if record.payload_hash != append.payload_hash:
             raise request_id_reused()
-        return AppendResult(record, replayed=True)
+        digest = bytes(why[18]) if why[18] is not None else b""
+        return AppendResult(replace(record, digest=digest), replayed=True)
     holder, lease_live, lease_fencing_token, own_live = why[9:13]
     if append.fencing_token is not None and not own_live:
         metrics.TURN_FENCING_TOKEN_REFUSALS.inc()

@@ -42,6 +42,25 @@ class ConversationOrder(enum.IntEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class ForkOrigin:
+    """Where a fork came from: its source, and the last sequence of the source it shares."""
+
+    conversation_id: uuid.UUID
+    through_sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A part of a fork's shared prefix held by a conversation of its lineage: the entries
+    through `through_sequence` and the appends through `through_version` (each after the
+    previous segment's). `key` is the store's name of the conversation holding them."""
+
+    key: int
+    through_sequence: int
+    through_version: int
+
+
+@dataclass(frozen=True, slots=True)
 class Conversation:
     """A conversation and its counters."""
 
@@ -62,6 +81,17 @@ class Conversation:
     curated_through: int = 0
     # Listings only: the start of its first user message (see preview()); "" elsewhere.
     preview: str = ""
+    # Set on a fork (ForkConversation): where it came from, and the segments of the prefix
+    # it shares with its lineage (the store reads its entries there).
+    fork_origin: ForkOrigin | None = None
+    prefix: tuple[Segment, ...] = ()
+    # The digest of its newest append (b"": none yet, or only appends from before digests).
+    head_digest: bytes = b""
+
+    @property
+    def prefix_end(self) -> int:
+        """The last sequence of the shared prefix (0: no fork, every entry is its own)."""
+        return self.prefix[-1].through_sequence if self.prefix else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +104,8 @@ class AppendRecord:
     usage: Usage
     commit_time: datetime
     payload_hash: bytes | None = None
+    # Its digest in the conversation's chain (b"": recorded before digests, or not read).
+    digest: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +143,7 @@ class Deletion:
     entries: int = 0
     appends: int = 0
     receipt: ErasureReceipt | None = None
+    forks: int = 0  # its forks (and theirs) erased with it
 
 
 def user_id(value: str, field: str = "user_id") -> str:

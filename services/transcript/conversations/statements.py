@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import functools
 
+# A fork's origin and shared prefix (migration 0011), after the other columns.
+FORK_COLUMNS = (
+    "fork_origin_id, fork_through, prefix_keys, prefix_through, prefix_versions, head_digest"
+)
 CONVERSATION_COLUMNS = (
     "conversation_id, namespace, version, last_sequence, create_time, update_time, labels, "
-    "incarnation, user_id, state::text, curated_through"
+    f"incarnation, user_id, state::text, curated_through, {FORK_COLUMNS}"
 )
 # The same without the state (CONVERSATION_VIEW_BASIC listings): '' in its place.
 CONVERSATION_BASIC_COLUMNS = (
     "conversation_id, namespace, version, last_sequence, create_time, update_time, labels, "
-    "incarnation, user_id, '', curated_through"
+    f"incarnation, user_id, '', curated_through, {FORK_COLUMNS}"
 )
 
 # The state a write would leave in a user's (user_id = the conversation's) or the
@@ -55,9 +59,9 @@ WATCHED = "coalesce(watched_until >= now(), false) AS watched"
 CREATE_CONVERSATION = f"""
 WITH created AS (
     INSERT INTO transcript.conversations AS c
-           (namespace, conversation_id, labels, user_id, state)
+           (namespace, conversation_id, labels, user_id, state, initial_state)
     SELECT %(namespace)s, %(conversation_id)s, %(labels)s, %(user_id)s,
-           coalesce(%(conversation_state)s::jsonb, '{{}}')
+           coalesce(%(conversation_state)s::jsonb, '{{}}'), %(conversation_state)s::jsonb
      WHERE (%(user_state)s::jsonb IS NULL
             OR octet_length({SCOPED_AFTER.format(user="%(user_id)s", delta="user_state")}::text)
                <= %(max_state_bytes)s)
@@ -171,4 +175,13 @@ SELECT g.namespace FROM unnest(%(among)s::text[]) AS g(namespace)
    AND EXISTS (SELECT 1 FROM transcript.conversations AS c WHERE c.namespace = g.namespace)
  ORDER BY g.namespace
  LIMIT %(limit)s
+"""
+
+# Erasure: the forks of the conversations just erased (one level of their descendants),
+# removed. Each level is a statement of its own, so that a fork made while the level
+# above was being erased (it held its source until it committed) is found by the next.
+ERASE_FORKS = """
+DELETE FROM transcript.conversations
+ WHERE fork_source_key = ANY(%(keys)s::bigint[])
+RETURNING conversation_key, coalesce(watched_until >= now(), false)
 """

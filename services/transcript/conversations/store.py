@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -28,7 +29,9 @@ from services.transcript.conversations.model import (
     AppendRecord,
     Conversation,
     Deletion,
+    ForkOrigin,
     ScopedState,
+    Segment,
     StateChange,
     conversation_not_found,
     curated_through_out_of_range,
@@ -36,7 +39,7 @@ from services.transcript.conversations.model import (
     preview,
     state_too_large,
 )
-from services.transcript.receipts.model import APPENDS, ENTRIES, ErasureProgress
+from services.transcript.receipts.model import APPENDS, ENTRIES, FORKS, ErasureProgress
 from services.transcript.receipts.store import receipt_kept, record_in
 
 
@@ -109,15 +112,18 @@ class ConversationStore(Protocol):
         incarnation: int = 0,
         receipt: ErasureProgress | None = None,
     ) -> Deletion:
-        """Erase it (only that incarnation, when given); return what was erased. With a
-        `receipt` (and an incarnation), record the incarnation's erasure receipt in the
-        same transaction: `receipt`'s counts and remaining parts, with "entries" and
-        "appends" this call erased (ReceiptStore.record_receipt's merge)."""
+        """Erase it (only that incarnation, when given) with its forks and theirs (they
+        share its entries); return what was erased (the forks' own entries and appends
+        included, and how many forks). With a `receipt` (and an incarnation), record the
+        incarnation's erasure receipt in the same transaction: `receipt`'s counts and
+        remaining parts, with "entries", "appends" and "forks" this call erased
+        (ReceiptStore.record_receipt's merge)."""
 
 
 def conversation_from_row(row: Sequence[Any], preview_text: str | None = None) -> Conversation:
     """A conversation from its columns (sql.CONVERSATION_COLUMNS), with a listing's
     preview made of the text its statement read (model.preview)."""
+    origin_id, through, keys, throughs, versions, head_digest = row[11:17]
     return Conversation(
         row[0],
         row[1],
@@ -129,9 +135,21 @@ def conversation_from_row(row: Sequence[Any], preview_text: str | None = None) -
         row[7],
         row[8],
         row[9],
-        row[10] if len(row) > 10 else 0,
+        row[10] or 0,
         preview(preview_text) if preview_text else "",
+        ForkOrigin(origin_id, through) if origin_id is not None else None,
+        prefix_from_columns(keys, throughs, versions),
+        bytes(head_digest) if head_digest is not None else b"",
     )
+
+
+def prefix_from_columns(
+    keys: Sequence[int] | None, throughs: Sequence[int] | None, versions: Sequence[int] | None
+) -> tuple[Segment, ...]:
+    """A fork's shared prefix from its three array columns (NULL: no fork)."""
+    if not keys or throughs is None or versions is None:
+        return ()
+    return tuple(Segment(*parts) for parts in zip(keys, throughs, versions, strict=True))
 
 
 def record_from_row(row: Sequence[Any]) -> AppendRecord:
@@ -327,19 +345,30 @@ class PostgresConversations(PostgresBase):
             )
             row = await cursor.fetchone()
             erased = Deletion(False)
+            # What it erased, with its forks and theirs: they share its entries (the person
+            # asked for them to go), found level by level.
+            removed: list[tuple[int, bool]] = []
             if row is not None:
                 key, watched = row
+                removed.append((key, watched))
+                level = [key]
+                while level:
+                    cursor = await conn.execute(sql.ERASE_FORKS, {"keys": level})
+                    forks = [(fork, bool(seen)) for fork, seen in await cursor.fetchall()]
+                    removed.extend(forks)
+                    level = [fork for fork, _ in forks]
+                keys = [removed_key for removed_key, _ in removed]
                 cursor = await conn.execute(
-                    "DELETE FROM transcript.appends WHERE conversation_key = %s", (key,)
+                    "DELETE FROM transcript.appends WHERE conversation_key = ANY(%s)", (keys,)
                 )
                 appends: int = cursor.rowcount
                 await conn.execute(
-                    "DELETE FROM transcript.turns WHERE conversation_key = %s", (key,)
+                    "DELETE FROM transcript.turns WHERE conversation_key = ANY(%s)", (keys,)
                 )
                 cursor = await conn.execute(
-                    "DELETE FROM transcript.entries WHERE conversation_key = %s", (key,)
+                    "DELETE FROM transcript.entries WHERE conversation_key = ANY(%s)", (keys,)
                 )
-                erased = Deletion(True, cursor.rowcount, appends)
+                erased = Deletion(True, cursor.rowcount, appends, forks=len(removed) - 1)
             # Only for what this call deleted, or an erasure whose receipt is kept (its
             # retry): never a receipt of a conversation that was not there.
             if (
@@ -350,7 +379,12 @@ class PostgresConversations(PostgresBase):
                     or await receipt_kept(conn, namespace, conversation_id, incarnation)
                 )
             ):
-                counts = {**receipt.counts, ENTRIES: erased.entries, APPENDS: erased.appends}
+                counts = {
+                    **receipt.counts,
+                    ENTRIES: erased.entries,
+                    APPENDS: erased.appends,
+                    FORKS: erased.forks,
+                }
                 kept = await record_in(
                     conn,
                     namespace,
@@ -359,7 +393,7 @@ class PostgresConversations(PostgresBase):
                     ErasureProgress(counts, receipt.remaining),
                     uuid.UUID(str(uuid_utils.uuid7())),
                 )
-                erased = Deletion(erased.deleted, erased.entries, erased.appends, kept)
-        if row is not None:
-            self.changed(key, watched)
+                erased = replace(erased, receipt=kept)
+        for removed_key, removed_watched in removed:
+            self.changed(removed_key, removed_watched)
         return erased

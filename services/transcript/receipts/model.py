@@ -29,6 +29,8 @@ _NAME = re.compile(r"[a-z_]{1,32}")
 # The counts TranscriptService adds when it deletes a transcript.
 ENTRIES = "entries"
 APPENDS = "appends"
+# The forks erased with the conversation (ForkConversation: they share its entries).
+FORKS = "forks"
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from services.common.domain import Entry, Role
-from services.transcript.conversations.model import AppendRecord, Conversation
+from services.transcript.conversations.model import AppendRecord, Conversation, Segment
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,3 +128,45 @@ def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             merged.append((low, high))
     return merged
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixPiece:
+    """A range of a fork's shared prefix and where it lies: the conversation `key` holds
+    entries low..high of it; a retraction counts when its version is at most `cap`; that
+    conversation's appends for the segment end at sequence `end`; `next_key` holds the next
+    segment (or is the fork itself), whose fork append wrote the entries a fork point cut
+    from an append."""
+
+    key: int
+    low: int
+    high: int
+    cap: int
+    end: int
+    next_key: int
+
+
+def prefix_pieces(
+    prefix: Sequence[Segment], own_key: int, ranges: Sequence[tuple[int, int]]
+) -> list[PrefixPiece]:
+    """The pieces of the inclusive ranges that lie in a fork's shared prefix, in sequence
+    order (one per segment each range crosses: at most the lineage's depth)."""
+    pieces: list[PrefixPiece] = []
+    for low, high in merge_ranges(list(ranges)):
+        start = 0
+        for index, segment in enumerate(prefix):
+            piece_low, piece_high = max(low, start + 1), min(high, segment.through_sequence)
+            if piece_low <= piece_high:
+                following = prefix[index + 1].key if index + 1 < len(prefix) else own_key
+                pieces.append(
+                    PrefixPiece(
+                        segment.key,
+                        piece_low,
+                        piece_high,
+                        segment.through_version,
+                        segment.through_sequence,
+                        following,
+                    )
+                )
+            start = segment.through_sequence
+    return pieces

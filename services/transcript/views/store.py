@@ -11,14 +11,16 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from services.common.domain import SEQUENCE_MAX, Entry, Message, Role, ToolCall
+from services.common.postgres.pool import AsyncConn
+from services.transcript.conversations.model import Segment, conversation_not_found
 from services.transcript.conversations.store import (
     PostgresBase,
     conversation_from_row,
-    read_conversation,
+    prefix_from_columns,
     record_from_row,
 )
 from services.transcript.views import statements as sql
-from services.transcript.views.model import ViewRead
+from services.transcript.views.model import ViewRead, merge_ranges, prefix_pieces, view_ranges
 
 
 class ViewStore(Protocol):
@@ -87,6 +89,47 @@ def entry_from_row(row: Sequence[Any]) -> Entry:
     )
 
 
+async def read_prefix(
+    conn: AsyncConn,
+    prefix: Sequence[Segment],
+    own_key: int,
+    ranges: Sequence[tuple[int, int]],
+    limit: int,
+    with_versions: bool = False,
+) -> Sequence[Sequence[Any]]:
+    """The rows of the entries of a fork's shared prefix that lie in the inclusive ranges,
+    in sequence order, at most `limit`: (version, append's last sequence, entry columns...,
+    size), the versions only `with_versions` (else NULL). One statement, one index range
+    scan per segment a range crosses: the cost is the rows returned, whatever the prefix's
+    length. CONVERSATION_NOT_FOUND when rows are missing: the prefix never changes while
+    the fork exists, so its lineage was erased meanwhile (and the fork with it)."""
+    pieces = prefix_pieces(prefix, own_key, ranges)
+    if not pieces:
+        return []
+    cursor = await conn.execute(
+        sql.PREFIX_ENTRIES,
+        {
+            "keys": [p.key for p in pieces],
+            "lows": [p.low for p in pieces],
+            "highs": [p.high for p in pieces],
+            "caps": [p.cap for p in pieces],
+            "ends": [p.end for p in pieces],
+            "next_keys": [p.next_key for p in pieces],
+            "limit": limit,
+            "with_versions": with_versions,
+        },
+    )
+    rows = await cursor.fetchall()
+    if len(rows) != min(limit, sum(p.high - p.low + 1 for p in pieces)):
+        raise conversation_not_found()
+    return rows
+
+
+def prefix_ranges(prefix_end: int, ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of the inclusive ranges that lie in a prefix ending at `prefix_end`."""
+    return merge_ranges([(low, min(high, prefix_end)) for low, high in ranges])
+
+
 class PostgresViews(PostgresBase):
     """ViewStore on PostgreSQL (schema `transcript`)."""
 
@@ -110,7 +153,18 @@ class PostgresViews(PostgresBase):
                     "high2": high2,
                 },
             )
-            return [entry_from_row(row) for row in await cursor.fetchall()]
+            rows = await cursor.fetchall()
+            if not rows:
+                return []
+            key, keys, throughs, versions = rows[0][:4]
+            entries = [entry_from_row(row[4:]) for row in rows if row[4] is not None]
+            prefix = prefix_from_columns(keys, throughs, versions)
+            if prefix:
+                shared = prefix_ranges(prefix[-1].through_sequence, ranges)
+                if shared:
+                    read = await read_prefix(conn, prefix, key, shared, SEQUENCE_MAX)
+                    entries = [entry_from_row(row[2:12]) for row in read] + entries
+        return entries
 
     async def read_view(
         self,
@@ -134,14 +188,25 @@ class PostgresViews(PostgresBase):
                 },
             )
             rows = await cursor.fetchall()
-        if not rows:
-            return None
-        first = rows[0]
-        prior = record_from_row(first[3:11]) if first[3] is not None else None
-        entries = [entry_from_row(row[11:21]) for row in rows if row[11] is not None]
-        return ViewRead(
-            first[0], first[1], entries, prior, first[2], conversation_from_row(first[21:])
-        )
+            if not rows:
+                return None
+            first = rows[0]
+            prior = record_from_row(first[3:11]) if first[3] is not None else None
+            entries = [entry_from_row(row[11:21]) for row in rows if row[11] is not None]
+            conversation = conversation_from_row(first[21:38])
+            if conversation.prefix:
+                # A fork: what the view reads of its shared prefix lies in its lineage's rows.
+                ranges = view_ranges(first[1], window, summary_batch, summarized_through)
+                shared = prefix_ranges(conversation.prefix_end, ranges)
+                if shared:
+                    read = await read_prefix(
+                        conn, conversation.prefix, first[38], shared, SEQUENCE_MAX
+                    )
+                    entries = sorted(
+                        [entry_from_row(row[2:12]) for row in read] + entries,
+                        key=lambda entry: entry.sequence,
+                    )
+        return ViewRead(first[0], first[1], entries, prior, first[2], conversation)
 
     async def list_entries(
         self,
@@ -165,6 +230,19 @@ class PostgresViews(PostgresBase):
                 },
             )
             rows = await cursor.fetchall()
-            if not rows and await read_conversation(conn, namespace, conversation_id) is None:
+            if not rows:
                 return None
-        return [entry_from_row(row) for row in rows]
+            entries = [entry_from_row(row[3:]) for row in rows if row[3] is not None]
+            prefix = prefix_from_columns(*rows[0][:3])
+            # A fork's retractions are of its own entries (its shared prefix's are its
+            # source's writes, at or before the fork point): no prefix to read for them.
+            shares = not retracted_after_version
+            if shares and prefix and after_sequence < prefix[-1].through_sequence:
+                # A fork: the page begins in its shared prefix, in its lineage's rows.
+                high = prefix[-1].through_sequence
+                if through_sequence is not None:
+                    high = min(high, through_sequence)
+                if after_sequence < high:
+                    read = await read_prefix(conn, prefix, 0, [(after_sequence + 1, high)], limit)
+                    entries = ([entry_from_row(row[2:12]) for row in read] + entries)[:limit]
+        return entries

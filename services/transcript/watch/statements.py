@@ -9,6 +9,7 @@ fragments defined here.
 from __future__ import annotations
 
 from services.common.statements import statement
+from services.transcript.views.statements import PREFIX_ENTRIES
 
 # The running turns of a conversation `c`: their fencing tokens, compared only.
 _RUNNING_TOKENS = """ARRAY(
@@ -168,4 +169,25 @@ WITH due AS (
 SELECT c.conversation_key, c.version, c.last_sequence, c.incarnation, now(), {_RUNNING_TOKENS}
   FROM transcript.conversations AS c
  WHERE c.conversation_key = ANY(%(keys)s::bigint[])
+"""
+
+
+# A fork's shared prefix (its lineage's rows): a page as READ_ENTRIES reads one, from
+# the pieces of views/statements.PREFIX_ENTRIES.
+READ_PREFIX = f"""
+WITH e AS ({PREFIX_ENTRIES}
+), page AS (
+    SELECT e.*, sum(size) OVER (ORDER BY sequence) - size AS before FROM e
+)
+SELECT version, append_last, sequence, role, text, tool_calls, tool_call_id, metadata,
+       created_at, native_json, retracted_version, retract_time, size
+  FROM page
+ WHERE before < %(max_bytes)s
+ ORDER BY sequence
+"""
+
+# A conversation's shared prefix (NULL: no fork), which never changes.
+PREFIX = """
+SELECT prefix_keys, prefix_through, prefix_versions FROM transcript.conversations
+ WHERE conversation_key = %(key)s
 """

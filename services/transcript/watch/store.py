@@ -10,8 +10,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from services.common.domain import Entry
-from services.common.postgres.pool import Database, fetch_one
+from services.common.postgres.pool import AsyncConn, Database, fetch_one
 from services.transcript.config import ENTRY_OVERHEAD_BYTES
+from services.transcript.conversations.model import Segment
+from services.transcript.conversations.store import prefix_from_columns
+from services.transcript.views.model import prefix_pieces
 from services.transcript.views.store import entry_from_row
 from services.transcript.watch import statements as sql
 from services.transcript.watch.model import (
@@ -89,11 +92,63 @@ def _slices(rows: Sequence[Sequence[Any]]) -> list[AppendSlice]:
     ]
 
 
+# The shared prefixes this process knows, by conversation key (a key is never reused and
+# a prefix never changes): at most this many, the oldest forgotten first.
+_PREFIXES_KEPT = 4096
+
+
 class PostgresFeedStore:
     """FeedStore on PostgreSQL (schema `transcript`)."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        self._prefixes: dict[int, tuple[Segment, ...]] = {}
+
+    async def _prefix(self, conn: AsyncConn, key: int) -> tuple[Segment, ...]:
+        """The shared prefix of conversation `key` (empty: no fork, or gone)."""
+        if key in self._prefixes:
+            return self._prefixes[key]
+        row = await fetch_one(conn, sql.PREFIX, {"key": key})
+        if row is None:
+            return ()
+        prefix = prefix_from_columns(*row)
+        if len(self._prefixes) >= _PREFIXES_KEPT:
+            del self._prefixes[next(iter(self._prefixes))]
+        self._prefixes[key] = prefix
+        return prefix
+
+    async def _prefix_page(
+        self,
+        conn: AsyncConn,
+        key: int,
+        after: int,
+        through: int,
+        max_entries: int,
+        max_bytes: int,
+    ) -> list[AppendSlice] | None:
+        """A page of a fork's shared prefix after `after` (None: the page lies after the
+        prefix, in the conversation's own rows). An empty page: the fork was erased."""
+        prefix = await self._prefix(conn, key)
+        if not prefix or after >= prefix[-1].through_sequence:
+            return None
+        pieces = prefix_pieces(
+            prefix, key, [(after + 1, min(through, prefix[-1].through_sequence))]
+        )
+        cursor = await conn.execute(
+            sql.READ_PREFIX,
+            {
+                "keys": [p.key for p in pieces],
+                "lows": [p.low for p in pieces],
+                "highs": [p.high for p in pieces],
+                "caps": [p.cap for p in pieces],
+                "ends": [p.end for p in pieces],
+                "next_keys": [p.next_key for p in pieces],
+                "limit": max_entries,
+                "with_versions": True,
+                "max_bytes": max_bytes,
+            },
+        )
+        return _slices(await cursor.fetchall())
 
     async def open_watch(
         self,
@@ -142,6 +197,11 @@ class PostgresFeedStore:
                 },
             )
             rows = await cursor.fetchall()
+            shared = (
+                await self._prefix_page(conn, key, after, rows[0][1], max_entries, max_bytes)
+                if rows
+                else None
+            )
         if not rows:
             return None
         version, last, incarnation, read_time = rows[0][:4]
@@ -165,12 +225,18 @@ class PostgresFeedStore:
         snapshot = Snapshot(key, version, last, incarnation, read_time, tokens)
         entry_rows.sort(key=lambda row: int(row[2]))
         retractions.sort(key=lambda retraction: retraction.version)
-        return FeedState(snapshot, running, traces, _slices(entry_rows), retractions)
+        # A page that begins in a fork's shared prefix is read there (the stream reads on
+        # from where it ends).
+        page = shared if shared is not None else _slices(entry_rows)
+        return FeedState(snapshot, running, traces, page, retractions)
 
     async def read_entries(
         self, key: int, after: int, through: int, max_entries: int, max_bytes: int
     ) -> list[AppendSlice]:
         async with self.db.connection() as conn:
+            shared = await self._prefix_page(conn, key, after, through, max_entries, max_bytes)
+            if shared is not None:
+                return shared
             cursor = await conn.execute(
                 sql.READ_ENTRIES,
                 {

@@ -513,6 +513,36 @@ CASES: dict[str, Case] = {
             ),
         )
     ),
+    # B's conversation's forks, from A: none (as for an id that never existed).
+    # Forking B's conversation from A, or reading its chain of appends: as for a
+    # conversation that never existed (the fork comes last: it would create in A).
+    "TranscriptService.ListAppends": Case(
+        (
+            lambda ns, t, own: transcript_pb.ListAppendsRequest(
+                namespace=ns, conversation_id=t.conversation_id
+            ),
+            lambda ns, t, own: transcript_pb.ListAppendsRequest(
+                namespace=ns, conversation_id=t.conversation_id, page_token=t.entries_token
+            ),
+        )
+    ),
+    "TranscriptService.ForkConversation": Case(
+        (
+            lambda ns, t, own: transcript_pb.ForkConversationRequest(
+                namespace=ns,
+                conversation_id=t.conversation_id,
+                through_sequence=1,
+                request_id=t.request_id,
+            ),
+        )
+    ),
+    "TranscriptService.ListForks": Case(
+        (
+            lambda ns, t, own: transcript_pb.ListForksRequest(
+                namespace=ns, conversation_id=t.conversation_id
+            ),
+        )
+    ),
     "TranscriptService.GetErasureReceipt": Case(
         (
             lambda ns, t, own: transcript_pb.GetErasureReceiptRequest(

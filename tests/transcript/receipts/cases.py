@@ -44,7 +44,13 @@ class ReceiptCases(ServiceCases):
             cid,
             incarnation,
         )
-        assert receipt.counts == {"entries": 3, "appends": 2, "summaries": 2, "memories": 1}
+        assert receipt.counts == {
+            "entries": 3,
+            "appends": 2,
+            "forks": 0,
+            "summaries": 2,
+            "memories": 1,
+        }
         assert list(receipt.remaining) == ["memory_index"] and receipt.complete_time is None
         assert await service.get_receipt(namespace, str(receipt.receipt_id)) == receipt
         assert await service.get_receipt(namespace, "", cid) == receipt
@@ -68,7 +74,13 @@ class ReceiptCases(ServiceCases):
             ErasureProgress({"summaries": 0, "memories": 2}, ["memory_index"]),
         )
         assert done.receipt is not None and done.receipt.receipt_id == first.receipt_id
-        assert done.receipt.counts == {"summaries": 3, "memories": 2, "entries": 1, "appends": 1}
+        assert done.receipt.counts == {
+            "summaries": 3,
+            "memories": 2,
+            "entries": 1,
+            "appends": 1,
+            "forks": 0,
+        }
         assert list(done.receipt.remaining) == ["memory_index"]
         # A stale report (the first call's, late) cannot bring a part back.
         late = await service.record_receipt(

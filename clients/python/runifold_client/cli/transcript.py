@@ -1,19 +1,24 @@
 """`runifold transcript ...`: conversations and their entries (list, get, show, create,
-append, watch, delete), erasure everywhere and its receipt (erase, receipt), and
-`runifold erase`: the same erasure."""
+append, watch, fork, verify, export, delete), erasure everywhere and its receipt (erase,
+receipt), and `runifold erase`: the same erasure."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
-from typing import Any
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any, TextIO
 
+from google.protobuf.json_format import ParseDict
 from rich.markup import escape
 
 from runifold.common.v1 import common_pb2
+from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold_client.cli.options import _add, _client, _group, _pairs
-from runifold_client.cli.output import Output, UsageError
+from runifold_client.cli.output import Output, UsageError, plain
 from runifold_client.client import Client
+from runifold_client.digests import VerificationFailed, Verified, recompute
 from runifold_client.policy import assistant, tool_result, user
 
 _ROLES = {
@@ -42,6 +47,10 @@ def _conversation_row(conversation: Any) -> Sequence[str]:
 
 
 def cmd_transcript(args: argparse.Namespace, output: Output) -> int:
+    if args.transcript_command == "verify" and args.file:
+        # An export, offline: no server.
+        with open(args.file, encoding="utf-8") as lines:
+            return _verified(output, args.file, lambda: verify_export(lines))
     with _client(args) as client:
         command = args.transcript_command
         if command == "list":
@@ -89,9 +98,108 @@ def cmd_transcript(args: argparse.Namespace, output: Output) -> int:
             output.fields("appended", reply)
         elif command == "watch":
             return _watch(args, output, client)
+        elif command == "fork":
+            fork = client.fork_conversation(
+                args.conversation_id,
+                args.through,
+                new_conversation_id=args.id,
+                request_id=args.request_id or None,
+            )
+            output.fields("fork", fork)
+        elif command == "verify":
+            if not args.conversation_id:
+                raise UsageError("verify needs the conversation's ID (or --file FILE)")
+            return _verified(
+                output,
+                args.conversation_id,
+                lambda: client.verify_conversation(
+                    args.conversation_id, head_digest=bytes.fromhex(args.head)
+                ),
+            )
+        elif command == "export":
+            if not args.output:
+                export(client, args.conversation_id, sys.stdout)
+            else:
+                with open(args.output, "w", encoding="utf-8") as out:
+                    export(client, args.conversation_id, out)
         else:  # delete
             output.fields("deleted", client.delete_conversation(args.conversation_id))
     return 0
+
+
+def _verified(output: Output, name: str, verify: Any) -> int:
+    """Run a verification and say how it ended (exit status 1 when it failed)."""
+    try:
+        verified: Verified = verify()
+    except VerificationFailed as failed:
+        if output.json:
+            output.document({"verified": False, "version": failed.version, "why": failed.why})
+        else:
+            output.console.print(
+                f"[bold red]NOT VERIFIED[/bold red] {escape(name)}: at version "
+                f"{failed.version}, {escape(failed.why)}"
+            )
+        return 1
+    if output.json:
+        output.document(
+            {
+                "verified": True,
+                "head_digest": verified.head_digest.hex(),
+                "appends": verified.appends,
+                "entries": verified.entries,
+            }
+        )
+    else:
+        output.console.print(
+            f"[bold green]verified[/bold green] {escape(name)}: {verified.appends} appends, "
+            f"{verified.entries} entries, head digest {verified.head_digest.hex()}"
+        )
+    return 0
+
+
+def export(client: Client, conversation_id: str, out: TextIO) -> None:
+    """A conversation as JSON Lines that verify offline (`runifold transcript verify
+    --file`): the conversation, then its appends in version order, then its entries in
+    sequence order, one {"conversation" | "append" | "entry": ...} document a line (proto
+    field names; bytes in base64)."""
+    conversation = client.get_conversation(conversation_id)
+    out.write(json.dumps({"conversation": plain(conversation)}, ensure_ascii=False) + "\n")
+    last = 0
+    for append in client.appends(conversation_id):
+        if append.version > conversation.version:
+            break
+        last = append.last_sequence
+        out.write(json.dumps({"append": plain(append)}, ensure_ascii=False) + "\n")
+    for entry in client.entries(conversation_id, through_sequence=last):
+        if entry.sequence > last:
+            break
+        out.write(json.dumps({"entry": plain(entry)}, ensure_ascii=False) + "\n")
+
+
+def _documents(lines: TextIO) -> Iterator[dict[str, Any]]:
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            try:
+                yield json.loads(line)
+            except ValueError as error:
+                raise UsageError(f"line {number} of the export is not JSON: {error}") from None
+
+
+def verify_export(lines: TextIO) -> Verified:
+    """Verify an export (`export`) offline: recompute its chain and compare it with the
+    head digest it names. Give the head digest you hold to trust nothing in the file."""
+    head = b""
+    appends: list[transcript_pb.Append] = []
+    entries: dict[int, common_pb2.Entry] = {}
+    for document in _documents(lines):
+        if "conversation" in document:
+            head = ParseDict(document["conversation"], transcript_pb.Conversation()).head_digest
+        elif "append" in document:
+            appends.append(ParseDict(document["append"], transcript_pb.Append()))
+        elif "entry" in document:
+            entry = ParseDict(document["entry"], common_pb2.Entry())
+            entries[entry.sequence] = entry
+    return recompute(appends, entries, head)
 
 
 _FINISHES = {1: "committed", 2: "ended", 3: "released", 4: "lapsed"}
@@ -245,6 +353,49 @@ def add_parser(commands: Any, common: Sequence[argparse.ArgumentParser]) -> None
         "--heartbeats",
         action="store_true",
         help="print the heartbeats too (with --json: emit them)",
+    )
+    fork = _add(
+        transcript,
+        "fork",
+        "a new conversation from the entries 1..SEQ of another, sharing them (edit and regenerate)",
+        common,
+    )
+    fork.add_argument("conversation_id", metavar="ID", help="the source's id (a UUID)")
+    fork.add_argument(
+        "--through", type=int, required=True, metavar="SEQ", help="the last entry it shares"
+    )
+    fork.add_argument("--id", default="", metavar="ID", help="the fork's id (default: a UUIDv7)")
+    fork.add_argument(
+        "--request-id", default="", metavar="ID", help="idempotency key (default: a new UUID)"
+    )
+    verify = _add(
+        transcript,
+        "verify",
+        "recompute a conversation's digest chain and compare it with its head digest "
+        "(exit status 1 when it does not hold)",
+        common,
+    )
+    verify.add_argument(
+        "conversation_id", metavar="ID", nargs="?", default="", help="the conversation's id"
+    )
+    verify.add_argument(
+        "--head",
+        default="",
+        metavar="HEX",
+        help="the head digest you hold (default: the server's)",
+    )
+    verify.add_argument(
+        "--file", default="", metavar="FILE", help="verify an export offline instead"
+    )
+    export_parser = _add(
+        transcript,
+        "export",
+        "write a conversation as JSON Lines that `verify --file` checks offline",
+        common,
+    )
+    export_parser.add_argument("conversation_id", metavar="ID", help="the conversation's id")
+    export_parser.add_argument(
+        "--output", default="", metavar="FILE", help="where to write it (none: the standard output)"
     )
     delete = _add(transcript, "delete", "delete a transcript (see also: erase)", common)
     delete.add_argument("conversation_id", metavar="ID", help="the conversation's id (a UUID)")

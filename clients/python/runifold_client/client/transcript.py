@@ -17,6 +17,7 @@ from runifold.common.v1 import common_pb2
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold_client.client.connection import PAGE_SIZE, Connection, duration
 from runifold_client.client.watch import Position, backoff_s, resumable
+from runifold_client.digests import Verified, recompute
 from runifold_client.policy import InputLike, messages
 
 
@@ -191,6 +192,87 @@ class TranscriptCalls(Connection):
         if fencing_token is not None:
             request.fencing_token = fencing_token
         return await self._call(self.transcripts.AppendEntries, request)
+
+    async def fork_conversation(
+        self,
+        conversation_id: str,
+        through_sequence: int,
+        *,
+        namespace: str | None = None,
+        new_conversation_id: str = "",
+        request_id: str | None = None,
+    ) -> transcript_pb.Conversation:
+        """A new conversation from the entries 1..through_sequence of this one, sharing
+        them (edit and regenerate: fork before the message to edit, then run the turn on
+        the fork). Idempotent by `request_id` (made for you when you pass none, so that a
+        retried call makes one fork)."""
+        reply = await self._call(
+            self.transcripts.ForkConversation,
+            transcript_pb.ForkConversationRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id,
+                through_sequence=through_sequence,
+                new_conversation_id=new_conversation_id,
+                request_id=request_id or str(uuid.uuid4()),
+            ),
+        )
+        return reply.conversation
+
+    async def list_forks(
+        self, conversation_id: str, *, namespace: str | None = None
+    ) -> list[transcript_pb.ForkRef]:
+        """The conversation's forks and theirs, at any depth (a fork before its own):
+        what erasing it erases with it."""
+        reply = await self._call(
+            self.transcripts.ListForks,
+            transcript_pb.ListForksRequest(
+                namespace=self._ns(namespace), conversation_id=conversation_id
+            ),
+        )
+        return list(reply.forks)
+
+    async def appends(
+        self, conversation_id: str, *, namespace: str | None = None, after_version: int = 0
+    ) -> AsyncIterator[transcript_pb.Append]:
+        """Every append after a version, with its digest and the one it follows."""
+        pages = self._pages(
+            lambda token: self._call(
+                self.transcripts.ListAppends,
+                transcript_pb.ListAppendsRequest(
+                    namespace=self._ns(namespace),
+                    conversation_id=conversation_id,
+                    after_version=after_version,
+                    page_size=PAGE_SIZE,
+                    page_token=token,
+                ),
+            ),
+            lambda page: page.appends,
+        )
+        async for item in pages:
+            yield item
+
+    async def verify_conversation(
+        self, conversation_id: str, *, namespace: str | None = None, head_digest: bytes = b""
+    ) -> Verified:
+        """Recompute the conversation's digest chain from its entries and appends and
+        compare it with GetConversation's head digest, or find on it the `head_digest` you
+        hold (an AppendEntries digest you kept: what you saw then is unchanged); raises
+        VerificationFailed at the first append that was changed, removed or reordered."""
+        conversation = await self.get_conversation(conversation_id, namespace=namespace)
+        head = head_digest or conversation.head_digest
+        through = conversation.version
+        appends = [
+            a
+            async for a in self.appends(conversation_id, namespace=namespace)
+            if a.version <= through
+        ]
+        last = appends[-1].last_sequence if appends else 0
+        entries = {
+            e.sequence: e
+            async for e in self.entries(conversation_id, namespace=namespace, through_sequence=last)
+            if e.sequence <= last
+        }
+        return recompute(appends, entries, head, held=bool(head_digest))
 
     async def entries(
         self,

@@ -80,6 +80,23 @@ type TranscriptServiceClient interface {
 	RecordErasureReceipt(ctx context.Context, in *RecordErasureReceiptRequest, opts ...grpc.CallOption) (*RecordErasureReceiptResponse, error)
 	// Returns a kept erasure receipt: by id, or the latest of a conversation.
 	GetErasureReceipt(ctx context.Context, in *GetErasureReceiptRequest, opts ...grpc.CallOption) (*GetErasureReceiptResponse, error)
+	// Makes a conversation from the entries 1..through_sequence of another of the same
+	// namespace (edit and regenerate, a branch to try another answer). The fork shares
+	// those entries without copying them: reads of the fork see them, then its own;
+	// its sequences continue from through_sequence; its state is the source's at the
+	// fork point. Nothing done to the fork changes the source. Idempotent by
+	// `request_id`. Erasing the source erases its forks.
+	ForkConversation(ctx context.Context, in *ForkConversationRequest, opts ...grpc.CallOption) (*ForkConversationResponse, error)
+	// The conversation's appends in version order, each with its digest and the
+	// previous one: the chain anyone can recompute from them and ListEntries
+	// (docs/transcript.md says how) and compare with Conversation.head_digest.
+	ListAppends(ctx context.Context, in *ListAppendsRequest, opts ...grpc.CallOption) (*ListAppendsResponse, error)
+	// The forks of a conversation, and theirs, at any depth (each with its
+	// incarnation): what erasing it would erase with it. AgentService's
+	// EraseConversation reads them to erase what was derived from their own
+	// entries (summaries, memories) before it deletes the transcript. Empty when
+	// the conversation has none, or does not exist.
+	ListForks(ctx context.Context, in *ListForksRequest, opts ...grpc.CallOption) (*ListForksResponse, error)
 }
 
 type transcriptServiceClient struct {
@@ -257,6 +274,33 @@ func (c *transcriptServiceClient) GetErasureReceipt(ctx context.Context, in *Get
 	return out, nil
 }
 
+func (c *transcriptServiceClient) ForkConversation(ctx context.Context, in *ForkConversationRequest, opts ...grpc.CallOption) (*ForkConversationResponse, error) {
+	out := new(ForkConversationResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/ForkConversation", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *transcriptServiceClient) ListAppends(ctx context.Context, in *ListAppendsRequest, opts ...grpc.CallOption) (*ListAppendsResponse, error) {
+	out := new(ListAppendsResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/ListAppends", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *transcriptServiceClient) ListForks(ctx context.Context, in *ListForksRequest, opts ...grpc.CallOption) (*ListForksResponse, error) {
+	out := new(ListForksResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/ListForks", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TranscriptServiceServer is the server API for TranscriptService service.
 // All implementations must embed UnimplementedTranscriptServiceServer
 // for forward compatibility
@@ -324,6 +368,23 @@ type TranscriptServiceServer interface {
 	RecordErasureReceipt(context.Context, *RecordErasureReceiptRequest) (*RecordErasureReceiptResponse, error)
 	// Returns a kept erasure receipt: by id, or the latest of a conversation.
 	GetErasureReceipt(context.Context, *GetErasureReceiptRequest) (*GetErasureReceiptResponse, error)
+	// Makes a conversation from the entries 1..through_sequence of another of the same
+	// namespace (edit and regenerate, a branch to try another answer). The fork shares
+	// those entries without copying them: reads of the fork see them, then its own;
+	// its sequences continue from through_sequence; its state is the source's at the
+	// fork point. Nothing done to the fork changes the source. Idempotent by
+	// `request_id`. Erasing the source erases its forks.
+	ForkConversation(context.Context, *ForkConversationRequest) (*ForkConversationResponse, error)
+	// The conversation's appends in version order, each with its digest and the
+	// previous one: the chain anyone can recompute from them and ListEntries
+	// (docs/transcript.md says how) and compare with Conversation.head_digest.
+	ListAppends(context.Context, *ListAppendsRequest) (*ListAppendsResponse, error)
+	// The forks of a conversation, and theirs, at any depth (each with its
+	// incarnation): what erasing it would erase with it. AgentService's
+	// EraseConversation reads them to erase what was derived from their own
+	// entries (summaries, memories) before it deletes the transcript. Empty when
+	// the conversation has none, or does not exist.
+	ListForks(context.Context, *ListForksRequest) (*ListForksResponse, error)
 	mustEmbedUnimplementedTranscriptServiceServer()
 }
 
@@ -378,6 +439,15 @@ func (UnimplementedTranscriptServiceServer) RecordErasureReceipt(context.Context
 }
 func (UnimplementedTranscriptServiceServer) GetErasureReceipt(context.Context, *GetErasureReceiptRequest) (*GetErasureReceiptResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetErasureReceipt not implemented")
+}
+func (UnimplementedTranscriptServiceServer) ForkConversation(context.Context, *ForkConversationRequest) (*ForkConversationResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ForkConversation not implemented")
+}
+func (UnimplementedTranscriptServiceServer) ListAppends(context.Context, *ListAppendsRequest) (*ListAppendsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListAppends not implemented")
+}
+func (UnimplementedTranscriptServiceServer) ListForks(context.Context, *ListForksRequest) (*ListForksResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListForks not implemented")
 }
 func (UnimplementedTranscriptServiceServer) mustEmbedUnimplementedTranscriptServiceServer() {}
 
@@ -683,6 +753,60 @@ func _TranscriptService_GetErasureReceipt_Handler(srv interface{}, ctx context.C
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TranscriptService_ForkConversation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForkConversationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).ForkConversation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/ForkConversation",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).ForkConversation(ctx, req.(*ForkConversationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TranscriptService_ListAppends_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListAppendsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).ListAppends(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/ListAppends",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).ListAppends(ctx, req.(*ListAppendsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TranscriptService_ListForks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListForksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).ListForks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/ListForks",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).ListForks(ctx, req.(*ListForksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _TranscriptService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "runifold.transcript.v1.TranscriptService",
 	HandlerType: (*TranscriptServiceServer)(nil),
@@ -746,6 +870,18 @@ var _TranscriptService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetErasureReceipt",
 			Handler:    _TranscriptService_GetErasureReceipt_Handler,
+		},
+		{
+			MethodName: "ForkConversation",
+			Handler:    _TranscriptService_ForkConversation_Handler,
+		},
+		{
+			MethodName: "ListAppends",
+			Handler:    _TranscriptService_ListAppends_Handler,
+		},
+		{
+			MethodName: "ListForks",
+			Handler:    _TranscriptService_ListForks_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, GetConversationRequest, GetConversationResponse, GetErasureReceiptRequest, GetErasureReceiptResponse, GetStateRequest, GetStateResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, ListNamespacesRequest, ListNamespacesResponse, LoadViewRequest, LoadViewResponse, MarkCuratedRequest, MarkCuratedResponse, RecordErasureReceiptRequest, RecordErasureReceiptResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
+from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, ForkConversationRequest, ForkConversationResponse, GetConversationRequest, GetConversationResponse, GetErasureReceiptRequest, GetErasureReceiptResponse, GetStateRequest, GetStateResponse, ListAppendsRequest, ListAppendsResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, ListForksRequest, ListForksResponse, ListNamespacesRequest, ListNamespacesResponse, LoadViewRequest, LoadViewResponse, MarkCuratedRequest, MarkCuratedResponse, RecordErasureReceiptRequest, RecordErasureReceiptResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -180,6 +180,35 @@ class TranscriptService(Protocol):
     async def get_erasure_receipt(self, request: GetErasureReceiptRequest, ctx: RequestContext[GetErasureReceiptRequest, GetErasureReceiptResponse], /) -> GetErasureReceiptResponse:
         """
         Returns a kept erasure receipt: by id, or the latest of a conversation.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def fork_conversation(self, request: ForkConversationRequest, ctx: RequestContext[ForkConversationRequest, ForkConversationResponse], /) -> ForkConversationResponse:
+        """
+        Makes a conversation from the entries 1..through_sequence of another of the same
+        namespace (edit and regenerate, a branch to try another answer). The fork shares
+        those entries without copying them: reads of the fork see them, then its own;
+        its sequences continue from through_sequence; its state is the source's at the
+        fork point. Nothing done to the fork changes the source. Idempotent by
+        `request_id`. Erasing the source erases its forks.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def list_appends(self, request: ListAppendsRequest, ctx: RequestContext[ListAppendsRequest, ListAppendsResponse], /) -> ListAppendsResponse:
+        """
+        The conversation's appends in version order, each with its digest and the
+        previous one: the chain anyone can recompute from them and ListEntries
+        (docs/transcript.md says how) and compare with Conversation.head_digest.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def list_forks(self, request: ListForksRequest, ctx: RequestContext[ListForksRequest, ListForksResponse], /) -> ListForksResponse:
+        """
+        The forks of a conversation, and theirs, at any depth (each with its
+        incarnation): what erasing it would erase with it. AgentService's
+        EraseConversation reads them to erase what was derived from their own
+        entries (summaries, memories) before it deletes the transcript. Empty when
+        the conversation has none, or does not exist.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -372,6 +401,39 @@ class TranscriptServiceASGIApplication(ConnectASGIApplication[TranscriptService]
                         stream_type=StreamType.UNARY,
                     ),
                     function=svc.get_erasure_receipt,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ForkConversation": Endpoint.unary(
+                    method=MethodInfo(
+                        name="ForkConversation",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ForkConversationRequest,
+                        output=ForkConversationResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.fork_conversation,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ListAppends": Endpoint.unary(
+                    method=MethodInfo(
+                        name="ListAppends",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ListAppendsRequest,
+                        output=ListAppendsResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.list_appends,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ListForks": Endpoint.unary(
+                    method=MethodInfo(
+                        name="ListForks",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ListForksRequest,
+                        output=ListForksResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.list_forks,
                 ),
             },
             interceptors=interceptors,
@@ -828,6 +890,86 @@ class TranscriptServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def fork_conversation(
+        self,
+        request: ForkConversationRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ForkConversationResponse:
+        """
+        Makes a conversation from the entries 1..through_sequence of another of the same
+        namespace (edit and regenerate, a branch to try another answer). The fork shares
+        those entries without copying them: reads of the fork see them, then its own;
+        its sequences continue from through_sequence; its state is the source's at the
+        fork point. Nothing done to the fork changes the source. Idempotent by
+        `request_id`. Erasing the source erases its forks.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ForkConversation",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ForkConversationRequest,
+                output=ForkConversationResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def list_appends(
+        self,
+        request: ListAppendsRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListAppendsResponse:
+        """
+        The conversation's appends in version order, each with its digest and the
+        previous one: the chain anyone can recompute from them and ListEntries
+        (docs/transcript.md says how) and compare with Conversation.head_digest.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListAppends",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ListAppendsRequest,
+                output=ListAppendsResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def list_forks(
+        self,
+        request: ListForksRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListForksResponse:
+        """
+        The forks of a conversation, and theirs, at any depth (each with its
+        incarnation): what erasing it would erase with it. AgentService's
+        EraseConversation reads them to erase what was derived from their own
+        entries (summaries, memories) before it deletes the transcript. Empty when
+        the conversation has none, or does not exist.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListForks",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ListForksRequest,
+                output=ListForksResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class TranscriptServiceSync(Protocol):
     """
@@ -972,6 +1114,35 @@ class TranscriptServiceSync(Protocol):
     def get_erasure_receipt(self, request: GetErasureReceiptRequest, ctx: RequestContext[GetErasureReceiptRequest, GetErasureReceiptResponse], /) -> GetErasureReceiptResponse:
         """
         Returns a kept erasure receipt: by id, or the latest of a conversation.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def fork_conversation(self, request: ForkConversationRequest, ctx: RequestContext[ForkConversationRequest, ForkConversationResponse], /) -> ForkConversationResponse:
+        """
+        Makes a conversation from the entries 1..through_sequence of another of the same
+        namespace (edit and regenerate, a branch to try another answer). The fork shares
+        those entries without copying them: reads of the fork see them, then its own;
+        its sequences continue from through_sequence; its state is the source's at the
+        fork point. Nothing done to the fork changes the source. Idempotent by
+        `request_id`. Erasing the source erases its forks.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def list_appends(self, request: ListAppendsRequest, ctx: RequestContext[ListAppendsRequest, ListAppendsResponse], /) -> ListAppendsResponse:
+        """
+        The conversation's appends in version order, each with its digest and the
+        previous one: the chain anyone can recompute from them and ListEntries
+        (docs/transcript.md says how) and compare with Conversation.head_digest.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def list_forks(self, request: ListForksRequest, ctx: RequestContext[ListForksRequest, ListForksResponse], /) -> ListForksResponse:
+        """
+        The forks of a conversation, and theirs, at any depth (each with its
+        incarnation): what erasing it would erase with it. AgentService's
+        EraseConversation reads them to erase what was derived from their own
+        entries (summaries, memories) before it deletes the transcript. Empty when
+        the conversation has none, or does not exist.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -1162,6 +1333,39 @@ class TranscriptServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.UNARY,
                     ),
                     function=service.get_erasure_receipt,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ForkConversation": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="ForkConversation",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ForkConversationRequest,
+                        output=ForkConversationResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.fork_conversation,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ListAppends": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="ListAppends",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ListAppendsRequest,
+                        output=ListAppendsResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.list_appends,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ListForks": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="ListForks",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ListForksRequest,
+                        output=ListForksResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.list_forks,
                 ),
             },
             interceptors=interceptors,
@@ -1612,6 +1816,86 @@ class TranscriptServiceClientSync(ConnectClientSync):
                 service_name="runifold.transcript.v1.TranscriptService",
                 input=GetErasureReceiptRequest,
                 output=GetErasureReceiptResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def fork_conversation(
+        self,
+        request: ForkConversationRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ForkConversationResponse:
+        """
+        Makes a conversation from the entries 1..through_sequence of another of the same
+        namespace (edit and regenerate, a branch to try another answer). The fork shares
+        those entries without copying them: reads of the fork see them, then its own;
+        its sequences continue from through_sequence; its state is the source's at the
+        fork point. Nothing done to the fork changes the source. Idempotent by
+        `request_id`. Erasing the source erases its forks.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ForkConversation",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ForkConversationRequest,
+                output=ForkConversationResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def list_appends(
+        self,
+        request: ListAppendsRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListAppendsResponse:
+        """
+        The conversation's appends in version order, each with its digest and the
+        previous one: the chain anyone can recompute from them and ListEntries
+        (docs/transcript.md says how) and compare with Conversation.head_digest.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListAppends",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ListAppendsRequest,
+                output=ListAppendsResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def list_forks(
+        self,
+        request: ListForksRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListForksResponse:
+        """
+        The forks of a conversation, and theirs, at any depth (each with its
+        incarnation): what erasing it would erase with it. AgentService's
+        EraseConversation reads them to erase what was derived from their own
+        entries (summaries, memories) before it deletes the transcript. Empty when
+        the conversation has none, or does not exist.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListForks",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ListForksRequest,
+                output=ListForksResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
             ),

@@ -202,6 +202,8 @@ class Conversation(_message.Message):
     STATE_JSON_FIELD_NUMBER: _builtins.int
     CURATED_THROUGH_FIELD_NUMBER: _builtins.int
     PREVIEW_FIELD_NUMBER: _builtins.int
+    FORK_ORIGIN_FIELD_NUMBER: _builtins.int
+    HEAD_DIGEST_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID in canonical text form."""
     namespace: _builtins.str
@@ -237,6 +239,11 @@ class Conversation(_message.Message):
     none. Set by ListConversations only (one index probe per conversation);
     empty in every other response. Untrusted text, as the transcript is.
     """
+    head_digest: _builtins.bytes
+    """The SHA-256 digest of the newest append (ListAppends): it binds every entry,
+    retraction and commit time of the conversation so far. Empty before its first
+    append (and for appends recorded before digests existed).
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When it was created."""
@@ -248,6 +255,12 @@ class Conversation(_message.Message):
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Free-form labels given at creation."""
+
+    @_builtins.property
+    def fork_origin(self) -> Global___ForkOrigin:
+        """Set on a fork (ForkConversation): the conversation it was made from and the
+        last sequence it shares with it.
+        """
 
     def __init__(
         self,
@@ -264,10 +277,12 @@ class Conversation(_message.Message):
         state_json: _builtins.str = ...,
         curated_through: _builtins.int = ...,
         preview: _builtins.str = ...,
+        fork_origin: Global___ForkOrigin | None = ...,
+        head_digest: _builtins.bytes = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "fork_origin", b"fork_origin", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "curated_through", b"curated_through", "incarnation", b"incarnation", "labels", b"labels", "last_sequence", b"last_sequence", "namespace", b"namespace", "preview", b"preview", "state_json", b"state_json", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "curated_through", b"curated_through", "fork_origin", b"fork_origin", "head_digest", b"head_digest", "incarnation", b"incarnation", "labels", b"labels", "last_sequence", b"last_sequence", "namespace", b"namespace", "preview", b"preview", "state_json", b"state_json", "update_time", b"update_time", "user_id", b"user_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -557,6 +572,7 @@ class AppendEntriesResponse(_message.Message):
     USAGE_FIELD_NUMBER: _builtins.int
     USER_STATE_VERSION_FIELD_NUMBER: _builtins.int
     NAMESPACE_STATE_VERSION_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """Version after the append."""
     first_sequence: _builtins.int
@@ -571,6 +587,10 @@ class AppendEntriesResponse(_message.Message):
     """The version of the user's state after this write (0: it changed none)."""
     namespace_state_version: _builtins.int
     """The version of the namespace's state after this write (0: it changed none)."""
+    digest: _builtins.bytes
+    """The append's digest: SHA-256 over the previous append's digest and this
+    append's canonical bytes (docs/transcript.md).
+    """
     @_builtins.property
     def usage(self) -> _common_pb2.Usage:
         """Usage recorded with the append."""
@@ -585,10 +605,11 @@ class AppendEntriesResponse(_message.Message):
         usage: _common_pb2.Usage | None = ...,
         user_state_version: _builtins.int = ...,
         namespace_state_version: _builtins.int = ...,
+        digest: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_sequence", b"first_sequence", "last_sequence", b"last_sequence", "namespace_state_version", b"namespace_state_version", "replayed", b"replayed", "usage", b"usage", "user_state_version", b"user_state_version", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "first_sequence", b"first_sequence", "last_sequence", b"last_sequence", "namespace_state_version", b"namespace_state_version", "replayed", b"replayed", "usage", b"usage", "user_state_version", b"user_state_version", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2105,3 +2126,307 @@ class GetErasureReceiptResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetErasureReceiptResponse: _TypeAlias = GetErasureReceiptResponse  # noqa: Y015
+
+@_typing.final
+class ForkOrigin(_message.Message):
+    """Where a fork came from."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    THROUGH_SEQUENCE_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """The source conversation (UUID in canonical text form)."""
+    through_sequence: _builtins.int
+    """The last sequence of the source the fork shares (0: none)."""
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        through_sequence: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "through_sequence", b"through_sequence"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkOrigin: _TypeAlias = ForkOrigin  # noqa: Y015
+
+@_typing.final
+class ForkConversationRequest(_message.Message):
+    """Request of ForkConversation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    THROUGH_SEQUENCE_FIELD_NUMBER: _builtins.int
+    NEW_CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """The source conversation (UUID in canonical text form)."""
+    namespace: _builtins.str
+    """Namespace that owns the source, and will own the fork."""
+    through_sequence: _builtins.int
+    """The last entry of the source the fork shares: 0..the source's last_sequence
+    (beyond: INVALID_ARGUMENT / SEQUENCE_OUT_OF_RANGE). It may cut an append: the
+    fork then keeps that append's entries up to here, not its state change or
+    retractions.
+    """
+    new_conversation_id: _builtins.str
+    """The fork's id (UUID in canonical text form). When empty the server makes a
+    UUIDv7. An id of another conversation of the namespace is ALREADY_EXISTS /
+    CONVERSATION_EXISTS.
+    """
+    request_id: _builtins.str
+    """Idempotency key (1..128 printable ASCII characters), per source: a repeat
+    returns the fork it made with `created` false; the same key with another
+    through_sequence or new_conversation_id is INVALID_ARGUMENT / REQUEST_ID_REUSED.
+    """
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        through_sequence: _builtins.int = ...,
+        new_conversation_id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "namespace", b"namespace", "new_conversation_id", b"new_conversation_id", "request_id", b"request_id", "through_sequence", b"through_sequence"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkConversationRequest: _TypeAlias = ForkConversationRequest  # noqa: Y015
+
+@_typing.final
+class ForkConversationResponse(_message.Message):
+    """Response of ForkConversation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    created: _builtins.bool
+    """False when a repeat of `request_id` returned the fork made before."""
+    @_builtins.property
+    def conversation(self) -> Global___Conversation:
+        """The fork: `version` is the fork point's version + 1 (the fork is its first
+        own write), `last_sequence` through_sequence, `fork_origin` set.
+        """
+
+    def __init__(
+        self,
+        *,
+        conversation: Global___Conversation | None = ...,
+        created: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation", "created", b"created"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkConversationResponse: _TypeAlias = ForkConversationResponse  # noqa: Y015
+
+@_typing.final
+class Append(_message.Message):
+    """One committed append in a conversation's digest chain."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    FIRST_SEQUENCE_FIELD_NUMBER: _builtins.int
+    LAST_SEQUENCE_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    PREVIOUS_DIGEST_FIELD_NUMBER: _builtins.int
+    COMMIT_TIME_FIELD_NUMBER: _builtins.int
+    RETRACTED_SEQUENCES_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    """The version it made."""
+    first_sequence: _builtins.int
+    """Its first sequence (last_sequence + 1 when it wrote no entry)."""
+    last_sequence: _builtins.int
+    """Its last sequence."""
+    digest: _builtins.bytes
+    """SHA-256(previous_digest || its canonical bytes); empty for an append
+    recorded before digests existed.
+    """
+    previous_digest: _builtins.bytes
+    """The digest it follows: the previous append's (32 zero bytes for the first of
+    a chain).
+    """
+    @_builtins.property
+    def commit_time(self) -> _timestamp_pb2.Timestamp:
+        """When it committed (to the microsecond; part of the digest)."""
+
+    @_builtins.property
+    def retracted_sequences(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The sequences it retracted, increasing."""
+
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        first_sequence: _builtins.int = ...,
+        last_sequence: _builtins.int = ...,
+        digest: _builtins.bytes = ...,
+        previous_digest: _builtins.bytes = ...,
+        commit_time: _timestamp_pb2.Timestamp | None = ...,
+        retracted_sequences: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["commit_time", b"commit_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_time", b"commit_time", "digest", b"digest", "first_sequence", b"first_sequence", "last_sequence", b"last_sequence", "previous_digest", b"previous_digest", "retracted_sequences", b"retracted_sequences", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Append: _TypeAlias = Append  # noqa: Y015
+
+@_typing.final
+class ListAppendsRequest(_message.Message):
+    """Request of ListAppends."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    AFTER_VERSION_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """UUID of the conversation."""
+    namespace: _builtins.str
+    """Namespace that owns it."""
+    after_version: _builtins.int
+    """Appends after this version (0: from the first)."""
+    page_size: _builtins.int
+    """AIP-158: 0 means 100, at most 1000."""
+    page_token: _builtins.str
+    """From a previous response's next_page_token."""
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        after_version: _builtins.int = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_version", b"after_version", "conversation_id", b"conversation_id", "namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAppendsRequest: _TypeAlias = ListAppendsRequest  # noqa: Y015
+
+@_typing.final
+class ListAppendsResponse(_message.Message):
+    """Response of ListAppends."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPENDS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty on the last page."""
+    @_builtins.property
+    def appends(self) -> _containers.RepeatedCompositeFieldContainer[Global___Append]:
+        """Appends in version order."""
+
+    def __init__(
+        self,
+        *,
+        appends: _abc.Iterable[Global___Append] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["appends", b"appends", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAppendsResponse: _TypeAlias = ListAppendsResponse  # noqa: Y015
+
+@_typing.final
+class ListForksRequest(_message.Message):
+    """Request of ListForks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace that owns the conversation."""
+    conversation_id: _builtins.str
+    """UUID of the conversation whose forks to list."""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListForksRequest: _TypeAlias = ListForksRequest  # noqa: Y015
+
+@_typing.final
+class ForkRef(_message.Message):
+    """A fork, as ListForks names it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    SOURCE_CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """UUID of the fork."""
+    incarnation: _builtins.int
+    """Its incarnation (Conversation.incarnation)."""
+    source_conversation_id: _builtins.str
+    """The conversation it was made from (the listed one, or a fork of it)."""
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        source_conversation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "incarnation", b"incarnation", "source_conversation_id", b"source_conversation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkRef: _TypeAlias = ForkRef  # noqa: Y015
+
+@_typing.final
+class ListForksResponse(_message.Message):
+    """Response of ListForks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FORKS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def forks(self) -> _containers.RepeatedCompositeFieldContainer[Global___ForkRef]:
+        """The forks, level by level (a fork before its own forks)."""
+
+    def __init__(
+        self,
+        *,
+        forks: _abc.Iterable[Global___ForkRef] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["forks", b"forks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListForksResponse: _TypeAlias = ListForksResponse  # noqa: Y015

@@ -130,6 +130,21 @@ class TranscriptServiceStub:
                 request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetErasureReceiptRequest.SerializeToString,
                 response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetErasureReceiptResponse.FromString,
                 _registered_method=True)
+        self.ForkConversation = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/ForkConversation',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ForkConversationRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ForkConversationResponse.FromString,
+                _registered_method=True)
+        self.ListAppends = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/ListAppends',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListAppendsRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListAppendsResponse.FromString,
+                _registered_method=True)
+        self.ListForks = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/ListForks',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListForksRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListForksResponse.FromString,
+                _registered_method=True)
 
 
 class TranscriptServiceServicer:
@@ -294,6 +309,38 @@ class TranscriptServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForkConversation(self, request, context):
+        """Makes a conversation from the entries 1..through_sequence of another of the same
+        namespace (edit and regenerate, a branch to try another answer). The fork shares
+        those entries without copying them: reads of the fork see them, then its own;
+        its sequences continue from through_sequence; its state is the source's at the
+        fork point. Nothing done to the fork changes the source. Idempotent by
+        `request_id`. Erasing the source erases its forks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAppends(self, request, context):
+        """The conversation's appends in version order, each with its digest and the
+        previous one: the chain anyone can recompute from them and ListEntries
+        (docs/transcript.md says how) and compare with Conversation.head_digest.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListForks(self, request, context):
+        """The forks of a conversation, and theirs, at any depth (each with its
+        incarnation): what erasing it would erase with it. AgentService's
+        EraseConversation reads them to erase what was derived from their own
+        entries (summaries, memories) before it deletes the transcript. Empty when
+        the conversation has none, or does not exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TranscriptServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -376,6 +423,21 @@ def add_TranscriptServiceServicer_to_server(servicer, server):
                     servicer.GetErasureReceipt,
                     request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetErasureReceiptRequest.FromString,
                     response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetErasureReceiptResponse.SerializeToString,
+            ),
+            'ForkConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkConversation,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ForkConversationRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ForkConversationResponse.SerializeToString,
+            ),
+            'ListAppends': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAppends,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListAppendsRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListAppendsResponse.SerializeToString,
+            ),
+            'ListForks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListForks,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListForksRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListForksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -826,6 +888,87 @@ class TranscriptService:
             '/runifold.transcript.v1.TranscriptService/GetErasureReceipt',
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetErasureReceiptRequest.SerializeToString,
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetErasureReceiptResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/ForkConversation',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ForkConversationRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ForkConversationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAppends(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/ListAppends',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListAppendsRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListAppendsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListForks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/ListForks',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListForksRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListForksResponse.FromString,
             options,
             channel_credentials,
             insecure,

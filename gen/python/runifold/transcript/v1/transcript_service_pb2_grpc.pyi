@@ -123,6 +123,26 @@ class TranscriptServiceStub:
     """
     GetErasureReceipt: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.GetErasureReceiptRequest, _transcript_service_pb2.GetErasureReceiptResponse]
     """Returns a kept erasure receipt: by id, or the latest of a conversation."""
+    ForkConversation: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ForkConversationRequest, _transcript_service_pb2.ForkConversationResponse]
+    """Makes a conversation from the entries 1..through_sequence of another of the same
+    namespace (edit and regenerate, a branch to try another answer). The fork shares
+    those entries without copying them: reads of the fork see them, then its own;
+    its sequences continue from through_sequence; its state is the source's at the
+    fork point. Nothing done to the fork changes the source. Idempotent by
+    `request_id`. Erasing the source erases its forks.
+    """
+    ListAppends: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ListAppendsRequest, _transcript_service_pb2.ListAppendsResponse]
+    """The conversation's appends in version order, each with its digest and the
+    previous one: the chain anyone can recompute from them and ListEntries
+    (docs/transcript.md says how) and compare with Conversation.head_digest.
+    """
+    ListForks: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ListForksRequest, _transcript_service_pb2.ListForksResponse]
+    """The forks of a conversation, and theirs, at any depth (each with its
+    incarnation): what erasing it would erase with it. AgentService's
+    EraseConversation reads them to erase what was derived from their own
+    entries (summaries, memories) before it deletes the transcript. Empty when
+    the conversation has none, or does not exist.
+    """
 
 @_typing.type_check_only
 class TranscriptServiceAsyncStub(TranscriptServiceStub):
@@ -219,6 +239,26 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     """
     GetErasureReceipt: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.GetErasureReceiptRequest, _transcript_service_pb2.GetErasureReceiptResponse]  # type: ignore[assignment]
     """Returns a kept erasure receipt: by id, or the latest of a conversation."""
+    ForkConversation: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ForkConversationRequest, _transcript_service_pb2.ForkConversationResponse]  # type: ignore[assignment]
+    """Makes a conversation from the entries 1..through_sequence of another of the same
+    namespace (edit and regenerate, a branch to try another answer). The fork shares
+    those entries without copying them: reads of the fork see them, then its own;
+    its sequences continue from through_sequence; its state is the source's at the
+    fork point. Nothing done to the fork changes the source. Idempotent by
+    `request_id`. Erasing the source erases its forks.
+    """
+    ListAppends: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ListAppendsRequest, _transcript_service_pb2.ListAppendsResponse]  # type: ignore[assignment]
+    """The conversation's appends in version order, each with its digest and the
+    previous one: the chain anyone can recompute from them and ListEntries
+    (docs/transcript.md says how) and compare with Conversation.head_digest.
+    """
+    ListForks: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ListForksRequest, _transcript_service_pb2.ListForksResponse]  # type: ignore[assignment]
+    """The forks of a conversation, and theirs, at any depth (each with its
+    incarnation): what erasing it would erase with it. AgentService's
+    EraseConversation reads them to erase what was derived from their own
+    entries (summaries, memories) before it deletes the transcript. Empty when
+    the conversation has none, or does not exist.
+    """
 
 class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
     """Append-only conversation transcripts with compare-and-swap versioning.
@@ -408,5 +448,43 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_transcript_service_pb2.GetErasureReceiptResponse, _abc.Awaitable[_transcript_service_pb2.GetErasureReceiptResponse]]:
         """Returns a kept erasure receipt: by id, or the latest of a conversation."""
+
+    @_abc_1.abstractmethod
+    def ForkConversation(
+        self,
+        request: _transcript_service_pb2.ForkConversationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.ForkConversationResponse, _abc.Awaitable[_transcript_service_pb2.ForkConversationResponse]]:
+        """Makes a conversation from the entries 1..through_sequence of another of the same
+        namespace (edit and regenerate, a branch to try another answer). The fork shares
+        those entries without copying them: reads of the fork see them, then its own;
+        its sequences continue from through_sequence; its state is the source's at the
+        fork point. Nothing done to the fork changes the source. Idempotent by
+        `request_id`. Erasing the source erases its forks.
+        """
+
+    @_abc_1.abstractmethod
+    def ListAppends(
+        self,
+        request: _transcript_service_pb2.ListAppendsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.ListAppendsResponse, _abc.Awaitable[_transcript_service_pb2.ListAppendsResponse]]:
+        """The conversation's appends in version order, each with its digest and the
+        previous one: the chain anyone can recompute from them and ListEntries
+        (docs/transcript.md says how) and compare with Conversation.head_digest.
+        """
+
+    @_abc_1.abstractmethod
+    def ListForks(
+        self,
+        request: _transcript_service_pb2.ListForksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.ListForksResponse, _abc.Awaitable[_transcript_service_pb2.ListForksResponse]]:
+        """The forks of a conversation, and theirs, at any depth (each with its
+        incarnation): what erasing it would erase with it. AgentService's
+        EraseConversation reads them to erase what was derived from their own
+        entries (summaries, memories) before it deletes the transcript. Empty when
+        the conversation has none, or does not exist.
+        """
 
 def add_TranscriptServiceServicer_to_server(servicer: TranscriptServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -209,6 +209,21 @@ export interface Conversation {
    * @generated from field: string preview = 11;
    */
   'preview'?: (string);
+  /**
+   * Set on a fork (ForkConversation): the conversation it was made from and the
+   * last sequence it shares with it.
+   *
+   * @generated from field: runifold.transcript.v1.ForkOrigin fork_origin = 13;
+   */
+  'fork_origin'?: (ForkOrigin | null);
+  /**
+   * The SHA-256 digest of the newest append (ListAppends): it binds every entry,
+   * retraction and commit time of the conversation so far. Empty before its first
+   * append (and for appends recorded before digests existed).
+   *
+   * @generated from field: bytes head_digest = 14;
+   */
+  'head_digest'?: (Buffer | Uint8Array | string);
 }
 
 /**
@@ -301,6 +316,21 @@ export interface Conversation__Output {
    * @generated from field: string preview = 11;
    */
   'preview': (string);
+  /**
+   * Set on a fork (ForkConversation): the conversation it was made from and the
+   * last sequence it shares with it.
+   *
+   * @generated from field: runifold.transcript.v1.ForkOrigin fork_origin = 13;
+   */
+  'fork_origin': (ForkOrigin__Output | null);
+  /**
+   * The SHA-256 digest of the newest append (ListAppends): it binds every entry,
+   * retraction and commit time of the conversation so far. Empty before its first
+   * append (and for appends recorded before digests existed).
+   *
+   * @generated from field: bytes head_digest = 14;
+   */
+  'head_digest': (Buffer);
 }
 
 /**
@@ -762,6 +792,13 @@ export interface AppendEntriesResponse {
    * @generated from field: int64 namespace_state_version = 7;
    */
   'namespace_state_version'?: (number | string | bigint);
+  /**
+   * The append's digest: SHA-256 over the previous append's digest and this
+   * append's canonical bytes (docs/transcript.md).
+   *
+   * @generated from field: bytes digest = 8;
+   */
+  'digest'?: (Buffer | Uint8Array | string);
 }
 
 /**
@@ -813,6 +850,13 @@ export interface AppendEntriesResponse__Output {
    * @generated from field: int64 namespace_state_version = 7;
    */
   'namespace_state_version': (number);
+  /**
+   * The append's digest: SHA-256 over the previous append's digest and this
+   * append's canonical bytes (docs/transcript.md).
+   *
+   * @generated from field: bytes digest = 8;
+   */
+  'digest': (Buffer);
 }
 
 /**
@@ -3280,6 +3324,518 @@ export interface GetErasureReceiptResponse__Output {
 }
 
 /**
+ * Where a fork came from.
+ *
+ * @generated from message runifold.transcript.v1.ForkOrigin
+ */
+export interface ForkOrigin {
+  /**
+   * The source conversation (UUID in canonical text form).
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id'?: (string);
+  /**
+   * The last sequence of the source the fork shares (0: none).
+   *
+   * @generated from field: int64 through_sequence = 2;
+   */
+  'through_sequence'?: (number | string | bigint);
+}
+
+/**
+ * Where a fork came from.
+ *
+ * @generated from message runifold.transcript.v1.ForkOrigin
+ */
+export interface ForkOrigin__Output {
+  /**
+   * The source conversation (UUID in canonical text form).
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id': (string);
+  /**
+   * The last sequence of the source the fork shares (0: none).
+   *
+   * @generated from field: int64 through_sequence = 2;
+   */
+  'through_sequence': (number);
+}
+
+/**
+ * Request of ForkConversation.
+ *
+ * @generated from message runifold.transcript.v1.ForkConversationRequest
+ */
+export interface ForkConversationRequest {
+  /**
+   * The source conversation (UUID in canonical text form).
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id'?: (string);
+  /**
+   * Namespace that owns the source, and will own the fork.
+   *
+   * @generated from field: string namespace = 2;
+   */
+  'namespace'?: (string);
+  /**
+   * The last entry of the source the fork shares: 0..the source's last_sequence
+   * (beyond: INVALID_ARGUMENT / SEQUENCE_OUT_OF_RANGE). It may cut an append: the
+   * fork then keeps that append's entries up to here, not its state change or
+   * retractions.
+   *
+   * @generated from field: int64 through_sequence = 3;
+   */
+  'through_sequence'?: (number | string | bigint);
+  /**
+   * The fork's id (UUID in canonical text form). When empty the server makes a
+   * UUIDv7. An id of another conversation of the namespace is ALREADY_EXISTS /
+   * CONVERSATION_EXISTS.
+   *
+   * @generated from field: string new_conversation_id = 4;
+   */
+  'new_conversation_id'?: (string);
+  /**
+   * Idempotency key (1..128 printable ASCII characters), per source: a repeat
+   * returns the fork it made with `created` false; the same key with another
+   * through_sequence or new_conversation_id is INVALID_ARGUMENT / REQUEST_ID_REUSED.
+   *
+   * @generated from field: string request_id = 5;
+   */
+  'request_id'?: (string);
+}
+
+/**
+ * Request of ForkConversation.
+ *
+ * @generated from message runifold.transcript.v1.ForkConversationRequest
+ */
+export interface ForkConversationRequest__Output {
+  /**
+   * The source conversation (UUID in canonical text form).
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id': (string);
+  /**
+   * Namespace that owns the source, and will own the fork.
+   *
+   * @generated from field: string namespace = 2;
+   */
+  'namespace': (string);
+  /**
+   * The last entry of the source the fork shares: 0..the source's last_sequence
+   * (beyond: INVALID_ARGUMENT / SEQUENCE_OUT_OF_RANGE). It may cut an append: the
+   * fork then keeps that append's entries up to here, not its state change or
+   * retractions.
+   *
+   * @generated from field: int64 through_sequence = 3;
+   */
+  'through_sequence': (number);
+  /**
+   * The fork's id (UUID in canonical text form). When empty the server makes a
+   * UUIDv7. An id of another conversation of the namespace is ALREADY_EXISTS /
+   * CONVERSATION_EXISTS.
+   *
+   * @generated from field: string new_conversation_id = 4;
+   */
+  'new_conversation_id': (string);
+  /**
+   * Idempotency key (1..128 printable ASCII characters), per source: a repeat
+   * returns the fork it made with `created` false; the same key with another
+   * through_sequence or new_conversation_id is INVALID_ARGUMENT / REQUEST_ID_REUSED.
+   *
+   * @generated from field: string request_id = 5;
+   */
+  'request_id': (string);
+}
+
+/**
+ * Response of ForkConversation.
+ *
+ * @generated from message runifold.transcript.v1.ForkConversationResponse
+ */
+export interface ForkConversationResponse {
+  /**
+   * The fork: `version` is the fork point's version + 1 (the fork is its first
+   * own write), `last_sequence` through_sequence, `fork_origin` set.
+   *
+   * @generated from field: runifold.transcript.v1.Conversation conversation = 1;
+   */
+  'conversation'?: (Conversation | null);
+  /**
+   * False when a repeat of `request_id` returned the fork made before.
+   *
+   * @generated from field: bool created = 2;
+   */
+  'created'?: (boolean);
+}
+
+/**
+ * Response of ForkConversation.
+ *
+ * @generated from message runifold.transcript.v1.ForkConversationResponse
+ */
+export interface ForkConversationResponse__Output {
+  /**
+   * The fork: `version` is the fork point's version + 1 (the fork is its first
+   * own write), `last_sequence` through_sequence, `fork_origin` set.
+   *
+   * @generated from field: runifold.transcript.v1.Conversation conversation = 1;
+   */
+  'conversation': (Conversation__Output | null);
+  /**
+   * False when a repeat of `request_id` returned the fork made before.
+   *
+   * @generated from field: bool created = 2;
+   */
+  'created': (boolean);
+}
+
+/**
+ * One committed append in a conversation's digest chain.
+ *
+ * @generated from message runifold.transcript.v1.Append
+ */
+export interface Append {
+  /**
+   * The version it made.
+   *
+   * @generated from field: int64 version = 1;
+   */
+  'version'?: (number | string | bigint);
+  /**
+   * Its first sequence (last_sequence + 1 when it wrote no entry).
+   *
+   * @generated from field: int64 first_sequence = 2;
+   */
+  'first_sequence'?: (number | string | bigint);
+  /**
+   * Its last sequence.
+   *
+   * @generated from field: int64 last_sequence = 3;
+   */
+  'last_sequence'?: (number | string | bigint);
+  /**
+   * SHA-256(previous_digest || its canonical bytes); empty for an append
+   * recorded before digests existed.
+   *
+   * @generated from field: bytes digest = 4;
+   */
+  'digest'?: (Buffer | Uint8Array | string);
+  /**
+   * The digest it follows: the previous append's (32 zero bytes for the first of
+   * a chain).
+   *
+   * @generated from field: bytes previous_digest = 5;
+   */
+  'previous_digest'?: (Buffer | Uint8Array | string);
+  /**
+   * When it committed (to the microsecond; part of the digest).
+   *
+   * @generated from field: google.protobuf.Timestamp commit_time = 6;
+   */
+  'commit_time'?: (Timestamp | null);
+  /**
+   * The sequences it retracted, increasing.
+   *
+   * @generated from field: repeated int64 retracted_sequences = 7;
+   */
+  'retracted_sequences'?: (number | string | bigint)[];
+}
+
+/**
+ * One committed append in a conversation's digest chain.
+ *
+ * @generated from message runifold.transcript.v1.Append
+ */
+export interface Append__Output {
+  /**
+   * The version it made.
+   *
+   * @generated from field: int64 version = 1;
+   */
+  'version': (number);
+  /**
+   * Its first sequence (last_sequence + 1 when it wrote no entry).
+   *
+   * @generated from field: int64 first_sequence = 2;
+   */
+  'first_sequence': (number);
+  /**
+   * Its last sequence.
+   *
+   * @generated from field: int64 last_sequence = 3;
+   */
+  'last_sequence': (number);
+  /**
+   * SHA-256(previous_digest || its canonical bytes); empty for an append
+   * recorded before digests existed.
+   *
+   * @generated from field: bytes digest = 4;
+   */
+  'digest': (Buffer);
+  /**
+   * The digest it follows: the previous append's (32 zero bytes for the first of
+   * a chain).
+   *
+   * @generated from field: bytes previous_digest = 5;
+   */
+  'previous_digest': (Buffer);
+  /**
+   * When it committed (to the microsecond; part of the digest).
+   *
+   * @generated from field: google.protobuf.Timestamp commit_time = 6;
+   */
+  'commit_time': (Timestamp__Output | null);
+  /**
+   * The sequences it retracted, increasing.
+   *
+   * @generated from field: repeated int64 retracted_sequences = 7;
+   */
+  'retracted_sequences': (number)[];
+}
+
+/**
+ * Request of ListAppends.
+ *
+ * @generated from message runifold.transcript.v1.ListAppendsRequest
+ */
+export interface ListAppendsRequest {
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id'?: (string);
+  /**
+   * Namespace that owns it.
+   *
+   * @generated from field: string namespace = 2;
+   */
+  'namespace'?: (string);
+  /**
+   * Appends after this version (0: from the first).
+   *
+   * @generated from field: int64 after_version = 3;
+   */
+  'after_version'?: (number | string | bigint);
+  /**
+   * AIP-158: 0 means 100, at most 1000.
+   *
+   * @generated from field: int32 page_size = 4;
+   */
+  'page_size'?: (number);
+  /**
+   * From a previous response's next_page_token.
+   *
+   * @generated from field: string page_token = 5;
+   */
+  'page_token'?: (string);
+}
+
+/**
+ * Request of ListAppends.
+ *
+ * @generated from message runifold.transcript.v1.ListAppendsRequest
+ */
+export interface ListAppendsRequest__Output {
+  /**
+   * UUID of the conversation.
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id': (string);
+  /**
+   * Namespace that owns it.
+   *
+   * @generated from field: string namespace = 2;
+   */
+  'namespace': (string);
+  /**
+   * Appends after this version (0: from the first).
+   *
+   * @generated from field: int64 after_version = 3;
+   */
+  'after_version': (number);
+  /**
+   * AIP-158: 0 means 100, at most 1000.
+   *
+   * @generated from field: int32 page_size = 4;
+   */
+  'page_size': (number);
+  /**
+   * From a previous response's next_page_token.
+   *
+   * @generated from field: string page_token = 5;
+   */
+  'page_token': (string);
+}
+
+/**
+ * Response of ListAppends.
+ *
+ * @generated from message runifold.transcript.v1.ListAppendsResponse
+ */
+export interface ListAppendsResponse {
+  /**
+   * Appends in version order.
+   *
+   * @generated from field: repeated runifold.transcript.v1.Append appends = 1;
+   */
+  'appends'?: (Append)[];
+  /**
+   * Empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  'next_page_token'?: (string);
+}
+
+/**
+ * Response of ListAppends.
+ *
+ * @generated from message runifold.transcript.v1.ListAppendsResponse
+ */
+export interface ListAppendsResponse__Output {
+  /**
+   * Appends in version order.
+   *
+   * @generated from field: repeated runifold.transcript.v1.Append appends = 1;
+   */
+  'appends': (Append__Output)[];
+  /**
+   * Empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  'next_page_token': (string);
+}
+
+/**
+ * Request of ListForks.
+ *
+ * @generated from message runifold.transcript.v1.ListForksRequest
+ */
+export interface ListForksRequest {
+  /**
+   * Namespace that owns the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace'?: (string);
+  /**
+   * UUID of the conversation whose forks to list.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id'?: (string);
+}
+
+/**
+ * Request of ListForks.
+ *
+ * @generated from message runifold.transcript.v1.ListForksRequest
+ */
+export interface ListForksRequest__Output {
+  /**
+   * Namespace that owns the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace': (string);
+  /**
+   * UUID of the conversation whose forks to list.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id': (string);
+}
+
+/**
+ * A fork, as ListForks names it.
+ *
+ * @generated from message runifold.transcript.v1.ForkRef
+ */
+export interface ForkRef {
+  /**
+   * UUID of the fork.
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id'?: (string);
+  /**
+   * Its incarnation (Conversation.incarnation).
+   *
+   * @generated from field: int64 incarnation = 2;
+   */
+  'incarnation'?: (number | string | bigint);
+  /**
+   * The conversation it was made from (the listed one, or a fork of it).
+   *
+   * @generated from field: string source_conversation_id = 3;
+   */
+  'source_conversation_id'?: (string);
+}
+
+/**
+ * A fork, as ListForks names it.
+ *
+ * @generated from message runifold.transcript.v1.ForkRef
+ */
+export interface ForkRef__Output {
+  /**
+   * UUID of the fork.
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  'conversation_id': (string);
+  /**
+   * Its incarnation (Conversation.incarnation).
+   *
+   * @generated from field: int64 incarnation = 2;
+   */
+  'incarnation': (number);
+  /**
+   * The conversation it was made from (the listed one, or a fork of it).
+   *
+   * @generated from field: string source_conversation_id = 3;
+   */
+  'source_conversation_id': (string);
+}
+
+/**
+ * Response of ListForks.
+ *
+ * @generated from message runifold.transcript.v1.ListForksResponse
+ */
+export interface ListForksResponse {
+  /**
+   * The forks, level by level (a fork before its own forks).
+   *
+   * @generated from field: repeated runifold.transcript.v1.ForkRef forks = 1;
+   */
+  'forks'?: (ForkRef)[];
+}
+
+/**
+ * Response of ListForks.
+ *
+ * @generated from message runifold.transcript.v1.ListForksResponse
+ */
+export interface ListForksResponse__Output {
+  /**
+   * The forks, level by level (a fork before its own forks).
+   *
+   * @generated from field: repeated runifold.transcript.v1.ForkRef forks = 1;
+   */
+  'forks': (ForkRef__Output)[];
+}
+
+/**
  * Append-only conversation transcripts with compare-and-swap versioning.
  *
  * A conversation's `version` counts committed appends. Each entry has a
@@ -3427,5 +3983,34 @@ export interface TranscriptService__Methods {
    * @generated from rpc runifold.transcript.v1.TranscriptService.GetErasureReceipt
    */
   getErasureReceipt: { request: GetErasureReceiptRequest; response: GetErasureReceiptResponse__Output };
+  /**
+   * Makes a conversation from the entries 1..through_sequence of another of the same
+   * namespace (edit and regenerate, a branch to try another answer). The fork shares
+   * those entries without copying them: reads of the fork see them, then its own;
+   * its sequences continue from through_sequence; its state is the source's at the
+   * fork point. Nothing done to the fork changes the source. Idempotent by
+   * `request_id`. Erasing the source erases its forks.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.ForkConversation
+   */
+  forkConversation: { request: ForkConversationRequest; response: ForkConversationResponse__Output };
+  /**
+   * The conversation's appends in version order, each with its digest and the
+   * previous one: the chain anyone can recompute from them and ListEntries
+   * (docs/transcript.md says how) and compare with Conversation.head_digest.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.ListAppends
+   */
+  listAppends: { request: ListAppendsRequest; response: ListAppendsResponse__Output };
+  /**
+   * The forks of a conversation, and theirs, at any depth (each with its
+   * incarnation): what erasing it would erase with it. AgentService's
+   * EraseConversation reads them to erase what was derived from their own
+   * entries (summaries, memories) before it deletes the transcript. Empty when
+   * the conversation has none, or does not exist.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.ListForks
+   */
+  listForks: { request: ListForksRequest; response: ListForksResponse__Output };
 }
 

@@ -1,0 +1,15 @@
+"""Forks on PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.postgres.pool import Database
+from services.transcript.store import PostgresTranscriptStore, TranscriptStore
+from tests.transcript.forks.cases import ForkCases
+
+
+class TestForksOnPostgres(ForkCases):
+    @pytest.fixture
+    def store(self, database: Database) -> TranscriptStore:
+        return PostgresTranscriptStore(database)
