@@ -109,7 +109,11 @@ class CurationWorkers:
                 if self._ready is None or await self._ready():
                     ran = await self.run_once(worker)
             except DomainError as error:
-                log.warning("curation worker cannot claim", extra={"reason": error.reason})
+                # Unavailable (PostgreSQL restarting, a shutdown under way): the next poll
+                # tries again; anything else is worth a warning.
+                (log.info if error.code in _TRANSIENT else log.warning)(
+                    "curation worker cannot claim", extra={"reason": error.reason}
+                )
             except Exception:
                 log.exception("curation worker failed")
             if not ran:
@@ -207,7 +211,10 @@ class CurationWorkers:
         )
         if state is not None:
             metrics.CURATION_JOBS.labels("parked" if park else "retried").inc()
-        log.warning(
+        # A transient failure (a store or service unavailable, a shutdown under way) is
+        # retried with backoff and counted by the metric: worth a warning only once it
+        # counts towards parking the job.
+        (log.warning if counted or park else log.info)(
             "curation job failed",
             extra={
                 "job_id": str(job.job_id),
