@@ -149,6 +149,47 @@ COSTS: dict[str, CostClass] = {
         "one row per fork (id and incarnation), at any depth",
         "never",
     ),
+    _T + "PutCheckpoint": CostClass(
+        "exempt",
+        _ONE_WRITE + " (the new channel values, the checkpoint's row and its size, one probe "
+        "per channel)",
+        _REQUEST + ": RUNIFOLD_CHECKPOINT_MAX_BYTES and the metadata",
+        "never",
+    ),
+    _T + "PutCheckpointWrites": CostClass(
+        "exempt",
+        _ONE_WRITE + " (one insert of one task's writes)",
+        _REQUEST + ": RUNIFOLD_CHECKPOINT_MAX_VALUES_PER_CALL writes of at most "
+        "RUNIFOLD_CHECKPOINT_MAX_BLOB_BYTES",
+        "never",
+    ),
+    _T + "GetCheckpoint": CostClass(
+        "exempt",
+        _ONE_READ + " (by key: the checkpoint, a probe per channel, its writes)",
+        "one checkpoint with its values and writes (RUNIFOLD_CHECKPOINT_MAX_BYTES)",
+        "never",
+    ),
+    _T + "ListCheckpoints": CostClass(
+        "exempt",
+        _ONE_READ + " (a range of the checkpoints' key, cut by weight before values are read)",
+        "a page of at most RUNIFOLD_CHECKPOINT_MAX_PAGE_SIZE checkpoints and "
+        "RUNIFOLD_CHECKPOINT_MAX_BYTES (never less than one checkpoint)",
+        "never",
+    ),
+    _T + "DeleteCheckpoints": CostClass(
+        "exempt",
+        _ONE_WRITE + " (at most 1000 runs or conversations; the unnamed values of those "
+        "conversations found by an anti-join over their own rows)",
+        "three counts",
+        "never",
+    ),
+    _T + "CopyCheckpoints": CostClass(
+        "exempt",
+        _ONE_WRITE + " (three INSERT ... SELECT inside PostgreSQL: no row passes through "
+        "the service)",
+        "one count",
+        "never",
+    ),
     # -- SummaryService -----------------------------------------------------------------
     _S + "GetSummary": CostClass("exempt", _ONE_READ, "one summary", "never"),
     _S + "CommitSummary": CostClass(

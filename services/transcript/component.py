@@ -142,4 +142,7 @@ class TranscriptComponent:
     @property
     def max_request_bytes(self) -> int:
         """The largest request the limits allow (an AppendEntries): the transport cap."""
-        return append_request_bytes(self.limits.messages) + self.limits.write_extras_bytes
+        return max(
+            append_request_bytes(self.limits.messages) + self.limits.write_extras_bytes,
+            self.limits.checkpoints.max_request_bytes,
+        )

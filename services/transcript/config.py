@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from services.common import jsonb
 from services.common.messages import MAX_MESSAGE_BYTES, MessageLimits
 from services.common.settings import Env, SettingsError, env_float, env_int
+from services.transcript.checkpoints.model import CheckpointLimits
 
 # RUNIFOLD_MAX_STATE_BYTES: one state document's limit.
 DEFAULT_STATE_BYTES = 64 * 1024
@@ -126,6 +127,8 @@ class TranscriptLimits:
     # Each state document (a conversation's, a user's, a namespace's) once changed.
     max_state_bytes: int = DEFAULT_STATE_BYTES
     watch: WatchLimits = field(default_factory=WatchLimits)
+    # LangGraph checkpoints (services/transcript/checkpoints/).
+    checkpoints: CheckpointLimits = field(default_factory=CheckpointLimits)
     messages: MessageLimits = field(init=False)
 
     def __post_init__(self) -> None:
@@ -189,4 +192,45 @@ class TranscriptLimits:
                 maximum=1024 * 1024,
             ),
             watch=WatchLimits.from_env(env, messages.max_message_bytes),
+            checkpoints=checkpoint_limits_from_env(env),
         )
+
+
+def checkpoint_limits_from_env(env: Env) -> CheckpointLimits:
+    """The limits of checkpoints (RUNIFOLD_CHECKPOINT_*)."""
+    blob = env_int(
+        env,
+        "RUNIFOLD_CHECKPOINT_MAX_BLOB_BYTES",
+        4 * 1024 * 1024,
+        minimum=1024,
+        maximum=64 * 1024 * 1024,
+    )
+    whole = env_int(
+        env,
+        "RUNIFOLD_CHECKPOINT_MAX_BYTES",
+        16 * 1024 * 1024,
+        minimum=1024,
+        maximum=256 * 1024 * 1024,
+    )
+    if whole < blob:
+        raise SettingsError(
+            f"RUNIFOLD_CHECKPOINT_MAX_BYTES ({whole}) must be at least "
+            f"RUNIFOLD_CHECKPOINT_MAX_BLOB_BYTES ({blob})"
+        )
+    return CheckpointLimits(
+        max_blob_bytes=blob,
+        max_metadata_bytes=env_int(
+            env,
+            "RUNIFOLD_CHECKPOINT_MAX_METADATA_BYTES",
+            64 * 1024,
+            minimum=1024,
+            maximum=1024 * 1024,
+        ),
+        max_values_per_call=env_int(
+            env, "RUNIFOLD_CHECKPOINT_MAX_VALUES_PER_CALL", 256, minimum=1, maximum=10_000
+        ),
+        max_checkpoint_bytes=whole,
+        max_page_size=env_int(
+            env, "RUNIFOLD_CHECKPOINT_MAX_PAGE_SIZE", 100, minimum=1, maximum=1000
+        ),
+    )

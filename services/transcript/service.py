@@ -12,7 +12,9 @@ SQL (statements.py):
 - views/: LoadView (the bounded context of a turn) and ListEntries;
 - leases/: turn leases (`TranscriptService.leases`);
 - watch/: WatchConversation, served beside this class (component.py wires it);
-- receipts/: erasure receipts, recorded by erasures and kept after them.
+- receipts/: erasure receipts, recorded by erasures and kept after them;
+- checkpoints/: LangGraph checkpoints of a conversation (a thread), their channel
+  values and pending writes.
 
 Takes a `TranscriptStore`; knows nothing of gRPC or SQL.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from services.common.pagination import PageTokens
 from services.transcript.appends.service import Appends
+from services.transcript.checkpoints.service import Checkpoints
 from services.transcript.config import TranscriptLimits
 from services.transcript.conversations.service import Conversations
 from services.transcript.digests.service import Chain
@@ -31,7 +34,7 @@ from services.transcript.store import TranscriptStore
 from services.transcript.views.service import Views
 
 
-class TranscriptService(Conversations, Appends, Views, Receipts, Forks, Chain):
+class TranscriptService(Conversations, Appends, Views, Receipts, Forks, Chain, Checkpoints):
     """Conversations and their append-only entries."""
 
     store: TranscriptStore

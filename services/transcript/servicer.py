@@ -7,6 +7,7 @@ them to status codes with ErrorInfo.
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 from runifold.transcript.v1 import transcript_service_pb2 as pb
@@ -16,6 +17,13 @@ from services.common import messages as message_rules
 from services.common.auth import ALL, identity_var
 from services.common.errors import DomainError, StreamStalled
 from services.transcript import metrics as transcript_metrics
+from services.transcript.checkpoints.model import (
+    ChannelValue,
+    CheckpointWrite,
+    StoredCheckpoint,
+    TypedValue,
+    too_many_values,
+)
 from services.transcript.conversations.model import AppendRecord, Conversation, ScopedState
 from services.transcript.leases.model import EndedTurn, TurnLease
 from services.transcript.receipts.model import ErasureProgress, ErasureReceipt
@@ -164,6 +172,73 @@ def watch_event_to_proto(event: events.WatchEvent) -> pb.WatchConversationRespon
             )
         )
     return pb.WatchConversationResponse(erased=pb.Erased(incarnation=event.incarnation))
+
+
+def typed_to_proto(value: TypedValue) -> pb.TypedValue:
+    """The wire form of a serialized value."""
+    return pb.TypedValue(type=value.type, value=value.value or b"")
+
+
+def write_to_proto(write: CheckpointWrite) -> pb.CheckpointWrite:
+    """The wire form of a pending write."""
+    return pb.CheckpointWrite(
+        task_id=write.task_id,
+        idx=write.idx,
+        channel=write.channel,
+        value=typed_to_proto(write.value),
+        task_path=write.task_path,
+    )
+
+
+def write_from_proto(write: pb.CheckpointWrite) -> CheckpointWrite:
+    """A pending write as the caller sent it (its bytes verbatim)."""
+    return CheckpointWrite(
+        write.task_id,
+        write.idx,
+        write.channel,
+        TypedValue(write.value.type, write.value.value),
+        write.task_path,
+    )
+
+
+def checkpoint_to_proto(checkpoint: StoredCheckpoint) -> pb.Checkpoint:
+    """The wire form of a checkpoint with its values and pending writes."""
+    return pb.Checkpoint(
+        checkpoint_ns=checkpoint.checkpoint_ns,
+        checkpoint_id=checkpoint.checkpoint_id,
+        parent_checkpoint_id=checkpoint.parent_checkpoint_id or "",
+        checkpoint=typed_to_proto(checkpoint.checkpoint),
+        metadata_json=checkpoint.metadata_json,
+        channel_versions=checkpoint.channel_versions,
+        channel_values=[
+            pb.ChannelValue(
+                channel=value.channel, version=value.version, value=typed_to_proto(value.value)
+            )
+            for value in checkpoint.channel_values
+        ],
+        pending_writes=[write_to_proto(write) for write in checkpoint.pending_writes],
+        create_time=convert.timestamp(checkpoint.create_time),
+    )
+
+
+def checkpoint_from_proto(checkpoint: pb.Checkpoint) -> StoredCheckpoint:
+    """A checkpoint as PutCheckpoint sends it (its bytes verbatim; no writes)."""
+    return StoredCheckpoint(
+        checkpoint_ns=checkpoint.checkpoint_ns,
+        checkpoint_id=checkpoint.checkpoint_id,
+        parent_checkpoint_id=checkpoint.parent_checkpoint_id or None,
+        checkpoint=TypedValue(checkpoint.checkpoint.type, checkpoint.checkpoint.value),
+        metadata_json=checkpoint.metadata_json,
+        channel_versions=dict(checkpoint.channel_versions),
+        channel_values=tuple(
+            ChannelValue(
+                value.channel, value.version, TypedValue(value.value.type, value.value.value)
+            )
+            for value in checkpoint.channel_values
+        ),
+        pending_writes=(),
+        create_time=datetime.now(UTC),
+    )
 
 
 class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
@@ -495,3 +570,89 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             request.namespace, request.conversation_id, request.incarnation, request.curated_through
         )
         return pb.MarkCuratedResponse(conversation=conversation_to_proto(conversation))
+
+    async def PutCheckpoint(
+        self, request: pb.PutCheckpointRequest, context: Context
+    ) -> pb.PutCheckpointResponse:
+        # The count before the conversion: an oversized put costs no more than this.
+        limit = self.service.limits.checkpoints.max_values_per_call
+        if len(request.checkpoint.channel_values) > limit:
+            raise too_many_values("checkpoint.channel_values", limit)
+        stored = await self.service.put_checkpoint(
+            request.namespace,
+            request.conversation_id,
+            checkpoint_from_proto(request.checkpoint),
+            request.run_id,
+            request.turn_id,
+            request.fencing_token if request.HasField("fencing_token") else None,
+        )
+        return pb.PutCheckpointResponse(
+            checkpoint_id=request.checkpoint.checkpoint_id, channel_values_stored=stored
+        )
+
+    async def PutCheckpointWrites(
+        self, request: pb.PutCheckpointWritesRequest, context: Context
+    ) -> pb.PutCheckpointWritesResponse:
+        limit = self.service.limits.checkpoints.max_values_per_call
+        if len(request.writes) > limit:
+            raise too_many_values("writes", limit)
+        stored = await self.service.put_checkpoint_writes(
+            request.namespace,
+            request.conversation_id,
+            request.checkpoint_ns,
+            request.checkpoint_id,
+            [write_from_proto(write) for write in request.writes],
+            request.turn_id,
+            request.fencing_token if request.HasField("fencing_token") else None,
+        )
+        return pb.PutCheckpointWritesResponse(stored=stored)
+
+    async def GetCheckpoint(
+        self, request: pb.GetCheckpointRequest, context: Context
+    ) -> pb.GetCheckpointResponse:
+        found = await self.service.get_checkpoint(
+            request.namespace, request.conversation_id, request.checkpoint_ns, request.checkpoint_id
+        )
+        return pb.GetCheckpointResponse(
+            checkpoint=checkpoint_to_proto(found) if found is not None else None
+        )
+
+    async def ListCheckpoints(
+        self, request: pb.ListCheckpointsRequest, context: Context
+    ) -> pb.ListCheckpointsResponse:
+        page = await self.service.list_checkpoints(
+            request.namespace,
+            request.conversation_id,
+            request.checkpoint_ns if request.HasField("checkpoint_ns") else None,
+            request.filter_json,
+            request.before_checkpoint_id,
+            request.page_size,
+            request.page_token,
+        )
+        return pb.ListCheckpointsResponse(
+            checkpoints=[checkpoint_to_proto(checkpoint) for checkpoint in page.checkpoints],
+            next_page_token=page.next_page_token,
+        )
+
+    async def DeleteCheckpoints(
+        self, request: pb.DeleteCheckpointsRequest, context: Context
+    ) -> pb.DeleteCheckpointsResponse:
+        deleted = await self.service.delete_checkpoints(
+            request.namespace,
+            list(request.run_ids),
+            list(request.conversation_ids),
+            request.keep_latest,
+        )
+        return pb.DeleteCheckpointsResponse(
+            checkpoints_deleted=deleted.checkpoints,
+            channel_values_deleted=deleted.channel_values,
+            writes_deleted=deleted.writes,
+        )
+
+    async def CopyCheckpoints(
+        self, request: pb.CopyCheckpointsRequest, context: Context
+    ) -> pb.CopyCheckpointsResponse:
+        copied = await self.service.copy_checkpoints(
+            request.namespace, request.conversation_id, request.target_conversation_id
+        )
+        return pb.CopyCheckpointsResponse(checkpoints_copied=copied)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from services.transcript.appends.store import AppendStore, PostgresAppends
+from services.transcript.checkpoints.store import CheckpointStore, PostgresCheckpoints
 from services.transcript.conversations.store import ConversationStore, PostgresConversations
 from services.transcript.digests.store import ChainStore, PostgresChain
 from services.transcript.forks.store import ForkStore, PostgresForks
@@ -25,6 +26,7 @@ class TranscriptStore(
     ReceiptStore,
     ForkStore,
     ChainStore,
+    CheckpointStore,
     Protocol,
 ):
     """What the transcript service needs from a store. Every method is atomic."""
@@ -38,5 +40,6 @@ class PostgresTranscriptStore(
     PostgresReceipts,
     PostgresForks,
     PostgresChain,
+    PostgresCheckpoints,
 ):
     """TranscriptStore on PostgreSQL (schema `transcript`)."""

@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 from services.common.domain import Usage
 from services.common.errors import DomainError
 from services.common.postgres.pool import AsyncConn, Database
+from services.transcript.checkpoints import statements as checkpoint_sql
 from services.transcript.conversations import statements as sql
 from services.transcript.conversations.model import (
     NO_STATE_CHANGE,
@@ -365,6 +366,9 @@ class PostgresConversations(PostgresBase):
                 await conn.execute(
                     "DELETE FROM transcript.turns WHERE conversation_key = ANY(%s)", (keys,)
                 )
+                # LangGraph checkpoints (checkpoints/): the thread goes with its transcript.
+                for statement in checkpoint_sql.ERASE:
+                    await conn.execute(statement, (keys,))
                 cursor = await conn.execute(
                     "DELETE FROM transcript.entries WHERE conversation_key = ANY(%s)", (keys,)
                 )

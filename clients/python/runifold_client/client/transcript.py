@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import timedelta
+from typing import Any
 
 import grpc
 
@@ -514,3 +515,139 @@ class TranscriptCalls(Connection):
             ),
         )
         return reply.released
+
+    async def put_checkpoint(
+        self,
+        conversation_id: str,
+        checkpoint: transcript_pb.Checkpoint,
+        *,
+        namespace: str | None = None,
+        run_id: str = "",
+        turn_id: str = "",
+        fencing_token: int | None = None,
+    ) -> transcript_pb.PutCheckpointResponse:
+        """Store a LangGraph checkpoint of the conversation (its thread) with the values of
+        its channels whose version is new (`runifold_client.langgraph.RunifoldSaver` calls
+        it). Fenced by a turn lease when `fencing_token` (and its `turn_id`) is given."""
+        request = transcript_pb.PutCheckpointRequest(
+            namespace=self._ns(namespace),
+            conversation_id=conversation_id,
+            checkpoint=checkpoint,
+            run_id=run_id,
+            turn_id=turn_id,
+        )
+        if fencing_token is not None:
+            request.fencing_token = fencing_token
+        return await self._call(self.transcripts.PutCheckpoint, request)
+
+    async def put_checkpoint_writes(
+        self,
+        conversation_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        writes: Sequence[transcript_pb.CheckpointWrite],
+        *,
+        namespace: str | None = None,
+        turn_id: str = "",
+        fencing_token: int | None = None,
+    ) -> int:
+        """Store one task's pending writes against a checkpoint; how many were stored."""
+        request = transcript_pb.PutCheckpointWritesRequest(
+            namespace=self._ns(namespace),
+            conversation_id=conversation_id,
+            checkpoint_ns=checkpoint_ns,
+            checkpoint_id=checkpoint_id,
+            writes=writes,
+            turn_id=turn_id,
+        )
+        if fencing_token is not None:
+            request.fencing_token = fencing_token
+        reply = await self._call(self.transcripts.PutCheckpointWrites, request)
+        return reply.stored
+
+    async def get_checkpoint(
+        self,
+        conversation_id: str,
+        *,
+        checkpoint_ns: str = "",
+        checkpoint_id: str = "",
+        namespace: str | None = None,
+    ) -> transcript_pb.Checkpoint | None:
+        """A checkpoint with its values and pending writes (the newest of `checkpoint_ns`
+        without `checkpoint_id`); None when there is none."""
+        reply = await self._call(
+            self.transcripts.GetCheckpoint,
+            transcript_pb.GetCheckpointRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id,
+                checkpoint_ns=checkpoint_ns,
+                checkpoint_id=checkpoint_id,
+            ),
+        )
+        return reply.checkpoint if reply.HasField("checkpoint") else None
+
+    async def list_checkpoints(
+        self,
+        conversation_id: str,
+        *,
+        checkpoint_ns: str | None = None,
+        filter_json: str = "",
+        before_checkpoint_id: str = "",
+        namespace: str | None = None,
+        page_size: int = 0,
+    ) -> AsyncIterator[transcript_pb.Checkpoint]:
+        """The conversation's checkpoints, newest first (every checkpoint_ns unless one is
+        given), filtered by metadata containment and `before_checkpoint_id`."""
+        ns = self._ns(namespace)
+
+        def page(token: str) -> Any:
+            request = transcript_pb.ListCheckpointsRequest(
+                namespace=ns,
+                conversation_id=conversation_id,
+                filter_json=filter_json,
+                before_checkpoint_id=before_checkpoint_id,
+                page_size=page_size,
+                page_token=token,
+            )
+            if checkpoint_ns is not None:
+                request.checkpoint_ns = checkpoint_ns
+            return self._call(self.transcripts.ListCheckpoints, request)
+
+        async for item in self._pages(page, lambda reply: reply.checkpoints):
+            yield item
+
+    async def delete_checkpoints(
+        self,
+        *,
+        run_ids: Sequence[str] = (),
+        conversation_ids: Sequence[str] = (),
+        keep_latest: bool = False,
+        namespace: str | None = None,
+    ) -> transcript_pb.DeleteCheckpointsResponse:
+        """Delete the checkpoints of runs (anywhere in the namespace) or of conversations
+        (all, or all but the newest of each checkpoint_ns with `keep_latest`). Not an
+        erasure: erase_conversation erases a thread with everything else."""
+        return await self._call(
+            self.transcripts.DeleteCheckpoints,
+            transcript_pb.DeleteCheckpointsRequest(
+                namespace=self._ns(namespace),
+                run_ids=run_ids,
+                conversation_ids=conversation_ids,
+                keep_latest=keep_latest,
+            ),
+        )
+
+    async def copy_checkpoints(
+        self, conversation_id: str, target_conversation_id: str, *, namespace: str | None = None
+    ) -> int:
+        """Copy every checkpoint of a conversation into another (which must exist: a fork
+        of it); how many were copied."""
+        reply = await self._call(
+            self.transcripts.CopyCheckpoints,
+            transcript_pb.CopyCheckpointsRequest(
+                namespace=self._ns(namespace),
+                conversation_id=conversation_id,
+                target_conversation_id=target_conversation_id,
+            ),
+        )
+        return reply.checkpoints_copied

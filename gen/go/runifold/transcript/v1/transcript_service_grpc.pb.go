@@ -97,6 +97,37 @@ type TranscriptServiceClient interface {
 	// entries (summaries, memories) before it deletes the transcript. Empty when
 	// the conversation has none, or does not exist.
 	ListForks(ctx context.Context, in *ListForksRequest, opts ...grpc.CallOption) (*ListForksResponse, error)
+	// Stores a checkpoint of a LangGraph thread (the thread is the conversation):
+	// its serialized form (without channel values), metadata, parent, and the
+	// values of the channels whose version is new, each stored once per
+	// (checkpoint_ns, channel, version). Idempotent: a repeat replaces the
+	// checkpoint's row and keeps the values already stored. With `fencing_token`
+	// the put commits only while the turn lease `turn_id` holds it (else
+	// TURN_LEASE_LOST); without, it is refused while another turn holds the
+	// conversation exclusively (CONVERSATION_BUSY).
+	PutCheckpoint(ctx context.Context, in *PutCheckpointRequest, opts ...grpc.CallOption) (*PutCheckpointResponse, error)
+	// Stores the pending writes of one task against a checkpoint. A repeat of a
+	// (task_id, idx) keeps the first write, except for LangGraph's special
+	// channels (negative idx: error, interrupt, resume, scheduled), replaced.
+	// Fenced as PutCheckpoint.
+	PutCheckpointWrites(ctx context.Context, in *PutCheckpointWritesRequest, opts ...grpc.CallOption) (*PutCheckpointWritesResponse, error)
+	// A checkpoint with its channel values and pending writes: by id, or the
+	// newest of a checkpoint_ns. Empty when there is none (or no conversation).
+	GetCheckpoint(ctx context.Context, in *GetCheckpointRequest, opts ...grpc.CallOption) (*GetCheckpointResponse, error)
+	// A conversation's checkpoints, newest first (by checkpoint id), each with its
+	// channel values and pending writes; filtered by checkpoint_ns, metadata
+	// (containment) and `before_checkpoint_id`; paginated.
+	ListCheckpoints(ctx context.Context, in *ListCheckpointsRequest, opts ...grpc.CallOption) (*ListCheckpointsResponse, error)
+	// Deletes checkpoints (with their pending writes, and the channel values no
+	// checkpoint names any more): those of runs (`run_ids`, anywhere in the
+	// namespace), or those of conversations (`conversation_ids`: all, or all but
+	// the newest of each checkpoint_ns with `keep_latest`). Not an erasure: the
+	// conversation stays (EraseConversation erases checkpoints with the rest).
+	DeleteCheckpoints(ctx context.Context, in *DeleteCheckpointsRequest, opts ...grpc.CallOption) (*DeleteCheckpointsResponse, error)
+	// Copies every checkpoint, channel value and pending write of a conversation
+	// into another of the namespace (a fork of it: LangGraph's copy_thread).
+	// Idempotent: what the target holds already is kept.
+	CopyCheckpoints(ctx context.Context, in *CopyCheckpointsRequest, opts ...grpc.CallOption) (*CopyCheckpointsResponse, error)
 }
 
 type transcriptServiceClient struct {
@@ -301,6 +332,60 @@ func (c *transcriptServiceClient) ListForks(ctx context.Context, in *ListForksRe
 	return out, nil
 }
 
+func (c *transcriptServiceClient) PutCheckpoint(ctx context.Context, in *PutCheckpointRequest, opts ...grpc.CallOption) (*PutCheckpointResponse, error) {
+	out := new(PutCheckpointResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/PutCheckpoint", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *transcriptServiceClient) PutCheckpointWrites(ctx context.Context, in *PutCheckpointWritesRequest, opts ...grpc.CallOption) (*PutCheckpointWritesResponse, error) {
+	out := new(PutCheckpointWritesResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/PutCheckpointWrites", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *transcriptServiceClient) GetCheckpoint(ctx context.Context, in *GetCheckpointRequest, opts ...grpc.CallOption) (*GetCheckpointResponse, error) {
+	out := new(GetCheckpointResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/GetCheckpoint", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *transcriptServiceClient) ListCheckpoints(ctx context.Context, in *ListCheckpointsRequest, opts ...grpc.CallOption) (*ListCheckpointsResponse, error) {
+	out := new(ListCheckpointsResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/ListCheckpoints", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *transcriptServiceClient) DeleteCheckpoints(ctx context.Context, in *DeleteCheckpointsRequest, opts ...grpc.CallOption) (*DeleteCheckpointsResponse, error) {
+	out := new(DeleteCheckpointsResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/DeleteCheckpoints", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *transcriptServiceClient) CopyCheckpoints(ctx context.Context, in *CopyCheckpointsRequest, opts ...grpc.CallOption) (*CopyCheckpointsResponse, error) {
+	out := new(CopyCheckpointsResponse)
+	err := c.cc.Invoke(ctx, "/runifold.transcript.v1.TranscriptService/CopyCheckpoints", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TranscriptServiceServer is the server API for TranscriptService service.
 // All implementations must embed UnimplementedTranscriptServiceServer
 // for forward compatibility
@@ -385,6 +470,37 @@ type TranscriptServiceServer interface {
 	// entries (summaries, memories) before it deletes the transcript. Empty when
 	// the conversation has none, or does not exist.
 	ListForks(context.Context, *ListForksRequest) (*ListForksResponse, error)
+	// Stores a checkpoint of a LangGraph thread (the thread is the conversation):
+	// its serialized form (without channel values), metadata, parent, and the
+	// values of the channels whose version is new, each stored once per
+	// (checkpoint_ns, channel, version). Idempotent: a repeat replaces the
+	// checkpoint's row and keeps the values already stored. With `fencing_token`
+	// the put commits only while the turn lease `turn_id` holds it (else
+	// TURN_LEASE_LOST); without, it is refused while another turn holds the
+	// conversation exclusively (CONVERSATION_BUSY).
+	PutCheckpoint(context.Context, *PutCheckpointRequest) (*PutCheckpointResponse, error)
+	// Stores the pending writes of one task against a checkpoint. A repeat of a
+	// (task_id, idx) keeps the first write, except for LangGraph's special
+	// channels (negative idx: error, interrupt, resume, scheduled), replaced.
+	// Fenced as PutCheckpoint.
+	PutCheckpointWrites(context.Context, *PutCheckpointWritesRequest) (*PutCheckpointWritesResponse, error)
+	// A checkpoint with its channel values and pending writes: by id, or the
+	// newest of a checkpoint_ns. Empty when there is none (or no conversation).
+	GetCheckpoint(context.Context, *GetCheckpointRequest) (*GetCheckpointResponse, error)
+	// A conversation's checkpoints, newest first (by checkpoint id), each with its
+	// channel values and pending writes; filtered by checkpoint_ns, metadata
+	// (containment) and `before_checkpoint_id`; paginated.
+	ListCheckpoints(context.Context, *ListCheckpointsRequest) (*ListCheckpointsResponse, error)
+	// Deletes checkpoints (with their pending writes, and the channel values no
+	// checkpoint names any more): those of runs (`run_ids`, anywhere in the
+	// namespace), or those of conversations (`conversation_ids`: all, or all but
+	// the newest of each checkpoint_ns with `keep_latest`). Not an erasure: the
+	// conversation stays (EraseConversation erases checkpoints with the rest).
+	DeleteCheckpoints(context.Context, *DeleteCheckpointsRequest) (*DeleteCheckpointsResponse, error)
+	// Copies every checkpoint, channel value and pending write of a conversation
+	// into another of the namespace (a fork of it: LangGraph's copy_thread).
+	// Idempotent: what the target holds already is kept.
+	CopyCheckpoints(context.Context, *CopyCheckpointsRequest) (*CopyCheckpointsResponse, error)
 	mustEmbedUnimplementedTranscriptServiceServer()
 }
 
@@ -448,6 +564,24 @@ func (UnimplementedTranscriptServiceServer) ListAppends(context.Context, *ListAp
 }
 func (UnimplementedTranscriptServiceServer) ListForks(context.Context, *ListForksRequest) (*ListForksResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListForks not implemented")
+}
+func (UnimplementedTranscriptServiceServer) PutCheckpoint(context.Context, *PutCheckpointRequest) (*PutCheckpointResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method PutCheckpoint not implemented")
+}
+func (UnimplementedTranscriptServiceServer) PutCheckpointWrites(context.Context, *PutCheckpointWritesRequest) (*PutCheckpointWritesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method PutCheckpointWrites not implemented")
+}
+func (UnimplementedTranscriptServiceServer) GetCheckpoint(context.Context, *GetCheckpointRequest) (*GetCheckpointResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetCheckpoint not implemented")
+}
+func (UnimplementedTranscriptServiceServer) ListCheckpoints(context.Context, *ListCheckpointsRequest) (*ListCheckpointsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListCheckpoints not implemented")
+}
+func (UnimplementedTranscriptServiceServer) DeleteCheckpoints(context.Context, *DeleteCheckpointsRequest) (*DeleteCheckpointsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method DeleteCheckpoints not implemented")
+}
+func (UnimplementedTranscriptServiceServer) CopyCheckpoints(context.Context, *CopyCheckpointsRequest) (*CopyCheckpointsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CopyCheckpoints not implemented")
 }
 func (UnimplementedTranscriptServiceServer) mustEmbedUnimplementedTranscriptServiceServer() {}
 
@@ -807,6 +941,114 @@ func _TranscriptService_ListForks_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TranscriptService_PutCheckpoint_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PutCheckpointRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).PutCheckpoint(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/PutCheckpoint",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).PutCheckpoint(ctx, req.(*PutCheckpointRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TranscriptService_PutCheckpointWrites_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PutCheckpointWritesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).PutCheckpointWrites(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/PutCheckpointWrites",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).PutCheckpointWrites(ctx, req.(*PutCheckpointWritesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TranscriptService_GetCheckpoint_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetCheckpointRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).GetCheckpoint(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/GetCheckpoint",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).GetCheckpoint(ctx, req.(*GetCheckpointRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TranscriptService_ListCheckpoints_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListCheckpointsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).ListCheckpoints(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/ListCheckpoints",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).ListCheckpoints(ctx, req.(*ListCheckpointsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TranscriptService_DeleteCheckpoints_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteCheckpointsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).DeleteCheckpoints(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/DeleteCheckpoints",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).DeleteCheckpoints(ctx, req.(*DeleteCheckpointsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TranscriptService_CopyCheckpoints_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CopyCheckpointsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TranscriptServiceServer).CopyCheckpoints(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/runifold.transcript.v1.TranscriptService/CopyCheckpoints",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TranscriptServiceServer).CopyCheckpoints(ctx, req.(*CopyCheckpointsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _TranscriptService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "runifold.transcript.v1.TranscriptService",
 	HandlerType: (*TranscriptServiceServer)(nil),
@@ -882,6 +1124,30 @@ var _TranscriptService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListForks",
 			Handler:    _TranscriptService_ListForks_Handler,
+		},
+		{
+			MethodName: "PutCheckpoint",
+			Handler:    _TranscriptService_PutCheckpoint_Handler,
+		},
+		{
+			MethodName: "PutCheckpointWrites",
+			Handler:    _TranscriptService_PutCheckpointWrites_Handler,
+		},
+		{
+			MethodName: "GetCheckpoint",
+			Handler:    _TranscriptService_GetCheckpoint_Handler,
+		},
+		{
+			MethodName: "ListCheckpoints",
+			Handler:    _TranscriptService_ListCheckpoints_Handler,
+		},
+		{
+			MethodName: "DeleteCheckpoints",
+			Handler:    _TranscriptService_DeleteCheckpoints_Handler,
+		},
+		{
+			MethodName: "CopyCheckpoints",
+			Handler:    _TranscriptService_CopyCheckpoints_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CreateConversationRequest, CreateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, ForkConversationRequest, ForkConversationResponse, GetConversationRequest, GetConversationResponse, GetErasureReceiptRequest, GetErasureReceiptResponse, GetStateRequest, GetStateResponse, ListAppendsRequest, ListAppendsResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, ListForksRequest, ListForksResponse, ListNamespacesRequest, ListNamespacesResponse, LoadViewRequest, LoadViewResponse, MarkCuratedRequest, MarkCuratedResponse, RecordErasureReceiptRequest, RecordErasureReceiptResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
+from .transcript_service_pb2 import AcquireTurnLeaseRequest, AcquireTurnLeaseResponse, AppendEntriesRequest, AppendEntriesResponse, CopyCheckpointsRequest, CopyCheckpointsResponse, CreateConversationRequest, CreateConversationResponse, DeleteCheckpointsRequest, DeleteCheckpointsResponse, DeleteConversationRequest, DeleteConversationResponse, ForkConversationRequest, ForkConversationResponse, GetCheckpointRequest, GetCheckpointResponse, GetConversationRequest, GetConversationResponse, GetErasureReceiptRequest, GetErasureReceiptResponse, GetStateRequest, GetStateResponse, ListAppendsRequest, ListAppendsResponse, ListCheckpointsRequest, ListCheckpointsResponse, ListConversationsRequest, ListConversationsResponse, ListEntriesRequest, ListEntriesResponse, ListForksRequest, ListForksResponse, ListNamespacesRequest, ListNamespacesResponse, LoadViewRequest, LoadViewResponse, MarkCuratedRequest, MarkCuratedResponse, PutCheckpointRequest, PutCheckpointResponse, PutCheckpointWritesRequest, PutCheckpointWritesResponse, RecordErasureReceiptRequest, RecordErasureReceiptResponse, ReleaseTurnLeaseRequest, ReleaseTurnLeaseResponse, RenewTurnLeaseRequest, RenewTurnLeaseResponse, WatchConversationRequest, WatchConversationResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -209,6 +209,61 @@ class TranscriptService(Protocol):
         EraseConversation reads them to erase what was derived from their own
         entries (summaries, memories) before it deletes the transcript. Empty when
         the conversation has none, or does not exist.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def put_checkpoint(self, request: PutCheckpointRequest, ctx: RequestContext[PutCheckpointRequest, PutCheckpointResponse], /) -> PutCheckpointResponse:
+        """
+        Stores a checkpoint of a LangGraph thread (the thread is the conversation):
+        its serialized form (without channel values), metadata, parent, and the
+        values of the channels whose version is new, each stored once per
+        (checkpoint_ns, channel, version). Idempotent: a repeat replaces the
+        checkpoint's row and keeps the values already stored. With `fencing_token`
+        the put commits only while the turn lease `turn_id` holds it (else
+        TURN_LEASE_LOST); without, it is refused while another turn holds the
+        conversation exclusively (CONVERSATION_BUSY).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def put_checkpoint_writes(self, request: PutCheckpointWritesRequest, ctx: RequestContext[PutCheckpointWritesRequest, PutCheckpointWritesResponse], /) -> PutCheckpointWritesResponse:
+        """
+        Stores the pending writes of one task against a checkpoint. A repeat of a
+        (task_id, idx) keeps the first write, except for LangGraph's special
+        channels (negative idx: error, interrupt, resume, scheduled), replaced.
+        Fenced as PutCheckpoint.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def get_checkpoint(self, request: GetCheckpointRequest, ctx: RequestContext[GetCheckpointRequest, GetCheckpointResponse], /) -> GetCheckpointResponse:
+        """
+        A checkpoint with its channel values and pending writes: by id, or the
+        newest of a checkpoint_ns. Empty when there is none (or no conversation).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def list_checkpoints(self, request: ListCheckpointsRequest, ctx: RequestContext[ListCheckpointsRequest, ListCheckpointsResponse], /) -> ListCheckpointsResponse:
+        """
+        A conversation's checkpoints, newest first (by checkpoint id), each with its
+        channel values and pending writes; filtered by checkpoint_ns, metadata
+        (containment) and `before_checkpoint_id`; paginated.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def delete_checkpoints(self, request: DeleteCheckpointsRequest, ctx: RequestContext[DeleteCheckpointsRequest, DeleteCheckpointsResponse], /) -> DeleteCheckpointsResponse:
+        """
+        Deletes checkpoints (with their pending writes, and the channel values no
+        checkpoint names any more): those of runs (`run_ids`, anywhere in the
+        namespace), or those of conversations (`conversation_ids`: all, or all but
+        the newest of each checkpoint_ns with `keep_latest`). Not an erasure: the
+        conversation stays (EraseConversation erases checkpoints with the rest).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def copy_checkpoints(self, request: CopyCheckpointsRequest, ctx: RequestContext[CopyCheckpointsRequest, CopyCheckpointsResponse], /) -> CopyCheckpointsResponse:
+        """
+        Copies every checkpoint, channel value and pending write of a conversation
+        into another of the namespace (a fork of it: LangGraph's copy_thread).
+        Idempotent: what the target holds already is kept.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -434,6 +489,72 @@ class TranscriptServiceASGIApplication(ConnectASGIApplication[TranscriptService]
                         stream_type=StreamType.UNARY,
                     ),
                     function=svc.list_forks,
+                ),
+                "/runifold.transcript.v1.TranscriptService/PutCheckpoint": Endpoint.unary(
+                    method=MethodInfo(
+                        name="PutCheckpoint",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=PutCheckpointRequest,
+                        output=PutCheckpointResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.put_checkpoint,
+                ),
+                "/runifold.transcript.v1.TranscriptService/PutCheckpointWrites": Endpoint.unary(
+                    method=MethodInfo(
+                        name="PutCheckpointWrites",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=PutCheckpointWritesRequest,
+                        output=PutCheckpointWritesResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.put_checkpoint_writes,
+                ),
+                "/runifold.transcript.v1.TranscriptService/GetCheckpoint": Endpoint.unary(
+                    method=MethodInfo(
+                        name="GetCheckpoint",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=GetCheckpointRequest,
+                        output=GetCheckpointResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.get_checkpoint,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ListCheckpoints": Endpoint.unary(
+                    method=MethodInfo(
+                        name="ListCheckpoints",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ListCheckpointsRequest,
+                        output=ListCheckpointsResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.list_checkpoints,
+                ),
+                "/runifold.transcript.v1.TranscriptService/DeleteCheckpoints": Endpoint.unary(
+                    method=MethodInfo(
+                        name="DeleteCheckpoints",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=DeleteCheckpointsRequest,
+                        output=DeleteCheckpointsResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.delete_checkpoints,
+                ),
+                "/runifold.transcript.v1.TranscriptService/CopyCheckpoints": Endpoint.unary(
+                    method=MethodInfo(
+                        name="CopyCheckpoints",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=CopyCheckpointsRequest,
+                        output=CopyCheckpointsResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.copy_checkpoints,
                 ),
             },
             interceptors=interceptors,
@@ -970,6 +1091,163 @@ class TranscriptServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def put_checkpoint(
+        self,
+        request: PutCheckpointRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> PutCheckpointResponse:
+        """
+        Stores a checkpoint of a LangGraph thread (the thread is the conversation):
+        its serialized form (without channel values), metadata, parent, and the
+        values of the channels whose version is new, each stored once per
+        (checkpoint_ns, channel, version). Idempotent: a repeat replaces the
+        checkpoint's row and keeps the values already stored. With `fencing_token`
+        the put commits only while the turn lease `turn_id` holds it (else
+        TURN_LEASE_LOST); without, it is refused while another turn holds the
+        conversation exclusively (CONVERSATION_BUSY).
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="PutCheckpoint",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=PutCheckpointRequest,
+                output=PutCheckpointResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def put_checkpoint_writes(
+        self,
+        request: PutCheckpointWritesRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> PutCheckpointWritesResponse:
+        """
+        Stores the pending writes of one task against a checkpoint. A repeat of a
+        (task_id, idx) keeps the first write, except for LangGraph's special
+        channels (negative idx: error, interrupt, resume, scheduled), replaced.
+        Fenced as PutCheckpoint.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="PutCheckpointWrites",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=PutCheckpointWritesRequest,
+                output=PutCheckpointWritesResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def get_checkpoint(
+        self,
+        request: GetCheckpointRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> GetCheckpointResponse:
+        """
+        A checkpoint with its channel values and pending writes: by id, or the
+        newest of a checkpoint_ns. Empty when there is none (or no conversation).
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetCheckpoint",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=GetCheckpointRequest,
+                output=GetCheckpointResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def list_checkpoints(
+        self,
+        request: ListCheckpointsRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListCheckpointsResponse:
+        """
+        A conversation's checkpoints, newest first (by checkpoint id), each with its
+        channel values and pending writes; filtered by checkpoint_ns, metadata
+        (containment) and `before_checkpoint_id`; paginated.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListCheckpoints",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ListCheckpointsRequest,
+                output=ListCheckpointsResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def delete_checkpoints(
+        self,
+        request: DeleteCheckpointsRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> DeleteCheckpointsResponse:
+        """
+        Deletes checkpoints (with their pending writes, and the channel values no
+        checkpoint names any more): those of runs (`run_ids`, anywhere in the
+        namespace), or those of conversations (`conversation_ids`: all, or all but
+        the newest of each checkpoint_ns with `keep_latest`). Not an erasure: the
+        conversation stays (EraseConversation erases checkpoints with the rest).
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="DeleteCheckpoints",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=DeleteCheckpointsRequest,
+                output=DeleteCheckpointsResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def copy_checkpoints(
+        self,
+        request: CopyCheckpointsRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> CopyCheckpointsResponse:
+        """
+        Copies every checkpoint, channel value and pending write of a conversation
+        into another of the namespace (a fork of it: LangGraph's copy_thread).
+        Idempotent: what the target holds already is kept.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="CopyCheckpoints",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=CopyCheckpointsRequest,
+                output=CopyCheckpointsResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
 
 class TranscriptServiceSync(Protocol):
     """
@@ -1143,6 +1421,61 @@ class TranscriptServiceSync(Protocol):
         EraseConversation reads them to erase what was derived from their own
         entries (summaries, memories) before it deletes the transcript. Empty when
         the conversation has none, or does not exist.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def put_checkpoint(self, request: PutCheckpointRequest, ctx: RequestContext[PutCheckpointRequest, PutCheckpointResponse], /) -> PutCheckpointResponse:
+        """
+        Stores a checkpoint of a LangGraph thread (the thread is the conversation):
+        its serialized form (without channel values), metadata, parent, and the
+        values of the channels whose version is new, each stored once per
+        (checkpoint_ns, channel, version). Idempotent: a repeat replaces the
+        checkpoint's row and keeps the values already stored. With `fencing_token`
+        the put commits only while the turn lease `turn_id` holds it (else
+        TURN_LEASE_LOST); without, it is refused while another turn holds the
+        conversation exclusively (CONVERSATION_BUSY).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def put_checkpoint_writes(self, request: PutCheckpointWritesRequest, ctx: RequestContext[PutCheckpointWritesRequest, PutCheckpointWritesResponse], /) -> PutCheckpointWritesResponse:
+        """
+        Stores the pending writes of one task against a checkpoint. A repeat of a
+        (task_id, idx) keeps the first write, except for LangGraph's special
+        channels (negative idx: error, interrupt, resume, scheduled), replaced.
+        Fenced as PutCheckpoint.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def get_checkpoint(self, request: GetCheckpointRequest, ctx: RequestContext[GetCheckpointRequest, GetCheckpointResponse], /) -> GetCheckpointResponse:
+        """
+        A checkpoint with its channel values and pending writes: by id, or the
+        newest of a checkpoint_ns. Empty when there is none (or no conversation).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def list_checkpoints(self, request: ListCheckpointsRequest, ctx: RequestContext[ListCheckpointsRequest, ListCheckpointsResponse], /) -> ListCheckpointsResponse:
+        """
+        A conversation's checkpoints, newest first (by checkpoint id), each with its
+        channel values and pending writes; filtered by checkpoint_ns, metadata
+        (containment) and `before_checkpoint_id`; paginated.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def delete_checkpoints(self, request: DeleteCheckpointsRequest, ctx: RequestContext[DeleteCheckpointsRequest, DeleteCheckpointsResponse], /) -> DeleteCheckpointsResponse:
+        """
+        Deletes checkpoints (with their pending writes, and the channel values no
+        checkpoint names any more): those of runs (`run_ids`, anywhere in the
+        namespace), or those of conversations (`conversation_ids`: all, or all but
+        the newest of each checkpoint_ns with `keep_latest`). Not an erasure: the
+        conversation stays (EraseConversation erases checkpoints with the rest).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def copy_checkpoints(self, request: CopyCheckpointsRequest, ctx: RequestContext[CopyCheckpointsRequest, CopyCheckpointsResponse], /) -> CopyCheckpointsResponse:
+        """
+        Copies every checkpoint, channel value and pending write of a conversation
+        into another of the namespace (a fork of it: LangGraph's copy_thread).
+        Idempotent: what the target holds already is kept.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -1366,6 +1699,72 @@ class TranscriptServiceWSGIApplication(ConnectWSGIApplication):
                         stream_type=StreamType.UNARY,
                     ),
                     function=service.list_forks,
+                ),
+                "/runifold.transcript.v1.TranscriptService/PutCheckpoint": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="PutCheckpoint",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=PutCheckpointRequest,
+                        output=PutCheckpointResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.put_checkpoint,
+                ),
+                "/runifold.transcript.v1.TranscriptService/PutCheckpointWrites": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="PutCheckpointWrites",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=PutCheckpointWritesRequest,
+                        output=PutCheckpointWritesResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.put_checkpoint_writes,
+                ),
+                "/runifold.transcript.v1.TranscriptService/GetCheckpoint": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="GetCheckpoint",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=GetCheckpointRequest,
+                        output=GetCheckpointResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.get_checkpoint,
+                ),
+                "/runifold.transcript.v1.TranscriptService/ListCheckpoints": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="ListCheckpoints",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=ListCheckpointsRequest,
+                        output=ListCheckpointsResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.list_checkpoints,
+                ),
+                "/runifold.transcript.v1.TranscriptService/DeleteCheckpoints": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="DeleteCheckpoints",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=DeleteCheckpointsRequest,
+                        output=DeleteCheckpointsResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.delete_checkpoints,
+                ),
+                "/runifold.transcript.v1.TranscriptService/CopyCheckpoints": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="CopyCheckpoints",
+                        service_name="runifold.transcript.v1.TranscriptService",
+                        input=CopyCheckpointsRequest,
+                        output=CopyCheckpointsResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.copy_checkpoints,
                 ),
             },
             interceptors=interceptors,
@@ -1896,6 +2295,163 @@ class TranscriptServiceClientSync(ConnectClientSync):
                 service_name="runifold.transcript.v1.TranscriptService",
                 input=ListForksRequest,
                 output=ListForksResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def put_checkpoint(
+        self,
+        request: PutCheckpointRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> PutCheckpointResponse:
+        """
+        Stores a checkpoint of a LangGraph thread (the thread is the conversation):
+        its serialized form (without channel values), metadata, parent, and the
+        values of the channels whose version is new, each stored once per
+        (checkpoint_ns, channel, version). Idempotent: a repeat replaces the
+        checkpoint's row and keeps the values already stored. With `fencing_token`
+        the put commits only while the turn lease `turn_id` holds it (else
+        TURN_LEASE_LOST); without, it is refused while another turn holds the
+        conversation exclusively (CONVERSATION_BUSY).
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="PutCheckpoint",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=PutCheckpointRequest,
+                output=PutCheckpointResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def put_checkpoint_writes(
+        self,
+        request: PutCheckpointWritesRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> PutCheckpointWritesResponse:
+        """
+        Stores the pending writes of one task against a checkpoint. A repeat of a
+        (task_id, idx) keeps the first write, except for LangGraph's special
+        channels (negative idx: error, interrupt, resume, scheduled), replaced.
+        Fenced as PutCheckpoint.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="PutCheckpointWrites",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=PutCheckpointWritesRequest,
+                output=PutCheckpointWritesResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def get_checkpoint(
+        self,
+        request: GetCheckpointRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> GetCheckpointResponse:
+        """
+        A checkpoint with its channel values and pending writes: by id, or the
+        newest of a checkpoint_ns. Empty when there is none (or no conversation).
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetCheckpoint",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=GetCheckpointRequest,
+                output=GetCheckpointResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def list_checkpoints(
+        self,
+        request: ListCheckpointsRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ListCheckpointsResponse:
+        """
+        A conversation's checkpoints, newest first (by checkpoint id), each with its
+        channel values and pending writes; filtered by checkpoint_ns, metadata
+        (containment) and `before_checkpoint_id`; paginated.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ListCheckpoints",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=ListCheckpointsRequest,
+                output=ListCheckpointsResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def delete_checkpoints(
+        self,
+        request: DeleteCheckpointsRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> DeleteCheckpointsResponse:
+        """
+        Deletes checkpoints (with their pending writes, and the channel values no
+        checkpoint names any more): those of runs (`run_ids`, anywhere in the
+        namespace), or those of conversations (`conversation_ids`: all, or all but
+        the newest of each checkpoint_ns with `keep_latest`). Not an erasure: the
+        conversation stays (EraseConversation erases checkpoints with the rest).
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="DeleteCheckpoints",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=DeleteCheckpointsRequest,
+                output=DeleteCheckpointsResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def copy_checkpoints(
+        self,
+        request: CopyCheckpointsRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> CopyCheckpointsResponse:
+        """
+        Copies every checkpoint, channel value and pending write of a conversation
+        into another of the namespace (a fork of it: LangGraph's copy_thread).
+        Idempotent: what the target holds already is kept.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="CopyCheckpoints",
+                service_name="runifold.transcript.v1.TranscriptService",
+                input=CopyCheckpointsRequest,
+                output=CopyCheckpointsResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
             ),

@@ -2430,3 +2430,589 @@ class ListForksResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListForksResponse: _TypeAlias = ListForksResponse  # noqa: Y015
+
+@_typing.final
+class TypedValue(_message.Message):
+    """A serialized value as LangGraph's serializer made it: its type tag and its
+    bytes, stored and returned verbatim.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TYPE_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    type: _builtins.str
+    """The serializer's type ("msgpack", "json", "bytes", "null", "empty", ...)."""
+    value: _builtins.bytes
+    """The serializer's bytes."""
+    def __init__(
+        self,
+        *,
+        type: _builtins.str = ...,
+        value: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["type", b"type", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TypedValue: _TypeAlias = TypedValue  # noqa: Y015
+
+@_typing.final
+class ChannelValue(_message.Message):
+    """The value of one channel at one version (a checkpoint blob)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    channel: _builtins.str
+    """The channel's name."""
+    version: _builtins.str
+    """The version, as text (LangGraph versions are strings, integers or floats)."""
+    @_builtins.property
+    def value(self) -> Global___TypedValue:
+        """The value ("empty" type: the channel had no value at that version)."""
+
+    def __init__(
+        self,
+        *,
+        channel: _builtins.str = ...,
+        version: _builtins.str = ...,
+        value: Global___TypedValue | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "value", b"value", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChannelValue: _TypeAlias = ChannelValue  # noqa: Y015
+
+@_typing.final
+class CheckpointWrite(_message.Message):
+    """A pending write of a task against a checkpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    IDX_FIELD_NUMBER: _builtins.int
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    TASK_PATH_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """The task that wrote it."""
+    idx: _builtins.int
+    """Its index in the task's writes (negative for LangGraph's special channels)."""
+    channel: _builtins.str
+    """The channel written."""
+    task_path: _builtins.str
+    """The task's path (orders the writes of a checkpoint)."""
+    @_builtins.property
+    def value(self) -> Global___TypedValue:
+        """The value."""
+
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        idx: _builtins.int = ...,
+        channel: _builtins.str = ...,
+        value: Global___TypedValue | None = ...,
+        task_path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "idx", b"idx", "task_id", b"task_id", "task_path", b"task_path", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointWrite: _TypeAlias = CheckpointWrite  # noqa: Y015
+
+@_typing.final
+class Checkpoint(_message.Message):
+    """A checkpoint of a LangGraph thread."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ChannelVersionsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CHECKPOINT_NS_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    PARENT_CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
+    METADATA_JSON_FIELD_NUMBER: _builtins.int
+    CHANNEL_VERSIONS_FIELD_NUMBER: _builtins.int
+    CHANNEL_VALUES_FIELD_NUMBER: _builtins.int
+    PENDING_WRITES_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    checkpoint_ns: _builtins.str
+    """The checkpoint namespace ("" for the root graph, "child:..." for subgraphs)."""
+    checkpoint_id: _builtins.str
+    """The checkpoint's id (LangGraph's: ordered by time)."""
+    parent_checkpoint_id: _builtins.str
+    """The checkpoint it follows (empty: none)."""
+    metadata_json: _builtins.str
+    """Its metadata, a JSON object (at most RUNIFOLD_CHECKPOINT_MAX_METADATA_BYTES)."""
+    @_builtins.property
+    def checkpoint(self) -> Global___TypedValue:
+        """The checkpoint as serialized without its channel values."""
+
+    @_builtins.property
+    def channel_versions(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The version of each channel it holds (text): which channel values it names."""
+
+    @_builtins.property
+    def channel_values(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChannelValue]:
+        """On reads: the values of its channels (the versions it names). On
+        PutCheckpoint: the values of the channels whose version is new.
+        """
+
+    @_builtins.property
+    def pending_writes(self) -> _containers.RepeatedCompositeFieldContainer[Global___CheckpointWrite]:
+        """On reads: its pending writes, ordered by task_path, task_id, idx."""
+
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was stored."""
+
+    def __init__(
+        self,
+        *,
+        checkpoint_ns: _builtins.str = ...,
+        checkpoint_id: _builtins.str = ...,
+        parent_checkpoint_id: _builtins.str = ...,
+        checkpoint: Global___TypedValue | None = ...,
+        metadata_json: _builtins.str = ...,
+        channel_versions: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        channel_values: _abc.Iterable[Global___ChannelValue] | None = ...,
+        pending_writes: _abc.Iterable[Global___CheckpointWrite] | None = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "create_time", b"create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_values", b"channel_values", "channel_versions", b"channel_versions", "checkpoint", b"checkpoint", "checkpoint_id", b"checkpoint_id", "checkpoint_ns", b"checkpoint_ns", "create_time", b"create_time", "metadata_json", b"metadata_json", "parent_checkpoint_id", b"parent_checkpoint_id", "pending_writes", b"pending_writes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Checkpoint: _TypeAlias = Checkpoint  # noqa: Y015
+
+@_typing.final
+class PutCheckpointRequest(_message.Message):
+    """Request of PutCheckpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    FENCING_TOKEN_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace that owns the conversation."""
+    conversation_id: _builtins.str
+    """UUID of the conversation (the thread); it must exist."""
+    run_id: _builtins.str
+    """The run that made it (its metadata's run_id): what DeleteCheckpoints' run_ids match."""
+    turn_id: _builtins.str
+    """The turn lease the put commits under (with fencing_token)."""
+    fencing_token: _builtins.int
+    """The lease's fencing token: the put commits only while the lease holds."""
+    @_builtins.property
+    def checkpoint(self) -> Global___Checkpoint:
+        """The checkpoint (without pending_writes)."""
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        checkpoint: Global___Checkpoint | None = ...,
+        run_id: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+        fencing_token: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_fencing_token", b"_fencing_token", "checkpoint", b"checkpoint", "fencing_token", b"fencing_token"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_fencing_token", b"_fencing_token", "checkpoint", b"checkpoint", "conversation_id", b"conversation_id", "fencing_token", b"fencing_token", "namespace", b"namespace", "run_id", b"run_id", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__fencing_token: _TypeAlias = _typing.Literal["fencing_token"]  # noqa: Y015
+    _WhichOneofArgType__fencing_token: _TypeAlias = _typing.Literal["_fencing_token", b"_fencing_token"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__fencing_token) -> _WhichOneofReturnType__fencing_token | None: ...
+
+Global___PutCheckpointRequest: _TypeAlias = PutCheckpointRequest  # noqa: Y015
+
+@_typing.final
+class PutCheckpointResponse(_message.Message):
+    """Response of PutCheckpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    CHANNEL_VALUES_STORED_FIELD_NUMBER: _builtins.int
+    checkpoint_id: _builtins.str
+    """The checkpoint's id."""
+    channel_values_stored: _builtins.int
+    """How many channel values this put stored (those already stored are kept)."""
+    def __init__(
+        self,
+        *,
+        checkpoint_id: _builtins.str = ...,
+        channel_values_stored: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_values_stored", b"channel_values_stored", "checkpoint_id", b"checkpoint_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PutCheckpointResponse: _TypeAlias = PutCheckpointResponse  # noqa: Y015
+
+@_typing.final
+class PutCheckpointWritesRequest(_message.Message):
+    """Request of PutCheckpointWrites."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_NS_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    WRITES_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    FENCING_TOKEN_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace that owns the conversation."""
+    conversation_id: _builtins.str
+    """UUID of the conversation (the thread); it must exist."""
+    checkpoint_ns: _builtins.str
+    """The checkpoint namespace."""
+    checkpoint_id: _builtins.str
+    """The checkpoint the writes are pending against."""
+    turn_id: _builtins.str
+    """The turn lease the writes commit under (with fencing_token)."""
+    fencing_token: _builtins.int
+    """The lease's fencing token."""
+    @_builtins.property
+    def writes(self) -> _containers.RepeatedCompositeFieldContainer[Global___CheckpointWrite]:
+        """The writes (at most RUNIFOLD_CHECKPOINT_MAX_WRITES_PER_CALL)."""
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        checkpoint_ns: _builtins.str = ...,
+        checkpoint_id: _builtins.str = ...,
+        writes: _abc.Iterable[Global___CheckpointWrite] | None = ...,
+        turn_id: _builtins.str = ...,
+        fencing_token: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_fencing_token", b"_fencing_token", "fencing_token", b"fencing_token"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_fencing_token", b"_fencing_token", "checkpoint_id", b"checkpoint_id", "checkpoint_ns", b"checkpoint_ns", "conversation_id", b"conversation_id", "fencing_token", b"fencing_token", "namespace", b"namespace", "turn_id", b"turn_id", "writes", b"writes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__fencing_token: _TypeAlias = _typing.Literal["fencing_token"]  # noqa: Y015
+    _WhichOneofArgType__fencing_token: _TypeAlias = _typing.Literal["_fencing_token", b"_fencing_token"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__fencing_token) -> _WhichOneofReturnType__fencing_token | None: ...
+
+Global___PutCheckpointWritesRequest: _TypeAlias = PutCheckpointWritesRequest  # noqa: Y015
+
+@_typing.final
+class PutCheckpointWritesResponse(_message.Message):
+    """Response of PutCheckpointWrites."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STORED_FIELD_NUMBER: _builtins.int
+    stored: _builtins.int
+    """How many writes were stored or replaced (a repeat stores none)."""
+    def __init__(
+        self,
+        *,
+        stored: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["stored", b"stored"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PutCheckpointWritesResponse: _TypeAlias = PutCheckpointWritesResponse  # noqa: Y015
+
+@_typing.final
+class GetCheckpointRequest(_message.Message):
+    """Request of GetCheckpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_NS_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace that owns the conversation."""
+    conversation_id: _builtins.str
+    """UUID of the conversation (the thread)."""
+    checkpoint_ns: _builtins.str
+    """The checkpoint namespace."""
+    checkpoint_id: _builtins.str
+    """The checkpoint's id; empty: the newest of checkpoint_ns."""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        checkpoint_ns: _builtins.str = ...,
+        checkpoint_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "checkpoint_ns", b"checkpoint_ns", "conversation_id", b"conversation_id", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCheckpointRequest: _TypeAlias = GetCheckpointRequest  # noqa: Y015
+
+@_typing.final
+class GetCheckpointResponse(_message.Message):
+    """Response of GetCheckpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def checkpoint(self) -> Global___Checkpoint:
+        """The checkpoint with its values and pending writes; unset when there is none."""
+
+    def __init__(
+        self,
+        *,
+        checkpoint: Global___Checkpoint | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCheckpointResponse: _TypeAlias = GetCheckpointResponse  # noqa: Y015
+
+@_typing.final
+class ListCheckpointsRequest(_message.Message):
+    """Request of ListCheckpoints."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_NS_FIELD_NUMBER: _builtins.int
+    FILTER_JSON_FIELD_NUMBER: _builtins.int
+    BEFORE_CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace that owns the conversation."""
+    conversation_id: _builtins.str
+    """UUID of the conversation (the thread)."""
+    checkpoint_ns: _builtins.str
+    """Only this checkpoint namespace (unset: every one)."""
+    filter_json: _builtins.str
+    """Only checkpoints whose metadata contains this JSON object."""
+    before_checkpoint_id: _builtins.str
+    """Only checkpoints older than this id."""
+    page_size: _builtins.int
+    """AIP-158: 0 means 10, at most RUNIFOLD_CHECKPOINT_MAX_PAGE_SIZE. A page ends
+    early once it holds RUNIFOLD_CHECKPOINT_MAX_BYTES (never before its first).
+    """
+    page_token: _builtins.str
+    """From a previous response's next_page_token."""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        checkpoint_ns: _builtins.str | None = ...,
+        filter_json: _builtins.str = ...,
+        before_checkpoint_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_ns", b"_checkpoint_ns", "checkpoint_ns", b"checkpoint_ns"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_ns", b"_checkpoint_ns", "before_checkpoint_id", b"before_checkpoint_id", "checkpoint_ns", b"checkpoint_ns", "conversation_id", b"conversation_id", "filter_json", b"filter_json", "namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__checkpoint_ns: _TypeAlias = _typing.Literal["checkpoint_ns"]  # noqa: Y015
+    _WhichOneofArgType__checkpoint_ns: _TypeAlias = _typing.Literal["_checkpoint_ns", b"_checkpoint_ns"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__checkpoint_ns) -> _WhichOneofReturnType__checkpoint_ns | None: ...
+
+Global___ListCheckpointsRequest: _TypeAlias = ListCheckpointsRequest  # noqa: Y015
+
+@_typing.final
+class ListCheckpointsResponse(_message.Message):
+    """Response of ListCheckpoints."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINTS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty on the last page."""
+    @_builtins.property
+    def checkpoints(self) -> _containers.RepeatedCompositeFieldContainer[Global___Checkpoint]:
+        """Newest first."""
+
+    def __init__(
+        self,
+        *,
+        checkpoints: _abc.Iterable[Global___Checkpoint] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoints", b"checkpoints", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCheckpointsResponse: _TypeAlias = ListCheckpointsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteCheckpointsRequest(_message.Message):
+    """Request of DeleteCheckpoints."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    RUN_IDS_FIELD_NUMBER: _builtins.int
+    CONVERSATION_IDS_FIELD_NUMBER: _builtins.int
+    KEEP_LATEST_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace whose checkpoints to delete."""
+    keep_latest: _builtins.bool
+    """With conversation_ids: keep the newest checkpoint of each checkpoint_ns."""
+    @_builtins.property
+    def run_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Delete the checkpoints of these runs, in any conversation of the namespace."""
+
+    @_builtins.property
+    def conversation_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Delete the checkpoints of these conversations (UUIDs)."""
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        run_ids: _abc.Iterable[_builtins.str] | None = ...,
+        conversation_ids: _abc.Iterable[_builtins.str] | None = ...,
+        keep_latest: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_ids", b"conversation_ids", "keep_latest", b"keep_latest", "namespace", b"namespace", "run_ids", b"run_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteCheckpointsRequest: _TypeAlias = DeleteCheckpointsRequest  # noqa: Y015
+
+@_typing.final
+class DeleteCheckpointsResponse(_message.Message):
+    """Response of DeleteCheckpoints."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINTS_DELETED_FIELD_NUMBER: _builtins.int
+    CHANNEL_VALUES_DELETED_FIELD_NUMBER: _builtins.int
+    WRITES_DELETED_FIELD_NUMBER: _builtins.int
+    checkpoints_deleted: _builtins.int
+    """Checkpoints deleted."""
+    channel_values_deleted: _builtins.int
+    """Channel values deleted (no checkpoint named them any more)."""
+    writes_deleted: _builtins.int
+    """Pending writes deleted."""
+    def __init__(
+        self,
+        *,
+        checkpoints_deleted: _builtins.int = ...,
+        channel_values_deleted: _builtins.int = ...,
+        writes_deleted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_values_deleted", b"channel_values_deleted", "checkpoints_deleted", b"checkpoints_deleted", "writes_deleted", b"writes_deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteCheckpointsResponse: _TypeAlias = DeleteCheckpointsResponse  # noqa: Y015
+
+@_typing.final
+class CopyCheckpointsRequest(_message.Message):
+    """Request of CopyCheckpoints."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    TARGET_CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """Namespace of both conversations."""
+    conversation_id: _builtins.str
+    """UUID of the conversation to copy from."""
+    target_conversation_id: _builtins.str
+    """UUID of the conversation to copy into; it must exist (ForkConversation makes it)."""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        target_conversation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "namespace", b"namespace", "target_conversation_id", b"target_conversation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CopyCheckpointsRequest: _TypeAlias = CopyCheckpointsRequest  # noqa: Y015
+
+@_typing.final
+class CopyCheckpointsResponse(_message.Message):
+    """Response of CopyCheckpoints."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINTS_COPIED_FIELD_NUMBER: _builtins.int
+    checkpoints_copied: _builtins.int
+    """Checkpoints copied (those the target held already are not counted)."""
+    def __init__(
+        self,
+        *,
+        checkpoints_copied: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoints_copied", b"checkpoints_copied"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CopyCheckpointsResponse: _TypeAlias = CopyCheckpointsResponse  # noqa: Y015

@@ -145,6 +145,36 @@ class TranscriptServiceStub:
                 request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListForksRequest.SerializeToString,
                 response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListForksResponse.FromString,
                 _registered_method=True)
+        self.PutCheckpoint = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/PutCheckpoint',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.PutCheckpointRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.PutCheckpointResponse.FromString,
+                _registered_method=True)
+        self.PutCheckpointWrites = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/PutCheckpointWrites',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.PutCheckpointWritesRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.PutCheckpointWritesResponse.FromString,
+                _registered_method=True)
+        self.GetCheckpoint = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/GetCheckpoint',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetCheckpointRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetCheckpointResponse.FromString,
+                _registered_method=True)
+        self.ListCheckpoints = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/ListCheckpoints',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListCheckpointsRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListCheckpointsResponse.FromString,
+                _registered_method=True)
+        self.DeleteCheckpoints = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/DeleteCheckpoints',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.DeleteCheckpointsRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.DeleteCheckpointsResponse.FromString,
+                _registered_method=True)
+        self.CopyCheckpoints = channel.unary_unary(
+                '/runifold.transcript.v1.TranscriptService/CopyCheckpoints',
+                request_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.CopyCheckpointsRequest.SerializeToString,
+                response_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.CopyCheckpointsResponse.FromString,
+                _registered_method=True)
 
 
 class TranscriptServiceServicer:
@@ -341,6 +371,67 @@ class TranscriptServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutCheckpoint(self, request, context):
+        """Stores a checkpoint of a LangGraph thread (the thread is the conversation):
+        its serialized form (without channel values), metadata, parent, and the
+        values of the channels whose version is new, each stored once per
+        (checkpoint_ns, channel, version). Idempotent: a repeat replaces the
+        checkpoint's row and keeps the values already stored. With `fencing_token`
+        the put commits only while the turn lease `turn_id` holds it (else
+        TURN_LEASE_LOST); without, it is refused while another turn holds the
+        conversation exclusively (CONVERSATION_BUSY).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutCheckpointWrites(self, request, context):
+        """Stores the pending writes of one task against a checkpoint. A repeat of a
+        (task_id, idx) keeps the first write, except for LangGraph's special
+        channels (negative idx: error, interrupt, resume, scheduled), replaced.
+        Fenced as PutCheckpoint.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCheckpoint(self, request, context):
+        """A checkpoint with its channel values and pending writes: by id, or the
+        newest of a checkpoint_ns. Empty when there is none (or no conversation).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCheckpoints(self, request, context):
+        """A conversation's checkpoints, newest first (by checkpoint id), each with its
+        channel values and pending writes; filtered by checkpoint_ns, metadata
+        (containment) and `before_checkpoint_id`; paginated.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteCheckpoints(self, request, context):
+        """Deletes checkpoints (with their pending writes, and the channel values no
+        checkpoint names any more): those of runs (`run_ids`, anywhere in the
+        namespace), or those of conversations (`conversation_ids`: all, or all but
+        the newest of each checkpoint_ns with `keep_latest`). Not an erasure: the
+        conversation stays (EraseConversation erases checkpoints with the rest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CopyCheckpoints(self, request, context):
+        """Copies every checkpoint, channel value and pending write of a conversation
+        into another of the namespace (a fork of it: LangGraph's copy_thread).
+        Idempotent: what the target holds already is kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TranscriptServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -438,6 +529,36 @@ def add_TranscriptServiceServicer_to_server(servicer, server):
                     servicer.ListForks,
                     request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListForksRequest.FromString,
                     response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListForksResponse.SerializeToString,
+            ),
+            'PutCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutCheckpoint,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.PutCheckpointRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.PutCheckpointResponse.SerializeToString,
+            ),
+            'PutCheckpointWrites': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutCheckpointWrites,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.PutCheckpointWritesRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.PutCheckpointWritesResponse.SerializeToString,
+            ),
+            'GetCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCheckpoint,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetCheckpointRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetCheckpointResponse.SerializeToString,
+            ),
+            'ListCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCheckpoints,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListCheckpointsRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListCheckpointsResponse.SerializeToString,
+            ),
+            'DeleteCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteCheckpoints,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.DeleteCheckpointsRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.DeleteCheckpointsResponse.SerializeToString,
+            ),
+            'CopyCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.CopyCheckpoints,
+                    request_deserializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.CopyCheckpointsRequest.FromString,
+                    response_serializer=runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.CopyCheckpointsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -969,6 +1090,168 @@ class TranscriptService:
             '/runifold.transcript.v1.TranscriptService/ListForks',
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListForksRequest.SerializeToString,
             runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListForksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/PutCheckpoint',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.PutCheckpointRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.PutCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutCheckpointWrites(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/PutCheckpointWrites',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.PutCheckpointWritesRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.PutCheckpointWritesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/GetCheckpoint',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetCheckpointRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.GetCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/ListCheckpoints',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListCheckpointsRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.ListCheckpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/DeleteCheckpoints',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.DeleteCheckpointsRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.DeleteCheckpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CopyCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runifold.transcript.v1.TranscriptService/CopyCheckpoints',
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.CopyCheckpointsRequest.SerializeToString,
+            runifold_dot_transcript_dot_v1_dot_transcript__service__pb2.CopyCheckpointsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -143,6 +143,43 @@ class TranscriptServiceStub:
     entries (summaries, memories) before it deletes the transcript. Empty when
     the conversation has none, or does not exist.
     """
+    PutCheckpoint: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.PutCheckpointRequest, _transcript_service_pb2.PutCheckpointResponse]
+    """Stores a checkpoint of a LangGraph thread (the thread is the conversation):
+    its serialized form (without channel values), metadata, parent, and the
+    values of the channels whose version is new, each stored once per
+    (checkpoint_ns, channel, version). Idempotent: a repeat replaces the
+    checkpoint's row and keeps the values already stored. With `fencing_token`
+    the put commits only while the turn lease `turn_id` holds it (else
+    TURN_LEASE_LOST); without, it is refused while another turn holds the
+    conversation exclusively (CONVERSATION_BUSY).
+    """
+    PutCheckpointWrites: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.PutCheckpointWritesRequest, _transcript_service_pb2.PutCheckpointWritesResponse]
+    """Stores the pending writes of one task against a checkpoint. A repeat of a
+    (task_id, idx) keeps the first write, except for LangGraph's special
+    channels (negative idx: error, interrupt, resume, scheduled), replaced.
+    Fenced as PutCheckpoint.
+    """
+    GetCheckpoint: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.GetCheckpointRequest, _transcript_service_pb2.GetCheckpointResponse]
+    """A checkpoint with its channel values and pending writes: by id, or the
+    newest of a checkpoint_ns. Empty when there is none (or no conversation).
+    """
+    ListCheckpoints: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ListCheckpointsRequest, _transcript_service_pb2.ListCheckpointsResponse]
+    """A conversation's checkpoints, newest first (by checkpoint id), each with its
+    channel values and pending writes; filtered by checkpoint_ns, metadata
+    (containment) and `before_checkpoint_id`; paginated.
+    """
+    DeleteCheckpoints: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.DeleteCheckpointsRequest, _transcript_service_pb2.DeleteCheckpointsResponse]
+    """Deletes checkpoints (with their pending writes, and the channel values no
+    checkpoint names any more): those of runs (`run_ids`, anywhere in the
+    namespace), or those of conversations (`conversation_ids`: all, or all but
+    the newest of each checkpoint_ns with `keep_latest`). Not an erasure: the
+    conversation stays (EraseConversation erases checkpoints with the rest).
+    """
+    CopyCheckpoints: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.CopyCheckpointsRequest, _transcript_service_pb2.CopyCheckpointsResponse]
+    """Copies every checkpoint, channel value and pending write of a conversation
+    into another of the namespace (a fork of it: LangGraph's copy_thread).
+    Idempotent: what the target holds already is kept.
+    """
 
 @_typing.type_check_only
 class TranscriptServiceAsyncStub(TranscriptServiceStub):
@@ -258,6 +295,43 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     EraseConversation reads them to erase what was derived from their own
     entries (summaries, memories) before it deletes the transcript. Empty when
     the conversation has none, or does not exist.
+    """
+    PutCheckpoint: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.PutCheckpointRequest, _transcript_service_pb2.PutCheckpointResponse]  # type: ignore[assignment]
+    """Stores a checkpoint of a LangGraph thread (the thread is the conversation):
+    its serialized form (without channel values), metadata, parent, and the
+    values of the channels whose version is new, each stored once per
+    (checkpoint_ns, channel, version). Idempotent: a repeat replaces the
+    checkpoint's row and keeps the values already stored. With `fencing_token`
+    the put commits only while the turn lease `turn_id` holds it (else
+    TURN_LEASE_LOST); without, it is refused while another turn holds the
+    conversation exclusively (CONVERSATION_BUSY).
+    """
+    PutCheckpointWrites: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.PutCheckpointWritesRequest, _transcript_service_pb2.PutCheckpointWritesResponse]  # type: ignore[assignment]
+    """Stores the pending writes of one task against a checkpoint. A repeat of a
+    (task_id, idx) keeps the first write, except for LangGraph's special
+    channels (negative idx: error, interrupt, resume, scheduled), replaced.
+    Fenced as PutCheckpoint.
+    """
+    GetCheckpoint: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.GetCheckpointRequest, _transcript_service_pb2.GetCheckpointResponse]  # type: ignore[assignment]
+    """A checkpoint with its channel values and pending writes: by id, or the
+    newest of a checkpoint_ns. Empty when there is none (or no conversation).
+    """
+    ListCheckpoints: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ListCheckpointsRequest, _transcript_service_pb2.ListCheckpointsResponse]  # type: ignore[assignment]
+    """A conversation's checkpoints, newest first (by checkpoint id), each with its
+    channel values and pending writes; filtered by checkpoint_ns, metadata
+    (containment) and `before_checkpoint_id`; paginated.
+    """
+    DeleteCheckpoints: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.DeleteCheckpointsRequest, _transcript_service_pb2.DeleteCheckpointsResponse]  # type: ignore[assignment]
+    """Deletes checkpoints (with their pending writes, and the channel values no
+    checkpoint names any more): those of runs (`run_ids`, anywhere in the
+    namespace), or those of conversations (`conversation_ids`: all, or all but
+    the newest of each checkpoint_ns with `keep_latest`). Not an erasure: the
+    conversation stays (EraseConversation erases checkpoints with the rest).
+    """
+    CopyCheckpoints: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.CopyCheckpointsRequest, _transcript_service_pb2.CopyCheckpointsResponse]  # type: ignore[assignment]
+    """Copies every checkpoint, channel value and pending write of a conversation
+    into another of the namespace (a fork of it: LangGraph's copy_thread).
+    Idempotent: what the target holds already is kept.
     """
 
 class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -485,6 +559,79 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         EraseConversation reads them to erase what was derived from their own
         entries (summaries, memories) before it deletes the transcript. Empty when
         the conversation has none, or does not exist.
+        """
+
+    @_abc_1.abstractmethod
+    def PutCheckpoint(
+        self,
+        request: _transcript_service_pb2.PutCheckpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.PutCheckpointResponse, _abc.Awaitable[_transcript_service_pb2.PutCheckpointResponse]]:
+        """Stores a checkpoint of a LangGraph thread (the thread is the conversation):
+        its serialized form (without channel values), metadata, parent, and the
+        values of the channels whose version is new, each stored once per
+        (checkpoint_ns, channel, version). Idempotent: a repeat replaces the
+        checkpoint's row and keeps the values already stored. With `fencing_token`
+        the put commits only while the turn lease `turn_id` holds it (else
+        TURN_LEASE_LOST); without, it is refused while another turn holds the
+        conversation exclusively (CONVERSATION_BUSY).
+        """
+
+    @_abc_1.abstractmethod
+    def PutCheckpointWrites(
+        self,
+        request: _transcript_service_pb2.PutCheckpointWritesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.PutCheckpointWritesResponse, _abc.Awaitable[_transcript_service_pb2.PutCheckpointWritesResponse]]:
+        """Stores the pending writes of one task against a checkpoint. A repeat of a
+        (task_id, idx) keeps the first write, except for LangGraph's special
+        channels (negative idx: error, interrupt, resume, scheduled), replaced.
+        Fenced as PutCheckpoint.
+        """
+
+    @_abc_1.abstractmethod
+    def GetCheckpoint(
+        self,
+        request: _transcript_service_pb2.GetCheckpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.GetCheckpointResponse, _abc.Awaitable[_transcript_service_pb2.GetCheckpointResponse]]:
+        """A checkpoint with its channel values and pending writes: by id, or the
+        newest of a checkpoint_ns. Empty when there is none (or no conversation).
+        """
+
+    @_abc_1.abstractmethod
+    def ListCheckpoints(
+        self,
+        request: _transcript_service_pb2.ListCheckpointsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.ListCheckpointsResponse, _abc.Awaitable[_transcript_service_pb2.ListCheckpointsResponse]]:
+        """A conversation's checkpoints, newest first (by checkpoint id), each with its
+        channel values and pending writes; filtered by checkpoint_ns, metadata
+        (containment) and `before_checkpoint_id`; paginated.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteCheckpoints(
+        self,
+        request: _transcript_service_pb2.DeleteCheckpointsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.DeleteCheckpointsResponse, _abc.Awaitable[_transcript_service_pb2.DeleteCheckpointsResponse]]:
+        """Deletes checkpoints (with their pending writes, and the channel values no
+        checkpoint names any more): those of runs (`run_ids`, anywhere in the
+        namespace), or those of conversations (`conversation_ids`: all, or all but
+        the newest of each checkpoint_ns with `keep_latest`). Not an erasure: the
+        conversation stays (EraseConversation erases checkpoints with the rest).
+        """
+
+    @_abc_1.abstractmethod
+    def CopyCheckpoints(
+        self,
+        request: _transcript_service_pb2.CopyCheckpointsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.CopyCheckpointsResponse, _abc.Awaitable[_transcript_service_pb2.CopyCheckpointsResponse]]:
+        """Copies every checkpoint, channel value and pending write of a conversation
+        into another of the namespace (a fork of it: LangGraph's copy_thread).
+        Idempotent: what the target holds already is kept.
         """
 
 def add_TranscriptServiceServicer_to_server(servicer: TranscriptServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -3836,6 +3836,994 @@ export interface ListForksResponse__Output {
 }
 
 /**
+ * A serialized value as LangGraph's serializer made it: its type tag and its
+ * bytes, stored and returned verbatim.
+ *
+ * @generated from message runifold.transcript.v1.TypedValue
+ */
+export interface TypedValue {
+  /**
+   * The serializer's type ("msgpack", "json", "bytes", "null", "empty", ...).
+   *
+   * @generated from field: string type = 1;
+   */
+  'type'?: (string);
+  /**
+   * The serializer's bytes.
+   *
+   * @generated from field: bytes value = 2;
+   */
+  'value'?: (Buffer | Uint8Array | string);
+}
+
+/**
+ * A serialized value as LangGraph's serializer made it: its type tag and its
+ * bytes, stored and returned verbatim.
+ *
+ * @generated from message runifold.transcript.v1.TypedValue
+ */
+export interface TypedValue__Output {
+  /**
+   * The serializer's type ("msgpack", "json", "bytes", "null", "empty", ...).
+   *
+   * @generated from field: string type = 1;
+   */
+  'type': (string);
+  /**
+   * The serializer's bytes.
+   *
+   * @generated from field: bytes value = 2;
+   */
+  'value': (Buffer);
+}
+
+/**
+ * The value of one channel at one version (a checkpoint blob).
+ *
+ * @generated from message runifold.transcript.v1.ChannelValue
+ */
+export interface ChannelValue {
+  /**
+   * The channel's name.
+   *
+   * @generated from field: string channel = 1;
+   */
+  'channel'?: (string);
+  /**
+   * The version, as text (LangGraph versions are strings, integers or floats).
+   *
+   * @generated from field: string version = 2;
+   */
+  'version'?: (string);
+  /**
+   * The value ("empty" type: the channel had no value at that version).
+   *
+   * @generated from field: runifold.transcript.v1.TypedValue value = 3;
+   */
+  'value'?: (TypedValue | null);
+}
+
+/**
+ * The value of one channel at one version (a checkpoint blob).
+ *
+ * @generated from message runifold.transcript.v1.ChannelValue
+ */
+export interface ChannelValue__Output {
+  /**
+   * The channel's name.
+   *
+   * @generated from field: string channel = 1;
+   */
+  'channel': (string);
+  /**
+   * The version, as text (LangGraph versions are strings, integers or floats).
+   *
+   * @generated from field: string version = 2;
+   */
+  'version': (string);
+  /**
+   * The value ("empty" type: the channel had no value at that version).
+   *
+   * @generated from field: runifold.transcript.v1.TypedValue value = 3;
+   */
+  'value': (TypedValue__Output | null);
+}
+
+/**
+ * A pending write of a task against a checkpoint.
+ *
+ * @generated from message runifold.transcript.v1.CheckpointWrite
+ */
+export interface CheckpointWrite {
+  /**
+   * The task that wrote it.
+   *
+   * @generated from field: string task_id = 1;
+   */
+  'task_id'?: (string);
+  /**
+   * Its index in the task's writes (negative for LangGraph's special channels).
+   *
+   * @generated from field: int32 idx = 2;
+   */
+  'idx'?: (number);
+  /**
+   * The channel written.
+   *
+   * @generated from field: string channel = 3;
+   */
+  'channel'?: (string);
+  /**
+   * The value.
+   *
+   * @generated from field: runifold.transcript.v1.TypedValue value = 4;
+   */
+  'value'?: (TypedValue | null);
+  /**
+   * The task's path (orders the writes of a checkpoint).
+   *
+   * @generated from field: string task_path = 5;
+   */
+  'task_path'?: (string);
+}
+
+/**
+ * A pending write of a task against a checkpoint.
+ *
+ * @generated from message runifold.transcript.v1.CheckpointWrite
+ */
+export interface CheckpointWrite__Output {
+  /**
+   * The task that wrote it.
+   *
+   * @generated from field: string task_id = 1;
+   */
+  'task_id': (string);
+  /**
+   * Its index in the task's writes (negative for LangGraph's special channels).
+   *
+   * @generated from field: int32 idx = 2;
+   */
+  'idx': (number);
+  /**
+   * The channel written.
+   *
+   * @generated from field: string channel = 3;
+   */
+  'channel': (string);
+  /**
+   * The value.
+   *
+   * @generated from field: runifold.transcript.v1.TypedValue value = 4;
+   */
+  'value': (TypedValue__Output | null);
+  /**
+   * The task's path (orders the writes of a checkpoint).
+   *
+   * @generated from field: string task_path = 5;
+   */
+  'task_path': (string);
+}
+
+/**
+ * A checkpoint of a LangGraph thread.
+ *
+ * @generated from message runifold.transcript.v1.Checkpoint
+ */
+export interface Checkpoint {
+  /**
+   * The checkpoint namespace ("" for the root graph, "child:..." for subgraphs).
+   *
+   * @generated from field: string checkpoint_ns = 1;
+   */
+  'checkpoint_ns'?: (string);
+  /**
+   * The checkpoint's id (LangGraph's: ordered by time).
+   *
+   * @generated from field: string checkpoint_id = 2;
+   */
+  'checkpoint_id'?: (string);
+  /**
+   * The checkpoint it follows (empty: none).
+   *
+   * @generated from field: string parent_checkpoint_id = 3;
+   */
+  'parent_checkpoint_id'?: (string);
+  /**
+   * The checkpoint as serialized without its channel values.
+   *
+   * @generated from field: runifold.transcript.v1.TypedValue checkpoint = 4;
+   */
+  'checkpoint'?: (TypedValue | null);
+  /**
+   * Its metadata, a JSON object (at most RUNIFOLD_CHECKPOINT_MAX_METADATA_BYTES).
+   *
+   * @generated from field: string metadata_json = 5;
+   */
+  'metadata_json'?: (string);
+  /**
+   * The version of each channel it holds (text): which channel values it names.
+   *
+   * @generated from field: map<string, string> channel_versions = 6;
+   */
+  'channel_versions'?: ({[key: string]: string});
+  /**
+   * On reads: the values of its channels (the versions it names). On
+   * PutCheckpoint: the values of the channels whose version is new.
+   *
+   * @generated from field: repeated runifold.transcript.v1.ChannelValue channel_values = 7;
+   */
+  'channel_values'?: (ChannelValue)[];
+  /**
+   * On reads: its pending writes, ordered by task_path, task_id, idx.
+   *
+   * @generated from field: repeated runifold.transcript.v1.CheckpointWrite pending_writes = 8;
+   */
+  'pending_writes'?: (CheckpointWrite)[];
+  /**
+   * When it was stored.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 9;
+   */
+  'create_time'?: (Timestamp | null);
+}
+
+/**
+ * A checkpoint of a LangGraph thread.
+ *
+ * @generated from message runifold.transcript.v1.Checkpoint
+ */
+export interface Checkpoint__Output {
+  /**
+   * The checkpoint namespace ("" for the root graph, "child:..." for subgraphs).
+   *
+   * @generated from field: string checkpoint_ns = 1;
+   */
+  'checkpoint_ns': (string);
+  /**
+   * The checkpoint's id (LangGraph's: ordered by time).
+   *
+   * @generated from field: string checkpoint_id = 2;
+   */
+  'checkpoint_id': (string);
+  /**
+   * The checkpoint it follows (empty: none).
+   *
+   * @generated from field: string parent_checkpoint_id = 3;
+   */
+  'parent_checkpoint_id': (string);
+  /**
+   * The checkpoint as serialized without its channel values.
+   *
+   * @generated from field: runifold.transcript.v1.TypedValue checkpoint = 4;
+   */
+  'checkpoint': (TypedValue__Output | null);
+  /**
+   * Its metadata, a JSON object (at most RUNIFOLD_CHECKPOINT_MAX_METADATA_BYTES).
+   *
+   * @generated from field: string metadata_json = 5;
+   */
+  'metadata_json': (string);
+  /**
+   * The version of each channel it holds (text): which channel values it names.
+   *
+   * @generated from field: map<string, string> channel_versions = 6;
+   */
+  'channel_versions': ({[key: string]: string});
+  /**
+   * On reads: the values of its channels (the versions it names). On
+   * PutCheckpoint: the values of the channels whose version is new.
+   *
+   * @generated from field: repeated runifold.transcript.v1.ChannelValue channel_values = 7;
+   */
+  'channel_values': (ChannelValue__Output)[];
+  /**
+   * On reads: its pending writes, ordered by task_path, task_id, idx.
+   *
+   * @generated from field: repeated runifold.transcript.v1.CheckpointWrite pending_writes = 8;
+   */
+  'pending_writes': (CheckpointWrite__Output)[];
+  /**
+   * When it was stored.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 9;
+   */
+  'create_time': (Timestamp__Output | null);
+}
+
+/**
+ * Request of PutCheckpoint.
+ *
+ * @generated from message runifold.transcript.v1.PutCheckpointRequest
+ */
+export interface PutCheckpointRequest {
+  /**
+   * Namespace that owns the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace'?: (string);
+  /**
+   * UUID of the conversation (the thread); it must exist.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id'?: (string);
+  /**
+   * The checkpoint (without pending_writes).
+   *
+   * @generated from field: runifold.transcript.v1.Checkpoint checkpoint = 3;
+   */
+  'checkpoint'?: (Checkpoint | null);
+  /**
+   * The run that made it (its metadata's run_id): what DeleteCheckpoints' run_ids match.
+   *
+   * @generated from field: string run_id = 4;
+   */
+  'run_id'?: (string);
+  /**
+   * The turn lease the put commits under (with fencing_token).
+   *
+   * @generated from field: string turn_id = 5;
+   */
+  'turn_id'?: (string);
+  /**
+   * The lease's fencing token: the put commits only while the lease holds.
+   *
+   * @generated from field: optional int64 fencing_token = 6;
+   */
+  'fencing_token'?: (number | string | bigint);
+  '_fencing_token'?: "fencing_token";
+}
+
+/**
+ * Request of PutCheckpoint.
+ *
+ * @generated from message runifold.transcript.v1.PutCheckpointRequest
+ */
+export interface PutCheckpointRequest__Output {
+  /**
+   * Namespace that owns the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace': (string);
+  /**
+   * UUID of the conversation (the thread); it must exist.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id': (string);
+  /**
+   * The checkpoint (without pending_writes).
+   *
+   * @generated from field: runifold.transcript.v1.Checkpoint checkpoint = 3;
+   */
+  'checkpoint': (Checkpoint__Output | null);
+  /**
+   * The run that made it (its metadata's run_id): what DeleteCheckpoints' run_ids match.
+   *
+   * @generated from field: string run_id = 4;
+   */
+  'run_id': (string);
+  /**
+   * The turn lease the put commits under (with fencing_token).
+   *
+   * @generated from field: string turn_id = 5;
+   */
+  'turn_id': (string);
+  /**
+   * The lease's fencing token: the put commits only while the lease holds.
+   *
+   * @generated from field: optional int64 fencing_token = 6;
+   */
+  'fencing_token'?: (number);
+  '_fencing_token'?: "fencing_token";
+}
+
+/**
+ * Response of PutCheckpoint.
+ *
+ * @generated from message runifold.transcript.v1.PutCheckpointResponse
+ */
+export interface PutCheckpointResponse {
+  /**
+   * The checkpoint's id.
+   *
+   * @generated from field: string checkpoint_id = 1;
+   */
+  'checkpoint_id'?: (string);
+  /**
+   * How many channel values this put stored (those already stored are kept).
+   *
+   * @generated from field: int32 channel_values_stored = 2;
+   */
+  'channel_values_stored'?: (number);
+}
+
+/**
+ * Response of PutCheckpoint.
+ *
+ * @generated from message runifold.transcript.v1.PutCheckpointResponse
+ */
+export interface PutCheckpointResponse__Output {
+  /**
+   * The checkpoint's id.
+   *
+   * @generated from field: string checkpoint_id = 1;
+   */
+  'checkpoint_id': (string);
+  /**
+   * How many channel values this put stored (those already stored are kept).
+   *
+   * @generated from field: int32 channel_values_stored = 2;
+   */
+  'channel_values_stored': (number);
+}
+
+/**
+ * Request of PutCheckpointWrites.
+ *
+ * @generated from message runifold.transcript.v1.PutCheckpointWritesRequest
+ */
+export interface PutCheckpointWritesRequest {
+  /**
+   * Namespace that owns the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace'?: (string);
+  /**
+   * UUID of the conversation (the thread); it must exist.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id'?: (string);
+  /**
+   * The checkpoint namespace.
+   *
+   * @generated from field: string checkpoint_ns = 3;
+   */
+  'checkpoint_ns'?: (string);
+  /**
+   * The checkpoint the writes are pending against.
+   *
+   * @generated from field: string checkpoint_id = 4;
+   */
+  'checkpoint_id'?: (string);
+  /**
+   * The writes (at most RUNIFOLD_CHECKPOINT_MAX_WRITES_PER_CALL).
+   *
+   * @generated from field: repeated runifold.transcript.v1.CheckpointWrite writes = 5;
+   */
+  'writes'?: (CheckpointWrite)[];
+  /**
+   * The turn lease the writes commit under (with fencing_token).
+   *
+   * @generated from field: string turn_id = 6;
+   */
+  'turn_id'?: (string);
+  /**
+   * The lease's fencing token.
+   *
+   * @generated from field: optional int64 fencing_token = 7;
+   */
+  'fencing_token'?: (number | string | bigint);
+  '_fencing_token'?: "fencing_token";
+}
+
+/**
+ * Request of PutCheckpointWrites.
+ *
+ * @generated from message runifold.transcript.v1.PutCheckpointWritesRequest
+ */
+export interface PutCheckpointWritesRequest__Output {
+  /**
+   * Namespace that owns the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace': (string);
+  /**
+   * UUID of the conversation (the thread); it must exist.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id': (string);
+  /**
+   * The checkpoint namespace.
+   *
+   * @generated from field: string checkpoint_ns = 3;
+   */
+  'checkpoint_ns': (string);
+  /**
+   * The checkpoint the writes are pending against.
+   *
+   * @generated from field: string checkpoint_id = 4;
+   */
+  'checkpoint_id': (string);
+  /**
+   * The writes (at most RUNIFOLD_CHECKPOINT_MAX_WRITES_PER_CALL).
+   *
+   * @generated from field: repeated runifold.transcript.v1.CheckpointWrite writes = 5;
+   */
+  'writes': (CheckpointWrite__Output)[];
+  /**
+   * The turn lease the writes commit under (with fencing_token).
+   *
+   * @generated from field: string turn_id = 6;
+   */
+  'turn_id': (string);
+  /**
+   * The lease's fencing token.
+   *
+   * @generated from field: optional int64 fencing_token = 7;
+   */
+  'fencing_token'?: (number);
+  '_fencing_token'?: "fencing_token";
+}
+
+/**
+ * Response of PutCheckpointWrites.
+ *
+ * @generated from message runifold.transcript.v1.PutCheckpointWritesResponse
+ */
+export interface PutCheckpointWritesResponse {
+  /**
+   * How many writes were stored or replaced (a repeat stores none).
+   *
+   * @generated from field: int32 stored = 1;
+   */
+  'stored'?: (number);
+}
+
+/**
+ * Response of PutCheckpointWrites.
+ *
+ * @generated from message runifold.transcript.v1.PutCheckpointWritesResponse
+ */
+export interface PutCheckpointWritesResponse__Output {
+  /**
+   * How many writes were stored or replaced (a repeat stores none).
+   *
+   * @generated from field: int32 stored = 1;
+   */
+  'stored': (number);
+}
+
+/**
+ * Request of GetCheckpoint.
+ *
+ * @generated from message runifold.transcript.v1.GetCheckpointRequest
+ */
+export interface GetCheckpointRequest {
+  /**
+   * Namespace that owns the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace'?: (string);
+  /**
+   * UUID of the conversation (the thread).
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id'?: (string);
+  /**
+   * The checkpoint namespace.
+   *
+   * @generated from field: string checkpoint_ns = 3;
+   */
+  'checkpoint_ns'?: (string);
+  /**
+   * The checkpoint's id; empty: the newest of checkpoint_ns.
+   *
+   * @generated from field: string checkpoint_id = 4;
+   */
+  'checkpoint_id'?: (string);
+}
+
+/**
+ * Request of GetCheckpoint.
+ *
+ * @generated from message runifold.transcript.v1.GetCheckpointRequest
+ */
+export interface GetCheckpointRequest__Output {
+  /**
+   * Namespace that owns the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace': (string);
+  /**
+   * UUID of the conversation (the thread).
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id': (string);
+  /**
+   * The checkpoint namespace.
+   *
+   * @generated from field: string checkpoint_ns = 3;
+   */
+  'checkpoint_ns': (string);
+  /**
+   * The checkpoint's id; empty: the newest of checkpoint_ns.
+   *
+   * @generated from field: string checkpoint_id = 4;
+   */
+  'checkpoint_id': (string);
+}
+
+/**
+ * Response of GetCheckpoint.
+ *
+ * @generated from message runifold.transcript.v1.GetCheckpointResponse
+ */
+export interface GetCheckpointResponse {
+  /**
+   * The checkpoint with its values and pending writes; unset when there is none.
+   *
+   * @generated from field: runifold.transcript.v1.Checkpoint checkpoint = 1;
+   */
+  'checkpoint'?: (Checkpoint | null);
+}
+
+/**
+ * Response of GetCheckpoint.
+ *
+ * @generated from message runifold.transcript.v1.GetCheckpointResponse
+ */
+export interface GetCheckpointResponse__Output {
+  /**
+   * The checkpoint with its values and pending writes; unset when there is none.
+   *
+   * @generated from field: runifold.transcript.v1.Checkpoint checkpoint = 1;
+   */
+  'checkpoint': (Checkpoint__Output | null);
+}
+
+/**
+ * Request of ListCheckpoints.
+ *
+ * @generated from message runifold.transcript.v1.ListCheckpointsRequest
+ */
+export interface ListCheckpointsRequest {
+  /**
+   * Namespace that owns the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace'?: (string);
+  /**
+   * UUID of the conversation (the thread).
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id'?: (string);
+  /**
+   * Only this checkpoint namespace (unset: every one).
+   *
+   * @generated from field: optional string checkpoint_ns = 3;
+   */
+  'checkpoint_ns'?: (string);
+  '_checkpoint_ns'?: "checkpoint_ns";
+  /**
+   * Only checkpoints whose metadata contains this JSON object.
+   *
+   * @generated from field: string filter_json = 4;
+   */
+  'filter_json'?: (string);
+  /**
+   * Only checkpoints older than this id.
+   *
+   * @generated from field: string before_checkpoint_id = 5;
+   */
+  'before_checkpoint_id'?: (string);
+  /**
+   * AIP-158: 0 means 10, at most RUNIFOLD_CHECKPOINT_MAX_PAGE_SIZE. A page ends
+   * early once it holds RUNIFOLD_CHECKPOINT_MAX_BYTES (never before its first).
+   *
+   * @generated from field: int32 page_size = 6;
+   */
+  'page_size'?: (number);
+  /**
+   * From a previous response's next_page_token.
+   *
+   * @generated from field: string page_token = 7;
+   */
+  'page_token'?: (string);
+}
+
+/**
+ * Request of ListCheckpoints.
+ *
+ * @generated from message runifold.transcript.v1.ListCheckpointsRequest
+ */
+export interface ListCheckpointsRequest__Output {
+  /**
+   * Namespace that owns the conversation.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace': (string);
+  /**
+   * UUID of the conversation (the thread).
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id': (string);
+  /**
+   * Only this checkpoint namespace (unset: every one).
+   *
+   * @generated from field: optional string checkpoint_ns = 3;
+   */
+  'checkpoint_ns'?: (string);
+  '_checkpoint_ns'?: "checkpoint_ns";
+  /**
+   * Only checkpoints whose metadata contains this JSON object.
+   *
+   * @generated from field: string filter_json = 4;
+   */
+  'filter_json': (string);
+  /**
+   * Only checkpoints older than this id.
+   *
+   * @generated from field: string before_checkpoint_id = 5;
+   */
+  'before_checkpoint_id': (string);
+  /**
+   * AIP-158: 0 means 10, at most RUNIFOLD_CHECKPOINT_MAX_PAGE_SIZE. A page ends
+   * early once it holds RUNIFOLD_CHECKPOINT_MAX_BYTES (never before its first).
+   *
+   * @generated from field: int32 page_size = 6;
+   */
+  'page_size': (number);
+  /**
+   * From a previous response's next_page_token.
+   *
+   * @generated from field: string page_token = 7;
+   */
+  'page_token': (string);
+}
+
+/**
+ * Response of ListCheckpoints.
+ *
+ * @generated from message runifold.transcript.v1.ListCheckpointsResponse
+ */
+export interface ListCheckpointsResponse {
+  /**
+   * Newest first.
+   *
+   * @generated from field: repeated runifold.transcript.v1.Checkpoint checkpoints = 1;
+   */
+  'checkpoints'?: (Checkpoint)[];
+  /**
+   * Empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  'next_page_token'?: (string);
+}
+
+/**
+ * Response of ListCheckpoints.
+ *
+ * @generated from message runifold.transcript.v1.ListCheckpointsResponse
+ */
+export interface ListCheckpointsResponse__Output {
+  /**
+   * Newest first.
+   *
+   * @generated from field: repeated runifold.transcript.v1.Checkpoint checkpoints = 1;
+   */
+  'checkpoints': (Checkpoint__Output)[];
+  /**
+   * Empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  'next_page_token': (string);
+}
+
+/**
+ * Request of DeleteCheckpoints.
+ *
+ * @generated from message runifold.transcript.v1.DeleteCheckpointsRequest
+ */
+export interface DeleteCheckpointsRequest {
+  /**
+   * Namespace whose checkpoints to delete.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace'?: (string);
+  /**
+   * Delete the checkpoints of these runs, in any conversation of the namespace.
+   *
+   * @generated from field: repeated string run_ids = 2;
+   */
+  'run_ids'?: (string)[];
+  /**
+   * Delete the checkpoints of these conversations (UUIDs).
+   *
+   * @generated from field: repeated string conversation_ids = 3;
+   */
+  'conversation_ids'?: (string)[];
+  /**
+   * With conversation_ids: keep the newest checkpoint of each checkpoint_ns.
+   *
+   * @generated from field: bool keep_latest = 4;
+   */
+  'keep_latest'?: (boolean);
+}
+
+/**
+ * Request of DeleteCheckpoints.
+ *
+ * @generated from message runifold.transcript.v1.DeleteCheckpointsRequest
+ */
+export interface DeleteCheckpointsRequest__Output {
+  /**
+   * Namespace whose checkpoints to delete.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace': (string);
+  /**
+   * Delete the checkpoints of these runs, in any conversation of the namespace.
+   *
+   * @generated from field: repeated string run_ids = 2;
+   */
+  'run_ids': (string)[];
+  /**
+   * Delete the checkpoints of these conversations (UUIDs).
+   *
+   * @generated from field: repeated string conversation_ids = 3;
+   */
+  'conversation_ids': (string)[];
+  /**
+   * With conversation_ids: keep the newest checkpoint of each checkpoint_ns.
+   *
+   * @generated from field: bool keep_latest = 4;
+   */
+  'keep_latest': (boolean);
+}
+
+/**
+ * Response of DeleteCheckpoints.
+ *
+ * @generated from message runifold.transcript.v1.DeleteCheckpointsResponse
+ */
+export interface DeleteCheckpointsResponse {
+  /**
+   * Checkpoints deleted.
+   *
+   * @generated from field: int64 checkpoints_deleted = 1;
+   */
+  'checkpoints_deleted'?: (number | string | bigint);
+  /**
+   * Channel values deleted (no checkpoint named them any more).
+   *
+   * @generated from field: int64 channel_values_deleted = 2;
+   */
+  'channel_values_deleted'?: (number | string | bigint);
+  /**
+   * Pending writes deleted.
+   *
+   * @generated from field: int64 writes_deleted = 3;
+   */
+  'writes_deleted'?: (number | string | bigint);
+}
+
+/**
+ * Response of DeleteCheckpoints.
+ *
+ * @generated from message runifold.transcript.v1.DeleteCheckpointsResponse
+ */
+export interface DeleteCheckpointsResponse__Output {
+  /**
+   * Checkpoints deleted.
+   *
+   * @generated from field: int64 checkpoints_deleted = 1;
+   */
+  'checkpoints_deleted': (number);
+  /**
+   * Channel values deleted (no checkpoint named them any more).
+   *
+   * @generated from field: int64 channel_values_deleted = 2;
+   */
+  'channel_values_deleted': (number);
+  /**
+   * Pending writes deleted.
+   *
+   * @generated from field: int64 writes_deleted = 3;
+   */
+  'writes_deleted': (number);
+}
+
+/**
+ * Request of CopyCheckpoints.
+ *
+ * @generated from message runifold.transcript.v1.CopyCheckpointsRequest
+ */
+export interface CopyCheckpointsRequest {
+  /**
+   * Namespace of both conversations.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace'?: (string);
+  /**
+   * UUID of the conversation to copy from.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id'?: (string);
+  /**
+   * UUID of the conversation to copy into; it must exist (ForkConversation makes it).
+   *
+   * @generated from field: string target_conversation_id = 3;
+   */
+  'target_conversation_id'?: (string);
+}
+
+/**
+ * Request of CopyCheckpoints.
+ *
+ * @generated from message runifold.transcript.v1.CopyCheckpointsRequest
+ */
+export interface CopyCheckpointsRequest__Output {
+  /**
+   * Namespace of both conversations.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  'namespace': (string);
+  /**
+   * UUID of the conversation to copy from.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  'conversation_id': (string);
+  /**
+   * UUID of the conversation to copy into; it must exist (ForkConversation makes it).
+   *
+   * @generated from field: string target_conversation_id = 3;
+   */
+  'target_conversation_id': (string);
+}
+
+/**
+ * Response of CopyCheckpoints.
+ *
+ * @generated from message runifold.transcript.v1.CopyCheckpointsResponse
+ */
+export interface CopyCheckpointsResponse {
+  /**
+   * Checkpoints copied (those the target held already are not counted).
+   *
+   * @generated from field: int64 checkpoints_copied = 1;
+   */
+  'checkpoints_copied'?: (number | string | bigint);
+}
+
+/**
+ * Response of CopyCheckpoints.
+ *
+ * @generated from message runifold.transcript.v1.CopyCheckpointsResponse
+ */
+export interface CopyCheckpointsResponse__Output {
+  /**
+   * Checkpoints copied (those the target held already are not counted).
+   *
+   * @generated from field: int64 checkpoints_copied = 1;
+   */
+  'checkpoints_copied': (number);
+}
+
+/**
  * Append-only conversation transcripts with compare-and-swap versioning.
  *
  * A conversation's `version` counts committed appends. Each entry has a
@@ -4012,5 +5000,60 @@ export interface TranscriptService__Methods {
    * @generated from rpc runifold.transcript.v1.TranscriptService.ListForks
    */
   listForks: { request: ListForksRequest; response: ListForksResponse__Output };
+  /**
+   * Stores a checkpoint of a LangGraph thread (the thread is the conversation):
+   * its serialized form (without channel values), metadata, parent, and the
+   * values of the channels whose version is new, each stored once per
+   * (checkpoint_ns, channel, version). Idempotent: a repeat replaces the
+   * checkpoint's row and keeps the values already stored. With `fencing_token`
+   * the put commits only while the turn lease `turn_id` holds it (else
+   * TURN_LEASE_LOST); without, it is refused while another turn holds the
+   * conversation exclusively (CONVERSATION_BUSY).
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.PutCheckpoint
+   */
+  putCheckpoint: { request: PutCheckpointRequest; response: PutCheckpointResponse__Output };
+  /**
+   * Stores the pending writes of one task against a checkpoint. A repeat of a
+   * (task_id, idx) keeps the first write, except for LangGraph's special
+   * channels (negative idx: error, interrupt, resume, scheduled), replaced.
+   * Fenced as PutCheckpoint.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.PutCheckpointWrites
+   */
+  putCheckpointWrites: { request: PutCheckpointWritesRequest; response: PutCheckpointWritesResponse__Output };
+  /**
+   * A checkpoint with its channel values and pending writes: by id, or the
+   * newest of a checkpoint_ns. Empty when there is none (or no conversation).
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.GetCheckpoint
+   */
+  getCheckpoint: { request: GetCheckpointRequest; response: GetCheckpointResponse__Output };
+  /**
+   * A conversation's checkpoints, newest first (by checkpoint id), each with its
+   * channel values and pending writes; filtered by checkpoint_ns, metadata
+   * (containment) and `before_checkpoint_id`; paginated.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.ListCheckpoints
+   */
+  listCheckpoints: { request: ListCheckpointsRequest; response: ListCheckpointsResponse__Output };
+  /**
+   * Deletes checkpoints (with their pending writes, and the channel values no
+   * checkpoint names any more): those of runs (`run_ids`, anywhere in the
+   * namespace), or those of conversations (`conversation_ids`: all, or all but
+   * the newest of each checkpoint_ns with `keep_latest`). Not an erasure: the
+   * conversation stays (EraseConversation erases checkpoints with the rest).
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.DeleteCheckpoints
+   */
+  deleteCheckpoints: { request: DeleteCheckpointsRequest; response: DeleteCheckpointsResponse__Output };
+  /**
+   * Copies every checkpoint, channel value and pending write of a conversation
+   * into another of the namespace (a fork of it: LangGraph's copy_thread).
+   * Idempotent: what the target holds already is kept.
+   *
+   * @generated from rpc runifold.transcript.v1.TranscriptService.CopyCheckpoints
+   */
+  copyCheckpoints: { request: CopyCheckpointsRequest; response: CopyCheckpointsResponse__Output };
 }
 
