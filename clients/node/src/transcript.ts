@@ -11,7 +11,11 @@ import type {
   AcquireTurnLeaseResponse__Output,
   AppendEntriesResponse__Output,
   Append__Output,
+  Checkpoint,
+  CheckpointWrite,
+  Checkpoint__Output,
   Conversation__Output,
+  DeleteCheckpointsResponse__Output,
   DeleteConversationResponse__Output,
   EndedTurn,
   ErasureProgress,
@@ -19,6 +23,7 @@ import type {
   GetStateResponse__Output,
   LoadViewResponse__Output,
   MarkCuratedResponse__Output,
+  PutCheckpointResponse__Output,
   StateDelta,
   TranscriptService__Methods,
   TurnLeaseMode,
@@ -534,5 +539,128 @@ export class TranscriptCalls extends Connection {
       options,
     );
     return reply.released;
+  }
+
+  /** Store a LangGraph checkpoint of the conversation (its thread) with the values of its
+   * channels whose version is new; fenced by a turn lease when fencingToken is given. */
+  putCheckpoint(
+    conversationId: string,
+    checkpoint: Checkpoint,
+    options: CallOptions & { runId?: string; turnId?: string; fencingToken?: number | string } = {},
+  ): Promise<PutCheckpointResponse__Output> {
+    return this.unary(
+      TRANSCRIPT.putCheckpoint,
+      {
+        namespace: this.ns(options),
+        conversation_id: conversationId,
+        checkpoint,
+        run_id: options.runId ?? "",
+        turn_id: options.turnId ?? "",
+        ...(options.fencingToken !== undefined ? { fencing_token: options.fencingToken } : {}),
+      },
+      options,
+    );
+  }
+
+  /** Store one task's pending writes against a checkpoint; how many were stored. */
+  async putCheckpointWrites(
+    conversationId: string,
+    checkpointNs: string,
+    checkpointId: string,
+    writes: CheckpointWrite[],
+    options: CallOptions & { turnId?: string; fencingToken?: number | string } = {},
+  ): Promise<number> {
+    const reply = await this.unary(
+      TRANSCRIPT.putCheckpointWrites,
+      {
+        namespace: this.ns(options),
+        conversation_id: conversationId,
+        checkpoint_ns: checkpointNs,
+        checkpoint_id: checkpointId,
+        writes,
+        turn_id: options.turnId ?? "",
+        ...(options.fencingToken !== undefined ? { fencing_token: options.fencingToken } : {}),
+      },
+      options,
+    );
+    return reply.stored;
+  }
+
+  /** A checkpoint with its values and pending writes (the newest of checkpointNs without
+   * checkpointId); null when there is none. */
+  async getCheckpoint(
+    conversationId: string,
+    options: CallOptions & { checkpointNs?: string; checkpointId?: string } = {},
+  ): Promise<Checkpoint__Output | null> {
+    const reply = await this.unary(
+      TRANSCRIPT.getCheckpoint,
+      {
+        namespace: this.ns(options),
+        conversation_id: conversationId,
+        checkpoint_ns: options.checkpointNs ?? "",
+        checkpoint_id: options.checkpointId ?? "",
+      },
+      options,
+    );
+    return reply.checkpoint ?? null;
+  }
+
+  /** The conversation's checkpoints, newest first, page by page. */
+  listCheckpoints(
+    conversationId: string,
+    options: CallOptions & { checkpointNs?: string; filterJson?: string; beforeCheckpointId?: string } = {},
+  ): AsyncGenerator<Checkpoint__Output> {
+    return this.pages(
+      (token) =>
+        this.unary(
+          TRANSCRIPT.listCheckpoints,
+          {
+            namespace: this.ns(options),
+            conversation_id: conversationId,
+            ...(options.checkpointNs !== undefined ? { checkpoint_ns: options.checkpointNs } : {}),
+            filter_json: options.filterJson ?? "",
+            before_checkpoint_id: options.beforeCheckpointId ?? "",
+            page_token: token,
+          },
+          options,
+        ),
+      (page) => page.checkpoints,
+      (page) => page.next_page_token,
+    );
+  }
+
+  /** Delete the checkpoints of runs, or of conversations (all, or all but the newest of
+   * each checkpoint namespace with keepLatest). Not an erasure. */
+  deleteCheckpoints(
+    options: CallOptions & { runIds?: string[]; conversationIds?: string[]; keepLatest?: boolean } = {},
+  ): Promise<DeleteCheckpointsResponse__Output> {
+    return this.unary(
+      TRANSCRIPT.deleteCheckpoints,
+      {
+        namespace: this.ns(options),
+        run_ids: options.runIds ?? [],
+        conversation_ids: options.conversationIds ?? [],
+        keep_latest: options.keepLatest ?? false,
+      },
+      options,
+    );
+  }
+
+  /** Copy every checkpoint of a conversation into another (a fork of it). */
+  async copyCheckpoints(
+    conversationId: string,
+    targetConversationId: string,
+    options?: CallOptions,
+  ): Promise<number> {
+    const reply = await this.unary(
+      TRANSCRIPT.copyCheckpoints,
+      {
+        namespace: this.ns(options),
+        conversation_id: conversationId,
+        target_conversation_id: targetConversationId,
+      },
+      options,
+    );
+    return Number(reply.checkpoints_copied);
   }
 }

@@ -32,7 +32,7 @@ describe("the contract", () => {
       const text = readFileSync(path.join(REPOSITORY, "proto", file), "utf8");
       return [...text.matchAll(/^\s*rpc\s+(\w+)\s*\(/gm)].map((match) => match[1]);
     });
-    assert.equal(rpcs.length, 41);
+    assert.equal(rpcs.length, 47);
     const methods = new Set(Object.getOwnPropertyNames(RunifoldClient.prototype));
     for (const rpc of rpcs) {
       const name = rpc[0].toLowerCase() + rpc.slice(1);
