@@ -142,7 +142,4 @@ class TranscriptComponent:
     @property
     def max_request_bytes(self) -> int:
         """The largest request the limits allow (an AppendEntries): the transport cap."""
-        return max(
-            append_request_bytes(self.limits.messages) + self.limits.write_extras_bytes,
-            self.limits.checkpoints.max_request_bytes,
-        )
+        return append_request_bytes(self.limits.messages) + self.limits.write_extras_bytes

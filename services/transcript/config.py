@@ -192,26 +192,32 @@ class TranscriptLimits:
                 maximum=1024 * 1024,
             ),
             watch=WatchLimits.from_env(env, messages.max_message_bytes),
-            checkpoints=checkpoint_limits_from_env(env),
+            checkpoints=checkpoint_limits_from_env(env, messages.max_append_bytes),
         )
 
 
-def checkpoint_limits_from_env(env: Env) -> CheckpointLimits:
+def checkpoint_limits_from_env(env: Env, append: int) -> CheckpointLimits:
     """The limits of checkpoints (RUNIFOLD_CHECKPOINT_*)."""
     blob = env_int(
         env,
         "RUNIFOLD_CHECKPOINT_MAX_BLOB_BYTES",
-        4 * 1024 * 1024,
+        2 * 1024 * 1024,
         minimum=1024,
         maximum=64 * 1024 * 1024,
     )
     whole = env_int(
         env,
         "RUNIFOLD_CHECKPOINT_MAX_BYTES",
-        16 * 1024 * 1024,
+        8 * 1024 * 1024,
         minimum=1024,
         maximum=256 * 1024 * 1024,
     )
+    if blob > append:
+        # A value is carried by one put, which carries at most an append's bytes.
+        raise SettingsError(
+            f"RUNIFOLD_CHECKPOINT_MAX_BLOB_BYTES ({blob}) must be at most "
+            f"RUNIFOLD_MAX_APPEND_BYTES ({append})"
+        )
     if whole < blob:
         raise SettingsError(
             f"RUNIFOLD_CHECKPOINT_MAX_BYTES ({whole}) must be at least "

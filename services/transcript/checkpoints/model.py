@@ -33,7 +33,7 @@ class CheckpointLimits:
     """The limits of checkpoints (RUNIFOLD_CHECKPOINT_*; docs/production.md)."""
 
     # One serialized value: the checkpoint itself, a channel value, a pending write.
-    max_blob_bytes: int = 4 * 1024 * 1024
+    max_blob_bytes: int = 2 * 1024 * 1024
     # A checkpoint's metadata (JSON).
     max_metadata_bytes: int = 64 * 1024
     # Channel values one put carries, and writes one PutCheckpointWrites carries.
@@ -41,14 +41,10 @@ class CheckpointLimits:
     # A whole checkpoint as read back: its serialized form, every channel value it names
     # and its pending writes; a put beyond it is refused (a read could not return it),
     # and a ListCheckpoints page ends once it holds this much (never before its first).
-    max_checkpoint_bytes: int = 16 * 1024 * 1024
+    # Below the transport's send cap (RUNIFOLD_MAX_SEND_MESSAGE_BYTES, 16 MiB).
+    max_checkpoint_bytes: int = 8 * 1024 * 1024
     # ListCheckpoints' largest page.
     max_page_size: int = 100
-
-    @property
-    def max_request_bytes(self) -> int:
-        """The largest put its limits allow: the transport must receive it."""
-        return self.max_checkpoint_bytes + self.max_metadata_bytes + 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +208,18 @@ def too_many_values(field_name: str, limit: int) -> DomainError:
         f"{field_name} holds more than {limit} items (RUNIFOLD_CHECKPOINT_MAX_VALUES_PER_CALL)",
         field=field_name,
         limit=limit,
+    )
+
+
+def put_too_large(field_name: str, limit: int) -> DomainError:
+    """INVALID_ARGUMENT: one put's bytes (the checkpoint, its new values, its metadata; or
+    one call's writes) beyond an append's (RUNIFOLD_MAX_APPEND_BYTES): what the
+    transport's receive cap is made for."""
+    return invalid_argument(
+        "CHECKPOINT_PUT_TOO_LARGE",
+        f"{field_name} carry more than {limit} bytes (RUNIFOLD_MAX_APPEND_BYTES)",
+        field=field_name,
+        limit_bytes=limit,
     )
 
 

@@ -25,6 +25,7 @@ from services.transcript.checkpoints.model import (
     StoredCheckpoint,
     fence,
     name,
+    put_too_large,
     too_many_values,
     typed_value,
 )
@@ -92,6 +93,13 @@ class Checkpoints:
             )
             for value in checkpoint.channel_values
         )
+        carried = (
+            len(checkpoint.checkpoint.value or b"")
+            + len(metadata.encode())
+            + sum(len(value.value.value or b"") for value in values)
+        )
+        if carried > self.limits.max_append_bytes:
+            raise put_too_large("checkpoint.channel_values", self.limits.max_append_bytes)
         put = NewCheckpoint(
             namespace=namespace,
             conversation_id=cid,
@@ -149,6 +157,8 @@ class Checkpoints:
             )
             for write in writes
         )
+        if sum(len(write.value.value or b"") for write in checked) > self.limits.max_append_bytes:
+            raise put_too_large("writes", self.limits.max_append_bytes)
         put = NewWrites(
             namespace=namespace,
             conversation_id=cid,

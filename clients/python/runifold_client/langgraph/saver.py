@@ -66,7 +66,7 @@ _PAGE_SIZE = 20
 MultitaskStrategy = Literal["reject", "enqueue"]
 
 
-class RunifoldSaver(BaseCheckpointSaver[str]):
+class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgraph: untyped here
     """LangGraph's checkpointer on Runifold (see the module): sync and async.
 
     >>> saver = RunifoldSaver(namespace="support")
@@ -227,7 +227,7 @@ class RunifoldSaver(BaseCheckpointSaver[str]):
             chunk = typed[start : start + _WRITES_PER_CALL]
             await self._on_thread(
                 thread_id,
-                lambda cid, chunk=chunk: self.client.put_checkpoint_writes(  # type: ignore[misc]
+                lambda cid, chunk=chunk: self.client.put_checkpoint_writes(
                     cid,
                     configurable.get("checkpoint_ns", ""),
                     configurable["checkpoint_id"],
@@ -348,7 +348,7 @@ class RunifoldSaver(BaseCheckpointSaver[str]):
         try:
             while True:
                 try:
-                    yield self._run(items.__anext__())
+                    yield self._run(_next(items))
                 except StopAsyncIteration:
                     return
         finally:
@@ -514,6 +514,10 @@ class RunifoldSaver(BaseCheckpointSaver[str]):
 
 
 _EMPTY = transcript_pb.TypedValue(type="empty", value=b"")
+
+
+async def _next(items: AsyncIterator[T]) -> T:
+    return await items.__anext__()
 
 
 def _fence(configurable: Mapping[str, Any]) -> dict[str, Any]:
