@@ -57,7 +57,13 @@ from tests.system.security.support import (
     must,
     namespace_rows,
 )
-from tests.system.security.worlds import World, build_world, indexed_search_ids, search_ids
+from tests.system.security.worlds import (
+    World,
+    build_world,
+    checkpoint_of,
+    indexed_search_ids,
+    search_ids,
+)
 
 # --- what a probe points at --------------------------------------------------------
 
@@ -533,6 +539,85 @@ CASES: dict[str, Case] = {
                 conversation_id=t.conversation_id,
                 through_sequence=1,
                 request_id=t.request_id,
+            ),
+        )
+    ),
+    # B's LangGraph checkpoints from A, by B's conversation id, checkpoint id and run
+    # id: as for a thread that never existed (nothing read, nothing deleted; a put or a
+    # copy finds no conversation).
+    "TranscriptService.GetCheckpoint": Case(
+        (
+            lambda ns, t, own: transcript_pb.GetCheckpointRequest(
+                namespace=ns, conversation_id=t.conversation_id
+            ),
+            lambda ns, t, own: transcript_pb.GetCheckpointRequest(
+                namespace=ns, conversation_id=t.conversation_id, checkpoint_id=t.turn_id
+            ),
+        )
+    ),
+    "TranscriptService.ListCheckpoints": Case(
+        (
+            lambda ns, t, own: transcript_pb.ListCheckpointsRequest(
+                namespace=ns, conversation_id=t.conversation_id
+            ),
+            lambda ns, t, own: transcript_pb.ListCheckpointsRequest(
+                namespace=ns,
+                conversation_id=t.conversation_id,
+                filter_json='{"source": "loop"}',
+                page_token=t.entries_token,
+            ),
+        )
+    ),
+    "TranscriptService.DeleteCheckpoints": Case(
+        (
+            lambda ns, t, own: transcript_pb.DeleteCheckpointsRequest(
+                namespace=ns, run_ids=[t.request_id]
+            ),
+            lambda ns, t, own: transcript_pb.DeleteCheckpointsRequest(
+                namespace=ns, conversation_ids=[t.conversation_id]
+            ),
+            lambda ns, t, own: transcript_pb.DeleteCheckpointsRequest(
+                namespace=ns, conversation_ids=[t.conversation_id], keep_latest=True
+            ),
+        )
+    ),
+    "TranscriptService.CopyCheckpoints": Case(
+        (
+            lambda ns, t, own: transcript_pb.CopyCheckpointsRequest(
+                namespace=ns,
+                conversation_id=t.conversation_id,
+                target_conversation_id=own.conversation_id,
+            ),
+            lambda ns, t, own: transcript_pb.CopyCheckpointsRequest(
+                namespace=ns,
+                conversation_id=own.conversation_id,
+                target_conversation_id=t.conversation_id,
+            ),
+        )
+    ),
+    "TranscriptService.PutCheckpoint": Case(
+        (
+            lambda ns, t, own: transcript_pb.PutCheckpointRequest(
+                namespace=ns,
+                conversation_id=t.conversation_id,
+                checkpoint=checkpoint_of("injected"),
+                run_id=t.request_id,
+            ),
+        )
+    ),
+    "TranscriptService.PutCheckpointWrites": Case(
+        (
+            lambda ns, t, own: transcript_pb.PutCheckpointWritesRequest(
+                namespace=ns,
+                conversation_id=t.conversation_id,
+                checkpoint_id="checkpoint-injected",
+                writes=[
+                    transcript_pb.CheckpointWrite(
+                        task_id="task-injected",
+                        channel="messages",
+                        value=transcript_pb.TypedValue(type="json", value=b'"injected"'),
+                    )
+                ],
             ),
         )
     ),

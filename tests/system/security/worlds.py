@@ -56,6 +56,23 @@ class World:
     receipt_id: str = ""
 
 
+def checkpoint_of(marker: str) -> transcript_pb.Checkpoint:
+    """A LangGraph checkpoint as RunifoldSaver sends it (its bytes here are JSON)."""
+    return transcript_pb.Checkpoint(
+        checkpoint_id=f"checkpoint-{marker}",
+        checkpoint=transcript_pb.TypedValue(type="json", value=b'{"v": 1}'),
+        metadata_json=json.dumps({"source": "loop", "owner": marker}),
+        channel_versions={"messages": "1"},
+        channel_values=[
+            transcript_pb.ChannelValue(
+                channel="messages",
+                version="1",
+                value=transcript_pb.TypedValue(type="json", value=f'"{marker} state"'.encode()),
+            )
+        ],
+    )
+
+
 async def build_world(
     channel: grpc.aio.Channel,
     namespace: str,
@@ -115,6 +132,36 @@ async def build_world(
             conversation_id=conversation_id,
             text=f"summary of {marker}",
             through_sequence=2,
+        ),
+        metadata,
+    )
+    # A LangGraph checkpoint of the conversation, with a channel value and a pending
+    # write, made by the run `request_id` (what DeleteCheckpoints' run_ids name).
+    await must(
+        channel,
+        "TranscriptService.PutCheckpoint",
+        transcript_pb.PutCheckpointRequest(
+            namespace=namespace,
+            conversation_id=conversation_id,
+            checkpoint=checkpoint_of(marker),
+            run_id=request_id,
+        ),
+        metadata,
+    )
+    await must(
+        channel,
+        "TranscriptService.PutCheckpointWrites",
+        transcript_pb.PutCheckpointWritesRequest(
+            namespace=namespace,
+            conversation_id=conversation_id,
+            checkpoint_id=f"checkpoint-{marker}",
+            writes=[
+                transcript_pb.CheckpointWrite(
+                    task_id=f"task-{marker}",
+                    channel="messages",
+                    value=transcript_pb.TypedValue(type="json", value=f'"{marker}"'.encode()),
+                )
+            ],
         ),
         metadata,
     )
