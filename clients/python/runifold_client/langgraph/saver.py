@@ -48,6 +48,7 @@ from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold_client import _framework as fw
 from runifold_client.client import AsyncClient, TurnLeaseMode
 from runifold_client.errors import AlreadyExists, NotFound, RunifoldError, TurnLeaseLost
+from runifold_client.langgraph.messages import REFERENCE_TYPE, MessageMirror
 
 T = TypeVar("T")
 
@@ -75,7 +76,9 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
 
     `client` is an AsyncClient to use (else one is made from target, token and the
     environment's RUNIFOLD_TARGET / RUNIFOLD_TOKEN, and closed by `close`); `namespace`
-    is the Runifold namespace of every thread (else the client's).
+    is the Runifold namespace of every thread (else the client's). With
+    `mirror_messages` (the default) the `messages_channel` of a graph's state is
+    mirrored into the thread's transcript and stored once (messages.py).
     """
 
     def __init__(
@@ -87,6 +90,8 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
         token: str | None = None,
         timeout: float = 30.0,
         serde: SerializerProtocol | None = None,
+        mirror_messages: bool = True,
+        messages_channel: str = "messages",
     ) -> None:
         super().__init__(serde=serde)
         self._owns_client = client is None
@@ -94,6 +99,11 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
             target, namespace=namespace, token=token, timeout=timeout
         )
         self.namespace = self.client.namespace if namespace is None else namespace
+        self._mirror = (
+            MessageMirror(self.client, self.namespace, messages_channel)
+            if mirror_messages
+            else None
+        )
         # The sync methods run the async ones on a loop of their own, in a thread.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
@@ -116,7 +126,9 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
             checkpoint_id=configurable.get("checkpoint_id") or "",
             namespace=self.namespace,
         )
-        return self._tuple(thread_id, found) if found is not None else None
+        if found is None:
+            return None
+        return self._tuple(thread_id, found, await self._resolved(thread_id, found))
 
     async def alist(
         self,
@@ -145,7 +157,7 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
         )
         try:
             async for found in items:
-                yield self._tuple(thread_id, found)
+                yield self._tuple(thread_id, found, await self._resolved(thread_id, found))
                 count += 1
                 if limit is not None and count >= limit:
                     return
@@ -163,6 +175,21 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
         thread_id = str(configurable["thread_id"])
         checkpoint_ns = configurable.get("checkpoint_ns", "")
         values = checkpoint["channel_values"]
+        # The messages channel mirrored into the transcript: its version stored as a
+        # reference to the entries (messages.py), or the plain blob when it cannot be.
+        plan = (
+            await self._mirror.plan(
+                thread_id,
+                self.conversation_id(thread_id),
+                configurable,
+                checkpoint,
+                new_versions,
+                lambda call: self._on_thread(thread_id, call),
+            )
+            if self._mirror is not None
+            else None
+        )
+        mirrored = {plan.channel: plan.value} if plan is not None and plan.value else {}
         # The checkpoint without its values (they are stored once per version, apart).
         bare = {**checkpoint, "channel_values": {}}
         type_, data = self.serde.dumps_typed(bare)
@@ -180,7 +207,8 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
                 transcript_pb.ChannelValue(
                     channel=channel,
                     version=str(version),
-                    value=self._typed(values[channel]) if channel in values else _EMPTY,
+                    value=mirrored.get(channel)
+                    or (self._typed(values[channel]) if channel in values else _EMPTY),
                 )
                 for channel, version in new_versions.items()
             ],
@@ -196,6 +224,8 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
                 **_fence(configurable),
             ),
         )
+        if plan is not None and self._mirror is not None:
+            self._mirror.remember(thread_id, checkpoint_ns, checkpoint["id"], plan)
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -434,12 +464,25 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
         type_, data = self.serde.dumps_typed(value)
         return transcript_pb.TypedValue(type=type_, value=data or b"")
 
-    def _tuple(self, thread_id: str, found: transcript_pb.Checkpoint) -> CheckpointTuple:
+    async def _resolved(self, thread_id: str, found: transcript_pb.Checkpoint) -> dict[str, Any]:
+        """The lists a checkpoint's mirrored channels stand for (messages.py)."""
+        if self._mirror is None and not any(
+            value.value.type == REFERENCE_TYPE for value in found.channel_values
+        ):
+            return {}
+        mirror = self._mirror or MessageMirror(self.client, self.namespace)
+        return await mirror.resolve(thread_id, self.conversation_id(thread_id), found)
+
+    def _tuple(
+        self, thread_id: str, found: transcript_pb.Checkpoint, resolved: Mapping[str, Any]
+    ) -> CheckpointTuple:
         checkpoint: Checkpoint = self.serde.loads_typed(
             (found.checkpoint.type, found.checkpoint.value)
         )
         checkpoint["channel_values"] = {
-            value.channel: self.serde.loads_typed((value.value.type, value.value.value))
+            value.channel: resolved[value.channel]
+            if value.channel in resolved
+            else self.serde.loads_typed((value.value.type, value.value.value))
             for value in found.channel_values
             if value.value.type != "empty"
         }
