@@ -35,7 +35,7 @@ from runifold.common.v1 import common_pb2
 from runifold.transcript.v1 import transcript_service_pb2 as transcript_pb
 from runifold_client import _framework as fw
 from runifold_client.client import AsyncClient
-from runifold_client.errors import FailedPrecondition, InvalidArgument
+from runifold_client.errors import FailedPrecondition, InvalidArgument, VersionConflict
 
 # The typed value a mirrored channel version is stored as: JSON {"ranges": [[first,
 # last], ...]}, the entries' sequences in list order.
@@ -45,6 +45,8 @@ _PER_APPEND = fw.MAX_ITEMS_PER_APPEND
 # Ranges closer than this are read with one ListEntries walk (the gap read and dropped):
 # fewer calls for a list with a few removals, bounded waste.
 _READ_GAP = 200
+# Reads of the conversation's version for a retracting append that meets other writers.
+_VERSION_ATTEMPTS = 5
 # Threads whose last put the mirror remembers (so a chat loop never re-reads its parent).
 _CACHED_THREADS = 256
 
@@ -193,13 +195,30 @@ class MessageMirror:
                 request_id: str = request_id,
                 retracts: Sequence[int] = retracts,
             ) -> transcript_pb.AppendEntriesResponse:
-                return await self.client.append(
-                    cid,
-                    [entry for _, entry, _ in part],
-                    namespace=self.namespace,
-                    request_id=request_id,
-                    retract_sequences=retracts,
-                )
+                if not retracts:
+                    return await self.client.append(
+                        cid,
+                        [entry for _, entry, _ in part],
+                        namespace=self.namespace,
+                        request_id=request_id,
+                    )
+                # A write that retracts names the version it read (the transcript
+                # refuses a retraction made blind); another writer in between: read again.
+                for attempt in range(_VERSION_ATTEMPTS):
+                    read = await self.client.get_conversation(cid, namespace=self.namespace)
+                    try:
+                        return await self.client.append(
+                            cid,
+                            [entry for _, entry, _ in part],
+                            namespace=self.namespace,
+                            request_id=request_id,
+                            retract_sequences=retracts,
+                            expected_version=read.version,
+                        )
+                    except VersionConflict:
+                        if attempt + 1 == _VERSION_ATTEMPTS:
+                            raise
+                raise AssertionError("unreachable")
 
             try:
                 reply = await on_thread(append)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import threading
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
@@ -114,6 +115,19 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
     def conversation_id(thread_id: str) -> str:
         """The conversation of a thread: the thread id when it is a UUID, else a UUIDv5."""
         return fw.conversation_id_for(str(thread_id))
+
+    def get_next_version(self, current: str | int | None, channel: None) -> str:
+        """A channel's next version: its counter and a random part, as PostgresSaver makes
+        them. Values are stored once per (channel, version): with bare counters a branch
+        resumed from an older checkpoint (time travel) would name the versions of the
+        abandoned branch, and read its values."""
+        if current is None:
+            counter = 0
+        elif isinstance(current, int):
+            counter = current
+        else:
+            counter = int(str(current).split(".")[0])
+        return f"{counter + 1:032}.{random.random():016}"  # not a secret
 
     # -- async -------------------------------------------------------------------------
 
