@@ -26,9 +26,7 @@ async def test_conformance_suite_passes(stack: Stack, capsys: object) -> None:
 
     report = await validate(runifold_saver, progress=ProgressCallbacks.verbose())
     report.print_report()
-    failures = {
-        name: result.failures for name, result in report.results.items() if result.failures
-    }
+    failures = {name: result.failures for name, result in report.results.items() if result.failures}
     assert report.passed_all_base(), failures
     for capability in ("copy_thread", "delete_for_runs", "prune"):
         assert report.results[capability].passed is True, (capability, failures)
