@@ -99,6 +99,9 @@ def main() -> None:
         if "checkpointers" in only:
             # Both savers run here: the project's environment holds LangGraph and PostgresSaver.
             report["checkpointers"].append(
+                asyncio.run(checkpointers.runifold_saver(new_database(url)))
+            )
+            report["checkpointers"].append(
                 asyncio.run(checkpointers.postgres_saver(new_database(url)))
             )
     args.out.parent.mkdir(parents=True, exist_ok=True)

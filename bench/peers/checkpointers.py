@@ -208,6 +208,45 @@ async def postgres_saver(url: str, turns: int = TURNS) -> dict[str, Any]:
     return _result("LangGraph AsyncPostgresSaver", turns, storage, timed, races)
 
 
+async def runifold_saver(url: str, turns: int = TURNS) -> dict[str, Any]:
+    """RunifoldSaver on the all-in-one server (its own process, on database `url`): TURNS
+    turns, then two runs racing on one thread without a guard and with `reject` and
+    `enqueue` (RunifoldSaver.athread_run, on the turn leases)."""
+    import tempfile
+
+    from bench.common import server_process
+    from runifold_client import AsyncClient
+    from runifold_client.langgraph import RunifoldSaver
+
+    with tempfile.TemporaryDirectory(prefix="runifold-bench-saver-") as data:
+        env = {"RUNIFOLD_DATA_DIR": data, "RUNIFOLD_SUMMARY_WORKERS": "0"}
+        async with server_process("services", url, env) as address:
+            empty = await tables_bytes(url)
+            async with AsyncClient(address, namespace="bench-langgraph") as client:
+                saver = RunifoldSaver(client=client)
+                timed = await _turns(saver, f"thread-{uuid.uuid4().hex[:8]}", turns)
+                storage = await tables_bytes(url) - empty
+                races = {}
+                for strategy in ("none", "reject", "enqueue"):
+                    races[strategy] = await _race(
+                        saver, f"race-{uuid.uuid4().hex[:8]}", _guarded(saver, strategy)
+                    )
+    return _result("Runifold RunifoldSaver", turns, storage, timed, races)
+
+
+def _guarded(saver: Any, strategy: str) -> Callable[[Any, dict[str, Any], str], Awaitable[None]]:
+    """A run with no guard ("none"), or under RunifoldSaver.athread_run(strategy)."""
+
+    async def run(graph: Any, config: dict[str, Any], text: str) -> None:
+        if strategy == "none":
+            await _plain_run(graph, config, text)
+            return
+        async with saver.athread_run(config, multitask_strategy=strategy) as fenced:
+            await _plain_run(graph, fenced, text)
+
+    return run
+
+
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """A markdown table of the checkpointer rows, with storage as a ratio to Runifold's."""
     ours = next((r for r in rows if r["system"].startswith("Runifold")), None)
