@@ -268,7 +268,8 @@ async def _peer(stack: Stack, namespace: str, thread: str, strategy: str, name: 
 
 
 async def _line(process: Any) -> str:
-    return (await asyncio.wait_for(process.stdout.readline(), 60)).decode().strip()
+    line: bytes = await asyncio.wait_for(process.stdout.readline(), 60)
+    return line.decode().strip()
 
 
 @pytest.mark.parametrize("strategy", ["reject", "enqueue"])
