@@ -23,6 +23,20 @@ from services.transcript.appends.model import (
     entry_not_retractable,
     no_user,
 )
+from services.transcript.checkpoints.model import (
+    ChannelValue,
+    CheckpointDeletion,
+    CheckpointPage,
+    CheckpointQuery,
+    CheckpointWrite,
+    DeleteRequest,
+    Fence,
+    NewCheckpoint,
+    NewWrites,
+    StoredCheckpoint,
+    TypedValue,
+    checkpoint_too_large,
+)
 from services.transcript.conversations.model import (
     NO_STATE_CHANGE,
     PREVIEW_CHARS,
@@ -129,6 +143,12 @@ class _Stored:
     shared_versions: int = 0  # the appends of the prefix (its source's)
     forks: list[tuple[uuid.UUID, int]] = field(default_factory=list)
     fork_requests: dict[str, tuple[bytes, uuid.UUID, int]] = field(default_factory=dict)
+    # LangGraph checkpoints (checkpoints/): by (checkpoint_ns, checkpoint_id), their
+    # values by (checkpoint_ns, channel, version), their writes by checkpoint and task.
+    checkpoints: dict[tuple[str, str], StoredCheckpoint] = field(default_factory=dict)
+    run_ids: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    blobs: dict[tuple[str, str, str], TypedValue] = field(default_factory=dict)
+    writes: dict[tuple[str, str, str, int], CheckpointWrite] = field(default_factory=dict)
 
     def live_holder(self, now: datetime) -> tuple[str, _Turn] | None:
         """The turn holding an exclusive lease that has not lapsed."""
@@ -832,3 +852,211 @@ class InMemoryTranscriptStore:
                         del stored.turns[turn_id]
                         swept += 1
             return swept
+
+    # -- checkpoints (services/transcript/checkpoints/) ------------------------------
+
+    def _hold(self, namespace: str, conversation_id: uuid.UUID, fence: Fence | None) -> _Stored:
+        stored = self._data.get((namespace, conversation_id))
+        if stored is None:
+            raise conversation_not_found()
+        now = datetime.now(UTC)
+        if fence is not None:
+            turn = stored.turns.get(fence.turn_id)
+            if (
+                turn is None
+                or turn.state != "running"
+                or turn.fencing_token != fence.fencing_token
+                or turn.until < now
+            ):
+                raise turn_lease_lost()
+        else:
+            holder = stored.live_holder(now)
+            if holder is not None:
+                raise conversation_busy(holder[0])
+        return stored
+
+    def _weight(self, stored: _Stored, found: StoredCheckpoint) -> int:
+        values = sum(
+            len(stored.blobs[(found.checkpoint_ns, c, v)].value or b"")
+            for c, v in found.channel_versions.items()
+            if (found.checkpoint_ns, c, v) in stored.blobs
+        )
+        writes = sum(
+            len(w.value.value or b"")
+            for (ns, cid, _, _), w in stored.writes.items()
+            if (ns, cid) == (found.checkpoint_ns, found.checkpoint_id)
+        )
+        return len(found.checkpoint.value or b"") + values + writes
+
+    def _read(self, stored: _Stored, found: StoredCheckpoint) -> StoredCheckpoint:
+        ns, cid = found.checkpoint_ns, found.checkpoint_id
+        return replace(
+            found,
+            channel_values=tuple(
+                ChannelValue(c, v, stored.blobs[(ns, c, v)])
+                for c, v in found.channel_versions.items()
+                if (ns, c, v) in stored.blobs
+            ),
+            pending_writes=tuple(
+                w
+                for (wns, wid, _, _), w in sorted(
+                    stored.writes.items(),
+                    key=lambda item: (item[1].task_path, item[1].task_id, item[1].idx),
+                )
+                if (wns, wid) == (ns, cid)
+            ),
+        )
+
+    async def put_checkpoint(self, put: NewCheckpoint) -> int:
+        async with self._lock:
+            stored = self._hold(put.namespace, put.conversation_id, put.fence)
+            new = {
+                (put.checkpoint_ns, v.channel, v.version): v.value
+                for v in put.channel_values
+                if (put.checkpoint_ns, v.channel, v.version) not in stored.blobs
+            }
+            row = StoredCheckpoint(
+                put.checkpoint_ns,
+                put.checkpoint_id,
+                put.parent_checkpoint_id,
+                put.checkpoint,
+                put.metadata_json,
+                dict(put.channel_versions),
+                (),
+                (),
+                datetime.now(UTC),
+            )
+            weight = len(put.checkpoint.value or b"") + sum(
+                len(
+                    (
+                        stored.blobs.get((put.checkpoint_ns, c, v))
+                        or new.get((put.checkpoint_ns, c, v))
+                        or TypedValue("", b"")
+                    ).value
+                    or b""
+                )
+                for c, v in put.channel_versions.items()
+            )
+            if weight > put.max_checkpoint_bytes:
+                raise checkpoint_too_large(put.max_checkpoint_bytes)
+            stored.blobs.update(new)
+            key = (put.checkpoint_ns, put.checkpoint_id)
+            stored.checkpoints[key] = row
+            stored.run_ids[key] = put.run_id
+            return len(new)
+
+    async def put_checkpoint_writes(self, put: NewWrites) -> int:
+        async with self._lock:
+            stored = self._hold(put.namespace, put.conversation_id, put.fence)
+            count = 0
+            for write in put.writes:
+                key = (put.checkpoint_ns, put.checkpoint_id, put.task_id, write.idx)
+                if key in stored.writes and write.idx >= 0:
+                    continue
+                stored.writes[key] = write
+                count += 1
+            return count
+
+    async def get_checkpoint(
+        self, namespace: str, conversation_id: uuid.UUID, checkpoint_ns: str, checkpoint_id: str
+    ) -> StoredCheckpoint | None:
+        async with self._lock:
+            stored = self._data.get((namespace, conversation_id))
+            if stored is None:
+                return None
+            if checkpoint_id:
+                found = stored.checkpoints.get((checkpoint_ns, checkpoint_id))
+            else:
+                ids = [cid for ns, cid in stored.checkpoints if ns == checkpoint_ns]
+                found = stored.checkpoints[(checkpoint_ns, max(ids))] if ids else None
+            return self._read(stored, found) if found is not None else None
+
+    async def list_checkpoints(self, query: CheckpointQuery) -> CheckpointPage:
+        async with self._lock:
+            stored = self._data.get((query.namespace, query.conversation_id))
+            if stored is None:
+                return CheckpointPage([], False)
+            wanted = json.loads(query.filter_json) if query.filter_json else {}
+            rows = sorted(
+                (
+                    row
+                    for (ns, cid), row in stored.checkpoints.items()
+                    if (query.checkpoint_ns is None or ns == query.checkpoint_ns)
+                    and all(json.loads(row.metadata_json).get(k) == v for k, v in wanted.items())
+                    and (query.before_checkpoint_id is None or cid < query.before_checkpoint_id)
+                    and (query.after is None or (cid, ns) < query.after)
+                ),
+                key=lambda row: (row.checkpoint_id, row.checkpoint_ns),
+                reverse=True,
+            )
+            chosen: list[StoredCheckpoint] = []
+            weight = 0
+            for row in rows[: query.limit]:
+                size = self._weight(stored, row)
+                if chosen and weight + size > query.max_bytes:
+                    break
+                chosen.append(self._read(stored, row))
+                weight += size
+            return CheckpointPage(chosen, len(rows) > len(chosen))
+
+    async def delete_checkpoints(self, request: DeleteRequest) -> CheckpointDeletion:
+        async with self._lock:
+            deleted = CheckpointDeletion()
+            for (namespace, conversation_id), stored in self._data.items():
+                if namespace != request.namespace:
+                    continue
+                if request.run_ids:
+                    doomed = [k for k, run in stored.run_ids.items() if run in request.run_ids]
+                elif conversation_id in request.conversation_ids:
+                    newest: dict[str, str] = {}
+                    for ns, cid in stored.checkpoints:
+                        newest[ns] = max(newest.get(ns, cid), cid)
+                    doomed = [
+                        (ns, cid)
+                        for ns, cid in stored.checkpoints
+                        if not request.keep_latest or cid < newest[ns]
+                    ]
+                else:
+                    continue
+                for key in doomed:
+                    del stored.checkpoints[key]
+                    del stored.run_ids[key]
+                writes = [k for k in stored.writes if (k[0], k[1]) not in stored.checkpoints]
+                for write_key in writes:
+                    del stored.writes[write_key]
+                named = {
+                    (row.checkpoint_ns, c, v)
+                    for row in stored.checkpoints.values()
+                    for c, v in row.channel_versions.items()
+                }
+                values = [k for k in stored.blobs if k not in named]
+                for value_key in values:
+                    del stored.blobs[value_key]
+                deleted = CheckpointDeletion(
+                    deleted.checkpoints + len(doomed),
+                    deleted.channel_values + len(values),
+                    deleted.writes + len(writes),
+                )
+            return deleted
+
+    async def copy_checkpoints(
+        self, namespace: str, source: uuid.UUID, target: uuid.UUID
+    ) -> int | None:
+        async with self._lock:
+            origin = self._data.get((namespace, source))
+            if origin is None:
+                return None
+            into = self._data.get((namespace, target))
+            if into is None:
+                raise conversation_not_found()
+            copied = 0
+            for key, row in origin.checkpoints.items():
+                if key not in into.checkpoints:
+                    into.checkpoints[key] = row
+                    into.run_ids[key] = origin.run_ids[key]
+                    copied += 1
+            for value_key, value in origin.blobs.items():
+                into.blobs.setdefault(value_key, value)
+            for write_key, write in origin.writes.items():
+                into.writes.setdefault(write_key, write)
+            return copied

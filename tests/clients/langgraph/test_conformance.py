@@ -16,19 +16,17 @@ from runifold_client.langgraph import RunifoldSaver
 from tests.support.stack import Stack
 
 
-async def test_conformance_suite_passes(stack: Stack, capsys: object) -> None:
+async def test_conformance_suite_passes(stack: Stack) -> None:
     namespace = f"lg-{uuid.uuid4().hex[:10]}"
 
-    @checkpointer_test(name="RunifoldSaver")
-    async def runifold_saver() -> AsyncGenerator[RunifoldSaver, None]:
+    async def saver_factory() -> AsyncGenerator[RunifoldSaver, None]:
         async with AsyncClient(stack.address, namespace=namespace) as client:
             yield RunifoldSaver(client=client)
 
-    report = await validate(runifold_saver, progress=ProgressCallbacks.verbose())
+    registered = checkpointer_test(name="RunifoldSaver")(saver_factory)
+    report = await validate(registered, progress=ProgressCallbacks.verbose())
     report.print_report()
-    failures = {
-        name: result.failures for name, result in report.results.items() if result.failures
-    }
+    failures = {name: result.failures for name, result in report.results.items() if result.failures}
     assert report.passed_all_base(), failures
     for capability in ("copy_thread", "delete_for_runs", "prune"):
         assert report.results[capability].passed is True, (capability, failures)
