@@ -161,6 +161,16 @@ async def test_namespace_rules_as_langgraph_states_them(aclient: AsyncClient) ->
         await store.abatch([GetOp(("a.b",), "k")])
 
 
+async def test_racing_puts_of_one_key_all_land(aclient: AsyncClient) -> None:
+    """A put is an upsert: writers racing on one key each write (the compare-and-swap
+    they lose is read again and retried), and the item holds one of their values."""
+    stores = [RunifoldStore(aclient) for _ in range(2)]
+    await asyncio.gather(*(stores[i % 2].aput(("race",), "k", {"writer": i}) for i in range(8)))
+    got = await stores[0].aget(("race",), "k")
+    assert got is not None and got.value["writer"] in range(8)
+    assert len(await stores[1].asearch(("race",))) == 1
+
+
 async def test_an_async_client_serves_abatch_only(aclient: AsyncClient) -> None:
     store = RunifoldStore(aclient)
     await store.aput(("a",), "k", {"v": 1})

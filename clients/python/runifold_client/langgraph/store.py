@@ -185,6 +185,14 @@ def _namespace_matches(condition: MatchCondition, namespace: tuple[str, ...]) ->
     return all(p == "*" or n == p for n, p in pairs)
 
 
+def _holds(memory: memory_pb.Memory, wanted: Mapping[str, str]) -> bool:
+    """Whether a memory's metadata holds every pair: the server filters by them already;
+    checked again so that a server older than ListMemoriesRequest.metadata_filter (which
+    ignores the field) can never hand the store another item or a memory of another
+    kind."""
+    return all(memory.metadata.get(k) == v for k, v in wanted.items())
+
+
 def _time(stamp: Any) -> datetime:
     return stamp.ToDatetime(tzinfo=UTC)  # type: ignore[no-any-return]
 
@@ -460,6 +468,8 @@ class RunifoldStore(BaseStore):  # type: ignore[misc]  # langgraph: not followed
                 metadata_filter=wanted,
             )
             for hit in reply.results:
+                if not _holds(hit.memory, wanted):
+                    continue
                 item = self._decode(hit.memory, hit.score)
                 if _passes(item.value, op.filter):
                     found.append((item, hit.memory))
@@ -469,6 +479,8 @@ class RunifoldStore(BaseStore):  # type: ignore[misc]  # langgraph: not followed
             async for memory in self._aio.list_memories(
                 metadata_filter=wanted, page_size=min(LIST_PAGE_SIZE, offset + op.limit + 1)
             ):
+                if not _holds(memory, wanted):
+                    continue
                 item = self._decode(memory)
                 if not _passes(item.value, op.filter):
                     continue
@@ -494,9 +506,12 @@ class RunifoldStore(BaseStore):  # type: ignore[misc]  # langgraph: not followed
         seen: set[tuple[str, ...]] = set()
         # Every item under the prefix is read (its metadata names its namespace): the
         # cost grows with the items there, as InMemoryStore's listing does.
+        wanted = self._prefix_filter(prefix)
         async for memory in self._aio.list_memories(
-            metadata_filter=self._prefix_filter(prefix), page_size=LIST_PAGE_SIZE
+            metadata_filter=wanted, page_size=LIST_PAGE_SIZE
         ):
+            if not _holds(memory, wanted):
+                continue
             metadata = memory.metadata
             depth = 0
             while LABEL.format(depth) in metadata:
