@@ -237,9 +237,15 @@ def test_search_filters_without_a_query(store: RunifoldStore) -> None:
         store.put(("test",), key, value)
     store.put(("test", "sub"), "doc5", {"color": "red", "score": 1, "meta": {"tag": "x"}})
     store.put(("testing",), "doc6", {"color": "red"})  # not under ("test",)
+    store.put(("labels",), "doc7", {"label": 4})
+    store.put(("labels",), "doc8", {"label": "3"})  # a string: no number ordering
     assert set(_keys(store.search(("test",)))) == {"doc1", "doc2", "doc3", "doc4", "doc5"}
     assert set(_keys(store.search(("test", "sub")))) == {"doc5"}
-    assert set(_keys(store.search(()))) == {"doc1", "doc2", "doc3", "doc4", "doc5", "doc6"}
+    assert set(_keys(store.search(()))) == {f"doc{i}" for i in range(1, 9)}
+    assert _keys(store.search(("labels",), filter={"label": {"$lt": 5}})) == ["doc7"]
+    # A text operand compares text, as PostgreSQL's `value->>'label' < '5'`.
+    assert set(_keys(store.search(("labels",), filter={"label": {"$lt": "5"}}))) == {"doc7", "doc8"}
+    assert _keys(store.search(("labels",), filter={"label": {"$gt": "35"}})) == ["doc7"]
     assert set(_keys(store.search(("test",), filter={"color": "red"}))) == {"doc1", "doc2", "doc5"}
     cases: list[tuple[dict[str, Any], set[str]]] = [
         ({"score": {"$gt": 3.2}}, {"doc1", "doc3", "doc4"}),
@@ -251,8 +257,11 @@ def test_search_filters_without_a_query(store: RunifoldStore) -> None:
         ({"score": {"$gte": 4.0}, "color": "green"}, {"doc3"}),
         ({"score": {"$gt": 3.0, "$lt": 4.5}}, {"doc3", "doc4"}),
         ({"meta": {"tag": "x"}}, {"doc5"}),
-        ({"text": {"$gt": 1}}, set()),  # an ordering on a string matches nothing
+        # PostgresStore's rules: a number orders JSON numbers only; another operand
+        # compares text; a missing value matches no ordering.
+        ({"text": {"$gt": 1}}, set()),
         ({"missing": {"$lt": 10}}, set()),
+        ({"color": {"$gte": "green"}}, {"doc1", "doc2", "doc3", "doc5"}),
     ]
     for wanted, keys in cases:
         assert set(_keys(store.search(("test",), filter=wanted))) == keys, wanted

@@ -119,35 +119,47 @@ def _parts(text: str, size: int) -> list[str]:
     return parts
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _text(value: Any) -> str | None:
+    """A JSON value as PostgreSQL's `value->>key` gives it (None for a missing one)."""
+    if value is None:
         return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _operator(value: Any, operator: str, operand: Any) -> bool:
     """One comparison of LangGraph's filters ($eq, $ne, $gt, $gte, $lt, $lte) as
-    InMemoryStore and PostgresStore apply them: ordering compares numbers; a missing
-    or non-numeric value matches no ordering."""
+    PostgresStore applies it: an ordering with a number compares numbers, and a value
+    that is not a JSON number matches none; with another operand it compares the
+    value's text with the operand's (a missing value matches none)."""
     if operator == "$eq":
         return bool(value == operand)
     if operator == "$ne":
         return bool(value != operand)
-    left, right = _number(value), _number(operand)
     if operator not in ("$gt", "$gte", "$lt", "$lte"):
         raise ValueError(f"unsupported filter operator: {operator}")
-    if left is None or right is None:
-        return False
+    left: Any
+    right: Any
+    if _is_number(operand):
+        if not _is_number(value):
+            return False
+        left, right = float(value), float(operand)
+    else:
+        left, right = _text(value), str(operand)
+        if left is None:
+            return False
     if operator == "$gt":
-        return left > right
+        return bool(left > right)
     if operator == "$gte":
-        return left >= right
+        return bool(left >= right)
     if operator == "$lt":
-        return left < right
-    return left <= right
+        return bool(left < right)
+    return bool(left <= right)
 
 
 def _matches(value: Any, wanted: Any) -> bool:
