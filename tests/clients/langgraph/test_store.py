@@ -16,6 +16,7 @@ import asyncio
 import functools
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from datetime import timedelta
 from typing import Any, ParamSpec
 
 import pytest
@@ -452,7 +453,11 @@ async def test_ttl_expires_items(client: Client) -> None:
 
 @in_thread
 def test_ttl_refreshes_on_read_as_langgraph_defines(client: Client) -> None:
-    store = RunifoldStore(client, ttl={"default_ttl": 30, "refresh_on_read": True})
+    store = RunifoldStore(
+        client,
+        ttl={"default_ttl": 30, "refresh_on_read": True},
+        refresh_slack=timedelta(0),  # LangGraph's rule exactly: every read restarts the clock
+    )
     ns = ("t",)
     store.put(ns, "k", {"v": 1})  # default_ttl applies
 
@@ -481,6 +486,12 @@ def test_ttl_refreshes_on_read_as_langgraph_defines(client: Client) -> None:
     third = expiry()
     still.get(ns, "k")
     assert expiry() == third
+    # The default slack: a read a moment after the last restart writes nothing.
+    hot = RunifoldStore(client)
+    revision = client.get_memory(store._item_id(ns, "k")).revision
+    for _ in range(3):
+        assert hot.get(ns, "k") is not None
+    assert client.get_memory(store._item_id(ns, "k")).revision == revision
 
 
 # -- Runifold ----------------------------------------------------------------------

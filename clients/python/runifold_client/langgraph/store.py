@@ -225,6 +225,10 @@ class RunifoldStore(BaseStore):  # type: ignore[misc]  # langgraph: not followed
     server embeds, default `["$"]`: the whole value as JSON); MemoryService embeds with
     its own model, so `dims` and `embed` are ignored. `ttl`: LangGraph's TTLConfig
     (`default_ttl` in minutes, `refresh_on_read`); expiry is the memory's expire_time.
+    `refresh_slack`: a read restarts an item's clock only when that moves its expiry by
+    more than this (at most half its TTL), since each restart is a write (and the
+    server embeds the item again): a hot item is not rewritten on every read, and
+    expires at most that much earlier than LangGraph's rule says.
     """
 
     supports_ttl = True
@@ -235,6 +239,7 @@ class RunifoldStore(BaseStore):  # type: ignore[misc]  # langgraph: not followed
         *,
         index: IndexConfig | None = None,
         ttl: TTLConfig | None = None,
+        refresh_slack: timedelta = timedelta(seconds=60),
     ) -> None:
         self.client = client if client is not None else Client()
         self._owned = client is None
@@ -242,6 +247,7 @@ class RunifoldStore(BaseStore):  # type: ignore[misc]  # langgraph: not followed
         fields = (index or {}).get("fields") or ["$"]
         self.fields: list[str] = list(fields)
         self.ttl_config = ttl
+        self.refresh_slack = refresh_slack
 
     # -- plumbing -------------------------------------------------------------
 
@@ -391,6 +397,13 @@ class RunifoldStore(BaseStore):  # type: ignore[misc]  # langgraph: not followed
         minutes = memory.metadata.get(TTL_MINUTES)
         if minutes is None:
             return
+        ttl = timedelta(minutes=float(minutes))
+        slack = min(self.refresh_slack, ttl / 2)
+        if (
+            memory.HasField("expire_time")
+            and _time(memory.expire_time) >= datetime.now(UTC) + ttl - slack
+        ):
+            return  # restarted recently enough
         metadata = dict(memory.metadata)
         if UPDATED not in metadata:
             metadata[UPDATED] = _time(memory.update_time).isoformat()
@@ -407,7 +420,7 @@ class RunifoldStore(BaseStore):  # type: ignore[misc]  # langgraph: not followed
                 memory_id=memory.memory_id,
                 expected_revision=memory.revision,
                 metadata=metadata,
-                ttl=timedelta(minutes=float(minutes)),
+                ttl=ttl,
             )
 
     async def _get(self, op: GetOp) -> Item | None:
