@@ -6,6 +6,7 @@ checkpoints and PostgreSQL's tables are read back."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
 
@@ -80,7 +81,8 @@ async def test_each_message_is_one_entry_in_order_and_state_reads_back_exactly(
             (common_pb2.ROLE_ASSISTANT, f"answer {turn}"),
         )
     ]
-    assert [e.message.metadata["langgraph.message_id"] for e in stored] == [m.id for m in messages]
+    ids = [json.loads(e.message.native_json)["kwargs"]["id"] for e in stored]
+    assert ids == [m.id for m in messages]
     # A new saver (no cache) reads the checkpoint back: the exact messages.
     fresh = RunifoldSaver(client=client)
     state = await chat_graph(fresh).aget_state({"configurable": {"thread_id": thread}})

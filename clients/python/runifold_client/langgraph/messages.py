@@ -237,10 +237,9 @@ class MessageMirror:
                 continue
             (message, _, copy), sequence = next(fresh)
             items.append(Mirrored(sequence, copy, _retractable(message)))
-        reference = json.dumps({"ranges": _ranges([item.sequence for item in items])})
         return Plan(
             self.channel,
-            value=transcript_pb.TypedValue(type=REFERENCE_TYPE, value=reference.encode()),
+            value=transcript_pb.TypedValue(type=REFERENCE_TYPE, value=_reference(items)),
             items=items,
             remember=True,
         )
@@ -286,6 +285,21 @@ class MessageMirror:
         lists: dict[str, list[BaseMessage]] = {}
         for value in found.channel_values:
             if value.value.type == REFERENCE_TYPE:
+                known = self._known.get((thread_id, found.checkpoint_ns))
+                if (
+                    value.channel == self.channel
+                    and known is not None
+                    and known.checkpoint_id == found.checkpoint_id
+                    and known.items is not None
+                    and _reference(known.items) == value.value.value
+                ):
+                    # The thread's last put (a chat loop reads what it just wrote): copies
+                    # of its messages, so a node that changes one in place changes neither
+                    # what the next put compares with nor what it reads again.
+                    lists[value.channel] = [
+                        item.message.model_copy(deep=True) for item in known.items
+                    ]
+                    continue
                 items = await self.read(conversation_id, value.value.value)
                 lists[value.channel] = [item.message for item in items]
                 if value.channel == self.channel:
@@ -350,8 +364,7 @@ def _entry(message: BaseMessage) -> tuple[BaseMessage, common_pb2.Message, BaseM
     entry = common_pb2.Message(
         role=role,
         text=_text(message),
-        native_json=native,
-        metadata={"langgraph.message_id": str(message.id)},
+        native_json=native,  # the message's id is in it: no metadata repeats it
     )
     if isinstance(message, AIMessage):
         entry.tool_calls.extend(
@@ -386,6 +399,11 @@ def _retractable(message: BaseMessage) -> bool:
     if isinstance(message, ToolMessage):
         return False
     return not (isinstance(message, AIMessage) and message.tool_calls)
+
+
+def _reference(items: Sequence[Mirrored]) -> bytes:
+    """A version's reference: its entries' sequences in list order, as ranges."""
+    return json.dumps({"ranges": _ranges([item.sequence for item in items])}).encode()
 
 
 def _ranges(sequences: Sequence[int]) -> list[list[int]]:
