@@ -379,3 +379,33 @@ async def test_delete_thread_erases_and_ends_a_watch_open_on_it(
     assert await saver.aget_tuple(config(thread)) is None
     assert await _rows_of(shared_database_url, key) == [0, 0, 0]
     await saver.adelete_thread(thread)  # a repeat is a no-op
+
+
+async def test_a_growing_message_list_is_stored_as_deltas(
+    saver: RunifoldSaver, shared_database_url: str
+) -> None:
+    """LangGraph's messages channel holds the whole list at every version: each new
+    version is stored as a delta of the parent's (at most 16 deep), so what is stored
+    grows with the messages added, not with the list at every step; every version reads
+    back whole."""
+    thread = str(uuid.uuid4())
+    graph = build(saver, "x" * 600)
+    for turn in range(12):
+        await graph.ainvoke({"messages": [HumanMessage(f"turn {turn} " * 60)]}, config(thread))
+    history = [t async for t in saver.alist(config(thread))]
+    counts = [len(t.checkpoint["channel_values"].get("messages", [])) for t in history]
+    assert counts[0] == 36 and counts == sorted(counts, reverse=True)
+    async with await psycopg.AsyncConnection.connect(shared_database_url) as conn:
+        cursor = await conn.execute(
+            """SELECT sum(octet_length(b.blob)), sum(b.full_length),
+                      count(*) FILTER (WHERE b.base_version IS NOT NULL), max(b.depth)
+                 FROM transcript.checkpoint_blobs AS b
+                 JOIN transcript.conversations AS c USING (conversation_key)
+                WHERE c.conversation_id = %s AND b.channel = 'messages'""",
+            (saver.conversation_id(thread),),
+        )
+        row = await cursor.fetchone()
+    assert row is not None
+    stored, whole, deltas, depth = row
+    assert deltas > 0 and depth <= 16
+    assert stored * 4 < whole, (stored, whole)
