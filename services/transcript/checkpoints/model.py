@@ -8,7 +8,8 @@ a (type, bytes) pair kept verbatim, so every read returns exactly what was put. 
 channel values are stored once per (checkpoint_ns, channel, version): a put carries
 the values of the channels whose version is new, and a checkpoint names the versions
 it holds, so a thread's storage grows with what changed at each step, not with its
-whole state at every step.
+whole state at every step; a value that mostly repeats the channel's value at the
+parent checkpoint (a message list that grew) is stored as a delta of it (`delta_of`).
 """
 
 from __future__ import annotations
