@@ -33,7 +33,7 @@ DEFAULT_PAGE_SIZE = 10
 # of deltas is at most this deep, then a value is stored whole again. Reading a value
 # reads at most that many small rows and one whole value.
 DELTA_MIN_BYTES = 1024
-DELTA_MAX_DEPTH = 16
+DELTA_MAX_DEPTH = 32
 # The headers a grown list's bytes may start with before the old items' (msgpack:
 # fixarray, array16, array32; JSON: "["), skipped when looking for the shared block.
 _HEADER_SKIPS = (0, 1, 3, 5)

@@ -22,6 +22,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from runifold_client import AsyncClient, TurnLeaseMode
 from runifold_client.errors import ConversationBusy, InvalidArgument, TurnLeaseLost
 from runifold_client.langgraph import RunifoldSaver
+from services.transcript.checkpoints.model import DELTA_MAX_DEPTH
 from tests.clients.langgraph.graph_peer import build
 from tests.support.stack import Stack
 from tests.support.waiting import wait_for
@@ -385,7 +386,7 @@ async def test_a_growing_message_list_is_stored_as_deltas(
     saver: RunifoldSaver, shared_database_url: str
 ) -> None:
     """LangGraph's messages channel holds the whole list at every version: each new
-    version is stored as a delta of the parent's (at most 16 deep), so what is stored
+    version is stored as a delta of the parent's (at most 32 deep), so what is stored
     grows with the messages added, not with the list at every step; every version reads
     back whole."""
     thread = str(uuid.uuid4())
@@ -407,5 +408,5 @@ async def test_a_growing_message_list_is_stored_as_deltas(
         row = await cursor.fetchone()
     assert row is not None
     stored, whole, deltas, depth = row
-    assert deltas > 0 and depth <= 16
+    assert deltas > 0 and depth <= DELTA_MAX_DEPTH
     assert stored * 4 < whole, (stored, whole)
