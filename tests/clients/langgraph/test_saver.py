@@ -245,7 +245,9 @@ async def test_a_stale_writer_that_lost_its_lease_cannot_put(
     ]
 
 
-async def _peer(stack: Stack, namespace: str, thread: str, strategy: str, name: str) -> Any:
+async def _peer(
+    stack: Stack, namespace: str, thread: str, strategy: str, name: str, *extra: str
+) -> Any:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(
@@ -261,6 +263,7 @@ async def _peer(stack: Stack, namespace: str, thread: str, strategy: str, name: 
         thread,
         strategy,
         name,
+        *extra,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         cwd=ROOT,
@@ -410,3 +413,34 @@ async def test_a_growing_message_list_is_stored_as_deltas(
     stored, whole, deltas, depth = row
     assert deltas > 0 and depth <= DELTA_MAX_DEPTH
     assert stored * 4 < whole, (stored, whole)
+
+
+async def test_a_run_killed_mid_step_resumes_from_its_last_checkpoint(
+    stack: Stack, saver: RunifoldSaver, namespace: str
+) -> None:
+    """A run SIGKILLed inside a step: its lease lapses (nobody renews it), the next run
+    takes the thread and resumes from the last checkpoint (the step runs again), and
+    nothing is duplicated: the input once, each step's message once."""
+    thread = str(uuid.uuid4())
+    peer = await _peer(stack, namespace, thread, "reject", "peer", "1")
+    try:
+        assert await _line(peer) == "holding"
+        peer.kill()  # SIGKILL, inside the first step
+        await peer.wait()
+    finally:
+        if peer.returncode is None:
+            peer.kill()
+            await peer.wait()
+    resumed: list[Any] = []
+
+    async def lapsed() -> bool:
+        try:
+            async with saver.athread_run(config(thread), multitask_strategy="reject") as fenced:
+                resumed.append(await build(saver, "here").ainvoke(None, fenced))
+        except ConversationBusy:
+            return False
+        return True
+
+    await wait_for(lapsed, timeout=30.0)
+    texts = [m.content for m in resumed[0]["messages"]]
+    assert texts == ["hello", "here-1", "here-2"]
