@@ -35,6 +35,9 @@ its peak during the flood, and what the flood got (ok, refused by reason).
   by key); probe: AgentService.GetErasureReceipt.
 - forks: 32 in flight forking a conversation of 50 entries and paging its digest chain
   (ForkConversation, ListAppends); probe: the same in the quiet namespace.
+- checkpoints: 32 in flight putting LangGraph checkpoints with a 1 MiB channel value
+  (PutCheckpoint) and listing pages of them (ListCheckpoints, 8 MiB a page); probe: a
+  small PutCheckpoint and a GetCheckpoint in the quiet namespace.
 """
 
 from __future__ import annotations
@@ -273,6 +276,18 @@ def _probes(
             pb.ListAppendsRequest(namespace=QUIET, conversation_id=mine["talk"], page_size=20)
         )
 
+    async def checkpoint(i: int) -> None:
+        await transcript.PutCheckpoint(
+            pb.PutCheckpointRequest(
+                namespace=QUIET,
+                conversation_id=mine["short"],
+                checkpoint=_checkpoint(f"quiet-{i:08}", b"v" * 512),
+            )
+        )
+        await transcript.GetCheckpoint(
+            pb.GetCheckpointRequest(namespace=QUIET, conversation_id=mine["short"])
+        )
+
     return {
         "appends": append,
         "searches": search,
@@ -286,6 +301,7 @@ def _probes(
         "namespaces": listing,
         "receipts": receipt,
         "forks": fork,
+        "checkpoints": checkpoint,
     }
 
 
@@ -302,7 +318,25 @@ PROBE_NAMES = {
     "namespaces": "ListConversations",
     "receipts": "GetErasureReceipt",
     "forks": "Fork + ListAppends",
+    "checkpoints": "Put + GetCheckpoint",
 }
+
+
+def _checkpoint(checkpoint_id: str, value: bytes) -> pb.Checkpoint:
+    """A LangGraph checkpoint as RunifoldSaver puts it, with one channel value."""
+    return pb.Checkpoint(
+        checkpoint_id=checkpoint_id,
+        checkpoint=pb.TypedValue(type="msgpack", value=b"checkpoint"),
+        metadata_json='{"source": "loop"}',
+        channel_versions={"state": checkpoint_id},
+        channel_values=[
+            pb.ChannelValue(
+                channel="state",
+                version=checkpoint_id,
+                value=pb.TypedValue(type="bytes", value=value),
+            )
+        ],
+    )
 
 
 # -- the floods (run in their own process) ---------------------------------------------
@@ -535,6 +569,29 @@ async def _flood(kind: str, address: str, seeds: dict[str, Any], tally: Counter[
                     functools.partial(transcript.ForkConversation, fork)
                     if w % 2
                     else functools.partial(transcript.ListAppends, chain),
+                )
+                for w in range(32)
+            ]
+        elif kind == "checkpoints":
+            counter = iter(range(10**9))
+            big = os.urandom(1024 * 1024)
+
+            async def put() -> Any:
+                return await transcript.PutCheckpoint(
+                    pb.PutCheckpointRequest(
+                        namespace=HOSTILE,
+                        conversation_id=mine["short"],
+                        checkpoint=_checkpoint(f"flood-{next(counter):08}", big),
+                    )
+                )
+
+            listing = pb.ListCheckpointsRequest(
+                namespace=HOSTILE, conversation_id=mine["short"], page_size=100
+            )
+            tasks = [
+                _forever(
+                    tally,
+                    put if w % 2 else functools.partial(transcript.ListCheckpoints, listing),
                 )
                 for w in range(32)
             ]

@@ -152,8 +152,9 @@ COSTS: dict[str, CostClass] = {
     _T + "PutCheckpoint": CostClass(
         "exempt",
         _ONE_WRITE + " (the new channel values, the checkpoint's row and its size, one probe "
-        "per channel)",
-        _REQUEST + ": RUNIFOLD_CHECKPOINT_MAX_BYTES and the metadata",
+        "per channel; a value stored as a delta reads its base's chain, at most 32 rows)",
+        _REQUEST + " (a put carries at most RUNIFOLD_MAX_APPEND_BYTES) and one base value at "
+        "a time (RUNIFOLD_CHECKPOINT_MAX_BLOB_BYTES)",
         "never",
     ),
     _T + "PutCheckpointWrites": CostClass(
@@ -179,7 +180,8 @@ COSTS: dict[str, CostClass] = {
     _T + "DeleteCheckpoints": CostClass(
         "exempt",
         _ONE_WRITE + " (at most 1000 runs or conversations; the unnamed values of those "
-        "conversations found by an anti-join over their own rows)",
+        "conversations found by an anti-join over their own rows, in passes: one per level "
+        "of a delta chain, at most 33)",
         "three counts",
         "never",
     ),

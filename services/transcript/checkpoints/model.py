@@ -8,7 +8,8 @@ a (type, bytes) pair kept verbatim, so every read returns exactly what was put. 
 channel values are stored once per (checkpoint_ns, channel, version): a put carries
 the values of the channels whose version is new, and a checkpoint names the versions
 it holds, so a thread's storage grows with what changed at each step, not with its
-whole state at every step.
+whole state at every step; a value that mostly repeats the channel's value at the
+parent checkpoint (a message list that grew) is stored as a delta of it (`delta_of`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,16 @@ MAX_NAME_BYTES = 1024
 MAX_IDS_PER_DELETE = 1000
 # ListCheckpoints' page size when the request says 0 (AIP-158).
 DEFAULT_PAGE_SIZE = 10
+# A value at least this long is stored as a delta of the channel's value at the parent
+# checkpoint when it shares at least half its bytes with it (a message list that grew by
+# a message: LangGraph's messages channel is the whole list at every version); a chain
+# of deltas is at most this deep, then a value is stored whole again. Reading a value
+# reads at most that many small rows and one whole value.
+DELTA_MIN_BYTES = 1024
+DELTA_MAX_DEPTH = 32
+# The headers a grown list's bytes may start with before the old items' (msgpack:
+# fixarray, array16, array32; JSON: "["), skipped when looking for the shared block.
+_HEADER_SKIPS = (0, 1, 3, 5)
 
 
 @dataclass(frozen=True)
@@ -171,6 +182,37 @@ class DeleteRequest:
     run_ids: tuple[str, ...] = ()
     conversation_ids: tuple[uuid.UUID, ...] = ()
     keep_latest: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """A value as a delta of its base: its bytes are
+    blob[:head_length] + base[base_offset : base_offset + base_length] + blob[head_length:]."""
+
+    blob: bytes
+    head_length: int
+    base_offset: int
+    base_length: int
+
+
+def delta_of(value: bytes, base: bytes) -> Delta | None:
+    """`value` as a delta of `base`: the block of base's bytes after its header (a list
+    that grew keeps its old items' bytes, in order) found whole in value; None when that
+    block is less than half of value (then the value is stored whole)."""
+    for skip in _HEADER_SKIPS:
+        block = base[skip:]
+        if len(block) * 2 < len(value):
+            return None
+        at = value.find(block)
+        if at >= 0:
+            return Delta(value[:at] + value[at + len(block) :], at, skip, len(block))
+    return None
+
+
+def apply_delta(delta: Delta, base: bytes) -> bytes:
+    """The bytes of a value stored as `delta` of `base` (exactly the bytes put)."""
+    block = base[delta.base_offset : delta.base_offset + delta.base_length]
+    return delta.blob[: delta.head_length] + block + delta.blob[delta.head_length :]
 
 
 def name(value: str, field_name: str, *, required: bool = False) -> str:

@@ -31,14 +31,57 @@ SELECT conversation_key FROM transcript.conversations
  WHERE namespace = %(namespace)s AND conversation_id = %(conversation_id)s
 """
 
-# The values of the channels whose version is new; a value stored already is kept.
+# The values of the channels whose version is new, whole or as deltas (model.py); a
+# value stored already is kept.
 PUT_VALUES = """
 INSERT INTO transcript.checkpoint_blobs
-       (conversation_key, checkpoint_ns, channel, version, type, blob)
-SELECT %(key)s, %(checkpoint_ns)s, v.channel, v.version, v.type, v.blob
+       (conversation_key, checkpoint_ns, channel, version, type, blob, full_length,
+        base_version, head_length, base_offset, base_length, depth)
+SELECT %(key)s, %(checkpoint_ns)s, v.channel, v.version, v.type, v.blob, v.full_length,
+       v.base_version, v.head_length, v.base_offset, v.base_length, v.depth
   FROM unnest(%(channels)s::text[], %(versions)s::text[], %(types)s::text[],
-              %(blobs)s::bytea[]) AS v(channel, version, type, blob)
+              %(blobs)s::bytea[], %(full_lengths)s::bigint[], %(base_versions)s::text[],
+              %(head_lengths)s::integer[], %(base_offsets)s::integer[],
+              %(base_lengths)s::integer[], %(depths)s::integer[])
+       AS v(channel, version, type, blob, full_length, base_version, head_length,
+            base_offset, base_length, depth)
 ON CONFLICT (conversation_key, checkpoint_ns, channel, version) DO NOTHING
+"""
+
+# The channel versions of the parent checkpoint: the bases of the new values' deltas.
+PARENT_VERSIONS = """
+SELECT channels, versions FROM transcript.checkpoints
+ WHERE conversation_key = %(key)s AND checkpoint_ns = %(checkpoint_ns)s
+   AND checkpoint_id = %(parent)s
+"""
+
+# Which of the new values are stored already (a repeat of a put).
+STORED_VERSIONS = """
+SELECT b.channel, b.version FROM transcript.checkpoint_blobs AS b
+  JOIN unnest(%(channels)s::text[], %(versions)s::text[]) AS n(channel, version)
+    ON b.channel = n.channel AND b.version = n.version
+ WHERE b.conversation_key = %(key)s AND b.checkpoint_ns = %(checkpoint_ns)s
+"""
+
+# A value and the chain of bases it is a delta of, the value first (at most its depth
+# + 1 rows: index probes).
+CHAIN = """
+WITH RECURSIVE chain AS (
+    SELECT b.version, b.type, b.blob, b.base_version, b.head_length, b.base_offset,
+           b.base_length, b.depth, 0 AS link
+      FROM transcript.checkpoint_blobs AS b
+     WHERE b.conversation_key = %(key)s AND b.checkpoint_ns = %(checkpoint_ns)s
+       AND b.channel = %(channel)s AND b.version = %(version)s
+    UNION ALL
+    SELECT b.version, b.type, b.blob, b.base_version, b.head_length, b.base_offset,
+           b.base_length, b.depth, c.link + 1
+      FROM chain AS c
+      JOIN transcript.checkpoint_blobs AS b
+        ON b.conversation_key = %(key)s AND b.checkpoint_ns = %(checkpoint_ns)s
+       AND b.channel = %(channel)s AND b.version = c.base_version
+)
+SELECT type, blob, base_version, head_length, base_offset, base_length, depth
+  FROM chain ORDER BY link
 """
 
 PUT_CHECKPOINT = """
@@ -57,7 +100,7 @@ ON CONFLICT (conversation_key, checkpoint_ns, checkpoint_id) DO UPDATE
 
 # The bytes of the values a checkpoint names (index probes, one per channel).
 VALUES_BYTES = """
-SELECT coalesce(sum(octet_length(b.blob)), 0)
+SELECT coalesce(sum(b.full_length), 0)
   FROM unnest(%(channels)s::text[], %(versions)s::text[]) AS n(channel, version)
   JOIN transcript.checkpoint_blobs AS b
     ON b.conversation_key = %(key)s AND b.checkpoint_ns = %(checkpoint_ns)s
@@ -85,7 +128,7 @@ ON CONFLICT (conversation_key, checkpoint_ns, checkpoint_id, task_id, idx) DO UP
 # serialized form, the values it names, its writes): the page is cut by weight before
 # any value is read.
 _WEIGHT = """octet_length(c.checkpoint) + coalesce((
-    SELECT sum(octet_length(b.blob))
+    SELECT sum(b.full_length)
       FROM unnest(c.channels, c.versions) AS n(channel, version)
       JOIN transcript.checkpoint_blobs AS b
         ON b.conversation_key = c.conversation_key AND b.checkpoint_ns = c.checkpoint_ns
@@ -118,7 +161,7 @@ SELECT c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.checkpoint_ty
 """
 
 READ_VALUES = """
-SELECT DISTINCT b.checkpoint_ns, b.channel, b.version, b.type, b.blob
+SELECT DISTINCT b.checkpoint_ns, b.channel, b.version, b.type, b.blob, b.base_version
   FROM transcript.checkpoints AS c
  CROSS JOIN LATERAL unnest(c.channels, c.versions) AS n(channel, version)
   JOIN transcript.checkpoint_blobs AS b
@@ -172,7 +215,8 @@ DELETE FROM transcript.checkpoints AS c
            AND m.checkpoint_ns = c.checkpoint_ns))
 """
 
-# The writes and values no checkpoint of these conversations names any more.
+# The writes and values no checkpoint of these conversations names any more (a value
+# that is the base of another's delta stays while that one does: run until none goes).
 DELETE_ORPHAN_WRITES = """
 DELETE FROM transcript.checkpoint_writes AS w
  WHERE w.conversation_key = ANY(%(keys)s::bigint[])
@@ -190,6 +234,10 @@ DELETE FROM transcript.checkpoint_blobs AS b
                     WHERE c.conversation_key = b.conversation_key
                       AND c.checkpoint_ns = b.checkpoint_ns
                       AND n.channel = b.channel AND n.version = b.version)
+   AND NOT EXISTS (SELECT 1 FROM transcript.checkpoint_blobs AS d
+                    WHERE d.conversation_key = b.conversation_key
+                      AND d.checkpoint_ns = b.checkpoint_ns
+                      AND d.channel = b.channel AND d.base_version = b.version)
 """
 
 # CopyCheckpoints: both conversations held against erasure and deletions (key order).
@@ -212,8 +260,10 @@ ON CONFLICT DO NOTHING
 
 COPY_VALUES = """
 INSERT INTO transcript.checkpoint_blobs
-       (conversation_key, checkpoint_ns, channel, version, type, blob)
-SELECT %(target)s, checkpoint_ns, channel, version, type, blob
+       (conversation_key, checkpoint_ns, channel, version, type, blob, full_length,
+        base_version, head_length, base_offset, base_length, depth)
+SELECT %(target)s, checkpoint_ns, channel, version, type, blob, full_length,
+       base_version, head_length, base_offset, base_length, depth
   FROM transcript.checkpoint_blobs WHERE conversation_key = %(source)s
 ON CONFLICT DO NOTHING
 """

@@ -16,18 +16,23 @@ from typing import Any, Protocol
 from services.common.postgres.pool import AsyncConn
 from services.transcript.checkpoints import statements as sql
 from services.transcript.checkpoints.model import (
+    DELTA_MAX_DEPTH,
+    DELTA_MIN_BYTES,
     ChannelValue,
     CheckpointDeletion,
     CheckpointPage,
     CheckpointQuery,
     CheckpointWrite,
     DeleteRequest,
+    Delta,
     Fence,
     NewCheckpoint,
     NewWrites,
     StoredCheckpoint,
     TypedValue,
+    apply_delta,
     checkpoint_too_large,
+    delta_of,
 )
 from services.transcript.conversations.model import conversation_not_found
 from services.transcript.conversations.store import PostgresBase
@@ -75,18 +80,7 @@ class PostgresCheckpoints(PostgresBase):
             key = await _hold(conn, put.namespace, put.conversation_id, put.fence)
             stored = 0
             if put.channel_values:
-                cursor = await conn.execute(
-                    sql.PUT_VALUES,
-                    {
-                        "key": key,
-                        "checkpoint_ns": put.checkpoint_ns,
-                        "channels": [v.channel for v in put.channel_values],
-                        "versions": [v.version for v in put.channel_values],
-                        "types": [v.value.type for v in put.channel_values],
-                        "blobs": [v.value.value for v in put.channel_values],
-                    },
-                )
-                stored = cursor.rowcount
+                stored = await _put_values(conn, key, put)
             params = {
                 "key": key,
                 "checkpoint_ns": put.checkpoint_ns,
@@ -229,8 +223,14 @@ class PostgresCheckpoints(PostgresBase):
             checkpoints = cursor.rowcount
             cursor = await conn.execute(sql.DELETE_ORPHAN_WRITES, {"keys": keys})
             writes = cursor.rowcount
-            cursor = await conn.execute(sql.DELETE_ORPHAN_VALUES, {"keys": keys})
-            return CheckpointDeletion(checkpoints, cursor.rowcount, writes)
+            values = 0
+            while True:
+                # A pass leaves the bases of the deltas it deletes: the next takes them.
+                cursor = await conn.execute(sql.DELETE_ORPHAN_VALUES, {"keys": keys})
+                if not cursor.rowcount:
+                    break
+                values += cursor.rowcount
+            return CheckpointDeletion(checkpoints, values, writes)
 
     async def copy_checkpoints(
         self, namespace: str, source: uuid.UUID, target: uuid.UUID
@@ -277,6 +277,94 @@ async def _hold(
     return int(key)
 
 
+async def _put_values(conn: AsyncConn, key: int, put: NewCheckpoint) -> int:
+    """Insert the values not stored yet: each whole, or as a delta of the channel's value
+    at the parent checkpoint when it mostly repeats it (model.py); the number stored."""
+    where = {"key": key, "checkpoint_ns": put.checkpoint_ns}
+    cursor = await conn.execute(
+        sql.STORED_VERSIONS,
+        {
+            **where,
+            "channels": [v.channel for v in put.channel_values],
+            "versions": [v.version for v in put.channel_values],
+        },
+    )
+    existing = {(row[0], row[1]) for row in await cursor.fetchall()}
+    fresh = [v for v in put.channel_values if (v.channel, v.version) not in existing]
+    if not fresh:
+        return 0
+    parents: dict[str, str] = {}
+    if put.parent_checkpoint_id and any(
+        len(v.value.value or b"") >= DELTA_MIN_BYTES for v in fresh
+    ):
+        cursor = await conn.execute(
+            sql.PARENT_VERSIONS, {**where, "parent": put.parent_checkpoint_id}
+        )
+        row = await cursor.fetchone()
+        if row is not None:
+            parents = dict(zip(row[0], row[1], strict=True))
+    columns: dict[str, list[Any]] = {
+        name: []
+        for name in (
+            "channels",
+            "versions",
+            "types",
+            "blobs",
+            "full_lengths",
+            "base_versions",
+            "head_lengths",
+            "base_offsets",
+            "base_lengths",
+            "depths",
+        )
+    }
+    for value in fresh:
+        data = value.value.value or b""
+        base_version = parents.get(value.channel)
+        delta, depth = None, 0
+        if (
+            base_version is not None
+            and base_version != value.version
+            and len(data) >= DELTA_MIN_BYTES
+        ):
+            base = await _resolve(conn, key, put.checkpoint_ns, value.channel, base_version)
+            if base is not None and base[1] < DELTA_MAX_DEPTH:
+                delta, depth = delta_of(data, base[0].value or b""), base[1] + 1
+        columns["channels"].append(value.channel)
+        columns["versions"].append(value.version)
+        columns["types"].append(value.value.type)
+        columns["blobs"].append(delta.blob if delta else data)
+        columns["full_lengths"].append(len(data))
+        columns["base_versions"].append(base_version if delta else None)
+        columns["head_lengths"].append(delta.head_length if delta else None)
+        columns["base_offsets"].append(delta.base_offset if delta else None)
+        columns["base_lengths"].append(delta.base_length if delta else None)
+        columns["depths"].append(depth if delta else 0)
+    cursor = await conn.execute(sql.PUT_VALUES, {**where, **columns})
+    return int(cursor.rowcount)
+
+
+async def _resolve(
+    conn: AsyncConn, key: int, checkpoint_ns: str, channel: str, version: str
+) -> tuple[TypedValue, int] | None:
+    """A stored value, whole (its delta chain applied), and its depth; None when it is
+    not stored."""
+    cursor = await conn.execute(
+        sql.CHAIN,
+        {"key": key, "checkpoint_ns": checkpoint_ns, "channel": channel, "version": version},
+    )
+    chain = await cursor.fetchall()
+    if not chain:
+        return None
+    if chain[-1][2] is not None:
+        # A base is missing: deletions keep every base a stored delta needs.
+        raise RuntimeError("a checkpoint value's delta chain is broken")
+    data = bytes(chain[-1][1]) if chain[-1][1] is not None else b""
+    for _, blob, _, head_length, base_offset, base_length, _ in reversed(chain[:-1]):
+        data = apply_delta(Delta(bytes(blob), head_length, base_offset, base_length), data)
+    return TypedValue(chain[0][0], data), int(chain[0][6])
+
+
 async def _read(
     conn: AsyncConn, key: int, chosen: Sequence[tuple[str, str]]
 ) -> list[StoredCheckpoint]:
@@ -292,10 +380,15 @@ async def _read(
     rows = {(row[0], row[1]): row for row in await cursor.fetchall()}
     cursor = await conn.execute(sql.READ_VALUES, params)
     values: dict[tuple[str, str, str], TypedValue] = {}
-    for checkpoint_ns, channel, version, type_, blob in await cursor.fetchall():
-        values[(checkpoint_ns, channel, version)] = TypedValue(
-            type_, bytes(blob) if blob is not None else None
-        )
+    for checkpoint_ns, channel, version, type_, blob, base_version in await cursor.fetchall():
+        if base_version is None:
+            values[(checkpoint_ns, channel, version)] = TypedValue(
+                type_, bytes(blob) if blob is not None else None
+            )
+            continue
+        whole = await _resolve(conn, key, checkpoint_ns, channel, version)
+        if whole is not None:
+            values[(checkpoint_ns, channel, version)] = whole[0]
     cursor = await conn.execute(sql.READ_WRITES, params)
     writes: dict[tuple[str, str], list[CheckpointWrite]] = {}
     for (

@@ -28,13 +28,25 @@ CREATE TABLE transcript.checkpoints (
 -- DeleteCheckpoints by run ids: the runs of a namespace, anywhere in it.
 CREATE INDEX checkpoints_run_id ON transcript.checkpoints (run_id) WHERE run_id IS NOT NULL;
 
+-- A value that mostly repeats the channel's value at the parent checkpoint (a message
+-- list that grew by a message) is stored as a delta of it: `blob` holds the bytes before
+-- and after the block it shares (`head_length` of them before), and the value's bytes
+-- are blob[:head_length] || base[base_offset : base_offset + base_length] || the rest,
+-- where base is the value at `base_version` (itself whole or a delta, at most `depth`
+-- - 1 deep). A value stored whole has no base_version. `full_length`: its bytes, whole.
 CREATE TABLE transcript.checkpoint_blobs (
-    conversation_key bigint NOT NULL,
-    checkpoint_ns    text   NOT NULL,
-    channel          text   NOT NULL,
-    version          text   NOT NULL,
-    type             text   NOT NULL,
+    conversation_key bigint  NOT NULL,
+    checkpoint_ns    text    NOT NULL,
+    channel          text    NOT NULL,
+    version          text    NOT NULL,
+    type             text    NOT NULL,
     blob             bytea,
+    full_length      bigint  NOT NULL,
+    base_version     text,
+    head_length      integer,
+    base_offset      integer,
+    base_length      integer,
+    depth            integer NOT NULL DEFAULT 0,
     PRIMARY KEY (conversation_key, checkpoint_ns, channel, version)
 );
 

@@ -4,7 +4,10 @@ for a line on stdin (so the test holds the run open while it tries its own), eac
 appending a message. Prints "holding" once it has the thread, "done" at the end, or
 the reason it was refused.
 
-    python -m tests.clients.langgraph.graph_peer TARGET NAMESPACE THREAD_ID STRATEGY NAME
+    python -m tests.clients.langgraph.graph_peer TARGET NAMESPACE THREAD_ID STRATEGY NAME [TTL]
+
+With TTL (seconds), the run's lease lapses that long after the process stops renewing
+it (a test kills it mid-step); the run's input is then one user message, "hello".
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import Annotated, Any, TypedDict
 
-from langchain_core.messages import AIMessage, AnyMessage
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 
@@ -44,7 +47,9 @@ def build(saver: RunifoldSaver, name: str, gate: Any = None) -> Any:
     return builder.compile(checkpointer=saver)
 
 
-def main(target: str, namespace: str, thread_id: str, strategy: str, name: str) -> None:
+def main(
+    target: str, namespace: str, thread_id: str, strategy: str, name: str, ttl: str = ""
+) -> None:
     saver = RunifoldSaver(target=target, namespace=namespace)
 
     def gate() -> None:
@@ -53,9 +58,14 @@ def main(target: str, namespace: str, thread_id: str, strategy: str, name: str) 
 
     graph = build(saver, name, gate)
     config = {"configurable": {"thread_id": thread_id}}
+    inputs = {"messages": [HumanMessage("hello")] if ttl else []}
     try:
-        with saver.thread_run(config, multitask_strategy=strategy) as fenced:  # type: ignore[arg-type]
-            graph.invoke({"messages": []}, fenced)
+        with saver.thread_run(
+            config,
+            multitask_strategy=strategy,  # type: ignore[arg-type]
+            ttl=float(ttl or 30.0),
+        ) as fenced:
+            graph.invoke(inputs, fenced)
     except RunifoldError as error:
         print(f"refused {error.reason}", flush=True)
         return
@@ -65,4 +75,4 @@ def main(target: str, namespace: str, thread_id: str, strategy: str, name: str) 
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    main(*sys.argv[1:7])

@@ -22,6 +22,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from runifold_client import AsyncClient, TurnLeaseMode
 from runifold_client.errors import ConversationBusy, InvalidArgument, TurnLeaseLost
 from runifold_client.langgraph import RunifoldSaver
+from services.transcript.checkpoints.model import DELTA_MAX_DEPTH
 from tests.clients.langgraph.graph_peer import build
 from tests.support.stack import Stack
 from tests.support.waiting import wait_for
@@ -244,7 +245,9 @@ async def test_a_stale_writer_that_lost_its_lease_cannot_put(
     ]
 
 
-async def _peer(stack: Stack, namespace: str, thread: str, strategy: str, name: str) -> Any:
+async def _peer(
+    stack: Stack, namespace: str, thread: str, strategy: str, name: str, *extra: str
+) -> Any:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(
@@ -260,6 +263,7 @@ async def _peer(stack: Stack, namespace: str, thread: str, strategy: str, name: 
         thread,
         strategy,
         name,
+        *extra,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         cwd=ROOT,
@@ -379,3 +383,64 @@ async def test_delete_thread_erases_and_ends_a_watch_open_on_it(
     assert await saver.aget_tuple(config(thread)) is None
     assert await _rows_of(shared_database_url, key) == [0, 0, 0]
     await saver.adelete_thread(thread)  # a repeat is a no-op
+
+
+async def test_a_growing_message_list_is_stored_as_deltas(
+    saver: RunifoldSaver, shared_database_url: str
+) -> None:
+    """LangGraph's messages channel holds the whole list at every version: each new
+    version is stored as a delta of the parent's (at most 32 deep), so what is stored
+    grows with the messages added, not with the list at every step; every version reads
+    back whole."""
+    thread = str(uuid.uuid4())
+    graph = build(saver, "x" * 600)
+    for turn in range(12):
+        await graph.ainvoke({"messages": [HumanMessage(f"turn {turn} " * 60)]}, config(thread))
+    history = [t async for t in saver.alist(config(thread))]
+    counts = [len(t.checkpoint["channel_values"].get("messages", [])) for t in history]
+    assert counts[0] == 36 and counts == sorted(counts, reverse=True)
+    async with await psycopg.AsyncConnection.connect(shared_database_url) as conn:
+        cursor = await conn.execute(
+            """SELECT sum(octet_length(b.blob)), sum(b.full_length),
+                      count(*) FILTER (WHERE b.base_version IS NOT NULL), max(b.depth)
+                 FROM transcript.checkpoint_blobs AS b
+                 JOIN transcript.conversations AS c USING (conversation_key)
+                WHERE c.conversation_id = %s AND b.channel = 'messages'""",
+            (saver.conversation_id(thread),),
+        )
+        row = await cursor.fetchone()
+    assert row is not None
+    stored, whole, deltas, depth = row
+    assert deltas > 0 and depth <= DELTA_MAX_DEPTH
+    assert stored * 4 < whole, (stored, whole)
+
+
+async def test_a_run_killed_mid_step_resumes_from_its_last_checkpoint(
+    stack: Stack, saver: RunifoldSaver, namespace: str
+) -> None:
+    """A run SIGKILLed inside a step: its lease lapses (nobody renews it), the next run
+    takes the thread and resumes from the last checkpoint (the step runs again), and
+    nothing is duplicated: the input once, each step's message once."""
+    thread = str(uuid.uuid4())
+    peer = await _peer(stack, namespace, thread, "reject", "peer", "1")
+    try:
+        assert await _line(peer) == "holding"
+        peer.kill()  # SIGKILL, inside the first step
+        await peer.wait()
+    finally:
+        if peer.returncode is None:
+            peer.kill()
+            await peer.wait()
+    resumed: list[Any] = []
+
+    async def lapsed() -> bool:
+        try:
+            async with saver.athread_run(config(thread), multitask_strategy="reject") as fenced:
+                resumed.append(await build(saver, "here").ainvoke(None, fenced))
+        except ConversationBusy:
+            return False
+        return True
+
+    await wait_for(lapsed, timeout=30.0)
+    texts = [m.content for m in resumed[0]["messages"]]
+    assert texts == ["hello", "here-1", "here-2"]

@@ -283,6 +283,47 @@ class CheckpointCases(ServiceCases):
             )
         assert reason_of(missing) == "CONVERSATION_NOT_FOUND"
 
+    async def test_a_growing_value_reads_back_exactly_at_every_version_through_deletions(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
+        """A list that grows by an item at each step (stored as deltas on PostgreSQL):
+        every version reads back byte for byte, before and after the checkpoints its
+        chain started from are deleted."""
+        cid = await new_conversation(service, namespace)
+        items: list[bytes] = []
+        values: dict[str, bytes] = {}
+        parent = None
+        for i in range(40):
+            items.append(f"message {i} ".encode() * 20)
+            # A msgpack-like list: a header that changes with the length, then the items.
+            data = bytes([0x90 + min(len(items), 15)]) + b"".join(items)
+            version = f"{i + 1:03}"
+            values[version] = data
+            await service.put_checkpoint(
+                namespace,
+                cid,
+                checkpoint(
+                    f"{i:03}", {"messages": ("msgpack", data)}, {"messages": version}, parent=parent
+                ),
+                f"run-{i // 10}",
+                "",
+                None,
+            )
+            parent = f"{i:03}"
+        for i in range(40):
+            found = await service.get_checkpoint(namespace, cid, "", f"{i:03}")
+            assert found is not None
+            assert found.channel_values[0].value.value == values[f"{i + 1:03}"], i
+        await service.delete_checkpoints(namespace, ["run-0", "run-2"], [], False)
+        listed = await service.list_checkpoints(namespace, cid, "", "", "", 100, "")
+        assert len(listed.checkpoints) == 20
+        for found in listed.checkpoints:
+            version = found.channel_versions["messages"]
+            assert found.channel_values[0].value.value == values[version], version
+        await service.delete_checkpoints(namespace, [], [cid], True)
+        newest = await service.get_checkpoint(namespace, cid, "", "")
+        assert newest is not None and newest.channel_values[0].value.value == values["040"]
+
 
 async def _gone(service: TranscriptService, namespace: str) -> str:
     cid = await new_conversation(service, namespace)
