@@ -103,6 +103,9 @@ def main() -> None:
                 asyncio.run(checkpointers.runifold_saver(new_database(url)))
             )
             report["checkpointers"].append(
+                asyncio.run(checkpointers.runifold_saver(new_database(url), mirror=False))
+            )
+            report["checkpointers"].append(
                 asyncio.run(checkpointers.postgres_saver(new_database(url)))
             )
     args.out.parent.mkdir(parents=True, exist_ok=True)

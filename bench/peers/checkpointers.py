@@ -208,10 +208,12 @@ async def postgres_saver(url: str, turns: int = TURNS) -> dict[str, Any]:
     return _result("LangGraph AsyncPostgresSaver", turns, storage, timed, races)
 
 
-async def runifold_saver(url: str, turns: int = TURNS) -> dict[str, Any]:
+async def runifold_saver(url: str, turns: int = TURNS, *, mirror: bool = True) -> dict[str, Any]:
     """RunifoldSaver on the all-in-one server (its own process, on database `url`): TURNS
     turns, then two runs racing on one thread without a guard and with `reject` and
-    `enqueue` (RunifoldSaver.athread_run, on the turn leases)."""
+    `enqueue` (RunifoldSaver.athread_run, on the turn leases). With `mirror` (the
+    saver's default) the messages channel is mirrored into the transcript and stored as
+    references to its entries; without, it is stored as values (deltas of the parent's)."""
     import tempfile
 
     from bench.common import server_process
@@ -223,7 +225,7 @@ async def runifold_saver(url: str, turns: int = TURNS) -> dict[str, Any]:
         async with server_process("services", url, env) as address:
             empty = await tables_bytes(url)
             async with AsyncClient(address, namespace="bench-langgraph") as client:
-                saver = RunifoldSaver(client=client)
+                saver = RunifoldSaver(client=client, mirror_messages=mirror)
                 timed = await _turns(saver, f"thread-{uuid.uuid4().hex[:8]}", turns)
                 storage = await tables_bytes(url) - empty
                 races = {}
@@ -231,7 +233,8 @@ async def runifold_saver(url: str, turns: int = TURNS) -> dict[str, Any]:
                     races[strategy] = await _race(
                         saver, f"race-{uuid.uuid4().hex[:8]}", _guarded(saver, strategy)
                     )
-    return _result("Runifold RunifoldSaver", turns, storage, timed, races)
+    name = "Runifold RunifoldSaver" + ("" if mirror else " (mirror_messages=False)")
+    return _result(name, turns, storage, timed, races)
 
 
 def _guarded(saver: Any, strategy: str) -> Callable[[Any, dict[str, Any], str], Awaitable[None]]:
@@ -249,7 +252,7 @@ def _guarded(saver: Any, strategy: str) -> Callable[[Any, dict[str, Any], str], 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """A markdown table of the checkpointer rows, with storage as a ratio to Runifold's."""
-    ours = next((r for r in rows if r["system"].startswith("Runifold")), None)
+    ours = next((r for r in rows if r["system"] == "Runifold RunifoldSaver"), None)
     lines = [
         f"### LangGraph checkpointers, {rows[0]['turns'] if rows else TURNS} turns on one thread",
         "",
