@@ -335,6 +335,11 @@ class MessageMirror:
                 )
         return items
 
+    def forget(self, thread_id: str) -> None:
+        """Drop what the thread's puts left (its conversation is erased)."""
+        for key in [key for key in self._known if key[0] == thread_id]:
+            del self._known[key]
+
     def _keep(self, key: tuple[str, str], known: _Known) -> None:
         self._known[key] = known
         self._known.move_to_end(key)

@@ -287,6 +287,8 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
     async def adelete_thread(self, thread_id: str) -> None:
         """Erase the thread's conversation (AgentService.EraseConversation): its
         checkpoints, transcript, summaries and memories; its watches end."""
+        if self._mirror is not None:
+            self._mirror.forget(str(thread_id))
         with contextlib.suppress(NotFound):
             await self.client.erase_conversation(
                 self.conversation_id(thread_id), namespace=self.namespace
