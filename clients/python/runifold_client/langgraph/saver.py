@@ -279,7 +279,10 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
                 conversation.last_sequence,
                 namespace=self.namespace,
                 new_conversation_id=target,
-                request_id=fw.keyed_request_id(source, "langgraph-copy", target),
+                # A retry replays this fork; a later copy (the source grew) is another.
+                request_id=fw.keyed_request_id(
+                    source, "langgraph-copy", f"{target}@{conversation.last_sequence}"
+                ),
             )
         await self.client.copy_checkpoints(source, target, namespace=self.namespace)
 
