@@ -75,7 +75,9 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
 
     `client` is an AsyncClient to use (else one is made from target, token and the
     environment's RUNIFOLD_TARGET / RUNIFOLD_TOKEN, and closed by `close`); `namespace`
-    is the Runifold namespace of every thread (else the client's).
+    is the Runifold namespace of every thread (else the client's). The sync methods run
+    the async ones on a loop of the saver's own thread: call them from sync code, and the
+    async ones from coroutines (a sync method called on a running loop blocks it).
     """
 
     def __init__(
