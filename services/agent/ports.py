@@ -99,7 +99,7 @@ class Transcripts(Protocol):
 
     async def forks(self, namespace: str, conversation_id: str) -> list[tuple[str, int]]:
         """The conversation's forks and theirs (id and incarnation), a fork before its
-        own; none when it has none or does not exist."""
+        own, every page of them; none when it has none or does not exist."""
 
     async def delete_conversation(
         self,

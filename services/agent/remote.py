@@ -30,6 +30,7 @@ from services.common import convert, stubs
 from services.common.channels import Peer
 from services.common.domain import Budget, Entry, Message, Usage
 from services.common.errors import DomainError, VersionConflict
+from services.common.pagination import MAX_PAGE_SIZE
 
 
 def _receipt(receipt: transcript_pb.ErasureReceipt) -> Receipt:
@@ -279,11 +280,22 @@ class GrpcTranscripts:
         return int(reply.conversation.incarnation)
 
     async def forks(self, namespace: str, conversation_id: str) -> list[tuple[str, int]]:
-        reply = await self.peer.call(
-            self.stub.ListForks,
-            transcript_pb.ListForksRequest(namespace=namespace, conversation_id=conversation_id),
-        )
-        return [(fork.conversation_id, int(fork.incarnation)) for fork in reply.forks]
+        found: list[tuple[str, int]] = []
+        token = ""
+        while True:
+            reply = await self.peer.call(
+                self.stub.ListForks,
+                transcript_pb.ListForksRequest(
+                    namespace=namespace,
+                    conversation_id=conversation_id,
+                    page_size=MAX_PAGE_SIZE,
+                    page_token=token,
+                ),
+            )
+            found.extend((fork.conversation_id, int(fork.incarnation)) for fork in reply.forks)
+            token = reply.next_page_token
+            if not token:
+                return found
 
     async def delete_conversation(
         self,

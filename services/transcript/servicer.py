@@ -429,16 +429,20 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
     async def ListForks(
         self, request: pb.ListForksRequest, context: Context
     ) -> pb.ListForksResponse:
-        forks = await self.service.list_forks(request.namespace, request.conversation_id)
+        page = await self.service.list_forks(
+            request.namespace, request.conversation_id, request.page_size, request.page_token
+        )
         return pb.ListForksResponse(
             forks=[
                 pb.ForkRef(
                     conversation_id=str(fork.conversation_id),
                     incarnation=fork.incarnation,
                     source_conversation_id=str(fork.source_id),
+                    through_sequence=fork.through_sequence,
                 )
-                for fork in forks
-            ]
+                for fork in page.forks
+            ],
+            next_page_token=page.next_page_token,
         )
 
     # A coroutine that writes through the context (grpc.aio serves both forms), so that

@@ -148,7 +148,7 @@ async def test_a_forks_summary_is_erased_before_the_transcript_and_a_retry_finis
     assert (fork_id, fork.incarnation) in world.summaries.erased
     assert first.receipt is not None and first.receipt.counts["summaries"] == 2
     assert [
-        str(f.conversation_id) for f in await world.transcripts.service.list_forks(NS, cid)
+        str(f.conversation_id) for f in (await world.transcripts.service.list_forks(NS, cid)).forks
     ] == [fork_id]
     world.memories.down = False
     again = await world.agent.erase(NS, cid)

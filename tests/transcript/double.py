@@ -74,6 +74,8 @@ from services.transcript.views.model import ViewRead, view_ranges
 
 # Queue tickets, one counter for every conversation (transcript.turn_tickets).
 _TICKETS = itertools.count(1)
+# Conversation keys in the order conversations were made, like the store's identity.
+_KEYS = itertools.count(1)
 
 
 def _random_token() -> int:
@@ -129,6 +131,7 @@ class _Stored:
     shared_versions: int = 0  # the appends of the prefix (its source's)
     forks: list[tuple[uuid.UUID, int]] = field(default_factory=list)
     fork_requests: dict[str, tuple[bytes, uuid.UUID, int]] = field(default_factory=dict)
+    key: int = field(default_factory=lambda: next(_KEYS))
 
     def live_holder(self, now: datetime) -> tuple[str, _Turn] | None:
         """The turn holding an exclusive lease that has not lapsed."""
@@ -500,7 +503,9 @@ class InMemoryTranscriptStore:
         previous = (rows[after_version - 1][3] if after_version else None) or GENESIS
         return links(rows[after_version : after_version + limit], previous)
 
-    async def list_forks(self, namespace: str, conversation_id: uuid.UUID) -> list[ForkRef]:
+    async def list_forks(
+        self, namespace: str, conversation_id: uuid.UUID, after_key: int, limit: int
+    ) -> list[ForkRef]:
         async with self._lock:
             found: list[ForkRef] = []
             root = self._data.get((namespace, conversation_id))
@@ -511,16 +516,20 @@ class InMemoryTranscriptStore:
                     for fork_id, fork_incarnation in stored.forks:
                         fork = self._data.get((namespace, fork_id))
                         if fork is not None and fork.conversation.incarnation == fork_incarnation:
+                            origin = fork.conversation.fork_origin
                             found.append(
                                 ForkRef(
                                     fork_id,
                                     fork_incarnation,
                                     uuid.UUID(str(stored.conversation.conversation_id)),
+                                    origin.through_sequence if origin is not None else 0,
+                                    fork.key,
                                 )
                             )
                             below.append(fork)
                 level = below
-            return found
+            found.sort(key=lambda fork: fork.key)
+            return [fork for fork in found if fork.key > after_key][:limit]
 
     async def fork_conversation(self, fork: NewFork) -> tuple[Conversation, bool]:
         async with self._lock:

@@ -33,6 +33,18 @@ class ForkRef:
     conversation_id: uuid.UUID
     incarnation: int
     source_id: uuid.UUID  # the conversation it was made from
+    through_sequence: int  # the last entry of its source it shares
+    # Where it stands in the order forks were made (the store's key: a fork's is larger
+    # than its source's), the cursor of ListForks' pages.
+    key: int
+
+
+@dataclass(frozen=True, slots=True)
+class ForkPage:
+    """A page of ListForks."""
+
+    forks: list[ForkRef]
+    next_page_token: str
 
 
 @dataclass(frozen=True, slots=True)

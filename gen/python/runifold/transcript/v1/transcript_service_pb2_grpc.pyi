@@ -141,7 +141,7 @@ class TranscriptServiceStub:
     incarnation): what erasing it would erase with it. AgentService's
     EraseConversation reads them to erase what was derived from their own
     entries (summaries, memories) before it deletes the transcript. Empty when
-    the conversation has none, or does not exist.
+    the conversation has none, or does not exist. Paginated (AIP-158).
     """
 
 @_typing.type_check_only
@@ -257,7 +257,7 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     incarnation): what erasing it would erase with it. AgentService's
     EraseConversation reads them to erase what was derived from their own
     entries (summaries, memories) before it deletes the transcript. Empty when
-    the conversation has none, or does not exist.
+    the conversation has none, or does not exist. Paginated (AIP-158).
     """
 
 class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -484,7 +484,7 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         incarnation): what erasing it would erase with it. AgentService's
         EraseConversation reads them to erase what was derived from their own
         entries (summaries, memories) before it deletes the transcript. Empty when
-        the conversation has none, or does not exist.
+        the conversation has none, or does not exist. Paginated (AIP-158).
         """
 
 def add_TranscriptServiceServicer_to_server(servicer: TranscriptServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -3733,6 +3733,18 @@ export interface ListForksRequest {
    * @generated from field: string conversation_id = 2;
    */
   'conversation_id'?: (string);
+  /**
+   * AIP-158: 0 means 100, at most 1000.
+   *
+   * @generated from field: int32 page_size = 3;
+   */
+  'page_size'?: (number);
+  /**
+   * From a previous response's next_page_token.
+   *
+   * @generated from field: string page_token = 4;
+   */
+  'page_token'?: (string);
 }
 
 /**
@@ -3753,6 +3765,18 @@ export interface ListForksRequest__Output {
    * @generated from field: string conversation_id = 2;
    */
   'conversation_id': (string);
+  /**
+   * AIP-158: 0 means 100, at most 1000.
+   *
+   * @generated from field: int32 page_size = 3;
+   */
+  'page_size': (number);
+  /**
+   * From a previous response's next_page_token.
+   *
+   * @generated from field: string page_token = 4;
+   */
+  'page_token': (string);
 }
 
 /**
@@ -3779,6 +3803,12 @@ export interface ForkRef {
    * @generated from field: string source_conversation_id = 3;
    */
   'source_conversation_id'?: (string);
+  /**
+   * The last entry of its source it shares (its fork_origin.through_sequence).
+   *
+   * @generated from field: int64 through_sequence = 4;
+   */
+  'through_sequence'?: (number | string | bigint);
 }
 
 /**
@@ -3805,6 +3835,12 @@ export interface ForkRef__Output {
    * @generated from field: string source_conversation_id = 3;
    */
   'source_conversation_id': (string);
+  /**
+   * The last entry of its source it shares (its fork_origin.through_sequence).
+   *
+   * @generated from field: int64 through_sequence = 4;
+   */
+  'through_sequence': (number);
 }
 
 /**
@@ -3814,11 +3850,17 @@ export interface ForkRef__Output {
  */
 export interface ListForksResponse {
   /**
-   * The forks, level by level (a fork before its own forks).
+   * The forks in the order they were made (a fork before its own forks).
    *
    * @generated from field: repeated runifold.transcript.v1.ForkRef forks = 1;
    */
   'forks'?: (ForkRef)[];
+  /**
+   * Empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  'next_page_token'?: (string);
 }
 
 /**
@@ -3828,11 +3870,17 @@ export interface ListForksResponse {
  */
 export interface ListForksResponse__Output {
   /**
-   * The forks, level by level (a fork before its own forks).
+   * The forks in the order they were made (a fork before its own forks).
    *
    * @generated from field: repeated runifold.transcript.v1.ForkRef forks = 1;
    */
   'forks': (ForkRef__Output)[];
+  /**
+   * Empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  'next_page_token': (string);
 }
 
 /**
@@ -4007,7 +4055,7 @@ export interface TranscriptService__Methods {
    * incarnation): what erasing it would erase with it. AgentService's
    * EraseConversation reads them to erase what was derived from their own
    * entries (summaries, memories) before it deletes the transcript. Empty when
-   * the conversation has none, or does not exist.
+   * the conversation has none, or does not exist. Paginated (AIP-158).
    *
    * @generated from rpc runifold.transcript.v1.TranscriptService.ListForks
    */
