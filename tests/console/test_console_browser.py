@@ -440,7 +440,7 @@ async def test_edit_and_regenerate_forks_before_the_entry_and_runs_the_turn_on_t
             waiting(driver).until(lambda d: f"conversation={cid}" not in d.current_url)
             settled = "return document.getElementById('chat-log')?.dataset.settled === '1'"
             waiting(driver).until(lambda d: d.execute_script(settled))
-            fork = driver.current_url.split("conversation=")[1].split("&")[0]
+            fork = str(driver.current_url).split("conversation=")[1].split("&")[0]
             page = driver.execute_script(PAGE_STATE)
             assert page["texts"] == ["Name a colour.", "Red.", "A warmer one?", page["texts"][3]]
             assert page["roles"] == ["user", "assistant", "user", "assistant"]
