@@ -366,7 +366,7 @@ class ForkCases(ServiceCases):
         listed: list[str] = []
         token = ""
         pages = 0
-        while True:
+        while pages < 3:  # at most one page more than needed: no endless listing
             page = await service.list_forks(namespace, source, 3, token)
             assert len(page.forks) <= 3
             listed.extend(str(f.conversation_id) for f in page.forks)
