@@ -304,6 +304,7 @@ class GrpcTranscripts:
         incarnation: int,
         counts: Mapping[str, int] | None = None,
         remaining: Sequence[str] = (),
+        erased_forks: Sequence[tuple[str, int]] | None = None,
     ) -> TranscriptDeletion:
         reply = await self.peer.call(
             self.stub.DeleteConversation,
@@ -313,6 +314,14 @@ class GrpcTranscripts:
                 incarnation=incarnation,
                 receipt=transcript_pb.ErasureProgress(counts=counts, remaining=remaining)
                 if counts is not None
+                else None,
+                erased_forks=transcript_pb.ErasedForks(
+                    forks=[
+                        transcript_pb.ForkRef(conversation_id=fork_id, incarnation=fork_incarnation)
+                        for fork_id, fork_incarnation in erased_forks
+                    ]
+                )
+                if erased_forks is not None
                 else None,
             ),
         )

@@ -307,6 +307,9 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             ErasureProgress(dict(request.receipt.counts), list(request.receipt.remaining))
             if request.HasField("receipt")
             else None,
+            [(fork.conversation_id, fork.incarnation) for fork in request.erased_forks.forks]
+            if request.HasField("erased_forks")
+            else None,
         )
         return pb.DeleteConversationResponse(
             deleted=deleted.deleted,

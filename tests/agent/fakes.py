@@ -194,6 +194,7 @@ class FakeTranscripts:
         incarnation: int,
         counts: Mapping[str, int] | None = None,
         remaining: Sequence[str] = (),
+        erased_forks: Sequence[tuple[str, int]] | None = None,
     ) -> TranscriptDeletion:
         if self.down:
             raise StoreUnavailable("transcript")
@@ -202,6 +203,7 @@ class FakeTranscripts:
             conversation_id,
             incarnation,
             ErasureProgress(counts, remaining) if counts is not None else None,
+            erased_forks,
         )
         return TranscriptDeletion(
             deleted.entries, deleted.appends, _receipt(deleted.receipt) if deleted.receipt else None

@@ -11,7 +11,7 @@ import itertools
 import json
 import secrets
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
@@ -46,6 +46,7 @@ from services.transcript.forks.model import (
     NewFork,
     conversation_exists,
     fork_point_out_of_range,
+    forks_changed,
 )
 from services.transcript.leases.model import (
     EndedTurn,
@@ -450,11 +451,17 @@ class InMemoryTranscriptStore:
         conversation_id: uuid.UUID,
         incarnation: int = 0,
         receipt: ErasureProgress | None = None,
+        erased_forks: Collection[tuple[uuid.UUID, int]] | None = None,
     ) -> Deletion:
         async with self._lock:
             stored = self._data.get((namespace, conversation_id))
             erased = Deletion(False)
             if stored is not None and incarnation in (0, stored.conversation.incarnation):
+                if erased_forks is not None:
+                    tree = self._fork_tree(namespace, stored)
+                    not_erased = sum(fork not in erased_forks for fork in tree)
+                    if not_erased:
+                        raise forks_changed(not_erased)
                 del self._data[(namespace, conversation_id)]
                 entries = len(stored.entries) - stored.prefix_end
                 appends = stored.conversation.version - stored.shared_versions
@@ -502,6 +509,18 @@ class InMemoryTranscriptStore:
             return []
         previous = (rows[after_version - 1][3] if after_version else None) or GENESIS
         return links(rows[after_version : after_version + limit], previous)
+
+    def _fork_tree(self, namespace: str, stored: _Stored) -> list[tuple[uuid.UUID, int]]:
+        """The forks (id, incarnation) of a conversation and theirs that exist."""
+        found: list[tuple[uuid.UUID, int]] = []
+        pending = list(stored.forks)
+        while pending:
+            fork_id, fork_incarnation = pending.pop()
+            fork = self._data.get((namespace, fork_id))
+            if fork is not None and fork.conversation.incarnation == fork_incarnation:
+                found.append((fork_id, fork_incarnation))
+                pending.extend(fork.forks)
+        return found
 
     async def list_forks(
         self, namespace: str, conversation_id: uuid.UUID, after_key: int, limit: int

@@ -99,6 +99,18 @@ def fork_point_out_of_range(last_sequence: int) -> DomainError:
     )
 
 
+def forks_changed(not_erased: int) -> DomainError:
+    """FAILED_PRECONDITION: an erasure's deletion would erase forks whose derived data the
+    erasure has not erased (made since it listed them); nothing was deleted."""
+    return DomainError(
+        Code.FAILED_PRECONDITION,
+        "FORKS_CHANGED",
+        "the conversation has forks that were not listed when its erasure began: list "
+        "its forks again, erase what was derived from the new ones, and delete again",
+        metadata={"forks_not_erased": not_erased},
+    )
+
+
 def conversation_exists() -> DomainError:
     """ALREADY_EXISTS: the fork's new_conversation_id names a conversation of the
     namespace that is not this fork (a repeat of the same fork returns it)."""

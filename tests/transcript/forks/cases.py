@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from services.common.domain import Entry
-from services.common.errors import DomainError, VersionConflict
+from services.common.errors import Code, DomainError, VersionConflict
 from services.transcript.service import TranscriptService
 from tests.transcript.support import (
     ServiceCases,
@@ -349,6 +349,36 @@ class ForkCases(ServiceCases):
         await service.create_conversation(namespace, source, {})
         assert await entries_of(service, namespace, source) == []
         assert (await service.list_forks(namespace, source)).forks == []
+
+    async def test_a_deletion_naming_its_erased_forks_refuses_a_fork_not_among_them(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
+        """An erasure's deletion names the forks whose derived data it erased: a fork made
+        since (here a fork of a fork) makes it FORKS_CHANGED in its transaction, and nothing
+        is deleted; named (a fork erased meanwhile need not be), it deletes them all."""
+        source = await three_appends(service, namespace)
+        first, _ = await service.fork_conversation(namespace, source, 4)
+        gone, _ = await service.fork_conversation(namespace, source, 2)
+        listed = [
+            (str(f.conversation_id), f.incarnation)
+            for f in (await service.list_forks(namespace, source)).forks
+        ]
+        late, _ = await service.fork_conversation(namespace, str(first.conversation_id), 3)
+        with pytest.raises(DomainError) as error:
+            await service.delete_conversation(namespace, source, erased_forks=listed)
+        assert (error.value.code, reason_of(error)) == (Code.FAILED_PRECONDITION, "FORKS_CHANGED")
+        assert error.value.metadata["forks_not_erased"] == "1"
+        for kept in (source, str(first.conversation_id), str(late.conversation_id)):
+            assert (await service.get_conversation(namespace, kept)).conversation_id
+        # The same fork id made again (a new incarnation) is another fork.
+        await service.delete_conversation(namespace, str(gone.conversation_id))
+        stale = [(fid, inc + 1) for fid, inc in listed]
+        with pytest.raises(DomainError) as error:
+            await service.delete_conversation(namespace, source, erased_forks=stale)
+        assert reason_of(error) == "FORKS_CHANGED"
+        everything = [*listed, (str(late.conversation_id), late.incarnation)]
+        erased = await service.delete_conversation(namespace, source, erased_forks=everything)
+        assert erased.deleted and erased.forks == 2
 
     async def test_forks_are_listed_in_pages_in_the_order_they_were_made(
         self, service: TranscriptService, namespace: str

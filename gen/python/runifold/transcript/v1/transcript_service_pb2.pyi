@@ -928,6 +928,7 @@ class DeleteConversationRequest(_message.Message):
     NAMESPACE_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     RECEIPT_FIELD_NUMBER: _builtins.int
+    ERASED_FORKS_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID of the conversation."""
     namespace: _builtins.str
@@ -944,6 +945,16 @@ class DeleteConversationRequest(_message.Message):
         RecordErasureReceipt does.
         """
 
+    @_builtins.property
+    def erased_forks(self) -> Global___ErasedForks:
+        """Set by AgentService.EraseConversation: the forks whose derived data it
+        erased, as ListForks named them (id and incarnation). The deletion then goes
+        ahead only if every fork it would erase with the conversation is among them,
+        checked in its own transaction: a fork made since they were listed makes it
+        FAILED_PRECONDITION / FORKS_CHANGED and nothing is deleted (list the forks
+        again, erase what was derived from the new ones, delete again). Unset: no check.
+        """
+
     def __init__(
         self,
         *,
@@ -951,10 +962,11 @@ class DeleteConversationRequest(_message.Message):
         namespace: _builtins.str = ...,
         incarnation: _builtins.int = ...,
         receipt: Global___ErasureProgress | None = ...,
+        erased_forks: Global___ErasedForks | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["erased_forks", b"erased_forks", "receipt", b"receipt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "incarnation", b"incarnation", "namespace", b"namespace", "receipt", b"receipt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "erased_forks", b"erased_forks", "incarnation", b"incarnation", "namespace", b"namespace", "receipt", b"receipt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2446,3 +2458,27 @@ class ListForksResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListForksResponse: _TypeAlias = ListForksResponse  # noqa: Y015
+
+@_typing.final
+class ErasedForks(_message.Message):
+    """The forks an erasure erased the derived data of (DeleteConversationRequest)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FORKS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def forks(self) -> _containers.RepeatedCompositeFieldContainer[Global___ForkRef]:
+        """The forks (conversation_id and incarnation are read; the other fields not)."""
+
+    def __init__(
+        self,
+        *,
+        forks: _abc.Iterable[Global___ForkRef] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["forks", b"forks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ErasedForks: _TypeAlias = ErasedForks  # noqa: Y015

@@ -1461,6 +1461,17 @@ export interface DeleteConversationRequest {
    * @generated from field: runifold.transcript.v1.ErasureProgress receipt = 4;
    */
   'receipt'?: (ErasureProgress | null);
+  /**
+   * Set by AgentService.EraseConversation: the forks whose derived data it
+   * erased, as ListForks named them (id and incarnation). The deletion then goes
+   * ahead only if every fork it would erase with the conversation is among them,
+   * checked in its own transaction: a fork made since they were listed makes it
+   * FAILED_PRECONDITION / FORKS_CHANGED and nothing is deleted (list the forks
+   * again, erase what was derived from the new ones, delete again). Unset: no check.
+   *
+   * @generated from field: runifold.transcript.v1.ErasedForks erased_forks = 5;
+   */
+  'erased_forks'?: (ErasedForks | null);
 }
 
 /**
@@ -1497,6 +1508,17 @@ export interface DeleteConversationRequest__Output {
    * @generated from field: runifold.transcript.v1.ErasureProgress receipt = 4;
    */
   'receipt': (ErasureProgress__Output | null);
+  /**
+   * Set by AgentService.EraseConversation: the forks whose derived data it
+   * erased, as ListForks named them (id and incarnation). The deletion then goes
+   * ahead only if every fork it would erase with the conversation is among them,
+   * checked in its own transaction: a fork made since they were listed makes it
+   * FAILED_PRECONDITION / FORKS_CHANGED and nothing is deleted (list the forks
+   * again, erase what was derived from the new ones, delete again). Unset: no check.
+   *
+   * @generated from field: runifold.transcript.v1.ErasedForks erased_forks = 5;
+   */
+  'erased_forks': (ErasedForks__Output | null);
 }
 
 /**
@@ -3881,6 +3903,34 @@ export interface ListForksResponse__Output {
    * @generated from field: string next_page_token = 2;
    */
   'next_page_token': (string);
+}
+
+/**
+ * The forks an erasure erased the derived data of (DeleteConversationRequest).
+ *
+ * @generated from message runifold.transcript.v1.ErasedForks
+ */
+export interface ErasedForks {
+  /**
+   * The forks (conversation_id and incarnation are read; the other fields not).
+   *
+   * @generated from field: repeated runifold.transcript.v1.ForkRef forks = 1;
+   */
+  'forks'?: (ForkRef)[];
+}
+
+/**
+ * The forks an erasure erased the derived data of (DeleteConversationRequest).
+ *
+ * @generated from message runifold.transcript.v1.ErasedForks
+ */
+export interface ErasedForks__Output {
+  /**
+   * The forks (conversation_id and incarnation are read; the other fields not).
+   *
+   * @generated from field: repeated runifold.transcript.v1.ForkRef forks = 1;
+   */
+  'forks': (ForkRef__Output)[];
 }
 
 /**
