@@ -137,8 +137,9 @@ async def _erase_forks(
     (FORKS_CHANGED) and the caller lists them again."""
     forks = await part(TRANSCRIPT, transcripts.forks(namespace, conversation_id))
     done = _ForkParts(listed=list(forks) if forks is not None else None)
+    skipped = set(erased)
     for fork_id, fork_incarnation in forks or ():
-        if (fork_id, fork_incarnation) in erased:
+        if (fork_id, fork_incarnation) in skipped:
             continue
         summary = await part(SUMMARY, summaries.erase(namespace, fork_id, fork_incarnation))
         memory = await part(

@@ -220,7 +220,7 @@ function editControl(edit, seq, text) {
     const send = el("button", { type: "submit", class: "edit-send" }, "Regenerate on a fork");
     const cancel = el("button", { type: "button", class: "edit-cancel" }, "Cancel");
     const form = el("form", { class: "edit-form" },
-      el("p", { class: "hint" }, `A new conversation shares entries 1–${seq - 1} with this one, then runs this message as its next turn. This conversation is not changed.`),
+      el("p", { class: "hint" }, `A new conversation ${seq > 1 ? `shares entries 1–${seq - 1} with this one, then runs` : "runs"} this message as its next turn. This conversation is not changed.`),
       input, el("div", { class: "actions" }, send, cancel));
     cancel.addEventListener("click", () => route());
     form.addEventListener("submit", async (event) => {
@@ -489,7 +489,8 @@ function chatBox(ns, id) {
 // Where a fork came from: its source, opened at the fork point's entry.
 function originLink(ns, origin) {
   const through = int(origin.throughSequence);
-  return link({ namespace: ns, conversation: origin.conversationId, entry: through || undefined },
+  const at = { namespace: ns, conversation: origin.conversationId };
+  return link(through ? { ...at, entry: through } : at,
     el("code", { title: origin.conversationId }, shortId(origin.conversationId)),
     through ? ` after entry ${through}` : " before its first entry");
 }
@@ -505,7 +506,7 @@ function forksNode(ns, id, reply) {
           const through = int(f.throughSequence);
           return el("li", { class: "fork", dataset: { conversation: f.conversationId } },
             link({ namespace: ns, conversation: f.conversationId }, el("code", { title: f.conversationId }, shortId(f.conversationId))),
-            ` shares entries 1–${through}`,
+            through ? ` shares entries 1–${through}` : " shares no entry",
             f.sourceConversationId === id ? "" : ` of `,
             f.sourceConversationId === id ? null : link({ namespace: ns, conversation: f.sourceConversationId },
               el("code", { title: f.sourceConversationId }, shortId(f.sourceConversationId))),
