@@ -577,6 +577,8 @@ async def test_with_authentication_the_console_reads_with_the_user_s_own_token(
         assert "not served on this port" in css(driver, "#summary").text
         assert not css(driver, 'a[data-tab="memories"]').is_displayed()
         assert not all_css(driver, "button.action")
+        assert not all_css(driver, "button.edit")  # no edit and regenerate either
+        assert css(driver, "#forks").text == "Forks\nNone."
         # The home page lists the namespaces a token grants that hold conversations,
         # and only those (the database holds many others). (A token of one namespace
         # opens it at once.)
