@@ -382,6 +382,9 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             ErasureProgress(dict(request.receipt.counts), list(request.receipt.remaining))
             if request.HasField("receipt")
             else None,
+            [(fork.conversation_id, fork.incarnation) for fork in request.erased_forks.forks]
+            if request.HasField("erased_forks")
+            else None,
         )
         return pb.DeleteConversationResponse(
             deleted=deleted.deleted,
@@ -504,16 +507,20 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
     async def ListForks(
         self, request: pb.ListForksRequest, context: Context
     ) -> pb.ListForksResponse:
-        forks = await self.service.list_forks(request.namespace, request.conversation_id)
+        page = await self.service.list_forks(
+            request.namespace, request.conversation_id, request.page_size, request.page_token
+        )
         return pb.ListForksResponse(
             forks=[
                 pb.ForkRef(
                     conversation_id=str(fork.conversation_id),
                     incarnation=fork.incarnation,
                     source_conversation_id=str(fork.source_id),
+                    through_sequence=fork.through_sequence,
                 )
-                for fork in forks
-            ]
+                for fork in page.forks
+            ],
+            next_page_token=page.next_page_token,
         )
 
     # A coroutine that writes through the context (grpc.aio serves both forms), so that

@@ -3,14 +3,15 @@
 Installed with `pip install 'runifold-client[langgraph]'`.
 
 >>> saver = RunifoldSaver(namespace="support")  # the target: $RUNIFOLD_TARGET
->>> graph = builder.compile(checkpointer=saver)
+>>> graph = builder.compile(checkpointer=saver, store=RunifoldStore())
 >>> with saver.thread_run(config, multitask_strategy="reject") as fenced:
 ...     graph.invoke(inputs, fenced)
 
 `RunifoldSaver` (saver.py) is a `BaseCheckpointSaver`: a thread is a conversation,
 its checkpoints are stored by TranscriptService, delete_thread erases the conversation,
 and `thread_run` gives a run the thread alone (LangGraph's multitask_strategy reject or
-enqueue) on Runifold's turn leases. What each guarantee becomes: docs/integrations.md.
+enqueue) on Runifold's turn leases. `RunifoldStore` (store.py) is a `BaseStore` on
+MemoryService. What each guarantee becomes: docs/integrations.md.
 """
 
 from runifold_client.langgraph.saver import (
@@ -19,5 +20,12 @@ from runifold_client.langgraph.saver import (
     MultitaskStrategy,
     RunifoldSaver,
 )
+from runifold_client.langgraph.store import RunifoldStore
 
-__all__ = ["FENCING_TOKEN_KEY", "TURN_ID_KEY", "MultitaskStrategy", "RunifoldSaver"]
+__all__ = [
+    "FENCING_TOKEN_KEY",
+    "TURN_ID_KEY",
+    "MultitaskStrategy",
+    "RunifoldSaver",
+    "RunifoldStore",
+]
