@@ -12,9 +12,9 @@ known here by the store's key (a number: what a NOTIFY carries):
 - a write through another replica: that process announces the key with PostgreSQL's
   NOTIFY (services/common/postgres/notify.py), and this process's one listening
   connection wakes the key's streams;
-- the pulse: every `poll_s` one statement a chunk reads the heads of everything watched
-  here (and keeps it marked as watched, so that its writes announce), and wakes the
-  streams that are behind. A lost notification delays a stream by at most that long;
+- the pulse: every `poll_s` the store reads the heads of everything watched here (one
+  statement for up to PULSE_CHUNK keys), keeps it marked as watched (so that its
+  writes announce), and the streams that are behind are woken. A lost notification delays a stream by at most that long;
   when the listening connection is back, the pulse runs at once.
 
 The bounds: at most `max_watchers` streams in the process and

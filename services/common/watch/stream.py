@@ -52,6 +52,13 @@ class Stream:
         self.release()
         self.charge = await self.budget.acquire(self.namespace, size)
 
+    async def ready_to_read(self, size: int) -> None:
+        """Before the read a wake-up asks for: reserve `size` bytes (a page's worth; a wait
+        for room holds no database connection), then clear the wake-up flag: after the
+        wait and before the read, so that a write during either wakes the stream again."""
+        await self.reserve(size)
+        self.woken.clear()
+
     def hold(self, size: int) -> None:
         """Keep `size` bytes of what the stream reserved (what it read holds)."""
         if self.charge is not None:

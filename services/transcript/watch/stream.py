@@ -58,11 +58,7 @@ async def follow(
     while True:
         if hub.closing:
             raise shutting_down()
-        # Room for a page before the read (a wait here holds no connection). The
-        # wake-up flag is cleared after the wait and before the read: a write during
-        # either wakes the stream again.
-        await stream.reserve(limits.page_charge)
-        stream.woken.clear()
+        await stream.ready_to_read(limits.page_charge)
         state = await hub.store.read_state(
             key,
             [(turn.turn_id, turn.fencing_token) for turn in running.values()],
