@@ -7,11 +7,13 @@ and fragments defined here.
 
 from __future__ import annotations
 
+from services.common.queue import statements as queue
+from services.common.queue.statements import ACTIVE
+
 JOB_COLUMNS = """job_id, namespace, conversation_id, incarnation, state, attempts, failures,
                   create_time, enqueue_time, lease_token, claimed_by, last_error, batches,
                   facts"""
 
-ACTIVE = "('pending', 'running')"
 
 # Each namespace's waiting jobs are this far apart on the queue's virtual clock: two
 # namespaces with jobs waiting take turns, one job each, whatever their numbers.
@@ -113,10 +115,7 @@ RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}
 """
 
 
-EXTEND = """
-UPDATE memory.curation_jobs SET lease_until = now() + make_interval(secs => %(lease_s)s)
- WHERE job_id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-"""
+EXTEND = queue.extend("memory.curation_jobs")
 
 
 # An attempt that succeeded: DONE, or waiting again (asked to, or asked for meanwhile),
@@ -175,23 +174,10 @@ UPDATE memory.curation_jobs
 """
 
 
-RELEASE = """
-UPDATE memory.curation_jobs
-   SET state = 'pending', attempts = greatest(attempts - 1, 0), run_after = now(),
-       lease_token = NULL, lease_until = NULL
- WHERE job_id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-"""
+RELEASE = queue.release("memory.curation_jobs")
 
 
-BACKLOG = f"""
-SELECT count(*) FILTER (WHERE state IN {ACTIVE}),
-       coalesce(extract(epoch FROM now() - min(enqueue_time) FILTER (WHERE state IN {ACTIVE})),
-                0)::float8,
-       count(*) FILTER (WHERE state = 'failed'),
-       count(*) FILTER (WHERE state = 'running')
-  FROM memory.curation_jobs
- WHERE state <> 'done' AND (%(namespace)s::text IS NULL OR namespace = %(namespace)s::text)
-"""
+BACKLOG = queue.backlog("memory.curation_jobs")
 
 
 USAGE = """

@@ -6,12 +6,12 @@ column lists defined here.
 
 from __future__ import annotations
 
+from services.common.queue import statements as queue
+from services.common.queue.statements import ACTIVE
+
 JOB_COLUMNS = """job_id, namespace, conversation_id, window_size, summary_batch, state, attempts,
                   failures, create_time, enqueue_time, lease_token, claimed_by, last_error,
                   incarnation"""
-
-
-ACTIVE = "('pending', 'running')"
 
 
 INSERT_JOB = f"""
@@ -82,10 +82,7 @@ RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}
 """
 
 
-EXTEND = """
-UPDATE summary.jobs SET lease_until = now() + make_interval(secs => %(lease_s)s)
- WHERE job_id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-"""
+EXTEND = queue.extend("summary.jobs")
 
 
 COMPLETE = """
@@ -118,20 +115,7 @@ RETURNING state
 """
 
 
-RELEASE = """
-UPDATE summary.jobs
-   SET state = 'pending', attempts = greatest(attempts - 1, 0), run_after = now(),
-       lease_token = NULL, lease_until = NULL
- WHERE job_id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-"""
+RELEASE = queue.release("summary.jobs")
 
 
-BACKLOG = f"""
-SELECT count(*) FILTER (WHERE state IN {ACTIVE}),
-       coalesce(extract(epoch FROM now() - min(enqueue_time) FILTER (WHERE state IN {ACTIVE})),
-                0)::float8,
-       count(*) FILTER (WHERE state = 'failed'),
-       count(*) FILTER (WHERE state = 'running')
-  FROM summary.jobs
- WHERE state <> 'done' AND (%(namespace)s::text IS NULL OR namespace = %(namespace)s::text)
-"""
+BACKLOG = queue.backlog("summary.jobs")
