@@ -12,6 +12,51 @@ from __future__ import annotations
 ACTIVE = "('pending', 'running')"
 
 
+def claim(table: str, columns: str, order: str, expired_order: str) -> str:
+    """The first due job by `order` (a column), skipping rows other workers hold, or a
+    running job whose lease expired (the first by `expired_order`): whichever comes first
+    by `order`. The taken job runs under a new lease; a dead attempt (an expired lease)
+    counts as a failure. Returns the job's `columns`.
+
+    Each kind of candidate is found through its own partial index (the queue's due jobs,
+    its leases), then the earlier of the two is taken: one `WHERE (pending AND due) OR
+    (running AND expired)` cannot use either index and became a sequential scan plus a
+    sort of every pending job. `due` reads one index entry past any rows other workers
+    hold; `expired` reads only the expired leases, which are never more than the workers
+    that held them. The candidate not taken is locked only until this statement ends."""
+    returned = ", ".join("j." + column.strip() for column in columns.split(","))
+    return f"""
+WITH due AS (
+    SELECT job_id, {order} FROM {table}
+     WHERE state = 'pending' AND run_after <= now()
+     ORDER BY {order}
+     LIMIT 1
+     FOR UPDATE SKIP LOCKED
+), expired AS (
+    SELECT job_id, {order} FROM {table}
+     WHERE state = 'running' AND lease_until < now()
+     ORDER BY {expired_order}
+     LIMIT 1
+     FOR UPDATE SKIP LOCKED
+), next AS (
+    SELECT job_id FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates
+     ORDER BY {order}
+     LIMIT 1
+)
+UPDATE {table} AS j
+   SET state = 'running',
+       attempts = j.attempts + 1,
+       failures = j.failures + (j.state = 'running')::int,
+       last_error = CASE WHEN j.state = 'running' THEN 'LEASE_EXPIRED' ELSE j.last_error END,
+       lease_token = %(lease_token)s,
+       lease_until = now() + make_interval(secs => %(lease_s)s),
+       claimed_by = %(worker)s
+  FROM next
+ WHERE j.job_id = next.job_id
+RETURNING {returned}
+"""
+
+
 def extend(table: str) -> str:
     """Push a held lease forward."""
     return f"""

@@ -78,41 +78,12 @@ SELECT count(*) FROM (SELECT 1 FROM memory.curation_jobs
 """
 
 
-# The first due job in fair order, skipping rows other workers hold, or a running job
-# whose lease expired (its dead attempt counts as a failure), whichever comes first.
-# Each kind of candidate is found through its own partial index (curation_jobs_due,
-# curation_jobs_leases), as the summary queue does: the cost of a claim does not grow
-# with the queue (tests/memory/curation/test_curation_claim_plan.py).
-CLAIM = f"""
-WITH due AS (
-    SELECT job_id, fair_time FROM memory.curation_jobs
-     WHERE state = 'pending' AND run_after <= now()
-     ORDER BY fair_time
-     LIMIT 1
-     FOR UPDATE SKIP LOCKED
-), expired AS (
-    SELECT job_id, fair_time FROM memory.curation_jobs
-     WHERE state = 'running' AND lease_until < now()
-     ORDER BY lease_until
-     LIMIT 1
-     FOR UPDATE SKIP LOCKED
-), next AS (
-    SELECT job_id FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates
-     ORDER BY fair_time
-     LIMIT 1
-)
-UPDATE memory.curation_jobs AS j
-   SET state = 'running',
-       attempts = j.attempts + 1,
-       failures = j.failures + (j.state = 'running')::int,
-       last_error = CASE WHEN j.state = 'running' THEN 'LEASE_EXPIRED' ELSE j.last_error END,
-       lease_token = %(lease_token)s,
-       lease_until = now() + make_interval(secs => %(lease_s)s),
-       claimed_by = %(worker)s
-  FROM next
- WHERE j.job_id = next.job_id
-RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}
-"""
+# The first due job in fair order, or a running job whose lease expired (the longest
+# expired first), whichever comes first. Each kind of candidate is found through its own
+# partial index (curation_jobs_due, curation_jobs_leases), as the summary queue does
+# (services/common/queue/statements.py): the cost of a claim does not grow with the
+# queue (tests/memory/curation/test_curation_claim_plan.py).
+CLAIM = queue.claim("memory.curation_jobs", JOB_COLUMNS, "fair_time", "lease_until")
 
 
 EXTEND = queue.extend("memory.curation_jobs")

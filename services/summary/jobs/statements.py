@@ -40,46 +40,9 @@ RETURNING {JOB_COLUMNS}
 """
 
 
-# The oldest due job, skipping rows other workers hold. A running job whose
-# lease expired is taken over; its dead attempt counts as a failure.
-#
-# Each kind of candidate is found through its own partial index (jobs_due,
-# jobs_leases), then the older of the two (by run_after) is taken: one
-# `WHERE (pending AND due) OR (running AND expired)` cannot use either index
-# and became a sequential scan plus a sort of every pending job. `due` reads
-# one index entry past any rows other workers hold; `expired` reads only the
-# expired leases, which are never more than the workers that held them. The
-# candidate not taken is locked only until this statement ends.
-CLAIM = f"""
-WITH due AS (
-    SELECT job_id, run_after FROM summary.jobs
-     WHERE state = 'pending' AND run_after <= now()
-     ORDER BY run_after
-     LIMIT 1
-     FOR UPDATE SKIP LOCKED
-), expired AS (
-    SELECT job_id, run_after FROM summary.jobs
-     WHERE state = 'running' AND lease_until < now()
-     ORDER BY run_after
-     LIMIT 1
-     FOR UPDATE SKIP LOCKED
-), next AS (
-    SELECT job_id FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates
-     ORDER BY run_after
-     LIMIT 1
-)
-UPDATE summary.jobs AS j
-   SET state = 'running',
-       attempts = j.attempts + 1,
-       failures = j.failures + (j.state = 'running')::int,
-       last_error = CASE WHEN j.state = 'running' THEN 'LEASE_EXPIRED' ELSE j.last_error END,
-       lease_token = %(lease_token)s,
-       lease_until = now() + make_interval(secs => %(lease_s)s),
-       claimed_by = %(worker)s
-  FROM next
- WHERE j.job_id = next.job_id
-RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}
-"""
+# The oldest due job (by run_after), or a running job whose lease expired, through
+# their partial indexes (jobs_due, jobs_leases): services/common/queue/statements.py.
+CLAIM = queue.claim("summary.jobs", JOB_COLUMNS, "run_after", "run_after")
 
 
 EXTEND = queue.extend("summary.jobs")
