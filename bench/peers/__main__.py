@@ -10,7 +10,8 @@ bench/peers/requirements.txt). The workloads are in bench/peers/workload.py.
 Results: a JSON file and PNG plots under docs/img/ (matplotlib, in
 `.venv-peers`), and markdown tables with the ratios printed here.
 
-    python -m bench.peers [--sizes 3000,30000] [--only raw,langgraph,adk,ours,search]
+    python -m bench.peers [--sizes 3000,30000]
+        [--only raw,langgraph,adk,ours,search,checkpointers]
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import new_database, postgres
-from bench.peers import ours
+from bench.peers import checkpointers, ours
 from bench.peers.workload import SIZES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,12 +72,17 @@ def _machine() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.peers")
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
-    parser.add_argument("--only", default="raw,ours,langgraph,adk,search")
+    parser.add_argument("--only", default="raw,ours,langgraph,adk,search,checkpointers")
     parser.add_argument("--out", type=Path, default=ROOT / "docs/img/bench-peers.json")
     args = parser.parse_args()
     sizes = tuple(int(s) for s in args.sizes.split(","))
     only = set(args.only.split(","))
-    report: dict[str, Any] = {"machine": _machine(), "conversations": [], "search": []}
+    report: dict[str, Any] = {
+        "machine": _machine(),
+        "conversations": [],
+        "search": [],
+        "checkpointers": [],
+    }
     with postgres() as url:
         for system in ("raw", "ours", "langgraph", "adk"):
             if system not in only:
@@ -90,6 +96,11 @@ def main() -> None:
         if "search" in only:
             report["search"].append(asyncio.run(ours.search(new_database(url))))
             report["search"].append(_peer("search", "langgraph", new_database(url), args.sizes))
+        if "checkpointers" in only:
+            # Both savers run here: the project's environment holds LangGraph and PostgresSaver.
+            report["checkpointers"].append(
+                asyncio.run(checkpointers.postgres_saver(new_database(url)))
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     subprocess.run(
@@ -148,6 +159,8 @@ def tables(report: dict[str, Any]) -> list[str]:
                 f"{r['search_4']['rate_per_s']:,.0f} | {r['recall_at_5']:.3f} | "
                 f"{r['short_answers']} |"
             )
+    if report.get("checkpointers"):
+        lines += ["", *checkpointers.table(report["checkpointers"])]
     return lines
 
 

@@ -19,7 +19,7 @@ into MemoryService.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -116,12 +116,15 @@ class MemoryService(MemoryWrites, AutoCuration):
         conversation_id_text: str = "",
         as_of: datetime | None = None,
         ignore_validity: bool = False,
+        metadata_filter: Mapping[str, str] | None = None,
     ) -> MemoryPage:
         """A page of the namespace's live memories in id order (AIP-158): those valid at
         `as_of` (absent: now, the instant of the first page for every page), or all of
-        them with `ignore_validity`."""
+        them with `ignore_validity`; with `metadata_filter`, only those whose metadata
+        holds every pair of it."""
         validation.namespace(namespace)
         limit = page_size(size)
+        wanted = validation.metadata(metadata_filter or {}, "metadata_filter")
         cid = conversation_id(conversation_id_text) if conversation_id_text else None
         if ignore_validity and as_of is not None:
             raise invalid_validity(
@@ -133,6 +136,8 @@ class MemoryService(MemoryWrites, AutoCuration):
             request["as_of"] = as_of.isoformat()
         if ignore_validity:
             request["ignore_validity"] = True
+        if wanted:
+            request["metadata_filter"] = wanted
         after = None
         at = None if ignore_validity else (as_of or self.now())
         if token:
@@ -140,7 +145,9 @@ class MemoryService(MemoryWrites, AutoCuration):
             after = uuid.UUID(cursor["after"])
             if at is not None and cursor.get("at"):
                 at = datetime.fromisoformat(cursor["at"])
-        rows = await self.store.list_memories(namespace, cid, after, limit + 1, valid_at=at)
+        rows = await self.store.list_memories(
+            namespace, cid, after, limit + 1, valid_at=at, metadata=wanted
+        )
         page, more = rows[:limit], len(rows) > limit
         next_token = (
             self.page_tokens.encode(

@@ -238,6 +238,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             request.conversation_id,
             _time(request, "as_of_time", "INVALID_VALIDITY"),
             request.ignore_validity,
+            dict(request.metadata_filter),
         )
         return pb.ListMemoriesResponse(
             memories=[memory_to_proto(m) for m in page.memories],

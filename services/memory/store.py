@@ -47,9 +47,11 @@ class MemoryStore(WriteStore, SearchStore, OutboxStore, Protocol):
         after: uuid.UUID | None,
         limit: int,
         valid_at: datetime | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> list[Memory]:
-        """Live memories in id order after a cursor, optionally with a source in a conversation
-        and valid at `valid_at` (None: whatever their validity)."""
+        """Live memories in id order after a cursor, optionally with a source in a conversation,
+        valid at `valid_at` (None: whatever their validity) and with metadata holding every
+        pair of `metadata`."""
 
     async def history(
         self,
@@ -111,20 +113,25 @@ class PostgresMemoryStore(PostgresWrites, PostgresSearch, PostgresOutbox):
         after: uuid.UUID | None,
         limit: int,
         valid_at: datetime | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> list[Memory]:
         containment = Jsonb([{"c": str(conversation_id)}]) if conversation_id else None
+        # Served by the GIN index memories_metadata (migration 0009).
+        pairs = Jsonb(dict(metadata)) if metadata else None
         async with self.db.connection() as conn:
             cursor = await conn.execute(
                 f"""SELECT {COLUMNS} FROM memory.memories
                      WHERE namespace = %(namespace)s AND {LIVE} AND {VALID_AT}
                        AND (%(after)s::uuid IS NULL OR memory_id > %(after)s::uuid)
                        AND (%(containment)s::jsonb IS NULL OR sources @> %(containment)s::jsonb)
+                       AND (%(pairs)s::jsonb IS NULL OR metadata @> %(pairs)s::jsonb)
                      ORDER BY memory_id
                      LIMIT %(limit)s""",
                 {
                     "namespace": namespace,
                     "after": after,
                     "containment": containment,
+                    "pairs": pairs,
                     "limit": limit,
                     "valid_at": valid_at,
                 },

@@ -132,6 +132,26 @@ class MemoryCases(WorldCases):
             await world.service.list_memories(ns, 2, page.next_page_token, "")
         assert reason(moved) == (Code.INVALID_ARGUMENT, "INVALID_PAGE_TOKEN")
 
+    async def test_list_filters_by_metadata_and_pages(self, world: World) -> None:
+        ns = world.namespace
+        tagged = {await world.add(f"T{i}.", metadata={"k": "v", "n": str(i)}) for i in range(3)}
+        await world.add("Other value.", metadata={"k": "w"})
+        await world.add("No metadata.")
+        page = await world.service.list_memories(ns, 2, "", metadata_filter={"k": "v"})
+        rest = await world.service.list_memories(
+            ns, 2, page.next_page_token, metadata_filter={"k": "v"}
+        )
+        assert {m.memory_id for m in [*page.memories, *rest.memories]} == tagged
+        assert rest.next_page_token == ""
+        both = await world.service.list_memories(ns, 10, "", metadata_filter={"k": "v", "n": "1"})
+        assert [m.metadata["n"] for m in both.memories] == ["1"]
+        with pytest.raises(DomainError) as moved:  # a token of the listing without the filter
+            await world.service.list_memories(ns, 2, page.next_page_token)
+        assert reason(moved) == (Code.INVALID_ARGUMENT, "INVALID_PAGE_TOKEN")
+        with pytest.raises(DomainError) as bad:
+            await world.service.list_memories(ns, 2, "", metadata_filter={"": "v"})
+        assert reason(bad) == (Code.INVALID_ARGUMENT, "INVALID_METADATA")
+
     async def test_pages_of_a_listing_answer_for_one_time(self, world: World) -> None:
         ns = world.namespace
         for i in range(3):

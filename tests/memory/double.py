@@ -320,6 +320,7 @@ class InMemoryMemoryStore:
         after: uuid.UUID | None,
         limit: int,
         valid_at: datetime | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> list[Memory]:
         rows = sorted(
             (
@@ -329,6 +330,7 @@ class InMemoryMemoryStore:
                 and self._live(m)
                 and self._valid(m, valid_at)
                 and (after is None or m.memory_id > after)
+                and all(m.metadata.get(k) == v for k, v in (metadata or {}).items())
                 and (
                     conversation_id is None
                     or any(

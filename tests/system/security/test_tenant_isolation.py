@@ -430,6 +430,10 @@ CASES: dict[str, Case] = {
             lambda ns, t, own: memory_pb.ListMemoriesRequest(
                 namespace=ns, page_size=1, page_token=t.memories_token
             ),
+            # B's memories' metadata, listed from A's namespace (RunifoldStore lists so).
+            lambda ns, t, own: memory_pb.ListMemoriesRequest(
+                namespace=ns, metadata_filter={"owner": t.query}
+            ),
         )
     ),
     "MemoryService.SearchMemories": Case(

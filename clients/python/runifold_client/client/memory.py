@@ -163,8 +163,10 @@ class MemoryCalls(Connection):
         namespace: str | None = None,
         conversation_id: str = "",
         page_size: int = PAGE_SIZE,
+        metadata_filter: Mapping[str, str] | None = None,
     ) -> AsyncIterator[memory_pb.Memory]:
-        """Every memory of a namespace (only those from one conversation when given)."""
+        """Every memory of a namespace (only those from one conversation when given, only
+        those whose metadata holds every pair of `metadata_filter` when given)."""
         pages = self._pages(
             lambda token: self._call(
                 self.memories.ListMemories,
@@ -173,6 +175,7 @@ class MemoryCalls(Connection):
                     conversation_id=conversation_id,
                     page_size=page_size,
                     page_token=token,
+                    metadata_filter=metadata_filter,
                 ),
             ),
             lambda page: page.memories,

@@ -603,12 +603,33 @@ class ListMemoriesRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class MetadataFilterEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     NAMESPACE_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     AS_OF_TIME_FIELD_NUMBER: _builtins.int
     IGNORE_VALIDITY_FIELD_NUMBER: _builtins.int
+    METADATA_FILTER_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     """Namespace to list."""
     page_size: _builtins.int
@@ -625,6 +646,12 @@ class ListMemoriesRequest(_message.Message):
     def as_of_time(self) -> _timestamp_pb2.Timestamp:
         """Only memories valid at this time; absent: now."""
 
+    @_builtins.property
+    def metadata_filter(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Only memories whose metadata holds every one of these pairs (the same rules
+        as SearchMemoriesRequest.metadata_filter); empty: no filter.
+        """
+
     def __init__(
         self,
         *,
@@ -634,10 +661,11 @@ class ListMemoriesRequest(_message.Message):
         conversation_id: _builtins.str = ...,
         as_of_time: _timestamp_pb2.Timestamp | None = ...,
         ignore_validity: _builtins.bool = ...,
+        metadata_filter: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["as_of_time", b"as_of_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["as_of_time", b"as_of_time", "conversation_id", b"conversation_id", "ignore_validity", b"ignore_validity", "namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["as_of_time", b"as_of_time", "conversation_id", b"conversation_id", "ignore_validity", b"ignore_validity", "metadata_filter", b"metadata_filter", "namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -843,6 +843,13 @@ export interface ListMemoriesRequest {
    * @generated from field: bool ignore_validity = 6;
    */
   'ignore_validity'?: (boolean);
+  /**
+   * Only memories whose metadata holds every one of these pairs (the same rules
+   * as SearchMemoriesRequest.metadata_filter); empty: no filter.
+   *
+   * @generated from field: map<string, string> metadata_filter = 7;
+   */
+  'metadata_filter'?: ({[key: string]: string});
 }
 
 /**
@@ -888,6 +895,13 @@ export interface ListMemoriesRequest__Output {
    * @generated from field: bool ignore_validity = 6;
    */
   'ignore_validity': (boolean);
+  /**
+   * Only memories whose metadata holds every one of these pairs (the same rules
+   * as SearchMemoriesRequest.metadata_filter); empty: no filter.
+   *
+   * @generated from field: map<string, string> metadata_filter = 7;
+   */
+  'metadata_filter': ({[key: string]: string});
 }
 
 /**

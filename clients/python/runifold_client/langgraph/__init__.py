@@ -1,0 +1,3 @@
+from runifold_client.langgraph.store import RunifoldStore
+
+__all__ = ["RunifoldStore"]
