@@ -13,9 +13,10 @@ known here by the store's key (a number: what a NOTIFY carries):
   NOTIFY (services/common/postgres/notify.py), and this process's one listening
   connection wakes the key's streams;
 - the pulse: every `poll_s` the store reads the heads of everything watched here (one
-  statement for up to PULSE_CHUNK keys), keeps it marked as watched (so that its
-  writes announce), and the streams that are behind are woken. A lost notification delays a stream by at most that long;
-  when the listening connection is back, the pulse runs at once.
+  statement for up to PULSE_CHUNK keys) and keeps it marked as watched (so that its
+  writes announce), and the streams that are behind are woken. A lost notification
+  delays a stream by at most that long; when the listening connection is back, the
+  pulse runs at once.
 
 The bounds: at most `max_watchers` streams in the process and
 `max_watchers_per_namespace` of one namespace (RESOURCE_EXHAUSTED / WATCHER_LIMIT
