@@ -118,4 +118,4 @@ class CurationWorkers(QueueWorkers[CurationJob, CurationRun]):
         metrics.CURATION_JOBS_FAILED.set(backlog.failed_count)
 
     async def prune(self) -> None:
-        await self.store.prune(self.config.curation_job_retention_s)
+        await self.store.prune(self.settings.job_retention_s)

@@ -123,4 +123,4 @@ class SummaryWorkers(QueueWorkers[Job, bool]):
         metrics.SUMMARY_JOBS_FAILED.set(backlog.failed_count)
 
     async def prune(self) -> None:
-        await self.store.prune_jobs(self.config.job_retention_s)
+        await self.store.prune_jobs(self.settings.job_retention_s)
