@@ -1,6 +1,12 @@
-"""One stream of a change feed, whatever it follows (services/transcript/watch/stream.py
-and services/memory/watch/stream.py hold each loop): what it holds of the feed's byte
+"""One stream of a change feed, whatever it follows: what it holds of the feed's byte
 budget, when it was woken, when it last spoke.
+
+Each stream's loop (`follow`) stays in its service (services/transcript/watch/stream.py,
+services/memory/watch/stream.py): they share their shape, not their reads. A
+conversation's stream reads pages of entries (across a fork's shared prefix), the
+retractions of entries it delivered, the turns that start and finish, and ends with the
+erasure of its incarnation; a namespace's stream reads one numbered change after
+another and never ends by itself.
 
 A stream holds at most one page of what it read, and only while the transport has not
 taken it. The bytes of the page are counted against the feed's budget
