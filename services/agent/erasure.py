@@ -24,7 +24,7 @@ by GetErasureReceipt (or a retry of the erasure). A receipt holds counts, never 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -51,6 +51,8 @@ MEMORIES = "memories"
 MEMORY_REVISIONS = "memory_revisions"
 INDEX_POINTS = "index_points"
 FORKS = "forks"
+# TranscriptService's refusal of a deletion that would erase a fork not listed.
+FORKS_CHANGED = "FORKS_CHANGED"
 
 # The parts of an erasure (a receipt's `remaining`; the response's lists those a retry
 # must still do).
@@ -60,6 +62,10 @@ MEMORY_INDEX = "memory_index"
 TRANSCRIPT = "transcript"
 
 _RETRY_LATER = (Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED)
+# How many times one call lists the forks again after the transcript's deletion found a
+# fork made since the last listing (FORKS_CHANGED): each round erases the new forks'
+# derived data. Forks made faster than that leave the transcript to the erasure's retry.
+FORK_ROUNDS = 4
 
 
 async def _unless_unavailable(action: Awaitable[T]) -> T | None:
@@ -106,6 +112,9 @@ class _ForkParts:
     pending: list[str] = field(default_factory=list)
     summary_rows: int = 0
     memories_deleted: int = 0
+    # Every fork listed (id, incarnation), those erased before included; None when the
+    # listing failed.
+    listed: list[tuple[str, int]] | None = None
 
 
 async def _erase_forks(
@@ -115,6 +124,7 @@ async def _erase_forks(
     namespace: str,
     conversation_id: str,
     part: Callable[[str, Awaitable[Any]], Awaitable[Any]],
+    erased: Sequence[tuple[str, int]] = (),
 ) -> _ForkParts:
     """Erase the summaries and memories of the conversation's forks (and theirs), each for
     its own incarnation; their counts are added to the receipt's (each service reports the
@@ -122,11 +132,15 @@ async def _erase_forks(
     only grow). A part whose service is unreachable is left in `remaining` (by `part`)
     and the transcript kept, so that the retry finds the forks again.
 
-    A fork made after the forks were listed (between this read and the transcript's
-    deletion) is deleted with the transcript but not found here."""
+    Forks in `erased` (done in an earlier round of this call) are skipped. A fork made
+    after the forks were listed is found by the transcript's deletion, which then refuses
+    (FORKS_CHANGED) and the caller lists them again."""
     forks = await part(TRANSCRIPT, transcripts.forks(namespace, conversation_id))
-    done = _ForkParts()
+    done = _ForkParts(listed=list(forks) if forks is not None else None)
+    skipped = set(erased)
     for fork_id, fork_incarnation in forks or ():
+        if (fork_id, fork_incarnation) in skipped:
+            continue
         summary = await part(SUMMARY, summaries.erase(namespace, fork_id, fork_incarnation))
         memory = await part(
             MEMORY, memories.forget_conversation(namespace, fork_id, fork_incarnation)
@@ -164,7 +178,8 @@ async def erase(
     Forks are counted by TranscriptService when it deletes the transcript (its forks, and
     theirs, go with it); 0 here. What was derived from the forks' own entries (their
     summaries and memories) is erased before that, for each fork's incarnation, and
-    counted with the conversation's own.
+    counted with the conversation's own; a fork made meanwhile makes the deletion refuse
+    (FORKS_CHANGED) and is erased in the next round (at most FORK_ROUNDS).
     """
     validation.namespace(namespace)
     validation.conversation_id(conversation_id)
@@ -194,24 +209,47 @@ async def erase(
     pending = _pending(summary, memory)
     summary_rows = summary.rows if summary else 0
     memories_deleted = memory.deleted if memory else 0
+    deletion = TranscriptDeletion(0, 0, kept)
     if incarnation is not None:
         # Its forks go with its transcript, and what was derived from their own entries
         # (summaries of a fork, memories sourced from it) must go too: erased here, each
         # for the fork's incarnation (a tombstone each), BEFORE the transcript, which is
         # the only place the forks can be found. A call that dies midway leaves the
-        # transcript, so its retry finds the forks again and erases what is left.
-        fork_parts = await _erase_forks(
-            transcripts, summaries, memories, namespace, conversation_id, part
-        )
-        for name, count in fork_parts.counts.items():
-            counts[name] = counts.get(name, 0) + count
-        pending += [name for name in fork_parts.pending if name not in pending]
-        summary_rows += fork_parts.summary_rows
-        memories_deleted += fork_parts.memories_deleted
-    deletion = TranscriptDeletion(0, 0, kept)
-    if incarnation is not None:
-        if remaining:
-            remaining.append(TRANSCRIPT)  # after its derived parts, on the retry
+        # transcript, so its retry finds the forks again and erases what is left. The
+        # deletion names the forks erased: one made since they were listed makes it
+        # refuse (FORKS_CHANGED, checked in its transaction, which the fork's own
+        # transaction cannot straddle), and the forks are listed again.
+        erased_forks: list[tuple[str, int]] = []
+        deleting = False
+        for _ in range(FORK_ROUNDS):
+            fork_parts = await _erase_forks(
+                transcripts, summaries, memories, namespace, conversation_id, part, erased_forks
+            )
+            for name, count in fork_parts.counts.items():
+                counts[name] = counts.get(name, 0) + count
+            pending += [name for name in fork_parts.pending if name not in pending]
+            summary_rows += fork_parts.summary_rows
+            memories_deleted += fork_parts.memories_deleted
+            if remaining:
+                break  # a derived part (or the listing) is left: the transcript stays
+            erased_forks = fork_parts.listed or []
+            try:
+                deleted = await part(
+                    TRANSCRIPT,
+                    transcripts.delete_conversation(
+                        namespace, conversation_id, incarnation, counts, pending, erased_forks
+                    ),
+                )
+            except DomainError as error:
+                if error.reason != FORKS_CHANGED:
+                    raise
+                continue  # a fork made since the listing: list again, erase its part
+            deleting = True
+            deletion = deleted or TranscriptDeletion(0, 0)
+            break
+        if not deleting:
+            if TRANSCRIPT not in remaining:
+                remaining.append(TRANSCRIPT)  # after its derived parts, on the retry
             # What was erased so far, so that the receipt exists meanwhile (best effort:
             # the retry records it anyway).
             recorded = await _unless_unavailable(
@@ -220,14 +258,6 @@ async def erase(
                 )
             )
             deletion = TranscriptDeletion(0, 0, recorded)
-        else:
-            deleted = await part(
-                TRANSCRIPT,
-                transcripts.delete_conversation(
-                    namespace, conversation_id, incarnation, counts, pending
-                ),
-            )
-            deletion = deleted or TranscriptDeletion(0, 0)
     elif erased_incarnation:
         recorded = await part(
             "receipt",

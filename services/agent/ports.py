@@ -99,7 +99,7 @@ class Transcripts(Protocol):
 
     async def forks(self, namespace: str, conversation_id: str) -> list[tuple[str, int]]:
         """The conversation's forks and theirs (id and incarnation), a fork before its
-        own; none when it has none or does not exist."""
+        own, every page of them; none when it has none or does not exist."""
 
     async def delete_conversation(
         self,
@@ -108,11 +108,14 @@ class Transcripts(Protocol):
         incarnation: int,
         counts: Mapping[str, int] | None = None,
         remaining: Sequence[str] = (),
+        erased_forks: Sequence[tuple[str, int]] | None = None,
     ) -> TranscriptDeletion:
         """Erase the transcript (of that incarnation, when not 0); return the entries and
         appends erased (0 when already gone). With `counts` (and an incarnation), record
         the erasure's receipt in the same transaction: those counts and `remaining` parts,
-        with the entries and appends erased."""
+        with the entries and appends erased. With `erased_forks` (id, incarnation: the
+        forks whose derived data was erased), FORKS_CHANGED (a DomainError) when another
+        fork would go with it, and nothing is deleted."""
 
     async def record_receipt(
         self,

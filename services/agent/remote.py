@@ -30,6 +30,7 @@ from services.common import convert, stubs
 from services.common.channels import Peer
 from services.common.domain import Budget, Entry, Message, Usage
 from services.common.errors import DomainError, VersionConflict
+from services.common.pagination import MAX_PAGE_SIZE
 
 
 def _receipt(receipt: transcript_pb.ErasureReceipt) -> Receipt:
@@ -279,11 +280,22 @@ class GrpcTranscripts:
         return int(reply.conversation.incarnation)
 
     async def forks(self, namespace: str, conversation_id: str) -> list[tuple[str, int]]:
-        reply = await self.peer.call(
-            self.stub.ListForks,
-            transcript_pb.ListForksRequest(namespace=namespace, conversation_id=conversation_id),
-        )
-        return [(fork.conversation_id, int(fork.incarnation)) for fork in reply.forks]
+        found: list[tuple[str, int]] = []
+        token = ""
+        while True:
+            reply = await self.peer.call(
+                self.stub.ListForks,
+                transcript_pb.ListForksRequest(
+                    namespace=namespace,
+                    conversation_id=conversation_id,
+                    page_size=MAX_PAGE_SIZE,
+                    page_token=token,
+                ),
+            )
+            found.extend((fork.conversation_id, int(fork.incarnation)) for fork in reply.forks)
+            token = reply.next_page_token
+            if not token:
+                return found
 
     async def delete_conversation(
         self,
@@ -292,6 +304,7 @@ class GrpcTranscripts:
         incarnation: int,
         counts: Mapping[str, int] | None = None,
         remaining: Sequence[str] = (),
+        erased_forks: Sequence[tuple[str, int]] | None = None,
     ) -> TranscriptDeletion:
         reply = await self.peer.call(
             self.stub.DeleteConversation,
@@ -301,6 +314,14 @@ class GrpcTranscripts:
                 incarnation=incarnation,
                 receipt=transcript_pb.ErasureProgress(counts=counts, remaining=remaining)
                 if counts is not None
+                else None,
+                erased_forks=transcript_pb.ErasedForks(
+                    forks=[
+                        transcript_pb.ForkRef(conversation_id=fork_id, incarnation=fork_incarnation)
+                        for fork_id, fork_incarnation in erased_forks
+                    ]
+                )
+                if erased_forks is not None
                 else None,
             ),
         )

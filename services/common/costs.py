@@ -145,8 +145,9 @@ COSTS: dict[str, CostClass] = {
     ),
     _T + "ListForks": CostClass(
         "exempt",
-        _ONE_READ + " (a recursive walk of the forks index: one probe per fork found)",
-        "one row per fork (id and incarnation), at any depth",
+        _ONE_READ + " (a recursive walk of the forks index: one probe per fork of the "
+        "tree, whichever page is asked)",
+        _PAGE + " of forks (id, incarnation, source, fork point)",
         "never",
     ),
     _T + "PutCheckpoint": CostClass(

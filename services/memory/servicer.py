@@ -6,7 +6,6 @@ them to status codes with ErrorInfo.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -17,7 +16,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from runifold.memory.v1 import memory_service_pb2 as pb
 from runifold.memory.v1 import memory_service_pb2_grpc as pb_grpc
 from services.common import convert
-from services.common.errors import DomainError, StreamStalled
+from services.common.watch import servicer as watch_wire
 from services.memory import metrics
 from services.memory.curation.model import CurationJob
 from services.memory.model import (
@@ -366,42 +365,19 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     async def WatchMemories(  # type: ignore[override]
         self, request: pb.WatchMemoriesRequest, context: Context
     ) -> None:
-        heartbeat_s = (
-            convert.timedelta_from_request(
-                request.heartbeat_interval, "heartbeat_interval", "INVALID_HEARTBEAT_INTERVAL"
-            ).total_seconds()
-            if request.HasField("heartbeat_interval")
-            else 0.0
-        )
-        send_timeout_s = self.feed.limits.send_timeout_s
         stream = self.feed.watch(
             request.namespace,
             request.after_change_sequence,
-            heartbeat_s,
+            watch_wire.heartbeat_s(request),
             # What the stream holds is given back when the call has ended: a cut stream's
             # last event stays in the transport until then.
             until_done=lambda release: context.add_done_callback(lambda _: release()),
         )
-        try:
-            async for event in stream:
-                # Serialized here and the event let go, so that a write that waits holds
-                # the message once (and grpc's copy), not also its memory and protobuf;
-                # and the message let go once written, before the stream waits for more.
-                message = watch_event_to_proto(event).SerializeToString()
-                del event
-                # Each write waits for the transport (HTTP/2 flow control): the stream
-                # reads its next page only once the reader took this event. A reader that
-                # takes nothing for the timeout is cut off; it resumes from its last change.
-                try:
-                    async with asyncio.timeout(send_timeout_s):
-                        await context.write(message)
-                except TimeoutError:
-                    metrics.WATCH_STREAMS_CUT.labels("WATCHER_TOO_SLOW").inc()
-                    raise StreamStalled(events.watcher_too_slow(send_timeout_s)) from None
-                del message
-        except DomainError as error:
-            if error.reason == "SERVER_SHUTTING_DOWN":
-                metrics.WATCH_STREAMS_CUT.labels("SERVER_SHUTTING_DOWN").inc()
-            raise
-        finally:
-            await stream.aclose()
+        await watch_wire.write_stream(
+            context,
+            stream,
+            watch_event_to_proto,
+            self.feed.limits.send_timeout_s,
+            events.watcher_too_slow,
+            metrics.WATCH_STREAMS_CUT,
+        )

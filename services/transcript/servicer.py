@@ -6,7 +6,6 @@ them to status codes with ErrorInfo.
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,7 +14,7 @@ from runifold.transcript.v1 import transcript_service_pb2_grpc as pb_grpc
 from services.common import convert
 from services.common import messages as message_rules
 from services.common.auth import ALL, identity_var
-from services.common.errors import DomainError, StreamStalled
+from services.common.watch import servicer as watch_wire
 from services.transcript import metrics as transcript_metrics
 from services.transcript.checkpoints.model import (
     ChannelValue,
@@ -382,6 +381,9 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
             ErasureProgress(dict(request.receipt.counts), list(request.receipt.remaining))
             if request.HasField("receipt")
             else None,
+            [(fork.conversation_id, fork.incarnation) for fork in request.erased_forks.forks]
+            if request.HasField("erased_forks")
+            else None,
         )
         return pb.DeleteConversationResponse(
             deleted=deleted.deleted,
@@ -504,16 +506,20 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
     async def ListForks(
         self, request: pb.ListForksRequest, context: Context
     ) -> pb.ListForksResponse:
-        forks = await self.service.list_forks(request.namespace, request.conversation_id)
+        page = await self.service.list_forks(
+            request.namespace, request.conversation_id, request.page_size, request.page_token
+        )
         return pb.ListForksResponse(
             forks=[
                 pb.ForkRef(
                     conversation_id=str(fork.conversation_id),
                     incarnation=fork.incarnation,
                     source_conversation_id=str(fork.source_id),
+                    through_sequence=fork.through_sequence,
                 )
-                for fork in forks
-            ]
+                for fork in page.forks
+            ],
+            next_page_token=page.next_page_token,
         )
 
     # A coroutine that writes through the context (grpc.aio serves both forms), so that
@@ -521,47 +527,24 @@ class TranscriptServicer(pb_grpc.TranscriptServiceServicer):
     async def WatchConversation(  # type: ignore[override]
         self, request: pb.WatchConversationRequest, context: Context
     ) -> None:
-        heartbeat_s = (
-            convert.timedelta_from_request(
-                request.heartbeat_interval, "heartbeat_interval", "INVALID_HEARTBEAT_INTERVAL"
-            ).total_seconds()
-            if request.HasField("heartbeat_interval")
-            else 0.0
-        )
-        send_timeout_s = self.feed.limits.send_timeout_s
         stream = self.feed.watch(
             request.namespace,
             request.conversation_id,
             request.after_sequence,
             request.incarnation,
-            heartbeat_s,
+            watch_wire.heartbeat_s(request),
             # What the stream holds is given back when the call has ended: a cut stream's
             # last event stays in the transport until then.
             until_done=lambda release: context.add_done_callback(lambda _: release()),
         )
-        try:
-            async for event in stream:
-                # Serialized here and the event let go, so that a write that waits holds
-                # the message once (and grpc's copy), not also its entries and protobuf;
-                # and the message let go once written, before the stream waits for more.
-                message = watch_event_to_proto(event).SerializeToString()
-                del event
-                # Each write waits for the transport (HTTP/2 flow control): the stream
-                # reads its next page only once the reader took this event. A reader that
-                # takes nothing for the timeout is cut off; it resumes from its last sequence.
-                try:
-                    async with asyncio.timeout(send_timeout_s):
-                        await context.write(message)
-                except TimeoutError:
-                    transcript_metrics.WATCH_STREAMS_CUT.labels("WATCHER_TOO_SLOW").inc()
-                    raise StreamStalled(watcher_too_slow(send_timeout_s)) from None
-                del message
-        except DomainError as error:
-            if error.reason == "SERVER_SHUTTING_DOWN":
-                transcript_metrics.WATCH_STREAMS_CUT.labels("SERVER_SHUTTING_DOWN").inc()
-            raise
-        finally:
-            await stream.aclose()
+        await watch_wire.write_stream(
+            context,
+            stream,
+            watch_event_to_proto,
+            self.feed.limits.send_timeout_s,
+            watcher_too_slow,
+            transcript_metrics.WATCH_STREAMS_CUT,
+        )
 
     async def MarkCurated(
         self, request: pb.MarkCuratedRequest, context: Context

@@ -178,8 +178,14 @@ class FakeTranscripts:
     async def forks(self, namespace: str, conversation_id: str) -> list[tuple[str, int]]:
         if self.down:
             raise StoreUnavailable("transcript")
-        found = await self.service.list_forks(namespace, conversation_id)
-        return [(str(fork.conversation_id), fork.incarnation) for fork in found]
+        found: list[tuple[str, int]] = []
+        token = ""
+        while True:
+            page = await self.service.list_forks(namespace, conversation_id, 2, token)
+            found.extend((str(fork.conversation_id), fork.incarnation) for fork in page.forks)
+            token = page.next_page_token
+            if not token:
+                return found
 
     async def delete_conversation(
         self,
@@ -188,6 +194,7 @@ class FakeTranscripts:
         incarnation: int,
         counts: Mapping[str, int] | None = None,
         remaining: Sequence[str] = (),
+        erased_forks: Sequence[tuple[str, int]] | None = None,
     ) -> TranscriptDeletion:
         if self.down:
             raise StoreUnavailable("transcript")
@@ -196,6 +203,7 @@ class FakeTranscripts:
             conversation_id,
             incarnation,
             ErasureProgress(counts, remaining) if counts is not None else None,
+            erased_forks,
         )
         return TranscriptDeletion(
             deleted.entries, deleted.appends, _receipt(deleted.receipt) if deleted.receipt else None

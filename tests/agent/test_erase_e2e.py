@@ -326,6 +326,25 @@ async def test_erasing_a_source_erases_what_was_derived_from_its_forks(
             )
             derived.append(made.memory.memory_id)
 
+        # A deletion naming the forks an erasure erased refuses one it did not name (a
+        # fork made after its listing), in its transaction: nothing is deleted.
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await transcript.DeleteConversation(
+                transcript_pb.DeleteConversationRequest(
+                    namespace=namespace,
+                    conversation_id=source,
+                    erased_forks=transcript_pb.ErasedForks(forks=[listed.forks[0]]),
+                )
+            )
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert error_info(refused.value).reason == "FORKS_CHANGED"  # type: ignore[union-attr]
+        still = await transcript.GetConversation(
+            transcript_pb.GetConversationRequest(
+                namespace=namespace, conversation_id=grandchild.conversation_id
+            )
+        )
+        assert still.conversation.incarnation == grandchild.incarnation
+
         erased = await stack.agent.EraseConversation(
             pb.EraseConversationRequest(namespace=namespace, conversation_id=source), timeout=30
         )

@@ -148,7 +148,7 @@ async def test_a_forks_summary_is_erased_before_the_transcript_and_a_retry_finis
     assert (fork_id, fork.incarnation) in world.summaries.erased
     assert first.receipt is not None and first.receipt.counts["summaries"] == 2
     assert [
-        str(f.conversation_id) for f in await world.transcripts.service.list_forks(NS, cid)
+        str(f.conversation_id) for f in (await world.transcripts.service.list_forks(NS, cid)).forks
     ] == [fork_id]
     world.memories.down = False
     again = await world.agent.erase(NS, cid)
@@ -158,3 +158,57 @@ async def test_a_forks_summary_is_erased_before_the_transcript_and_a_retry_finis
     assert (fork_id, fork.incarnation) in world.memories.erased
     assert again.receipt.counts["summaries"] == 2 and again.receipt.counts["forks"] == 1
     assert await world.transcripts.incarnation(NS, fork_id) is None
+
+
+async def test_a_fork_made_between_the_listing_and_the_deletion_has_its_summary_erased() -> None:
+    """The instant between the saga's listing of the forks and the transcript's deletion:
+    a fork made (and summarized) there is found by the deletion, which refuses
+    (FORKS_CHANGED) and deletes nothing; the saga lists the forks again, erases the new
+    fork's summary for its incarnation, and then deletes. Nothing of it survives."""
+    world, cid = await erased_world()
+    first, _ = await world.transcripts.service.fork_conversation(NS, cid, 10)
+    listing = world.transcripts.forks
+    late: list[tuple[str, int]] = []
+
+    async def forks_then_a_new_one(namespace: str, conversation_id: str) -> list[tuple[str, int]]:
+        found = await listing(namespace, conversation_id)
+        if not late:  # the first listing: a fork is made right after it
+            fork, _ = await world.transcripts.service.fork_conversation(NS, cid, 20)
+            late.append((str(fork.conversation_id), fork.incarnation))
+            await world.summaries.summarize(NS, late[0][0], 16, 64, 1, Budget(10, 10, 10))
+        return found
+
+    world.transcripts.forks = forks_then_a_new_one  # type: ignore[method-assign]
+    erased = await world.agent.erase(NS, cid)
+    assert erased.complete and erased.receipt is not None
+    assert late and late[0][0] not in world.summaries.summaries
+    assert late[0] in world.summaries.erased and late[0] in world.memories.erased
+    assert (str(first.conversation_id), first.incarnation) in world.summaries.erased
+    # Each fork's parts counted once: the source's summary and the late fork's.
+    assert erased.receipt.counts["summaries"] == 2 and erased.receipt.counts["forks"] == 2
+    for gone in (cid, str(first.conversation_id), late[0][0]):
+        assert await world.transcripts.incarnation(NS, gone) is None
+
+
+async def test_forks_made_faster_than_the_rounds_leave_the_transcript_to_the_retry() -> None:
+    """A fork made after every listing of one call: the transcript is kept (remaining),
+    nothing of a fork is left underived, and the retry finishes."""
+    world, cid = await erased_world()
+    listing = world.transcripts.forks
+    made = 0
+
+    async def always_a_new_one(namespace: str, conversation_id: str) -> list[tuple[str, int]]:
+        nonlocal made
+        found = await listing(namespace, conversation_id)
+        if made < 4:
+            await world.transcripts.service.fork_conversation(NS, cid, 5 + made)
+            made += 1
+        return found
+
+    world.transcripts.forks = always_a_new_one  # type: ignore[method-assign]
+    first = await world.agent.erase(NS, cid)
+    assert list(first.remaining) == ["transcript"]
+    assert await world.transcripts.incarnation(NS, cid) is not None
+    again = await world.agent.erase(NS, cid)
+    assert again.complete and again.receipt is not None
+    assert again.receipt.counts["forks"] == 4

@@ -381,6 +381,124 @@ async def test_a_write_action_runs_only_once_confirmed(
         assert not all_css(driver, f'li.memory[data-memory="{mid}"]')
 
 
+# What a conversation's page shows, read in one go (the page may be drawn again between
+# two reads of selenium's).
+PAGE_STATE = """
+return {
+  texts: [...document.querySelectorAll('#entries li.entry')].map(
+    (e) => e.querySelector('.text')?.textContent ?? ''),
+  roles: [...document.querySelectorAll('#entries li.entry .role')].map((r) => r.textContent),
+  stages: [...document.querySelectorAll('#chat-stages li')].map((li) => li.textContent),
+};
+"""
+
+
+async def test_edit_and_regenerate_forks_before_the_entry_and_runs_the_turn_on_the_fork(
+    server: ServiceProcess, browser: Any
+) -> None:
+    """ "Edit and regenerate" on a user entry inside an append: the fork shares the
+    entries before it (a fork point that cuts the append), the edited text runs as a turn
+    on the fork, and the browser lands on the fork, whose page links to its origin; the
+    source, unchanged, lists its forks (and theirs)."""
+    driver, ns = browser, f"console-fork-{uuid.uuid4().hex[:8]}"
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        transcript = stubs.transcript(channel)
+        created = await transcript.CreateConversation(
+            transcript_pb.CreateConversationRequest(namespace=ns)
+        )
+        cid = created.conversation.conversation_id
+        said = ["Name a colour.", "Red.", "Another one?", "Blue."]
+        roles = [common_pb2.ROLE_USER, common_pb2.ROLE_ASSISTANT] * 2
+        # One append: editing entry 3 forks through 2, inside it.
+        await transcript.AppendEntries(
+            transcript_pb.AppendEntriesRequest(
+                namespace=ns,
+                conversation_id=cid,
+                messages=[
+                    common_pb2.Message(role=r, text=t) for r, t in zip(roles, said, strict=True)
+                ],
+            )
+        )
+
+        def edit() -> str:
+            driver.get(f"{server.http_url}/?namespace={ns}&conversation={cid}")
+            css(driver, "#entry-4")
+            assert css(driver, "#forks").text == "Forks\nNone."
+            # On user entries only.
+            assert [
+                b.find_element("xpath", "..").get_attribute("id")
+                for b in all_css(driver, "li.entry button.edit")
+            ] == ["entry-1", "entry-3"]
+            css(driver, "#entry-3 button.edit").click()
+            field = css(driver, "#entry-3 textarea.edit-input")
+            assert field.get_attribute("value") == "Another one?"
+            field.clear()
+            field.send_keys("A warmer one?")
+            shot(driver, "7-edit")
+            css(driver, "#entry-3 button.edit-send").click()
+            # The fork's page, the turn run on it, once drawn with the turn's entries.
+            waiting(driver).until(lambda d: f"conversation={cid}" not in d.current_url)
+            settled = "return document.getElementById('chat-log')?.dataset.settled === '1'"
+            waiting(driver).until(lambda d: d.execute_script(settled))
+            fork = str(driver.current_url).split("conversation=")[1].split("&")[0]
+            page = driver.execute_script(PAGE_STATE)
+            assert page["texts"] == ["Name a colour.", "Red.", "A warmer one?", page["texts"][3]]
+            assert page["roles"] == ["user", "assistant", "user", "assistant"]
+            assert page["stages"][:2] == ["forked at entry 2", "sent"]
+            assert page["stages"][-1] == "committed (version 2)"
+            origin = css(driver, "#fork-origin a")
+            assert origin.text == f"…{cid[-8:]} after entry 2"
+            driver.execute_script("document.getElementById('conversation-facts').scrollIntoView()")
+            shot(driver, "8-fork", docs="console-fork")
+            # Its origin: the source at the fork point.
+            origin.click()
+            waiting(driver).until(lambda d: f"conversation={cid}" in d.current_url)
+            assert "entry=2" in driver.current_url
+            waiting(driver).until(lambda d: len(all_css(d, "li.entry.highlighted")) == 1)
+            assert css(driver, "li.entry.highlighted").get_attribute("id") == "entry-2"
+            listed = css(driver, f'#fork-list li.fork[data-conversation="{fork}"]')
+            assert listed.text == f"…{fork[-8:]} shares entries 1\u20132"
+            return fork
+
+        fork = await asyncio.to_thread(edit)
+        got = await transcript.GetConversation(
+            transcript_pb.GetConversationRequest(namespace=ns, conversation_id=fork)
+        )
+        assert (
+            got.conversation.fork_origin.conversation_id,
+            got.conversation.fork_origin.through_sequence,
+        ) == (cid, 2)
+        # The source is as it was.
+        source = await transcript.ListEntries(
+            transcript_pb.ListEntriesRequest(namespace=ns, conversation_id=cid)
+        )
+        assert [e.message.text for e in source.entries] == said
+        nested = await transcript.ForkConversation(
+            transcript_pb.ForkConversationRequest(
+                namespace=ns, conversation_id=fork, through_sequence=3
+            )
+        )
+        nested_id = nested.conversation.conversation_id
+
+    def forks_of_forks() -> None:
+        driver.get(f"{server.http_url}/?namespace={ns}&conversation={cid}")
+        rows = waiting(driver).until(
+            lambda d: (
+                len(all_css(d, "#fork-list li.fork")) == 2 and all_css(d, "#fork-list li.fork")
+            )
+        )
+        assert [r.get_attribute("data-conversation") for r in rows] == [fork, nested_id]
+        assert rows[1].text == (
+            f"…{nested_id[-8:]} shares entries 1\u20133 of …{fork[-8:]} (a fork of a fork)"
+        )
+        driver.execute_script("document.getElementById('forks').scrollIntoView()")
+        shot(driver, "9-forks")
+        errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+        assert not errors, f"the console logged errors: {errors}"
+
+    await asyncio.to_thread(forks_of_forks)
+
+
 async def test_the_console_is_served_with_its_content_security_policy(
     server: ServiceProcess,
 ) -> None:
@@ -459,6 +577,8 @@ async def test_with_authentication_the_console_reads_with_the_user_s_own_token(
         assert "not served on this port" in css(driver, "#summary").text
         assert not css(driver, 'a[data-tab="memories"]').is_displayed()
         assert not all_css(driver, "button.action")
+        assert not all_css(driver, "button.edit")  # no edit and regenerate either
+        assert css(driver, "#forks").text == "Forks\nNone."
         # The home page lists the namespaces a token grants that hold conversations,
         # and only those (the database holds many others). (A token of one namespace
         # opens it at once.)

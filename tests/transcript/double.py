@@ -11,7 +11,7 @@ import itertools
 import json
 import secrets
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
@@ -60,6 +60,7 @@ from services.transcript.forks.model import (
     NewFork,
     conversation_exists,
     fork_point_out_of_range,
+    forks_changed,
 )
 from services.transcript.leases.model import (
     EndedTurn,
@@ -88,6 +89,8 @@ from services.transcript.views.model import ViewRead, view_ranges
 
 # Queue tickets, one counter for every conversation (transcript.turn_tickets).
 _TICKETS = itertools.count(1)
+# Conversation keys in the order conversations were made, like the store's identity.
+_KEYS = itertools.count(1)
 
 
 def _random_token() -> int:
@@ -143,6 +146,7 @@ class _Stored:
     shared_versions: int = 0  # the appends of the prefix (its source's)
     forks: list[tuple[uuid.UUID, int]] = field(default_factory=list)
     fork_requests: dict[str, tuple[bytes, uuid.UUID, int]] = field(default_factory=dict)
+    key: int = field(default_factory=lambda: next(_KEYS))
     # LangGraph checkpoints (checkpoints/): by (checkpoint_ns, checkpoint_id), their
     # values by (checkpoint_ns, channel, version), their writes by checkpoint and task.
     checkpoints: dict[tuple[str, str], StoredCheckpoint] = field(default_factory=dict)
@@ -467,11 +471,17 @@ class InMemoryTranscriptStore:
         conversation_id: uuid.UUID,
         incarnation: int = 0,
         receipt: ErasureProgress | None = None,
+        erased_forks: Collection[tuple[uuid.UUID, int]] | None = None,
     ) -> Deletion:
         async with self._lock:
             stored = self._data.get((namespace, conversation_id))
             erased = Deletion(False)
             if stored is not None and incarnation in (0, stored.conversation.incarnation):
+                if erased_forks is not None:
+                    tree = self._fork_tree(namespace, stored)
+                    not_erased = sum(fork not in erased_forks for fork in tree)
+                    if not_erased:
+                        raise forks_changed(not_erased)
                 del self._data[(namespace, conversation_id)]
                 entries = len(stored.entries) - stored.prefix_end
                 appends = stored.conversation.version - stored.shared_versions
@@ -520,7 +530,21 @@ class InMemoryTranscriptStore:
         previous = (rows[after_version - 1][3] if after_version else None) or GENESIS
         return links(rows[after_version : after_version + limit], previous)
 
-    async def list_forks(self, namespace: str, conversation_id: uuid.UUID) -> list[ForkRef]:
+    def _fork_tree(self, namespace: str, stored: _Stored) -> list[tuple[uuid.UUID, int]]:
+        """The forks (id, incarnation) of a conversation and theirs that exist."""
+        found: list[tuple[uuid.UUID, int]] = []
+        pending = list(stored.forks)
+        while pending:
+            fork_id, fork_incarnation = pending.pop()
+            fork = self._data.get((namespace, fork_id))
+            if fork is not None and fork.conversation.incarnation == fork_incarnation:
+                found.append((fork_id, fork_incarnation))
+                pending.extend(fork.forks)
+        return found
+
+    async def list_forks(
+        self, namespace: str, conversation_id: uuid.UUID, after_key: int, limit: int
+    ) -> list[ForkRef]:
         async with self._lock:
             found: list[ForkRef] = []
             root = self._data.get((namespace, conversation_id))
@@ -531,16 +555,20 @@ class InMemoryTranscriptStore:
                     for fork_id, fork_incarnation in stored.forks:
                         fork = self._data.get((namespace, fork_id))
                         if fork is not None and fork.conversation.incarnation == fork_incarnation:
+                            origin = fork.conversation.fork_origin
                             found.append(
                                 ForkRef(
                                     fork_id,
                                     fork_incarnation,
                                     uuid.UUID(str(stored.conversation.conversation_id)),
+                                    origin.through_sequence if origin is not None else 0,
+                                    fork.key,
                                 )
                             )
                             below.append(fork)
                 level = below
-            return found
+            found.sort(key=lambda fork: fork.key)
+            return [fork for fork in found if fork.key > after_key][:limit]
 
     async def fork_conversation(self, fork: NewFork) -> tuple[Conversation, bool]:
         async with self._lock:

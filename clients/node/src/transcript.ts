@@ -227,21 +227,46 @@ export class TranscriptCalls extends Connection {
     return reply.conversation!;
   }
 
-  /** Every fork of a conversation at any depth (a fork before its own forks), each
-   * with its incarnation: what an erasure of the conversation takes with it. */
+  /** Every fork of a conversation at any depth, in the order they were made (a fork
+   * before its own forks), each with its incarnation, its source and the last entry of
+   * the source it shares: what an erasure of the conversation takes with it. Reads
+   * every page of ListForks. */
   async listForks(
     conversationId: string,
-    options?: CallOptions,
-  ): Promise<{ conversationId: string; incarnation: number }[]> {
-    const reply = await this.unary(
-      TRANSCRIPT.listForks,
-      { namespace: this.ns(options), conversation_id: conversationId },
-      options,
+    options: CallOptions & { pageSize?: number } = {},
+  ): Promise<
+    {
+      conversationId: string;
+      incarnation: number;
+      sourceConversationId: string;
+      throughSequence: number;
+    }[]
+  > {
+    const forks = [];
+    const pages = this.pages(
+      (token) =>
+        this.unary(
+          TRANSCRIPT.listForks,
+          {
+            namespace: this.ns(options),
+            conversation_id: conversationId,
+            page_size: options.pageSize ?? PAGE_SIZE,
+            page_token: token,
+          },
+          options,
+        ),
+      (page) => page.forks,
+      (page) => page.next_page_token,
     );
-    return reply.forks.map((fork) => ({
-      conversationId: fork.conversation_id,
-      incarnation: Number(fork.incarnation),
-    }));
+    for await (const fork of pages) {
+      forks.push({
+        conversationId: fork.conversation_id,
+        incarnation: Number(fork.incarnation),
+        sourceConversationId: fork.source_conversation_id,
+        throughSequence: Number(fork.through_sequence),
+      });
+    }
+    return forks;
   }
 
   /** Every append after a version, with its digest and the one it follows, page by page. */

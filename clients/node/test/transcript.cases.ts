@@ -59,6 +59,15 @@ describe("TranscriptService", () => {
     await client.append(fork.conversation_id, ["four"]);
     const texts = (await collect(client.listEntries(fork.conversation_id))).map((e) => e.message?.text);
     assert.deepEqual(texts, ["What is 2 + 2?", "Say it twice", "four"]);
+    // Its forks, every page of them (one fork a page here), a fork before its own.
+    const nested = await client.forkConversation(fork.conversation_id, 3);
+    const later = await client.forkConversation(id, 1);
+    const forks = await client.listForks(id, { pageSize: 1 });
+    assert.deepEqual(forks, [
+      { conversationId: fork.conversation_id, incarnation: Number(fork.incarnation), sourceConversationId: id, throughSequence: 2 },
+      { conversationId: nested.conversation_id, incarnation: Number(nested.incarnation), sourceConversationId: fork.conversation_id, throughSequence: 3 },
+      { conversationId: later.conversation_id, incarnation: Number(later.incarnation), sourceConversationId: id, throughSequence: 1 },
+    ]);
 
     const verified = await client.verifyConversation(id);
     assert.equal(verified.appends, 2);

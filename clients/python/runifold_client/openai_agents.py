@@ -11,6 +11,15 @@ The session is a Runifold conversation (its id: the session id when that is a UU
 else a UUIDv5 of it). Each SDK item is one entry: the item itself, exactly as given,
 in `Message.native_json`, and beside it a readable rendering (role and clipped text)
 that summaries and memory read. What each guarantee becomes here: docs/integrations.md.
+
+Branches (the SDK's `AdvancedSQLiteSession.create_branch_from_turn`) are Runifold forks:
+`branch_from_turn(n)` and `fork(through_item=k)` return a new session on a fork that
+shares the items before it without copying them; the session they came from is not
+changed.
+
+>>> turns = await session.get_conversation_turns()
+>>> branch = await session.branch_from_turn(2)  # the items before the 2nd user message
+>>> await Runner.run(agent, "the 2nd message, edited", session=branch)
 """
 
 from __future__ import annotations
@@ -141,7 +150,12 @@ class RunifoldSession:
       `conflict_attempts` times), so pops at once (from objects, runs or processes)
       each return a different item.
     - `clear_session` erases the conversation (entries, summaries, derived memories),
-      as an erasure does; the next `add_items` starts it afresh.
+      as an erasure does; the next `add_items` starts it afresh. It erases its branches
+      (forks) with it: they share its items.
+    - `branch_from_turn(n)`, `fork(through_item=k)`: a new session on a fork of this
+      one (ForkConversation) holding the items before its n-th user message, or its first
+      k items, shared, not copied; `get_conversation_turns()` numbers the user messages
+      as the SDK's `AdvancedSQLiteSession` does, `branches()` lists the forks made of it.
 
     It may be made outside any event loop and used from any (`Runner.run_sync`,
     threads, one `asyncio.run` after another): its client opens a channel per loop.
@@ -369,6 +383,121 @@ class RunifoldSession:
             # A TranscriptService on its own: erase the transcript.
             await self.client.delete_conversation(self.conversation_id, namespace=self.namespace)
         self._remember(wrapper, 0)
+
+    # -- branches: forks of the conversation (the SDK's AdvancedSQLiteSession branches) ----
+
+    async def _standing(self) -> list[common_pb2.Entry]:
+        """Every standing item's entry, in order."""
+        _, last = await self._head()
+        return [
+            e
+            async for e in fw.standing_entries(
+                self.client, self.conversation_id, last, self.namespace
+            )
+        ]
+
+    async def get_conversation_turns(self) -> list[dict[str, Any]]:
+        """The session's user messages, numbered from 1 as the SDK's
+        `AdvancedSQLiteSession.get_conversation_turns` numbers its turns: `turn`,
+        `content` (at most 100 characters), `full_content`, `sequence` (the entry's), and
+        `can_branch` (always True)."""
+        turns: list[dict[str, Any]] = []
+        for entry in await self._standing():
+            if entry.message.role != common_pb2.ROLE_USER:
+                continue
+            item = entry_to_item(entry)
+            content = _text_of(item.get("content")) if isinstance(item, Mapping) else ""
+            turns.append(
+                {
+                    "turn": len(turns) + 1,
+                    "content": content[:100],
+                    "full_content": content,
+                    "sequence": entry.sequence,
+                    "can_branch": True,
+                }
+            )
+        return turns
+
+    async def branch_from_turn(
+        self, turn_number: int, *, session_id: str | None = None, request_id: str | None = None
+    ) -> RunifoldSession:
+        """A new session on a fork holding the items before user message `turn_number`
+        (1-based, as `get_conversation_turns` numbers them): run the edited message on it
+        to regenerate from there, as after the SDK's `create_branch_from_turn`. ValueError
+        when there is no such turn. See `fork` for `session_id` and `request_id`."""
+        turns = await self.get_conversation_turns()
+        if not 1 <= turn_number <= len(turns):
+            raise ValueError(
+                f"turn {turn_number} does not exist: session {self.session_id!r} has "
+                f"{len(turns)} user message(s)"
+            )
+        # Every entry before the user message: a fork point that may cut the append the
+        # message was written in (the server keeps that append's entries up to there).
+        through = int(turns[turn_number - 1]["sequence"]) - 1
+        return await self._fork_at(through, session_id, request_id)
+
+    async def fork(
+        self,
+        through_item: int,
+        *,
+        session_id: str | None = None,
+        request_id: str | None = None,
+    ) -> RunifoldSession:
+        """A new session on a fork holding this session's first `through_item` items
+        (0: none), shared with it, not copied; this session is not changed, nor is the fork
+        by what is done to this session afterwards.
+
+        `session_id` names the new session (its conversation: that id when it is a UUID,
+        else a UUIDv5 of it, as for any session); by default the fork's own id, a UUIDv7.
+        The call is idempotent: by `request_id` when given, else, with a `session_id`, by
+        that name (a retry returns the same fork; the name used for another fork point is
+        a RunifoldError, REQUEST_ID_REUSED). The new session shares this one's client.
+        """
+        if through_item < 0:
+            raise ValueError("through_item must not be negative")
+        through = 0
+        if through_item:
+            standing = await self._standing()
+            if through_item > len(standing):
+                raise ValueError(
+                    f"session {self.session_id!r} has {len(standing)} item(s), not {through_item}"
+                )
+            through = standing[through_item - 1].sequence
+        return await self._fork_at(through, session_id, request_id)
+
+    async def _fork_at(
+        self, through: int, session_id: str | None, request_id: str | None
+    ) -> RunifoldSession:
+        # A popped item stays popped in the fork: pop_item retracts only the last standing
+        # item, so no item before a standing one was retracted after that one was
+        # written, and the fork point's version (the last append wholly before the fork
+        # point) holds every retraction of the items the fork shares.
+        new_id = fw.conversation_id_for(session_id) if session_id else ""
+        if request_id is None and new_id:
+            request_id = f"openai-agents-branch:{new_id}"
+        forked = await self.client.fork_conversation(
+            self.conversation_id,
+            through,
+            namespace=self.namespace,
+            new_conversation_id=new_id,
+            request_id=request_id,
+        )
+        return RunifoldSession(
+            session_id or forked.conversation_id,
+            namespace=self.namespace,
+            client=self.client,
+            session_settings=self.session_settings,
+            timeout=self.timeout,
+            conflict_attempts=self.conflict_attempts,
+        )
+
+    async def branches(self) -> list[str]:
+        """The conversation ids of the forks made of this session (not of its forks), in
+        the order they were made; `RunifoldSession(id, ...)` opens one."""
+        forks = await self.client.list_forks(self.conversation_id, namespace=self.namespace)
+        return [
+            f.conversation_id for f in forks if f.source_conversation_id == self.conversation_id
+        ]
 
     def _conflict(self, error: RunifoldError | None, expected: int | None) -> SessionConflict:
         if error is None:

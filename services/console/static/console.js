@@ -6,6 +6,9 @@
 // text is untrusted: it is only ever put into the page as text (textContent, never
 // innerHTML), and the server's Content-Security-Policy runs no script but these files.
 // Links a person can share: ?namespace=NS&conversation=ID[&entry=SEQ], ?namespace=NS&memory=ID.
+// With actions on, "edit and regenerate" on a user entry forks the conversation before it
+// (ForkConversation) and runs the edited turn on the fork; a page shows where a fork came
+// from and the forks made of it (ListForks).
 
 import { AGENT, MEMORY, SUMMARY, TRANSCRIPT, RpcError, call, getJson, int, setToken, stream, token, turnId } from "./api.js";
 import { showBacklog } from "./backlog.js";
@@ -14,6 +17,7 @@ import { el, roleName, status, time, view } from "./dom.js";
 const PAGE = 200; // entries per ListEntries page
 const WINDOW = 16; // the window shown as "last window" (the orchestrator's default)
 const FOLLOW_MS = 3000; // how often an open conversation is checked for new entries
+const FORKS_PAGE = 50; // forks shown on a conversation's page (ListForks' first page)
 
 const state = {
   session: null,
@@ -197,7 +201,55 @@ function entryNode(entry, marks) {
     ),
     m.text ? el("div", { class: "text" }, m.text) : null,
     calls,
+    marks.edit && m.role === "ROLE_USER" ? editControl(marks.edit, seq, m.text || "") : null,
   );
+}
+
+// "Edit and regenerate" on a user entry: the conversation is forked before it (the fork
+// shares entries 1..seq-1, even when that cuts the append the entry is in: the server
+// keeps that append's entries up to there) and the edited text runs as a turn on the
+// fork, whose page is then shown. The source is left as it was.
+function editControl(edit, seq, text) {
+  const button = el("button", { type: "button", class: "edit" }, "Edit and regenerate");
+  button.addEventListener("click", () => {
+    const entry = document.getElementById(`entry-${seq}`);
+    if (!entry || entry.querySelector("form.edit-form")) return;
+    stopFollowing(); // a redraw would throw the edit away
+    const input = el("textarea", { class: "edit-input", rows: 3, required: true });
+    input.value = text;
+    const send = el("button", { type: "submit", class: "edit-send" }, "Regenerate on a fork");
+    const cancel = el("button", { type: "button", class: "edit-cancel" }, "Cancel");
+    const form = el("form", { class: "edit-form" },
+      el("p", { class: "hint" }, `A new conversation ${seq > 1 ? `shares entries 1–${seq - 1} with this one, then runs` : "runs"} this message as its next turn. This conversation is not changed.`),
+      input, el("div", { class: "actions" }, send, cancel));
+    cancel.addEventListener("click", () => route());
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const edited = input.value.trim();
+      if (!edited) return;
+      send.disabled = true;
+      cancel.disabled = true;
+      try {
+        const reply = await call(TRANSCRIPT, "ForkConversation", {
+          namespace: edit.ns, conversationId: edit.id, throughSequence: String(seq - 1), requestId: turnId(),
+        });
+        const fork = reply.conversation.conversationId;
+        const turn = { conversation: fork, stages: [`forked at entry ${seq - 1}`, "sent"], text: "", done: false };
+        state.lastTurn = turn;
+        // The fork's page, where the turn's stages show as they arrive.
+        navigate({ namespace: edit.ns, conversation: fork });
+        await runTurn(edit.ns, fork, edited, turn);
+      } catch (error) {
+        send.disabled = false;
+        cancel.disabled = false;
+        failed(error);
+      }
+    });
+    entry.append(form);
+    button.hidden = true;
+    input.focus();
+  });
+  return button;
 }
 
 async function loadEntries(ns, id, through) {
@@ -215,8 +267,9 @@ async function loadEntries(ns, id, through) {
 
 async function showConversation(id, entry) {
   const ns = state.namespace;
-  const [conv, summary, memories] = await Promise.all([
+  const [conv, forks, summary, memories] = await Promise.all([
     call(TRANSCRIPT, "GetConversation", { namespace: ns, conversationId: id }),
+    call(TRANSCRIPT, "ListForks", { namespace: ns, conversationId: id, pageSize: FORKS_PAGE }),
     served(SUMMARY) ? call(SUMMARY, "GetSummary", { namespace: ns, conversationId: id }) : null,
     served(MEMORY) ? call(MEMORY, "ListMemories", { namespace: ns, conversationId: id, pageSize: 100 }) : null,
   ]);
@@ -233,7 +286,8 @@ async function showConversation(id, entry) {
     const through = int(params().through) || entry;
     highlight = [entry, through];
   }
-  const marks = { summarizedThrough, windowFirst, highlight };
+  const talk = actionsOn() && served(AGENT);
+  const marks = { summarizedThrough, windowFirst, highlight, edit: talk ? { ns, id } : null };
   const loaded = await loadEntries(ns, id, highlight ? highlight[1] : 0);
   const firstSequence = loaded.entries.length ? int(loaded.entries[0].sequence) : 0;
 
@@ -309,10 +363,12 @@ async function showConversation(id, entry) {
         windowFirst ? `entries ${windowFirst}–${int(v.lastSequence)}${windowFirst <= firstSequence ? " (the whole transcript)" : ""}` : "empty"),
       el("dt", {}, "updated"), el("dd", {}, time(c.updateTime)),
       el("dt", {}, "labels"), el("dd", {}, Object.entries(c.labels || {}).map(([k, val]) => el("span", { class: "label" }, `${k}=${val}`))),
+      c.forkOrigin ? el("dt", {}, "forked from") : null,
+      c.forkOrigin ? el("dd", { id: "fork-origin" }, originLink(ns, c.forkOrigin)) : null,
     ),
     el("label", { class: "follow" }, follow, " follow new entries"),
     actions,
-    actionsOn() && served(AGENT) ? chatBox(ns, id) : null,
+    talk ? chatBox(ns, id) : null,
     s
       ? el("section", { class: "summary", id: "summary" },
           el("h2", {}, `Summary (revision ${int(s.revision)}, through entry ${summarizedThrough})`),
@@ -322,6 +378,7 @@ async function showConversation(id, entry) {
     el("h2", {}, "Transcript"),
     list,
     more,
+    forksNode(ns, id, forks),
     served(MEMORY) ? el("h2", {}, "Memories derived from it") : null,
     served(MEMORY)
       ? (derived.length ? el("ul", { id: "derived-memories" }, derived) : el("p", { class: "hint" }, "None."))
@@ -334,6 +391,7 @@ async function showConversation(id, entry) {
   // Live: WatchConversation is served over gRPC only (GRPC_ONLY on this port), so the
   // version is polled and the page redrawn when it moved.
   const seen = int(c.version);
+  stopFollowing(); // one timer, whichever of two overlapping draws ends last
   state.follow = setInterval(async () => {
     if (!follow.checked || document.hidden) return;
     try {
@@ -357,53 +415,105 @@ const STAGES = {
 };
 
 function chatLog(turn) {
-  return el("div", { id: "chat-log", dataset: { done: turn && turn.done ? "1" : "" } },
+  return el("div", {
+    id: "chat-log",
+    dataset: { done: turn && turn.done ? "1" : "", settled: turn && turn.settled ? "1" : "", conversation: turn ? turn.conversation : "" },
+  },
     el("ol", { id: "chat-stages" }, (turn ? turn.stages : []).map((stage, i) =>
       el("li", { class: turn.done || i < turn.stages.length - 1 ? "done" : "" }, stage))),
     turn && turn.text ? el("div", { id: "chat-answer", class: "text" }, turn.text) : null);
 }
 
+// The turn's stages, redrawn in the chat box of its conversation's page when that page
+// is the one shown.
+function redrawTurn(turn) {
+  const log = document.getElementById("chat-log");
+  if (log && log.dataset.conversation === turn.conversation) log.replaceWith(chatLog(turn));
+}
+
 // A turn through StreamConversation over Connect: each stage and each piece of the
-// model's text shown as it arrives; on the result the page is drawn again with the new
-// entries.
+// model's text shown as it arrives; on the result the page of its conversation, if
+// shown, is drawn again with the new entries. Throws what failed.
+async function runTurn(ns, id, text, turn) {
+  stopFollowing(); // the result redraws the page
+  redrawTurn(turn);
+  try {
+    await stream(AGENT, "StreamConversation",
+      { namespace: ns, conversationId: id, input: [{ role: "ROLE_USER", text }], turnId: turnId() },
+      (event) => {
+        if (event.progress) turn.stages.push(STAGES[event.progress.stage] || String(event.progress.stage));
+        if (event.textDelta) turn.text += event.textDelta.text || "";
+        if (event.result) {
+          turn.stages.push(`committed (version ${int(event.result.conversationVersion)})`);
+          turn.done = true;
+        }
+        redrawTurn(turn);
+      });
+  } catch (error) {
+    turn.stages.push("failed");
+    redrawTurn(turn);
+    throw error;
+  }
+  // Drawn again with the new entries; `settled` then marks the page as final.
+  if (params().conversation === id) await route();
+  turn.settled = true;
+  redrawTurn(turn);
+}
+
 function chatBox(ns, id) {
   const input = el("textarea", { id: "chat-input", rows: 2, placeholder: "Say something to this conversation", required: true });
   const send = el("button", { type: "submit", id: "chat-send" }, "Send");
   const form = el("form", { id: "chat-form" }, input, send);
   const shown = state.lastTurn && state.lastTurn.conversation === id ? state.lastTurn : null;
+  // A turn still running here (one sent from an edit, say) takes the box until it ends.
+  send.disabled = Boolean(shown && !shown.done && shown.stages[shown.stages.length - 1] !== "failed");
   const box = el("section", { class: "chat", id: "chat" }, el("h2", {}, "Talk to it"), form, chatLog(shown));
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     const text = input.value.trim();
     if (!text) return;
-    stopFollowing(); // the result redraws the page
     send.disabled = true;
     const turn = { conversation: id, stages: ["sent"], text: "", done: false };
     state.lastTurn = turn;
-    const redraw = () => box.querySelector("#chat-log").replaceWith(chatLog(turn));
-    redraw();
     try {
-      await stream(AGENT, "StreamConversation",
-        { namespace: ns, conversationId: id, input: [{ role: "ROLE_USER", text }], turnId: turnId() },
-        (event) => {
-          if (event.progress) turn.stages.push(STAGES[event.progress.stage] || String(event.progress.stage));
-          if (event.textDelta) turn.text += event.textDelta.text || "";
-          if (event.result) {
-            turn.stages.push(`committed (version ${int(event.result.conversationVersion)})`);
-            turn.done = true;
-          }
-          redraw();
-        });
+      await runTurn(ns, id, text, turn);
       input.value = "";
-      route();
     } catch (error) {
-      turn.stages.push("failed");
-      redraw();
       send.disabled = false;
       failed(error);
     }
   });
   return box;
+}
+
+// Where a fork came from: its source, opened at the fork point's entry.
+function originLink(ns, origin) {
+  const through = int(origin.throughSequence);
+  const at = { namespace: ns, conversation: origin.conversationId };
+  return link(through ? { ...at, entry: through } : at,
+    el("code", { title: origin.conversationId }, shortId(origin.conversationId)),
+    through ? ` after entry ${through}` : " before its first entry");
+}
+
+// The forks made of this conversation, and theirs (ListForks' first page), in the order
+// they were made.
+function forksNode(ns, id, reply) {
+  const forks = reply.forks || [];
+  return el("section", { class: "forks", id: "forks" },
+    el("h2", {}, "Forks"),
+    forks.length
+      ? el("ul", { id: "fork-list" }, forks.map((f) => {
+          const through = int(f.throughSequence);
+          return el("li", { class: "fork", dataset: { conversation: f.conversationId } },
+            link({ namespace: ns, conversation: f.conversationId }, el("code", { title: f.conversationId }, shortId(f.conversationId))),
+            through ? ` shares entries 1–${through}` : " shares no entry",
+            f.sourceConversationId === id ? "" : ` of `,
+            f.sourceConversationId === id ? null : link({ namespace: ns, conversation: f.sourceConversationId },
+              el("code", { title: f.sourceConversationId }, shortId(f.sourceConversationId))),
+            f.sourceConversationId === id ? "" : " (a fork of a fork)");
+        }))
+      : el("p", { class: "hint" }, "None."),
+    reply.nextPageToken ? el("p", { class: "hint", id: "more-forks" }, `The first ${forks.length} forks are shown.`) : null);
 }
 
 function actionButton(label, question, run, kind = "") {

@@ -7,11 +7,13 @@ and fragments defined here.
 
 from __future__ import annotations
 
+from services.common.queue import statements as queue
+from services.common.queue.statements import ACTIVE
+
 JOB_COLUMNS = """job_id, namespace, conversation_id, incarnation, state, attempts, failures,
                   create_time, enqueue_time, lease_token, claimed_by, last_error, batches,
                   facts"""
 
-ACTIVE = "('pending', 'running')"
 
 # Each namespace's waiting jobs are this far apart on the queue's virtual clock: two
 # namespaces with jobs waiting take turns, one job each, whatever their numbers.
@@ -76,47 +78,15 @@ SELECT count(*) FROM (SELECT 1 FROM memory.curation_jobs
 """
 
 
-# The first due job in fair order, skipping rows other workers hold, or a running job
-# whose lease expired (its dead attempt counts as a failure), whichever comes first.
-# Each kind of candidate is found through its own partial index (curation_jobs_due,
-# curation_jobs_leases), as the summary queue does: the cost of a claim does not grow
-# with the queue (tests/memory/curation/test_curation_claim_plan.py).
-CLAIM = f"""
-WITH due AS (
-    SELECT job_id, fair_time FROM memory.curation_jobs
-     WHERE state = 'pending' AND run_after <= now()
-     ORDER BY fair_time
-     LIMIT 1
-     FOR UPDATE SKIP LOCKED
-), expired AS (
-    SELECT job_id, fair_time FROM memory.curation_jobs
-     WHERE state = 'running' AND lease_until < now()
-     ORDER BY lease_until
-     LIMIT 1
-     FOR UPDATE SKIP LOCKED
-), next AS (
-    SELECT job_id FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates
-     ORDER BY fair_time
-     LIMIT 1
-)
-UPDATE memory.curation_jobs AS j
-   SET state = 'running',
-       attempts = j.attempts + 1,
-       failures = j.failures + (j.state = 'running')::int,
-       last_error = CASE WHEN j.state = 'running' THEN 'LEASE_EXPIRED' ELSE j.last_error END,
-       lease_token = %(lease_token)s,
-       lease_until = now() + make_interval(secs => %(lease_s)s),
-       claimed_by = %(worker)s
-  FROM next
- WHERE j.job_id = next.job_id
-RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}
-"""
+# The first due job in fair order, or a running job whose lease expired (the longest
+# expired first), whichever comes first. Each kind of candidate is found through its own
+# partial index (curation_jobs_due, curation_jobs_leases), as the summary queue does
+# (services/common/queue/statements.py): the cost of a claim does not grow with the
+# queue (tests/memory/curation/test_curation_claim_plan.py).
+CLAIM = queue.claim("memory.curation_jobs", JOB_COLUMNS, "fair_time", "lease_until")
 
 
-EXTEND = """
-UPDATE memory.curation_jobs SET lease_until = now() + make_interval(secs => %(lease_s)s)
- WHERE job_id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-"""
+EXTEND = queue.extend("memory.curation_jobs")
 
 
 # An attempt that succeeded: DONE, or waiting again (asked to, or asked for meanwhile),
@@ -175,23 +145,10 @@ UPDATE memory.curation_jobs
 """
 
 
-RELEASE = """
-UPDATE memory.curation_jobs
-   SET state = 'pending', attempts = greatest(attempts - 1, 0), run_after = now(),
-       lease_token = NULL, lease_until = NULL
- WHERE job_id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-"""
+RELEASE = queue.release("memory.curation_jobs")
 
 
-BACKLOG = f"""
-SELECT count(*) FILTER (WHERE state IN {ACTIVE}),
-       coalesce(extract(epoch FROM now() - min(enqueue_time) FILTER (WHERE state IN {ACTIVE})),
-                0)::float8,
-       count(*) FILTER (WHERE state = 'failed'),
-       count(*) FILTER (WHERE state = 'running')
-  FROM memory.curation_jobs
- WHERE state <> 'done' AND (%(namespace)s::text IS NULL OR namespace = %(namespace)s::text)
-"""
+BACKLOG = queue.backlog("memory.curation_jobs")
 
 
 USAGE = """

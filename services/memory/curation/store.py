@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from psycopg.types.json import Jsonb
 
 from services.common.postgres.pool import AsyncConn, Database, fetch_one
+from services.common.queue import store as queue
 from services.memory.curation import statements as sql
 from services.memory.curation.model import (
     ORIGIN,
@@ -249,11 +250,7 @@ class PostgresCurationStore:
         return _job(row) if row else None
 
     async def extend_lease(self, job_id: uuid.UUID, lease_token: uuid.UUID, lease_s: float) -> bool:
-        async with self.db.connection() as conn:
-            cursor = await conn.execute(
-                sql.EXTEND, {"job_id": job_id, "lease_token": lease_token, "lease_s": lease_s}
-            )
-            return cursor.rowcount == 1
+        return await queue.extend_lease(self.db, sql.EXTEND, job_id, lease_token, lease_s)
 
     async def complete(
         self, job: CurationJob, lease_token: uuid.UUID, requeue: bool
@@ -281,20 +278,17 @@ class PostgresCurationStore:
         park: bool,
         retry_in_s: float,
     ) -> JobState | None:
-        async with self.db.connection() as conn:
-            row = await fetch_one(
-                conn,
-                sql.FAIL,
-                {
-                    "job_id": job_id,
-                    "lease_token": lease_token,
-                    "reason": reason,
-                    "counted": counted,
-                    "park": park,
-                    "retry_in_s": retry_in_s,
-                },
-            )
-        return STATES_BY_NAME[row[0]] if row else None
+        state = await queue.fail(
+            self.db,
+            sql.FAIL,
+            job_id,
+            lease_token,
+            reason,
+            counted=counted,
+            park=park,
+            retry_in_s=retry_in_s,
+        )
+        return STATES_BY_NAME[state] if state else None
 
     async def defer_namespace(self, namespace: str, reason: str, retry_in_s: float) -> int:
         async with self.db.connection() as conn:
@@ -305,9 +299,7 @@ class PostgresCurationStore:
             return cursor.rowcount
 
     async def release(self, job_id: uuid.UUID, lease_token: uuid.UUID) -> bool:
-        async with self.db.connection() as conn:
-            cursor = await conn.execute(sql.RELEASE, {"job_id": job_id, "lease_token": lease_token})
-            return cursor.rowcount == 1
+        return await queue.release(self.db, sql.RELEASE, job_id, lease_token)
 
     async def backlog(self, namespace: str | None, now: datetime) -> CurationBacklog:
         async with self.db.connection() as conn:

@@ -1,6 +1,7 @@
 """The vocabulary of WatchMemories (service.py): the events a stream yields, what the
 feed's store reads (store.py), the feed's errors, and its pure rules (the kind of a
-change, the heartbeat interval a request may ask for). No I/O, no gRPC, no SQL.
+change). No I/O, no gRPC, no SQL. What every change feed shares (the heartbeat
+interval a request may ask for, the refusals of a stream) is services/common/watch/model.py.
 
 A namespace's changes are the rows of its memories' history (memory.revisions), each
 numbered by its `change_sequence` (migrations/0006_change_feed.sql): a change is one
@@ -15,11 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from services.common.errors import Code, DomainError, invalid_argument, resource_exhausted
+from services.common.errors import DomainError, invalid_argument
+from services.common.watch import model as feeds
 from services.memory.model import Memory
 
-# A request may ask for heartbeats this often, at the most and at the least.
-HEARTBEAT_RANGE_S = (1.0, 300.0)
+# Where a client resumes from, in the messages of the errors that end a stream.
+_RESUME_FROM = "change sequence"
 
 
 class ChangeKind(enum.IntEnum):
@@ -100,6 +102,11 @@ class Head:
     last_change_sequence: int
     read_time: datetime
 
+    @property
+    def fingerprint(self) -> int:
+        """What a stream that is up to date with this head has seen: its last change."""
+        return self.last_change_sequence
+
 
 @dataclass(frozen=True, slots=True)
 class ChangePage:
@@ -117,33 +124,17 @@ class ChangePage:
 
 def watcher_limit(scope: str, limit: int, retry_after_s: float) -> DomainError:
     """RESOURCE_EXHAUSTED: as many streams are open as this process allows."""
-    return resource_exhausted(
-        "WATCHER_LIMIT",
-        f"{limit} WatchMemories streams are open on this server"
-        + (" for this namespace" if scope == "namespace" else "")
-        + ", its limit; retry after the delay in RetryInfo (another replica may have room)",
-        retry_after_s=retry_after_s,
-        scope=scope,
-        limit=limit,
-    )
+    return feeds.watcher_limit("WatchMemories", scope, limit, retry_after_s)
 
 
 def watcher_too_slow(timeout_s: float) -> DomainError:
     """RESOURCE_EXHAUSTED: the reader took nothing for too long (it resumes where it was)."""
-    return resource_exhausted(
-        "WATCHER_TOO_SLOW",
-        f"the stream took no event for {timeout_s:g} s; watch again from the last "
-        "change sequence received to resume",
-    )
+    return feeds.watcher_too_slow(timeout_s, _RESUME_FROM)
 
 
 def shutting_down() -> DomainError:
     """UNAVAILABLE: this server is stopping; resume on another replica."""
-    return DomainError(
-        Code.UNAVAILABLE,
-        "SERVER_SHUTTING_DOWN",
-        "the server is shutting down; watch again from the last change sequence received to resume",
-    )
+    return feeds.shutting_down(_RESUME_FROM)
 
 
 def change_sequence_out_of_range(last: int) -> DomainError:
@@ -155,20 +146,3 @@ def change_sequence_out_of_range(last: int) -> DomainError:
         field="after_change_sequence",
         last_change_sequence=last,
     )
-
-
-# -- rules -------------------------------------------------------------------------------
-
-
-def heartbeat_interval(heartbeat_s: float, default_s: float) -> float:
-    """The heartbeat interval a request asks for (0: the server's `default_s`)."""
-    if heartbeat_s == 0:
-        return default_s
-    low, high = HEARTBEAT_RANGE_S
-    if not low <= heartbeat_s <= high:
-        raise invalid_argument(
-            "INVALID_HEARTBEAT_INTERVAL",
-            f"heartbeat_interval must be {low:g} s to {high:g} s (0: the server's default)",
-            field="heartbeat_interval",
-        )
-    return heartbeat_s

@@ -6,12 +6,12 @@ column lists defined here.
 
 from __future__ import annotations
 
+from services.common.queue import statements as queue
+from services.common.queue.statements import ACTIVE
+
 JOB_COLUMNS = """job_id, namespace, conversation_id, window_size, summary_batch, state, attempts,
                   failures, create_time, enqueue_time, lease_token, claimed_by, last_error,
                   incarnation"""
-
-
-ACTIVE = "('pending', 'running')"
 
 
 INSERT_JOB = f"""
@@ -40,52 +40,12 @@ RETURNING {JOB_COLUMNS}
 """
 
 
-# The oldest due job, skipping rows other workers hold. A running job whose
-# lease expired is taken over; its dead attempt counts as a failure.
-#
-# Each kind of candidate is found through its own partial index (jobs_due,
-# jobs_leases), then the older of the two (by run_after) is taken: one
-# `WHERE (pending AND due) OR (running AND expired)` cannot use either index
-# and became a sequential scan plus a sort of every pending job. `due` reads
-# one index entry past any rows other workers hold; `expired` reads only the
-# expired leases, which are never more than the workers that held them. The
-# candidate not taken is locked only until this statement ends.
-CLAIM = f"""
-WITH due AS (
-    SELECT job_id, run_after FROM summary.jobs
-     WHERE state = 'pending' AND run_after <= now()
-     ORDER BY run_after
-     LIMIT 1
-     FOR UPDATE SKIP LOCKED
-), expired AS (
-    SELECT job_id, run_after FROM summary.jobs
-     WHERE state = 'running' AND lease_until < now()
-     ORDER BY run_after
-     LIMIT 1
-     FOR UPDATE SKIP LOCKED
-), next AS (
-    SELECT job_id FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates
-     ORDER BY run_after
-     LIMIT 1
-)
-UPDATE summary.jobs AS j
-   SET state = 'running',
-       attempts = j.attempts + 1,
-       failures = j.failures + (j.state = 'running')::int,
-       last_error = CASE WHEN j.state = 'running' THEN 'LEASE_EXPIRED' ELSE j.last_error END,
-       lease_token = %(lease_token)s,
-       lease_until = now() + make_interval(secs => %(lease_s)s),
-       claimed_by = %(worker)s
-  FROM next
- WHERE j.job_id = next.job_id
-RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}
-"""
+# The oldest due job (by run_after), or a running job whose lease expired, through
+# their partial indexes (jobs_due, jobs_leases): services/common/queue/statements.py.
+CLAIM = queue.claim("summary.jobs", JOB_COLUMNS, "run_after", "run_after")
 
 
-EXTEND = """
-UPDATE summary.jobs SET lease_until = now() + make_interval(secs => %(lease_s)s)
- WHERE job_id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-"""
+EXTEND = queue.extend("summary.jobs")
 
 
 COMPLETE = """
@@ -118,20 +78,7 @@ RETURNING state
 """
 
 
-RELEASE = """
-UPDATE summary.jobs
-   SET state = 'pending', attempts = greatest(attempts - 1, 0), run_after = now(),
-       lease_token = NULL, lease_until = NULL
- WHERE job_id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-"""
+RELEASE = queue.release("summary.jobs")
 
 
-BACKLOG = f"""
-SELECT count(*) FILTER (WHERE state IN {ACTIVE}),
-       coalesce(extract(epoch FROM now() - min(enqueue_time) FILTER (WHERE state IN {ACTIVE})),
-                0)::float8,
-       count(*) FILTER (WHERE state = 'failed'),
-       count(*) FILTER (WHERE state = 'running')
-  FROM summary.jobs
- WHERE state <> 'done' AND (%(namespace)s::text IS NULL OR namespace = %(namespace)s::text)
-"""
+BACKLOG = queue.backlog("summary.jobs")

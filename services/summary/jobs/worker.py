@@ -16,43 +16,34 @@ of the model), retried no sooner than that delay. Any other failure counts, and 
 is parked (FAILED) after RUNIFOLD_SUMMARY_JOB_MAX_FAILURES of them. A
 conversation that no longer exists (or was erased and made again: the job
 names the incarnation it was asked for) ends its job.
+
+The claiming, the lease, the retries and the parking are the durable queue's every
+service shares (services/common/queue/worker.py); what a summary job does, and what
+its outcomes count, is here.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import os
-import socket
-import time
 from collections.abc import Awaitable, Callable
 
-from services.common.auth import Identity, identity_var
-from services.common.backoff import backoff
-from services.common.deadlines import deadline_var
+from services.common.auth import Identity
 from services.common.domain import Budget
-from services.common.errors import Code, DomainError
+from services.common.errors import DomainError
+from services.common.queue.worker import Backlog, QueueSettings, QueueWorkers
 from services.summary import metrics
 from services.summary.config import SummaryConfig
 from services.summary.jobs.model import Job, JobState
+from services.summary.jobs.store import JobStore
 from services.summary.service import SummaryService, is_not_found
 
 log = logging.getLogger(__name__)
 
-_TRANSIENT = (Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED)
-_PRUNE_EVERY_S = 60.0
 
-
-def retry_delay(config: SummaryConfig, attempts: int) -> float:
-    """Delay before the next attempt: exponential in the attempts made, capped, jittered."""
-    return backoff(
-        attempts - 1, base_s=config.backoff_base_s, max_s=config.backoff_max_s, jitter=0.2
-    )
-
-
-class SummaryWorkers:
+class SummaryWorkers(QueueWorkers[Job, bool]):
     """The queue workers and the queue gauges of one process."""
+
+    store: JobStore
 
     def __init__(
         self,
@@ -62,152 +53,29 @@ class SummaryWorkers:
         ready: Callable[[], Awaitable[bool]] | None = None,
         identity: Callable[[str], Identity | None] | None = None,
     ) -> None:
+        super().__init__(
+            service.store,
+            QueueSettings(
+                name="summary",
+                workers=config.workers,
+                poll_interval_s=config.poll_interval_s,
+                lease_s=config.lease_s,
+                max_failures=config.max_failures,
+                job_timeout_s=config.job_timeout_s,
+                gauge_interval_s=config.gauge_interval_s,
+                job_retention_s=config.job_retention_s,
+                backoff_base_s=config.backoff_base_s,
+                backoff_max_s=config.backoff_max_s,
+            ),
+            ready=ready,
+            identity=identity,
+        )
         self.service = service
-        self._acting_for = identity
-        self.store = service.store
         self.config = config
-        self._ready = ready
-        self._identity = f"{socket.gethostname()}:{os.getpid()}"
-        self._wake = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._last_prune = 0.0
 
-    def wake(self) -> None:
-        """A job was enqueued here: idle workers claim now rather than at their next poll."""
-        self._wake.set()
-
-    async def start(self) -> None:
-        """Start the workers (RUNIFOLD_SUMMARY_WORKERS of them) and the gauge refresher."""
-        self._tasks.append(asyncio.create_task(self._gauge_loop(), name="summary-gauges"))
-        for index in range(self.config.workers):
-            self._tasks.append(
-                asyncio.create_task(self._loop(f"{self._identity}:{index}"), name="summary-worker")
-            )
-
-    async def stop(self) -> None:
-        """Stop every worker; a job in progress goes back to the queue untouched."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks.clear()
-
-    async def _idle(self) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), self.config.poll_interval_s)
-        self._wake.clear()
-
-    async def _loop(self, worker: str) -> None:
-        while True:
-            ran = False
-            try:
-                if self._ready is None or await self._ready():
-                    ran = await self.run_once(worker)
-            except DomainError as error:
-                log.warning("summary worker cannot claim", extra={"reason": error.reason})
-            except Exception:
-                log.exception("summary worker failed")
-            if not ran:
-                await self._idle()
-
-    async def run_once(self, worker: str) -> bool:
-        """Claim one job and run it to its outcome; False when no job was due."""
-        job = await self.store.claim(worker, self.config.lease_s)
-        if job is None:
-            return False
-        assert job.lease_token is not None
-        if job.failures >= self.config.max_failures:
-            # Its earlier workers died holding it (leases expired) too often.
-            await self._record_failure(job, job.last_error or "LEASE_EXPIRED", counted=False)
-            return True
-        run = asyncio.create_task(self._run(job))
-        heartbeat = asyncio.create_task(self._heartbeat(job))
-        try:
-            await asyncio.wait({run, heartbeat}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            for task in (run, heartbeat):
-                task.cancel()
-            await asyncio.gather(run, heartbeat, return_exceptions=True)
-            # Shutdown: give the job back so another worker takes it at once.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self.store.release(job.job_id, job.lease_token))
-            raise
-        heartbeat.cancel()
-        await asyncio.gather(heartbeat, return_exceptions=True)
-        if not run.done():
-            run.cancel()
-            await asyncio.gather(run, return_exceptions=True)
-            log.warning("summary job lease lost", extra={"job_id": str(job.job_id)})
-            return True
-        error = run.exception()
-        if error is None:
-            state = await self.store.complete(job.job_id, job.lease_token, requeue=run.result())
-            if state is JobState.DONE:
-                metrics.SUMMARY_JOBS_COMPLETED.inc()
-            elif state is None:
-                log.warning("summary job lease lost", extra={"job_id": str(job.job_id)})
-            return True
-        if isinstance(error, DomainError) and is_not_found(error):
-            # The conversation (this incarnation of it) is gone: the job has nothing to do.
-            log.info("summary job ended: conversation not found", extra={"job_id": str(job.job_id)})
-            await self.store.complete(job.job_id, job.lease_token, requeue=False)
-            return True
-        if isinstance(error, DomainError):
-            # A refusal with a retry delay is load shedding: "later", never "no".
-            shed = error.code is Code.RESOURCE_EXHAUSTED and error.retry_after_s is not None
-            await self._record_failure(
-                job,
-                error.reason,
-                counted=error.code not in _TRANSIENT and not shed,
-                code=error.code.value,
-                not_before_s=error.retry_after_s or 0.0,
-            )
-        else:
-            log.error("summary job crashed", exc_info=error, extra={"job_id": str(job.job_id)})
-            await self._record_failure(job, "INTERNAL", counted=True)
-        return True
-
-    async def _record_failure(
-        self,
-        job: Job,
-        reason: str,
-        *,
-        counted: bool,
-        code: str = "INTERNAL",
-        not_before_s: float = 0.0,
-    ) -> None:
-        assert job.lease_token is not None
-        limit = self.config.max_failures
-        park = job.failures >= limit or (counted and job.failures + 1 >= limit)
-        state = await self.store.fail(
-            job.job_id,
-            job.lease_token,
-            reason,
-            counted=counted,
-            park=park,
-            retry_in_s=max(not_before_s, retry_delay(self.config, job.attempts)),
-        )
-        if state is not None:
-            metrics.SUMMARY_JOB_FAILURES.labels("parked" if park else "retried").inc()
-        log.warning(
-            "summary job failed",
-            extra={
-                "job_id": str(job.job_id),
-                "reason": reason,
-                "code": code,
-                "attempts": job.attempts,
-                "parked": park,
-            },
-        )
-
-    async def _run(self, job: Job) -> bool:
+    async def work(self, job: Job) -> bool:
         """Summarize until no backlog remains; True when backlog remains after the
         configured rounds (the job goes back to the queue, giving others a turn)."""
-        deadline_var.set(time.monotonic() + self.config.job_timeout_s)
-        # No caller waits for a job: it runs under the service's own identity, acting
-        # for the job's namespace only, so TranscriptService applies the usual rule.
-        identity_var.set(self._acting_for(job.namespace) if self._acting_for else None)
         for _ in range(self.config.worker_rounds):
             # Summarize carries on by itself when another writer moves the summary.
             result = await self.service.summarize(
@@ -223,37 +91,36 @@ class SummaryWorkers:
                 return False
         return True
 
-    async def _heartbeat(self, job: Job) -> None:
-        """Extend the lease until it is lost (then return, which stops the run)."""
+    async def finished(self, job: Job, result: bool) -> None:
         assert job.lease_token is not None
-        while True:
-            await asyncio.sleep(self.config.lease_s / 3)
-            try:
-                held = await self.store.extend_lease(
-                    job.job_id, job.lease_token, self.config.lease_s
-                )
-            except DomainError:
-                continue  # a store blip: the lease may still hold; try again
-            if not held:
-                return
+        state = await self.store.complete(job.job_id, job.lease_token, requeue=result)
+        if state is JobState.DONE:
+            metrics.SUMMARY_JOBS_COMPLETED.inc()
+        elif state is None:
+            log.warning("summary job lease lost", extra={"job_id": str(job.job_id)})
 
-    async def refresh_gauges(self) -> None:
-        """Set the queue gauges (all namespaces) and prune old finished jobs now and then."""
-        backlog = await self.store.backlog(None)
+    async def settled(self, job: Job, error: DomainError) -> bool:
+        if not is_not_found(error):
+            return False
+        # The conversation (this incarnation of it) is gone: the job has nothing to do.
+        assert job.lease_token is not None
+        log.info("summary job ended: conversation not found", extra={"job_id": str(job.job_id)})
+        await self.store.complete(job.job_id, job.lease_token, requeue=False)
+        return True
+
+    def failed(self, parked: bool) -> None:
+        metrics.SUMMARY_JOB_FAILURES.labels("parked" if parked else "retried").inc()
+
+    def lease_lost(self) -> None:
+        pass  # logged only
+
+    async def backlog(self) -> Backlog:
+        return await self.store.backlog(None)
+
+    def show(self, backlog: Backlog) -> None:
         metrics.SUMMARY_JOBS_DEPTH.set(backlog.depth)
         metrics.SUMMARY_JOBS_OLDEST_AGE.set(backlog.oldest_pending_age_s)
         metrics.SUMMARY_JOBS_FAILED.set(backlog.failed_count)
-        now = time.monotonic()
-        if now - self._last_prune >= _PRUNE_EVERY_S:
-            self._last_prune = now
-            await self.store.prune_jobs(self.config.job_retention_s)
 
-    async def _gauge_loop(self) -> None:
-        while True:
-            try:
-                await self.refresh_gauges()
-            except Exception as error:
-                log.warning(
-                    "summary gauges not refreshed", extra={"error_type": type(error).__name__}
-                )
-            await asyncio.sleep(self.config.gauge_interval_s)
+    async def prune(self) -> None:
+        await self.store.prune_jobs(self.settings.job_retention_s)

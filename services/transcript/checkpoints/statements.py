@@ -160,16 +160,19 @@ SELECT c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.checkpoint_ty
    AND c.checkpoint_id = k.checkpoint_id
 """
 
+# The values the chosen checkpoints name, each once (the keys made distinct first, so
+# that no value's bytes are sorted or hashed).
 READ_VALUES = """
-SELECT DISTINCT b.checkpoint_ns, b.channel, b.version, b.type, b.blob, b.base_version
-  FROM transcript.checkpoints AS c
- CROSS JOIN LATERAL unnest(c.channels, c.versions) AS n(channel, version)
+SELECT b.checkpoint_ns, b.channel, b.version, b.type, b.blob, b.base_version
+  FROM (SELECT DISTINCT c.checkpoint_ns, n.channel, n.version
+          FROM transcript.checkpoints AS c
+         CROSS JOIN LATERAL unnest(c.channels, c.versions) AS n(channel, version)
+         WHERE c.conversation_key = %(key)s
+           AND (c.checkpoint_ns, c.checkpoint_id) IN (
+               SELECT * FROM unnest(%(namespaces)s::text[], %(ids)s::text[]))) AS k
   JOIN transcript.checkpoint_blobs AS b
-    ON b.conversation_key = c.conversation_key AND b.checkpoint_ns = c.checkpoint_ns
-   AND b.channel = n.channel AND b.version = n.version
- WHERE c.conversation_key = %(key)s
-   AND (c.checkpoint_ns, c.checkpoint_id) IN (
-       SELECT * FROM unnest(%(namespaces)s::text[], %(ids)s::text[]))
+    ON b.conversation_key = %(key)s AND b.checkpoint_ns = k.checkpoint_ns
+   AND b.channel = k.channel AND b.version = k.version
 """
 
 READ_WRITES = """

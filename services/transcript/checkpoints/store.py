@@ -2,7 +2,8 @@
 
 A put is one short transaction: the conversation held against erasure and deletions,
 the lease it quotes checked (and held until it commits), the new channel values
-inserted (a value stored already is kept: values are stored once per version), the
+inserted (a value stored already is kept: values are stored once per version; one that
+mostly repeats the channel's value at the parent checkpoint as a delta of it), the
 checkpoint's row upserted, and its size checked (refused as a whole beyond the limit).
 Reads cut a page by weight before they read any value.
 """

@@ -219,6 +219,7 @@ class Conversations:
         conversation_id_text: str,
         incarnation: int = 0,
         receipt: ErasureProgress | None = None,
+        erased_forks: Sequence[tuple[str, int]] | None = None,
     ) -> Deletion:
         """Erase a conversation (only that incarnation, when given: one erased and made
         again meanwhile is left alone); `deleted` False when there was nothing to erase.
@@ -226,7 +227,11 @@ class Conversations:
         With a `receipt` (what an erasure erased elsewhere and what remains), record the
         erasure receipt of `incarnation` in the same transaction, with the entries and
         appends erased: the transcript is never gone without its receipt. Recorded even
-        when there was nothing left to delete (a retry: it merges)."""
+        when there was nothing left to delete (a retry: it merges).
+
+        With `erased_forks` (the forks, id and incarnation, whose derived data an erasure
+        erased), FORKS_CHANGED when it would erase another fork (made since they were
+        listed): nothing is deleted then."""
         validation.namespace(namespace)
         if incarnation < 0:
             raise invalid_argument(
@@ -235,8 +240,16 @@ class Conversations:
         if receipt is not None:
             incarnation_to_erase(incarnation)
             receipt = check_progress(receipt.counts, receipt.remaining)
+        forks = (
+            None
+            if erased_forks is None
+            else {
+                (conversation_id(fork_id, "erased_forks"), fork_incarnation)
+                for fork_id, fork_incarnation in erased_forks
+            }
+        )
         return await self.store.delete_conversation(
-            namespace, conversation_id(conversation_id_text), incarnation, receipt
+            namespace, conversation_id(conversation_id_text), incarnation, receipt, forks
         )
 
 

@@ -183,5 +183,6 @@ SELECT g.namespace FROM unnest(%(among)s::text[]) AS g(namespace)
 ERASE_FORKS = """
 DELETE FROM transcript.conversations
  WHERE fork_source_key = ANY(%(keys)s::bigint[])
-RETURNING conversation_key, coalesce(watched_until >= now(), false)
+RETURNING conversation_key, coalesce(watched_until >= now(), false), conversation_id,
+          incarnation
 """

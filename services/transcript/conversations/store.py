@@ -10,7 +10,7 @@ Every feature's PostgreSQL adapter is mixed into one `PostgresTranscriptStore`
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
@@ -40,6 +40,7 @@ from services.transcript.conversations.model import (
     preview,
     state_too_large,
 )
+from services.transcript.forks.model import forks_changed
 from services.transcript.receipts.model import APPENDS, ENTRIES, FORKS, ErasureProgress
 from services.transcript.receipts.store import receipt_kept, record_in
 
@@ -112,13 +113,15 @@ class ConversationStore(Protocol):
         conversation_id: uuid.UUID,
         incarnation: int = 0,
         receipt: ErasureProgress | None = None,
+        erased_forks: Collection[tuple[uuid.UUID, int]] | None = None,
     ) -> Deletion:
         """Erase it (only that incarnation, when given) with its forks and theirs (they
         share its entries); return what was erased (the forks' own entries and appends
         included, and how many forks). With a `receipt` (and an incarnation), record the
         incarnation's erasure receipt in the same transaction: `receipt`'s counts and
         remaining parts, with "entries", "appends" and "forks" this call erased
-        (ReceiptStore.record_receipt's merge)."""
+        (ReceiptStore.record_receipt's merge). With `erased_forks` (id, incarnation), a
+        fork to erase that is not among them is FORKS_CHANGED, and nothing is deleted."""
 
 
 def conversation_from_row(row: Sequence[Any], preview_text: str | None = None) -> Conversation:
@@ -335,6 +338,7 @@ class PostgresConversations(PostgresBase):
         conversation_id: uuid.UUID,
         incarnation: int = 0,
         receipt: ErasureProgress | None = None,
+        erased_forks: Collection[tuple[uuid.UUID, int]] | None = None,
     ) -> Deletion:
         async with self.db.connection() as conn, conn.transaction():
             cursor = await conn.execute(
@@ -353,11 +357,22 @@ class PostgresConversations(PostgresBase):
                 key, watched = row
                 removed.append((key, watched))
                 level = [key]
+                not_erased = 0
                 while level:
                     cursor = await conn.execute(sql.ERASE_FORKS, {"keys": level})
-                    forks = [(fork, bool(seen)) for fork, seen in await cursor.fetchall()]
+                    rows = await cursor.fetchall()
+                    forks = [(fork, bool(seen)) for fork, seen, _, _ in rows]
+                    if erased_forks is not None:
+                        not_erased += sum(
+                            (fork_id, int(fork_incarnation)) not in erased_forks
+                            for _, _, fork_id, fork_incarnation in rows
+                        )
                     removed.extend(forks)
                     level = [fork for fork, _ in forks]
+                if not_erased:
+                    # A fork made after the erasure listed the forks (its derived data
+                    # not erased): the transaction is rolled back, nothing is deleted.
+                    raise forks_changed(not_erased)
                 keys = [removed_key for removed_key, _ in removed]
                 cursor = await conn.execute(
                     "DELETE FROM transcript.appends WHERE conversation_key = ANY(%s)", (keys,)

@@ -33,6 +33,18 @@ class ForkRef:
     conversation_id: uuid.UUID
     incarnation: int
     source_id: uuid.UUID  # the conversation it was made from
+    through_sequence: int  # the last entry of its source it shares
+    # Where it stands in the order forks were made (the store's key: a fork's is larger
+    # than its source's), the cursor of ListForks' pages.
+    key: int
+
+
+@dataclass(frozen=True, slots=True)
+class ForkPage:
+    """A page of ListForks."""
+
+    forks: list[ForkRef]
+    next_page_token: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +96,18 @@ def fork_point_out_of_range(last_sequence: int) -> DomainError:
         "through_sequence is beyond the source conversation",
         field="through_sequence",
         last_sequence=last_sequence,
+    )
+
+
+def forks_changed(not_erased: int) -> DomainError:
+    """FAILED_PRECONDITION: an erasure's deletion would erase forks whose derived data the
+    erasure has not erased (made since it listed them); nothing was deleted."""
+    return DomainError(
+        Code.FAILED_PRECONDITION,
+        "FORKS_CHANGED",
+        "the conversation has forks that were not listed when its erasure began: list "
+        "its forks again, erase what was derived from the new ones, and delete again",
+        metadata={"forks_not_erased": not_erased},
     )
 
 

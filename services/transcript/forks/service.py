@@ -10,9 +10,10 @@ import uuid_utils
 
 from services.common import validation
 from services.common.errors import invalid_argument
+from services.common.pagination import PageTokens, page_size
 from services.common.validation import conversation_id
 from services.transcript.conversations.model import Conversation
-from services.transcript.forks.model import ForkRef, NewFork, fork_payload_hash
+from services.transcript.forks.model import ForkPage, NewFork, fork_payload_hash
 from services.transcript.forks.store import ForkStore
 
 
@@ -20,6 +21,7 @@ class Forks:
     """The fork methods of TranscriptService (services/transcript/service.py)."""
 
     store: ForkStore
+    page_tokens: PageTokens
 
     async def fork_conversation(
         self,
@@ -63,9 +65,25 @@ class Forks:
             )
         )
 
-    async def list_forks(self, namespace: str, conversation_id_text: str) -> list[ForkRef]:
-        """The conversation's forks and theirs, at any depth, a fork before its own: what
-        erasing it erases with it (AgentService erases what was derived from their own
-        entries first). Empty when it has none or does not exist."""
+    async def list_forks(
+        self, namespace: str, conversation_id_text: str, size: int = 0, token: str = ""
+    ) -> ForkPage:
+        """A page (AIP-158) of the conversation's forks and theirs, at any depth, in the
+        order they were made (a fork before its own): what erasing it erases with it
+        (AgentService erases what was derived from their own entries first). Empty when
+        it has none or does not exist."""
         validation.namespace(namespace)
-        return await self.store.list_forks(namespace, conversation_id(conversation_id_text))
+        cid = conversation_id(conversation_id_text)
+        limit = page_size(size)
+        request = {"conversation_id": str(cid)}
+        after = 0
+        if token:
+            after = int(self.page_tokens.decode(token, "forks", namespace, request)["after"])
+        found = await self.store.list_forks(namespace, cid, after, limit + 1)
+        page, more = found[:limit], len(found) > limit
+        next_token = (
+            self.page_tokens.encode("forks", namespace, request, {"after": page[-1].key})
+            if more
+            else ""
+        )
+        return ForkPage(page, next_token)

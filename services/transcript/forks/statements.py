@@ -89,18 +89,27 @@ WITH created AS (
 SELECT {CONVERSATION_COLUMNS} FROM created
 """
 
-# The forks of a conversation and theirs, level by level (ListForks): an index probe of
-# conversations_forks per fork found. `depth` orders a fork before its own forks.
+# A page of the forks of a conversation and theirs (ListForks): an index probe of
+# conversations_forks per fork of the tree, then the page after the cursor in key order.
+# A fork's key is larger than its source's (an identity, and the source existed first),
+# so key order puts a fork before its own forks. The walk cannot start at the cursor (a
+# fork made later may hang below an early one): a page costs a probe per fork of the
+# tree; its reply is at most `limit` rows.
 LIST_FORKS = """
-WITH RECURSIVE tree (conversation_key, conversation_id, incarnation, source_id, depth) AS (
-    SELECT f.conversation_key, f.conversation_id, f.incarnation, s.conversation_id, 1
+WITH RECURSIVE tree (conversation_key, conversation_id, incarnation, source_id, through) AS (
+    SELECT f.conversation_key, f.conversation_id, f.incarnation, s.conversation_id,
+           f.fork_through
       FROM transcript.conversations AS s
       JOIN transcript.conversations AS f ON f.fork_source_key = s.conversation_key
      WHERE s.namespace = %(namespace)s AND s.conversation_id = %(conversation_id)s
     UNION ALL
-    SELECT f.conversation_key, f.conversation_id, f.incarnation, t.conversation_id, t.depth + 1
+    SELECT f.conversation_key, f.conversation_id, f.incarnation, t.conversation_id,
+           f.fork_through
       FROM tree AS t
       JOIN transcript.conversations AS f ON f.fork_source_key = t.conversation_key
 )
-SELECT conversation_id, incarnation, source_id FROM tree ORDER BY depth, conversation_key
+SELECT conversation_id, incarnation, source_id, through, conversation_key FROM tree
+ WHERE conversation_key > %(after_key)s
+ ORDER BY conversation_key
+ LIMIT %(limit)s
 """

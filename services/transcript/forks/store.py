@@ -52,21 +52,32 @@ class ForkStore(Protocol):
         written then.
         """
 
-    async def list_forks(self, namespace: str, conversation_id: uuid.UUID) -> list[ForkRef]:
-        """The conversation's forks and theirs, a fork before its own forks (none when it
-        has none or does not exist)."""
+    async def list_forks(
+        self, namespace: str, conversation_id: uuid.UUID, after_key: int, limit: int
+    ) -> list[ForkRef]:
+        """At most `limit` of the conversation's forks and theirs whose key is above
+        `after_key`, in the order they were made (a fork before its own forks; none when
+        it has none or does not exist)."""
 
 
 class PostgresForks(PostgresBase):
     """ForkStore on PostgreSQL (schema `transcript`)."""
 
-    async def list_forks(self, namespace: str, conversation_id: uuid.UUID) -> list[ForkRef]:
+    async def list_forks(
+        self, namespace: str, conversation_id: uuid.UUID, after_key: int, limit: int
+    ) -> list[ForkRef]:
         async with self.db.connection() as conn:
             cursor = await conn.execute(
-                sql.LIST_FORKS, {"namespace": namespace, "conversation_id": conversation_id}
+                sql.LIST_FORKS,
+                {
+                    "namespace": namespace,
+                    "conversation_id": conversation_id,
+                    "after_key": after_key,
+                    "limit": limit,
+                },
             )
             rows = await cursor.fetchall()
-        return [ForkRef(row[0], int(row[1]), row[2]) for row in rows]
+        return [ForkRef(row[0], int(row[1]), row[2], int(row[3]), int(row[4])) for row in rows]
 
     async def fork_conversation(self, fork: NewFork) -> tuple[Conversation, bool]:
         for _ in range(2):

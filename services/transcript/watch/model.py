@@ -1,6 +1,7 @@
 """The vocabulary of WatchConversation (service.py): the events a stream yields, what the
 feed's store reads (store.py), the feed's errors, and its pure rules (how a reported
-turn ended, the heartbeat interval a request may ask for). No I/O, no gRPC, no SQL.
+turn ended). No I/O, no gRPC, no SQL. What every change feed shares (the heartbeat
+interval a request may ask for, the refusals of a stream) is services/common/watch/model.py.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from services.common.domain import Entry
-from services.common.errors import Code, DomainError, invalid_argument, resource_exhausted
+from services.common.errors import DomainError
+from services.common.watch import model as feeds
 
-# A request may ask for heartbeats this often, at the most and at the least.
-HEARTBEAT_RANGE_S = (1.0, 300.0)
+# Where a client resumes from, in the messages of the errors that end a stream.
+_RESUME_FROM = "sequence"
 
 
 class TurnFinish(enum.IntEnum):
@@ -172,33 +174,17 @@ class FeedState:
 
 def watcher_limit(scope: str, limit: int, retry_after_s: float) -> DomainError:
     """RESOURCE_EXHAUSTED: as many streams are open as this process allows."""
-    return resource_exhausted(
-        "WATCHER_LIMIT",
-        f"{limit} WatchConversation streams are open on this server"
-        + (" for this namespace" if scope == "namespace" else "")
-        + ", its limit; retry after the delay in RetryInfo (another replica may have room)",
-        retry_after_s=retry_after_s,
-        scope=scope,
-        limit=limit,
-    )
+    return feeds.watcher_limit("WatchConversation", scope, limit, retry_after_s)
 
 
 def watcher_too_slow(timeout_s: float) -> DomainError:
     """RESOURCE_EXHAUSTED: the reader took nothing for too long (it resumes where it was)."""
-    return resource_exhausted(
-        "WATCHER_TOO_SLOW",
-        f"the stream took no event for {timeout_s:g} s; watch again from the last "
-        "sequence received to resume",
-    )
+    return feeds.watcher_too_slow(timeout_s, _RESUME_FROM)
 
 
 def shutting_down() -> DomainError:
     """UNAVAILABLE: this server is stopping; resume on another replica."""
-    return DomainError(
-        Code.UNAVAILABLE,
-        "SERVER_SHUTTING_DOWN",
-        "the server is shutting down; watch again from the last sequence received to resume",
-    )
+    return feeds.shutting_down(_RESUME_FROM)
 
 
 # -- rules -------------------------------------------------------------------------------
@@ -222,17 +208,3 @@ def finish_of(trace: TurnTrace) -> TurnFinished:
         return TurnFinished(trace.turn_id, TurnFinish.ENDED, reason=trace.reason or "")
     # Still its row but no longer live, or a newer grant of the same turn id.
     return TurnFinished(trace.turn_id, TurnFinish.LAPSED)
-
-
-def heartbeat_interval(heartbeat_s: float, default_s: float) -> float:
-    """The heartbeat interval a request asks for (0: the server's `default_s`)."""
-    if heartbeat_s == 0:
-        return default_s
-    low, high = HEARTBEAT_RANGE_S
-    if not low <= heartbeat_s <= high:
-        raise invalid_argument(
-            "INVALID_HEARTBEAT_INTERVAL",
-            f"heartbeat_interval must be {low:g} s to {high:g} s (0: the server's default)",
-            field="heartbeat_interval",
-        )
-    return heartbeat_s

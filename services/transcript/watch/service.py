@@ -30,24 +30,21 @@ streams wait, the others' do not.
 
 Knows nothing of gRPC or SQL: the store (`FeedStore`, store.py) reads, the bus
 (`ChangeBus`, bus.py) carries the notifications between processes; the events and
-the feed's errors are in model.py.
+the feed's errors are in model.py. What wakes streams, their registry and bounds are
+the WatchFeed every change feed shares (services/common/watch/service.py); what is
+WatchConversation's own is here: what a stream follows and how it opens.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
-import logging
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass, field
-from datetime import datetime
 
-from services.common import metrics, validation
-from services.common.background import cancel_and_wait
-from services.common.byte_budget import ByteBudget
+from services.common import validation
 from services.common.errors import invalid_argument
 from services.common.validation import conversation_id
+from services.common.watch.model import heartbeat_interval
+from services.common.watch.service import FeedMetrics, WatchFeed
+from services.common.watch.stream import Stream
 from services.transcript import metrics as transcript_metrics
 from services.transcript.config import WatchLimits
 from services.transcript.conversations.model import conversation_not_found
@@ -56,222 +53,38 @@ from services.transcript.watch.model import (
     Erased,
     Snapshot,
     WatchEvent,
-    heartbeat_interval,
     shutting_down,
     watcher_limit,
 )
 from services.transcript.watch.store import FeedStore
-from services.transcript.watch.stream import Stream, follow
+from services.transcript.watch.stream import follow
 
-log = logging.getLogger(__name__)
-
-# The pulse reads this many conversations a statement.
-_PULSE_CHUNK = 1000
-
-
-# -- the hub of a process ------------------------------------------------------------------
-
-
-@dataclass(eq=False, slots=True)
-class _Watched:
-    """A conversation with streams in this process."""
-
-    streams: set[Stream] = field(default_factory=set)
-    pulse: Snapshot | None = None  # what the last pulse read
+METRICS = FeedMetrics(
+    watchers=transcript_metrics.WATCHERS,
+    announce_failures=transcript_metrics.WATCH_ANNOUNCE_FAILURES,
+    buffered_bytes=transcript_metrics.WATCH_BUFFERED_BYTES,
+    budget_waits=transcript_metrics.WATCH_BUDGET_WAITS,
+    budget_waiting=transcript_metrics.WATCH_BUDGET_WAITING,
+)
 
 
-class Feed:
-    """The streams of one process, and what wakes them."""
+class Feed(WatchFeed[Snapshot]):
+    """The WatchConversation streams of one process, and what wakes them."""
+
+    store: FeedStore
+    limits: WatchLimits
 
     def __init__(self, store: FeedStore, bus: ChangeBus, limits: WatchLimits) -> None:
-        self.store = store
-        self.bus = bus
-        self.limits = limits
-        # A mark outlives a few missed pulses; renewed when less than this is left.
-        self.mark_ttl_s = 60.0 + 3 * limits.poll_s
-        self.renew_before_s = 30.0 + 2 * limits.poll_s
-        self._conversations: dict[int, _Watched] = {}
-        self._namespaces: dict[str, int] = {}
-        self._open = 0
-        self._closing = False
-        self._announce: set[int] = set()
-        self._announce_wakeup = asyncio.Event()
-        self._pulse_now = asyncio.Event()
-        self._listening = asyncio.Event()
-        self._gone = asyncio.Event()
-        self._gone.set()
-        self._tasks: list[asyncio.Task[None]] = []
-        # Told of every change this process hears of, by conversation key (the turn
-        # leases' waiters: services/transcript/leases/service.py).
-        self.on_change: Callable[[int], None] | None = None
-        self.budget = ByteBudget(
-            limits.max_buffered_bytes,
-            limits.max_buffered_bytes_per_namespace,
-            on_change=transcript_metrics.WATCH_BUFFERED_BYTES.inc,
-            on_waiting=_count_waiting,
+        super().__init__(
+            store,
+            bus,
+            limits,
+            name="transcript feed",
+            metrics=METRICS,
+            watcher_limit=watcher_limit,
         )
 
-    @property
-    def open_streams(self) -> int:
-        """Streams open in this process."""
-        return self._open
-
-    @property
-    def closing(self) -> bool:
-        """True once the server stops (drain or stop): streams end, SERVER_SHUTTING_DOWN."""
-        return self._closing
-
-    async def start(self, wait_s: float = 5.0) -> None:
-        """Start listening, announcing and the pulse; wait (at most `wait_s`) until the
-        listening connection listens, so that the first streams miss nothing."""
-        self._tasks = [
-            asyncio.create_task(self._listen(), name="transcript-feed-listen"),
-            asyncio.create_task(self._announcer(), name="transcript-feed-announce"),
-            asyncio.create_task(self._pulser(), name="transcript-feed-pulse"),
-        ]
-        try:
-            await asyncio.wait_for(self._listening.wait(), wait_s)
-        except TimeoutError:
-            # Not fatal: streams still see every write, at the pulse's pace, until it listens.
-            log.warning("transcript feed: not listening yet; notifications may lag")
-
-    async def drain(self, timeout_s: float) -> None:
-        """End every stream with UNAVAILABLE / SERVER_SHUTTING_DOWN (their clients resume
-        on another replica) and wait, at most `timeout_s`, until they have ended."""
-        self._closing = True
-        for watched in self._conversations.values():
-            for stream in watched.streams:
-                stream.woken.set()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._gone.wait(), timeout_s)
-
-    async def stop(self) -> None:
-        """Stop the background tasks and close the bus (idempotent)."""
-        self._closing = True
-        tasks, self._tasks = self._tasks, []
-        await cancel_and_wait(*tasks)
-        await self.bus.close()
-
-    # -- what wakes streams ------------------------------------------------------------
-
-    def changed(self, key: int) -> None:
-        """A write to conversation `key` committed in this process (the store's ChangeSink):
-        wake its streams here, and announce it to the other processes."""
-        self._wake(key)
-        self._announce.add(key)
-        self._announce_wakeup.set()
-
-    def _wake(self, key: int) -> None:
-        if self.on_change is not None:
-            self.on_change(key)
-        watched = self._conversations.get(key)
-        if watched is not None:
-            for stream in watched.streams:
-                stream.woken.set()
-
-    def _connected(self) -> None:
-        # Notifications may have been missed while not listening: look at everything now.
-        self._listening.set()
-        self._pulse_now.set()
-
-    async def _listen(self) -> None:
-        while True:
-            try:
-                await self.bus.listen(self._wake, self._connected)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:  # the bus reconnects by itself; this is a bug
-                log.error("transcript feed: listener failed", exc_info=error)
-            self._listening.clear()
-            await asyncio.sleep(1.0)
-
-    async def _announcer(self) -> None:
-        while True:
-            await self._announce_wakeup.wait()
-            self._announce_wakeup.clear()
-            keys, self._announce = sorted(self._announce), set()
-            try:
-                await self.bus.announce(keys)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                # The other processes see these writes at their next pulse.
-                transcript_metrics.WATCH_ANNOUNCE_FAILURES.inc(len(keys))
-                log.warning(
-                    "transcript feed: announcing changes failed",
-                    extra={"error_type": type(error).__name__},
-                )
-
-    async def _pulser(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._pulse_now.wait(), self.limits.poll_s)
-            self._pulse_now.clear()
-            try:
-                await self.pulse()
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                log.warning(
-                    "transcript feed: pulse failed", extra={"error_type": type(error).__name__}
-                )
-
-    async def pulse(self) -> None:
-        """Read every conversation watched here, renew their marks, and wake the streams
-        that are not up to date with what was read (or whose conversation is gone)."""
-        keys = sorted(self._conversations)
-        for start in range(0, len(keys), _PULSE_CHUNK):
-            chunk = keys[start : start + _PULSE_CHUNK]
-            found = await self.store.pulse(chunk, self.mark_ttl_s, self.renew_before_s)
-            for key in chunk:
-                watched = self._conversations.get(key)
-                if watched is None:
-                    continue
-                snapshot = found.get(key)
-                watched.pulse = snapshot
-                for stream in watched.streams:
-                    if snapshot is None or stream.seen != snapshot.fingerprint:
-                        stream.woken.set()
-
-    # -- streams -------------------------------------------------------------------------
-
-    def _admit(self, stream: Stream) -> None:
-        limits = self.limits
-        if self._open >= limits.max_watchers:
-            metrics.REQUESTS_SHED.labels("watchers", "WATCHER_LIMIT").inc()
-            raise watcher_limit("process", limits.max_watchers, limits.retry_after_s)
-        if self._namespaces.get(stream.namespace, 0) >= limits.max_watchers_per_namespace:
-            metrics.REQUESTS_SHED.labels("watchers", "WATCHER_LIMIT").inc()
-            raise watcher_limit(
-                "namespace", limits.max_watchers_per_namespace, limits.retry_after_s
-            )
-        self._open += 1
-        self._namespaces[stream.namespace] = self._namespaces.get(stream.namespace, 0) + 1
-        self._gone.clear()
-        transcript_metrics.WATCHERS.inc()
-
-    def _attach(self, stream: Stream, key: int) -> None:
-        stream.key = key
-        self._conversations.setdefault(key, _Watched()).streams.add(stream)
-
-    def _leave(self, stream: Stream) -> None:
-        stream.release()
-        watched = self._conversations.get(stream.key)
-        if watched is not None:
-            watched.streams.discard(stream)
-            if not watched.streams:
-                del self._conversations[stream.key]
-        left = self._namespaces[stream.namespace] - 1
-        if left:
-            self._namespaces[stream.namespace] = left
-        else:
-            del self._namespaces[stream.namespace]  # bounded: namespaces with open streams
-        self._open -= 1
-        transcript_metrics.WATCHERS.dec()
-        if self._open == 0:
-            self._gone.set()
-
-    async def watch(
+    def watch(
         self,
         namespace: str,
         conversation_id_text: str,
@@ -296,22 +109,24 @@ class Feed:
         transport may still hold the event it was writing when the stream was cut
         (a reader that stopped reading), and releases it only with the call.
         """
-        validation.namespace(namespace)
-        cid = conversation_id(conversation_id_text)
-        if after_sequence < 0:
-            raise invalid_argument(
-                "INVALID_SEQUENCE", "after_sequence must not be negative", field="after_sequence"
-            )
-        if incarnation < 0:
-            raise invalid_argument(
-                "INVALID_INCARNATION", "incarnation must not be negative", field="incarnation"
-            )
-        interval = heartbeat_interval(heartbeat_s, self.limits.heartbeat_s)
-        if self._closing:
-            raise shutting_down()
-        stream = Stream(namespace, self.budget)
-        self._admit(stream)
-        try:
+
+        async def begin(admit: Callable[[], Stream]) -> AsyncGenerator[WatchEvent]:
+            validation.namespace(namespace)
+            cid = conversation_id(conversation_id_text)
+            if after_sequence < 0:
+                raise invalid_argument(
+                    "INVALID_SEQUENCE",
+                    "after_sequence must not be negative",
+                    field="after_sequence",
+                )
+            if incarnation < 0:
+                raise invalid_argument(
+                    "INVALID_INCARNATION", "incarnation must not be negative", field="incarnation"
+                )
+            interval = heartbeat_interval(heartbeat_s, self.limits.heartbeat_s)
+            if self.closing:
+                raise shutting_down()
+            stream = admit()
             head = await self.store.open_watch(
                 namespace, cid, after_sequence, incarnation, self.mark_ttl_s, self.renew_before_s
             )
@@ -319,11 +134,9 @@ class Feed:
                 raise conversation_not_found()
             # No await between the mark's read and this: a write committed after the
             # first read below wakes the stream.
-            self._attach(stream, head.key)
+            self.attach(stream, head.key)
             if incarnation and incarnation != head.incarnation:
-                yield Erased(incarnation)
-                transcript_metrics.WATCH_EVENTS.labels("erased").inc()
-                return
+                return _erased(incarnation)
             if after_sequence > head.last_sequence:
                 raise invalid_argument(
                     "SEQUENCE_OUT_OF_RANGE",
@@ -331,36 +144,12 @@ class Feed:
                     field="after_sequence",
                     last_sequence=head.last_sequence,
                 )
-            events = follow(self, stream, head, after_sequence, interval)
-            try:
-                while True:
-                    # Passed on without a name here: an event held by this frame while
-                    # the stream waits would keep its entries alive past their write.
-                    try:
-                        yield await anext(events)
-                    except StopAsyncIteration:
-                        break
-            finally:
-                await events.aclose()
-        finally:
-            if until_done is None:
-                self._leave(stream)
-            else:
-                # The rest of the page is garbage now; the event being written is not.
-                stream.hold(stream.sending)
-                until_done(functools.partial(self._leave, stream))
+            return follow(self, stream, head, after_sequence, interval)
 
-    def fresh(self, stream: Stream, read_time: datetime) -> datetime:
-        """The latest time the server found the stream's state current: its own read, or
-        a later pulse that read the same."""
-        watched = self._conversations.get(stream.key)
-        pulse = watched.pulse if watched is not None else None
-        if pulse is not None and pulse.fingerprint == stream.seen and pulse.read_time > read_time:
-            return pulse.read_time
-        return read_time
+        return self.serve(namespace, begin, until_done)
 
 
-def _count_waiting(delta: int) -> None:
-    transcript_metrics.WATCH_BUDGET_WAITING.inc(delta)
-    if delta > 0:
-        transcript_metrics.WATCH_BUDGET_WAITS.inc()
+async def _erased(incarnation: int) -> AsyncGenerator[WatchEvent]:
+    """The stream of a conversation made again since the incarnation it asked for."""
+    yield Erased(incarnation)
+    transcript_metrics.WATCH_EVENTS.labels("erased").inc()

@@ -1,5 +1,5 @@
-"""One WatchConversation stream (opened and woken by the process's Feed, service.py):
-what it holds, and its loop (`follow`).
+"""One WatchConversation stream's loop (`follow`; the stream is opened and woken by the
+process's Feed, service.py; what it holds is services/common/watch/stream.py's Stream).
 
 Each time it wakes, a stream reads, by sequence, what committed after what it
 delivered: every entry goes out once, in order, and only after its append committed
@@ -14,17 +14,11 @@ event's share back as the transport takes it. A caught-up stream holds none.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
-import time
 from collections import deque
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Protocol
 
-from services.common.byte_budget import ByteBudget, Charge
+from services.common.watch.stream import Hub, Stream, observe_delivery
 from services.transcript import metrics as transcript_metrics
 from services.transcript.config import WatchLimits
 from services.transcript.watch.model import (
@@ -44,59 +38,8 @@ from services.transcript.watch.model import (
 from services.transcript.watch.store import FeedStore
 
 
-@dataclass(eq=False, slots=True)
-class Stream:
-    """One open WatchConversation."""
-
-    namespace: str
-    budget: ByteBudget
-    key: int = 0
-    woken: asyncio.Event = field(default_factory=asyncio.Event)
-    # The snapshot fingerprint the stream is up to date with (after its last read).
-    seen: tuple[int, int, int, tuple[int, ...]] | None = None
-    # The bytes it holds of the budget: the page read and not yet taken by the transport.
-    charge: Charge | None = None
-    # The share of them in the event being written (the transport's, until it took it).
-    sending: int = 0
-
-    async def reserve(self, size: int) -> None:
-        """Reserve `size` bytes (a page's worth), waiting for room (holding nothing else)."""
-        self.release()
-        self.charge = await self.budget.acquire(self.namespace, size)
-
-    def hold(self, size: int) -> None:
-        """Keep `size` bytes of what the stream reserved (what it read holds)."""
-        if self.charge is not None:
-            self.charge.resize(size)
-
-    def release(self) -> None:
-        """Give back every byte the stream holds."""
-        charge, self.charge = self.charge, None
-        if charge is not None:
-            charge.release()
-
-
-class Hub(Protocol):
-    """What a stream's loop asks of the feed that opened it."""
-
-    @property
-    def store(self) -> FeedStore:
-        """The feed's reads."""
-
-    @property
-    def limits(self) -> WatchLimits:
-        """The feed's limits."""
-
-    @property
-    def closing(self) -> bool:
-        """True once the server stops: streams end with SERVER_SHUTTING_DOWN."""
-
-    def fresh(self, stream: Stream, read_time: datetime) -> datetime:
-        """The latest time the server found the stream's state current."""
-
-
 async def follow(
-    hub: Hub, stream: Stream, head: Snapshot, after: int, interval: float
+    hub: Hub[FeedStore, WatchLimits], stream: Stream, head: Snapshot, after: int, interval: float
 ) -> AsyncGenerator[WatchEvent]:
     """A stream's events from `after` on: the entries (replayed, then live), what later
     writes retracted of those delivered, the turns that start and finish, heartbeats;
@@ -111,15 +54,11 @@ async def follow(
     # append that wrote entry `after`, which a resuming client has seen).
     since = -1
     caught_up = False
-    quiet_since = time.monotonic()
+    stream.spoke()
     while True:
         if hub.closing:
             raise shutting_down()
-        # Room for a page before the read (a wait here holds no connection). The
-        # wake-up flag is cleared after the wait and before the read: a write during
-        # either wakes the stream again.
-        await stream.reserve(limits.page_charge)
-        stream.woken.clear()
+        await stream.ready_to_read(limits.page_charge)
         state = await hub.store.read_state(
             key,
             [(turn.turn_id, turn.fencing_token) for turn in running.values()],
@@ -145,7 +84,7 @@ async def follow(
             sequences = [s for s in retraction.sequences if s <= delivered]
             yield Retracted(retraction.version, sequences, retraction.retract_time)
             transcript_metrics.WATCH_EVENTS.labels("retracted").inc()
-            quiet_since = time.monotonic()
+            stream.spoke()
         if more_retractions(state.retractions, limits.page_entries):
             # A page of them (a stream resumed far back): the rest before any entry.
             since = state.retractions[-1].version
@@ -179,15 +118,12 @@ async def follow(
                 # the event, its entries are garbage.
                 stream.sending = size
                 yield _appended(slices.popleft(), incarnation)
-                # The transport took it: its share of the page is given back.
-                stream.sending = 0
+                stream.taken(size)  # the transport took it: its share goes back
                 transcript_metrics.WATCH_EVENTS.labels("appended").inc()
-                if stream.charge is not None:
-                    stream.hold(stream.charge.size - size)
                 if delivered >= head.last_sequence:  # live, not replayed: how late
-                    _observe_delivery(committed)
+                    observe_delivery(transcript_metrics.WATCH_DELIVERY_SECONDS, committed)
                 delivered = last
-            quiet_since = time.monotonic()
+            stream.spoke()
         stream.release()  # caught up: a stream that waits holds no bytes
         live = {(turn.turn_id, turn.fencing_token) for turn in state.running}
         for trace in state.traces:
@@ -195,38 +131,25 @@ async def follow(
                 del running[trace.turn_id]
                 yield finish_of(trace)
                 transcript_metrics.WATCH_EVENTS.labels("turn_finished").inc()
-                quiet_since = time.monotonic()
+                stream.spoke()
         for turn in state.running:
             if turn.turn_id not in running:
                 running[turn.turn_id] = turn
                 yield TurnStarted(turn.turn_id, turn.start_time, turn.exclusive)
                 transcript_metrics.WATCH_EVENTS.labels("turn_started").inc()
-                quiet_since = time.monotonic()
+                stream.spoke()
         version, read_time = snapshot.version, snapshot.read_time
         stream.seen = snapshot.fingerprint
         if not caught_up:  # the replay is done
             caught_up = True
             yield Heartbeat(version, delivered, incarnation, read_time)
             transcript_metrics.WATCH_EVENTS.labels("heartbeat").inc()
-            quiet_since = time.monotonic()
-        while True:
-            left = interval - (time.monotonic() - quiet_since)
-            if left <= 0:
-                yield Heartbeat(version, delivered, incarnation, hub.fresh(stream, read_time))
-                transcript_metrics.WATCH_EVENTS.labels("heartbeat").inc()
-                quiet_since = time.monotonic()
-                continue
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(left):
-                    await stream.woken.wait()
-                break
+            stream.spoke()
+        while not await stream.woken_within(interval):
+            yield Heartbeat(version, delivered, incarnation, hub.fresh(stream, read_time))
+            transcript_metrics.WATCH_EVENTS.labels("heartbeat").inc()
+            stream.spoke()
 
 
 def _appended(piece: AppendSlice, incarnation: int) -> Appended:
     return Appended(piece.version, piece.last_sequence, incarnation, piece.entries)
-
-
-def _observe_delivery(committed: datetime) -> None:
-    """Commit to delivery of a live append (the database's clock against this host's)."""
-    seconds = (datetime.now(UTC) - committed).total_seconds()
-    transcript_metrics.WATCH_DELIVERY_SECONDS.observe(max(0.0, seconds))

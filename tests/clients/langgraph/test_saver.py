@@ -446,3 +446,28 @@ async def test_a_run_killed_mid_step_resumes_from_its_last_checkpoint(
     await wait_for(lapsed, timeout=30.0)
     texts = [m.content for m in resumed[0]["messages"]]
     assert texts == ["hello", "here-1", "here-2"]
+
+
+async def test_copy_thread_forks_the_transcript_and_may_be_repeated(
+    saver: RunifoldSaver, client: AsyncClient
+) -> None:
+    source, target = str(uuid.uuid4()), f"copy-{uuid.uuid4().hex}"
+    stored = await saver.aput(config(source), checkpoint({"k": "1"}, {"k": 1}), {}, {"k": 1})
+    await client.append(saver.conversation_id(source), "said on the source")
+    await saver.acopy_thread(source, target)
+    forked = await client.get_conversation(saver.conversation_id(target))
+    assert forked.fork_origin.conversation_id == saver.conversation_id(source)
+    assert [e.message.text async for e in client.entries(forked.conversation_id)] == [
+        "said on the source"
+    ]
+    # The source goes on; a second copy brings the new checkpoints over.
+    await client.append(saver.conversation_id(source), "later")
+    await saver.aput(
+        config(source, stored["configurable"]["checkpoint_id"]),
+        checkpoint({"k": "2"}, {"k": 2}),
+        {},
+        {"k": 2},
+    )
+    await saver.acopy_thread(source, target)
+    copied = [t.checkpoint["channel_values"]["k"] async for t in saver.alist(config(target))]
+    assert copied == ["2", "1"]

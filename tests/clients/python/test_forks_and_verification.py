@@ -46,6 +46,17 @@ async def test_fork_and_verify_from_the_client(
         await client.append(fork.conversation_id, [assistant("4")])
         texts = [e.message.text async for e in client.entries(fork.conversation_id)]
         assert texts == ["What is 2 + 2?", "4"]
+        # Its forks, every page of them (one fork a page here), a fork before its own.
+        nested = await client.fork_conversation(fork.conversation_id, 2)
+        later = await client.fork_conversation(cid, 2)
+        forks = await client.list_forks(cid, page_size=1)
+        assert [
+            (f.conversation_id, f.source_conversation_id, f.through_sequence) for f in forks
+        ] == [
+            (fork.conversation_id, cid, 1),
+            (nested.conversation_id, fork.conversation_id, 2),
+            (later.conversation_id, cid, 2),
+        ]
 
         verified = await client.verify_conversation(cid)
         assert verified.appends == 2 and verified.entries == 3

@@ -536,3 +536,91 @@ async def test_a_concurrent_second_run_is_refused_not_interleaved(
     contents = [str(i.get("content")) for i in await s.get_items()]
     assert "second answer" in contents[-1] and contents[-2] == "second question"
     assert not any("first answer" in c for c in contents)
+
+
+def _texts(items: list[Any]) -> list[str]:
+    said = []
+    for item in items:
+        content = item.get("content")
+        said.append(content if isinstance(content, str) else content[0]["text"])
+    return said
+
+
+async def test_branch_from_a_turn_regenerates_on_a_fork(client: AsyncClient) -> None:
+    """The SDK's branching (AdvancedSQLiteSession.create_branch_from_turn) as Runifold
+    forks: a branch holds the items before a user message, shared, not copied; the
+    Runner runs the edited message on it; the session branched from is unchanged, a
+    popped item stays popped, a named branch is made once, and clearing the session
+    clears its branches."""
+    offline = Agent(name="assistant", model=OfflineModel())
+    s = session(client)
+    await Runner.run(offline, "Name a colour.", session=s)
+    await s.add_items([{"role": "user", "content": "oops"}])
+    assert await s.pop_item() == {"role": "user", "content": "oops"}
+    await Runner.run(offline, "Another one?", session=s)
+    before: list[Any] = await s.get_items()
+    assert len(before) == 4
+    turns = await s.get_conversation_turns()
+    assert [(t["turn"], t["content"], t["sequence"]) for t in turns] == [
+        (1, "Name a colour.", 1),
+        (2, "Another one?", 4),  # after the popped item's entry
+    ]
+
+    branch = await s.branch_from_turn(2, session_id="colour-warmer")
+    assert await branch.get_items() == before[:2]
+    await Runner.run(offline, "A warmer one?", session=branch)
+    regenerated = await branch.get_items()
+    assert _texts(regenerated)[:3] == [
+        "Name a colour.",
+        before[1]["content"][0]["text"],
+        "A warmer one?",
+    ]
+    assert len(regenerated) == 4
+    assert await s.get_items() == before  # the session branched from is unchanged
+    conversation = await client.get_conversation(branch.conversation_id)
+    assert conversation.fork_origin.conversation_id == s.conversation_id
+    assert conversation.fork_origin.through_sequence == 3  # the popped entry is shared, popped
+    # A named branch is made once: the retry returns it.
+    again = await s.branch_from_turn(2, session_id="colour-warmer")
+    assert again.conversation_id == branch.conversation_id
+    assert len(await again.get_items()) == 4
+
+    first_only = await s.fork(through_item=1)
+    assert await first_only.get_items() == before[:1]
+    empty = await s.fork(through_item=0)
+    assert await empty.get_items() == []
+    with pytest.raises(ValueError):
+        await s.branch_from_turn(3)
+    with pytest.raises(ValueError):
+        await s.fork(through_item=5)
+    assert await s.branches() == [
+        branch.conversation_id,
+        first_only.conversation_id,
+        empty.conversation_id,
+    ]
+    # A branch of a branch is the branch's, not the session's.
+    nested = await branch.branch_from_turn(2)
+    assert await nested.get_items() == before[:2]
+    assert await branch.branches() == [nested.conversation_id]
+
+    await s.clear_session()
+    for gone in (branch, first_only, nested):
+        assert await gone.get_items() == []
+
+
+async def test_a_branch_from_a_turn_inside_one_append(client: AsyncClient) -> None:
+    """Items added at once are one append: a branch before a user message among them
+    forks inside it, and keeps the items before that message."""
+    s = session(client)
+    items: list[Any] = [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "one"},
+        {"role": "user", "content": "second"},
+        {"role": "assistant", "content": "two"},
+    ]
+    await s.add_items(items)
+    branch = await s.branch_from_turn(2)
+    assert await branch.get_items() == items[:2]
+    await branch.add_items([{"role": "user", "content": "second, edited"}])
+    assert _texts(await branch.get_items()) == ["first", "one", "second, edited"]
+    assert await s.get_items() == items

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from services.common.domain import Entry
-from services.common.errors import DomainError, VersionConflict
+from services.common.errors import Code, DomainError, VersionConflict
 from services.transcript.service import TranscriptService
 from tests.transcript.support import (
     ServiceCases,
@@ -315,16 +315,19 @@ class ForkCases(ServiceCases):
         # What erasing it would erase with it: every fork, at any depth, a fork before its
         # own, each with its incarnation and source (AgentService erases what was derived
         # from them first); the unrelated conversation's fork is not among them.
-        listed = await service.list_forks(namespace, source)
-        assert [(str(f.conversation_id), f.incarnation, str(f.source_id)) for f in listed] == [
-            (fid, first.incarnation, source),
-            (str(second.conversation_id), second.incarnation, fid),
+        listed = (await service.list_forks(namespace, source)).forks
+        assert [
+            (str(f.conversation_id), f.incarnation, str(f.source_id), f.through_sequence)
+            for f in listed
+        ] == [
+            (fid, first.incarnation, source, 4),
+            (str(second.conversation_id), second.incarnation, fid, 5),
         ]
-        assert [str(f.conversation_id) for f in await service.list_forks(namespace, fid)] == [
-            str(second.conversation_id)
-        ]
-        assert await service.list_forks(namespace, str(second.conversation_id)) == []
-        assert await service.list_forks(namespace, str(uuid.uuid4())) == []
+        assert [
+            str(f.conversation_id) for f in (await service.list_forks(namespace, fid)).forks
+        ] == [str(second.conversation_id)]
+        assert (await service.list_forks(namespace, str(second.conversation_id))).forks == []
+        assert (await service.list_forks(namespace, str(uuid.uuid4()))).forks == []
         # Erasing a fork leaves its source.
         lone, _ = await service.fork_conversation(namespace, source, 1)
         lone_erased = await service.delete_conversation(namespace, str(lone.conversation_id))
@@ -345,4 +348,73 @@ class ForkCases(ServiceCases):
         # A conversation made again under the source's id has no forks.
         await service.create_conversation(namespace, source, {})
         assert await entries_of(service, namespace, source) == []
-        assert await service.list_forks(namespace, source) == []
+        assert (await service.list_forks(namespace, source)).forks == []
+
+    async def test_a_deletion_naming_its_erased_forks_refuses_a_fork_not_among_them(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
+        """An erasure's deletion names the forks whose derived data it erased: a fork made
+        since (here a fork of a fork) makes it FORKS_CHANGED in its transaction, and nothing
+        is deleted; named (a fork erased meanwhile need not be), it deletes them all."""
+        source = await three_appends(service, namespace)
+        first, _ = await service.fork_conversation(namespace, source, 4)
+        gone, _ = await service.fork_conversation(namespace, source, 2)
+        listed = [
+            (str(f.conversation_id), f.incarnation)
+            for f in (await service.list_forks(namespace, source)).forks
+        ]
+        late, _ = await service.fork_conversation(namespace, str(first.conversation_id), 3)
+        with pytest.raises(DomainError) as error:
+            await service.delete_conversation(namespace, source, erased_forks=listed)
+        assert (error.value.code, reason_of(error)) == (Code.FAILED_PRECONDITION, "FORKS_CHANGED")
+        assert error.value.metadata["forks_not_erased"] == "1"
+        for kept in (source, str(first.conversation_id), str(late.conversation_id)):
+            assert (await service.get_conversation(namespace, kept)).conversation_id
+        # The same fork id made again (a new incarnation) is another fork.
+        await service.delete_conversation(namespace, str(gone.conversation_id))
+        stale = [(fid, inc + 1) for fid, inc in listed]
+        with pytest.raises(DomainError) as error:
+            await service.delete_conversation(namespace, source, erased_forks=stale)
+        assert reason_of(error) == "FORKS_CHANGED"
+        everything = [*listed, (str(late.conversation_id), late.incarnation)]
+        erased = await service.delete_conversation(namespace, source, erased_forks=everything)
+        assert erased.deleted and erased.forks == 2
+
+    async def test_forks_are_listed_in_pages_in_the_order_they_were_made(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
+        """ListForks pages (AIP-158) in the order forks were made, a fork before its own
+        forks even when it was made after its source's other forks; the token is bound to
+        its listing."""
+        source = await three_appends(service, namespace)
+        first, _ = await service.fork_conversation(namespace, source, 2)
+        second, _ = await service.fork_conversation(namespace, source, 4)
+        # A fork of the first fork, made after the second: key order, not level order.
+        nested, _ = await service.fork_conversation(namespace, str(first.conversation_id), 1)
+        third, _ = await service.fork_conversation(namespace, source, 6)
+        made = [str(c.conversation_id) for c in (first, second, nested, third)]
+        listed: list[str] = []
+        token = ""
+        pages = 0
+        while pages < 3:  # at most one page more than needed: no endless listing
+            page = await service.list_forks(namespace, source, 3, token)
+            assert len(page.forks) <= 3
+            listed.extend(str(f.conversation_id) for f in page.forks)
+            pages += 1
+            token = page.next_page_token
+            if not token:
+                break
+        assert (listed, pages) == (made, 2)
+        everything = await service.list_forks(namespace, source)
+        assert [str(f.conversation_id) for f in everything.forks] == made
+        assert everything.next_page_token == ""
+        # A page that holds the last fork has no token.
+        full = await service.list_forks(namespace, source, 4)
+        assert full.next_page_token == ""
+        first_page = await service.list_forks(namespace, source, 1)
+        with pytest.raises(DomainError) as error:
+            await service.list_forks(namespace, made[0], 1, first_page.next_page_token)
+        assert reason_of(error) == "INVALID_PAGE_TOKEN"
+        with pytest.raises(DomainError) as error:
+            await service.list_forks(namespace, source, -1)
+        assert reason_of(error) == "INVALID_PAGE_SIZE"

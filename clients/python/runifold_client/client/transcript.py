@@ -220,17 +220,24 @@ class TranscriptCalls(Connection):
         return reply.conversation
 
     async def list_forks(
-        self, conversation_id: str, *, namespace: str | None = None
+        self, conversation_id: str, *, namespace: str | None = None, page_size: int = PAGE_SIZE
     ) -> list[transcript_pb.ForkRef]:
-        """The conversation's forks and theirs, at any depth (a fork before its own):
-        what erasing it erases with it."""
-        reply = await self._call(
-            self.transcripts.ListForks,
-            transcript_pb.ListForksRequest(
-                namespace=self._ns(namespace), conversation_id=conversation_id
+        """The conversation's forks and theirs, at any depth, in the order they were made
+        (a fork before its own), each with its source and the last entry of it it
+        shares: what erasing it erases with it. Reads every page of ListForks."""
+        pages = self._pages(
+            lambda token: self._call(
+                self.transcripts.ListForks,
+                transcript_pb.ListForksRequest(
+                    namespace=self._ns(namespace),
+                    conversation_id=conversation_id,
+                    page_size=page_size,
+                    page_token=token,
+                ),
             ),
+            lambda page: page.forks,
         )
-        return list(reply.forks)
+        return [fork async for fork in pages]
 
     async def appends(
         self, conversation_id: str, *, namespace: str | None = None, after_version: int = 0

@@ -3,7 +3,7 @@
 Installed with `pip install 'runifold-client[langgraph]'`.
 
 >>> saver = RunifoldSaver(namespace="support")  # the target: $RUNIFOLD_TARGET
->>> graph = builder.compile(checkpointer=saver)
+>>> graph = builder.compile(checkpointer=saver, store=RunifoldStore())
 >>> with saver.thread_run(config, multitask_strategy="reject") as fenced:
 ...     graph.invoke(inputs, fenced)
 

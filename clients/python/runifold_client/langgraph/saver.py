@@ -79,7 +79,10 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
     environment's RUNIFOLD_TARGET / RUNIFOLD_TOKEN, and closed by `close`); `namespace`
     is the Runifold namespace of every thread (else the client's). With
     `mirror_messages` (the default) the `messages_channel` of a graph's state is
-    mirrored into the thread's transcript and stored once (messages.py).
+    mirrored into the thread's transcript and stored once (messages.py). The sync
+    methods run the async ones on a loop of the saver's own thread: call them from sync
+    code, and the async ones from coroutines (a sync method called on a running loop
+    blocks it).
     """
 
     def __init__(
@@ -328,7 +331,10 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
                 conversation.last_sequence,
                 namespace=self.namespace,
                 new_conversation_id=target,
-                request_id=fw.keyed_request_id(source, "langgraph-copy", target),
+                # A retry replays this fork; a later copy (the source grew) is another.
+                request_id=fw.keyed_request_id(
+                    source, "langgraph-copy", f"{target}@{conversation.last_sequence}"
+                ),
             )
         await self.client.copy_checkpoints(source, target, namespace=self.namespace)
 

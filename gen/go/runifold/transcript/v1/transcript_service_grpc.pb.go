@@ -95,7 +95,7 @@ type TranscriptServiceClient interface {
 	// incarnation): what erasing it would erase with it. AgentService's
 	// EraseConversation reads them to erase what was derived from their own
 	// entries (summaries, memories) before it deletes the transcript. Empty when
-	// the conversation has none, or does not exist.
+	// the conversation has none, or does not exist. Paginated (AIP-158).
 	ListForks(ctx context.Context, in *ListForksRequest, opts ...grpc.CallOption) (*ListForksResponse, error)
 	// Stores a checkpoint of a LangGraph thread (the thread is the conversation):
 	// its serialized form (without channel values), metadata, parent, and the
@@ -468,7 +468,7 @@ type TranscriptServiceServer interface {
 	// incarnation): what erasing it would erase with it. AgentService's
 	// EraseConversation reads them to erase what was derived from their own
 	// entries (summaries, memories) before it deletes the transcript. Empty when
-	// the conversation has none, or does not exist.
+	// the conversation has none, or does not exist. Paginated (AIP-158).
 	ListForks(context.Context, *ListForksRequest) (*ListForksResponse, error)
 	// Stores a checkpoint of a LangGraph thread (the thread is the conversation):
 	// its serialized form (without channel values), metadata, parent, and the

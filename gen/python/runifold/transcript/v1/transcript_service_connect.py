@@ -208,7 +208,7 @@ class TranscriptService(Protocol):
         incarnation): what erasing it would erase with it. AgentService's
         EraseConversation reads them to erase what was derived from their own
         entries (summaries, memories) before it deletes the transcript. Empty when
-        the conversation has none, or does not exist.
+        the conversation has none, or does not exist. Paginated (AIP-158).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -1076,7 +1076,7 @@ class TranscriptServiceClient(ConnectClient):
         incarnation): what erasing it would erase with it. AgentService's
         EraseConversation reads them to erase what was derived from their own
         entries (summaries, memories) before it deletes the transcript. Empty when
-        the conversation has none, or does not exist.
+        the conversation has none, or does not exist. Paginated (AIP-158).
         """
         return await self.execute_unary(
             request=request,
@@ -1420,7 +1420,7 @@ class TranscriptServiceSync(Protocol):
         incarnation): what erasing it would erase with it. AgentService's
         EraseConversation reads them to erase what was derived from their own
         entries (summaries, memories) before it deletes the transcript. Empty when
-        the conversation has none, or does not exist.
+        the conversation has none, or does not exist. Paginated (AIP-158).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -2286,7 +2286,7 @@ class TranscriptServiceClientSync(ConnectClientSync):
         incarnation): what erasing it would erase with it. AgentService's
         EraseConversation reads them to erase what was derived from their own
         entries (summaries, memories) before it deletes the transcript. Empty when
-        the conversation has none, or does not exist.
+        the conversation has none, or does not exist. Paginated (AIP-158).
         """
         return self.execute_unary(
             request=request,

@@ -928,6 +928,7 @@ class DeleteConversationRequest(_message.Message):
     NAMESPACE_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     RECEIPT_FIELD_NUMBER: _builtins.int
+    ERASED_FORKS_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID of the conversation."""
     namespace: _builtins.str
@@ -944,6 +945,16 @@ class DeleteConversationRequest(_message.Message):
         RecordErasureReceipt does.
         """
 
+    @_builtins.property
+    def erased_forks(self) -> Global___ErasedForks:
+        """Set by AgentService.EraseConversation: the forks whose derived data it
+        erased, as ListForks named them (id and incarnation). The deletion then goes
+        ahead only if every fork it would erase with the conversation is among them,
+        checked in its own transaction: a fork made since they were listed makes it
+        FAILED_PRECONDITION / FORKS_CHANGED and nothing is deleted (list the forks
+        again, erase what was derived from the new ones, delete again). Unset: no check.
+        """
+
     def __init__(
         self,
         *,
@@ -951,10 +962,11 @@ class DeleteConversationRequest(_message.Message):
         namespace: _builtins.str = ...,
         incarnation: _builtins.int = ...,
         receipt: Global___ErasureProgress | None = ...,
+        erased_forks: Global___ErasedForks | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["erased_forks", b"erased_forks", "receipt", b"receipt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "incarnation", b"incarnation", "namespace", b"namespace", "receipt", b"receipt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "erased_forks", b"erased_forks", "incarnation", b"incarnation", "namespace", b"namespace", "receipt", b"receipt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2359,19 +2371,27 @@ class ListForksRequest(_message.Message):
 
     NAMESPACE_FIELD_NUMBER: _builtins.int
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     """Namespace that owns the conversation."""
     conversation_id: _builtins.str
     """UUID of the conversation whose forks to list."""
+    page_size: _builtins.int
+    """AIP-158: 0 means 100, at most 1000."""
+    page_token: _builtins.str
+    """From a previous response's next_page_token."""
     def __init__(
         self,
         *,
         namespace: _builtins.str = ...,
         conversation_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "namespace", b"namespace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2386,22 +2406,26 @@ class ForkRef(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     SOURCE_CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    THROUGH_SEQUENCE_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """UUID of the fork."""
     incarnation: _builtins.int
     """Its incarnation (Conversation.incarnation)."""
     source_conversation_id: _builtins.str
     """The conversation it was made from (the listed one, or a fork of it)."""
+    through_sequence: _builtins.int
+    """The last entry of its source it shares (its fork_origin.through_sequence)."""
     def __init__(
         self,
         *,
         conversation_id: _builtins.str = ...,
         incarnation: _builtins.int = ...,
         source_conversation_id: _builtins.str = ...,
+        through_sequence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "incarnation", b"incarnation", "source_conversation_id", b"source_conversation_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "incarnation", b"incarnation", "source_conversation_id", b"source_conversation_id", "through_sequence", b"through_sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2414,9 +2438,37 @@ class ListForksResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     FORKS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty on the last page."""
     @_builtins.property
     def forks(self) -> _containers.RepeatedCompositeFieldContainer[Global___ForkRef]:
-        """The forks, level by level (a fork before its own forks)."""
+        """The forks in the order they were made (a fork before its own forks)."""
+
+    def __init__(
+        self,
+        *,
+        forks: _abc.Iterable[Global___ForkRef] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["forks", b"forks", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListForksResponse: _TypeAlias = ListForksResponse  # noqa: Y015
+
+@_typing.final
+class ErasedForks(_message.Message):
+    """The forks an erasure erased the derived data of (DeleteConversationRequest)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FORKS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def forks(self) -> _containers.RepeatedCompositeFieldContainer[Global___ForkRef]:
+        """The forks (conversation_id and incarnation are read; the other fields not)."""
 
     def __init__(
         self,
@@ -2429,7 +2481,7 @@ class ListForksResponse(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ListForksResponse: _TypeAlias = ListForksResponse  # noqa: Y015
+Global___ErasedForks: _TypeAlias = ErasedForks  # noqa: Y015
 
 @_typing.final
 class TypedValue(_message.Message):

@@ -365,7 +365,7 @@ class TranscriptServiceServicer:
         incarnation): what erasing it would erase with it. AgentService's
         EraseConversation reads them to erase what was derived from their own
         entries (summaries, memories) before it deletes the transcript. Empty when
-        the conversation has none, or does not exist.
+        the conversation has none, or does not exist. Paginated (AIP-158).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

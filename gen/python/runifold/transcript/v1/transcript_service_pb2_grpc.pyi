@@ -141,7 +141,7 @@ class TranscriptServiceStub:
     incarnation): what erasing it would erase with it. AgentService's
     EraseConversation reads them to erase what was derived from their own
     entries (summaries, memories) before it deletes the transcript. Empty when
-    the conversation has none, or does not exist.
+    the conversation has none, or does not exist. Paginated (AIP-158).
     """
     PutCheckpoint: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.PutCheckpointRequest, _transcript_service_pb2.PutCheckpointResponse]
     """Stores a checkpoint of a LangGraph thread (the thread is the conversation):
@@ -294,7 +294,7 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     incarnation): what erasing it would erase with it. AgentService's
     EraseConversation reads them to erase what was derived from their own
     entries (summaries, memories) before it deletes the transcript. Empty when
-    the conversation has none, or does not exist.
+    the conversation has none, or does not exist. Paginated (AIP-158).
     """
     PutCheckpoint: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.PutCheckpointRequest, _transcript_service_pb2.PutCheckpointResponse]  # type: ignore[assignment]
     """Stores a checkpoint of a LangGraph thread (the thread is the conversation):
@@ -558,7 +558,7 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         incarnation): what erasing it would erase with it. AgentService's
         EraseConversation reads them to erase what was derived from their own
         entries (summaries, memories) before it deletes the transcript. Empty when
-        the conversation has none, or does not exist.
+        the conversation has none, or does not exist. Paginated (AIP-158).
         """
 
     @_abc_1.abstractmethod

@@ -1461,6 +1461,17 @@ export interface DeleteConversationRequest {
    * @generated from field: runifold.transcript.v1.ErasureProgress receipt = 4;
    */
   'receipt'?: (ErasureProgress | null);
+  /**
+   * Set by AgentService.EraseConversation: the forks whose derived data it
+   * erased, as ListForks named them (id and incarnation). The deletion then goes
+   * ahead only if every fork it would erase with the conversation is among them,
+   * checked in its own transaction: a fork made since they were listed makes it
+   * FAILED_PRECONDITION / FORKS_CHANGED and nothing is deleted (list the forks
+   * again, erase what was derived from the new ones, delete again). Unset: no check.
+   *
+   * @generated from field: runifold.transcript.v1.ErasedForks erased_forks = 5;
+   */
+  'erased_forks'?: (ErasedForks | null);
 }
 
 /**
@@ -1497,6 +1508,17 @@ export interface DeleteConversationRequest__Output {
    * @generated from field: runifold.transcript.v1.ErasureProgress receipt = 4;
    */
   'receipt': (ErasureProgress__Output | null);
+  /**
+   * Set by AgentService.EraseConversation: the forks whose derived data it
+   * erased, as ListForks named them (id and incarnation). The deletion then goes
+   * ahead only if every fork it would erase with the conversation is among them,
+   * checked in its own transaction: a fork made since they were listed makes it
+   * FAILED_PRECONDITION / FORKS_CHANGED and nothing is deleted (list the forks
+   * again, erase what was derived from the new ones, delete again). Unset: no check.
+   *
+   * @generated from field: runifold.transcript.v1.ErasedForks erased_forks = 5;
+   */
+  'erased_forks': (ErasedForks__Output | null);
 }
 
 /**
@@ -3733,6 +3755,18 @@ export interface ListForksRequest {
    * @generated from field: string conversation_id = 2;
    */
   'conversation_id'?: (string);
+  /**
+   * AIP-158: 0 means 100, at most 1000.
+   *
+   * @generated from field: int32 page_size = 3;
+   */
+  'page_size'?: (number);
+  /**
+   * From a previous response's next_page_token.
+   *
+   * @generated from field: string page_token = 4;
+   */
+  'page_token'?: (string);
 }
 
 /**
@@ -3753,6 +3787,18 @@ export interface ListForksRequest__Output {
    * @generated from field: string conversation_id = 2;
    */
   'conversation_id': (string);
+  /**
+   * AIP-158: 0 means 100, at most 1000.
+   *
+   * @generated from field: int32 page_size = 3;
+   */
+  'page_size': (number);
+  /**
+   * From a previous response's next_page_token.
+   *
+   * @generated from field: string page_token = 4;
+   */
+  'page_token': (string);
 }
 
 /**
@@ -3779,6 +3825,12 @@ export interface ForkRef {
    * @generated from field: string source_conversation_id = 3;
    */
   'source_conversation_id'?: (string);
+  /**
+   * The last entry of its source it shares (its fork_origin.through_sequence).
+   *
+   * @generated from field: int64 through_sequence = 4;
+   */
+  'through_sequence'?: (number | string | bigint);
 }
 
 /**
@@ -3805,6 +3857,12 @@ export interface ForkRef__Output {
    * @generated from field: string source_conversation_id = 3;
    */
   'source_conversation_id': (string);
+  /**
+   * The last entry of its source it shares (its fork_origin.through_sequence).
+   *
+   * @generated from field: int64 through_sequence = 4;
+   */
+  'through_sequence': (number);
 }
 
 /**
@@ -3814,11 +3872,17 @@ export interface ForkRef__Output {
  */
 export interface ListForksResponse {
   /**
-   * The forks, level by level (a fork before its own forks).
+   * The forks in the order they were made (a fork before its own forks).
    *
    * @generated from field: repeated runifold.transcript.v1.ForkRef forks = 1;
    */
   'forks'?: (ForkRef)[];
+  /**
+   * Empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  'next_page_token'?: (string);
 }
 
 /**
@@ -3828,7 +3892,41 @@ export interface ListForksResponse {
  */
 export interface ListForksResponse__Output {
   /**
-   * The forks, level by level (a fork before its own forks).
+   * The forks in the order they were made (a fork before its own forks).
+   *
+   * @generated from field: repeated runifold.transcript.v1.ForkRef forks = 1;
+   */
+  'forks': (ForkRef__Output)[];
+  /**
+   * Empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  'next_page_token': (string);
+}
+
+/**
+ * The forks an erasure erased the derived data of (DeleteConversationRequest).
+ *
+ * @generated from message runifold.transcript.v1.ErasedForks
+ */
+export interface ErasedForks {
+  /**
+   * The forks (conversation_id and incarnation are read; the other fields not).
+   *
+   * @generated from field: repeated runifold.transcript.v1.ForkRef forks = 1;
+   */
+  'forks'?: (ForkRef)[];
+}
+
+/**
+ * The forks an erasure erased the derived data of (DeleteConversationRequest).
+ *
+ * @generated from message runifold.transcript.v1.ErasedForks
+ */
+export interface ErasedForks__Output {
+  /**
+   * The forks (conversation_id and incarnation are read; the other fields not).
    *
    * @generated from field: repeated runifold.transcript.v1.ForkRef forks = 1;
    */
@@ -4995,7 +5093,7 @@ export interface TranscriptService__Methods {
    * incarnation): what erasing it would erase with it. AgentService's
    * EraseConversation reads them to erase what was derived from their own
    * entries (summaries, memories) before it deletes the transcript. Empty when
-   * the conversation has none, or does not exist.
+   * the conversation has none, or does not exist. Paginated (AIP-158).
    *
    * @generated from rpc runifold.transcript.v1.TranscriptService.ListForks
    */
