@@ -19,6 +19,7 @@ from langchain_core.messages import (
     HumanMessage,
     RemoveMessage,
     SystemMessage,
+    ToolMessage,
 )
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, MessagesState, StateGraph
@@ -233,3 +234,66 @@ async def test_the_messages_channel_grows_linearly_with_the_turns(
     assert rows_40 == 4 * rows_10
     assert bytes_40 <= 5 * bytes_10
     assert bytes_40 <= 40 * rows_40
+
+
+async def test_a_tool_exchange_is_mirrored_with_its_calls(client: AsyncClient) -> None:
+    thread = f"t-{uuid.uuid4().hex}"
+    config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+    checkpoint = empty_checkpoint()
+    listed = [
+        HumanMessage("weather in Paris?", id="h1"),
+        AIMessage(
+            "",
+            id="a1",
+            tool_calls=[{"name": "weather", "args": {"city": "Paris"}, "id": "call-1"}],
+        ),
+        ToolMessage("18 C, sunny", tool_call_id="call-1", id="t1", name="weather"),
+        AIMessage("18 C and sunny.", id="a2"),
+    ]
+    checkpoint["channel_values"] = {"messages": listed}
+    checkpoint["channel_versions"] = {"messages": "1"}
+
+    await RunifoldSaver(client=client).aput(config, checkpoint, {}, {"messages": "1"})
+
+    stored = await entries(client, thread)
+    assert [e.message.role for e in stored] == [
+        common_pb2.ROLE_USER,
+        common_pb2.ROLE_ASSISTANT,
+        common_pb2.ROLE_TOOL,
+        common_pb2.ROLE_ASSISTANT,
+    ]
+    [call] = stored[1].message.tool_calls
+    assert (call.id, call.name, json.loads(call.arguments_json)) == (
+        "call-1",
+        "weather",
+        {"city": "Paris"},
+    )
+    assert stored[2].message.tool_call_id == "call-1"
+    got = await RunifoldSaver(client=client).aget_tuple({"configurable": {"thread_id": thread}})
+    assert got is not None
+    assert got.checkpoint["channel_values"]["messages"] == listed
+
+
+async def test_more_messages_than_one_append_holds(client: AsyncClient) -> None:
+    """A first put of a long history (an imported thread): appended in chunks of 256,
+    referenced as one range, read back exactly."""
+    thread = f"t-{uuid.uuid4().hex}"
+    config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+    checkpoint = empty_checkpoint()
+    listed: list[BaseMessage] = [
+        HumanMessage(f"q{i}", id=f"h{i}") if i % 2 == 0 else AIMessage(f"a{i}", id=f"a{i}")
+        for i in range(300)
+    ]
+    checkpoint["channel_values"] = {"messages": listed}
+    checkpoint["channel_versions"] = {"messages": "1"}
+
+    await RunifoldSaver(client=client).aput(config, checkpoint, {}, {"messages": "1"})
+
+    assert len(await entries(client, thread)) == 300
+    found = await client.get_checkpoint(RunifoldSaver.conversation_id(thread))
+    assert found is not None
+    [value] = [v for v in found.channel_values if v.channel == "messages"]
+    assert value.value.value == b'{"ranges": [[1, 300]]}'
+    got = await RunifoldSaver(client=client).aget_tuple({"configurable": {"thread_id": thread}})
+    assert got is not None
+    assert got.checkpoint["channel_values"]["messages"] == listed
