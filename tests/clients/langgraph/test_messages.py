@@ -297,3 +297,35 @@ async def test_more_messages_than_one_append_holds(client: AsyncClient) -> None:
     got = await RunifoldSaver(client=client).aget_tuple({"configurable": {"thread_id": thread}})
     assert got is not None
     assert got.checkpoint["channel_values"]["messages"] == listed
+
+
+async def test_the_sync_methods_mirror_too(stack: Stack) -> None:
+    """graph.invoke (the saver's sync methods, on its own loop) mirrors as ainvoke does."""
+    namespace = f"lgm-{uuid.uuid4().hex[:10]}"
+    saver = RunifoldSaver(target=stack.address, namespace=namespace)
+    thread = f"t-{uuid.uuid4().hex}"
+    model = FakeListChatModel(responses=["one", "two"])
+
+    def chat(state: MessagesState) -> dict[str, list[BaseMessage]]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("chat", chat)
+    builder.add_edge(START, "chat")
+    graph = builder.compile(checkpointer=saver)
+    config = {"configurable": {"thread_id": thread}}
+
+    def run() -> list[BaseMessage]:
+        graph.invoke({"messages": [HumanMessage("first")]}, config)
+        return list(graph.invoke({"messages": [HumanMessage("second")]}, config)["messages"])
+
+    try:
+        messages = await asyncio.to_thread(run)
+        assert await asyncio.to_thread(lambda: graph.get_state(config).values["messages"]) == (
+            messages
+        )
+    finally:
+        await asyncio.to_thread(saver.close)
+    async with AsyncClient(stack.address, namespace=namespace) as client:
+        stored = await entries(client, thread)
+    assert [e.message.text for e in stored] == ["first", "one", "second", "two"]
