@@ -329,3 +329,35 @@ async def test_the_sync_methods_mirror_too(stack: Stack) -> None:
     async with AsyncClient(stack.address, namespace=namespace) as client:
         stored = await entries(client, thread)
     assert [e.message.text for e in stored] == ["first", "one", "second", "two"]
+
+
+async def test_a_leased_run_is_mirrored_when_it_ends_and_later_puts_reference_again(
+    client: AsyncClient,
+) -> None:
+    """Under thread_run the puts keep the channel plain (an append cannot commit under the
+    lease without ending it); the run's messages are appended when it releases the lease,
+    and the next put outside a lease finds them by id: a reference again, nothing twice."""
+    saver = RunifoldSaver(client=client)
+    graph = chat_graph(saver)
+    thread = f"t-{uuid.uuid4().hex}"
+    config = {"configurable": {"thread_id": thread}}
+    for turn in range(2):
+        async with saver.athread_run(config, multitask_strategy="reject") as fenced:
+            await graph.ainvoke({"messages": [HumanMessage(f"question {turn}")]}, fenced)
+    assert [e.message.text for e in await entries(client, thread)] == [
+        "question 0",
+        "answer 0",
+        "question 1",
+        "answer 1",
+    ]
+
+    messages = await run_turns(chat_graph(RunifoldSaver(client=client)), thread, 1, start=2)
+
+    stored = await entries(client, thread)
+    assert [e.message.text for e in stored] == [m.content for m in messages]
+    found = await client.get_checkpoint(RunifoldSaver.conversation_id(thread))
+    assert found is not None
+    [value] = [v for v in found.channel_values if v.channel == "messages"]
+    assert value.value.value == b'{"ranges": [[1, 6]]}'
+    state = await chat_graph(RunifoldSaver(client=client)).aget_state(config)
+    assert state.values["messages"] == messages

@@ -15,7 +15,9 @@ the ranges; a retracted entry keeps its content, which an older checkpoint still
 
 A list that cannot be mirrored keeps the plain blob (the serializer's bytes, as
 before): correctness first, every round trip exact. See `MessageMirror.plan` for each
-case and why.
+case and why. The put after a plain version finds the transcript's messages by id and
+mirrors again; a run under a turn lease (whose puts stay plain) has its messages
+appended when it releases the lease (`catch_up`).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class _Known:
 
     checkpoint_id: str
     items: list[Mirrored] | None
+    gave_up: bool = False  # a plain version whose messages the transcript refused
 
 
 @dataclass
@@ -83,6 +86,7 @@ class Plan:
     value: transcript_pb.TypedValue | None = None
     items: list[Mirrored] | None = None
     remember: bool = False
+    gave_up: bool = False
 
 
 class MessageMirror:
@@ -113,7 +117,7 @@ class MessageMirror:
         if self.channel not in new_versions:
             # The channel is unchanged: the parent's messages are the new checkpoint's.
             if known is not None and known.checkpoint_id == parent_id:
-                return Plan(self.channel, items=known.items, remember=True)
+                return Plan(self.channel, items=known.items, remember=True, gave_up=known.gave_up)
             return Plan(self.channel)
         value = checkpoint["channel_values"].get(self.channel)
         if checkpoint_ns:
@@ -129,10 +133,56 @@ class MessageMirror:
             return Plan(self.channel, remember=True)
         parent = await self._parent(conversation_id, checkpoint_ns, parent_id, known)
         if parent is None:
-            # The parent is a plain blob: which of its messages the transcript holds is
-            # not known, and appending them all could store some twice. It stays plain.
-            return Plan(self.channel, remember=True)
+            # The parent is a plain blob (a run under a lease, a list the transcript
+            # refused): which of its messages the transcript holds is read from the
+            # transcript itself (by message id, once), and the version is mirrored again;
+            # nothing is retracted (the transcript may hold entries of other writers).
+            # When the transcript refused this thread's messages before, it stays plain
+            # (no full read at every put).
+            if known is not None and known.checkpoint_id == parent_id and known.gave_up:
+                return Plan(self.channel, remember=True, gave_up=True)
+            if not all(_mirrorable(m) for m in value):
+                return Plan(self.channel, remember=True)
+            standing = list((await self.standing(conversation_id)).values())
+            plan = await self._mirror(
+                conversation_id, checkpoint, value, standing, on_thread, retract=False
+            )
+            plan.gave_up = plan.value is None
+            return plan
         return await self._mirror(conversation_id, checkpoint, value, parent, on_thread)
+
+    async def catch_up(self, conversation_id: str, messages: list[Any], checkpoint_id: str) -> None:
+        """Append the messages of a plain version (a run under a lease) the transcript
+        does not hold, without retracting anything (after the lease is released)."""
+        if not messages or not all(isinstance(m, BaseMessage) and _mirrorable(m) for m in messages):
+            return
+        standing = await self.standing(conversation_id)
+        new = [m for m in messages if m.id not in standing or standing[str(m.id)].message != m]
+        entries = [_entry(m) for m in new]
+        if not new or any(e is None for e in entries):
+            return
+        for index in range(0, len(entries), _PER_APPEND):
+            key = f"{checkpoint_id}\n{self.channel}\ncatch-up\n{index}"
+            await self.client.append(
+                conversation_id,
+                [e[1] for e in entries[index : index + _PER_APPEND] if e is not None],
+                namespace=self.namespace,
+                request_id=fw.keyed_request_id(conversation_id, "langgraph-messages", key),
+            )
+
+    async def standing(self, conversation_id: str) -> dict[str, Mirrored]:
+        """The transcript's LangChain messages by id (the last entry of each id)."""
+        by_id: dict[str, Mirrored] = {}
+        async for entry in self.client.entries(conversation_id, namespace=self.namespace):
+            if not entry.message.native_json or entry.retracted_version:
+                continue
+            try:
+                message = _load(entry.message.native_json)
+            except Exception:  # noqa: S112  # another writer's JSON: not a message
+                continue
+            if message.id:
+                by_id[str(message.id)] = Mirrored(entry.sequence, message, _retractable(message))
+        return by_id
 
     def remember(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, plan: Plan) -> None:
         """After the put stored the checkpoint: its messages, for the next put."""
@@ -140,7 +190,7 @@ class MessageMirror:
         if not plan.remember:
             self._known.pop(key, None)
             return
-        self._keep(key, _Known(checkpoint_id, plan.items))
+        self._keep(key, _Known(checkpoint_id, plan.items, plan.gave_up))
 
     async def _mirror(
         self,
@@ -149,6 +199,8 @@ class MessageMirror:
         value: list[BaseMessage],
         parent: list[Mirrored],
         on_thread: OnThread,
+        *,
+        retract: bool = True,
     ) -> Plan:
         by_id = {item.message.id: item for item in parent}
         seen: set[str] = set()
@@ -173,13 +225,15 @@ class MessageMirror:
         # A removed (or replaced) message is retracted: recorded, its content kept. An
         # entry with tool calls or a tool result cannot be retracted (the transcript keeps
         # a tool exchange whole): it stays standing.
-        retract = [
-            item.sequence for item in parent if item.sequence not in kept and item.retractable
+        retractions = [
+            item.sequence
+            for item in parent
+            if retract and item.sequence not in kept and item.retractable
         ]
         sequences: list[int] = []
         chunks = max(
             (len(new) + _PER_APPEND - 1) // _PER_APPEND,
-            (len(retract) + _PER_APPEND - 1) // _PER_APPEND,
+            (len(retractions) + _PER_APPEND - 1) // _PER_APPEND,
         )
         for index in range(chunks):
             part = new[index * _PER_APPEND : (index + 1) * _PER_APPEND]
@@ -187,7 +241,7 @@ class MessageMirror:
             # appends nothing twice.
             key = f"{checkpoint['id']}\n{self.channel}\n{index}"
             request_id = fw.keyed_request_id(conversation_id, "langgraph-messages", key)
-            retracts = retract[index * _PER_APPEND : (index + 1) * _PER_APPEND]
+            retracts = retractions[index * _PER_APPEND : (index + 1) * _PER_APPEND]
 
             async def append(
                 cid: str,
@@ -383,6 +437,11 @@ def _entry(message: BaseMessage) -> tuple[BaseMessage, common_pb2.Message, BaseM
     if isinstance(message, ToolMessage):
         entry.tool_call_id = message.tool_call_id
     return message, entry, copy
+
+
+def _mirrorable(message: BaseMessage) -> bool:
+    """Whether a message can be an entry at all (its type, its id): checked before a read."""
+    return bool(message.id) and isinstance(message, HumanMessage | AIMessage | ToolMessage)
 
 
 def _text(message: BaseMessage) -> str:

@@ -380,6 +380,11 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
                 await renewal
             with contextlib.suppress(Exception):
                 await self.client.release_turn_lease(cid, turn_id, token, namespace=self.namespace)
+            if self._mirror is not None:
+                # The run's puts kept its messages plain (an append cannot commit under
+                # the lease without ending it): append them now (messages.py).
+                with contextlib.suppress(RunifoldError):
+                    await self._catch_up(cid)
 
     async def aclose(self) -> None:
         """Close the client, if this saver made it."""
@@ -547,6 +552,21 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
                 for write in writes
             ],
         )
+
+    async def _catch_up(self, cid: str) -> None:
+        """Mirror the messages of the thread's latest checkpoint when it holds them plain."""
+        assert self._mirror is not None
+        found = await self.client.get_checkpoint(cid, namespace=self.namespace)
+        if found is None:
+            return
+        for value in found.channel_values:
+            if value.channel == self._mirror.channel and value.value.type not in (
+                REFERENCE_TYPE,
+                "empty",
+            ):
+                messages = self.serde.loads_typed((value.value.type, value.value.value))
+                if isinstance(messages, list):
+                    await self._mirror.catch_up(cid, messages, found.checkpoint_id)
 
     async def _ensure_thread(self, thread_id: str) -> str:
         """The thread's conversation, made when it does not exist (idempotent)."""
