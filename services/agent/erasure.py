@@ -51,6 +51,7 @@ MEMORIES = "memories"
 MEMORY_REVISIONS = "memory_revisions"
 INDEX_POINTS = "index_points"
 FORKS = "forks"
+CHECKPOINTS = "checkpoints"
 # TranscriptService's refusal of a deletion that would erase a fork not listed.
 FORKS_CHANGED = "FORKS_CHANGED"
 

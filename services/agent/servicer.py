@@ -68,6 +68,7 @@ def receipt_to_proto(receipt: Receipt) -> pb.ErasureReceipt:
         memory_revisions=counts.get(erasure.MEMORY_REVISIONS, 0),
         index_points=counts.get(erasure.INDEX_POINTS, 0),
         forks=counts.get(erasure.FORKS, 0),
+        checkpoints=counts.get(erasure.CHECKPOINTS, 0),
     )
 
 

@@ -51,6 +51,7 @@ async def test_a_retried_partial_erasure_completes_one_receipt() -> None:
         "summary_jobs": 1,
         "curation_jobs": 0,
         "forks": 0,
+        "checkpoints": 0,
         "memories": 2,
         "memory_revisions": 2,
         "index_points": 2,

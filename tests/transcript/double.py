@@ -79,6 +79,7 @@ from services.transcript.leases.model import (
 from services.transcript.leases.store import WAIT_LEASE_S
 from services.transcript.receipts.model import (
     APPENDS,
+    CHECKPOINTS,
     ENTRIES,
     FORKS,
     ErasureProgress,
@@ -485,6 +486,7 @@ class InMemoryTranscriptStore:
                 del self._data[(namespace, conversation_id)]
                 entries = len(stored.entries) - stored.prefix_end
                 appends = stored.conversation.version - stored.shared_versions
+                checkpoints = len(stored.checkpoints)
                 forks = 0
                 # Its forks, and theirs (a fork of a conversation made again under its id
                 # is not the new one's).
@@ -496,9 +498,10 @@ class InMemoryTranscriptStore:
                         del self._data[(namespace, fork_id)]
                         entries += len(fork.entries) - fork.prefix_end
                         appends += fork.conversation.version - fork.shared_versions
+                        checkpoints += len(fork.checkpoints)
                         forks += 1
                         pending.extend(fork.forks)
-                erased = Deletion(True, entries, appends, forks=forks)
+                erased = Deletion(True, entries, appends, forks=forks, checkpoints=checkpoints)
             kept_key = (namespace, conversation_id, incarnation)
             if receipt is None or not incarnation:
                 return erased
@@ -509,6 +512,7 @@ class InMemoryTranscriptStore:
                 ENTRIES: erased.entries,
                 APPENDS: erased.appends,
                 FORKS: erased.forks,
+                CHECKPOINTS: erased.checkpoints,
             }
             kept = self._record(
                 namespace, conversation_id, incarnation, ErasureProgress(counts, receipt.remaining)

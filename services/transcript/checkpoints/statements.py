@@ -285,5 +285,6 @@ ON CONFLICT DO NOTHING
 ERASE = (
     "DELETE FROM transcript.checkpoint_writes WHERE conversation_key = ANY(%s)",
     "DELETE FROM transcript.checkpoint_blobs WHERE conversation_key = ANY(%s)",
-    "DELETE FROM transcript.checkpoints WHERE conversation_key = ANY(%s)",
 )
+# Last, and apart: its row count is the erasure receipt's "checkpoints".
+ERASE_CHECKPOINTS = "DELETE FROM transcript.checkpoints WHERE conversation_key = ANY(%s)"

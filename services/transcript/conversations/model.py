@@ -144,6 +144,7 @@ class Deletion:
     appends: int = 0
     receipt: ErasureReceipt | None = None
     forks: int = 0  # its forks (and theirs) erased with it
+    checkpoints: int = 0  # its LangGraph checkpoints, and its forks'
 
 
 def user_id(value: str, field: str = "user_id") -> str:

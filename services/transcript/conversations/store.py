@@ -41,7 +41,13 @@ from services.transcript.conversations.model import (
     state_too_large,
 )
 from services.transcript.forks.model import forks_changed
-from services.transcript.receipts.model import APPENDS, ENTRIES, FORKS, ErasureProgress
+from services.transcript.receipts.model import (
+    APPENDS,
+    CHECKPOINTS,
+    ENTRIES,
+    FORKS,
+    ErasureProgress,
+)
 from services.transcript.receipts.store import receipt_kept, record_in
 
 
@@ -384,10 +390,14 @@ class PostgresConversations(PostgresBase):
                 # LangGraph checkpoints (checkpoints/): the thread goes with its transcript.
                 for statement in checkpoint_sql.ERASE:
                     await conn.execute(statement, (keys,))
+                cursor = await conn.execute(checkpoint_sql.ERASE_CHECKPOINTS, (keys,))
+                checkpoints: int = cursor.rowcount
                 cursor = await conn.execute(
                     "DELETE FROM transcript.entries WHERE conversation_key = ANY(%s)", (keys,)
                 )
-                erased = Deletion(True, cursor.rowcount, appends, forks=len(removed) - 1)
+                erased = Deletion(
+                    True, cursor.rowcount, appends, forks=len(removed) - 1, checkpoints=checkpoints
+                )
             # Only for what this call deleted, or an erasure whose receipt is kept (its
             # retry): never a receipt of a conversation that was not there.
             if (
@@ -403,6 +413,7 @@ class PostgresConversations(PostgresBase):
                     ENTRIES: erased.entries,
                     APPENDS: erased.appends,
                     FORKS: erased.forks,
+                    CHECKPOINTS: erased.checkpoints,
                 }
                 kept = await record_in(
                     conn,

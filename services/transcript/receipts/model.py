@@ -31,6 +31,9 @@ ENTRIES = "entries"
 APPENDS = "appends"
 # The forks erased with the conversation (ForkConversation: they share its entries).
 FORKS = "forks"
+# The LangGraph checkpoints erased with it and its forks (checkpoints/: a thread is a
+# conversation), their values and pending writes with them.
+CHECKPOINTS = "checkpoints"
 
 
 @dataclass(frozen=True, slots=True)

@@ -382,6 +382,9 @@ async def test_delete_thread_erases_and_ends_a_watch_open_on_it(
     assert events[0] == "appended" and events[-1] == "erased"
     assert await saver.aget_tuple(config(thread)) is None
     assert await _rows_of(shared_database_url, key) == [0, 0, 0]
+    # The erasure's receipt counts the thread's checkpoint (no content).
+    receipt = await client.erasure_receipt(conversation_id=cid)
+    assert (receipt.checkpoints, receipt.entries) == (1, 1)
     await saver.adelete_thread(thread)  # a repeat is a no-op
 
 

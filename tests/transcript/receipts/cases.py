@@ -48,6 +48,7 @@ class ReceiptCases(ServiceCases):
             "entries": 3,
             "appends": 2,
             "forks": 0,
+            "checkpoints": 0,
             "summaries": 2,
             "memories": 1,
         }
@@ -80,6 +81,7 @@ class ReceiptCases(ServiceCases):
             "entries": 1,
             "appends": 1,
             "forks": 0,
+            "checkpoints": 0,
         }
         assert list(done.receipt.remaining) == ["memory_index"]
         # A stale report (the first call's, late) cannot bring a part back.

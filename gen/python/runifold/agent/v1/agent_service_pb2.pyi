@@ -772,6 +772,7 @@ class ErasureReceipt(_message.Message):
     MEMORY_REVISIONS_FIELD_NUMBER: _builtins.int
     INDEX_POINTS_FIELD_NUMBER: _builtins.int
     FORKS_FIELD_NUMBER: _builtins.int
+    CHECKPOINTS_FIELD_NUMBER: _builtins.int
     receipt_id: _builtins.str
     """UUID of the receipt."""
     conversation_id: _builtins.str
@@ -803,7 +804,11 @@ class ErasureReceipt(_message.Message):
     them all.
     """
     forks: _builtins.int
-    """Forks of the conversation erased (0: conversations are not forked yet)."""
+    """Forks of the conversation erased with it (ForkConversation)."""
+    checkpoints: _builtins.int
+    """LangGraph checkpoints of it and its forks erased (a thread is a conversation:
+    runifold_client.langgraph.RunifoldSaver), their values and pending writes with them.
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When the erasure first recorded it."""
@@ -838,10 +843,11 @@ class ErasureReceipt(_message.Message):
         memory_revisions: _builtins.int = ...,
         index_points: _builtins.int = ...,
         forks: _builtins.int = ...,
+        checkpoints: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["complete_time", b"complete_time", "create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["appends", b"appends", "complete_time", b"complete_time", "conversation_id", b"conversation_id", "create_time", b"create_time", "curation_jobs", b"curation_jobs", "entries", b"entries", "forks", b"forks", "incarnation", b"incarnation", "index_points", b"index_points", "memories", b"memories", "memory_revisions", b"memory_revisions", "namespace", b"namespace", "receipt_id", b"receipt_id", "remaining", b"remaining", "summaries", b"summaries", "summary_jobs", b"summary_jobs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["appends", b"appends", "checkpoints", b"checkpoints", "complete_time", b"complete_time", "conversation_id", b"conversation_id", "create_time", b"create_time", "curation_jobs", b"curation_jobs", "entries", b"entries", "forks", b"forks", "incarnation", b"incarnation", "index_points", b"index_points", "memories", b"memories", "memory_revisions", b"memory_revisions", "namespace", b"namespace", "receipt_id", b"receipt_id", "remaining", b"remaining", "summaries", b"summaries", "summary_jobs", b"summary_jobs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1224,11 +1224,18 @@ export interface ErasureReceipt {
    */
   'index_points'?: (number | string | bigint);
   /**
-   * Forks of the conversation erased (0: conversations are not forked yet).
+   * Forks of the conversation erased with it (ForkConversation).
    *
    * @generated from field: int64 forks = 16;
    */
   'forks'?: (number | string | bigint);
+  /**
+   * LangGraph checkpoints of it and its forks erased (a thread is a conversation:
+   * runifold_client.langgraph.RunifoldSaver), their values and pending writes with them.
+   *
+   * @generated from field: int64 checkpoints = 17;
+   */
+  'checkpoints'?: (number | string | bigint);
 }
 
 /**
@@ -1337,11 +1344,18 @@ export interface ErasureReceipt__Output {
    */
   'index_points': (number);
   /**
-   * Forks of the conversation erased (0: conversations are not forked yet).
+   * Forks of the conversation erased with it (ForkConversation).
    *
    * @generated from field: int64 forks = 16;
    */
   'forks': (number);
+  /**
+   * LangGraph checkpoints of it and its forks erased (a thread is a conversation:
+   * runifold_client.langgraph.RunifoldSaver), their values and pending writes with them.
+   *
+   * @generated from field: int64 checkpoints = 17;
+   */
+  'checkpoints': (number);
 }
 
 /**
