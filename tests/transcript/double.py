@@ -852,7 +852,12 @@ class InMemoryTranscriptStore:
             live = any(
                 t.state in ("waiting", "running") and t.until >= now for t in stored.turns.values()
             )
-            if stored.provisional == turn_id and stored.conversation.version == 0 and not live:
+            if (
+                stored.provisional == turn_id
+                and stored.conversation.version == 0
+                and not live
+                and not stored.checkpoints  # a thread's, kept (leases/statements.py)
+            ):
                 del self._data[key]
             return True
 

@@ -147,16 +147,21 @@ class Checkpoints:
                 "the writes of one call are one task's (one task_id and task_path)",
                 field="writes",
             )
-        checked = tuple(
-            CheckpointWrite(
+        # A repeat of an idx within the call follows the rule between calls (the first
+        # write kept; a special channel's, negative idx, replaced): one row per idx reaches
+        # the statement, whose ON CONFLICT may touch a row only once.
+        by_idx: dict[int, CheckpointWrite] = {}
+        for write in writes:
+            if write.idx >= 0 and write.idx in by_idx:
+                continue
+            by_idx[write.idx] = CheckpointWrite(
                 write.task_id,
                 write.idx,
                 name(write.channel, "writes.channel", required=True),
                 typed_value(write.value, "writes.value", limits),
                 write.task_path,
             )
-            for write in writes
-        )
+        checked = tuple(by_idx.values())
         if sum(len(write.value.value or b"") for write in checked) > self.limits.max_append_bytes:
             raise put_too_large("writes", self.limits.max_append_bytes)
         put = NewWrites(

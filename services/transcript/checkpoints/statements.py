@@ -63,6 +63,11 @@ SELECT b.channel, b.version FROM transcript.checkpoint_blobs AS b
  WHERE b.conversation_key = %(key)s AND b.checkpoint_ns = %(checkpoint_ns)s
 """
 
+# A read (GetCheckpoint, a ListCheckpoints page) sees one snapshot: the keys it chooses,
+# their checkpoints, values and writes as of one instant, whatever commits meanwhile (a
+# prune between two of its statements would otherwise leave a chosen key unread).
+ONE_SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+
 # A value and the chain of bases it is a delta of, the value first (at most its depth
 # + 1 rows: index probes).
 CHAIN = """
@@ -79,6 +84,8 @@ WITH RECURSIVE chain AS (
       JOIN transcript.checkpoint_blobs AS b
         ON b.conversation_key = %(key)s AND b.checkpoint_ns = %(checkpoint_ns)s
        AND b.channel = %(channel)s AND b.version = c.base_version
+     -- A put makes chains at most DELTA_MAX_DEPTH deep: a bad row cannot make it spin.
+     WHERE c.link <= 64
 )
 SELECT type, blob, base_version, head_length, base_offset, base_length, depth
   FROM chain ORDER BY link

@@ -128,6 +128,7 @@ class PostgresCheckpoints(PostgresBase):
 
     async def list_checkpoints(self, query: CheckpointQuery) -> CheckpointPage:
         async with self.db.connection() as conn, conn.transaction():
+            await conn.execute(sql.ONE_SNAPSHOT)
             cursor = await conn.execute(
                 sql.CONVERSATION_KEY,
                 {"namespace": query.namespace, "conversation_id": query.conversation_id},
@@ -167,6 +168,7 @@ class PostgresCheckpoints(PostgresBase):
     ) -> StoredCheckpoint | None:
         """The checkpoint (the newest of `checkpoint_ns` when `checkpoint_id` is empty)."""
         async with self.db.connection() as conn, conn.transaction():
+            await conn.execute(sql.ONE_SNAPSHOT)
             cursor = await conn.execute(
                 sql.CONVERSATION_KEY, {"namespace": namespace, "conversation_id": conversation_id}
             )
@@ -246,9 +248,12 @@ class PostgresCheckpoints(PostgresBase):
             if target not in keys:
                 raise conversation_not_found()
             params = {"source": keys[source], "target": keys[target]}
-            await conn.execute(sql.COPY_VALUES, params)
+            # Checkpoints first: each statement reads what was committed when it began
+            # (READ COMMITTED), and a put commits its values with its checkpoint, so the
+            # values read after the checkpoints include every copied checkpoint's.
             cursor = await conn.execute(sql.COPY_CHECKPOINTS, params)
             copied = cursor.rowcount
+            await conn.execute(sql.COPY_VALUES, params)
             await conn.execute(sql.COPY_WRITES, params)
             return int(copied)
 

@@ -247,11 +247,18 @@ UPDATE transcript.conversations
 """
 
 
+# A conversation that holds LangGraph checkpoints (checkpoints/: a thread's first put
+# may come under a lease that created the conversation) is a thread, not a provisional
+# conversation to drop: dropping it would leave its checkpoints with no conversation to
+# erase them with.
+NO_CHECKPOINT = """NOT EXISTS (SELECT 1 FROM transcript.checkpoints AS k
+                    WHERE k.conversation_key = c.conversation_key)"""
+
 DROP_PROVISIONAL = f"""
 WITH gone AS (
     DELETE FROM transcript.conversations AS c
      WHERE c.conversation_key = %(key)s AND c.provisional_turn_id = %(turn_id)s
-       AND c.version = 0 AND {NO_LIVE_TURN}
+       AND c.version = 0 AND {NO_LIVE_TURN} AND {NO_CHECKPOINT}
  RETURNING conversation_key
 )
 DELETE FROM transcript.turns WHERE conversation_key IN (SELECT conversation_key FROM gone)
@@ -289,6 +296,6 @@ DELETE FROM transcript.conversations AS c
        SELECT c.conversation_key FROM transcript.conversations AS c
         WHERE c.provisional_turn_id IS NOT NULL AND c.version = 0
           AND c.create_time < now() - make_interval(secs => %(grace_s)s)
-          AND {NO_LIVE_TURN}
+          AND {NO_LIVE_TURN} AND {NO_CHECKPOINT}
         LIMIT %(limit)s))
 """

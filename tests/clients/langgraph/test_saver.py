@@ -20,7 +20,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 
 from runifold_client import AsyncClient, TurnLeaseMode
-from runifold_client.errors import ConversationBusy, InvalidArgument, TurnLeaseLost
+from runifold_client.errors import ConversationBusy, InvalidArgument, NotFound, TurnLeaseLost
 from runifold_client.langgraph import RunifoldSaver
 from services.transcript.checkpoints.model import DELTA_MAX_DEPTH
 from tests.clients.langgraph.graph_peer import build
@@ -386,6 +386,17 @@ async def test_delete_thread_erases_and_ends_a_watch_open_on_it(
     receipt = await client.erasure_receipt(conversation_id=cid)
     assert (receipt.checkpoints, receipt.entries) == (1, 1)
     await saver.adelete_thread(thread)  # a repeat is a no-op
+    # A run still in flight puts its next checkpoint (it has a parent): the erased
+    # thread does not come back.
+    with pytest.raises(NotFound):
+        await saver.aput(
+            config(thread, stored["configurable"]["checkpoint_id"]),
+            checkpoint({"k": "after"}, {"k": 2}),
+            {},
+            {"k": 2},
+        )
+    with pytest.raises(NotFound):
+        await client.get_conversation(cid)
 
 
 async def test_a_growing_message_list_is_stored_as_deltas(
@@ -463,7 +474,10 @@ async def test_copy_thread_forks_the_transcript_and_may_be_repeated(
     assert [e.message.text async for e in client.entries(forked.conversation_id)] == [
         "said on the source"
     ]
-    # The source goes on; a second copy brings the new checkpoints over.
+    await saver.acopy_thread(source, target)  # a repeat: the same fork, nothing more
+    assert [t.checkpoint["channel_values"]["k"] async for t in saver.alist(config(target))] == ["1"]
+    # The source goes on: the old copy is behind it (its transcript ends where the
+    # source's did), so copying over it is refused; deleted, the target is copied anew.
     await client.append(saver.conversation_id(source), "later")
     await saver.aput(
         config(source, stored["configurable"]["checkpoint_id"]),
@@ -471,6 +485,13 @@ async def test_copy_thread_forks_the_transcript_and_may_be_repeated(
         {},
         {"k": 2},
     )
+    with pytest.raises(ValueError, match="delete it first"):
+        await saver.acopy_thread(source, target)
+    await saver.adelete_thread(target)
     await saver.acopy_thread(source, target)
     copied = [t.checkpoint["channel_values"]["k"] async for t in saver.alist(config(target))]
     assert copied == ["2", "1"]
+    assert [e.message.text async for e in client.entries(saver.conversation_id(target))] == [
+        "said on the source",
+        "later",
+    ]

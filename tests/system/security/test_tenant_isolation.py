@@ -88,6 +88,7 @@ class Target:
     erased_conversation_id: str = ""
     erased_incarnation: int = 0
     receipt_id: str = ""
+    checkpoint_id: str = ""
 
 
 def target_of(world: World) -> Target:
@@ -115,6 +116,7 @@ def target_of(world: World) -> Target:
         erased_conversation_id=world.erased_conversation_id,
         erased_incarnation=world.erased_incarnation,
         receipt_id=world.receipt_id,
+        checkpoint_id=f"checkpoint-{world.marker}",
     )
 
 
@@ -131,6 +133,7 @@ def never_existed(like: Target) -> Target:
     erased_id, receipt_id = str(uuid.uuid4()), str(uuid.uuid4())
     return replace(
         like,
+        checkpoint_id=f"checkpoint-{uuid.uuid4().hex}",
         conversation_id=conversation_id,
         memory_id=memory_id,
         request_id=request_id,
@@ -555,7 +558,9 @@ CASES: dict[str, Case] = {
                 namespace=ns, conversation_id=t.conversation_id
             ),
             lambda ns, t, own: transcript_pb.GetCheckpointRequest(
-                namespace=ns, conversation_id=t.conversation_id, checkpoint_id=t.turn_id
+                namespace=ns,
+                conversation_id=t.conversation_id,
+                checkpoint_id=t.checkpoint_id,
             ),
         )
     ),
@@ -568,7 +573,7 @@ CASES: dict[str, Case] = {
                 namespace=ns,
                 conversation_id=t.conversation_id,
                 filter_json='{"source": "loop"}',
-                page_token=t.entries_token,
+                before_checkpoint_id=t.checkpoint_id,
             ),
         )
     ),

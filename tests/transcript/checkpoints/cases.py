@@ -112,6 +112,30 @@ class CheckpointCases(ServiceCases):
         assert found is not None
         assert [(w.idx, w.value.value) for w in found.pending_writes] == [(-3, b"2"), (0, b"1")]
 
+    async def test_a_repeated_idx_within_one_call_follows_the_same_rule(
+        self, service: TranscriptService, namespace: str
+    ) -> None:
+        """Two writes of one idx in one call (PostgreSQL's ON CONFLICT may touch a row
+        once per statement): the first kept, a special channel's last, no error."""
+        cid = await new_conversation(service, namespace)
+        await service.put_checkpoint(namespace, cid, checkpoint("1", {}, {}), "", "", None)
+        stored = await service.put_checkpoint_writes(
+            namespace,
+            cid,
+            "",
+            "1",
+            [
+                CheckpointWrite("t", idx, "c", TypedValue("json", value))
+                for idx, value in ((0, b"1"), (0, b"2"), (-3, b"1"), (-3, b"2"))
+            ],
+            "",
+            None,
+        )
+        assert stored == 2
+        found = await service.get_checkpoint(namespace, cid, "", "1")
+        assert found is not None
+        assert [(w.idx, w.value.value) for w in found.pending_writes] == [(-3, b"2"), (0, b"1")]
+
     async def test_list_filters_pages_and_orders_newest_first(
         self, service: TranscriptService, namespace: str
     ) -> None:
@@ -267,7 +291,8 @@ class CheckpointCases(ServiceCases):
         await service.put_checkpoint(
             namespace, cid, checkpoint("1", {"v": ("json", b"1")}, {"v": "1"}), "", "", None
         )
-        await service.delete_conversation(namespace, cid)
+        erased = await service.delete_conversation(namespace, cid)
+        assert erased.checkpoints == 1  # deleted (and counted) with the transcript
         assert await service.get_checkpoint(namespace, cid, "", "") is None
         again, _ = await service.create_conversation(namespace, cid, {})
         assert await service.get_checkpoint(namespace, str(again.conversation_id), "", "") is None

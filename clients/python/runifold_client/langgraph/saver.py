@@ -195,6 +195,10 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
         thread_id = str(configurable["thread_id"])
         checkpoint_ns = configurable.get("checkpoint_ns", "")
         values = checkpoint["channel_values"]
+        # Only a thread's first checkpoint (no parent) makes its conversation: a put that
+        # continues a thread erased meanwhile (delete_thread under a run in flight) must
+        # not bring it back.
+        first = not configurable.get("checkpoint_id")
         # The messages channel mirrored into the transcript: its version stored as a
         # reference to the entries (messages.py), or the plain blob when it cannot be.
         plan = (
@@ -204,7 +208,7 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
                 configurable,
                 checkpoint,
                 new_versions,
-                lambda call: self._on_thread(thread_id, call),
+                lambda call: self._on_thread(thread_id, call, create=first),
             )
             if self._mirror is not None
             else None
@@ -236,7 +240,8 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
         run_id = serializable.get("run_id")
         await self._on_thread(
             thread_id,
-            lambda cid: self.client.put_checkpoint(
+            create=first,
+            call=lambda cid: self.client.put_checkpoint(
                 cid,
                 request,
                 namespace=self.namespace,
@@ -277,7 +282,11 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
             chunk = typed[start : start + _WRITES_PER_CALL]
             await self._on_thread(
                 thread_id,
-                lambda cid, chunk=chunk: self.client.put_checkpoint_writes(
+                # LangGraph may write before the put of the checkpoint the writes name
+                # lands (its puts are not awaited in order with them): a thread's first
+                # writes may make its conversation.
+                create=True,
+                call=lambda cid, chunk=chunk: self.client.put_checkpoint_writes(
                     cid,
                     configurable.get("checkpoint_ns", ""),
                     configurable["checkpoint_id"],
@@ -318,14 +327,19 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Fork the source's conversation into the target's (ForkConversation: the target
         shares the source's transcript) and copy every checkpoint into it. A missing
-        source copies nothing; a target that exists already gets the checkpoints."""
+        source copies nothing; a repeat while the source has not grown is a no-op. A
+        target made by an earlier copy of a source that has grown since is refused
+        (ValueError; delete the target first): its transcript ends where the source's
+        ended then, and the newer checkpoints' messages are entries past that point.
+        Copy a thread at rest: a run putting on the source during the copy may have
+        checkpoints copied whose messages the fork does not hold."""
         source = self.conversation_id(source_thread_id)
         target = self.conversation_id(target_thread_id)
         try:
             conversation = await self.client.get_conversation(source, namespace=self.namespace)
         except NotFound:
             return
-        with contextlib.suppress(AlreadyExists):
+        try:
             await self.client.fork_conversation(
                 source,
                 conversation.last_sequence,
@@ -336,6 +350,13 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
                     source, "langgraph-copy", f"{target}@{conversation.last_sequence}"
                 ),
             )
+        except AlreadyExists:
+            # Not this fork's replay (its request id names the source's length): the
+            # target was made before, from a shorter source, or is another thread.
+            raise ValueError(
+                f"copy_thread: thread {target_thread_id!r} exists and is not a copy of "
+                f"{source_thread_id!r} as it is now; delete it first"
+            ) from None
         await self.client.copy_checkpoints(source, target, namespace=self.namespace)
 
     @contextlib.asynccontextmanager
@@ -574,14 +595,15 @@ class RunifoldSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]  # langgrap
         await self.client.create_conversation(conversation_id=cid, namespace=self.namespace)
         return cid
 
-    async def _on_thread(self, thread_id: str, call: Any) -> Any:
-        """`call(conversation_id)`, after making the thread's conversation when the first
-        attempt finds none (a thread's first put)."""
+    async def _on_thread(self, thread_id: str, call: Any, *, create: bool) -> Any:
+        """`call(conversation_id)`; with `create` (a thread's first put), after making the
+        thread's conversation when the first attempt finds none. Without, a thread that
+        is gone (erased) stays gone: NotFound."""
         cid = self.conversation_id(thread_id)
         try:
             return await call(cid)
         except NotFound as missing:
-            if missing.reason != "CONVERSATION_NOT_FOUND":
+            if not create or missing.reason != "CONVERSATION_NOT_FOUND":
                 raise
         await self._ensure_thread(thread_id)
         return await call(cid)
