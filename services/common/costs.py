@@ -160,7 +160,8 @@ COSTS: dict[str, CostClass] = {
     ),
     _T + "PutCheckpointWrites": CostClass(
         "exempt",
-        _ONE_WRITE + " (one insert of one task's writes)",
+        _ONE_WRITE + " (one insert of one task's writes, then the checkpoint's weight with "
+        "all its writes: at most RUNIFOLD_CHECKPOINT_MAX_BYTES, as a read returns them all)",
         _REQUEST + ": RUNIFOLD_CHECKPOINT_MAX_VALUES_PER_CALL writes of at most "
         "RUNIFOLD_CHECKPOINT_MAX_BLOB_BYTES",
         "never",
@@ -189,7 +190,7 @@ COSTS: dict[str, CostClass] = {
     _T + "CopyCheckpoints": CostClass(
         "exempt",
         _ONE_WRITE + " (three INSERT ... SELECT inside PostgreSQL: no row passes through "
-        "the service)",
+        "the service; the whole thread in one transaction, as long as the thread is)",
         "one count",
         "never",
     ),

@@ -985,13 +985,28 @@ class InMemoryTranscriptStore:
     async def put_checkpoint_writes(self, put: NewWrites) -> int:
         async with self._lock:
             stored = self._hold(put.namespace, put.conversation_id, put.fence)
+            writes = dict(stored.writes)
             count = 0
             for write in put.writes:
                 key = (put.checkpoint_ns, put.checkpoint_id, put.task_id, write.idx)
-                if key in stored.writes and write.idx >= 0:
+                if key in writes and write.idx >= 0:
                     continue
-                stored.writes[key] = write
+                writes[key] = write
                 count += 1
+            found = stored.checkpoints.get((put.checkpoint_ns, put.checkpoint_id))
+            kept, stored.writes = stored.writes, writes
+            weight = (
+                self._weight(stored, found)
+                if found is not None
+                else sum(
+                    len(w.value.value or b"")
+                    for (ns, cid, _, _), w in writes.items()
+                    if (ns, cid) == (put.checkpoint_ns, put.checkpoint_id)
+                )
+            )
+            if weight > put.max_checkpoint_bytes:
+                stored.writes = kept  # nothing written
+                raise checkpoint_too_large(put.max_checkpoint_bytes)
             return count
 
     async def get_checkpoint(

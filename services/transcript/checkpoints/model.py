@@ -124,6 +124,8 @@ class NewWrites:
     task_path: str
     writes: tuple[CheckpointWrite, ...]
     fence: Fence | None
+    # What the checkpoint with all its writes may weigh (a read returns them all).
+    max_checkpoint_bytes: int = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -173,6 +173,7 @@ class Checkpoints:
             task_path=name(task_paths.pop(), "writes.task_path"),
             writes=checked,
             fence=fence(turn_id, fencing_token),
+            max_checkpoint_bytes=limits.max_checkpoint_bytes,
         )
         return await self.store.put_checkpoint_writes(put)
 

@@ -144,6 +144,19 @@ _WEIGHT = """octet_length(c.checkpoint) + coalesce((
      WHERE w.conversation_key = c.conversation_key AND w.checkpoint_ns = c.checkpoint_ns
        AND w.checkpoint_id = c.checkpoint_id), 0)"""
 
+# What a checkpoint weighs with its writes once a call's writes are in (the writes alone
+# while the checkpoint's put has not landed yet): a read returns them all, so the writes
+# of all calls against one checkpoint are bounded as its put is.
+WEIGHT_WITH_WRITES = f"""
+SELECT coalesce(
+    (SELECT {_WEIGHT} FROM transcript.checkpoints AS c
+      WHERE c.conversation_key = %(key)s AND c.checkpoint_ns = %(checkpoint_ns)s
+        AND c.checkpoint_id = %(checkpoint_id)s),
+    (SELECT coalesce(sum(octet_length(w.blob)), 0) FROM transcript.checkpoint_writes AS w
+      WHERE w.conversation_key = %(key)s AND w.checkpoint_ns = %(checkpoint_ns)s
+        AND w.checkpoint_id = %(checkpoint_id)s))
+"""
+
 LIST_KEYS = f"""
 SELECT c.checkpoint_ns, c.checkpoint_id, {_WEIGHT}
   FROM transcript.checkpoints AS c

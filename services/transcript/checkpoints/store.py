@@ -124,7 +124,19 @@ class PostgresCheckpoints(PostgresBase):
                     "blobs": [w.value.value or b"" for w in put.writes],
                 },
             )
-            return int(cursor.rowcount)
+            stored = int(cursor.rowcount)
+            cursor = await conn.execute(
+                sql.WEIGHT_WITH_WRITES,
+                {
+                    "key": key,
+                    "checkpoint_ns": put.checkpoint_ns,
+                    "checkpoint_id": put.checkpoint_id,
+                },
+            )
+            row = await cursor.fetchone()
+            if row is not None and int(row[0]) > put.max_checkpoint_bytes:
+                raise checkpoint_too_large(put.max_checkpoint_bytes)  # rolled back
+            return stored
 
     async def list_checkpoints(self, query: CheckpointQuery) -> CheckpointPage:
         async with self.db.connection() as conn, conn.transaction():

@@ -191,6 +191,35 @@ class CheckpointCases(ServiceCases):
         assert reason_of(refused) == "CHECKPOINT_TOO_LARGE"
         assert await service.get_checkpoint(namespace, cid, "", "3") is None
 
+    async def test_writes_against_one_checkpoint_are_bounded_as_its_put(
+        self, store: object, namespace: str
+    ) -> None:
+        """A read returns a checkpoint with all its writes: calls of many tasks cannot
+        pile them up past what a put may weigh (nothing of the refused call is kept),
+        nor against a checkpoint whose put has not landed."""
+        small = make_service(store, checkpoints=_limits(max_checkpoint_bytes=2048))  # type: ignore[arg-type]
+        cid = await new_conversation(small, namespace)
+        await small.put_checkpoint(namespace, cid, checkpoint("1", {}, {}), "", "", None)
+
+        async def write(checkpoint_id: str, task: str) -> int:
+            return await small.put_checkpoint_writes(
+                namespace,
+                cid,
+                "",
+                checkpoint_id,
+                [CheckpointWrite(task, 0, "c", TypedValue("bytes", bytes(600)))],
+                "",
+                None,
+            )
+
+        for checkpoint_id in ("1", "not-put-yet"):
+            assert [await write(checkpoint_id, f"t{i}") for i in range(3)] == [1, 1, 1]
+            with pytest.raises(DomainError) as refused:
+                await write(checkpoint_id, "t3")
+            assert reason_of(refused) == "CHECKPOINT_TOO_LARGE"
+        found = await small.get_checkpoint(namespace, cid, "", "1")
+        assert found is not None and len(found.pending_writes) == 3
+
     async def test_delete_by_runs_and_prune_take_the_unnamed_values(
         self, service: TranscriptService, namespace: str
     ) -> None:
