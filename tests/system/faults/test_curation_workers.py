@@ -243,20 +243,26 @@ async def test_a_worker_killed_inside_a_batch_leaves_nothing_and_the_batch_runs_
         # The dead backend's transaction can never commit (no COMMIT will come).
         assert await stored(fresh_database_url, namespace) == []
         async with service_process("services.memory", env, tmp_path / "second"):
+            job: tuple[object, ...] | None = None
 
             async def done() -> bool:
-                return await curated_through(address, namespace, cid) == 4
+                # The transcript's mark comes first, then the job's completion (two
+                # services): both, before the job is read.
+                nonlocal job
+                if await curated_through(address, namespace, cid) != 4:
+                    return False
+                async with await psycopg.AsyncConnection.connect(
+                    fresh_database_url, autocommit=True
+                ) as conn:
+                    cursor = await conn.execute(
+                        """SELECT attempts, state, batches, facts FROM memory.curation_jobs
+                            WHERE namespace = %s""",
+                        (namespace,),
+                    )
+                    job = await cursor.fetchone()
+                return job is not None and job[1] != "running"
 
             await wait_for(done, timeout=60)
-            async with await psycopg.AsyncConnection.connect(
-                fresh_database_url, autocommit=True
-            ) as conn:
-                cursor = await conn.execute(
-                    """SELECT attempts, state, batches, facts FROM memory.curation_jobs
-                        WHERE namespace = %s""",
-                    (namespace,),
-                )
-                job = await cursor.fetchone()
     facts = await stored(fresh_database_url, namespace)
     assert [(content, entry) for content, _, entry in facts] == [
         ("Fact A.", 1),

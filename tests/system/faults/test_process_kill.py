@@ -25,6 +25,7 @@ import psycopg
 import pytest
 
 from services.common import stubs
+from services.transcript.appends import statements as append_sql
 from tests.support.process import service_process
 from tests.support.waiting import wait_for
 from tests.system.faults.support import (
@@ -66,6 +67,29 @@ async def _other_backends(
         (besides,),
     )
     return [str(row[0]) for row in await cursor.fetchall()]
+
+
+_APPEND_TEXT = append_sql.APPEND.text.decode()
+
+
+async def _appends_waiting(
+    conn: psycopg.AsyncConnection[tuple[object, ...]], *, besides: int
+) -> int:
+    """How many sessions wait on a lock inside an append (AppendEntries' statement, which
+    a turn's commit runs too): a turn's other statements (its lease, its reads) may wait
+    on a lock as well, and a held turner counts only once its append is the one waiting.
+    The statement is known by its beginning (pg_stat_activity keeps the first 1 KiB)."""
+    cursor = await conn.execute(
+        """SELECT count(*) FROM pg_stat_activity
+            WHERE datname = current_database() AND pid NOT IN (pg_backend_pid(), %s)
+              AND backend_type = 'client backend' AND wait_event_type = 'Lock'
+              AND starts_with(query, %s)""",
+        (besides, _APPEND_TEXT[:200]),
+    )
+    row = await cursor.fetchone()
+    count = row[0] if row else 0
+    assert isinstance(count, int)
+    return count
 
 
 async def test_sigkill_mid_load_loses_no_acknowledged_write(
@@ -120,9 +144,7 @@ async def test_sigkill_mid_load_loses_no_acknowledged_write(
                 ) as watcher:
 
                     async def writes_waiting() -> bool:
-                        return (await _other_backends(watcher, besides=locker_pid)).count(
-                            "Lock"
-                        ) >= len(held)
+                        return await _appends_waiting(watcher, besides=locker_pid) >= len(held)
 
                     await wait_for(writes_waiting, timeout=30)
                     first.process.kill()  # SIGKILL: no shutdown of any kind
