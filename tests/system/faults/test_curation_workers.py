@@ -180,15 +180,12 @@ async def test_two_worker_processes_curate_each_entry_once(
                 return ends == [8] * len(cids)
 
             await wait_for(all_curated, timeout=120)
-            async with await psycopg.AsyncConnection.connect(
-                fresh_database_url, autocommit=True
-            ) as conn:
-                cursor = await conn.execute(
-                    """SELECT state, claimed_by, batches FROM memory.curation_jobs
-                        WHERE namespace = %s""",
-                    (namespace,),
+            jobs = [
+                (state, claimed_by, batches)
+                for _, state, claimed_by, batches, _ in await settled_jobs(
+                    fresh_database_url, namespace
                 )
-                jobs = await cursor.fetchall()
+            ]
     facts = await stored(fresh_database_url, namespace)
     # Every fact once, from its own entry; every entry read by the proposer once.
     assert len(facts) == 30 and len({f[0] for f in facts}) == 30
@@ -199,6 +196,32 @@ async def test_two_worker_processes_curate_each_entry_once(
     assert set(reads.values()) == {1}, [t for t, n in reads.items() if n > 1]
     assert all(state == "done" for state, _, _ in jobs)
     assert len({claimed.rsplit(":", 1)[0] for _, claimed, _ in jobs if claimed}) == 2
+
+
+async def settled_jobs(
+    database_url: str, namespace: str
+) -> list[tuple[int, str, str | None, int, int]]:
+    """The namespace's curation jobs (attempts, state, claimed_by, batches, facts) once
+    none is running: the transcript's mark lands before the job's completion (two
+    services, two writes), so a job read as soon as the mark is seen may still run."""
+    jobs: list[tuple[int, str, str | None, int, int]] = []
+
+    async def settled() -> bool:
+        nonlocal jobs
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            cursor = await conn.execute(
+                """SELECT attempts, state, claimed_by, batches, facts FROM memory.curation_jobs
+                    WHERE namespace = %s ORDER BY job_id""",
+                (namespace,),
+            )
+            jobs = [
+                (int(a), str(st), None if by is None else str(by), int(b), int(f))
+                for a, st, by, b, f in await cursor.fetchall()
+            ]
+        return bool(jobs) and all(state != "running" for _, state, _, _, _ in jobs)
+
+    await wait_for(settled, timeout=60)
+    return jobs
 
 
 async def _waiting_on_a_lock(database_url: str, table: str) -> bool:
@@ -243,26 +266,15 @@ async def test_a_worker_killed_inside_a_batch_leaves_nothing_and_the_batch_runs_
         # The dead backend's transaction can never commit (no COMMIT will come).
         assert await stored(fresh_database_url, namespace) == []
         async with service_process("services.memory", env, tmp_path / "second"):
-            job: tuple[object, ...] | None = None
 
             async def done() -> bool:
-                # The transcript's mark comes first, then the job's completion (two
-                # services): both, before the job is read.
-                nonlocal job
-                if await curated_through(address, namespace, cid) != 4:
-                    return False
-                async with await psycopg.AsyncConnection.connect(
-                    fresh_database_url, autocommit=True
-                ) as conn:
-                    cursor = await conn.execute(
-                        """SELECT attempts, state, batches, facts FROM memory.curation_jobs
-                            WHERE namespace = %s""",
-                        (namespace,),
-                    )
-                    job = await cursor.fetchone()
-                return job is not None and job[1] != "running"
+                return await curated_through(address, namespace, cid) == 4
 
             await wait_for(done, timeout=60)
+            [(attempts, state, _, batches, facts_made)] = await settled_jobs(
+                fresh_database_url, namespace
+            )
+            job = (attempts, state, batches, facts_made)
     facts = await stored(fresh_database_url, namespace)
     assert [(content, entry) for content, _, entry in facts] == [
         ("Fact A.", 1),
@@ -271,6 +283,5 @@ async def test_a_worker_killed_inside_a_batch_leaves_nothing_and_the_batch_runs_
     ]
     # The batch was proposed twice (the dead worker's call and the redo), applied once.
     assert Counter(proposer.read) == {"fact A": 2, "fact B": 2, "chat": 2, "fact C": 2}
-    assert job is not None
     # Taken over once its lease lapsed (a second attempt), done, one batch of three facts.
     assert job == (2, "done", 1, 3)
